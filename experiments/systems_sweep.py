@@ -1,0 +1,25 @@
+"""The generic experiment: every system of the config on every cell of the grid.
+
+Used by `smoke` (and later `operator`, the cCTA x mgb sweeps): each cell is one system on one
+workload, measured by harness.measure.measure_cell (check, then latency and the bounds).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.measure import expand_grid, measure_cell, validate_cells
+from harness.records import Row
+from harness.system import RunContext
+
+
+def cells(cfg: Any, process_world: int) -> list[dict]:
+    return expand_grid(cfg, process_world)
+
+
+def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
+    validate_cells(cells, sm_count, dict(cfg.experiment.params))
+
+
+def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
+    return [measure_cell(ctx, cfg, cell)]

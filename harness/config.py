@@ -1,0 +1,74 @@
+"""Typed Hydra schemas behind conf/*.yaml: a typo in an override is an error, not a default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class HardwareConf:
+    name: str = "cpu"
+    device: str = "cpu"  # cpu | cuda
+    backend: str = "gloo"  # gloo | nccl
+    world_size: int = 4  # processes to spawn on this node (ignored under torchrun)
+
+
+@dataclass
+class MeasureConf:
+    warmup: int = 2
+    iters: int = 5
+    tol: float = 8e-3
+
+
+@dataclass
+class GridConf:
+    """Axes of the cell grid. Every combination is one cell (per system)."""
+
+    tokens_per_rank: list[int] = field(default_factory=lambda: [64])
+    hidden: list[int] = field(default_factory=lambda: [64])
+    out: list[int] = field(default_factory=lambda: [64])
+    experts_per_rank: list[int] = field(default_factory=lambda: [2])
+    top_k: list[int] = field(default_factory=lambda: [2])
+    routing: list[str] = field(default_factory=lambda: ["balanced"])
+    dtype: list[str] = field(default_factory=lambda: ["float32"])
+    #: logical ranks of the layer; empty = the number of processes
+    world_size: list[int] = field(default_factory=list)
+    ccta: list[int] = field(default_factory=lambda: [0])
+    mgb: list[int] = field(default_factory=lambda: [0])
+    tile_m: list[int] = field(default_factory=lambda: [0])
+    transport: list[str] = field(default_factory=lambda: [""])
+
+
+@dataclass
+class ExperimentConf:
+    name: str = MISSING
+    module: str = "experiments.systems_sweep"
+    figure: str = ""
+    systems: list[str] = field(default_factory=lambda: ["serial"])
+    grid: GridConf = field(default_factory=GridConf)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Config:
+    experiment: ExperimentConf = field(default_factory=ExperimentConf)
+    hardware: HardwareConf = field(default_factory=HardwareConf)
+    measure: MeasureConf = field(default_factory=MeasureConf)
+    seed: int = 0
+    results_dir: str = "results"
+    #: table path; empty = <results_dir>/<experiment.name>.parquet
+    table: str = ""
+    redo_failed: bool = False
+    dry_run: bool = False
+    progress: bool = True
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="hardware", name="base_hardware", node=HardwareConf)
+    cs.store(group="experiment", name="base_experiment", node=ExperimentConf)

@@ -1,0 +1,45 @@
+"""The expert computation shared by the reference and the torch-based systems."""
+
+from __future__ import annotations
+
+import torch
+
+
+def grouped_mm_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """True where torch._grouped_mm (CUTLASS grouped GEMM on Hopper) takes these operands."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    K, N = w.shape[1], w.shape[2]
+    aligned = (K * x.element_size()) % 16 == 0 and (N * w.element_size()) % 16 == 0
+    if x.is_cuda:
+        return (
+            aligned
+            and x.dtype == torch.bfloat16
+            and torch.cuda.get_device_capability(x.device) >= (9, 0)
+        )
+    return x.dtype == torch.float32
+
+
+def expert_gemm(x: torch.Tensor, counts: list[int], w: torch.Tensor) -> torch.Tensor:
+    """Y = per-expert X_e @ B_e over rows grouped by expert.
+
+    x: [R, K] rows sorted by local expert; counts: rows per expert (len E, host ints);
+    w: [E, K, N]. Returns y [R, N] in x.dtype.
+    """
+    if x.shape[0] == 0:
+        return x.new_empty(0, w.shape[2])
+    if grouped_mm_usable(x, w):
+        offs = torch.tensor(counts, device=x.device, dtype=torch.int64).cumsum(0).to(torch.int32)
+        return torch._grouped_mm(x, w, offs=offs)
+    y = x.new_empty(x.shape[0], w.shape[2])
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            torch.matmul(x[start : start + c], w[e], out=y[start : start + c])
+        start += c
+    return y
+
+
+def expert_gemm_impl(x: torch.Tensor, w: torch.Tensor) -> str:
+    """Name of the path expert_gemm takes for these operands (for the `impl` column)."""
+    return "torch._grouped_mm" if grouped_mm_usable(x, w) else "per-expert matmul"

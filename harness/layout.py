@@ -1,0 +1,100 @@
+"""Dispatch / combine row layout of one rank, derived from the global routing (no communication).
+
+Every (token t, slot j) pair of an owner rank is one ROW. The owner's SEND order sorts its rows by
+(destination rank, local expert, token, slot). The dispatch all-to-all sends them in that order,
+and the combine all-to-all brings each row's expert output back to the SAME position: the owner's
+combine receive buffer [T*k, N] is laid out exactly like its dispatch send buffer. Scale is then
+    out[t] = sum over rows i with send_token[i] == t of send_weight[i] * y_back[i].
+
+On the expert side, rows arrive grouped by source rank, and within a source by (local expert,
+token, slot). recv_dst_index[i] is the row's position in its source's combine receive buffer:
+the planned write offset of the combine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.workload import WorkloadSpec, routing_of
+
+
+@dataclass
+class RankLayout:
+    """Row layout of one rank (CPU int64 tensors unless noted).
+
+    Owner side (this rank's tokens), S = T * top_k rows:
+      send_token  [S]  token index of each row in send order
+      send_slot   [S]  top-k slot of each row
+      send_weight [S]  gate weight (float32)
+      send_counts [W]  rows sent to each destination rank
+    Expert side (rows this rank's experts compute), R rows:
+      recv_counts    [W]  rows received from each source rank
+      recv_src       [R]  source (owner) rank of each row
+      recv_expert    [R]  local expert index of each row
+      recv_token     [R]  token index at the source
+      recv_dst_index [R]  position in the source's combine receive buffer
+      expert_counts  [E]  rows per local expert
+    """
+
+    rank: int
+    send_token: torch.Tensor
+    send_slot: torch.Tensor
+    send_weight: torch.Tensor
+    send_counts: torch.Tensor
+    recv_counts: torch.Tensor
+    recv_src: torch.Tensor
+    recv_expert: torch.Tensor
+    recv_token: torch.Tensor
+    recv_dst_index: torch.Tensor
+    expert_counts: torch.Tensor
+
+
+def send_order(spec: WorkloadSpec, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat pair index [S] of rank's rows in send order and their global expert ids [S]."""
+    ids = routing_of(spec).expert_ids[rank].reshape(-1)  # [T*k], pair p = t*k + j
+    order = torch.sort(ids, stable=True).indices  # dest-major, then local expert, then (t, j)
+    return order, ids[order]
+
+
+def counts_matrix(spec: WorkloadSpec) -> torch.Tensor:
+    """C [W, W]: C[s, d] = rows that source s sends to destination d."""
+    W, E = spec.world_size, spec.experts_per_rank
+    dest = routing_of(spec).expert_ids.reshape(W, -1) // E
+    return torch.stack([torch.bincount(dest[s], minlength=W) for s in range(W)])
+
+
+def rank_layout(spec: WorkloadSpec, rank: int) -> RankLayout:
+    """The full layout of one rank, computed identically on every rank."""
+    W, E, k = spec.world_size, spec.experts_per_rank, spec.top_k
+    routing = routing_of(spec)
+    order, gid = send_order(spec, rank)
+    C = counts_matrix(spec)
+    send_counts = C[rank].clone()
+
+    # Expert side: all pairs of all sources whose expert lives on this rank.
+    ids = routing.expert_ids.reshape(W, -1)  # [W, T*k]
+    src, pair = torch.nonzero(ids // E == rank, as_tuple=True)  # src-major, pair-ascending
+    local_e = ids[src, pair] % E
+    key = src * E + local_e
+    o = torch.sort(key, stable=True).indices
+    src, pair, local_e = src[o], pair[o], local_e[o]
+    # Position inside the source's send buffer: offset of destination `rank` there + rank within.
+    dest_offset = torch.cumsum(C, 1)[:, rank] - C[:, rank]  # [W]
+    recv_counts = C[:, rank].clone()
+    first_of_src = torch.cumsum(recv_counts, 0) - recv_counts
+    idx_in_src = torch.arange(src.numel()) - first_of_src[src]
+    return RankLayout(
+        rank=rank,
+        send_token=order // k,
+        send_slot=order % k,
+        send_weight=routing.gate_weights[rank].reshape(-1)[order].float(),
+        send_counts=send_counts,
+        recv_counts=recv_counts,
+        recv_src=src,
+        recv_expert=local_e,
+        recv_token=pair // k,
+        recv_dst_index=dest_offset[src] + idx_in_src,
+        expert_counts=torch.bincount(local_e, minlength=E),
+    )

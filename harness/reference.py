@@ -1,0 +1,102 @@
+"""The reference MoE layer: the oracle every system is checked against. Pure torch.
+
+Five steps on rank r (harness/layout.py gives the row order):
+  1 route     seeded global routing (harness/routing.py)
+  2 dispatch  all_to_all_single of the rows x[send_token]               [S, K] -> [R, K]
+  3 expert    Y_e = X_e @ B_e per local expert (harness/experts.py)     [R, K] -> [R, N]
+  4 combine   all_to_all_single back to the owners, same row positions   [R, N] -> [S, N]
+  5 scale     out[t] = sum_j w[t, j] * y[t, j]                           [S, N] -> [T, N]
+
+`reference_local` computes the same output in one process with no communication, in float32:
+it is the oracle. `reference_distributed` runs the five steps over a real process group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from harness.experts import expert_gemm
+from harness.layout import RankLayout
+from harness.workload import WorkloadSpec, make_expert_weight, make_tokens, routing_of
+
+
+def dispatch(x: torch.Tensor, lay: RankLayout, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Step 2: x [T, K] of this rank -> x_recv [R, K] (rows grouped by source rank)."""
+    send = x.index_select(0, lay.send_token.to(x.device))
+    recv = x.new_empty(int(lay.recv_counts.sum()), x.shape[1])
+    dist.all_to_all_single(
+        recv, send, lay.recv_counts.tolist(), lay.send_counts.tolist(), group=group
+    )
+    return recv
+
+
+def dispatch_local(spec: WorkloadSpec, lay: RankLayout, device: torch.device) -> torch.Tensor:
+    """Step 2 without communication: x_recv [R, K] built from every source's seeded tokens."""
+    out = torch.empty(lay.recv_src.numel(), spec.hidden, dtype=spec.torch_dtype, device=device)
+    for s in range(spec.world_size):
+        sel = (lay.recv_src == s).nonzero().squeeze(1)
+        if sel.numel():
+            xs = make_tokens(spec, s, device)
+            out[sel.to(device)] = xs.index_select(0, lay.recv_token[sel].to(device))
+    return out
+
+
+def combine(y_recv: torch.Tensor, lay: RankLayout, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Step 4: y_recv [R, N] (grouped by source) -> y_back [S, N] in this rank's send order."""
+    back = y_recv.new_empty(int(lay.send_counts.sum()), y_recv.shape[1])
+    dist.all_to_all_single(
+        back, y_recv, lay.send_counts.tolist(), lay.recv_counts.tolist(), group=group
+    )
+    return back
+
+
+def scale(y_back: torch.Tensor, lay: RankLayout, tokens: int) -> torch.Tensor:
+    """Step 5: out [T, N] = gate-weighted sum of each token's rows y_back [S, N]."""
+    w = lay.send_weight.to(y_back.device)
+    out = torch.zeros(tokens, y_back.shape[1], dtype=torch.float32, device=y_back.device)
+    out.index_add_(0, lay.send_token.to(y_back.device), y_back.float() * w[:, None])
+    return out.to(y_back.dtype)
+
+
+def expert_step(
+    x_recv: torch.Tensor, lay: RankLayout, weights: torch.Tensor
+) -> torch.Tensor:
+    """Step 3: rows grouped by source -> sorted by local expert -> GEMM -> back. [R,K] -> [R,N]."""
+    perm = torch.sort(lay.recv_expert, stable=True).indices.to(x_recv.device)
+    y_sorted = expert_gemm(x_recv.index_select(0, perm), lay.expert_counts.tolist(), weights)
+    y = torch.empty_like(y_sorted)
+    y[perm] = y_sorted
+    return y
+
+
+def reference_local(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
+    """The oracle: out [T, N] float32 of `rank`, with no communication.
+
+    out[t] = sum_j w[t, j] * (x[t] @ B_{g(t, j)}), in float32 from spec.dtype inputs.
+    """
+    routing = routing_of(spec)
+    x = make_tokens(spec, rank, device).float()
+    ids = routing.expert_ids[rank]  # [T, k]
+    gw = routing.gate_weights[rank].to(device)  # [T, k]
+    out = torch.zeros(spec.tokens_per_rank, spec.out, dtype=torch.float32, device=device)
+    flat = ids.reshape(-1)
+    for g in torch.unique(flat).tolist():
+        t, j = (ids == g).nonzero(as_tuple=True)
+        t, j = t.to(device), j.to(device)
+        y = x.index_select(0, t) @ make_expert_weight(spec, g, device).float()
+        out.index_add_(0, t, y * gw[t, j][:, None])
+    return out
+
+
+def reference_distributed(
+    spec: WorkloadSpec,
+    lay: RankLayout,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    group: dist.ProcessGroup | None,
+) -> torch.Tensor:
+    """The five steps over a real process group. x [T, K], weights [E, K, N] -> out [T, N]."""
+    x_recv = dispatch(x, lay, group)
+    y_recv = expert_step(x_recv, lay, weights)
+    return scale(combine(y_recv, lay, group), lay, spec.tokens_per_rank)

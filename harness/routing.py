@@ -1,0 +1,106 @@
+"""Routing skews: which global experts each token picks, and with what gate weight.
+
+Definition (the project owns it; PAPER.md suggests it):
+    expert popularity p_g proportional to (g + 1) ** (-s) over the global expert index g in [0, W*E),
+    so hot experts sit on the low ranks. Each token picks top_k DISTINCT experts by successive
+    sampling without replacement from p (the same law as torch.multinomial(replacement=False)).
+    Gate weights are a softmax over top_k seeded logits, so they sum to one per token.
+
+    balanced       s = 0.0
+    moderate_skew  s = 0.8
+    stress_skew    s = 1.6
+
+Routing is drawn on the CPU from one seeded generator for ALL ranks' tokens at once, so every
+rank computes the identical global routing for a given seed with no communication.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ROUTINGS: dict[str, float] = {"balanced": 0.0, "moderate_skew": 0.8, "stress_skew": 1.6}
+
+
+def skew_of(routing: str) -> float:
+    """The Zipf exponent s of a named routing; a clear error lists the choices."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"unknown routing {routing!r}; choices: {sorted(ROUTINGS)}")
+    return ROUTINGS[routing]
+
+
+def popularity(n_experts: int, s: float) -> torch.Tensor:
+    """Expert popularity p [n_experts] (float64, sums to 1), p_g ~ (g+1)^-s."""
+    g = torch.arange(1, n_experts + 1, dtype=torch.float64)
+    p = g.pow(-s)
+    return p / p.sum()
+
+
+def sample_topk(
+    n_tokens: int, n_experts: int, top_k: int, s: float, gen: torch.Generator
+) -> torch.Tensor:
+    """Top-k distinct expert ids [n_tokens, top_k] (int64) drawn from popularity (g+1)^-s.
+
+    Successive sampling without replacement: slot j draws from p by inverse CDF, and tokens whose
+    draw collides with an earlier slot redraw until none collide. Vectorised over tokens; loops
+    only over slots and collision rounds.
+    """
+    if top_k > n_experts:
+        raise ValueError(f"top_k={top_k} exceeds the number of experts {n_experts}")
+    cdf = torch.cumsum(popularity(n_experts, s), 0)
+    cdf[-1] = 1.0
+    ids = torch.empty(n_tokens, top_k, dtype=torch.int64)
+    for j in range(top_k):
+        todo = torch.arange(n_tokens)
+        col = torch.empty(n_tokens, dtype=torch.int64)
+        while todo.numel():
+            u = torch.rand(todo.numel(), generator=gen, dtype=torch.float64)
+            draw = torch.searchsorted(cdf, u).clamp_(max=n_experts - 1)
+            col[todo] = draw
+            clash = (ids[todo, :j] == draw[:, None]).any(1) if j else torch.zeros_like(draw, dtype=bool)
+            todo = todo[clash]
+        ids[:, j] = col
+    return ids
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Global routing of W ranks x T tokens.
+
+    expert_ids:   [W, T, top_k] int64, global expert index in [0, W*E)
+    gate_weights: [W, T, top_k] float32, rows sum to 1
+    """
+
+    expert_ids: torch.Tensor
+    gate_weights: torch.Tensor
+
+
+def make_routing(
+    world_size: int, tokens_per_rank: int, experts_per_rank: int, top_k: int, routing: str, seed: int
+) -> Routing:
+    """Seeded global routing, identical on every rank (drawn on the CPU)."""
+    s = skew_of(routing)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)
+    n_tok = world_size * tokens_per_rank
+    ids = sample_topk(n_tok, world_size * experts_per_rank, top_k, s, gen)
+    logits = torch.randn(n_tok, top_k, generator=gen)
+    w = torch.softmax(logits, dim=-1)
+    return Routing(
+        expert_ids=ids.view(world_size, tokens_per_rank, top_k),
+        gate_weights=w.view(world_size, tokens_per_rank, top_k).float(),
+    )
+
+
+def imbalance(expert_ids: torch.Tensor, world_size: int, experts_per_rank: int) -> dict[str, float]:
+    """Load imbalance of a routing: max/mean rows per receiving rank and per expert.
+
+    expert_ids: [W, T, top_k] global expert ids.
+    """
+    n_exp = world_size * experts_per_rank
+    per_expert = torch.bincount(expert_ids.reshape(-1), minlength=n_exp).double()
+    per_rank = per_expert.view(world_size, experts_per_rank).sum(1)
+    return {
+        "imbalance_rank": float(per_rank.max() / per_rank.mean()),
+        "imbalance_expert": float(per_expert.max() / per_expert.mean()),
+    }

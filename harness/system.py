@@ -1,0 +1,151 @@
+"""The system protocol and the registry every runner and plot reads.
+
+A system is set up once per cell on this rank's share of the workload, then called:
+  forward()       the timed region, returns out [T, N] for this rank (checked vs the reference)
+  compute_only()  the expert computation alone (for the overlap ratio), or None if not defined
+  comm_only()     the combine communication alone, or None if not defined
+Registry entries name their class by import path, so reading the registry imports no GPU code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.layout import RankLayout
+from harness.workload import WorkloadSpec
+
+
+@dataclass
+class RunContext:
+    """What a system may know about where it runs. world_size is the number of PROCESSES."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    group: dist.ProcessGroup | None = None
+    backend: str = "gloo"
+
+    @property
+    def sm_count(self) -> int:
+        if self.device.type != "cuda":
+            return 0
+        return torch.cuda.get_device_properties(self.device).multi_processor_count
+
+
+@dataclass
+class CellInputs:
+    """This rank's share of one cell, prepared by the harness (untimed).
+
+    x       [T, K]  this rank's tokens
+    weights [E, K, N]  this rank's experts
+    x_recv  [R, K]  rows received by the dispatch (grouped by source rank, harness/layout.py)
+    """
+
+    spec: WorkloadSpec
+    layout: RankLayout
+    x: torch.Tensor
+    weights: torch.Tensor
+    x_recv: torch.Tensor
+
+
+class System:
+    """Base class. Subclasses set `name`, implement setup and forward, and may add the bounds."""
+
+    name: str = ""
+    #: scope of the timed region: "gemm+combine" (operator level) or "layer"
+    scope: str = "gemm+combine"
+
+    def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.params = dict(params)
+
+    @classmethod
+    def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
+        """Raise ValueError for a cell this system cannot take. Called before any GPU work."""
+
+    def setup(self, inputs: CellInputs) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement setup")
+
+    def forward(self) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward")
+
+    def compute_only(self) -> object:
+        return None
+
+    def comm_only(self) -> object:
+        return None
+
+    def has_bounds(self) -> bool:
+        return type(self).compute_only is not System.compute_only
+
+    @property
+    def impl(self) -> str:
+        return "native"
+
+    @property
+    def transport(self) -> str:
+        return self.ctx.backend
+
+    def row_fields(self) -> dict[str, Any]:
+        """Extra core-column values (tile sizes, ccta...) this system reports."""
+        return {}
+
+
+@dataclass(frozen=True)
+class SystemInfo:
+    name: str
+    label: str
+    target: str  # "module:Class"
+    baseline: bool = True
+    needs_gpu: bool = False
+    min_ranks: int = 1
+    optional_imports: tuple[str, ...] = ()
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def load(self) -> type[System]:
+        module, cls = self.target.split(":")
+        return getattr(importlib.import_module(module), cls)
+
+    def unavailable_reason(self, ctx: RunContext, logical_world: int) -> str | None:
+        """Why this system cannot run here, or None."""
+        if self.needs_gpu and ctx.device.type != "cuda":
+            return f"{self.name} needs a CUDA GPU; this run is on {ctx.device.type}"
+        if logical_world < self.min_ranks:
+            return f"{self.name} needs at least {self.min_ranks} ranks, cell has {logical_world}"
+        for mod in self.optional_imports:
+            if importlib.util.find_spec(mod) is None:
+                return f"optional package {mod!r} is not installed"
+        return None
+
+
+REGISTRY: dict[str, SystemInfo] = {}
+
+
+def register(info: SystemInfo) -> SystemInfo:
+    if info.name in REGISTRY:
+        raise ValueError(f"system {info.name!r} registered twice")
+    REGISTRY[info.name] = info
+    return info
+
+
+def get_system(name: str) -> SystemInfo:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown system {name!r}; choices: {sorted(REGISTRY)}")
+    return REGISTRY[name]
+
+
+register(
+    SystemInfo(
+        name="serial",
+        label="Serial (GEMM, then all-to-all)",
+        target="systems.serial:SerialSystem",
+        description="Expert GEMMs with torch, then the combine all-to-all, then scale.",
+    )
+)

@@ -1,0 +1,136 @@
+"""Workload cells: shapes, seeded activations and expert weights, identical on every rank.
+
+The expert computation (the same for every system): one GEMM per expert,
+    Y_e[M_e, N] = X_e[M_e, K] @ B_e[K, N]
+which is the paper's operator (A[MxK] x B[KxN] per expert). K is the hidden size, N the expert's
+output width. The combine all-to-all then moves the rows of Y back to their owners.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+
+import torch
+
+from harness.routing import ROUTINGS, Routing, imbalance, make_routing
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """One MoE layer cell. world_size W is the LOGICAL number of ranks of the layer."""
+
+    tokens_per_rank: int
+    hidden: int  # K
+    out: int  # N
+    experts_per_rank: int  # E
+    top_k: int
+    world_size: int
+    routing: str
+    dtype: str = "float32"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"unknown routing {self.routing!r}; choices: {sorted(ROUTINGS)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choices: {sorted(DTYPES)}")
+        for name in ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "world_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.top_k > self.world_size * self.experts_per_rank:
+            raise ValueError(
+                f"top_k={self.top_k} > number of experts {self.world_size * self.experts_per_rank}"
+            )
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def n_experts(self) -> int:
+        return self.world_size * self.experts_per_rank
+
+    def key(self) -> str:
+        return hashlib.sha1(repr(sorted(asdict(self).items())).encode()).hexdigest()[:12]
+
+
+def _gen(device: torch.device, *parts: int) -> torch.Generator:
+    seed = 0
+    for p in parts:
+        seed = (seed * 1_000_003 + int(p) + 1) % (2**61 - 1)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def make_tokens(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
+    """Token activations of one rank, x [T, K] in spec.dtype, seeded by (seed, rank)."""
+    g = _gen(device, spec.seed, 1, rank)
+    x = torch.randn(spec.tokens_per_rank, spec.hidden, generator=g, device=device)
+    return x.to(spec.torch_dtype)
+
+
+def make_expert_weight(spec: WorkloadSpec, global_expert: int, device: torch.device) -> torch.Tensor:
+    """Weight of one global expert, B_g [K, N] in spec.dtype, scaled by 1/sqrt(K)."""
+    g = _gen(device, spec.seed, 2, global_expert)
+    w = torch.randn(spec.hidden, spec.out, generator=g, device=device) * spec.hidden**-0.5
+    return w.to(spec.torch_dtype)
+
+
+def make_rank_weights(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
+    """The experts hosted on one rank, B [E, K, N], global experts rank*E .. rank*E+E-1."""
+    e0 = rank * spec.experts_per_rank
+    return torch.stack(
+        [make_expert_weight(spec, e0 + e, device) for e in range(spec.experts_per_rank)]
+    )
+
+
+_ROUTING_CACHE: dict[str, Routing] = {}
+
+
+def routing_of(spec: WorkloadSpec) -> Routing:
+    """The global routing of a spec (CPU tensors), cached per spec."""
+    key = spec.key()
+    if key not in _ROUTING_CACHE:
+        if len(_ROUTING_CACHE) > 8:
+            _ROUTING_CACHE.clear()
+        _ROUTING_CACHE[key] = make_routing(
+            spec.world_size,
+            spec.tokens_per_rank,
+            spec.experts_per_rank,
+            spec.top_k,
+            spec.routing,
+            spec.seed,
+        )
+    return _ROUTING_CACHE[key]
+
+
+def imbalance_of(spec: WorkloadSpec) -> dict[str, float]:
+    """Measured imbalance (max/mean rows per rank and per expert) of the spec's routing."""
+    return imbalance(routing_of(spec).expert_ids, spec.world_size, spec.experts_per_rank)
+
+
+# Named shapes ---------------------------------------------------------------------------------
+
+#: Table 2 of the paper as far as the review note gives it (M = 2 x tokens per rank, top-2).
+TABLE2 = {
+    "tokens_per_rank": [8192, 16384],
+    "hidden": [2048],
+    "out": [4096, 8192],
+    "experts_per_rank": [4, 8, 16, 32, 64],
+    "top_k": [2],
+}
+
+#: The three models' MoE layers (top-2 of 64 experts, 16 per rank at W=4); tokens per rank = B x S
+#: (each rank holds one batch). M-GPT and M-BERT hidden/FFN sizes are not in the note: GPT-2-small
+#: and BERT-base sizes (768/3072) are used. M-Trans-xl's FFN width is not given either: 4 x 512.
+MODELS = {
+    "m_gpt": {"tokens_per_rank": 8 * 1024, "hidden": 768, "out": 3072},
+    "m_bert": {"tokens_per_rank": 32 * 512, "hidden": 768, "out": 3072},
+    "m_transxl": {"tokens_per_rank": 16 * 512, "hidden": 512, "out": 2048},
+}

@@ -1,0 +1,53 @@
+"""The paper's serial baseline: expert GEMMs, then the combine all-to-all, then scale.
+
+Timed region (forward): grouped GEMM over rows sorted by expert [R, K] x [E, K, N] -> [R, N],
+un-permute to source order, all_to_all_single back to the owners, gate-weighted scale -> [T, N].
+The GEMM is torch._grouped_mm where it applies (Hopper, bf16), a per-expert matmul elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.experts import expert_gemm, expert_gemm_impl
+from harness.reference import combine, scale
+from harness.system import CellInputs, System
+
+
+class SerialSystem(System):
+    name = "serial"
+
+    def setup(self, inputs: CellInputs) -> None:
+        lay = inputs.layout
+        if inputs.spec.world_size != self.ctx.world_size:
+            raise ValueError(
+                f"serial needs one process per rank: cell W={inputs.spec.world_size}, "
+                f"processes={self.ctx.world_size}"
+            )
+        dev = inputs.x_recv.device
+        self.lay = lay
+        self.tokens = inputs.spec.tokens_per_rank
+        perm = torch.sort(lay.recv_expert, stable=True).indices.to(dev)
+        self.inv_perm = torch.empty_like(perm)
+        self.inv_perm[perm] = torch.arange(perm.numel(), device=dev)
+        self.x_sorted = inputs.x_recv.index_select(0, perm).contiguous()
+        self.counts = lay.expert_counts.tolist()
+        self.weights = inputs.weights
+        self.y_recv = expert_gemm(self.x_sorted, self.counts, self.weights).index_select(
+            0, self.inv_perm
+        )
+        self._impl = expert_gemm_impl(self.x_sorted, self.weights)
+
+    def forward(self) -> torch.Tensor:
+        y = expert_gemm(self.x_sorted, self.counts, self.weights).index_select(0, self.inv_perm)
+        return scale(combine(y, self.lay, self.ctx.group), self.lay, self.tokens)
+
+    def compute_only(self) -> torch.Tensor:
+        return expert_gemm(self.x_sorted, self.counts, self.weights)
+
+    def comm_only(self) -> torch.Tensor:
+        return combine(self.y_recv, self.lay, self.ctx.group)
+
+    @property
+    def impl(self) -> str:
+        return f"native ({self._impl})"
