@@ -132,8 +132,9 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         if not ok:
             row.status, row.reason = "fail", res.message or "check failed on another rank"
             return row
-        kw = dict(device=ctx.device, group=ctx.group, warmup=cfg.measure.warmup,
-                  iters=cfg.measure.iters)
+        kw = dict(
+            device=ctx.device, group=ctx.group, warmup=cfg.measure.warmup, iters=cfg.measure.iters
+        )
         t = time_fn(system.forward, **kw)
         row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
         if system.has_bounds():

@@ -51,6 +51,8 @@ class Row:
     status: str = "ok"
     reason: str = ""
     extra: str = "{}"
+    #: experiment-specific numeric results; written as extra columns named m_<key>
+    metrics: dict = field(default_factory=dict)
     # provenance
     git_rev: str = ""
     gpu_name: str = ""
@@ -66,7 +68,15 @@ class Row:
             raise ValueError(f"status {self.status!r} not in {STATUSES}")
 
 
-CORE_COLUMNS = [f.name for f in fields(Row)]
+CORE_COLUMNS = [f.name for f in fields(Row) if f.name != "metrics"]
+
+
+def row_dict(row: Row) -> dict:
+    """A Row as a flat dict: core columns plus m_<key> for each metric."""
+    d = asdict(row)
+    metrics = d.pop("metrics")
+    d.update({f"m_{k}": v for k, v in sorted(metrics.items())})
+    return d
 
 
 def cell_hash(cell: dict) -> str:
@@ -152,7 +162,7 @@ class ResultsTable:
         """Append rows; a row replaces any earlier row with the same (cell_hash, system)."""
         if not rows:
             return
-        new = pd.DataFrame([asdict(r) for r in rows], columns=CORE_COLUMNS)
+        new = pd.DataFrame([row_dict(r) for r in rows])
         old = self.load()
         if not old.empty:
             keys = set(zip(new["cell_hash"], new["system"]))

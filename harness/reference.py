@@ -59,9 +59,7 @@ def scale(y_back: torch.Tensor, lay: RankLayout, tokens: int) -> torch.Tensor:
     return out.to(y_back.dtype)
 
 
-def expert_step(
-    x_recv: torch.Tensor, lay: RankLayout, weights: torch.Tensor
-) -> torch.Tensor:
+def expert_step(x_recv: torch.Tensor, lay: RankLayout, weights: torch.Tensor) -> torch.Tensor:
     """Step 3: rows grouped by source -> sorted by local expert -> GEMM -> back. [R,K] -> [R,N]."""
     perm = torch.sort(lay.recv_expert, stable=True).indices.to(x_recv.device)
     y_sorted = expert_gemm(x_recv.index_select(0, perm), lay.expert_counts.tolist(), weights)

@@ -1,7 +1,7 @@
 """Routing skews: which global experts each token picks, and with what gate weight.
 
 Definition (the project owns it; PAPER.md suggests it):
-    expert popularity p_g proportional to (g + 1) ** (-s) over the global expert index g in [0, W*E),
+    expert popularity p_g ~ (g + 1) ** (-s) over the global expert index g in [0, W*E),
     so hot experts sit on the low ranks. Each token picks top_k DISTINCT experts by successive
     sampling without replacement from p (the same law as torch.multinomial(replacement=False)).
     Gate weights are a softmax over top_k seeded logits, so they sum to one per token.
@@ -58,7 +58,9 @@ def sample_topk(
             u = torch.rand(todo.numel(), generator=gen, dtype=torch.float64)
             draw = torch.searchsorted(cdf, u).clamp_(max=n_experts - 1)
             col[todo] = draw
-            clash = (ids[todo, :j] == draw[:, None]).any(1) if j else torch.zeros_like(draw, dtype=bool)
+            clash = (
+                (ids[todo, :j] == draw[:, None]).any(1) if j else torch.zeros_like(draw, dtype=bool)
+            )
             todo = todo[clash]
         ids[:, j] = col
     return ids
@@ -77,7 +79,12 @@ class Routing:
 
 
 def make_routing(
-    world_size: int, tokens_per_rank: int, experts_per_rank: int, top_k: int, routing: str, seed: int
+    world_size: int,
+    tokens_per_rank: int,
+    experts_per_rank: int,
+    top_k: int,
+    routing: str,
+    seed: int,
 ) -> Routing:
     """Seeded global routing, identical on every rank (drawn on the CPU)."""
     s = skew_of(routing)

@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import register_configs
-from harness.records import ResultsTable, Row, provenance
+from harness.records import ResultsTable, Row, provenance, row_dict
 from harness.system import RunContext
 
 register_configs()
@@ -89,8 +89,12 @@ def worker(rank: int, world: int, local_rank: int, cfg_dict: dict, init_method: 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     kw = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(
-        cfg.hardware.backend, init_method=init_method, rank=rank, world_size=world,
-        timeout=PG_TIMEOUT, **kw,
+        cfg.hardware.backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world,
+        timeout=PG_TIMEOUT,
+        **kw,
     )
     try:
         _walk(RunContext(rank, world, device, None, cfg.hardware.backend), cfg)
@@ -124,9 +128,14 @@ def _walk(ctx: RunContext, cfg: Any) -> None:
             rows = exp.run_cell(ctx, cfg, cell)
         except Exception as exc:  # noqa: BLE001 - the sweep survives a failing cell
             rows = [
-                Row(experiment=cfg.experiment.name, system=cell.get("system", ""),
-                    cell_hash=cell["cell_hash"], status="error",
-                    reason=f"{type(exc).__name__}: {exc}"[:500], **provenance())
+                Row(
+                    experiment=cfg.experiment.name,
+                    system=cell.get("system", ""),
+                    cell_hash=cell["cell_hash"],
+                    status="error",
+                    reason=f"{type(exc).__name__}: {exc}"[:500],
+                    **provenance(),
+                )
             ]
         if ctx.rank == 0:
             table.append(rows)
@@ -146,9 +155,17 @@ def _summary(rows: list[Row], path: Path) -> None:
         return
     import pandas as pd
 
-    df = pd.DataFrame([r.__dict__ for r in rows])
-    cols = ["system", "routing", "experts_per_rank", "world_size", "status", "latency_ms",
-            "overlap_ratio", "max_rel_err"]
+    df = pd.DataFrame([row_dict(r) for r in rows])
+    cols = [
+        "system",
+        "routing",
+        "experts_per_rank",
+        "world_size",
+        "status",
+        "latency_ms",
+        "overlap_ratio",
+        "max_rel_err",
+    ]
     cols = [c for c in cols if c in df and df[c].notna().any()]
     with pd.option_context("display.width", 160, "display.max_rows", 60):
         print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))

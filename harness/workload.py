@@ -75,7 +75,9 @@ def make_tokens(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Te
     return x.to(spec.torch_dtype)
 
 
-def make_expert_weight(spec: WorkloadSpec, global_expert: int, device: torch.device) -> torch.Tensor:
+def make_expert_weight(
+    spec: WorkloadSpec, global_expert: int, device: torch.device
+) -> torch.Tensor:
     """Weight of one global expert, B_g [K, N] in spec.dtype, scaled by 1/sqrt(K)."""
     g = _gen(device, spec.seed, 2, global_expert)
     w = torch.randn(spec.hidden, spec.out, generator=g, device=device) * spec.hidden**-0.5
