@@ -1,0 +1,51 @@
+# MoE tile-level overlap harness. `make help` lists the targets.
+PY ?= python3
+# GPU present? (decides what `make reproduce` runs)
+HAS_GPU := $(shell $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && echo 1 || echo 0)
+# Experiments of each preset (see README, "Experiments")
+REPRO_CPU ?= smoke baselines_smoke padding
+REPRO_GPU ?= smoke operator
+HW := $(if $(filter 1,$(HAS_GPU)),h200,cpu)
+WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+
+.PHONY: help setup test test-gpu smoke reproduce figures wheels-gpu lint format clean-results
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
+
+setup: ## install everything (CPU torch 2.13.0 first where no torch is present)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev,megatron]"
+
+test: ## the CPU test tier (what CI runs)
+	$(PY) -m pytest -q -m "not gpu"
+
+test-gpu: ## the gpu-marked tests (on a machine with a CUDA GPU)
+	$(PY) -m pytest -q -m gpu
+
+smoke: ## tiny end-to-end run (W=4 gloo on CPU; one process per GPU with NCCL on a GPU) + its figure
+	$(PY) -m harness.run experiment=smoke hardware=$(HW) $(if $(filter 1,$(HAS_GPU)),'experiment.grid.dtype=[bfloat16]')
+	$(PY) -m plots.latency_vs_experts --table results/smoke.parquet
+
+reproduce: setup ## run the preset for the hardware found (CPU or GPU), then regenerate the figures
+	@echo "reproduce on $(HW): $(if $(filter 1,$(HAS_GPU)),$(REPRO_GPU),$(REPRO_CPU))"
+	@for e in $(if $(filter 1,$(HAS_GPU)),$(REPRO_GPU),$(REPRO_CPU)); do \
+	  $(PY) -m harness.run experiment=$$e hardware=$(HW) || exit 1; done
+	$(MAKE) figures
+
+figures: ## regenerate every figure from results/*.parquet and results/reference/
+	$(PY) -m plots.all
+
+wheels-gpu: ## download/build the python-3.12 wheels the GPU machine lacks into .whl/
+	mkdir -p .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  $(WHEEL_PLATFORMS) -d .whl hydra-core==1.3.2 omegaconf==2.3.0 megatron-core==0.16.1
+	$(PY) -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
+
+lint: ## ruff lint and format check
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: ## ruff format
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .

@@ -1,0 +1,55 @@
+"""Shared plot helpers: read a results table, label systems from the registry, save PNG + PDF."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+FIG_DIR = Path("plots/figures")
+
+
+def label(system: str) -> str:
+    """Display label of a system, from the registry (never hard-coded here)."""
+    from harness.system import REGISTRY
+
+    info = REGISTRY.get(system)
+    return info.label if info else system
+
+
+def load(table: str | Path, status: str | None = "ok") -> pd.DataFrame:
+    df = pd.read_parquet(table)
+    if status is not None:
+        df = df[df["status"] == status]
+    return df
+
+
+def save(fig: plt.Figure, out_dir: str | Path, name: str) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.pdf"]
+    for p in paths:
+        fig.savefig(p, bbox_inches="tight", dpi=150)
+    plt.close(fig)
+    return paths
+
+
+def transport_note(df: pd.DataFrame) -> str:
+    """A caption fragment naming the transports and hardware, so proxies are never mistaken."""
+    tr = ", ".join(sorted(set(df["transport"].dropna().astype(str)) - {""})) or "?"
+    gpu = ", ".join(sorted(set(df["gpu_name"].dropna().astype(str)))) or "?"
+    w = ", ".join(str(int(v)) for v in sorted(set(df["world_size"].dropna())))
+    return f"transport: {tr}; W={w}; {gpu}"
+
+
+def cli(default_table: str, default_name: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--table", default=default_table)
+    ap.add_argument("--out", default=str(FIG_DIR))
+    ap.add_argument("--name", default=default_name)
+    return ap.parse_args()

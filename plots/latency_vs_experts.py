@@ -1,0 +1,46 @@
+"""Latency against experts per rank, one line per (system, routing). Lower is better.
+
+Input: any systems-sweep table (smoke, operator). Output: <out>/<name>.png and .pdf.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from plots.common import cli, label, load, save, transport_note
+
+
+def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
+    df = load(table)
+    if df.empty:
+        raise ValueError(f"{table}: no rows with status ok to plot")
+    shapes = df.groupby(["tokens_per_rank", "hidden", "out", "dtype"])
+    fig, axes = plt.subplots(1, shapes.ngroups, figsize=(5 * shapes.ngroups, 3.8), squeeze=False)
+    for ax, ((tpr, k, n, dt), sub) in zip(axes[0], shapes):
+        for (system, routing), s in sub.groupby(["system", "routing"]):
+            s = s.sort_values("experts_per_rank")
+            ax.errorbar(
+                s["experts_per_rank"],
+                s["latency_ms"],
+                yerr=[s["latency_ms"] - s["latency_p10_ms"], s["latency_p90_ms"] - s["latency_ms"]],
+                marker="o",
+                capsize=3,
+                label=f"{label(system)} / {routing}",
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("experts per rank")
+        ax.set_ylabel("latency (ms, median, p10-p90)")
+        ax.set_title(f"T/rank={tpr} K={k} N={n} {dt}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        f"MoE gemm+combine latency (lower is better)\n{transport_note(df)}", fontsize=9, y=1.06
+    )
+    return save(fig, out_dir, name)
+
+
+if __name__ == "__main__":
+    args = cli("results/smoke.parquet", "smoke_latency_vs_experts")
+    for p in plot(args.table, args.out, args.name):
+        print(p)

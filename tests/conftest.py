@@ -1,0 +1,15 @@
+"""Test tiers: gpu-marked tests are skipped where no CUDA GPU is present."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `make test-gpu` on the GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

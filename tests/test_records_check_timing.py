@@ -1,0 +1,63 @@
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from harness.check import check
+from harness.records import ResultsTable, Row, cell_hash, overlap_ratio
+from harness.timing import time_fn
+
+
+def test_check_passes_close_and_fails_far():
+    ref = torch.randn(8, 16)
+    assert check(ref + 1e-4 * torch.randn(8, 16), ref).ok
+    bad = ref.clone()
+    bad[3] += 5
+    res = check(bad, ref)
+    assert not res.ok and "first bad row 3" in res.message
+
+
+def test_check_guards_nan_zeros_and_shapes():
+    ref = torch.randn(4, 4)
+    nan = ref.clone()
+    nan[1, 2] = float("nan")
+    assert "non-finite" in check(nan, ref).message
+    assert "all zeros" in check(torch.zeros(4, 4), ref).message
+    assert "shape" in check(torch.zeros(4, 5), ref).message
+
+
+def test_overlap_ratio_definition():
+    assert overlap_ratio(10.0, 4.0, 10.0) == 1.0  # comm fully hidden
+    assert overlap_ratio(10.0, 4.0, 14.0) == 0.0  # nothing hidden
+    assert overlap_ratio(10.0, 4.0, 12.0) == pytest.approx(0.5)
+    assert overlap_ratio(10.0, 4.0, 20.0) == 0.0  # clipped
+    assert math.isnan(overlap_ratio(10.0, 0.0, 10.0))
+
+
+def test_table_appends_replaces_and_resumes(tmp_path):
+    t = ResultsTable(tmp_path / "x.parquet")
+    h1, h2 = cell_hash({"a": 1}), cell_hash({"a": 2})
+    assert h1 != h2 and h1 == cell_hash({"a": 1})
+    t.append([Row("e", "serial", cell_hash=h1, latency_ms=1.0, metrics={"pad": 3})])
+    t.append([Row("e", "serial", cell_hash=h2, status="error", reason="boom")])
+    assert t.done_hashes() == {h1, h2}
+    assert t.done_hashes(redo_failed=True) == {h1}
+    t.append([Row("e", "serial", cell_hash=h2, latency_ms=2.0)])  # replaces, no duplicate
+    df = pd.read_parquet(t.path)
+    assert len(df) == 2 and set(df["status"]) == {"ok"}
+    assert df.loc[df.cell_hash == h1, "m_pad"].item() == 3
+
+
+def test_row_rejects_unknown_status():
+    with pytest.raises(ValueError):
+        Row("e", "s", status="great")
+
+
+def test_time_fn_on_cpu_gives_ordered_quantiles():
+    calls = []
+    t = time_fn(
+        lambda: calls.append(sum(range(20000))), device=torch.device("cpu"), warmup=2, iters=7
+    )
+    assert len(calls) == 9 and t.iters == 7
+    assert 0 < t.p10_ms <= t.median_ms <= t.p90_ms
