@@ -93,24 +93,26 @@ def overlap_ratio(compute_ms: float, comm_ms: float, overlapped_ms: float) -> fl
     return min(1.0, max(0.0, r))
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
 @lru_cache(maxsize=1)
 def provenance() -> dict:
     """Git revision, GPU and library versions of this process (cached)."""
     import torch
 
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        rev = (rev + ("-dirty" if dirty else "")) or "unknown"
-    except OSError:
-        rev = "unknown"
+    rev = os.environ.get("HARNESS_GIT_REV", "")  # set where the tree travels without .git
+    if not rev:
+        try:
+            rev = _git("rev-parse", "--short", "HEAD")
+            if rev and _git("status", "--porcelain", "--untracked-files=no"):
+                rev += "-dirty"
+        except OSError:
+            rev = ""
+    rev = rev or "unknown"
     try:
         import triton
 
