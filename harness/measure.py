@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import time
 import traceback
 from typing import Any
@@ -29,15 +30,22 @@ PARAM_KEYS = ("ccta", "mgb", "tile_m", "transport")
 
 
 def expand_grid(cfg: Any, process_world: int) -> list[dict]:
-    """All cells of an experiment: the product of the grid axes, then the systems (innermost)."""
+    """All cells of an experiment: the product of the grid axes, then the systems (innermost).
+
+    The systems of one workload run in a seeded random order, different per workload, so slow
+    drift of the machine does not favour one system (the same order on every rank).
+    """
     g = cfg.experiment.grid
     worlds = list(g.world_size) or [process_world]
     axes = {k: list(getattr(g, k)) for k in SPEC_KEYS + PARAM_KEYS}
     cells = []
     names = list(axes)
+    rng = random.Random(cfg.seed)
     for values in itertools.product(worlds, *(axes[k] for k in names)):
         base = {"world_size": values[0], **dict(zip(names, values[1:]))}
-        for system in cfg.experiment.systems:
+        systems = list(cfg.experiment.systems)
+        rng.shuffle(systems)
+        for system in systems:
             cell = {"experiment": cfg.experiment.name, "system": system, "seed": cfg.seed, **base}
             cell["cell_hash"] = cell_hash(cell)
             cells.append(cell)
