@@ -1,0 +1,122 @@
+"""CPU oracle of the overlapped combine, driven by a CombinePlan (systems/overlap/plan.py).
+
+What the GPU producer and consumer do, in plain torch and in the same order:
+  1 pad     X [P, K] = x_recv rows at row_pos, zero padding rows elsewhere
+  2 produce walk the schedule band by band: Y[rows of b] = X[rows of b] @ B_{band_expert[b]}
+  3 send    as soon as the last band of a segment is computed, send its valid rows
+            Y[seg_src_row : + seg_rows] to seg_dst at seg_offset (one message per segment)
+  4 local   after the schedule, copy the local rows Y[local_src_row] -> own buffer
+  5 scale   harness.reference.scale over the combine receive buffer [S_rows, N]
+
+Two transports: `overlap_forward` sends over a torch.distributed group (gloo: isend/irecv, tag =
+the sender's segment index; each rank builds every peer's plan, since the routing is global and
+deterministic), `overlap_loopback` plays all W ranks in one process and writes segments straight
+into stand-in receive buffers. The loop over bands is the producer's walk (the thing being
+modelled), not a loop over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from harness.layout import RankLayout
+from harness.reference import scale
+from systems.overlap.plan import CombinePlan
+
+#: send(segment index, destination rank, destination row offset, rows [n, N])
+SendFn = Callable[[int, int, int, torch.Tensor], None]
+
+
+def padded_input(plan: CombinePlan, x_recv: torch.Tensor) -> torch.Tensor:
+    """X [P, K]: x_recv [R, K] scattered to the remote-aligned layout, zero padding rows."""
+    x = x_recv.new_zeros(plan.n_padded, x_recv.shape[1])
+    x[plan.row_pos.to(x.device)] = x_recv
+    return x
+
+
+def produce(
+    plan: CombinePlan, x: torch.Tensor, weights: torch.Tensor, send: SendFn
+) -> torch.Tensor:
+    """Walk the schedule: compute each band of X [P, K] with weights [E, K, N] into Y [P, N],
+    send each segment once its last band is done. Returns Y (padding rows are zero)."""
+    y = x.new_zeros(plan.n_padded, weights.shape[2])
+    sched = plan.schedule.tolist()
+    b_exp, b_row = plan.band_expert.tolist(), plan.band_row.tolist()
+    b_rows, b_seg = plan.band_rows.tolist(), plan.band_segment.tolist()
+    seg_end = (plan.seg_start + plan.seg_count - 1).tolist()
+    seg_dst, seg_rows = plan.seg_dst.tolist(), plan.seg_rows.tolist()
+    seg_src, seg_off = plan.seg_src_row.tolist(), plan.seg_offset.tolist()
+    for i, b in enumerate(sched):
+        r0, n = b_row[b], b_rows[b]
+        torch.matmul(x[r0 : r0 + n], weights[b_exp[b]], out=y[r0 : r0 + n])
+        s = b_seg[b]
+        if s >= 0 and i == seg_end[s]:
+            send(s, seg_dst[s], seg_off[s], y[seg_src[s] : seg_src[s] + seg_rows[s]])
+    return y
+
+
+def _receive_buffer(lay: RankLayout, n_cols: int, like: torch.Tensor) -> torch.Tensor:
+    return like.new_zeros(int(lay.send_counts.sum()), n_cols)
+
+
+def _copy_local(plan: CombinePlan, y: torch.Tensor, back: torch.Tensor) -> None:
+    back[plan.local_dst_index.to(back.device)] = y[plan.local_src_row.to(y.device)]
+
+
+def overlap_forward(
+    plans: list[CombinePlan],
+    x_recv: torch.Tensor,
+    weights: torch.Tensor,
+    lay: RankLayout,
+    tokens: int,
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
+    """This rank's out [T, N] over a process group whose ranks are the layer's W ranks.
+
+    plans: the plans of ALL W ranks (plans[lay.rank] is this rank's); x_recv [R, K];
+    weights [E, K, N]. Receives are posted first, then the producer walk sends segments.
+    """
+    me = lay.rank
+    plan = plans[me]
+    back = _receive_buffer(lay, weights.shape[2], x_recv)
+    reqs = []
+    for s, peer in enumerate(plans):
+        if s == me:
+            continue
+        dsts, offs, rows = peer.seg_dst.tolist(), peer.seg_offset.tolist(), peer.seg_rows.tolist()
+        for j, (d, o, n) in enumerate(zip(dsts, offs, rows)):
+            if d == me:
+                reqs.append(dist.irecv(back[o : o + n], src=s, tag=j, group=group))
+
+    def send(seg: int, dst: int, offset: int, rows: torch.Tensor) -> None:
+        reqs.append(dist.isend(rows, dst=dst, tag=seg, group=group))
+
+    y = produce(plan, padded_input(plan, x_recv), weights, send)
+    _copy_local(plan, y, back)
+    for r in reqs:
+        r.wait()
+    return scale(back, lay, tokens)
+
+
+def overlap_loopback(
+    plans: list[CombinePlan],
+    x_recvs: list[torch.Tensor],
+    weights: list[torch.Tensor],
+    lays: list[RankLayout],
+    tokens: int,
+) -> list[torch.Tensor]:
+    """All W ranks in one process: out [T, N] of every rank, segments written into stand-in
+    receive buffers. x_recvs[r] [R_r, K], weights[r] [E, K, N]."""
+    n_cols = weights[0].shape[2]
+    backs = [_receive_buffer(lay, n_cols, x_recvs[0]) for lay in lays]
+
+    def send(seg: int, dst: int, offset: int, rows: torch.Tensor) -> None:
+        backs[dst][offset : offset + rows.shape[0]] = rows
+
+    for plan, x_recv, w in zip(plans, x_recvs, weights):
+        y = produce(plan, padded_input(plan, x_recv), w, send)
+        _copy_local(plan, y, backs[plan.rank])
+    return [scale(back, lay, tokens) for back, lay in zip(backs, lays)]

@@ -1,0 +1,385 @@
+"""Stage A of the method: remote-aligned row layout, remote-first schedule, combine plan.
+
+Pure torch, vectorised, identical on CPU and GPU; every tensor of a plan lives on the inputs'
+device. ONE host synchronisation per plan: the `.tolist()` of five sizes (padded rows P, bands B,
+remote bands, segments S, local rows L) in `build_plan`, needed to size the outputs. Everything
+after it passes `output_size` to repeat_interleave and uses scatter/index_add instead of
+bincount/nonzero/boolean masks, so nothing else waits for the device.
+
+Terms (W ranks, E local experts, tile height tile_m, this rank = `rank`):
+  row      one (token, slot) pair this rank's experts compute: x_recv[i], i in [0, R)
+  group    the rows of one (local expert e, owner rank s); rows of a group occupy CONSECUTIVE
+           positions of the owner's combine receive buffer (harness/layout.py), so a group is
+           laid out in the order of those positions (recv_dst_index ascending)
+  layout   per expert e, X_e = [remote groups, owners ascending, each padded with zero rows to a
+           multiple of tile_m][local group last, NOT padded]; experts concatenated (e ascending)
+           into the padded GEMM input X [P, K]; expert e holds rows expert_row_start[e:e+2]
+  band     tile_m consecutive rows of one group (all N output columns); a remote band is
+           owner-uniform and its valid rows are contiguous in both X and the owner's buffer;
+           only a group's last band has padding (remote) or fewer rows (local)
+  schedule the producer's order: rule (i) every remote band before any local band; rule (ii)
+           experts with more remote bands first (ties: lower expert index), within an expert in
+           layout order (owners ascending); then the local bands, experts ascending
+  segment  the unit of one put: consecutive REMOTE schedule entries. The first and the last
+           segment hold one band each; the middle ones hold mgb bands, counted from the start
+           of each group.
+           CUT RULE: a segment never spans two groups. Where the group (expert, destination)
+           changes inside a would-be segment, the segment is cut there and the next one starts
+           at the new group. So a segment never spans two destinations, and, stricter, never
+           two experts: its valid rows are then ONE contiguous range of X's output Y
+           (seg_src_row ...) and ONE contiguous range of the destination's receive buffer
+           (seg_offset ...). A middle segment can hold fewer than mgb bands at a cut.
+
+Local rows are never sent: they are copied from Y into this rank's own receive buffer at
+local_dst_index. The scale step is harness.reference.scale over that full buffer [S_rows, N].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from harness.layout import RankLayout, rank_layout
+from harness.workload import WorkloadSpec
+
+
+@dataclass
+class CombinePlan:
+    """The combine plan of one rank. Tensors are int64 on the build device.
+
+    Host ints: world_size W, rank, experts_per_rank E, tile_m, mgb, out_cols N, elem_bytes,
+    n_rows R, n_padded P, n_bands B, n_remote_bands, n_segments S, n_local L.
+
+    Rows and layout:
+      row_pos          [R]    padded GEMM row of each x_recv row
+      gather_index     [P]    x_recv row of each padded GEMM row, -1 for a zero padding row
+      expert_row_start [E+1]  expert e occupies padded rows [start[e], start[e+1])
+      group_rows       [E, W] valid rows of (expert e, owner s)
+      group_padded     [E, W] GEMM rows of (expert e, owner s): remote padded to tile_m
+    Bands (b in layout order, band_row ascending):
+      band_expert [B]  local expert
+      band_row    [B]  first padded GEMM row
+      band_rows   [B]  GEMM rows in the band (tile_m; fewer only for a local last band)
+      band_dst    [B]  destination (owner) rank
+      band_valid  [B]  non-padding rows (the first band_valid rows of the band)
+      band_offset [B]  row of its first valid row in the destination's combine receive buffer;
+                       valid rows land at band_offset .. band_offset + band_valid - 1
+      band_segment [B] segment of a remote band, -1 for a local band
+    Schedule:
+      schedule [B]  band ids in producer order; schedule[:n_remote_bands] are the remote bands
+    Segments (s in send order, over the remote schedule):
+      seg_start   [S]  index into schedule of its first band
+      seg_count   [S]  bands in the segment
+      seg_dst     [S]  destination rank
+      seg_rows    [S]  valid rows sent
+      seg_bytes   [S]  seg_rows * N * elem_bytes
+      seg_src_row [S]  padded GEMM row of its first row (valid rows are contiguous from there)
+      seg_offset  [S]  row of its first row in the destination's receive buffer
+      sent_rows     [W]  valid rows sent to each rank (0 for this rank)
+      sent_segments [W]  segments sent to each rank
+    Receive side (this rank's combine receive buffer [S_rows, N], the owner layout):
+      recv_rows      [W]  rows coming back from each rank (send_counts; [rank] = local copies),
+                          None when build_plan got no send_counts
+      recv_row_start [W]  rank s's rows land at recv_row_start[s] .. + recv_rows[s] - 1
+      local_src_row   [L]  padded GEMM row of each local row
+      local_dst_index [L]  its position in this rank's own receive buffer
+    """
+
+    world_size: int
+    rank: int
+    experts_per_rank: int
+    tile_m: int
+    mgb: int
+    out_cols: int
+    elem_bytes: int
+    n_rows: int
+    n_padded: int
+    n_bands: int
+    n_remote_bands: int
+    n_segments: int
+    n_local: int
+    row_pos: torch.Tensor
+    gather_index: torch.Tensor
+    expert_row_start: torch.Tensor
+    group_rows: torch.Tensor
+    group_padded: torch.Tensor
+    band_expert: torch.Tensor
+    band_row: torch.Tensor
+    band_rows: torch.Tensor
+    band_dst: torch.Tensor
+    band_valid: torch.Tensor
+    band_offset: torch.Tensor
+    band_segment: torch.Tensor
+    schedule: torch.Tensor
+    seg_start: torch.Tensor
+    seg_count: torch.Tensor
+    seg_dst: torch.Tensor
+    seg_rows: torch.Tensor
+    seg_bytes: torch.Tensor
+    seg_src_row: torch.Tensor
+    seg_offset: torch.Tensor
+    sent_rows: torch.Tensor
+    sent_segments: torch.Tensor
+    recv_rows: torch.Tensor | None
+    recv_row_start: torch.Tensor | None
+    local_src_row: torch.Tensor
+    local_dst_index: torch.Tensor
+
+    @property
+    def n_padding(self) -> int:
+        """Zero padding rows of the layout (P - R)."""
+        return self.n_padded - self.n_rows
+
+    def to(self, device: torch.device | str) -> CombinePlan:
+        """A copy with every tensor on `device`."""
+        kw = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kw[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
+        return CombinePlan(**kw)
+
+
+def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x, 0) - x
+
+
+def slot_ranks(world_size: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
+    """Owner rank of each group slot [W]: the remote ranks ascending, then `rank` last."""
+    j = torch.arange(world_size, dtype=torch.int64, device=device)
+    return torch.where(j == world_size - 1, rank, j + (j >= rank).long())
+
+
+def build_plan(
+    recv_src: torch.Tensor,
+    recv_expert: torch.Tensor,
+    recv_dst_index: torch.Tensor,
+    *,
+    world_size: int,
+    rank: int,
+    experts_per_rank: int,
+    tile_m: int,
+    mgb: int,
+    out_cols: int,
+    elem_bytes: int,
+    send_counts: torch.Tensor | None = None,
+) -> CombinePlan:
+    """The combine plan of `rank` from its expert-side rows (harness.layout.RankLayout).
+
+    recv_src [R] owner rank, recv_expert [R] local expert, recv_dst_index [R] position in the
+    owner's combine receive buffer (consecutive within each (owner, expert) group), any order.
+    send_counts [W] (optional): rows this rank sent to each rank in the dispatch, for the
+    receive-side fields. One host sync (see the module docstring).
+    """
+    W, E, tm = world_size, experts_per_rank, tile_m
+    if not 0 <= rank < W:
+        raise ValueError(f"rank {rank} not in [0, {W})")
+    if E < 1 or tm < 1 or mgb < 1:
+        raise ValueError(f"experts_per_rank, tile_m, mgb must be >= 1; got {E}, {tm}, {mgb}")
+    dev = recv_src.device
+    i64 = {"dtype": torch.int64, "device": dev}
+    src = recv_src.to(torch.int64)
+    expert = recv_expert.to(**i64)
+    dst = recv_dst_index.to(**i64)
+    R, G = src.numel(), E * W
+
+    # Groups: g = e * W + slot, slot = owner's position (remote owners ascending, self last).
+    slot = torch.where(src == rank, W - 1, src - (src > rank).long())
+    grp = expert * W + slot  # [R]
+    order = torch.sort(dst, stable=True).indices  # rows by (group, dst position)
+    order = order[torch.sort(grp[order], stable=True).indices]
+    cnt = torch.zeros(G, **i64).index_add_(0, grp, torch.ones_like(grp))  # [G]
+    is_local_g = torch.arange(G, device=dev) % W == W - 1
+    nb = (cnt + tm - 1) // tm  # bands per group
+    padded = torch.where(is_local_g, cnt, nb * tm)
+    grp_row = _excl_cumsum(padded)  # first padded row of each group
+    grp_dst = torch.zeros(G, **i64).scatter_reduce_(0, grp, dst, "amin", include_self=False)
+
+    # Schedule of groups: remote groups of experts by (-remote bands, e), then local groups.
+    rb = nb.view(E, W)[:, : W - 1].sum(1)  # [E] remote bands per expert
+    exp_order = torch.sort(-rb * E + torch.arange(E, device=dev)).indices
+    remote_slots = torch.arange(W - 1, device=dev)
+    sched_groups = torch.cat(
+        [
+            (exp_order[:, None] * W + remote_slots).reshape(-1),
+            torch.arange(E, device=dev) * W + W - 1,
+        ]
+    )  # [G]
+    nb_sched = nb[sched_groups]
+    n_remote = rb.sum()
+
+    # Segment count, group by group (first / last band single, middle chunks of mgb per group).
+    nb_r = nb_sched[: E * (W - 1)]
+    a = _excl_cumsum(nb_r)  # first remote schedule position of each remote group
+    lo = a.clamp(min=1)
+    hi = torch.minimum(a + nb_r - 1, n_remote - 2)
+    mid = (hi - lo + 1).clamp(min=0)
+    n_seg = (n_remote >= 1).long() + (n_remote >= 2).long() + ((mid + mgb - 1) // mgb).sum()
+    n_loc = cnt.view(E, W)[:, W - 1].sum()
+    sizes = torch.stack([padded.sum(), nb.sum(), n_remote, n_seg, n_loc])
+    P, B, NR, S, L = sizes.tolist()  # THE one host synchronisation
+
+    # Rows -> padded positions.
+    k = torch.arange(R, **i64)
+    g_sorted = grp[order]
+    row_pos = torch.empty(R, **i64)
+    row_pos[order] = grp_row[g_sorted] + (k - _excl_cumsum(cnt)[g_sorted])
+    gather_index = torch.full((P,), -1, **i64).scatter_(0, row_pos, k)
+    expert_row_start = torch.cat([torch.zeros(1, **i64), torch.cumsum(padded.view(E, W).sum(1), 0)])
+
+    # Bands in layout order.
+    band_first = _excl_cumsum(nb)
+    band_group = torch.repeat_interleave(torch.arange(G, device=dev), nb, output_size=B)
+    q = torch.arange(B, **i64) - band_first[band_group]
+    band_slot = band_group % W
+    band_valid = (cnt[band_group] - q * tm).clamp(max=tm)
+    band_rows = torch.where(band_slot == W - 1, band_valid, tm)
+
+    # Schedule of bands.
+    sg = torch.repeat_interleave(sched_groups, nb_sched, output_size=B)
+    q_s = torch.arange(B, **i64) - torch.repeat_interleave(
+        _excl_cumsum(nb_sched), nb_sched, output_size=B
+    )
+    schedule = band_first[sg] + q_s
+
+    # Segments over the remote schedule.
+    p = torch.arange(NR, **i64)
+    q_mid = p - torch.repeat_interleave(a, nb_r, output_size=NR).clamp(min=1)
+    is_start = (p == 0) | (p == NR - 1) | (q_mid % mgb == 0)
+    seg_id = torch.cumsum(is_start.long(), 0) - 1  # [NR]
+    seg_start = torch.full((S,), NR, **i64).scatter_reduce_(0, seg_id, p, "amin")
+    seg_count = torch.zeros(S, **i64).index_add_(0, seg_id, torch.ones_like(p))
+    remote_sched = schedule[:NR]
+    band_dst = slot_ranks(W, rank, dev)[band_slot]
+    band_row = grp_row[band_group] + q * tm
+    band_offset = grp_dst[band_group] + q * tm
+    seg_rows = torch.zeros(S, **i64).index_add_(0, seg_id, band_valid[remote_sched])
+    first = schedule[seg_start]
+    seg_dst = band_dst[first]
+    band_segment = torch.full((B,), -1, **i64).scatter_(0, remote_sched, seg_id)
+
+    # Local rows (never sent) and the receive side.
+    loc = torch.sort((slot != W - 1).long(), stable=True).indices[:L]
+    recv_rows = recv_start = None
+    if send_counts is not None:
+        recv_rows = send_counts.to(**i64)
+        recv_start = _excl_cumsum(recv_rows)
+    return CombinePlan(
+        world_size=W,
+        rank=rank,
+        experts_per_rank=E,
+        tile_m=tm,
+        mgb=mgb,
+        out_cols=out_cols,
+        elem_bytes=elem_bytes,
+        n_rows=R,
+        n_padded=P,
+        n_bands=B,
+        n_remote_bands=NR,
+        n_segments=S,
+        n_local=L,
+        row_pos=row_pos,
+        gather_index=gather_index,
+        expert_row_start=expert_row_start,
+        group_rows=_by_owner(cnt.view(E, W), W, rank),
+        group_padded=_by_owner(padded.view(E, W), W, rank),
+        band_expert=band_group // W,
+        band_row=band_row,
+        band_rows=band_rows,
+        band_dst=band_dst,
+        band_valid=band_valid,
+        band_offset=band_offset,
+        band_segment=band_segment,
+        schedule=schedule,
+        seg_start=seg_start,
+        seg_count=seg_count,
+        seg_dst=seg_dst,
+        seg_rows=seg_rows,
+        seg_bytes=seg_rows * (out_cols * elem_bytes),
+        seg_src_row=band_row[first],
+        seg_offset=band_offset[first],
+        sent_rows=torch.zeros(W, **i64).index_add_(0, seg_dst, seg_rows),
+        sent_segments=torch.zeros(W, **i64).index_add_(0, seg_dst, torch.ones_like(seg_dst)),
+        recv_rows=recv_rows,
+        recv_row_start=recv_start,
+        local_src_row=row_pos[loc],
+        local_dst_index=dst[loc],
+    )
+
+
+def _by_owner(per_slot: torch.Tensor, world_size: int, rank: int) -> torch.Tensor:
+    """[E, W] indexed by group slot -> [E, W] indexed by owner rank."""
+    out = torch.empty_like(per_slot)
+    out[:, slot_ranks(world_size, rank, per_slot.device)] = per_slot
+    return out
+
+
+def plan_for_layout(
+    lay: RankLayout,
+    *,
+    world_size: int,
+    experts_per_rank: int,
+    tile_m: int,
+    mgb: int,
+    out_cols: int,
+    elem_bytes: int,
+    device: torch.device | None = None,
+) -> CombinePlan:
+    """build_plan on a harness.layout.RankLayout (moved to `device` first)."""
+    dev = device or lay.recv_src.device
+    return build_plan(
+        lay.recv_src.to(dev),
+        lay.recv_expert.to(dev),
+        lay.recv_dst_index.to(dev),
+        world_size=world_size,
+        rank=lay.rank,
+        experts_per_rank=experts_per_rank,
+        tile_m=tile_m,
+        mgb=mgb,
+        out_cols=out_cols,
+        elem_bytes=elem_bytes,
+        send_counts=lay.send_counts.to(dev),
+    )
+
+
+def owner_expert_counts(expert_ids: torch.Tensor, experts_per_rank: int) -> torch.Tensor:
+    """C [W, W*E]: C[s, g] = rows owner s sends to global expert g. expert_ids [W, T, k]."""
+    W = expert_ids.shape[0]
+    n_exp = W * experts_per_rank
+    src = torch.arange(W, device=expert_ids.device).view(W, 1, 1).expand_as(expert_ids)
+    key = (src * n_exp + expert_ids).reshape(-1)
+    return torch.bincount(key, minlength=W * n_exp).view(W, n_exp)
+
+
+def padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> torch.Tensor:
+    """Exact zero padding rows of every rank's layout [W] from C [W, W*E] (owner_expert_counts).
+
+    Rank r pads each remote group (owner s != r, expert g of r) to a multiple of tile_m:
+    sum over s != r and g of (-C[s, g]) mod tile_m. Equals build_plan(...).n_padding.
+    """
+    W = counts.shape[0]
+    pad = (-counts).remainder(tile_m).view(W, W, experts_per_rank)  # [s, r, e]
+    pad = pad * (1 - torch.eye(W, dtype=pad.dtype, device=pad.device))[:, :, None]
+    return pad.sum((0, 2))
+
+
+def plans_for_spec(
+    spec: WorkloadSpec, *, tile_m: int, mgb: int, device: torch.device | None = None
+) -> tuple[list[CombinePlan], list[RankLayout]]:
+    """Plans and RankLayouts of all W ranks of a spec (every rank can build every plan)."""
+    lays = [rank_layout(spec, r) for r in range(spec.world_size)]
+    elem = torch.empty(0, dtype=spec.torch_dtype).element_size()
+    plans = [
+        plan_for_layout(
+            lay,
+            world_size=spec.world_size,
+            experts_per_rank=spec.experts_per_rank,
+            tile_m=tile_m,
+            mgb=mgb,
+            out_cols=spec.out,
+            elem_bytes=elem,
+            device=device,
+        )
+        for lay in lays
+    ]
+    return plans, lays

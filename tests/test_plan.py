@@ -1,0 +1,284 @@
+"""Property tests of stage A (systems/overlap/plan.py) on random routings."""
+
+import warnings
+from dataclasses import fields
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.layout import rank_layout
+from harness.workload import WorkloadSpec
+from systems.overlap.plan import build_plan, plans_for_spec
+
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _synthetic(W, E, rank, max_rows, p_empty, seed):
+    """Expert-side rows of `rank` in a random order, like harness.layout.RankLayout.
+
+    Returns recv_src, recv_expert, recv_dst_index [R] and the owners' buffer sizes [W].
+    """
+    g = torch.Generator().manual_seed(seed)
+    cnt = torch.randint(0, max_rows + 1, (W, E), generator=g)
+    cnt[torch.rand(W, E, generator=g) < p_empty] = 0
+    per_src = cnt.sum(1)
+    before = torch.randint(0, 50, (W,), generator=g)  # rows the owner sends to lower ranks
+    after = torch.randint(0, 50, (W,), generator=g)
+    src = torch.repeat_interleave(torch.arange(W).repeat_interleave(E), cnt.reshape(-1))
+    expert = torch.repeat_interleave(torch.arange(E).repeat(W), cnt.reshape(-1))
+    first = torch.cumsum(per_src, 0) - per_src
+    dst = before[src] + torch.arange(src.numel()) - first[src]
+    perm = torch.randperm(src.numel(), generator=g)
+    return src[perm], expert[perm], dst[perm], before + per_src + after
+
+
+def _band_rows(plan):
+    """Padded row of every row of every band [P] and its band id [P]."""
+    b = torch.repeat_interleave(torch.arange(plan.n_bands), plan.band_rows)
+    within = torch.arange(b.numel()) - (torch.cumsum(plan.band_rows, 0) - plan.band_rows)[b]
+    return plan.band_row[b] + within, b, within
+
+
+def _segment_rows(plan):
+    """Padded row, destination and destination offset of every row each segment sends."""
+    s = torch.repeat_interleave(torch.arange(plan.n_segments), plan.seg_rows)
+    within = torch.arange(s.numel()) - (torch.cumsum(plan.seg_rows, 0) - plan.seg_rows)[s]
+    return plan.seg_src_row[s] + within, plan.seg_dst[s], plan.seg_offset[s] + within
+
+
+def check_plan(plan, src, expert, dst, buf_rows):
+    W, E, tm, rank = plan.world_size, plan.experts_per_rank, plan.tile_m, plan.rank
+    R, P, B, NR = plan.n_rows, plan.n_padded, plan.n_bands, plan.n_remote_bands
+    gi = plan.gather_index
+    # Layout: every x_recv row exactly once; padding rows are -1.
+    assert R == src.numel() and gi.numel() == P
+    assert torch.equal(gi[plan.row_pos], torch.arange(R))
+    assert int((gi == -1).sum()) == P - R
+    assert int(plan.expert_row_start[-1]) == P
+    assert torch.equal(plan.group_rows.sum(), torch.tensor(R))
+    # Bands tile [0, P) in layout order; one destination and one expert per band.
+    assert torch.equal(plan.band_row, torch.cumsum(plan.band_rows, 0) - plan.band_rows)
+    rows, b, within = _band_rows(plan)
+    assert torch.equal(rows, torch.arange(P))
+    valid = within < plan.band_valid[b]
+    assert torch.equal(valid, gi >= 0)  # padding = the trailing rows of a band, never inside
+    x = gi[valid]
+    assert torch.equal(src[x], plan.band_dst[b[valid]])
+    assert torch.equal(expert[x], plan.band_expert[b[valid]])
+    rs, re = plan.expert_row_start[:-1], plan.expert_row_start[1:]
+    assert bool(
+        ((plan.band_row >= rs[plan.band_expert]) & (plan.band_row < re[plan.band_expert])).all()
+    )
+    # Remote bands are full tile_m bands; local bands are never padded.
+    remote = plan.band_dst != rank
+    assert bool((plan.band_rows[remote] == tm).all())
+    assert torch.equal(plan.band_valid[~remote], plan.band_rows[~remote])
+    assert bool((plan.band_valid >= 1).all()) and bool((plan.band_rows <= tm).all())
+    # Within an expert: remote owners ascending, local last.
+    slot = torch.where(plan.band_dst == rank, W, plan.band_dst)
+    key = plan.band_expert * (W + 1) + slot
+    assert bool((key[1:] >= key[:-1]).all())
+    # Every valid row lands at its own position; per destination disjoint and in bounds.
+    assert torch.equal(dst[x], plan.band_offset[b[valid]] + within[valid])
+    pos = plan.band_dst[b[valid]] * (int(buf_rows.max()) + 1) + dst[x]
+    assert torch.unique(pos).numel() == pos.numel()
+    assert bool((plan.band_offset + plan.band_valid <= buf_rows[plan.band_dst]).all())
+    # Schedule: a permutation, remote first (rule i), rule (ii), layout order inside.
+    sched = plan.schedule
+    assert torch.equal(torch.sort(sched).values, torch.arange(B))
+    assert NR == int(remote.sum())
+    assert bool(remote[sched[:NR]].all()) and not bool(remote[sched[NR:]].any())
+    assert bool((sched[NR:].diff() > 0).all())
+    rexp = plan.band_expert[sched[:NR]]
+    rb = torch.bincount(plan.band_expert[remote], minlength=E)
+    blocks = torch.unique_consecutive(rexp)
+    assert blocks.numel() == torch.unique(rexp).numel()  # one block per expert
+    want = [e for e in sorted(range(E), key=lambda e: (-int(rb[e]), e)) if rb[e] > 0]
+    assert blocks.tolist() == want
+    assert bool((sched[:NR].diff()[rexp.diff() == 0] > 0).all())
+    # Segments: cover the remote schedule once, in order; first/last single; middle <= mgb.
+    S = plan.n_segments
+    if NR == 0:
+        assert S == 0
+    else:
+        assert int(plan.seg_start[0]) == 0
+        assert torch.equal(plan.seg_start[1:], (plan.seg_start + plan.seg_count)[:-1])
+        assert int(plan.seg_start[-1] + plan.seg_count[-1]) == NR
+        assert int(plan.seg_count[0]) == 1 and int(plan.seg_count[-1]) == 1
+        assert bool((plan.seg_count >= 1).all() & (plan.seg_count <= plan.mgb).all())
+        seg_of = torch.repeat_interleave(torch.arange(S), plan.seg_count)
+        rband = sched[:NR]
+        assert torch.equal(plan.band_segment[rband], seg_of)
+        assert bool((plan.band_segment[sched[NR:]] == -1).all())
+        group = plan.band_expert[rband] * W + plan.band_dst[rband]
+        assert torch.equal(plan.band_dst[rband], plan.seg_dst[seg_of])  # never two destinations
+        assert torch.equal(group, group[plan.seg_start[seg_of]])  # the cut rule: one group
+        # A middle segment is short only where its group ends or the last band follows.
+        end = plan.seg_start + plan.seg_count
+        short = (plan.seg_count < plan.mgb) & (torch.arange(S) > 0) & (torch.arange(S) < S - 1)
+        nxt = end[short].clamp(max=NR - 1)
+        assert bool(((end[short] >= NR - 1) | (group[nxt] != group[end[short] - 1])).all())
+    # The rows sent are exactly the remote rows, each at its own destination position.
+    srow, sdst, soff = _segment_rows(plan)
+    sx = gi[srow]
+    assert bool((sx >= 0).all())
+    assert torch.equal(src[sx], sdst) and torch.equal(dst[sx], soff)
+    assert torch.equal(torch.sort(sx).values, torch.nonzero(src != rank).squeeze(1))
+    assert torch.equal(plan.seg_bytes, plan.seg_rows * plan.out_cols * plan.elem_bytes)
+    assert torch.equal(plan.sent_rows, torch.bincount(src[src != rank], minlength=W))
+    # Local rows: copied, never sent.
+    lx = gi[plan.local_src_row]
+    assert plan.n_local == int((src == rank).sum())
+    assert torch.equal(torch.sort(lx).values, torch.nonzero(src == rank).squeeze(1))
+    assert torch.equal(dst[lx], plan.local_dst_index)
+    return plan
+
+
+@SETTINGS
+@given(
+    W=st.sampled_from([1, 2, 3, 4, 8]),
+    E=st.integers(1, 16),
+    tm=st.sampled_from([16, 64, 128, 256]),
+    mgb=st.integers(1, 3),
+    rank_frac=st.floats(0, 0.999),
+    rows_mult=st.sampled_from([0.0, 0.3, 1.0, 2.5]),
+    p_empty=st.sampled_from([0.0, 0.3, 0.8, 1.0]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p_empty, seed):
+    rank = int(rank_frac * W)
+    src, expert, dst, buf_rows = _synthetic(W, E, rank, int(rows_mult * tm), p_empty, seed)
+    plan = build_plan(
+        src,
+        expert,
+        dst,
+        world_size=W,
+        rank=rank,
+        experts_per_rank=E,
+        tile_m=tm,
+        mgb=mgb,
+        out_cols=24,
+        elem_bytes=2,
+    )
+    check_plan(plan, src, expert, dst, buf_rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    W=st.sampled_from([1, 2, 3, 4, 8]),
+    E=st.integers(1, 6),
+    tm=st.sampled_from([16, 64]),
+    mgb=st.integers(1, 2),
+    routing=st.sampled_from(["balanced", "moderate_skew", "stress_skew"]),
+    tokens=st.integers(1, 120),
+    seed=st.integers(0, 1000),
+)
+def test_plans_of_all_ranks_fill_every_receive_buffer_exactly(W, E, tm, mgb, routing, tokens, seed):
+    """Real routings: the W plans together write every row of every owner's receive buffer
+    exactly once, with the right token, and each plan passes the single-rank properties."""
+    if 2 > W * E:
+        return
+    spec = WorkloadSpec(
+        tokens_per_rank=tokens,
+        hidden=8,
+        out=8,
+        experts_per_rank=E,
+        top_k=2,
+        world_size=W,
+        routing=routing,
+        seed=seed,
+    )
+    plans, lays = plans_for_spec(spec, tile_m=tm, mgb=mgb)
+    S_rows = torch.stack([lay.send_counts.sum() for lay in lays])
+    hits = [torch.zeros(int(n), dtype=torch.int64) for n in S_rows]
+    for plan, lay in zip(plans, lays):
+        check_plan(plan, lay.recv_src, lay.recv_expert, lay.recv_dst_index, S_rows)
+        srow, sdst, soff = _segment_rows(plan)
+        x = plan.gather_index[srow]
+        for d in range(W):
+            sel = sdst == d
+            hits[d].index_add_(0, soff[sel], torch.ones_like(soff[sel]))
+            assert torch.equal(lays[d].send_token[soff[sel]], lay.recv_token[x[sel]])
+        hits[plan.rank].index_add_(0, plan.local_dst_index, torch.ones_like(plan.local_dst_index))
+        assert torch.equal(plan.recv_rows, lay.send_counts)
+    for d in range(W):
+        assert bool((hits[d] == 1).all())
+        # what each peer sends to d is what d expects from it
+        sent = torch.stack([p.sent_rows[d] for p in plans])
+        expect = plans[d].recv_rows.clone()
+        expect[d] = 0
+        assert torch.equal(sent, expect)
+
+
+def test_plan_of_rank_layout_edge_cases():
+    """W=1 (no remote rows), an empty rank, tile_m=1 (no padding)."""
+    spec = WorkloadSpec(
+        tokens_per_rank=8,
+        hidden=8,
+        out=8,
+        experts_per_rank=64,
+        top_k=1,
+        world_size=2,
+        routing="stress_skew",
+    )
+    for tm in (1, 16):
+        for r in range(2):
+            lay = rank_layout(spec, r)
+            plan = plans_for_spec(spec, tile_m=tm, mgb=2)[0][r]
+            check_plan(
+                plan, lay.recv_src, lay.recv_expert, lay.recv_dst_index, lay.send_counts * 0 + 10**6
+            )
+            if tm == 1:
+                assert plan.n_padding == 0
+    e = torch.empty(0, dtype=torch.int64)
+    plan = build_plan(
+        e,
+        e,
+        e,
+        world_size=3,
+        rank=1,
+        experts_per_rank=4,
+        tile_m=64,
+        mgb=2,
+        out_cols=8,
+        elem_bytes=2,
+    )
+    assert (plan.n_padded, plan.n_bands, plan.n_segments) == (0, 0, 0)
+
+
+@pytest.mark.gpu
+def test_plan_on_gpu_equals_cpu_with_one_host_sync():
+    """The same plan on CUDA as on the CPU, and building it synchronises with the host once."""
+    spec = WorkloadSpec(
+        tokens_per_rank=512,
+        hidden=8,
+        out=8,
+        experts_per_rank=8,
+        top_k=2,
+        world_size=4,
+        routing="stress_skew",
+    )
+    lay = rank_layout(spec, 1)
+    kw = dict(world_size=4, rank=1, experts_per_rank=8, tile_m=64, mgb=2, out_cols=8, elem_bytes=2)
+    cpu = build_plan(lay.recv_src, lay.recv_expert, lay.recv_dst_index, **kw)
+    dev = torch.device("cuda")
+    args = [t.to(dev) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index)]
+    build_plan(*args, **kw)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gpu = build_plan(*args, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    for f in fields(cpu):
+        a, b = getattr(cpu, f.name), getattr(gpu, f.name)
+        if isinstance(a, torch.Tensor):
+            assert b.is_cuda and torch.equal(a, b.cpu()), f.name
+        else:
+            assert a == b, f.name
