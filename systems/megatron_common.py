@@ -1,0 +1,325 @@
+"""Shared glue for the Megatron-core baselines (megatron-core 0.16.1), imported only at setup.
+
+How our operator maps onto Megatron's MoE layer
+-----------------------------------------------
+Megatron's MoELayer runs route -> dispatch_preprocess (permute 1) -> token_dispatch (EP
+all-to-all) -> dispatch_postprocess (sort rows by local expert) -> experts -> combine_preprocess
+(unsort) -> token_combine (EP all-to-all) -> combine_postprocess (unpermute: sum of each token's
+rows). The real MoELayer and its MoEAlltoAllTokenDispatcher are used unchanged, with two plug-ins:
+
+* Router stub (`FixedRouter`): returns the harness routing as Megatron's (probs [T, G] float32,
+  routing_map [T, G] bool), so Megatron dispatches exactly the seeded top-k with the seeded gate
+  weights. Megatron's dispatched rows then equal the harness's x_recv row for row (both order
+  rows by source rank, then local expert, then token); setup asserts this.
+* Experts module with Megatron's expert interface
+  forward(permuted_local_hidden_states [R, K], tokens_per_expert [E] (host), permuted_probs [R])
+  -> (out [R, N], None). Megatron's experts are fc1 -> activation -> (x probs) -> fc2; our
+  expert is ONE GEMM Y_e = X_e @ B_e. We keep fc1 and drop the activation and fc2, i.e. the
+  experts module is Megatron's expert fc1 (same weight layout, same grouped-GEMM call), followed
+  by Megatron's probs multiply (GroupedMLP's activation_func_with_probs with the identity):
+    - `SingleGemmGroupedMLP` (megatron_cutlass): legacy GroupedMLP's fc1: weight1 [K, E*N]
+      viewed [E, K, N]; the GEMM is grouped_gemm.ops.gmm (CUTLASS grouped GEMM, what GroupedMLP
+      calls) when the `grouped_gemm` package imports, else torch._grouped_mm (PyTorch's CUTLASS
+      grouped GEMM on Hopper, bf16), else a per-expert matmul (other GPUs / dtypes).
+    - `SingleGemmTEGroupedMLP` (megatron_te): TEGroupedMLP's linear_fc1, i.e. Megatron's
+      TEColumnParallelGroupedLinear (Transformer Engine GroupedLinear), weight{e} [N, K] = B_e^T.
+  The probs are applied before the combine (Megatron's convention) instead of after it (the
+  reference's); in exact arithmetic the output is the same sum_j w_j (x @ B_j).
+
+Timed region (scope "gemm+combine", like serial): setup runs route, preprocess and dispatch once
+(untimed); forward() then runs dispatch_postprocess + experts + combine_preprocess (MoELayer.
+routed_experts_compute), token_combine and combine_postprocess -> out [T, N]. Megatron assumes
+the experts return the hidden width K; our expert returns N, so after the dispatch setup sets the
+dispatcher's remembered output shapes (hidden_shape, hidden_shape_before_permute) to [T, N].
+dispatch_postprocess consumes `tokens_per_expert`; forward() restores it from the setup copy.
+
+Parallel state: Megatron's model-parallel groups are created once per process over the default
+process group with expert-model-parallel size = world size (TP = PP = CP = 1); repeated calls
+with the same world size are no-ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.experts import expert_gemm, expert_gemm_impl
+from harness.workload import WorkloadSpec, routing_of
+
+MCORE_VERSION = "0.16.1"
+
+
+def mcore_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("megatron-core")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def ensure_parallel_state(world_size: int) -> None:
+    """Initialise Megatron's parallel state once: EP = world_size, TP = PP = CP = 1."""
+    from megatron.core import parallel_state as ps
+
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed must be initialised before Megatron")
+    if dist.get_world_size() != world_size:
+        raise ValueError(f"Megatron EP size {world_size} != process world {dist.get_world_size()}")
+    if ps.model_parallel_is_initialized():
+        have = ps.get_expert_model_parallel_world_size()
+        if have != world_size:
+            raise RuntimeError(
+                f"Megatron parallel state has EP={have}, this cell needs {world_size}"
+            )
+        return
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        expert_model_parallel_size=world_size,
+        create_gloo_process_groups=False,
+    )
+
+
+def transformer_config(spec: WorkloadSpec, **overrides: Any):
+    """Megatron TransformerConfig for one cell: hidden K, expert width N, G experts, top-k.
+
+    Dropless all-to-all dispatcher, no bias, no gated unit, no fused permute (needs TE),
+    float32 router probs, weights allocated on the CPU without init (they are copied in).
+    """
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    dt = spec.torch_dtype
+    kw: dict[str, Any] = dict(
+        num_layers=1,
+        hidden_size=spec.hidden,
+        num_attention_heads=1,
+        ffn_hidden_size=spec.out,
+        moe_ffn_hidden_size=spec.out,
+        num_moe_experts=spec.n_experts,
+        moe_router_topk=spec.top_k,
+        expert_model_parallel_size=spec.world_size,
+        moe_token_dispatcher_type="alltoall",
+        moe_expert_capacity_factor=None,
+        moe_pad_expert_input_to_capacity=False,
+        moe_permute_fusion=False,
+        moe_grouped_gemm=True,
+        moe_router_dtype="fp32",
+        add_bias_linear=False,
+        gated_linear_unit=False,
+        bf16=dt == torch.bfloat16,
+        fp16=dt == torch.float16,
+        params_dtype=dt,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+    )
+    kw.update(overrides)
+    return TransformerConfig(**kw)
+
+
+def routing_tensors(
+    spec: WorkloadSpec, rank: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The harness routing as Megatron's router output: probs [T, G] f32, routing_map [T, G]."""
+    routing = routing_of(spec)
+    ids = routing.expert_ids[rank].to(device)  # [T, k]
+    w = routing.gate_weights[rank].to(device)  # [T, k]
+    T, G = spec.tokens_per_rank, spec.n_experts
+    probs = torch.zeros(T, G, dtype=torch.float32, device=device).scatter_(1, ids, w)
+    rmap = torch.zeros(T, G, dtype=torch.bool, device=device).scatter_(1, ids, True)
+    return probs, rmap
+
+
+def grouped_fc1_layout(weights: torch.Tensor) -> torch.Tensor:
+    """Our weights [E, K, N] -> GroupedMLP weight1 [K, E*N] (whose .view(E, K, N) gives back B).
+
+    GroupedMLP stores weight1 as [hidden, E * ffn] and reads it as weight1.view(E, hidden, ffn):
+    a reinterpretation of the same memory, so the copy is of the flat [E, K, N] data.
+    """
+    E, K, N = weights.shape
+    return weights.contiguous().view(K, E * N)
+
+
+def te_fc1_layout(weights: torch.Tensor) -> list[torch.Tensor]:
+    """Our weights [E, K, N] -> TE GroupedLinear weight{e} [N, K] = B_e^T (y = x W^T)."""
+    return [weights[e].t().contiguous() for e in range(weights.shape[0])]
+
+
+def copy_te_weights(linear: torch.nn.Module, weights: torch.Tensor) -> None:
+    """Copy B [E, K, N] into a TE GroupedLinear's weight0..weight{E-1} [N, K]."""
+    for e, w in enumerate(te_fc1_layout(weights)):
+        p = getattr(linear, f"weight{e}")
+        if tuple(p.shape) != tuple(w.shape):
+            raise ValueError(f"weight{e} has shape {tuple(p.shape)}, expected {tuple(w.shape)}")
+        with torch.no_grad():
+            p.copy_(w)
+
+
+def apply_probs(y: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Megatron's activation_func_with_probs with the identity: (y * probs[:, None]).to(y)."""
+    return (y * probs.unsqueeze(-1)).to(y.dtype)
+
+
+def gemm_backend(x: torch.Tensor, w: torch.Tensor) -> str:
+    """Which grouped GEMM SingleGemmGroupedMLP runs for these operands."""
+    from megatron.core.transformer.moe import grouped_gemm_util as gg
+
+    if gg.grouped_gemm_is_available() and x.is_cuda and x.dtype == torch.bfloat16:
+        return "grouped_gemm.gmm"
+    return expert_gemm_impl(x, w)
+
+
+def _megatron_module():
+    from megatron.core.transformer.module import MegatronModule
+
+    return MegatronModule
+
+
+class FixedRouter(torch.nn.Module):
+    """Router stub: forward(hidden, padding_mask) -> the probs / routing_map set beforehand."""
+
+    def __init__(self, config: Any = None, pg_collection: Any = None) -> None:
+        super().__init__()
+        self.config = config
+        self.probs: torch.Tensor | None = None
+        self.routing_map: torch.Tensor | None = None
+
+    def set_routing(self, probs: torch.Tensor, routing_map: torch.Tensor) -> None:
+        self.probs, self.routing_map = probs, routing_map
+
+    def forward(self, hidden: torch.Tensor, padding_mask: Any = None):
+        tokens = hidden.numel() // hidden.shape[-1]
+        if self.probs is None or self.probs.shape[0] != tokens:
+            raise RuntimeError("FixedRouter: set_routing() for this input first")
+        return self.probs, self.routing_map
+
+    def set_layer_number(self, layer_number: int) -> None:
+        pass
+
+
+def single_gemm_grouped_mlp_cls():
+    """The CUTLASS experts class (built lazily so this module imports without megatron)."""
+    MegatronModule = _megatron_module()
+
+    class SingleGemmGroupedMLP(MegatronModule):
+        """GroupedMLP's fc1 as the whole expert: [R, K] rows by expert -> [R, N] (x probs)."""
+
+        def __init__(self, num_local_experts: int, config: Any, pg_collection: Any = None):
+            super().__init__(config=config)
+            self.num_local_experts = num_local_experts
+            K, N = config.hidden_size, config.moe_ffn_hidden_size
+            self.weight1 = torch.nn.Parameter(
+                torch.zeros(K, num_local_experts * N, dtype=config.params_dtype),
+                requires_grad=False,
+            )
+
+        def load_weights(self, weights: torch.Tensor) -> None:
+            with torch.no_grad():
+                self.weight1.copy_(grouped_fc1_layout(weights))
+
+        def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
+            x = permuted_local_hidden_states
+            K = self.config.hidden_size
+            w1 = self.weight1.view(self.num_local_experts, K, -1)
+            if gemm_backend(x, w1) == "grouped_gemm.gmm":
+                from megatron.core.transformer.moe import grouped_gemm_util as gg
+
+                y = gg.ops.gmm(x, w1, tokens_per_expert.cpu(), trans_b=False)
+            else:
+                y = expert_gemm(x, tokens_per_expert.tolist(), w1)
+            return apply_probs(y, permuted_probs), None
+
+    return SingleGemmGroupedMLP
+
+
+def single_gemm_te_grouped_mlp_cls():
+    """The Transformer Engine experts class (needs transformer_engine at construction)."""
+    MegatronModule = _megatron_module()
+
+    class SingleGemmTEGroupedMLP(MegatronModule):
+        """TEGroupedMLP's linear_fc1 (TE GroupedLinear) as the whole expert, then x probs."""
+
+        def __init__(self, num_local_experts: int, config: Any, pg_collection: Any = None):
+            super().__init__(config=config)
+            from megatron.core.extensions.transformer_engine import (
+                TEColumnParallelGroupedLinear,
+            )
+
+            self.num_local_experts = num_local_experts
+            self.linear_fc1 = TEColumnParallelGroupedLinear(
+                num_local_experts,
+                config.hidden_size,
+                config.moe_ffn_hidden_size,
+                config=config,
+                init_method=config.init_method,
+                bias=False,
+                skip_bias_add=False,
+                is_expert=True,
+                tp_comm_buffer_name="fc1",
+                pg_collection=pg_collection,
+            )
+
+        def load_weights(self, weights: torch.Tensor) -> None:
+            copy_te_weights(self.linear_fc1, weights)
+
+        def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
+            y, _ = self.linear_fc1(permuted_local_hidden_states, tokens_per_expert.tolist())
+            return apply_probs(y, permuted_probs), None
+
+    return SingleGemmTEGroupedMLP
+
+
+class MegatronOperator:
+    """A real MoELayer (all-to-all dispatcher) run from the dispatched rows (see module doc)."""
+
+    def __init__(
+        self,
+        spec: WorkloadSpec,
+        rank: int,
+        experts_cls: type,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        x_recv: torch.Tensor | None = None,
+    ) -> None:
+        from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+
+        ensure_parallel_state(spec.world_size)
+        self.spec = spec
+        dev = x.device
+        self.config = transformer_config(spec)
+        layer = MoELayer(self.config, MoESubmodules(experts=experts_cls, router=FixedRouter))
+        layer.experts.load_weights(weights.cpu())
+        self.layer = layer.to(dev).eval()
+        self.dispatcher = layer.token_dispatcher
+        probs, rmap = routing_tensors(spec, rank, dev)
+        layer.router.set_routing(probs, rmap)
+        with torch.no_grad():
+            probs, rmap = layer.route(x)
+            hidden, probs = layer.preprocess(x, probs, rmap)
+            self.disp, self.disp_probs = layer.dispatch(hidden, probs)
+        if x_recv is not None and not torch.equal(self.disp, x_recv):
+            raise RuntimeError("Megatron's dispatched rows differ from the harness's x_recv")
+        self.tokens_per_expert = self.dispatcher.tokens_per_expert
+        T, N = spec.tokens_per_rank, spec.out
+        self.dispatcher.hidden_shape = torch.Size([T, N])
+        self.dispatcher.hidden_shape_before_permute = torch.Size([T, N])
+        self.y_expert = self.compute()
+
+    def compute(self) -> torch.Tensor:
+        """dispatch_postprocess + experts + combine_preprocess: [R, K] -> [R, N] (x probs)."""
+        self.dispatcher.tokens_per_expert = self.tokens_per_expert
+        with torch.no_grad():
+            out, _ = self.layer.routed_experts_compute(self.disp, self.disp_probs)
+        return out
+
+    def combine(self, y: torch.Tensor) -> torch.Tensor:
+        """token_combine (EP all-to-all): [R, N] -> [S, N] in this rank's permuted order."""
+        with torch.no_grad():
+            return self.layer.combine(y)
+
+    def forward(self) -> torch.Tensor:
+        """The timed region: compute, combine, unpermute -> out [T, N]."""
+        with torch.no_grad():
+            return self.layer.postprocess(self.combine(self.compute()), None)

@@ -1,0 +1,60 @@
+"""Megatron-core with CUTLASS grouped GEMM experts (megatron-core 0.16.1; needs CUDA).
+
+The real MoELayer with the all-to-all token dispatcher (MoEAlltoAllTokenDispatcher), fed the
+harness routing through a router stub, with the legacy GroupedMLP's fc1 as the single-GEMM
+expert (systems/megatron_common.py explains the mapping). The expert GEMM is
+grouped_gemm.ops.gmm (CUTLASS, what GroupedMLP calls) when the `grouped_gemm` package imports,
+otherwise torch._grouped_mm (PyTorch's CUTLASS grouped GEMM on Hopper, bf16); `impl` says which.
+Megatron does not overlap the forward combine with the expert GEMMs: this baseline is serial in
+structure (GEMM, then the EP all-to-all), with Megatron's own permutation and unpermutation.
+
+Timed region (scope "gemm+combine"): sort rows by local expert, expert GEMM, probs multiply,
+unsort, EP all-to-all, unpermute (sum of each token's rows) -> out [T, N].
+"""
+
+from __future__ import annotations
+
+from harness.system import CellInputs, System
+
+
+class MegatronCutlassSystem(System):
+    name = "megatron_cutlass"
+
+    def setup(self, inputs: CellInputs) -> None:
+        from systems import megatron_common as mc
+
+        if inputs.spec.world_size != self.ctx.world_size:
+            raise ValueError(
+                f"{self.name} needs one process per rank: cell W={inputs.spec.world_size}, "
+                f"processes={self.ctx.world_size}"
+            )
+        self.op = mc.MegatronOperator(
+            inputs.spec,
+            self.ctx.rank,
+            self.experts_cls(mc),
+            inputs.x,
+            inputs.weights,
+            inputs.x_recv,
+        )
+        self._impl = self.impl_name(mc, inputs)
+        self.extra = {"megatron_core": mc.mcore_version(), "dispatcher": "alltoall"}
+
+    def experts_cls(self, mc):
+        return mc.single_gemm_grouped_mlp_cls()
+
+    def impl_name(self, mc, inputs: CellInputs) -> str:
+        backend = mc.gemm_backend(inputs.x_recv, inputs.weights)
+        return f"native (mcore {mc.mcore_version()} MoELayer+alltoall; experts {backend})"
+
+    def forward(self):
+        return self.op.forward()
+
+    def compute_only(self):
+        return self.op.compute()
+
+    def comm_only(self):
+        return self.op.combine(self.op.y_expert)
+
+    @property
+    def impl(self) -> str:
+        return self._impl

@@ -1,0 +1,31 @@
+"""Megatron-core with Transformer Engine grouped GEMM experts (TEGroupedMLP's GroupedLinear).
+
+The same real MoELayer + all-to-all dispatcher + router stub as megatron_cutlass; the single-GEMM
+expert is TEGroupedMLP's linear_fc1, Megatron's TEColumnParallelGroupedLinear wrapping
+transformer_engine.pytorch.GroupedLinear, with weight{e} [N, K] = B_e^T copied in
+(systems/megatron_common.py). TE's math is never imitated: without transformer_engine the
+registry's optional import makes every cell a `skipped` row with the reason. (TE is not
+installable on the development machine or the lent GPU machine: its core wheel is 276 MB.)
+
+Timed region (scope "gemm+combine"): as megatron_cutlass, with TE's grouped GEMM.
+"""
+
+from __future__ import annotations
+
+from harness.system import CellInputs
+from systems.megatron_cutlass import MegatronCutlassSystem
+
+
+class MegatronTESystem(MegatronCutlassSystem):
+    name = "megatron_te"
+
+    def experts_cls(self, mc):
+        return mc.single_gemm_te_grouped_mlp_cls()
+
+    def impl_name(self, mc, inputs: CellInputs) -> str:
+        import transformer_engine
+
+        te = getattr(transformer_engine, "__version__", "?")
+        return (
+            f"native (mcore {mc.mcore_version()} MoELayer+alltoall; experts TE {te} GroupedLinear)"
+        )

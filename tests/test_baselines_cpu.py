@@ -1,0 +1,232 @@
+"""Baselines on the CPU: W=4 gloo ranks, every routing, checked against the reference.
+
+1. The CI config end to end (`python -m harness.run experiment=baselines_smoke`): serial, tutel
+   and fastermoe (re-implementations here) pass the check on all three routings; the Megatron
+   rows are skipped with a reason.
+2. One spawn of 4 ranks running the variants the smoke grid does not: tutel with fixed degrees
+   (chunked pipeline d > 1) and the layer scope, fastermoe with group sizes 1 and 4 and the layer
+   scope, and bfloat16 cells.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+ROUTINGS = ("balanced", "moderate_skew", "stress_skew")
+W = 4
+
+
+def _have(mod: str) -> bool:
+    return importlib.util.find_spec(mod) is not None
+
+
+def test_baselines_smoke_end_to_end(tmp_path: Path) -> None:
+    table = tmp_path / "smoke.parquet"
+    cmd = [sys.executable, "-m", "harness.run", "experiment=baselines_smoke", f"table={table}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = pd.read_parquet(table)
+    assert len(df) == 5 * len(ROUTINGS)
+    for system in ("serial", "tutel", "fastermoe"):
+        rows = df[df.system == system]
+        assert sorted(rows.routing) == sorted(ROUTINGS)
+        bad = rows[rows.status != "ok"]
+        assert bad.empty, bad[["system", "routing", "status", "reason"]].to_string()
+        assert (rows.max_rel_err < 1e-5).all(), rows.max_rel_err.tolist()
+        assert (rows.latency_ms > 0).all()
+    if not _have("tutel"):
+        assert df[df.system == "tutel"].impl.str.startswith("reimpl").all()
+    if not _have("fmoe"):
+        assert df[df.system == "fastermoe"].impl.str.startswith("reimpl").all()
+    for extra in df[df.system == "tutel"].extra:
+        ex = json.loads(extra)
+        assert ex["degree"] in (1, 2, 4)
+        assert set(ex["degree_ms"]) == {"1", "2", "4"}
+        assert ex["rows_computed"] >= ex["rows_real"] > 0
+    for extra in df[df.system == "fastermoe"].extra:
+        assert json.loads(extra)["group_size"] == 2
+    for system in ("megatron_cutlass", "megatron_te"):
+        rows = df[df.system == system]
+        assert (rows.status == "skipped").all()
+        assert rows.reason.str.len().gt(0).all()
+
+
+# variants in one spawn -----------------------------------------------------------------------
+
+#: (system, params, dtype): each runs on every routing
+VARIANTS = [
+    ("tutel", {"tutel_degree": 2}, "float32"),
+    ("tutel", {"tutel_degree": 4}, "bfloat16"),
+    ("tutel", {"tutel_scope": "layer", "tutel_degrees": [1, 3]}, "float32"),
+    ("fastermoe", {"fastermoe_group_size": 1}, "float32"),
+    ("fastermoe", {"fastermoe_group_size": 4}, "bfloat16"),
+    ("fastermoe", {"fastermoe_group_size": 2, "fastermoe_scope": "layer"}, "float32"),
+]
+
+
+def _cell(system: str, routing: str, dtype: str) -> dict:
+    return {
+        "experiment": "test_variants",
+        "system": system,
+        "seed": 3,
+        "world_size": W,
+        "tokens_per_rank": 40,
+        "hidden": 32,
+        "out": 24,
+        "experts_per_rank": 3,
+        "top_k": 2,
+        "routing": routing,
+        "dtype": dtype,
+        "ccta": 0,
+        "mgb": 0,
+        "tile_m": 0,
+        "transport": "",
+        "cell_hash": f"{system}-{routing}-{dtype}",
+    }
+
+
+def _variant_worker(rank: int, init: str, out_path: str) -> None:
+    from harness.measure import measure_cell
+    from harness.system import RunContext
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=W)
+    try:
+        ctx = RunContext(rank, W, torch.device("cpu"), None, "gloo")
+        results = []
+        for i, (system, params, dtype) in enumerate(VARIANTS):
+            cfg = SimpleNamespace(
+                experiment=SimpleNamespace(params=params),
+                measure=SimpleNamespace(tol=8e-3, warmup=1, iters=2),
+            )
+            for routing in ROUTINGS:
+                row = measure_cell(ctx, cfg, _cell(system, routing, dtype))
+                results.append(
+                    {
+                        "variant": i,
+                        "routing": routing,
+                        "status": row.status,
+                        "reason": row.reason,
+                        "err": row.max_rel_err,
+                        "extra": row.extra,
+                        "impl": row.impl,
+                    }
+                )
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(results))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def variant_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    out = tmp_path_factory.mktemp("variants") / "rows.json"
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    mp.spawn(_variant_worker, args=(init, str(out)), nprocs=W, join=True)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("i", range(len(VARIANTS)))
+def test_variant_passes_reference(variant_results: list[dict], i: int) -> None:
+    system, params, dtype = VARIANTS[i]
+    rows = [r for r in variant_results if r["variant"] == i]
+    assert sorted(r["routing"] for r in rows) == sorted(ROUTINGS)
+    tol = 1e-5 if dtype == "float32" else 8e-3
+    for r in rows:
+        assert r["status"] == "ok", (system, params, r)
+        assert r["err"] < tol, (system, params, r)
+        extra = json.loads(r["extra"])
+        if system == "tutel":
+            want = params.get("tutel_degree")
+            if want:
+                assert extra["degree"] == want and extra["degree_ms"] == {}
+            else:
+                assert set(extra["degree_ms"]) == {str(d) for d in params["tutel_degrees"]}
+            assert extra["scope"] == params.get("tutel_scope", "gemm+combine")
+        else:
+            g = params["fastermoe_group_size"]
+            assert extra["group_size"] == g and extra["steps"] == W // g
+
+
+# pure planning logic (no processes) ---------------------------------------------------------
+
+
+def test_fastermoe_plan_pairs_are_symmetric() -> None:
+    """Every send (step, expert) of a rank matches the peer's receive of the same size."""
+    from harness.workload import WorkloadSpec
+    from systems.fastermoe import Plan
+
+    spec = WorkloadSpec(40, 8, 8, 3, 2, W, "stress_skew", seed=1)
+    for g in (1, 2, 4):
+        plans = [Plan(spec, r, g) for r in range(W)]
+        for s in range(plans[0].n):
+            for e in range(spec.experts_per_rank):
+                for kind in ("dispatch_pairs", "combine_pairs"):
+                    sends = {}
+                    recvs = {}
+                    for r, p in enumerate(plans):
+                        for peer_s, _, s_n, peer_r, _, r_n in getattr(p, kind)(s, e):
+                            sends[(r, peer_s)] = s_n
+                            recvs[(peer_r, r)] = r_n
+                    assert sends == recvs, (g, s, e, kind)
+        # every row of the receive buffer is computed exactly once over the steps
+        for p in plans:
+            covered = sum(
+                hi - lo for s in range(p.n) for e in range(p.E) for lo, hi in [p.compute_rows(s, e)]
+            )
+            assert covered == p.global_ptr[-1]
+
+
+def test_fastermoe_rejects_bad_group_size() -> None:
+    from harness.workload import WorkloadSpec
+    from systems.fastermoe import FasterMoESystem
+
+    spec = WorkloadSpec(8, 8, 8, 2, 2, W, "balanced")
+    with pytest.raises(ValueError, match="divide"):
+        FasterMoESystem.validate(spec, {"fastermoe_group_size": 3}, 0)
+    FasterMoESystem.validate(spec, {"fastermoe_group_size": 8}, 0)  # clamped to W, like FasterMoE
+
+
+def test_tutel_padded_slots_are_distinct_and_in_range() -> None:
+    from harness.workload import WorkloadSpec
+    from systems.tutel import expert_counts, padded_slots
+
+    spec = WorkloadSpec(50, 8, 8, 4, 2, W, "moderate_skew", seed=2)
+    cmax = int(expert_counts(spec).max())
+    for d in (1, 2, 3, 8):
+        cc = -(-cmax // d)
+        for r in range(W):
+            idx = padded_slots(spec, r, cc, d)
+            assert idx.numel() == spec.tokens_per_rank * spec.top_k
+            assert idx.unique().numel() == idx.numel()
+            assert int(idx.min()) >= 0 and int(idx.max()) < d * spec.n_experts * cc
+
+
+def test_tutel_rejects_bad_params() -> None:
+    from harness.workload import WorkloadSpec
+    from systems.tutel import TutelSystem
+
+    spec = WorkloadSpec(8, 8, 8, 2, 2, W, "balanced")
+    with pytest.raises(ValueError, match="tutel_scope"):
+        TutelSystem.validate(spec, {"tutel_scope": "everything"}, 0)
+    with pytest.raises(ValueError, match="positive"):
+        TutelSystem.validate(spec, {"tutel_degrees": [0, 2]}, 0)
