@@ -29,6 +29,8 @@ class RankLayout:
       send_slot   [S]  top-k slot of each row
       send_weight [S]  gate weight (float32)
       send_counts [W]  rows sent to each destination rank
+      send_pos    [T, k]  position of (token t, slot j) in the send order (inverse of the sort)
+      gate        [T, k]  gate weights of this rank's tokens (float32)
     Expert side (rows this rank's experts compute), R rows:
       recv_counts    [W]  rows received from each source rank
       recv_src       [R]  source (owner) rank of each row
@@ -43,6 +45,8 @@ class RankLayout:
     send_slot: torch.Tensor
     send_weight: torch.Tensor
     send_counts: torch.Tensor
+    send_pos: torch.Tensor
+    gate: torch.Tensor
     recv_counts: torch.Tensor
     recv_src: torch.Tensor
     recv_expert: torch.Tensor
@@ -85,12 +89,16 @@ def rank_layout(spec: WorkloadSpec, rank: int) -> RankLayout:
     recv_counts = C[:, rank].clone()
     first_of_src = torch.cumsum(recv_counts, 0) - recv_counts
     idx_in_src = torch.arange(src.numel()) - first_of_src[src]
+    send_pos = torch.empty_like(order)
+    send_pos[order] = torch.arange(order.numel())
     return RankLayout(
         rank=rank,
         send_token=order // k,
         send_slot=order % k,
         send_weight=routing.gate_weights[rank].reshape(-1)[order].float(),
         send_counts=send_counts,
+        send_pos=send_pos.view(spec.tokens_per_rank, k),
+        gate=routing.gate_weights[rank].float(),
         recv_counts=recv_counts,
         recv_src=src,
         recv_expert=local_e,

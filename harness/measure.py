@@ -130,7 +130,7 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         system = info.load()(ctx, params_of(cell, dict(cfg.experiment.params)))
         inputs, ref = _inputs(ctx, spec)
         system.setup(inputs)
-        row.impl, row.transport = system.impl, system.transport
+        row.impl, row.transport, row.scope = system.impl, system.transport, system.scope
         for k, v in system.row_fields().items():
             setattr(row, k, v)
         res = check(system.forward(), ref, cfg.measure.tol)

@@ -24,6 +24,7 @@ class Row:
     experiment: str
     system: str
     impl: str = ""
+    scope: str = ""  # timed region: "gemm+combine" (operator level) or "layer"
     cell_hash: str = ""
     world_size: int = 1
     transport: str = ""
