@@ -75,6 +75,9 @@ class System:
     def forward(self) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} must implement forward")
 
+    # Optional: `timed()` replaces forward() as the timed region (after forward() was checked),
+    # and `simulated_ranks` (list of ranks) says forward() returns those ranks' outputs stacked.
+
     def compute_only(self) -> object:
         return None
 
@@ -150,6 +153,18 @@ register(
     )
 )
 
+register(
+    SystemInfo(
+        name="overlap",
+        label="Overlap (tile-level signalling, this paper)",
+        target="systems.overlap.system:OverlapSystem",
+        baseline=False,
+        needs_gpu=True,
+        optional_imports=("triton",),
+        description="Stage A plan, persistent Triton producer with per-band ready counters, "
+        "flag-polling consumer on cCTA SMs (loopback / p2p / nvshmem), scale.",
+    )
+)
 register(
     SystemInfo(
         name="tutel",

@@ -17,6 +17,7 @@ FIGURES: dict[str, str] = {
     "baselines_smoke": "plots.latency_vs_experts",
     "operator": "plots.latency_vs_experts",
     "padding": "plots.padding",
+    "overlap_ccta": "plots.ccta_sweep",
 }
 
 

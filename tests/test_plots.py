@@ -1,0 +1,34 @@
+"""Every figure script draws from a fixture table (no GPU, no real results needed)."""
+
+import pandas as pd
+
+from harness.records import ResultsTable, Row
+
+
+def _fixture(path, experiment, systems):
+    rows = []
+    for system in systems:
+        for routing in ("balanced", "stress_skew"):
+            for e in (2, 4):
+                for ccta in (4, 8):
+                    for mgb in (1, 2):
+                        rows.append(
+                            Row(experiment, system, cell_hash=f"{system}{routing}{e}{ccta}{mgb}",
+                                world_size=4, transport="loopback", tokens_per_rank=64,
+                                hidden=32, out=32, experts_per_rank=e, top_k=2, routing=routing,
+                                dtype="float16", ccta=ccta, mgb=mgb, latency_ms=1.0 + e,
+                                latency_p10_ms=0.9 + e, latency_p90_ms=1.1 + e, compute_ms=1.0,
+                                comm_ms=0.5, overlap_ratio=0.8, gpu_name="fixture")
+                        )
+    ResultsTable(path).append(rows)
+    return path
+
+
+def test_latency_and_ccta_figures(tmp_path):
+    from plots import ccta_sweep, latency_vs_experts
+
+    t = _fixture(tmp_path / "t.parquet", "x", ["serial", "overlap"])
+    assert len(pd.read_parquet(t)) == 32
+    for mod, name in ((latency_vs_experts, "lat"), (ccta_sweep, "ccta")):
+        paths = mod.plot(t, tmp_path / "figs", name)
+        assert all(p.exists() and p.stat().st_size > 0 for p in paths)
