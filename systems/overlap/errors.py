@@ -1,0 +1,82 @@
+"""Device error records of the overlap kernels -> a host exception.
+
+The consumer (and the receiver's wait) never spin without bound: a wait that times out writes
+ONE record into an int64 error buffer [ERR_SLOTS] (the first writer wins a compare-and-swap on
+slot 0) and the kernel exits its remaining work. The host reads the buffer after synchronising
+and raises OverlapTimeoutError naming the rank, segment, band (or source rank) and the counter
+value seen versus wanted.
+
+Record layout (int64):
+  [0] code     CODE_NONE (0), CODE_BAND_TIMEOUT (1), CODE_SIGNAL_TIMEOUT (2)
+  [1] segment  plan segment id (-1 for a receiver wait)
+  [2] band     plan band id (-1 for a receiver wait)
+  [3] rank     rank whose kernel timed out
+  [4] program  program id of the kernel
+  [5] seen     last counter value read
+  [6] want     the counter value waited for
+  [7] source   source rank of a receiver wait (-1 for a band wait)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ERR_SLOTS = 8
+CODE_NONE = 0
+CODE_BAND_TIMEOUT = 1
+CODE_SIGNAL_TIMEOUT = 2
+
+_CODE_NAMES = {CODE_BAND_TIMEOUT: "band wait", CODE_SIGNAL_TIMEOUT: "receive wait"}
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    code: int
+    segment: int
+    band: int
+    rank: int
+    program: int
+    seen: int
+    want: int
+    source: int
+
+    def message(self) -> str:
+        what = _CODE_NAMES.get(self.code, f"error code {self.code}")
+        if self.code == CODE_SIGNAL_TIMEOUT:
+            where = f"waiting for source rank {self.source}"
+        else:
+            where = f"segment {self.segment}, band {self.band}"
+        return (
+            f"overlap consumer {what} timed out on rank {self.rank}: {where} "
+            f"(program {self.program}; counter {self.seen}, wanted {self.want})"
+        )
+
+
+class OverlapTimeoutError(RuntimeError):
+    """A consumer or receiver wait timed out on the device. `.record` holds the details."""
+
+    def __init__(self, record: ErrorRecord) -> None:
+        super().__init__(record.message())
+        self.record = record
+
+
+def new_error_buffer(device: torch.device | str) -> torch.Tensor:
+    """A zeroed int64 [ERR_SLOTS] error buffer."""
+    return torch.zeros(ERR_SLOTS, dtype=torch.int64, device=device)
+
+
+def read_error(err: torch.Tensor) -> ErrorRecord | None:
+    """The record in `err` (synchronises with the device), or None when no error was recorded."""
+    vals = [int(v) for v in err[:ERR_SLOTS].tolist()]
+    if vals[0] == CODE_NONE:
+        return None
+    return ErrorRecord(*vals)
+
+
+def raise_if_error(err: torch.Tensor) -> None:
+    """Raise OverlapTimeoutError when `err` holds a record."""
+    rec = read_error(err)
+    if rec is not None:
+        raise OverlapTimeoutError(rec)

@@ -1,0 +1,370 @@
+"""The producer: ONE persistent Triton GEMM per rank over all local experts, with readiness flags.
+
+Operands (the remote-aligned layout of systems/overlap/plan.py):
+  x       [P, K]     padded GEMM input X (zero rows where plan.gather_index == -1)
+  weights [E, K, N]  this rank's expert weights, contiguous
+  y       [P, N]     padded GEMM output Y
+Work: the schedule lists bands (tile_m rows of one expert, all N columns). A TILE is a pair
+(schedule position s, column tile n); tiles are numbered t = s * tiles_n + n (band-major, so the
+tiles of the first band in the schedule finish first), optionally swizzled in groups of
+`group_m` consecutive schedule positions (column-major inside a group, for L2 reuse of B strips).
+Program i of the persistent grid takes tiles i, i + G, i + 2G, ... (G = grid size = SMs - cCTA).
+Switching expert is pointer arithmetic: the band's expert e selects rows e*K .. e*K+K-1 of the
+weights viewed as [E*K, N]; the band's rows are masked at the store (a band never writes past
+band_rows, so a partial local band cannot touch the next expert's rows). Nothing is relaunched.
+
+Readiness signal, per band: a counter band_ready[band] (int32) that grows by `tile_increment`
+per finished tile, so a band is complete in run r (1-based) when its counter reaches
+r * tiles_n * tile_increment. Counters are never reset between runs (epoch values; the runner
+zeroes them only before an int32 overflow). Only remote bands (schedule positions < n_signal)
+are signalled; local bands need no flag. Two ways to publish (TileConfig.flag):
+  "thread" (FLAG=2): after its part of the tile's tl.store, EVERY thread does one
+           tl.atomic_add(counter, 1, sem="release", scope="gpu"): each release orders that
+           thread's own stores, so tile_increment = 32 * num_warps. No CTA barrier, which keeps
+           the flattened (tl.range(flatten=True)) tile loop software-pipelined across tiles:
+           a tl.debug_barrier in the loop makes Triton 3.6 drop that pipelining (checked on the
+           sm_90 compile: 1 stage / 48 KiB of shared memory instead of 3 stages).
+  "deferred" (FLAG=3): like "thread", but tile t is published right after the main loop of the
+           program's NEXT tile (and the last one after the loop). The release waits for the
+           thread's own earlier stores; a whole main loop later they are long complete, so the
+           flag costs nothing on the critical path, for one tile of extra latency per band.
+  "warp"   (FLAG=4, GPU only: inline PTX): deferred like "deferred", but per WARP: bar.warp.sync
+           (orders the warp's lanes' stores) and lane 0 adds 32 with release: 32x fewer
+           same-address atomics per tile than "thread" (they queue at L2 when tiles are short).
+  "cta"    (FLAG=1): tl.debug_barrier() (all the CTA's stores issued, CTA-scope ordering), then
+           ONE scalar release atomic (Triton runs a scalar atomic once per CTA; release is
+           cumulative, so the whole tile is visible to whoever acquires); tile_increment = 1.
+FLAG=0 (signal=False) is the same kernel without any flag: the compute-only bound and the
+reference for the flag cost. The main loop (loads + tl.dot) is identical in all three.
+
+Loads: USE_TMA=True takes host-side TMA descriptors (triton.tools.tensor_descriptor) for X and
+the [E*K, N] weight view (needs K % block_k == 0 so a K tile never crosses into the next
+expert); USE_TMA=False uses masked pointer loads (any K; also the CPU-interpreter path). The
+output is written with a plain masked tl.store, never a TMA store, so the flag cannot overtake
+the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile shape and schedule knobs of the producer. block_m must equal the plan's tile_m."""
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 1  # 1 = band-major (the paper's order); >1 = L2 swizzle over schedule entries
+    use_tma: bool = True
+    flatten: bool = True  # tl.range(flatten=True): one pipelined loop over tiles x K steps
+    flag: str = "thread"  # "thread" / "deferred" (per-thread release atomics), "cta" (barrier)
+
+    def tiles_n(self, n: int) -> int:
+        """Column tiles per band."""
+        return triton.cdiv(n, self.block_n)
+
+    def tile_increment(self) -> int:
+        """What one finished tile adds to its band's ready counter."""
+        return 1 if self.flag == "cta" else 32 * self.num_warps
+
+    def band_increment(self, n: int) -> int:
+        """What one run adds to a signalled band's ready counter (tiles_n * tile_increment)."""
+        return self.tiles_n(n) * self.tile_increment()
+
+
+# Tile configurations per shape for Hopper (H200), bf16/fp16. Keyed by (tile_m, N >= 4096).
+# From benchmarks/kernels_h200.py on one H200 (2026-11-29, bf16, 132 programs, do_bench medians;
+# flagged / no-flag TFLOP/s; torch._grouped_mm and dense cuBLAS on the same rows in brackets):
+#   16 experts x 1024 rows, K=2048, N=8192 [grouped_mm 641-656, cuBLAS 653-661]:
+#     TMA + flattened loop + group_m=4 + deferred flags (the table) 608-609 / 615-617;
+#     group_m=1 thread flags 572-581 / 588; group_m=8, 4 stages, warp flags 614 / 616;
+#     no flatten + CTA flag 558-562 / 560-596; pointer loads 422-502; 128x128 tiles 516 / 529.
+#   16 x 1024, K=512, N=2048 [grouped_mm 460, cuBLAS 605]: group_m=1 thread flags 405-407 (flag
+#     cost -6..0%, noisy 75 us kernels); group_m=4 deferred 384-385 / 400-463.
+#   64 x 256 (2 bands an expert), K=2048, N=8192 [grouped_mm 580-586]: 413-453; group_m=2 461.
+# A shape not in the table falls back to the generic entry of its tile_m; the CPU interpreter
+# gets `interpreter_config`.
+#   tile_m  wide N (>= 4096)                          narrow N (< 4096)
+#   128     128x256x64, 8 warps, 3 stages, group 4,    128x128x64, 8 warps, 4 stages, group 1,
+#           deferred flags                             thread flags
+#   64      64x256x64,  4 warps, 4 stages, group 4     64x128x64,  4 warps, 4 stages, group 1
+# all with TMA loads and the flattened tile loop.
+TILE_TABLE: dict[tuple[int, bool], TileConfig] = {
+    (128, True): TileConfig(128, 256, 64, 8, 3, group_m=4, flag="deferred"),
+    (128, False): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
+    (64, True): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred"),
+    (64, False): TileConfig(64, 128, 64, 4, 4, group_m=1, flag="thread"),
+}
+
+
+def pick_config(tile_m: int, k: int, n: int, dtype: torch.dtype) -> TileConfig:
+    """The table's tile configuration for a (tile_m, K, N) problem in fp16/bf16."""
+    key = (tile_m, n >= 4096)
+    cfg = TILE_TABLE.get(key)
+    if cfg is None:
+        cfg = TileConfig(tile_m, 128, 64, 4, 3, group_m=4, flag="deferred")
+    if k % cfg.block_k != 0:  # no TMA: pointer loads pipeline best without flattening
+        cfg = replace(cfg, use_tma=False, flatten=False, flag="cta")
+    if dtype == torch.float32:
+        cfg = replace(cfg, block_k=32, num_stages=2)
+    return cfg
+
+
+def interpreter_config(tile_m: int) -> TileConfig:
+    """Small tiles for the CPU interpreter (TRITON_INTERPRET=1)."""
+    return TileConfig(tile_m, 32, 16, 4, 1, 1, use_tma=False, flatten=False)
+
+
+@triton.jit
+def _tile_coords(t, n_sched, tiles_n, GROUP_M: tl.constexpr):
+    """Tile id t -> (schedule position s, column tile pn); grouped by GROUP_M positions."""
+    if GROUP_M == 1:
+        s = t // tiles_n
+        pn = t % tiles_n
+    else:
+        per_group = GROUP_M * tiles_n
+        first = (t // per_group) * GROUP_M
+        size = tl.minimum(n_sched - first, GROUP_M)
+        local = t % per_group
+        s = first + local % size
+        pn = local // size
+    return s, pn
+
+
+@triton.jit
+def _publish_threads(band_ready, band, lane):
+    """Every thread adds 1 to band's counter with release (band < 0: nothing)."""
+    tl.atomic_add(
+        band_ready + band + lane * 0,
+        lane * 0 + 1,
+        mask=(lane * 0 + band) >= 0,
+        sem="release",
+        scope="gpu",
+    )
+
+
+@triton.jit
+def _warp_sync():
+    """bar.warp.sync: orders the memory operations of the warp's lanes (GPU only)."""
+    return tl.inline_asm_elementwise(
+        "bar.warp.sync -1;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _publish_warps(band_ready, band, lane):
+    """Lane 0 of every warp adds 32 (its warp's share) with release after a warp barrier.
+
+    Needs lane (arange(0, 32 * num_warps)) held one element per thread, element i by thread i
+    (Triton's default layout; checked in the sm_90 PTX: one predicated atom per warp).
+    """
+    tok = _warp_sync()
+    tl.atomic_add(
+        band_ready + band + lane * 0,
+        lane * 0 + 32 + tok,
+        mask=((lane * 0 + band) >= 0) & (lane % 32 == 0),
+        sem="release",
+        scope="gpu",
+    )
+
+
+@triton.jit
+def _producer_kernel(
+    x_desc,
+    w_desc,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    schedule,
+    band_expert,
+    band_row,
+    band_rows,
+    band_ready,
+    n_sched,
+    n_signal,
+    N,
+    K,
+    num_progs,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    FLAG: tl.constexpr,
+    NT: tl.constexpr,
+    USE_TMA: tl.constexpr,
+    FLATTEN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(N, BN)
+    num_tiles = n_sched * tiles_n
+    k_tiles = tl.cdiv(K, BK)
+    rm = tl.arange(0, BM)
+    rn = tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    lane = tl.arange(0, NT)
+    pending = tl.full((), -1, tl.int32)  # FLAG 3: band of the previous tile still to publish
+    for t in tl.range(pid, num_tiles, num_progs, flatten=FLATTEN):
+        s, pn = _tile_coords(t, n_sched, tiles_n, GROUP_M)
+        band = tl.load(schedule + s)
+        e = tl.load(band_expert + band)
+        row0 = tl.load(band_row + band).to(tl.int32)
+        nrows = tl.load(band_rows + band).to(tl.int32)
+        col0 = pn * BN
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for kk in range(k_tiles):
+            k0 = kk * BK
+            if USE_TMA:
+                a = x_desc.load([row0, k0])
+                b = w_desc.load([(e * K + k0).to(tl.int32), col0])
+            else:
+                rows = row0 + rm
+                ks = k0 + rk
+                a = tl.load(
+                    x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :],
+                    mask=(rm[:, None] < nrows) & (ks[None, :] < K),
+                    other=0.0,
+                )
+                cols = col0 + rn
+                b = tl.load(
+                    w_ptr + (e * K + ks).to(tl.int64)[:, None] * N + cols[None, :],
+                    mask=(ks[:, None] < K) & (cols[None, :] < N),
+                    other=0.0,
+                )
+            acc = tl.dot(a, b, acc)
+        if FLAG == 3:
+            # publish the PREVIOUS tile: its stores were issued a whole main loop ago, so the
+            # release (which waits for this thread's earlier stores) costs next to nothing
+            _publish_threads(band_ready, pending, lane)
+        elif FLAG == 4:
+            _publish_warps(band_ready, pending, lane)
+        rows = row0 + rm
+        cols = col0 + rn
+        mask = (rm[:, None] < nrows) & (cols[None, :] < N)
+        tl.store(
+            y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :],
+            acc.to(y_ptr.dtype.element_ty),
+            mask=mask,
+        )
+        if FLAG == 1:
+            # one release per CTA: the barrier orders every thread's stores before it
+            if s < n_signal:
+                tl.debug_barrier()
+                tl.atomic_add(band_ready + band, 1, sem="release", scope="gpu")
+        elif FLAG == 2:
+            # one release per thread (each orders its own stores): NT increments per tile
+            tl.atomic_add(
+                band_ready + band + lane * 0,
+                lane * 0 + 1,
+                mask=(lane * 0 + s) < n_signal,
+                sem="release",
+                scope="gpu",
+            )
+        elif FLAG >= 3:
+            pending = tl.where(s < n_signal, band.to(tl.int32), -1)
+    if FLAG == 3:
+        _publish_threads(band_ready, pending, lane)
+    elif FLAG == 4:
+        _publish_warps(band_ready, pending, lane)
+
+
+_FLAG_CODES = {"cta": 1, "thread": 2, "deferred": 3, "warp": 4}
+
+
+def producer_grid(sm_count: int, ccta: int) -> int:
+    """Persistent grid of the producer: every SM but the consumer's cCTA."""
+    if not 0 <= ccta < sm_count:
+        raise ValueError(f"ccta={ccta} must be in [0, {sm_count})")
+    return sm_count - ccta
+
+
+def launch_producer(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    y: torch.Tensor,
+    schedule: torch.Tensor,
+    band_expert: torch.Tensor,
+    band_row: torch.Tensor,
+    band_rows: torch.Tensor,
+    band_ready: torch.Tensor,
+    *,
+    n_signal: int,
+    num_programs: int,
+    config: TileConfig,
+    signal: bool = True,
+):
+    """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
+
+
+    x [P, K], weights [E, K, N], y [P, N] (same dtype; fp16/bf16 on GPU, fp16/fp32 in the
+    interpreter); schedule [B], band_expert/band_row/band_rows [B] (int32 or int64);
+    band_ready [B] int32 counters (grown by config.band_increment(N) per signalled band per run);
+    n_signal: schedule positions [0, n_signal) are signalled (plan.n_remote_bands);
+    num_programs: persistent grid (producer_grid: SMs - cCTA); signal=False: no flags (FLAG=0).
+    """
+    P, K = x.shape
+    E, K2, N = weights.shape
+    if K2 != K or y.shape != (P, N) or x.dtype != weights.dtype or y.dtype != x.dtype:
+        raise ValueError(
+            f"producer shapes: x {tuple(x.shape)} {x.dtype}, weights {tuple(weights.shape)} "
+            f"{weights.dtype}, y {tuple(y.shape)} {y.dtype}"
+        )
+    if not (x.is_contiguous() and weights.is_contiguous() and y.is_contiguous()):
+        raise ValueError("producer operands must be contiguous")
+    if band_ready.dtype != torch.int32:
+        raise ValueError("band_ready must be int32")
+    n_sched = schedule.numel()
+    if n_sched == 0:
+        return None
+    cfg = config
+    use_tma = cfg.use_tma and K % cfg.block_k == 0
+    if use_tma:
+        x_desc = TensorDescriptor(x, [P, K], [K, 1], [cfg.block_m, cfg.block_k])
+        w2 = weights.view(E * K, N)
+        w_desc = TensorDescriptor(w2, [E * K, N], [N, 1], [cfg.block_k, cfg.block_n])
+    else:
+        x_desc = w_desc = None
+    grid = (max(1, min(num_programs, n_sched * cfg.tiles_n(N))),)
+    return _producer_kernel[grid](
+        x_desc,
+        w_desc,
+        x,
+        weights,
+        y,
+        schedule,
+        band_expert,
+        band_row,
+        band_rows,
+        band_ready,
+        n_sched,
+        n_signal,
+        N,
+        K,
+        grid[0],
+        BM=cfg.block_m,
+        BN=cfg.block_n,
+        BK=cfg.block_k,
+        GROUP_M=cfg.group_m,
+        FLAG=_FLAG_CODES[cfg.flag] if signal else 0,
+        NT=32 * cfg.num_warps,
+        USE_TMA=use_tma,
+        FLATTEN=cfg.flatten,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def padded_input(x_recv: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
+    """X [P, K] from x_recv [R, K]: row p = x_recv[gather_index[p]], zero where it is -1."""
+    idx = gather_index.to(device=x_recv.device, dtype=torch.int64)
+    out = x_recv.index_select(0, idx.clamp(min=0))
+    out.masked_fill_((idx < 0)[:, None], 0)
+    return out

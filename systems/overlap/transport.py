@@ -1,0 +1,284 @@
+"""Transports of the combine: where the consumer's bands land and how the receiver is told.
+
+One interface (Transport) for three ways of reaching a destination rank d, all driven by the
+SAME consumer kernel (kernels/consumer.py) through two [W] int64 address tables:
+  recv table    address of row 0 of d's combine receive buffer [rows, N]
+  signal table  address of d's receive counters [W] int64 (one per source rank)
+The consumer writes a band's valid rows at recv[d] + band_offset * N and, once per segment, adds
+the segment's rows to signal[d][rank] (release). Receiver d has all of source s's rows of run r
+(1-based) when its counter s reaches r * rows_from_s (epoch values: never reset).
+
+  loopback  ONE GPU plays W ranks (a development and correctness mode: its numbers are local
+            copies, never interconnect results). Destinations are regions of one local buffer
+            (LoopbackFabric): per-destination base offsets; counters [W, W] local. Scope "gpu".
+  p2p       one process per GPU, W >= 2: torch symmetric memory on the CUDA backend
+            (symm_mem.empty + rendezvous); the tables hold the PEERS' pointers (get_buffer), so
+            the consumer stores straight into peer memory over NVLink with wide vector stores,
+            then a release atomic at system scope on the peer's counter.
+  nvshmem   one process per GPU: torch symmetric memory on the NVSHMEM backend. put_mode picks
+            the data path: PUT_STORE (default, the fast one: Triton wide stores through the peer
+            pointers NVSHMEM maps for load/store-reachable peers, like p2p), PUT_NVSHMEM
+            (nvshmemx_putmem_block + nvshmem_quiet + release atomic) or PUT_NVSHMEM_SIGNAL
+            (putmem_block, and putmem_signal_block with NVSHMEM_SIGNAL_ADD for a segment's last
+            band). The put modes pass SYMMETRIC addresses (this process's own, the same for
+            every destination) and PE = destination rank (requires group ranks == global ranks).
+            nvshmem_self_transport builds a W = 1 transport without rendezvous (torch refuses a
+            rendezvous of one rank), for measuring the put paths on one GPU.
+p2p and nvshmem need W >= 2 processes for their real purpose and cannot be fully exercised on
+one GPU; they are written for W = number of GPUs, one process per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from systems.overlap.kernels.consumer import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
+
+TRANSPORTS = ("loopback", "p2p", "nvshmem")
+
+
+@dataclass
+class Transport:
+    """How this rank's consumer reaches every destination.
+
+    recv        [rows, N]  this rank's combine receive buffer (what the others write into)
+    signal      [W] int64  this rank's receive counters, one per source rank
+    recv_ptrs   [W] int64  directly writable address of each destination's receive buffer
+    signal_ptrs [W] int64  directly writable address of each destination's counters
+    recv_symm / signal_symm  [W] int64 symmetric addresses for the NVSHMEM put modes (else None)
+    scope       "gpu" (loopback) or "sys" (peer memory): scope of the release atomics
+    aligned     every address in the tables is 16-byte aligned (host-side knowledge, so the
+                launch path never reads the tables back)
+    """
+
+    name: str
+    rank: int
+    world: int
+    recv: torch.Tensor
+    signal: torch.Tensor
+    recv_ptrs: torch.Tensor
+    signal_ptrs: torch.Tensor
+    scope: str = "gpu"
+    put_mode: int = PUT_STORE
+    recv_symm: torch.Tensor | None = None
+    signal_symm: torch.Tensor | None = None
+    aligned: bool = True
+    keep: list = field(default_factory=list)  # owners of the memory (tensors, handles)
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(recv table, signal table) as the consumer's put mode needs them."""
+        if self.put_mode == PUT_STORE:
+            return self.recv_ptrs, self.signal_ptrs
+        if self.recv_symm is None or self.signal_symm is None:
+            raise ValueError(f"transport {self.name} has no symmetric addresses for put mode")
+        if self.put_mode == PUT_NVSHMEM:
+            return self.recv_symm, self.signal_ptrs
+        if self.put_mode == PUT_NVSHMEM_SIGNAL:
+            return self.recv_symm, self.signal_symm
+        raise ValueError(f"unknown put mode {self.put_mode}")
+
+    @property
+    def label(self) -> str:
+        """Name with the data path, e.g. 'nvshmem/put_signal' (for the transport column)."""
+        mode = {PUT_STORE: "store", PUT_NVSHMEM: "put", PUT_NVSHMEM_SIGNAL: "put_signal"}
+        return self.name if self.put_mode == PUT_STORE else f"{self.name}/{mode[self.put_mode]}"
+
+
+def _ptr_table(ptrs: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(ptrs, dtype=torch.int64, device=device)
+
+
+def _aligned(*tables: list[int]) -> bool:
+    return all(p % 16 == 0 for t in tables for p in t)
+
+
+class LoopbackFabric:
+    """W simulated ranks on one device: one receive buffer with per-destination regions.
+
+    recv_rows [W]: rows of each destination's combine receive buffer (plan.recv_rows summed,
+    i.e. T * top_k of that rank). recv(d) is d's buffer [recv_rows[d], N]; counters [W, W]
+    (destination, source). transport(r) is what rank r's consumer uses.
+    """
+
+    def __init__(
+        self,
+        recv_rows: list[int],
+        n: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.world = len(recv_rows)
+        self.n = n
+        self.rows = [int(r) for r in recv_rows]
+        starts = [0]
+        for r in self.rows:
+            starts.append(starts[-1] + r)
+        self.starts = starts
+        self.buffer = torch.zeros(max(starts[-1], 1), n, dtype=dtype, device=device)
+        self.counters = torch.zeros(self.world, self.world, dtype=torch.int64, device=device)
+        esize = self.buffer.element_size()
+        base = self.buffer.data_ptr()
+        dev = self.buffer.device
+        recv = [base + s * n * esize for s in starts[:-1]]
+        self.aligned = _aligned(recv)
+        self.recv_ptrs = _ptr_table(recv, dev)
+        self.signal_ptrs = _ptr_table([self.counters[d].data_ptr() for d in range(self.world)], dev)
+
+    def recv(self, d: int) -> torch.Tensor:
+        """Destination d's combine receive buffer [recv_rows[d], N] (a view)."""
+        return self.buffer[self.starts[d] : self.starts[d + 1]]
+
+    def transport(self, rank: int) -> Transport:
+        return Transport(
+            name="loopback",
+            rank=rank,
+            world=self.world,
+            recv=self.recv(rank),
+            signal=self.counters[rank],
+            recv_ptrs=self.recv_ptrs,
+            signal_ptrs=self.signal_ptrs,
+            scope="gpu",
+            aligned=self.aligned,
+            keep=[self],
+        )
+
+    def reset(self) -> None:
+        """Zero the buffers and counters (stream-ordered)."""
+        self.buffer.zero_()
+        self.counters.zero_()
+
+
+def _symm_backend(name: str, device: torch.device) -> None:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    current = None
+    try:
+        current = symm_mem.get_backend(device)
+    except Exception:  # noqa: BLE001 - older torch: no get_backend
+        current = None
+    if current != name:
+        symm_mem.set_backend(name)
+
+
+def _symmetric_transport(
+    name: str,
+    backend: str,
+    group,
+    recv_rows: int,
+    n: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    put_mode: int,
+) -> Transport:
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    world = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if world < 2:
+        raise ValueError(f"{name} transport needs >= 2 processes (symm_mem.rendezvous refuses 1)")
+    if put_mode != PUT_STORE and any(dist.get_global_rank(group, i) != i for i in range(world)):
+        raise ValueError("NVSHMEM put modes need group ranks == global ranks (PE numbers)")
+    rows = torch.tensor([max(int(recv_rows), 1)], device=device)
+    dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
+    rows_max = int(rows.item())
+    _symm_backend(backend, device)
+    buf = symm_mem.empty(rows_max * n, dtype=dtype, device=device)
+    sig = symm_mem.empty(world, dtype=torch.int64, device=device)
+    buf.zero_()
+    sig.zero_()
+    torch.cuda.synchronize(device)
+    group_name = group.group_name if group is not None else dist.group.WORLD.group_name
+    h_buf = symm_mem.rendezvous(buf, group_name)
+    h_sig = symm_mem.rendezvous(sig, group_name)
+    recv_ptrs = [h_buf.get_buffer(p, [rows_max * n], dtype).data_ptr() for p in range(world)]
+    signal_ptrs = [h_sig.get_buffer(p, [world], torch.int64).data_ptr() for p in range(world)]
+    dist.barrier(group=group)
+    symm = put_mode != PUT_STORE
+    return Transport(
+        name=name,
+        rank=rank,
+        world=world,
+        recv=buf.view(rows_max, n)[:recv_rows],
+        signal=sig,
+        recv_ptrs=_ptr_table(recv_ptrs, device),
+        signal_ptrs=_ptr_table(signal_ptrs, device),
+        scope="sys",
+        put_mode=put_mode,
+        recv_symm=_ptr_table([buf.data_ptr()] * world, device) if symm else None,
+        signal_symm=_ptr_table([sig.data_ptr()] * world, device) if symm else None,
+        aligned=_aligned(recv_ptrs),
+        keep=[buf, sig, h_buf, h_sig],
+    )
+
+
+def p2p_transport(
+    group, recv_rows: int, n: int, dtype: torch.dtype, device: torch.device
+) -> Transport:
+    """Peer-pointer transport over torch symmetric memory (CUDA backend), W >= 2 processes.
+
+    recv_rows: rows of THIS rank's combine receive buffer (T * top_k); every rank allocates the
+    maximum over ranks (symmetric allocations have one size). Collective over `group`.
+    """
+    return _symmetric_transport("p2p", "CUDA", group, recv_rows, n, dtype, device, PUT_STORE)
+
+
+def nvshmem_transport(
+    group,
+    recv_rows: int,
+    n: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    put_mode: int = PUT_STORE,
+) -> Transport:
+    """NVSHMEM-backed symmetric memory transport, W >= 2 processes (collective over `group`)."""
+    return _symmetric_transport(
+        "nvshmem",
+        "NVSHMEM",
+        None if group is None else group,
+        recv_rows,
+        n,
+        dtype,
+        device,
+        put_mode,
+    )
+
+
+def nvshmem_self_transport(
+    recv_rows: int,
+    n: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    put_mode: int = PUT_STORE,
+) -> Transport:
+    """W = 1 NVSHMEM transport without rendezvous: every put goes to PE 0 (this process).
+
+    Needs torch.distributed initialised with one rank (NVSHMEM bootstraps from it). Used to
+    measure the NVSHMEM put paths on one GPU; a real run uses nvshmem_transport.
+    """
+    import torch.distributed._symmetric_memory as symm_mem
+
+    _symm_backend("NVSHMEM", device)
+    buf = symm_mem.empty(max(recv_rows, 1) * n, dtype=dtype, device=device)
+    sig = symm_mem.empty(1, dtype=torch.int64, device=device)
+    buf.zero_()
+    sig.zero_()
+    t_buf = _ptr_table([buf.data_ptr()], device)
+    t_sig = _ptr_table([sig.data_ptr()], device)
+    return Transport(
+        name="nvshmem",
+        rank=0,
+        world=1,
+        recv=buf.view(-1, n)[:recv_rows],
+        signal=sig,
+        recv_ptrs=t_buf,
+        signal_ptrs=t_sig,
+        scope="sys",
+        put_mode=put_mode,
+        recv_symm=t_buf,
+        signal_symm=t_sig,
+        aligned=_aligned([buf.data_ptr()]),
+        keep=[buf, sig],
+    )

@@ -1,0 +1,291 @@
+"""The overlap kernels on a CUDA GPU (marked gpu; skipped without one). Behaviour, not timing.
+
+producer vs torch (fp16, bf16; both flag modes; TMA and pointer loads), consumer with the flags
+pre-set (vectorised and not), producer + consumer overlapped on loopback equal to the same
+kernels run one after the other (exactly) over several runs without any reset, the bounded
+waits (a withheld flag raises OverlapTimeoutError naming the segment and band), the one-SM-per-
+consumer-CTA residency on Hopper, and an NVSHMEM put to self (W = 1) in a child process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # benchmarks/ (synthetic plans) also under a plain `pytest`
+    sys.path.insert(0, _ROOT)
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from benchmarks.kernels_h200 import (  # noqa: E402
+    expected_sends,
+    reference_y,
+    rows_sent,
+    synthetic_plan,
+)
+from systems.overlap.errors import OverlapTimeoutError, new_error_buffer, read_error  # noqa: E402
+from systems.overlap.kernels import (  # noqa: E402
+    ConsumerConfig,
+    OverlapRunner,
+    TileConfig,
+    launch_consumer,
+    launch_producer,
+    launch_wait_signals,
+    padded_input,
+    pick_config,
+    residency_report,
+)
+from systems.overlap.transport import LoopbackFabric  # noqa: E402
+
+DEV = torch.device("cuda")
+# rows[e][s] of 3 local experts, this rank = 2: padding in remote groups, partial local bands
+ROWS = [[200, 130, 70], [0, 300, 90], [64, 0, 5]]
+
+
+def _problem(dtype, K, N, tile_m=128, mgb=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    plan = synthetic_plan(ROWS, rank=2, tile_m=tile_m, mgb=mgb, device=DEV)
+    x_recv = torch.randn(plan.n_rows, K, generator=g).to(DEV, dtype)
+    w = (torch.randn(len(ROWS), K, N, generator=g) / K**0.5).to(DEV, dtype)
+    return plan, padded_input(x_recv, plan.gather_index), w
+
+
+def _rel(a, ref):
+    return float((a.float() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "variant",
+    ["table", "thread_flags", "warp_flags", "cta_noflatten", "pointer_loads", "k_tail"],
+)
+def test_producer_matches_torch(dtype, variant):
+    K = 200 if variant == "k_tail" else 256
+    plan, x, w = _problem(dtype, K=K, N=384)
+    cfg = pick_config(128, K, 384, dtype)
+    if variant == "thread_flags":
+        cfg = replace(cfg, flag="thread", group_m=1)
+    elif variant == "warp_flags":
+        cfg = replace(cfg, flag="warp", group_m=2)
+    elif variant == "cta_noflatten":
+        cfg = replace(cfg, flatten=False, flag="cta")
+    elif variant == "pointer_loads":
+        cfg = replace(cfg, use_tma=False)
+    y = torch.full((plan.n_padded, 384), float("nan"), dtype=dtype, device=DEV)
+    ready = torch.zeros(plan.n_bands, dtype=torch.int32, device=DEV)
+    for run in (1, 2):
+        launch_producer(
+            x,
+            w,
+            y,
+            plan.schedule,
+            plan.band_expert,
+            plan.band_row,
+            plan.band_rows,
+            ready,
+            n_signal=plan.n_remote_bands,
+            num_programs=7,
+            config=cfg,
+        )
+        torch.cuda.synchronize()
+        remote = plan.schedule[: plan.n_remote_bands]
+        assert torch.all(ready[remote] == run * cfg.band_increment(384))
+        assert torch.all(ready[plan.schedule[plan.n_remote_bands :]] == 0)
+    assert not torch.isnan(y).any()
+    assert _rel(y, reference_y(plan, x, w)) < 1e-2
+    assert torch.count_nonzero(y[plan.gather_index < 0]) == 0
+
+
+def _consume(plan, y, fabric, ready, target, cfg, ccta, wait=True):
+    tr = fabric.transport(plan.rank)
+    err = new_error_buffer(DEV)
+    launch_consumer(
+        y,
+        plan.schedule,
+        plan.band_row,
+        plan.band_valid,
+        plan.band_offset,
+        ready,
+        plan.seg_start,
+        plan.seg_count,
+        plan.seg_dst,
+        tr.recv_ptrs,
+        tr.signal_ptrs,
+        err,
+        torch.zeros(ccta, dtype=torch.int64, device=DEV),
+        ready_target=target,
+        rank=plan.rank,
+        ccta=ccta,
+        config=cfg,
+        wait=wait,
+        scope=tr.scope,
+    )
+    return err
+
+
+@pytest.mark.parametrize("N", [384, 100])
+@pytest.mark.parametrize(
+    "block,warps,stages,stream,ccta",
+    [(65536, 32, 1, False, 3), (65536, 16, 1, True, 2), (16384, 16, 5, False, 4)],
+)
+def test_consumer_copies_with_flags_set(N, block, warps, stages, stream, ccta):
+    plan = synthetic_plan(ROWS, rank=2, tile_m=64, mgb=2, device=DEV, dst_base=[5, 3, 0])
+    y = torch.randn(plan.n_padded, N, device=DEV).to(torch.bfloat16)
+    fabric = LoopbackFabric(plan.dst_rows, N, y.dtype, DEV)
+    fabric.buffer.fill_(-3.0)
+    before = [fabric.recv(d).clone() for d in range(3)]
+    ready = torch.full((plan.n_bands,), 9, dtype=torch.int32, device=DEV)
+    cfg = ConsumerConfig(block=block, num_warps=warps, stages=stages, streaming=stream)
+    err = _consume(plan, y, fabric, ready, 9, cfg, ccta)
+    torch.cuda.synchronize()
+    assert read_error(err) is None
+    want = expected_sends(plan, y, before)
+    for d in range(3):
+        assert torch.equal(fabric.recv(d), want[d])
+    assert fabric.counters[:, 2].tolist() == rows_sent(plan)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("ccta", [2, 8])
+def test_overlapped_equals_sequential_on_loopback(dtype, ccta):
+    plan, x, w = _problem(dtype, K=512, N=1024, mgb=2)
+    fabric = LoopbackFabric(plan.dst_rows, 1024, dtype, DEV)
+    runner = OverlapRunner(plan, w, fabric.transport(plan.rank), ccta=ccta)
+    y_seq = torch.empty(plan.n_padded, 1024, dtype=dtype, device=DEV)
+    runner.sequential(x, y_seq)
+    torch.cuda.synchronize()
+    runner.check()
+    want = [fabric.recv(d).clone() for d in range(3)]
+    sent = torch.tensor(rows_sent(plan))
+    y = torch.empty_like(y_seq)
+    for run in range(2, 5):  # epochs: no reset between runs
+        fabric.buffer.zero_()
+        runner.overlapped(x, y)
+        torch.cuda.synchronize()
+        runner.check()
+        assert torch.equal(y, y_seq)
+        for d in range(3):
+            assert torch.equal(fabric.recv(d), want[d]), f"run {run}, destination {d}"
+        assert torch.equal(fabric.counters[:, plan.rank].cpu(), sent * run)
+    runner.wait_received(torch.zeros(3, dtype=torch.int64))  # nothing to wait for: returns
+    torch.cuda.synchronize()
+    runner.check()
+    assert _rel(y, reference_y(plan, x, w)) < 1e-2
+
+
+def test_withheld_flag_times_out_naming_segment_and_band():
+    plan = synthetic_plan(ROWS, rank=2, tile_m=64, mgb=1, device=DEV)
+    y = torch.randn(plan.n_padded, 256, device=DEV).to(torch.float16)
+    fabric = LoopbackFabric(plan.dst_rows, 256, y.dtype, DEV)
+    ready = torch.full((plan.n_bands,), 8, dtype=torch.int32, device=DEV)
+    seg = int(plan.n_segments) - 2
+    band = int(plan.schedule[int(plan.seg_start[seg])])
+    ready[band] = 7
+    cfg = ConsumerConfig(timeout_s=0.05)
+    err = _consume(plan, y, fabric, ready, 8, cfg, ccta=4)
+    torch.cuda.synchronize()
+    rec = read_error(err)
+    assert rec is not None
+    assert (rec.segment, rec.band, rec.rank, rec.seen, rec.want) == (seg, band, 2, 7, 8)
+    with pytest.raises(OverlapTimeoutError, match=f"segment {seg}, band {band}"):
+        from systems.overlap.errors import raise_if_error
+
+        raise_if_error(err)
+
+
+def test_receiver_wait_times_out_naming_the_source():
+    signal = torch.tensor([4, 1, 0], dtype=torch.int64, device=DEV)
+    err = new_error_buffer(DEV)
+    launch_wait_signals(
+        signal,
+        torch.tensor([4, 2, 0], device=DEV),
+        err,
+        torch.zeros(1, dtype=torch.int64, device=DEV),
+        rank=1,
+        config=ConsumerConfig(timeout_s=0.05),
+        scope="gpu",
+    )
+    torch.cuda.synchronize()
+    rec = read_error(err)
+    assert rec is not None and rec.source == 1 and (rec.seen, rec.want) == (1, 2)
+
+
+@pytest.mark.skipif(
+    torch.cuda.get_device_capability() != (9, 0), reason="the shared-memory argument is Hopper's"
+)
+def test_consumer_cta_owns_its_sm_on_hopper():
+    plan, x, w = _problem(torch.bfloat16, K=2048, N=8192)
+    fabric = LoopbackFabric(plan.dst_rows, 8192, torch.bfloat16, DEV)
+    runner = OverlapRunner(plan, w, fabric.transport(plan.rank), ccta=4)
+    y = torch.empty(plan.n_padded, 8192, dtype=torch.bfloat16, device=DEV)
+    runner.overlapped(x, y)
+    torch.cuda.synchronize()
+    runner.check()
+    rep = residency_report(runner.last_kernels["producer"], runner.last_kernels["consumer"])
+    assert rep["exclusive"], rep
+
+
+_NVSHMEM_CHILD = r"""
+import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, os.getcwd())
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29573")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+import torch.distributed._symmetric_memory as symm_mem
+if not symm_mem.is_nvshmem_available():
+    print("NO_NVSHMEM"); sys.exit(0)
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
+from dataclasses import replace
+from benchmarks.kernels_h200 import synthetic_plan, expected_sends
+from systems.overlap.errors import new_error_buffer, raise_if_error
+from systems.overlap.kernels import ConsumerConfig, launch_consumer
+from systems.overlap.kernels import PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL
+from systems.overlap.transport import nvshmem_self_transport
+plan = synthetic_plan([[100, 0], [64, 0], [30, 0]], rank=1, tile_m=64, mgb=2, device="cuda")
+y = torch.randn(plan.n_padded, 256, device="cuda").to(torch.bfloat16)
+tr0 = nvshmem_self_transport(plan.dst_rows[0], 256, torch.bfloat16, torch.device("cuda"))
+for mode in (PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL):
+    tr = replace(tr0, put_mode=mode)
+    tr.recv.zero_(); tr.signal.zero_()
+    rt, st = tr.tables()
+    err = new_error_buffer("cuda")
+    launch_consumer(y, plan.schedule, plan.band_row, plan.band_valid, plan.band_offset,
+                    torch.ones(plan.n_bands, dtype=torch.int32, device="cuda"), plan.seg_start,
+                    plan.seg_count, plan.seg_dst, rt, st, err,
+                    torch.zeros(2, dtype=torch.int64, device="cuda"), ready_target=1, rank=0,
+                    ccta=2, config=ConsumerConfig(num_warps=8, stages=1), scope="sys",
+                    put_mode=mode)
+    torch.cuda.synchronize()
+    raise_if_error(err)
+    want = expected_sends(plan, y, [torch.zeros_like(tr.recv)] * 2)[0]
+    assert torch.equal(tr.recv, want), mode
+    assert int(tr.signal[0]) == 194, (mode, int(tr.signal[0]))
+    print("MODE_OK", mode)
+dist.destroy_process_group()
+"""
+
+
+def test_nvshmem_put_to_self_in_child_process():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", _NVSHMEM_CHILD],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    if "NO_NVSHMEM" in proc.stdout:
+        pytest.skip("torch has no NVSHMEM symmetric-memory backend here")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("MODE_OK") == 3
+
+
+def test_tile_config_table_is_consistent():
+    for cfg in (pick_config(128, 2048, 8192, torch.bfloat16), TileConfig()):
+        assert cfg.band_increment(8192) == cfg.tiles_n(8192) * cfg.tile_increment()

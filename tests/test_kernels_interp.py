@@ -1,0 +1,278 @@
+"""The overlap kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
+
+Behaviour only: the producer's output and ready counters vs torch, the consumer's copies and
+receive counters with the flags pre-set, the runner end to end on loopback, and the bounded
+waits: a withheld flag (or a missing source) must raise OverlapTimeoutError naming it.
+Shapes are tiny; fp16 and fp32 only (bf16 tl.dot gives garbage in the interpreter).
+
+TRITON_INTERPRET must be set before triton and the kernels are imported: this module sets it
+first. If triton was imported earlier in the same process (another test module), the
+interpreter cannot be switched on any more; then the tests here are skipped and
+test_interpreter_in_subprocess runs this file in a fresh interpreter process instead.
+On a machine with CUDA the module is skipped: test_kernels_gpu.py covers the kernels there, and
+switching the process to the interpreter would turn the GPU tests into interpreter runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # benchmarks/ (synthetic plans) also under a plain `pytest`
+    sys.path.insert(0, _ROOT)
+if torch.cuda.is_available():
+    pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+INTERPRETED = isinstance(triton.language.standard.cdiv, InterpretedFunction)
+needs_interpreter = pytest.mark.skipif(
+    not INTERPRETED,
+    reason="triton was imported before TRITON_INTERPRET=1 (see the subprocess test)",
+)
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, in the interpreter
+
+import systems.overlap.kernels.consumer as consumer_mod  # noqa: E402
+import systems.overlap.kernels.producer as producer_mod  # noqa: E402
+
+if INTERPRETED and not isinstance(producer_mod._producer_kernel, InterpretedFunction):
+    producer_mod = importlib.reload(producer_mod)
+    consumer_mod = importlib.reload(consumer_mod)
+    importlib.reload(sys.modules["systems.overlap.kernels"])
+
+from benchmarks.kernels_h200 import (  # noqa: E402
+    expected_sends,
+    reference_y,
+    rows_sent,
+    synthetic_plan,
+)
+from systems.overlap.errors import (  # noqa: E402
+    CODE_BAND_TIMEOUT,
+    CODE_SIGNAL_TIMEOUT,
+    OverlapTimeoutError,
+    new_error_buffer,
+    raise_if_error,
+    read_error,
+)
+from systems.overlap.kernels import (  # noqa: E402
+    OverlapRunner,
+    interpreter_config,
+    interpreter_consumer_config,
+    launch_consumer,
+    launch_producer,
+    launch_wait_signals,
+    padded_input,
+)
+from systems.overlap.transport import LoopbackFabric  # noqa: E402
+
+TILE_M = 16
+# rows[e][s]: valid rows of local expert e from owner s; this rank is 2 (the local group).
+# Expert 0: remote groups of 20 (pads to 32) and 16 rows, a local group of 5 (partial band);
+# expert 1: one remote group of 33 rows (3 bands, last one 1 valid row), 18 local rows.
+ROWS = [[20, 16, 5], [0, 33, 18]]
+
+
+def _problem(dtype, K=40, N=80, mgb=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    plan = synthetic_plan(ROWS, rank=2, tile_m=TILE_M, mgb=mgb)
+    x_recv = torch.randn(plan.n_rows, K, generator=g).to(dtype)
+    w = (torch.randn(len(ROWS), K, N, generator=g) / K**0.5).to(dtype)
+    return plan, padded_input(x_recv, plan.gather_index), w
+
+
+def _run_producer(plan, x, w, cfg, signal=True):
+    y = torch.full((plan.n_padded, w.shape[2]), float("nan"), dtype=x.dtype)
+    ready = torch.zeros(plan.n_bands, dtype=torch.int32)
+    launch_producer(
+        x,
+        w,
+        y,
+        plan.schedule,
+        plan.band_expert,
+        plan.band_row,
+        plan.band_rows,
+        ready,
+        n_signal=plan.n_remote_bands,
+        num_programs=3,
+        config=cfg,
+        signal=signal,
+    )
+    return y, ready
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "dtype,flag",
+    [
+        (torch.float16, "thread"),
+        (torch.float32, "cta"),
+        (torch.float16, "cta"),
+        (torch.float16, "deferred"),
+    ],
+)
+def test_producer_matches_torch_and_counts_tiles(dtype, flag):
+    plan, x, w = _problem(dtype)
+    cfg = interpreter_config(TILE_M)
+    cfg = type(cfg)(**{**cfg.__dict__, "flag": flag})
+    y, ready = _run_producer(plan, x, w, cfg)
+    ref = reference_y(plan, x, w)
+    assert not torch.isnan(y).any(), "every padded row must be written"
+    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(y.float(), ref, rtol=tol, atol=tol)
+    # padding rows of X are zero, so their outputs are zero
+    pad = plan.gather_index < 0
+    assert torch.count_nonzero(y[pad]) == 0
+    remote = plan.schedule[: plan.n_remote_bands]
+    local = plan.schedule[plan.n_remote_bands :]
+    assert torch.all(ready[remote] == cfg.band_increment(w.shape[2]))
+    assert torch.all(ready[local] == 0)
+
+
+@needs_interpreter
+def test_producer_without_flags_leaves_counters():
+    plan, x, w = _problem(torch.float16)
+    y, ready = _run_producer(plan, x, w, interpreter_config(TILE_M), signal=False)
+    assert torch.count_nonzero(ready) == 0
+    torch.testing.assert_close(y.float(), reference_y(plan, x, w), rtol=2e-2, atol=2e-2)
+
+
+def _consume(plan, y, fabric, ready, target, cfg, ccta=2, wait=True):
+    tr = fabric.transport(plan.rank)
+    err = new_error_buffer("cpu")
+    launch_consumer(
+        y,
+        plan.schedule,
+        plan.band_row,
+        plan.band_valid,
+        plan.band_offset,
+        ready,
+        plan.seg_start,
+        plan.seg_count,
+        plan.seg_dst,
+        tr.recv_ptrs,
+        tr.signal_ptrs,
+        err,
+        torch.zeros(ccta, dtype=torch.int64),
+        ready_target=target,
+        rank=plan.rank,
+        ccta=ccta,
+        config=cfg,
+        wait=wait,
+        scope=tr.scope,
+    )
+    return err
+
+
+@needs_interpreter
+@pytest.mark.parametrize("mgb,ccta", [(1, 1), (2, 3)])
+def test_consumer_copies_valid_rows_with_flags_set(mgb, ccta):
+    plan = synthetic_plan(ROWS, rank=2, tile_m=TILE_M, mgb=mgb, dst_base=[3, 7, 0])
+    N = 24
+    y = torch.randn(plan.n_padded, N)
+    fabric = LoopbackFabric(plan.dst_rows, N, y.dtype, "cpu")
+    fabric.buffer.fill_(-7.0)  # poison: rows nobody sends must stay untouched
+    before = [fabric.recv(d).clone() for d in range(3)]
+    ready = torch.full((plan.n_bands,), 5, dtype=torch.int32)
+    err = _consume(plan, y, fabric, ready, 5, interpreter_consumer_config(), ccta=ccta)
+    raise_if_error(err)
+    want = expected_sends(plan, y, before)
+    for d in range(3):
+        assert torch.equal(fabric.recv(d), want[d]), f"destination {d}"
+    assert fabric.counters[:, plan.rank].tolist() == rows_sent(plan)
+    assert fabric.counters[:, :2].abs().sum() == 0
+
+
+@needs_interpreter
+def test_consumer_timeout_names_the_segment_and_band():
+    plan = synthetic_plan(ROWS, rank=2, tile_m=TILE_M, mgb=1)
+    N = 16
+    y = torch.randn(plan.n_padded, N)
+    fabric = LoopbackFabric(plan.dst_rows, N, y.dtype, "cpu")
+    ready = torch.full((plan.n_bands,), 4, dtype=torch.int32)
+    seg = 2
+    band = int(plan.schedule[int(plan.seg_start[seg])])
+    ready[band] = 3  # withheld: one tile short
+    cfg = interpreter_consumer_config()
+    err = _consume(plan, y, fabric, ready, 4, cfg, ccta=1)
+    rec = read_error(err)
+    assert rec is not None and rec.code == CODE_BAND_TIMEOUT
+    assert (rec.segment, rec.band, rec.rank, rec.seen, rec.want) == (seg, band, 2, 3, 4)
+    with pytest.raises(OverlapTimeoutError, match=f"rank 2: segment {seg}, band {band}"):
+        raise_if_error(err)
+    # the segments before the withheld one were delivered
+    first = int(plan.schedule[0])
+    d, off, nv = (int(t[first]) for t in (plan.band_dst, plan.band_offset, plan.band_valid))
+    r0 = int(plan.band_row[first])
+    assert torch.equal(fabric.recv(d)[off : off + nv], y[r0 : r0 + nv])
+
+
+@needs_interpreter
+def test_receiver_wait_times_out_naming_the_source():
+    signal = torch.tensor([6, 0, 9], dtype=torch.int64)
+    err = new_error_buffer("cpu")
+    cfg = interpreter_consumer_config()
+    launch_wait_signals(
+        signal, torch.tensor([6, 4, 9]), err, torch.zeros(1, dtype=torch.int64), rank=5, config=cfg
+    )
+    rec = read_error(err)
+    assert rec is not None and rec.code == CODE_SIGNAL_TIMEOUT and rec.source == 1
+    assert rec.rank == 5 and (rec.seen, rec.want) == (0, 4)
+    err.zero_()
+    launch_wait_signals(
+        signal, torch.tensor([6, 0, 9]), err, torch.zeros(1, dtype=torch.int64), rank=5, config=cfg
+    )
+    assert read_error(err) is None
+
+
+@needs_interpreter
+def test_runner_loopback_end_to_end_and_epochs():
+    plan, x, w = _problem(torch.float16, mgb=2)
+    fabric = LoopbackFabric(plan.dst_rows, w.shape[2], x.dtype, "cpu")
+    runner = OverlapRunner(
+        plan,
+        w,
+        fabric.transport(plan.rank),
+        ccta=2,
+        tile=interpreter_config(TILE_M),
+        consumer=interpreter_consumer_config(),
+        num_programs=3,
+    )
+    y = torch.empty(plan.n_padded, w.shape[2], dtype=x.dtype)
+    for run in (1, 2):  # the second run must not need any reset (epoch values)
+        fabric.buffer.zero_()
+        runner.overlapped(x, y)  # no CUDA: runs the two kernels in sequence
+        runner.check()
+        runner.local_copy(y)
+        want = expected_sends(plan, y, [torch.zeros_like(fabric.recv(d)) for d in range(3)])
+        loc_src, loc_dst = plan.local_src_row, plan.local_dst_index
+        want[plan.rank][loc_dst] = y[loc_src]
+        for d in range(3):
+            assert torch.equal(fabric.recv(d), want[d])
+        sent = torch.tensor(rows_sent(plan))
+        assert torch.equal(fabric.counters[:, plan.rank], sent * run)
+        assert torch.equal(runner.expected_signal(sent), sent * run)
+    torch.testing.assert_close(y.float(), reference_y(plan, x, w), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this process runs the interpreter tests itself")
+def test_interpreter_in_subprocess():
+    """Fallback when triton was imported before this module: the same tests, fresh process."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
