@@ -54,13 +54,13 @@ def combine(y_recv: torch.Tensor, lay: RankLayout, group: dist.ProcessGroup | No
 def scale(y_back: torch.Tensor, lay: RankLayout, tokens: int) -> torch.Tensor:
     """Step 5: out [T, N] = sum_j gate[t, j] * y_back[send_pos[t, j]], from y_back [S, N].
 
-    Every token has exactly k rows, so this is a gather to [T, k, N] and a batched
-    [T, 1, k] x [T, k, N] product (fp32 accumulation; gate weights in y_back's dtype).
+    Every token has exactly k rows: a gather to [T, k, N], a product with the gate weights (in
+    y_back's dtype) and a sum over k (accumulated in float32 by torch's reduction).
     """
     k = lay.send_pos.shape[1]
     rows = y_back.index_select(0, lay.send_pos.reshape(-1).to(y_back.device))
-    w = lay.gate.to(device=y_back.device, dtype=y_back.dtype).unsqueeze(1)  # [T, 1, k]
-    return torch.bmm(w, rows.view(tokens, k, y_back.shape[1])).squeeze(1)
+    w = lay.gate.to(device=y_back.device, dtype=y_back.dtype)
+    return (rows.view(tokens, k, y_back.shape[1]) * w.unsqueeze(-1)).sum(1)
 
 
 def expert_step(x_recv: torch.Tensor, lay: RankLayout, weights: torch.Tensor) -> torch.Tensor:

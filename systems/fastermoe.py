@@ -275,9 +275,11 @@ class FasterMoESystem(System):
     def compute_only(self) -> object:
         if self._native is not None:
             return None
+        if self.scope == "layer":
+            self._encode()
         for s in range(self.plan.n):
             self._compute_step(s)
-        return self.gout
+        return self._output()
 
     def comm_only(self) -> object:
         if self._native is not None:

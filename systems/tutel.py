@@ -309,9 +309,11 @@ class TutelSystem(System):
     def compute_only(self) -> object:
         if self._native is not None:
             return None
+        if self.scope == "layer":
+            self._encode()
         for c in range(self.st.degree):
             self._expert(c)
-        return self.st.ys
+        return self._decode()
 
     def comm_only(self) -> object:
         if self._native is not None:

@@ -14,8 +14,9 @@ Transports (cell param `transport`; empty = `loopback` with one process, `p2p` w
             for. A development proxy: never an interconnect number.
   p2p       one process per GPU, peer pointers from torch symmetric memory (CUDA backend)
   nvshmem   one process per GPU, torch symmetric memory on NVSHMEM (wide stores to its peers)
-compute_only(): the producer alone on ALL SMs without flags; comm_only(): the consumer alone on
-cCTA SMs with the flags taken as set. The harness derives the overlap ratio from these.
+compute_only(): everything but the communication: the producer alone on ALL SMs without flags,
+the local copy and scale; comm_only(): the consumer alone on cCTA SMs with the flags taken as
+set. The harness derives the overlap ratio from these.
 """
 
 from __future__ import annotations
@@ -166,9 +167,13 @@ class OverlapSystem(System):
         return scale(rk.runner.transport.recv, rk.lay, rk.tokens)
 
     def compute_only(self) -> torch.Tensor:
+        """Everything timed() does but the communication: producer on ALL SMs without flags,
+        local copy and scale."""
         rk = self.ranks[self.busy]
         sms = torch.cuda.get_device_properties(rk.x.device).multi_processor_count
-        return rk.runner.compute_only(rk.x, rk.y, num_programs=sms)
+        rk.runner.compute_only(rk.x, rk.y, num_programs=sms)
+        rk.runner.local_copy(rk.y)
+        return scale(rk.runner.transport.recv, rk.lay, rk.tokens)
 
     def comm_only(self) -> None:
         self.ranks[self.busy].runner.comm_only(self.ranks[self.busy].y)
