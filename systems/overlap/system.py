@@ -163,7 +163,9 @@ class OverlapSystem(System):
         rk = self.ranks[self.busy]
         rk.step()
         if self._transport != "loopback":
-            rk.runner.wait_received(rk.plan.recv_rows)
+            rows_from = rk.plan.recv_rows.clone()
+            rows_from[rk.plan.rank] = 0  # own rows arrive by the local copy, not a signal
+            rk.runner.wait_received(rows_from)
         return scale(rk.runner.transport.recv, rk.lay, rk.tokens)
 
     def compute_only(self) -> torch.Tensor:
