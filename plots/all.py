@@ -18,6 +18,8 @@ FIGURES: dict[str, str] = {
     "operator": "plots.latency_vs_experts",
     "padding": "plots.padding",
     "overlap_ccta": "plots.ccta_sweep",
+    "bandwidth": "plots.bandwidth",
+    "multigpu_smoke": "plots.latency_vs_experts",
 }
 
 
