@@ -4,7 +4,7 @@ PY ?= python3
 HAS_GPU := $(shell $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && echo 1 || echo 0)
 # Experiments of each preset (see README, "Experiments")
 REPRO_CPU ?= smoke baselines_smoke padding
-REPRO_GPU ?= smoke operator
+REPRO_GPU ?= smoke operator overlap_ccta
 HW := $(if $(filter 1,$(HAS_GPU)),h200,cpu)
 WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 

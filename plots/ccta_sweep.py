@@ -38,7 +38,10 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         ax2.set_ylim(0, 1.05)
         ax2.legend(fontsize=7)
     r = df.iloc[0]
-    shape = f"T/rank={r['tokens_per_rank']} K={r['hidden']} N={r['out']} E={r['experts_per_rank']} {r['dtype']}"
+    shape = (
+        f"T/rank={r['tokens_per_rank']} K={r['hidden']} N={r['out']} "
+        f"E={r['experts_per_rank']} {r['dtype']}"
+    )
     fig.suptitle(f"Overlap cCTA sweep, {shape}\n{transport_note(df)}", fontsize=9, y=1.03)
     fig.tight_layout()
     return save(fig, out_dir, name)
