@@ -18,6 +18,9 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         raise ValueError(f"{table}: no rows with status ok to plot")
     shapes = df.groupby(["tokens_per_rank", "hidden", "out", "dtype"])
     fig, axes = plt.subplots(1, shapes.ngroups, figsize=(5 * shapes.ngroups, 3.8), squeeze=False)
+    systems = sorted(df["system"].unique())
+    colors = {sy: f"C{i}" for i, sy in enumerate(systems)}
+    styles = dict(zip(sorted(df["routing"].unique()), ["-", "--", ":", "-."]))
     for ax, ((tpr, k, n, dt), sub) in zip(axes[0], shapes):
         for (system, routing), s in sub.groupby(["system", "routing"]):
             s = s.sort_values("experts_per_rank")
@@ -25,15 +28,20 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
                 s["experts_per_rank"],
                 s["latency_ms"],
                 yerr=[s["latency_ms"] - s["latency_p10_ms"], s["latency_p90_ms"] - s["latency_ms"]],
+                color=colors[system],
+                linestyle=styles[routing],
                 marker="o",
-                capsize=3,
+                ms=3,
+                capsize=2,
                 label=f"{label(system)} / {routing}",
             )
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("experts per rank")
         ax.set_ylabel("latency (ms, median, p10-p90)")
         ax.set_title(f"T/rank={tpr} K={k} N={n} {dt}", fontsize=9)
-        ax.legend(fontsize=7)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.subplots_adjust(wspace=0.35)
     fig.suptitle(
         f"MoE gemm+combine latency (lower is better)\n{transport_note(df)}", fontsize=9, y=1.06
     )
