@@ -117,22 +117,5 @@ def imbalance_of(spec: WorkloadSpec) -> dict[str, float]:
     return imbalance(routing_of(spec).expert_ids, spec.world_size, spec.experts_per_rank)
 
 
-# Named shapes ---------------------------------------------------------------------------------
-
-#: Table 2 of the paper as far as the review note gives it (M = 2 x tokens per rank, top-2).
-TABLE2 = {
-    "tokens_per_rank": [8192, 16384],
-    "hidden": [2048],
-    "out": [4096, 8192],
-    "experts_per_rank": [4, 8, 16, 32, 64],
-    "top_k": [2],
-}
-
-#: The three models' MoE layers (top-2 of 64 experts, 16 per rank at W=4); tokens per rank = B x S
-#: (each rank holds one batch). M-GPT and M-BERT hidden/FFN sizes are not in the note: GPT-2-small
-#: and BERT-base sizes (768/3072) are used. M-Trans-xl's FFN width is not given either: 4 x 512.
-MODELS = {
-    "m_gpt": {"tokens_per_rank": 8 * 1024, "hidden": 768, "out": 3072},
-    "m_bert": {"tokens_per_rank": 32 * 512, "hidden": 768, "out": 3072},
-    "m_transxl": {"tokens_per_rank": 16 * 512, "hidden": 512, "out": 2048},
-}
+# Named shapes (the Table 2 grid and the three models' MoE layers) live in conf/workload/*.yaml:
+# `python -m harness.run experiment=operator workload=m_gpt`.

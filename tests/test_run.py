@@ -71,3 +71,21 @@ def test_every_experiment_config_composes_and_dry_runs():
             assert cfg.experiment.name == name
     proc = run("experiment=smoke", "dry_run=true")
     assert "dry run: 4 cells" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "workload, shape",
+    [
+        ("table2", ([8192, 16384], [2048], [4096, 8192], [4, 8, 16, 32, 64])),
+        ("m_gpt", ([8192], [768], [3072], [16])),
+        ("m_bert", ([16384], [768], [3072], [16])),
+        ("m_transxl", ([8192], [512], [2048], [16])),
+    ],
+)
+def test_named_workloads_set_the_operator_shape(workload, shape):
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=operator", f"workload={workload}"])
+    g = cfg.experiment.grid
+    assert (list(g.tokens_per_rank), list(g.hidden), list(g.out), list(g.experts_per_rank)) == shape
+    assert list(g.top_k) == [2]
