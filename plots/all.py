@@ -20,6 +20,7 @@ FIGURES: dict[str, str] = {
     "overlap_ccta": "plots.ccta_sweep",
     "bandwidth": "plots.bandwidth",
     "multigpu_smoke": "plots.latency_vs_experts",
+    "overlap_sweep": "plots.speedup_vs_serial",
 }
 
 

@@ -13,22 +13,51 @@ def _fixture(path, experiment, systems):
                 for ccta in (4, 8):
                     for mgb in (1, 2):
                         rows.append(
-                            Row(experiment, system, cell_hash=f"{system}{routing}{e}{ccta}{mgb}",
-                                world_size=4, transport="loopback", tokens_per_rank=64,
-                                hidden=32, out=32, experts_per_rank=e, top_k=2, routing=routing,
-                                dtype="float16", ccta=ccta, mgb=mgb, latency_ms=1.0 + e,
-                                latency_p10_ms=0.9 + e, latency_p90_ms=1.1 + e, compute_ms=1.0,
-                                comm_ms=0.5, overlap_ratio=0.8, gpu_name="fixture")
+                            Row(
+                                experiment,
+                                system,
+                                cell_hash=f"{system}{routing}{e}{ccta}{mgb}",
+                                world_size=4,
+                                transport="loopback",
+                                tokens_per_rank=64,
+                                hidden=32,
+                                out=32,
+                                experts_per_rank=e,
+                                top_k=2,
+                                routing=routing,
+                                dtype="float16",
+                                ccta=ccta,
+                                mgb=mgb,
+                                latency_ms=1.0 + e,
+                                latency_p10_ms=0.9 + e,
+                                latency_p90_ms=1.1 + e,
+                                compute_ms=1.0,
+                                comm_ms=0.5,
+                                overlap_ratio=0.8,
+                                gpu_name="fixture",
+                            )
                         )
     ResultsTable(path).append(rows)
     return path
 
 
 def test_latency_and_ccta_figures(tmp_path):
-    from plots import ccta_sweep, latency_vs_experts
+    from plots import ccta_sweep, latency_vs_experts, speedup_vs_serial
 
     t = _fixture(tmp_path / "t.parquet", "x", ["serial", "overlap"])
     assert len(pd.read_parquet(t)) == 32
-    for mod, name in ((latency_vs_experts, "lat"), (ccta_sweep, "ccta")):
+    for mod, name in ((latency_vs_experts, "lat"), (ccta_sweep, "ccta"), (speedup_vs_serial, "sp")):
         paths = mod.plot(t, tmp_path / "figs", name)
         assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+
+
+def test_speedup_takes_each_systems_best_cell(tmp_path):
+    from plots.speedup_vs_serial import speedups
+
+    df = pd.read_parquet(_fixture(tmp_path / "t.parquet", "x", ["serial", "overlap"]))
+    df.loc[df.system == "overlap", "latency_ms"] /= 2  # overlap twice as fast in every cell
+    df.loc[(df.system == "overlap") & (df.ccta == 8), "latency_ms"] /= 2  # and 4x at cCTA 8
+    sp = speedups(df)
+    assert len(sp) == 2 * 2 * 2  # systems x routings x expert counts
+    assert set(sp[sp.system == "serial"]["speedup"]) == {1.0}
+    assert set(sp[sp.system == "overlap"]["speedup"].round(6)) == {4.0}
