@@ -1,10 +1,13 @@
-"""The system protocol and the registry every runner and plot reads.
+"""The system protocol and the registry mechanics every runner and plot reads.
 
-A system is set up once per cell on this rank's share of the workload, then called:
-  forward()       the timed region, returns out [T, N] for this rank (checked vs the reference)
-  compute_only()  the expert computation alone (for the overlap ratio), or None if not defined
-  comm_only()     the combine communication alone, or None if not defined
-Registry entries name their class by import path, so reading the registry imports no GPU code.
+A system is set up once per cell on the ranks this process plays (one, unless it simulates
+ranks), then called:
+  forward()       out [T, N] of every played rank, stacked (checked vs the reference)
+  timed()         the timed region (default: forward())
+  compute_only()  everything but the communication (for the overlap ratio), or None
+  comm_only()     the combine communication alone, or None
+The catalogue of systems lives one floor up, in systems/__init__.py: its entries name their class
+by import path ("module:Class"), so reading the registry imports no GPU code.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -55,33 +58,61 @@ class CellInputs:
 
 
 class System:
-    """Base class. Subclasses set `name`, implement setup and forward, and may add the bounds."""
+    """Base class. Subclasses set `name` and PARAMS, implement setup and forward, and may add
+    the bounds (compute_only, comm_only) and a separate timed region (timed)."""
 
     name: str = ""
     #: scope of the timed region: "gemm+combine" (operator level) or "layer"
     scope: str = "gemm+combine"
+    #: the system's own knobs and their defaults; an experiment may set only these keys
+    PARAMS: ClassVar[dict[str, Any]] = {}
+    #: can ONE process play every rank of a cell (loopback)? If not, a cell whose W differs
+    #: from the number of processes is recorded as skipped with the reason.
+    simulates_ranks: ClassVar[bool] = False
 
     def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
         self.ctx = ctx
-        self.params = dict(params)
+        self.params = {**self.PARAMS, **params}
+        #: JSON-able facts of the set-up cell (written to the row's `extra` column)
+        self.extra: dict[str, Any] = {}
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any]) -> None:
+        """Unknown keys are an error naming the system and the keys it accepts."""
+        unknown = sorted(set(params) - set(cls.PARAMS))
+        if unknown:
+            accepted = ", ".join(sorted(cls.PARAMS)) or "none"
+            raise ValueError(
+                f"system {cls.name!r} has no parameter {', '.join(map(repr, unknown))}; "
+                f"it accepts: {accepted}"
+            )
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        """Raise ValueError for a cell this system cannot take. Called before any GPU work."""
+        """Raise ValueError for a cell this system cannot take (params hold the defaults).
+        Called before any GPU work."""
 
-    def setup(self, inputs: CellInputs) -> None:
+    def setup(self, ranks: list[CellInputs]) -> None:
+        """Untimed preparation. `ranks` holds one entry per rank this process plays: exactly one
+        (this rank) unless the system simulates ranks and one process plays the whole cell."""
         raise NotImplementedError(f"{type(self).__name__} must implement setup")
 
     def forward(self) -> torch.Tensor:
+        """out [T, N] of every played rank, stacked in the order of setup's `ranks` (checked
+        against the reference before anything is timed)."""
         raise NotImplementedError(f"{type(self).__name__} must implement forward")
 
-    # Optional: `timed()` replaces forward() as the timed region (after forward() was checked),
-    # and `simulated_ranks` (list of ranks) says forward() returns those ranks' outputs stacked.
+    def timed(self) -> object:
+        """The timed region; by default forward(). A system that plays several ranks times one
+        of them here (forward() runs them all for the check)."""
+        return self.forward()
 
     def compute_only(self) -> object:
+        """Everything timed() does but the communication, or None if not defined."""
         return None
 
     def comm_only(self) -> object:
+        """The combine communication alone, or None if not defined."""
         return None
 
     def has_bounds(self) -> bool:
@@ -95,8 +126,9 @@ class System:
     def transport(self) -> str:
         return self.ctx.backend
 
-    def row_fields(self) -> dict[str, Any]:
-        """Extra core-column values (tile sizes, ccta...) this system reports."""
+    def resolved_params(self) -> dict[str, Any]:
+        """Parameters the system chose itself while setting up (tile sizes, a tuned degree...);
+        written next to the cell's params as p_<name> columns."""
         return {}
 
 
@@ -129,6 +161,8 @@ class SystemInfo:
 
 
 REGISTRY: dict[str, SystemInfo] = {}
+#: the module whose import registers every system (the catalogue)
+CATALOGUE = "systems"
 
 
 def register(info: SystemInfo) -> SystemInfo:
@@ -138,70 +172,14 @@ def register(info: SystemInfo) -> SystemInfo:
     return info
 
 
+def registry() -> dict[str, SystemInfo]:
+    """Every registered system by name (imports the catalogue, which imports no GPU code)."""
+    importlib.import_module(CATALOGUE)
+    return REGISTRY
+
+
 def get_system(name: str) -> SystemInfo:
-    if name not in REGISTRY:
-        raise ValueError(f"unknown system {name!r}; choices: {sorted(REGISTRY)}")
-    return REGISTRY[name]
-
-
-register(
-    SystemInfo(
-        name="serial",
-        label="Serial (GEMM, then all-to-all)",
-        target="systems.serial:SerialSystem",
-        description="Expert GEMMs with torch, then the combine all-to-all, then scale.",
-    )
-)
-
-register(
-    SystemInfo(
-        name="overlap",
-        label="Overlap (tile-level signalling, this paper)",
-        target="systems.overlap.system:OverlapSystem",
-        baseline=False,
-        needs_gpu=True,
-        optional_imports=("triton",),
-        description="Stage A plan, persistent Triton producer with per-band ready counters, "
-        "flag-polling consumer on cCTA SMs (loopback / p2p / nvshmem), scale.",
-    )
-)
-register(
-    SystemInfo(
-        name="tutel",
-        label="Tutel (capacity-chunk pipeline)",
-        target="systems.tutel:TutelSystem",
-        description="Capacity-padded all-to-all split along capacity into d chunks; expert and "
-        "combine of chunk i overlap later chunks; d tuned per cell (native if tutel imports).",
-    )
-)
-register(
-    SystemInfo(
-        name="fastermoe",
-        label="FasterMoE (smart schedule)",
-        target="systems.fastermoe:FasterMoESystem",
-        description="Group-step point-to-point exchange; per-step expert GEMMs overlap the "
-        "return steps (native if fmoe imports; shadowing and topology-aware gate off).",
-    )
-)
-register(
-    SystemInfo(
-        name="megatron_cutlass",
-        label="Megatron-core + CUTLASS GroupedGEMM",
-        target="systems.megatron_cutlass:MegatronCutlassSystem",
-        needs_gpu=True,
-        optional_imports=("megatron",),
-        description="megatron-core MoELayer, all-to-all dispatcher, GroupedMLP fc1 as the expert "
-        "(grouped_gemm.gmm, else torch._grouped_mm).",
-    )
-)
-register(
-    SystemInfo(
-        name="megatron_te",
-        label="Megatron-core + Transformer Engine",
-        target="systems.megatron_te:MegatronTESystem",
-        needs_gpu=True,
-        optional_imports=("megatron", "transformer_engine"),
-        description="megatron-core MoELayer, all-to-all dispatcher, TE GroupedLinear as the "
-        "expert.",
-    )
-)
+    reg = registry()
+    if name not in reg:
+        raise ValueError(f"unknown system {name!r}; choices: {sorted(reg)}")
+    return reg[name]

@@ -16,9 +16,9 @@ FIG_DIR = Path("plots/figures")
 
 def label(system: str) -> str:
     """Display label of a system, from the registry (never hard-coded here)."""
-    from harness.system import REGISTRY
+    from harness.system import registry
 
-    info = REGISTRY.get(system)
+    info = registry().get(system)
     return info.label if info else system
 
 

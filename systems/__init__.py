@@ -1,0 +1,69 @@
+"""The catalogue of systems: one `register` line per system, read by the runner and the plots.
+
+Targets are lazy "module:Class" strings, so importing this package imports no GPU code. Adding a
+system = one module (a harness.system.System subclass with its PARAMS) + one entry here + (if an
+experiment runs it) its entry under `experiment.systems` in conf/experiment/*.yaml.
+"""
+
+from harness.system import SystemInfo, register
+
+register(
+    SystemInfo(
+        name="serial",
+        label="Serial (GEMM, then all-to-all)",
+        target="systems.serial:SerialSystem",
+        description="Expert GEMMs with torch, then the combine all-to-all, then scale.",
+    )
+)
+register(
+    SystemInfo(
+        name="overlap",
+        label="Overlap (tile-level signalling, this paper)",
+        target="systems.overlap.system:OverlapSystem",
+        baseline=False,
+        needs_gpu=True,
+        optional_imports=("triton",),
+        description="Stage A plan, persistent Triton producer with per-band ready counters, "
+        "flag-polling consumer on cCTA SMs (loopback / p2p / nvshmem), scale.",
+    )
+)
+register(
+    SystemInfo(
+        name="tutel",
+        label="Tutel (capacity-chunk pipeline)",
+        target="systems.tutel:TutelSystem",
+        description="Capacity-padded all-to-all split along capacity into d chunks; expert and "
+        "combine of chunk i overlap later chunks; d tuned per cell (native if tutel imports).",
+    )
+)
+register(
+    SystemInfo(
+        name="fastermoe",
+        label="FasterMoE (smart schedule)",
+        target="systems.fastermoe:FasterMoESystem",
+        description="Group-step point-to-point exchange; per-step expert GEMMs overlap the "
+        "return steps (native if fmoe imports; shadowing and topology-aware gate off).",
+    )
+)
+register(
+    SystemInfo(
+        name="megatron_cutlass",
+        label="Megatron-core + CUTLASS GroupedGEMM",
+        target="systems.megatron_cutlass:MegatronCutlassSystem",
+        needs_gpu=True,
+        optional_imports=("megatron",),
+        description="megatron-core MoELayer, all-to-all dispatcher, GroupedMLP fc1 as the expert "
+        "(grouped_gemm.gmm, else torch._grouped_mm).",
+    )
+)
+register(
+    SystemInfo(
+        name="megatron_te",
+        label="Megatron-core + Transformer Engine",
+        target="systems.megatron_te:MegatronTESystem",
+        needs_gpu=True,
+        optional_imports=("megatron", "transformer_engine"),
+        description="megatron-core MoELayer, all-to-all dispatcher, TE GroupedLinear as the "
+        "expert.",
+    )
+)
