@@ -19,28 +19,33 @@ from typing import Any
 
 import torch
 
+from harness.measure import selected_systems, system_points
 from harness.records import Row, cell_hash, command_line, provenance
 from harness.routing import imbalance
 from harness.system import RunContext
 from harness.workload import WorkloadSpec, routing_of
 from systems.overlap.plan import owner_expert_counts, padding_rows
 
-AXES = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing", "tile_m")
+AXES = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
 _CACHE: dict[tuple, tuple[torch.Tensor, dict]] = {}
 
 
 def cells(cfg: Any, process_world: int) -> list[dict]:
-    """One cell per (W, tokens, E, top_k, routing, tile_m), tile_m innermost (routing reuse)."""
+    """One cell per (W, tokens, E, top_k, routing) x each point of the overlap system's sweep
+    (tile_m), the sweep innermost (the routing is reused)."""
     g = cfg.experiment.grid
     axes = [list(g.world_size) or [process_world]] + [list(getattr(g, k)) for k in AXES[1:]]
-    systems = list(cfg.experiment.systems) or ["overlap"]
+    systems = selected_systems(cfg)
+    points = {name: system_points(name, conf) for name, conf in systems.items()}
     out = []
     for values in itertools.product(*axes):
         for system in systems:
-            cell = {"experiment": cfg.experiment.name, "system": system, "seed": cfg.seed}
-            cell.update(zip(AXES, values))
-            cell["cell_hash"] = cell_hash(cell)
-            out.append(cell)
+            for params in points[system]:
+                cell = {"experiment": cfg.experiment.name, "system": system, "seed": cfg.seed}
+                cell.update(zip(AXES, values))
+                cell["params"] = params
+                cell["cell_hash"] = cell_hash(cell)
+                out.append(cell)
     return out
 
 
@@ -61,9 +66,10 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
     """Clear errors before any work: shapes, routing names, tile heights."""
     for cell in cells:
         _spec(cell)  # raises on a bad routing, top_k > W*E, non-positive sizes
-        if cell["tile_m"] < 1:
+        if cell["params"]["tile_m"] < 1:
             raise ValueError(
-                f"tile_m must be >= 1, got {cell['tile_m']} (set experiment.grid.tile_m)"
+                f"tile_m must be >= 1, got {cell['params']['tile_m']} "
+                "(set experiment.systems.overlap.sweep.tile_m)"
             )
 
 
@@ -147,9 +153,9 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
             routing=spec.routing,
             imbalance_rank=imb["imbalance_rank"],
             imbalance_expert=imb["imbalance_expert"],
-            tile_m=cell["tile_m"],
+            params=dict(cell["params"]),
             extra=json.dumps({"definition": DEFINITION, "seed": spec.seed}),
-            metrics=padding_metrics(counts, spec.experts_per_rank, cell["tile_m"]),
+            metrics=padding_metrics(counts, spec.experts_per_rank, cell["params"]["tile_m"]),
             command=command_line(),
             timestamp=time.time(),
             **provenance(),

@@ -18,7 +18,7 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
 
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
-    validate_cells(cells, sm_count, dict(cfg.experiment.params))
+    validate_cells(cells, sm_count)
 
 
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:

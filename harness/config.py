@@ -26,7 +26,8 @@ class MeasureConf:
 
 @dataclass
 class GridConf:
-    """Axes of the cell grid. Every combination is one cell (per system)."""
+    """The WORKLOAD axes of the cell grid. Every combination is one workload; each system then
+    runs once per workload, or once per point of its own `sweep` (SystemConf)."""
 
     tokens_per_rank: list[int] = field(default_factory=lambda: [64])
     hidden: list[int] = field(default_factory=lambda: [64])
@@ -37,10 +38,15 @@ class GridConf:
     dtype: list[str] = field(default_factory=lambda: ["float32"])
     #: logical ranks of the layer; empty = the number of processes
     world_size: list[int] = field(default_factory=list)
-    ccta: list[int] = field(default_factory=lambda: [0])
-    mgb: list[int] = field(default_factory=lambda: [0])
-    tile_m: list[int] = field(default_factory=lambda: [0])
-    transport: list[str] = field(default_factory=lambda: [""])
+
+
+@dataclass
+class SystemConf:
+    """One system's own knobs in an experiment: fixed `params` and the `sweep` (lists whose
+    product it runs per workload). Keys are checked against the system's PARAMS (systems/)."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+    sweep: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -48,9 +54,13 @@ class ExperimentConf:
     name: str = MISSING
     module: str = "experiments.systems_sweep"
     figure: str = ""
-    systems: list[str] = field(default_factory=lambda: ["serial"])
+    #: system name -> {params: {...}, sweep: {...}} as SystemConf describes (checked by
+    #: harness.measure.system_points; untyped here so `+experiment.systems.<name>={}` composes);
+    #: an empty entry `{}` runs the system once per workload with its defaults
+    systems: dict[str, Any] = field(default_factory=dict)
+    #: run only these systems of `systems` (empty = all of them)
+    select: list[str] = field(default_factory=list)
     grid: GridConf = field(default_factory=GridConf)
-    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,7 +1,10 @@
 """Cell expansion and the generic measurement of one system on one cell.
 
-Per cell: workload -> capability gate -> system.setup -> correctness gate vs the reference
-(reference_local, float32) -> timed forward, compute-only and comm-only -> one Row.
+A cell = one workload (the grid's axes) x one system x one point of that system's own sweep
+(cell["params"]: the system's PARAMS defaults, the experiment's fixed params and the sweep point).
+Per cell: workload -> capability gate (GPU, packages, ranks played) -> system.setup on the
+inputs of every played rank -> correctness gate vs the reference (reference_local, float32) ->
+timed region, compute-only and comm-only -> one Row (params as p_<key> columns).
 A cell that fails the check records status=fail and no latency.
 """
 
@@ -16,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
 
 from harness.check import check
 from harness.layout import rank_layout
@@ -26,29 +30,86 @@ from harness.timing import time_fn
 from harness.workload import WorkloadSpec, imbalance_of, make_rank_weights, make_tokens
 
 SPEC_KEYS = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "routing", "dtype")
-PARAM_KEYS = ("ccta", "mgb", "tile_m", "transport")
+
+
+def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
+    """Every parameter set one system runs per workload: its PARAMS defaults, overridden by the
+    experiment's `params`, times the product of its `sweep` lists (one point without a sweep).
+
+    Unknown keys, a key both fixed and swept, and an empty sweep list are errors naming the
+    system before any process starts.
+    """
+    cls = get_system(name).load()
+    if isinstance(conf, DictConfig):
+        conf = OmegaConf.to_container(conf, resolve=True)
+    conf = conf or {}
+    if not isinstance(conf, dict) or set(conf) - {"params", "sweep"}:
+        raise ValueError(
+            f"experiment.systems.{name} must be a mapping with keys params and/or sweep, "
+            f"got {conf!r}"
+        )
+    params, sweep = dict(conf.get("params") or {}), dict(conf.get("sweep") or {})
+    cls.check_params({**params, **sweep})
+    both = sorted(set(params) & set(sweep))
+    if both:
+        raise ValueError(f"system {name!r}: {both} both fixed (params) and swept (sweep)")
+    axes = []
+    for key, values in sweep.items():
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise ValueError(f"system {name!r}: sweep.{key} must be a list, got {values!r}")
+        values = list(values)
+        if not values:
+            raise ValueError(f"system {name!r}: sweep.{key} is empty")
+        axes.append([(key, v) for v in values])
+    base = {**cls.PARAMS, **params}
+    return [{**base, **dict(point)} for point in itertools.product(*axes)]
+
+
+def selected_systems(cfg: Any) -> dict[str, Any]:
+    """The experiment's systems (name -> SystemConf), narrowed to `experiment.select` if set."""
+    systems = dict(cfg.experiment.systems)
+    for name in systems:
+        get_system(name)  # unknown system -> error with the choices
+    select = list(cfg.experiment.get("select") or [])
+    missing = [s for s in select if s not in systems]
+    if missing:
+        raise ValueError(
+            f"experiment.select names {missing}, not systems of this experiment; "
+            f"choices: {sorted(systems)}"
+        )
+    return {k: v for k, v in systems.items() if not select or k in select}
 
 
 def expand_grid(cfg: Any, process_world: int) -> list[dict]:
-    """All cells of an experiment: the product of the grid axes, then the systems (innermost).
+    """All cells of an experiment: the product of the workload axes, then per workload every
+    system once per point of its own sweep.
 
     The systems of one workload run in a seeded random order, different per workload, so slow
-    drift of the machine does not favour one system (the same order on every rank).
+    drift of the machine does not favour one system (the same order on every rank); a system's
+    sweep points stay together in their product order.
     """
     g = cfg.experiment.grid
     worlds = list(g.world_size) or [process_world]
-    axes = {k: list(getattr(g, k)) for k in SPEC_KEYS + PARAM_KEYS}
+    axes = {k: list(getattr(g, k)) for k in SPEC_KEYS}
+    systems = selected_systems(cfg)
+    points = {name: system_points(name, conf) for name, conf in systems.items()}
     cells = []
-    names = list(axes)
     rng = random.Random(cfg.seed)
-    for values in itertools.product(worlds, *(axes[k] for k in names)):
-        base = {"world_size": values[0], **dict(zip(names, values[1:]))}
-        systems = list(cfg.experiment.systems)
-        rng.shuffle(systems)
-        for system in systems:
-            cell = {"experiment": cfg.experiment.name, "system": system, "seed": cfg.seed, **base}
-            cell["cell_hash"] = cell_hash(cell)
-            cells.append(cell)
+    for values in itertools.product(worlds, *axes.values()):
+        base = {"world_size": values[0], **dict(zip(axes, values[1:]))}
+        order = list(systems)
+        rng.shuffle(order)
+        for system in order:
+            for params in points[system]:
+                cell = {
+                    "experiment": cfg.experiment.name,
+                    "system": system,
+                    "seed": cfg.seed,
+                    **base,
+                    "params": params,
+                }
+                cell["cell_hash"] = cell_hash(cell)
+                cells.append(cell)
     return cells
 
 
@@ -58,18 +119,10 @@ def spec_of(cell: dict) -> WorkloadSpec:
     )
 
 
-def params_of(cell: dict, extra: dict | None = None) -> dict:
-    return {**(extra or {}), **{k: cell[k] for k in PARAM_KEYS}}
-
-
-def validate_cells(cells: list[dict], sm_count: int, params: dict | None = None) -> None:
-    """Clear errors for bad cells before any GPU work: unknown system, routing, shapes."""
+def validate_cells(cells: list[dict], sm_count: int) -> None:
+    """Clear errors for bad cells before any GPU work: routing, shapes, each system's params."""
     for cell in cells:
-        info = get_system(cell["system"])
-        spec = spec_of(cell)
-        if sm_count and cell["ccta"] >= sm_count:
-            raise ValueError(f"ccta={cell['ccta']} must be below the GPU's {sm_count} SMs")
-        info.load().validate(spec, params_of(cell, params), sm_count)
+        get_system(cell["system"]).load().validate(spec_of(cell), cell["params"], sm_count)
 
 
 def base_row(cell: dict, spec: WorkloadSpec) -> Row:
@@ -79,35 +132,51 @@ def base_row(cell: dict, spec: WorkloadSpec) -> Row:
         **fields,
         imbalance_rank=imb["imbalance_rank"],
         imbalance_expert=imb["imbalance_expert"],
-        ccta=cell["ccta"],
-        mgb=cell["mgb"],
-        tile_m=cell["tile_m"],
+        params=dict(cell["params"]),
         command=command_line(),
         timestamp=time.time(),
         **provenance(),
     )
 
 
-class _RefCache:
-    """Reference output and inputs of the last workload, shared by the systems of a cell."""
+def played_ranks(ctx: RunContext, spec: WorkloadSpec) -> list[int] | None:
+    """The logical ranks this process plays: its own rank when the cell has one process per
+    rank, every rank when one process runs the cell alone, None when neither holds."""
+    if spec.world_size == ctx.world_size:
+        return [ctx.rank]
+    if ctx.world_size == 1:
+        return list(range(spec.world_size))
+    return None
 
-    key: str = ""
-    value: tuple | None = None
+
+class _InputCache:
+    """Inputs and stacked reference of the last (workload, played ranks), shared by the systems
+    of a workload (built untimed, once)."""
+
+    key: tuple = ()
+    value: tuple[list[CellInputs], torch.Tensor] | None = None
 
 
-def _inputs(ctx: RunContext, spec: WorkloadSpec) -> tuple[CellInputs, torch.Tensor]:
-    if _RefCache.key != spec.key():
-        _RefCache.value = None
-        lay = rank_layout(spec, ctx.rank)
-        x = make_tokens(spec, ctx.rank, ctx.device)
-        w = make_rank_weights(spec, ctx.rank, ctx.device)
-        if spec.world_size == ctx.world_size:
-            x_recv = dispatch(x, lay, ctx.group)
-        else:
-            x_recv = dispatch_local(spec, lay, ctx.device)
-        ref = reference_local(spec, ctx.rank, ctx.device)
-        _RefCache.key, _RefCache.value = spec.key(), (CellInputs(spec, lay, x, w, x_recv), ref)
-    return _RefCache.value  # type: ignore[return-value]
+def cell_inputs(
+    ctx: RunContext, spec: WorkloadSpec, played: list[int]
+) -> tuple[list[CellInputs], torch.Tensor]:
+    """One CellInputs per played rank and their references stacked [len(played) * T, N]."""
+    key = (spec.key(), tuple(played))
+    if _InputCache.key != key:
+        _InputCache.value = None
+        inputs, refs = [], []
+        for r in played:
+            lay = rank_layout(spec, r)
+            x = make_tokens(spec, r, ctx.device)
+            w = make_rank_weights(spec, r, ctx.device)
+            if played == [ctx.rank]:
+                x_recv = dispatch(x, lay, ctx.group)  # the real exchange between processes
+            else:
+                x_recv = dispatch_local(spec, lay, ctx.device)
+            inputs.append(CellInputs(spec, lay, x, w, x_recv))
+            refs.append(reference_local(spec, r, ctx.device))
+        _InputCache.key, _InputCache.value = key, (inputs, torch.cat(refs))
+    return _InputCache.value  # type: ignore[return-value]
 
 
 def _agree(ctx: RunContext, value: float, op=dist.ReduceOp.MAX) -> float:
@@ -126,16 +195,28 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
     if reason is not None:
         row.status, row.reason = "skipped", reason
         return row
+    played = played_ranks(ctx, spec)
+    if played is None:
+        row.status = "skipped"
+        row.reason = (
+            f"cell W={spec.world_size} needs {spec.world_size} processes, or 1 that plays every "
+            f"rank; this run has {ctx.world_size}"
+        )
+        return row
+    cls = info.load()
+    if len(played) > 1 and not cls.simulates_ranks:
+        row.status = "skipped"
+        row.reason = (
+            f"{info.name} cannot play {spec.world_size} ranks in one process; run the cell with "
+            f"one process per rank (hardware.world_size={spec.world_size})"
+        )
+        return row
     try:
-        system = info.load()(ctx, params_of(cell, dict(cfg.experiment.params)))
-        inputs, ref = _inputs(ctx, spec)
+        system = cls(ctx, cell["params"])
+        inputs, ref = cell_inputs(ctx, spec, played)
         system.setup(inputs)
         row.impl, row.transport, row.scope = system.impl, system.transport, system.scope
-        for k, v in system.row_fields().items():
-            setattr(row, k, v)
-        simulated = getattr(system, "simulated_ranks", None)
-        if simulated:  # one process plays several ranks: check all of their outputs
-            ref = torch.cat([reference_local(spec, r, ctx.device) for r in simulated])
+        row.params.update(system.resolved_params())
         res = check(system.forward(), ref, cfg.measure.tol)
         err = _agree(ctx, res.max_rel_err if res.max_rel_err == res.max_rel_err else 1e30)
         ok = _agree(ctx, 0.0 if res.ok else 1.0) == 0.0
@@ -146,15 +227,14 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         kw = dict(
             device=ctx.device, group=ctx.group, warmup=cfg.measure.warmup, iters=cfg.measure.iters
         )
-        t = time_fn(getattr(system, "timed", system.forward), **kw)
+        t = time_fn(system.timed, **kw)
         row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
         if system.has_bounds():
             row.compute_ms = time_fn(system.compute_only, **kw).median_ms
             row.comm_ms = time_fn(system.comm_only, **kw).median_ms
             row.overlap_ratio = overlap_ratio(row.compute_ms, row.comm_ms, row.latency_ms)
-        extra = getattr(system, "extra", None)
-        if extra:
-            row.extra = json.dumps(extra, sort_keys=True, default=str)
+        if system.extra:
+            row.extra = json.dumps(system.extra, sort_keys=True, default=str)
     except torch.cuda.OutOfMemoryError as exc:
         row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
     except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep

@@ -11,6 +11,7 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -19,7 +20,11 @@ STATUSES = ("ok", "fail", "skipped", "error")
 
 @dataclass
 class Row:
-    """One measured (or not measured) cell. Core columns are fixed; `extra` is a JSON string."""
+    """One measured (or not measured) cell. Core columns are fixed; `extra` is a JSON string.
+
+    `params` (the system's own knobs, e.g. ccta) are written as columns p_<key>, `metrics`
+    (experiment-specific numbers) as m_<key>.
+    """
 
     experiment: str
     system: str
@@ -36,11 +41,6 @@ class Row:
     routing: str = ""
     imbalance_rank: float = float("nan")
     imbalance_expert: float = float("nan")
-    ccta: int = 0
-    mgb: int = 0
-    tile_m: int = 0
-    tile_n: int = 0
-    tile_k: int = 0
     dtype: str = ""
     latency_ms: float = float("nan")
     latency_p10_ms: float = float("nan")
@@ -52,6 +52,8 @@ class Row:
     status: str = "ok"
     reason: str = ""
     extra: str = "{}"
+    #: the system's parameters as it ran (cell params + what it resolved); columns p_<key>
+    params: dict = field(default_factory=dict)
     #: experiment-specific numeric results; written as extra columns named m_<key>
     metrics: dict = field(default_factory=dict)
     # provenance
@@ -69,19 +71,28 @@ class Row:
             raise ValueError(f"status {self.status!r} not in {STATUSES}")
 
 
-CORE_COLUMNS = [f.name for f in fields(Row) if f.name != "metrics"]
+CORE_COLUMNS = [f.name for f in fields(Row) if f.name not in ("params", "metrics")]
+
+
+def param_value(v: Any) -> Any:
+    """A parameter as a parquet cell: scalars as they are, lists and mappings as JSON text."""
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(v, sort_keys=True, default=str)
+    return v
 
 
 def row_dict(row: Row) -> dict:
-    """A Row as a flat dict: core columns plus m_<key> for each metric."""
+    """A Row as a flat dict: core columns, p_<key> per parameter, m_<key> per metric."""
     d = asdict(row)
-    metrics = d.pop("metrics")
+    params, metrics = d.pop("params"), d.pop("metrics")
+    d.update({f"p_{k}": param_value(v) for k, v in sorted(params.items())})
     d.update({f"m_{k}": v for k, v in sorted(metrics.items())})
     return d
 
 
 def cell_hash(cell: dict) -> str:
-    """Stable hash of a cell's defining parameters (not of provenance)."""
+    """Stable hash of a cell's defining values: the workload, the system and all its params
+    (nested dicts included), never provenance."""
     blob = json.dumps(cell, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 

@@ -72,6 +72,20 @@ def preflight(cfg: Any, world: int) -> list[dict]:
     return cells
 
 
+def dry_run(cfg: Any) -> None:
+    """List the cells (one line each) without starting a rank; needs no GPU."""
+    hw = cfg.hardware
+    world = hw.world_size or (torch.cuda.device_count() if hw.device == "cuda" else 1) or 1
+    exp = load_experiment(cfg)
+    cells = exp.cells(cfg, world)
+    exp.validate(cfg, cells, 0)  # SM-count checks wait for the real run
+    for c in cells:
+        shape = " ".join(f"{k}={c[k]}" for k in c if k not in ("experiment", "params", "cell_hash"))
+        params = " ".join(f"{k}={v}" for k, v in c.get("params", {}).items())
+        print(f"{c['cell_hash']}  {shape}  {params}")
+    print(f"[harness] dry run: {len(cells)} cells on {world} rank(s)")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -187,13 +201,11 @@ def launch(cfg: DictConfig) -> None:
             preflight(cfg, world)
         worker(rank, world, int(os.environ.get("LOCAL_RANK", 0)), cfg_dict, "env://")
         return
-    world = resolve_world(cfg)
-    cells = preflight(cfg, world)
     if cfg.dry_run:
-        for c in cells:
-            print(c)
-        print(f"[harness] dry run: {len(cells)} cells on {world} rank(s)")
+        dry_run(cfg)
         return
+    world = resolve_world(cfg)
+    preflight(cfg, world)
     init = f"tcp://127.0.0.1:{_free_port()}"
     if world == 1:
         worker(0, 1, 0, cfg_dict, init)

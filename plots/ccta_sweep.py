@@ -22,13 +22,13 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     for i, routing in enumerate(routings):
         sub = df[df["routing"] == routing]
         ax, ax2 = axes[0][i], axes[1][i]
-        for mgb, s in sub.groupby("mgb"):
-            s = s.sort_values("ccta")
-            ax.plot(s["ccta"], s["latency_ms"], marker="o", label=f"overlapped, mgb={mgb}")
-            ax2.plot(s["ccta"], s["overlap_ratio"], marker="o", label=f"mgb={mgb}")
-        s = sub.sort_values("ccta").groupby("ccta").median(numeric_only=True).reset_index()
-        ax.plot(s["ccta"], s["compute_ms"], "k--", label="compute alone (all SMs)")
-        ax.plot(s["ccta"], s["comm_ms"], "k:", label="combine alone (cCTA SMs)")
+        for mgb, s in sub.groupby("p_mgb"):
+            s = s.sort_values("p_ccta")
+            ax.plot(s["p_ccta"], s["latency_ms"], marker="o", label=f"overlapped, mgb={mgb:g}")
+            ax2.plot(s["p_ccta"], s["overlap_ratio"], marker="o", label=f"mgb={mgb:g}")
+        s = sub.sort_values("p_ccta").groupby("p_ccta").median(numeric_only=True).reset_index()
+        ax.plot(s["p_ccta"], s["compute_ms"], "k--", label="compute alone (all SMs)")
+        ax.plot(s["p_ccta"], s["comm_ms"], "k:", label="combine alone (cCTA SMs)")
         ax.set_title(f"{routing}", fontsize=9)
         ax.set_xlabel("cCTA (consumer SMs)")
         ax.set_ylabel("ms (lower is better)")

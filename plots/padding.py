@@ -41,7 +41,7 @@ def plot(
     df = load(table)
     if df.empty or "m_pad_share" not in df:
         raise ValueError(f"{table}: no padding rows with status ok to plot")
-    tm = _pick(df["tile_m"], tile_m, 128)
+    tm = _pick(df["p_tile_m"], tile_m, 128)
     tpr = _pick(df["tokens_per_rank"], tokens, int(df["tokens_per_rank"].max()))
     e_fix = _pick(df["experts_per_rank"], experts, 16)
     d = df[df["tokens_per_rank"] == tpr]
@@ -51,7 +51,7 @@ def plot(
     colour = {e: cmap(i / max(1, len(es) - 1)) for i, e in enumerate(es)}
     fig, axes = plt.subplots(3, len(routings), figsize=(4.6 * len(routings), 11), squeeze=False)
     for col, routing in enumerate(routings):
-        sub = d[(d["routing"] == routing) & (d["tile_m"] == tm)]
+        sub = d[(d["routing"] == routing) & (d["p_tile_m"] == tm)]
         ax_rows, ax_share, ax_tile = axes[0, col], axes[1, col], axes[2, col]
         for e in es:
             s = sub[sub["experts_per_rank"] == e].sort_values("world_size")
@@ -68,10 +68,10 @@ def plot(
         ax_share.plot([], [], "k-", label="all ranks")
         ax_share.plot([], [], "kx--", label="busiest rank")
         for tmv, s in d[(d["routing"] == routing) & (d["experts_per_rank"] == e_fix)].groupby(
-            "tile_m"
+            "p_tile_m"
         ):
             s = s.sort_values("world_size")
-            ax_tile.plot(s["world_size"], 100 * s["m_pad_share"], "o-", label=f"tile_m={tmv}")
+            ax_tile.plot(s["world_size"], 100 * s["m_pad_share"], "o-", label=f"tile_m={tmv:g}")
         ax_rows.set_yscale("log")
         ax_rows.set_ylabel("max zero rows per rank")
         ax_rows.set_title(f"{routing}, tile_m={tm}", fontsize=9)

@@ -30,18 +30,18 @@ Not reproduced, both off in FasterMoE by default:
   topology-aware gate (hir_gate / dynamic gate): changes WHICH experts tokens go to, i.e. the
       routing, which the harness fixes for every system; using it would change the outputs.
 
-Scope (param `fastermoe_scope`): "gemm+combine" (default; setup runs the dispatch steps once,
+Scope (param `scope`): "gemm+combine" (default; setup runs the dispatch steps once,
 untimed; the timed region is steps 2-3 and the output step) or "layer" (steps 1-3 and output).
 Output step as FMoE's layer: _local_gather of the rows to (token, slot) order [T, k, N], then
 torch.bmm(gate_score [T, 1, k], rows) -> [T, N] (gate scores in the data dtype, like FMoE).
-Param `fastermoe_group_size` g (default 1; clamped to W like FasterMoE; W % g must be 0).
+Param `group_size` g (default 1; clamped to W like FasterMoE; W % g must be 0).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -133,39 +133,36 @@ class Plan:
 class FasterMoESystem(System):
     name = "fastermoe"
 
+    PARAMS: ClassVar[dict[str, Any]] = {"scope": "gemm+combine", "group_size": 1, "native": True}
+
     def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
         super().__init__(ctx, params)
-        self.scope = str(params.get("fastermoe_scope", "gemm+combine"))
-        self.group_size = int(params.get("fastermoe_group_size", 1))
-        self.extra: dict[str, Any] = {}
+        self.scope = str(self.params["scope"])
+        self.group_size = int(self.params["group_size"])
         self._native = None
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        scope = params.get("fastermoe_scope", "gemm+combine")
+        scope = params.get("scope", "gemm+combine")
         if scope not in SCOPES:
-            raise ValueError(f"fastermoe_scope must be one of {SCOPES}, got {scope!r}")
-        g = int(params.get("fastermoe_group_size", 1))
+            raise ValueError(f"fastermoe: scope must be one of {SCOPES}, got {scope!r}")
+        g = int(params.get("group_size", 1))
         if g < 1:
-            raise ValueError(f"fastermoe_group_size must be >= 1, got {g}")
+            raise ValueError(f"fastermoe: group_size must be >= 1, got {g}")
         if spec.world_size % min(g, spec.world_size):
             raise ValueError(
-                f"fastermoe_group_size {g} must divide the world size {spec.world_size}"
+                f"fastermoe: group_size {g} must divide the world size {spec.world_size}"
             )
 
-    def setup(self, inputs: CellInputs) -> None:
+    def setup(self, ranks: list[CellInputs]) -> None:
+        (inputs,) = ranks
         spec = inputs.spec
-        if spec.world_size != self.ctx.world_size:
-            raise ValueError(
-                f"fastermoe needs one process per rank: cell W={spec.world_size}, "
-                f"processes={self.ctx.world_size}"
-            )
         self.spec, self.lay = spec, inputs.layout
         self.x, self.weights = inputs.x, inputs.weights
         self.plan = Plan(spec, self.ctx.rank, self.group_size)
         p = self.plan
         self.extra = {"scope": self.scope, "group_size": p.g, "steps": p.n}
-        if _fmoe_available() and self.params.get("fastermoe_native", True):
+        if _fmoe_available() and self.params.get("native", True):
             try:
                 self._native = _NativeFasterMoE(self.ctx, spec, inputs, p.g)
                 self.scope = self.extra["scope"] = "layer"

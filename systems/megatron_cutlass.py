@@ -20,14 +20,10 @@ from harness.system import CellInputs, System
 class MegatronCutlassSystem(System):
     name = "megatron_cutlass"
 
-    def setup(self, inputs: CellInputs) -> None:
+    def setup(self, ranks: list[CellInputs]) -> None:
         from systems import megatron_common as mc
 
-        if inputs.spec.world_size != self.ctx.world_size:
-            raise ValueError(
-                f"{self.name} needs one process per rank: cell W={inputs.spec.world_size}, "
-                f"processes={self.ctx.world_size}"
-            )
+        (inputs,) = ranks
         self.op = mc.MegatronOperator(
             inputs.spec,
             self.ctx.rank,

@@ -20,7 +20,7 @@ Two implementations, recorded in the `impl` column:
           output equals the reference. On the CPU (gloo) there are no streams: the same chunk
           order runs without them.
 
-Scope (param `tutel_scope`):
+Scope (param `scope`):
   "gemm+combine" (default): setup runs the chunked dispatch once (untimed); the timed region is
       per chunk expert GEMM + combine all-to-all, then decode (gate-weighted sum) -> [T, N].
   "layer": the timed region also encodes x into the padded layout and runs the d dispatch
@@ -31,15 +31,15 @@ Buffers (reimpl), Cc = C / d rows per (expert, chunk), G = W * E global experts:
   xr [d, W*E*Cc, K] received chunks, rows (source, local expert, slot)
   ys [d, W*E*Cc, N] expert output in the same layout
   yr [d, G*Cc, N]   combine result at the owner, rows (global expert, slot)
-Params: tutel_degrees (candidates, default [1, 2, 4, 8]), tutel_degree (fix d; 0 = adaptive),
-tutel_tune_iters (timed iterations per candidate, default 3), tutel_scope, tutel_native.
+Params: degrees (candidates, default [1, 2, 4, 8]), degree (fix d; 0 = adaptive),
+tune_iters (timed iterations per candidate, default 3), scope, native.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -95,32 +95,34 @@ class _State:
 
 class TutelSystem(System):
     name = "tutel"
+    PARAMS: ClassVar[dict[str, Any]] = {
+        "scope": "gemm+combine",
+        "degrees": list(DEFAULT_DEGREES),
+        "degree": 0,
+        "tune_iters": 3,
+        "native": True,
+    }
 
     def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
         super().__init__(ctx, params)
-        self.scope = str(params.get("tutel_scope", "gemm+combine"))
-        self.extra: dict[str, Any] = {}
+        self.scope = str(self.params["scope"])
         self._native = None
         self.st: _State | None = None
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        scope = params.get("tutel_scope", "gemm+combine")
+        scope = params.get("scope", "gemm+combine")
         if scope not in SCOPES:
-            raise ValueError(f"tutel_scope must be one of {SCOPES}, got {scope!r}")
+            raise ValueError(f"tutel: scope must be one of {SCOPES}, got {scope!r}")
         degrees = _degrees(params)
         if not degrees or any(int(d) < 1 for d in degrees):
             raise ValueError(f"tutel degrees must be positive integers, got {degrees}")
 
     # setup ---------------------------------------------------------------------------------
 
-    def setup(self, inputs: CellInputs) -> None:
+    def setup(self, ranks: list[CellInputs]) -> None:
+        (inputs,) = ranks
         spec = inputs.spec
-        if spec.world_size != self.ctx.world_size:
-            raise ValueError(
-                f"tutel needs one process per rank: cell W={spec.world_size}, "
-                f"processes={self.ctx.world_size}"
-            )
         self.spec, self.lay = spec, inputs.layout
         self.x, self.weights = inputs.x, inputs.weights
         self.gates = routing_of(spec).gate_weights[self.ctx.rank].to(inputs.x.device)  # [T, k]
@@ -130,7 +132,7 @@ class TutelSystem(System):
         self.extra = {"scope": self.scope, "capacity_max": self.cap_max}
         dev = inputs.x.device
         self.comm = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
-        if _tutel_available() and self.params.get("tutel_native", True):
+        if _tutel_available() and self.params.get("native", True):
             try:
                 self._native = _NativeTutel(self.ctx, spec, inputs)
                 self.scope = "layer"
@@ -145,7 +147,7 @@ class TutelSystem(System):
         times: dict[int, float] = {}
         oom: list[int] = []
         if len(self.degrees) > 1:
-            iters = int(self.params.get("tutel_tune_iters", 3))
+            iters = int(self.params.get("tune_iters", 3))
             for d in self.degrees:
                 try:
                     self._build(d)
@@ -328,6 +330,9 @@ class TutelSystem(System):
     def has_bounds(self) -> bool:
         return self._native is None
 
+    def resolved_params(self) -> dict[str, Any]:
+        return {"degree_tuned": self.extra.get("degree", 0)}
+
     @property
     def impl(self) -> str:
         if self._native is not None:
@@ -336,10 +341,10 @@ class TutelSystem(System):
 
 
 def _degrees(params: dict[str, Any]) -> list[int]:
-    fixed = int(params.get("tutel_degree", 0) or 0)
+    fixed = int(params.get("degree", 0) or 0)
     if fixed:
         return [fixed]
-    return [int(d) for d in params.get("tutel_degrees", DEFAULT_DEGREES)]
+    return [int(d) for d in params.get("degrees", DEFAULT_DEGREES)]
 
 
 def _event(dev: torch.device):

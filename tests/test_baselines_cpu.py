@@ -58,6 +58,11 @@ def test_baselines_smoke_end_to_end(tmp_path: Path) -> None:
         assert ex["rows_computed"] >= ex["rows_real"] > 0
     for extra in df[df.system == "fastermoe"].extra:
         assert json.loads(extra)["group_size"] == 2
+    # each system's own params are columns p_<name>, set only on its rows
+    tut, fm = df[df.system == "tutel"], df[df.system == "fastermoe"]
+    assert (tut.p_degrees == "[1, 2, 4]").all() and tut.p_degree_tuned.isin([1, 2, 4]).all()
+    assert (fm.p_group_size == 2).all() and fm.p_degrees.isna().all()
+    assert df[df.system == "serial"].filter(regex="^p_").isna().all().all()
     for system in ("megatron_cutlass", "megatron_te"):
         rows = df[df.system == system]
         assert (rows.status == "skipped").all()
@@ -68,16 +73,16 @@ def test_baselines_smoke_end_to_end(tmp_path: Path) -> None:
 
 #: (system, params, dtype): each runs on every routing
 VARIANTS = [
-    ("tutel", {"tutel_degree": 2}, "float32"),
-    ("tutel", {"tutel_degree": 4}, "bfloat16"),
-    ("tutel", {"tutel_scope": "layer", "tutel_degrees": [1, 3]}, "float32"),
-    ("fastermoe", {"fastermoe_group_size": 1}, "float32"),
-    ("fastermoe", {"fastermoe_group_size": 4}, "bfloat16"),
-    ("fastermoe", {"fastermoe_group_size": 2, "fastermoe_scope": "layer"}, "float32"),
+    ("tutel", {"degree": 2}, "float32"),
+    ("tutel", {"degree": 4}, "bfloat16"),
+    ("tutel", {"scope": "layer", "degrees": [1, 3]}, "float32"),
+    ("fastermoe", {"group_size": 1}, "float32"),
+    ("fastermoe", {"group_size": 4}, "bfloat16"),
+    ("fastermoe", {"group_size": 2, "scope": "layer"}, "float32"),
 ]
 
 
-def _cell(system: str, routing: str, dtype: str) -> dict:
+def _cell(system: str, routing: str, dtype: str, params: dict) -> dict:
     return {
         "experiment": "test_variants",
         "system": system,
@@ -90,10 +95,7 @@ def _cell(system: str, routing: str, dtype: str) -> dict:
         "top_k": 2,
         "routing": routing,
         "dtype": dtype,
-        "ccta": 0,
-        "mgb": 0,
-        "tile_m": 0,
-        "transport": "",
+        "params": params,
         "cell_hash": f"{system}-{routing}-{dtype}",
     }
 
@@ -108,12 +110,9 @@ def _variant_worker(rank: int, init: str, out_path: str) -> None:
         ctx = RunContext(rank, W, torch.device("cpu"), None, "gloo")
         results = []
         for i, (system, params, dtype) in enumerate(VARIANTS):
-            cfg = SimpleNamespace(
-                experiment=SimpleNamespace(params=params),
-                measure=SimpleNamespace(tol=8e-3, warmup=1, iters=2),
-            )
+            cfg = SimpleNamespace(measure=SimpleNamespace(tol=8e-3, warmup=1, iters=2))
             for routing in ROUTINGS:
-                row = measure_cell(ctx, cfg, _cell(system, routing, dtype))
+                row = measure_cell(ctx, cfg, _cell(system, routing, dtype, params))
                 results.append(
                     {
                         "variant": i,
@@ -156,14 +155,14 @@ def test_variant_passes_reference(variant_results: list[dict], i: int) -> None:
         assert r["err"] < tol, (system, params, r)
         extra = json.loads(r["extra"])
         if system == "tutel":
-            want = params.get("tutel_degree")
+            want = params.get("degree")
             if want:
                 assert extra["degree"] == want and extra["degree_ms"] == {}
             else:
-                assert set(extra["degree_ms"]) == {str(d) for d in params["tutel_degrees"]}
-            assert extra["scope"] == params.get("tutel_scope", "gemm+combine")
+                assert set(extra["degree_ms"]) == {str(d) for d in params["degrees"]}
+            assert extra["scope"] == params.get("scope", "gemm+combine")
         else:
-            g = params["fastermoe_group_size"]
+            g = params["group_size"]
             assert extra["group_size"] == g and extra["steps"] == W // g
 
 
@@ -202,8 +201,8 @@ def test_fastermoe_rejects_bad_group_size() -> None:
 
     spec = WorkloadSpec(8, 8, 8, 2, 2, W, "balanced")
     with pytest.raises(ValueError, match="divide"):
-        FasterMoESystem.validate(spec, {"fastermoe_group_size": 3}, 0)
-    FasterMoESystem.validate(spec, {"fastermoe_group_size": 8}, 0)  # clamped to W, like FasterMoE
+        FasterMoESystem.validate(spec, {"group_size": 3}, 0)
+    FasterMoESystem.validate(spec, {"group_size": 8}, 0)  # clamped to W, like FasterMoE
 
 
 def test_tutel_padded_slots_are_distinct_and_in_range() -> None:
@@ -226,7 +225,9 @@ def test_tutel_rejects_bad_params() -> None:
     from systems.tutel import TutelSystem
 
     spec = WorkloadSpec(8, 8, 8, 2, 2, W, "balanced")
-    with pytest.raises(ValueError, match="tutel_scope"):
-        TutelSystem.validate(spec, {"tutel_scope": "everything"}, 0)
+    with pytest.raises(ValueError, match="tutel: scope"):
+        TutelSystem.validate(spec, {"scope": "everything"}, 0)
     with pytest.raises(ValueError, match="positive"):
-        TutelSystem.validate(spec, {"tutel_degrees": [0, 2]}, 0)
+        TutelSystem.validate(spec, {"degrees": [0, 2]}, 0)
+    with pytest.raises(ValueError, match="system 'tutel' has no parameter 'degres'; it accepts"):
+        TutelSystem.check_params({"degres": [1]})

@@ -41,5 +41,5 @@ def test_more_ranks_than_gpus_is_refused(tmp_path):
 
 def test_ccta_at_sm_count_is_refused(tmp_path):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    proc = run(f"table={tmp_path / 't.parquet'}", f"experiment.grid.ccta=[{sms}]")
-    assert proc.returncode != 0 and "must be below" in proc.stdout + proc.stderr
+    proc = run(f"table={tmp_path / 't.parquet'}", f"+experiment.systems.overlap.params.ccta={sms}")
+    assert proc.returncode != 0 and f"must be in [1, {sms})" in proc.stdout + proc.stderr

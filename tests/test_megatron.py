@@ -227,10 +227,8 @@ def _gpu_worker(rank: int, init: str, out: str, systems: list[str]) -> None:
     dist.init_process_group("nccl", init_method=init, rank=0, world_size=1, device_id=dev)
     try:
         ctx = RunContext(0, 1, dev, None, "nccl")
-        cfg = SimpleNamespace(
-            experiment=SimpleNamespace(params={"tutel_degrees": [1, 2]}),
-            measure=SimpleNamespace(tol=8e-3, warmup=1, iters=3),
-        )
+        cfg = SimpleNamespace(measure=SimpleNamespace(tol=8e-3, warmup=1, iters=3))
+        params = {"tutel": {"degrees": [1, 2]}}
         rows = []
         for routing in ROUTINGS:
             for system in systems:
@@ -246,10 +244,7 @@ def _gpu_worker(rank: int, init: str, out: str, systems: list[str]) -> None:
                     "top_k": 2,
                     "routing": routing,
                     "dtype": "bfloat16",
-                    "ccta": 0,
-                    "mgb": 0,
-                    "tile_m": 0,
-                    "transport": "",
+                    "params": params.get(system, {}),
                     "cell_hash": f"{system}-{routing}",
                 }
                 r = measure_cell(ctx, cfg, cell)

@@ -32,7 +32,7 @@ def test_overlap_equals_reference_on_loopback_grid(tmp_path):
     df = pd.read_parquet(table)
     assert len(df) == 3 * 4 * 6 * 2 * 2
     bad = df[df["status"] != "ok"]
-    assert bad.empty, bad[["world_size", "ccta", "mgb", "dtype", "routing", "reason"]].head()
+    assert bad.empty, bad[["world_size", "p_ccta", "p_mgb", "dtype", "routing", "reason"]].head()
     assert (df["max_rel_err"] < 8e-3).all()
     assert (df["transport"] == "loopback").all()
 

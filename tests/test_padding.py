@@ -63,7 +63,7 @@ def test_padding_experiment_tiny_run_and_figure(tmp_path):
         "experiment.grid.world_size=[2,4]",
         "experiment.grid.tokens_per_rank=[64]",
         "experiment.grid.experts_per_rank=[2,16]",
-        "experiment.grid.tile_m=[16,128]",
+        "experiment.systems.overlap.sweep.tile_m=[16,128]",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -72,5 +72,6 @@ def test_padding_experiment_tiny_run_and_figure(tmp_path):
     assert {"m_pad_share", "m_pad_rows_max", "m_bound_paper_rows", "m_bound_expert_rows"} <= set(df)
     assert ((df["m_pad_rows_max"] <= df["m_bound_expert_rows"]) & (df["m_pad_share"] < 1)).all()
     assert (df["world_size"].isin([2, 4])).all() and (df["gpu_count"] == 0).all()
+    assert sorted(df["p_tile_m"].unique()) == [16, 128]
     paths = plot(table, tmp_path / "fig", "padding")
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)

@@ -26,8 +26,7 @@ def _fixture(path, experiment, systems):
                                 top_k=2,
                                 routing=routing,
                                 dtype="float16",
-                                ccta=ccta,
-                                mgb=mgb,
+                                params={"ccta": ccta, "mgb": mgb},
                                 latency_ms=1.0 + e,
                                 latency_p10_ms=0.9 + e,
                                 latency_p90_ms=1.1 + e,
@@ -56,7 +55,7 @@ def test_speedup_takes_each_systems_best_cell(tmp_path):
 
     df = pd.read_parquet(_fixture(tmp_path / "t.parquet", "x", ["serial", "overlap"]))
     df.loc[df.system == "overlap", "latency_ms"] /= 2  # overlap twice as fast in every cell
-    df.loc[(df.system == "overlap") & (df.ccta == 8), "latency_ms"] /= 2  # and 4x at cCTA 8
+    df.loc[(df.system == "overlap") & (df.p_ccta == 8), "latency_ms"] /= 2  # and 4x at cCTA 8
     sp = speedups(df)
     assert len(sp) == 2 * 2 * 2  # systems x routings x expert counts
     assert set(sp[sp.system == "serial"]["speedup"]) == {1.0}

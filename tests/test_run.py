@@ -46,7 +46,9 @@ def test_smoke_runs_checks_and_resumes(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("experiment.systems=[nope]", "unknown system 'nope'; choices"),
+        ("+experiment.systems.nope={}", "unknown system 'nope'; choices"),
+        ("experiment.select=[nope]", "experiment.select names ['nope']"),
+        ("+experiment.systems.serial.params.ccta=4", "system 'serial' has no parameter 'ccta'"),
         ("experiment.grid.routing=[zipf]", "unknown routing 'zipf'; choices"),
         ("hardware=h200", "needs CUDA GPUs"),
         ("experiment=nope", "experiment/nope"),

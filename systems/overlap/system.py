@@ -6,14 +6,16 @@ forward runs the persistent producer (SMs - cCTA programs) and the consumer (cCT
 priority stream) concurrently, copies the local rows into the own combine receive buffer, waits
 until every peer's rows arrived, and scales: out [T, N].
 
-Transports (cell param `transport`; empty = `loopback` with one process, `p2p` with several):
-  loopback  one process plays all W ranks of the cell on one GPU; destinations are regions of
-            one local buffer. forward() (the checked output) runs every simulated rank and
-            returns the W outputs stacked [W*T, N]; the TIMED region is the busiest simulated
+Params (PARAMS): ccta (consumer SMs), mgb (bands per segment), tile_m (64 or 128), transport.
+Transports (param `transport`; empty = `loopback` with one process, `p2p` with several), each
+a small class chosen once in setup:
+  loopback  (_Loopback) one process plays all W ranks of the cell on one GPU; destinations are
+            regions of one local buffer. forward() (the checked output) runs every played rank
+            and returns the W outputs stacked [W*T, N]; the TIMED region is the busiest played
             rank's step (producer + consumer + local copy + scale), which has no peers to wait
             for. A development proxy: never an interconnect number.
-  p2p       one process per GPU, peer pointers from torch symmetric memory (CUDA backend)
-  nvshmem   one process per GPU, torch symmetric memory on NVSHMEM (wide stores to its peers)
+  p2p       (_Distributed) one process per GPU, peer pointers from torch symmetric memory
+  nvshmem   (_Distributed) one process per GPU, torch symmetric memory on NVSHMEM
 compute_only(): everything but the communication: the producer alone on ALL SMs without flags,
 the local copy and scale; comm_only(): the consumer alone on cCTA SMs with the flags taken as
 set. The harness derives the overlap ratio from these.
@@ -21,20 +23,17 @@ set. The harness derives the overlap ratio from these.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from harness.layout import rank_layout
-from harness.reference import dispatch_local, scale
-from harness.system import CellInputs, RunContext, System
-from harness.workload import WorkloadSpec, make_rank_weights
+from harness.reference import scale
+from harness.system import CellInputs, System
+from harness.workload import WorkloadSpec
 from systems.overlap.plan import plan_for_layout
 
 TILE_MS = (64, 128)
-DEFAULT_TILE_M = 128
-DEFAULT_CCTA = 16
-DEFAULT_MGB = 1
+TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
 
 
 class _Rank:
@@ -65,120 +64,148 @@ class _Rank:
         self.runner.local_copy(self.y)
 
 
-class OverlapSystem(System):
-    name = "overlap"
+class _Loopback:
+    """One process plays every rank: a LoopbackFabric, one _Rank per played rank."""
 
-    def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
-        super().__init__(ctx, params)
-        self.ccta = int(params.get("ccta") or DEFAULT_CCTA)
-        self.mgb = int(params.get("mgb") or DEFAULT_MGB)
-        self.tile_m = int(params.get("tile_m") or DEFAULT_TILE_M)
-        self._transport = str(params.get("transport") or "")
+    name = "loopback"
 
-    @classmethod
-    def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        ccta = int(params.get("ccta") or DEFAULT_CCTA)
-        if sm_count and not 1 <= ccta < sm_count:
-            raise ValueError(f"overlap: ccta={ccta} must be in [1, {sm_count})")
-        if int(params.get("tile_m") or DEFAULT_TILE_M) not in TILE_MS:
-            raise ValueError(f"overlap: tile_m must be one of {TILE_MS}")
-        if int(params.get("mgb") or DEFAULT_MGB) < 1:
-            raise ValueError("overlap: mgb must be >= 1")
-        if spec.dtype not in ("float16", "bfloat16"):
-            raise ValueError(f"overlap: dtype must be float16 or bfloat16, got {spec.dtype}")
-        if spec.hidden % 8 or spec.out % 8:
-            raise ValueError("overlap: K and N must be multiples of 8 (16-byte rows)")
-        tr = params.get("transport") or ""
-        if tr not in ("", "loopback", "p2p", "nvshmem"):
-            raise ValueError(f"overlap: unknown transport {tr!r}; choices: loopback, p2p, nvshmem")
-
-    # -- setup ---------------------------------------------------------------------------
-    def setup(self, inputs: CellInputs) -> None:
-        spec, ctx = inputs.spec, self.ctx
-        tr = self._transport or ("loopback" if ctx.world_size == 1 else "p2p")
-        self._transport = tr
-        if tr == "loopback":
-            if ctx.world_size != 1:
-                raise ValueError("loopback plays every rank in one process: run with W=1 process")
-            self._setup_loopback(spec, inputs)
-        else:
-            if spec.world_size != ctx.world_size or ctx.world_size < 2:
-                raise ValueError(f"{tr} needs one process per rank and at least 2 ranks")
-            self._setup_distributed(spec, inputs, tr)
-
-    def _setup_loopback(self, spec: WorkloadSpec, inputs: CellInputs) -> None:
+    def __init__(self, ranks: list[CellInputs], tile_m: int, mgb: int, ccta: int) -> None:
         from systems.overlap.transport import LoopbackFabric
 
-        dev = inputs.x.device
+        spec = ranks[0].spec
         W = spec.world_size
         self.fabric = LoopbackFabric(
-            [spec.tokens_per_rank * spec.top_k] * W, spec.out, spec.torch_dtype, dev
+            [spec.tokens_per_rank * spec.top_k] * W, spec.out, spec.torch_dtype, ranks[0].x.device
         )
-        self.ranks = []
-        for r in range(W):
-            lay = inputs.layout if r == inputs.layout.rank else rank_layout(spec, r)
-            x_recv = inputs.x_recv if r == inputs.layout.rank else dispatch_local(spec, lay, dev)
-            w = inputs.weights if r == inputs.layout.rank else make_rank_weights(spec, r, dev)
-            t = self.fabric.transport(r)
-            self.ranks.append(_Rank(spec, lay, x_recv, w, self.tile_m, self.mgb, t, self.ccta))
-        self.simulated_ranks = list(range(W))
+        self.ranks = [
+            _Rank(
+                spec,
+                inp.layout,
+                inp.x_recv,
+                inp.weights,
+                tile_m,
+                mgb,
+                self.fabric.transport(r),
+                ccta,
+            )
+            for r, inp in enumerate(ranks)
+        ]
+        #: the timed rank: the one with the most rows to compute
         self.busy = max(range(W), key=lambda r: self.ranks[r].x.shape[0])
 
-    def _setup_distributed(self, spec: WorkloadSpec, inputs: CellInputs, tr: str) -> None:
+    def forward(self) -> torch.Tensor:
+        """Every played rank's step, then each rank's scale: [W*T, N]."""
+        for rk in self.ranks:
+            rk.step()
+        outs = [scale(self.fabric.recv(r), rk.lay, rk.tokens) for r, rk in enumerate(self.ranks)]
+        for rk in self.ranks:
+            rk.runner.check()
+        return torch.cat(outs)
+
+    def timed(self) -> torch.Tensor:
+        """The busiest rank's step and scale (it has no peers to wait for)."""
+        rk = self.ranks[self.busy]
+        rk.step()
+        return scale(rk.runner.transport.recv, rk.lay, rk.tokens)
+
+
+class _Distributed:
+    """One process per rank over a real transport (p2p or nvshmem symmetric memory)."""
+
+    def __init__(self, inp: CellInputs, group, name: str, tile_m: int, mgb: int, ccta: int):
         from systems.overlap.transport import nvshmem_transport, p2p_transport
 
-        make = p2p_transport if tr == "p2p" else nvshmem_transport
+        spec = inp.spec
+        make = p2p_transport if name == "p2p" else nvshmem_transport
         rows = spec.tokens_per_rank * spec.top_k
-        t = make(self.ctx.group, rows, spec.out, spec.torch_dtype, inputs.x.device)
-        me = _Rank(
-            spec,
-            inputs.layout,
-            inputs.x_recv,
-            inputs.weights,
-            self.tile_m,
-            self.mgb,
-            t,
-            self.ccta,
-        )
-        self.ranks = [me]
+        t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
+        self.name = name
+        self.ranks = [_Rank(spec, inp.layout, inp.x_recv, inp.weights, tile_m, mgb, t, ccta)]
         self.busy = 0
 
-    # -- runs ----------------------------------------------------------------------------
     def forward(self) -> torch.Tensor:
-        if self._transport == "loopback":
-            for rk in self.ranks:
-                rk.step()
-            outs = [
-                scale(self.fabric.recv(r), rk.lay, rk.tokens) for r, rk in enumerate(self.ranks)
-            ]
-            for rk in self.ranks:
-                rk.runner.check()
-            return torch.cat(outs)
         out = self.timed()
         self.ranks[0].runner.check()
         return out
 
     def timed(self) -> torch.Tensor:
-        """The timed region: one rank's overlapped step and scale (the busiest in loopback)."""
-        rk = self.ranks[self.busy]
+        """This rank's step, the wait for every peer's rows, the scale."""
+        rk = self.ranks[0]
         rk.step()
-        if self._transport != "loopback":
-            rows_from = rk.plan.recv_rows.clone()
-            rows_from[rk.plan.rank] = 0  # own rows arrive by the local copy, not a signal
-            rk.runner.wait_received(rows_from)
+        rows_from = rk.plan.recv_rows.clone()
+        rows_from[rk.plan.rank] = 0  # own rows arrive by the local copy, not a signal
+        rk.runner.wait_received(rows_from)
         return scale(rk.runner.transport.recv, rk.lay, rk.tokens)
+
+
+class OverlapSystem(System):
+    name = "overlap"
+    PARAMS: ClassVar[dict[str, Any]] = {"ccta": 16, "mgb": 1, "tile_m": 128, "transport": ""}
+    simulates_ranks = True
+
+    @classmethod
+    def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
+        ccta = int(params["ccta"])
+        if ccta < 1 or (sm_count and ccta >= sm_count):
+            raise ValueError(f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'})")
+        if int(params["tile_m"]) not in TILE_MS:
+            raise ValueError(f"overlap: tile_m must be one of {TILE_MS}, got {params['tile_m']}")
+        if int(params["mgb"]) < 1:
+            raise ValueError(f"overlap: mgb must be >= 1, got {params['mgb']}")
+        if spec.dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"overlap: dtype must be float16 or bfloat16, got {spec.dtype}")
+        if spec.hidden % 8 or spec.out % 8:
+            raise ValueError("overlap: K and N must be multiples of 8 (16-byte rows)")
+        if params["transport"] not in TRANSPORTS:
+            raise ValueError(
+                f"overlap: unknown transport {params['transport']!r}; "
+                "choices: loopback, p2p, nvshmem (empty = loopback on one process, else p2p)"
+            )
+
+    def setup(self, ranks: list[CellInputs]) -> None:
+        ctx, p = self.ctx, self.params
+        knobs = dict(tile_m=int(p["tile_m"]), mgb=int(p["mgb"]), ccta=int(p["ccta"]))
+        name = p["transport"] or ("loopback" if ctx.world_size == 1 else "p2p")
+        if name == "loopback":
+            if ctx.world_size != 1:
+                raise ValueError("loopback plays every rank in one process: run with 1 process")
+            self.mode = _Loopback(ranks, **knobs)
+        else:
+            if len(ranks) != 1 or ctx.world_size < 2:
+                raise ValueError(f"{name} needs one process per rank and at least 2 ranks")
+            self.mode = _Distributed(ranks[0], ctx.group, name, **knobs)
+        rk = self.mode.ranks[self.mode.busy]
+        plan = rk.plan
+        self.extra = {
+            "timed_rank": self.mode.busy,
+            "padded_rows": int(plan.n_padded),
+            "valid_rows": int(plan.n_rows),
+            "bands": int(plan.n_bands),
+            "remote_bands": int(plan.n_remote_bands),
+            "segments": int(plan.n_segments),
+            "producer_programs": rk.runner.num_programs,
+        }
+
+    # -- runs ----------------------------------------------------------------------------
+    def forward(self) -> torch.Tensor:
+        return self.mode.forward()
+
+    def timed(self) -> torch.Tensor:
+        return self.mode.timed()
 
     def compute_only(self) -> torch.Tensor:
         """Everything timed() does but the communication: producer on ALL SMs without flags,
-        local copy and scale."""
-        rk = self.ranks[self.busy]
+        local copy and scale (of the timed rank)."""
+        rk = self.mode.ranks[self.mode.busy]
         sms = torch.cuda.get_device_properties(rk.x.device).multi_processor_count
         rk.runner.compute_only(rk.x, rk.y, num_programs=sms)
         rk.runner.local_copy(rk.y)
         return scale(rk.runner.transport.recv, rk.lay, rk.tokens)
 
     def comm_only(self) -> None:
-        self.ranks[self.busy].runner.comm_only(self.ranks[self.busy].y)
+        """The consumer alone on cCTA SMs, flags taken as set (of the timed rank)."""
+        rk = self.mode.ranks[self.mode.busy]
+        rk.runner.comm_only(rk.y)
 
     # -- reporting -----------------------------------------------------------------------
     @property
@@ -187,28 +214,8 @@ class OverlapSystem(System):
 
     @property
     def transport(self) -> str:
-        return self._transport
+        return self.mode.name
 
-    def row_fields(self) -> dict[str, Any]:
-        rk = self.ranks[self.busy]
-        tile = rk.runner.tile
-        return {
-            "ccta": self.ccta,
-            "mgb": self.mgb,
-            "tile_m": tile.block_m,
-            "tile_n": tile.block_n,
-            "tile_k": tile.block_k,
-        }
-
-    @property
-    def extra(self) -> dict[str, Any]:
-        p = self.ranks[self.busy].plan
-        return {
-            "timed_rank": self.busy,
-            "padded_rows": int(p.n_padded),
-            "valid_rows": int(p.n_rows),
-            "bands": int(p.n_bands),
-            "remote_bands": int(p.n_remote_bands),
-            "segments": int(p.n_segments),
-            "producer_programs": self.ranks[self.busy].runner.num_programs,
-        }
+    def resolved_params(self) -> dict[str, Any]:
+        tile = self.mode.ranks[self.mode.busy].runner.tile
+        return {"tile_n": tile.block_n, "tile_k": tile.block_k}
