@@ -67,16 +67,17 @@ import triton
 import triton.language as tl
 from triton.language import core
 
-from systems.overlap import errors
+from systems.overlap import errors, modes
+from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
 
 ERR_SLOTS = errors.ERR_SLOTS
-PUT_STORE = 0
-PUT_NVSHMEM = 1
-PUT_NVSHMEM_SIGNAL = 2
 # constexpr globals for the kernels
 _BAND_TIMEOUT = tl.constexpr(errors.CODE_BAND_TIMEOUT)
 _SIGNAL_TIMEOUT = tl.constexpr(errors.CODE_SIGNAL_TIMEOUT)
-_SIGNAL_ADD = tl.constexpr(10)  # NVSHMEM 3.x NVSHMEM_SIGNAL_ADD (torch's docstrings say 5: wrong)
+_SIGNAL_ADD = tl.constexpr(modes.NVSHMEM_SIGNAL_ADD)
+_PUT_STORE = tl.constexpr(PUT_STORE)
+_PUT_NVSHMEM = tl.constexpr(PUT_NVSHMEM)
+_PUT_NVSHMEM_SIGNAL = tl.constexpr(PUT_NVSHMEM_SIGNAL)
 
 
 # NVSHMEM device functions (resolved from libnvshmem_device.bc when the kernel is launched
@@ -301,14 +302,14 @@ def _consume(
                         nv = tl.load(band_valid + band).to(tl.int64)
                         off = tl.load(band_offset + band).to(tl.int64)
                         src = y_ptr + r0 * N
-                        if PUT_MODE == 0:
+                        if PUT_MODE == _PUT_STORE:
                             dst = base.to(tl.pointer_type(elem_ty)) + off * N
                             _copy_rows(src, dst, (nv * N).to(tl.int32), BLOCK, VEC, STAGES, STREAM)
                         else:
                             esize: tl.constexpr = elem_ty.primitive_bitwidth // 8
                             dst_addr = base + off * N * esize
                             nbytes = nv * N * esize
-                            if PUT_MODE == 2:
+                            if PUT_MODE == _PUT_NVSHMEM_SIGNAL:
                                 if i == cnt - 1:
                                     sig = tl.load(signal_ptrs + d) + rank * 8
                                     _nvshmem_putmem_signal_block(
@@ -326,8 +327,8 @@ def _consume(
                                 _nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
                         rows += nv
             if status == 0:
-                if PUT_MODE != 2:
-                    if PUT_MODE == 1:
+                if PUT_MODE != _PUT_NVSHMEM_SIGNAL:
+                    if PUT_MODE == _PUT_NVSHMEM:
                         _nvshmem_quiet()
                     tl.debug_barrier()
                     sig_p = tl.load(signal_ptrs + d).to(tl.pointer_type(tl.int64)) + rank
@@ -392,7 +393,7 @@ def _consumer_kernel(
         VEC,
         STAGES,
         STREAM,
-        0,
+        _PUT_STORE,
     )
 
 

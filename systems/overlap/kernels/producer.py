@@ -53,6 +53,15 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from systems.overlap import modes
+from systems.overlap.modes import FLAG_CODES, FLAG_NONE
+
+# constexpr globals for the kernel (the FLAG modes, modes.py)
+_FLAG_CTA = tl.constexpr(modes.FLAG_CTA)
+_FLAG_THREAD = tl.constexpr(modes.FLAG_THREAD)
+_FLAG_DEFERRED = tl.constexpr(modes.FLAG_DEFERRED)
+_FLAG_WARP = tl.constexpr(modes.FLAG_WARP)
+
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -240,11 +249,11 @@ def _producer_kernel(
                     other=0.0,
                 )
             acc = tl.dot(a, b, acc)
-        if FLAG == 3:
+        if FLAG == _FLAG_DEFERRED:
             # publish the PREVIOUS tile: its stores were issued a whole main loop ago, so the
             # release (which waits for this thread's earlier stores) costs next to nothing
             _publish_threads(band_ready, pending, lane)
-        elif FLAG == 4:
+        elif FLAG == _FLAG_WARP:
             _publish_warps(band_ready, pending, lane)
         rows = row0 + rm
         cols = col0 + rn
@@ -254,12 +263,12 @@ def _producer_kernel(
             acc.to(y_ptr.dtype.element_ty),
             mask=mask,
         )
-        if FLAG == 1:
+        if FLAG == _FLAG_CTA:
             # one release per CTA: the barrier orders every thread's stores before it
             if s < n_signal:
                 tl.debug_barrier()
                 tl.atomic_add(band_ready + band, 1, sem="release", scope="gpu")
-        elif FLAG == 2:
+        elif FLAG == _FLAG_THREAD:
             # one release per thread (each orders its own stores): NT increments per tile
             tl.atomic_add(
                 band_ready + band + lane * 0,
@@ -268,15 +277,12 @@ def _producer_kernel(
                 sem="release",
                 scope="gpu",
             )
-        elif FLAG >= 3:
+        elif FLAG >= _FLAG_DEFERRED:
             pending = tl.where(s < n_signal, band.to(tl.int32), -1)
-    if FLAG == 3:
+    if FLAG == _FLAG_DEFERRED:
         _publish_threads(band_ready, pending, lane)
-    elif FLAG == 4:
+    elif FLAG == _FLAG_WARP:
         _publish_warps(band_ready, pending, lane)
-
-
-_FLAG_CODES = {"cta": 1, "thread": 2, "deferred": 3, "warp": 4}
 
 
 def producer_grid(sm_count: int, ccta: int) -> int:
@@ -353,7 +359,7 @@ def launch_producer(
         BN=cfg.block_n,
         BK=cfg.block_k,
         GROUP_M=cfg.group_m,
-        FLAG=_FLAG_CODES[cfg.flag] if signal else 0,
+        FLAG=FLAG_CODES[cfg.flag] if signal else FLAG_NONE,
         NT=32 * cfg.num_warps,
         USE_TMA=use_tma,
         FLATTEN=cfg.flatten,
