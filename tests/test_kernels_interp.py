@@ -41,9 +41,11 @@ needs_interpreter = pytest.mark.skipif(
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, in the interpreter
 
 import systems.overlap.kernels.consumer as consumer_mod  # noqa: E402
+import systems.overlap.kernels.primitives as primitives_mod  # noqa: E402
 import systems.overlap.kernels.producer as producer_mod  # noqa: E402
 
 if INTERPRETED and not isinstance(producer_mod._producer_kernel, InterpretedFunction):
+    importlib.reload(primitives_mod)
     producer_mod = importlib.reload(producer_mod)
     consumer_mod = importlib.reload(consumer_mod)
     importlib.reload(sys.modules["systems.overlap.kernels"])

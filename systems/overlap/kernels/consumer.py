@@ -65,9 +65,16 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language import core
 
 from systems.overlap import errors, modes
+from systems.overlap.kernels.primitives import (
+    copy_rows,
+    nvshmem_putmem_block,
+    nvshmem_putmem_signal_block,
+    nvshmem_quiet,
+    record_error,
+    spin_until,
+)
 from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
 
 ERR_SLOTS = errors.ERR_SLOTS
@@ -78,55 +85,6 @@ _SIGNAL_ADD = tl.constexpr(modes.NVSHMEM_SIGNAL_ADD)
 _PUT_STORE = tl.constexpr(PUT_STORE)
 _PUT_NVSHMEM = tl.constexpr(PUT_NVSHMEM)
 _PUT_NVSHMEM_SIGNAL = tl.constexpr(PUT_NVSHMEM_SIGNAL)
-
-
-# NVSHMEM device functions (resolved from libnvshmem_device.bc when the kernel is launched
-# through torch's `requires_nvshmem`). Defined here rather than imported from torch's
-# _nvshmem_triton, which only defines them on a machine with a GPU.
-@core.extern
-def _nvshmem_putmem_block(dest, source, nbytes, pe, _semantic=None):
-    return core.extern_elementwise(
-        "",
-        "",
-        [dest, source, nbytes, pe],
-        {
-            (core.dtype("int64"), core.dtype("int64"), core.dtype("int64"), core.dtype("int32")): (
-                "nvshmemx_putmem_block",
-                core.dtype("int32"),
-            )
-        },
-        is_pure=False,
-        _semantic=_semantic,
-    )
-
-
-@core.extern
-def _nvshmem_putmem_signal_block(dest, source, nbytes, sig, value, op, pe, _semantic=None):
-    return core.extern_elementwise(
-        "",
-        "",
-        [dest, source, nbytes, sig, value, op, pe],
-        {
-            (
-                core.dtype("int64"),
-                core.dtype("int64"),
-                core.dtype("int64"),
-                core.dtype("int64"),
-                core.dtype("uint64"),
-                core.dtype("int32"),
-                core.dtype("int32"),
-            ): ("nvshmemx_putmem_signal_block", core.dtype("int32"))
-        },
-        is_pure=False,
-        _semantic=_semantic,
-    )
-
-
-@core.extern
-def _nvshmem_quiet(_semantic=None):
-    return core.extern_elementwise(
-        "", "", [], {(): ("nvshmem_quiet", core.dtype("int32"))}, is_pure=False, _semantic=_semantic
-    )
 
 
 @dataclass(frozen=True)
@@ -149,92 +107,6 @@ class ConsumerConfig:
 def interpreter_consumer_config() -> ConsumerConfig:
     """Small blocks and an iteration-bounded spin for TRITON_INTERPRET=1."""
     return ConsumerConfig(block=256, num_warps=4, stages=1, max_spins=200, use_timer=False)
-
-
-@triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def _uniform_now(clock):
-    """%globaltimer of thread 0, the same value in every thread (scalar atomic + broadcast)."""
-    tl.atomic_xchg(clock, _globaltimer(), sem="relaxed")
-    return tl.atomic_xchg(clock, _globaltimer(), sem="relaxed")
-
-
-@triton.jit
-def _spin_until(
-    ptr, target, err, clock, timeout, max_spins, SCOPE: tl.constexpr, USE_TIMER: tl.constexpr
-):
-    """Poll *ptr (acquire) until >= target. Returns (status, last value seen).
-
-    status 0: reached; 1: timed out (timeout ns on the GPU, max_spins polls in the
-    interpreter); 2: gave up because another program recorded an error (err[0] != 0).
-    """
-    seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
-    status = tl.zeros((), dtype=tl.int32)
-    t0 = tl.zeros((), dtype=tl.int64)
-    if USE_TIMER:
-        t0 = _uniform_now(clock)
-    spins = tl.zeros((), dtype=tl.int32)
-    while (seen < target) & (status == 0):
-        seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
-        spins += 1
-        if USE_TIMER:
-            if spins % 64 == 0:
-                if tl.atomic_add(err, 0, sem="relaxed") != 0:
-                    status = 2
-                if _uniform_now(clock) - t0 > timeout:
-                    status = 1
-        else:
-            if tl.atomic_add(err, 0, sem="relaxed") != 0:
-                status = 2
-            if spins >= max_spins:
-                status = 1
-    status = tl.where(seen >= target, 0, status)
-    return status, seen
-
-
-@triton.jit
-def _record_error(err, code, seg, band, rank, pid, seen, want, source):
-    """First error wins (CAS on err[0]); the winner fills the record (errors.py layout)."""
-    zero = tl.zeros((), dtype=tl.int64)
-    won = tl.atomic_cas(err, zero, zero + code, sem="relaxed") == 0
-    if won:
-        tl.store(err + 1, seg)
-        tl.store(err + 2, band)
-        tl.store(err + 3, rank)
-        tl.store(err + 4, pid)
-        tl.store(err + 5, seen)
-        tl.store(err + 6, want)
-        tl.store(err + 7, source)
-
-
-@triton.jit
-def _copy_rows(
-    src, dst, n, BLOCK: tl.constexpr, VEC: tl.constexpr, STAGES: tl.constexpr, STREAM: tl.constexpr
-):
-    """dst[0:n] = src[0:n] (contiguous), BLOCK elements a step, loads pipelined STAGES deep.
-
-    STREAM: evict-first loads and streaming (.cs) stores (the data is touched once)."""
-    offs = tl.arange(0, BLOCK)
-    for start in tl.range(0, n, BLOCK, num_stages=STAGES):
-        idx = start + offs
-        mask = idx < n
-        s = src + idx
-        d = dst + idx
-        if VEC:
-            s = tl.multiple_of(s, 16)
-            d = tl.multiple_of(d, 16)
-        if STREAM:
-            v = tl.load(s, mask=mask, eviction_policy="evict_first")
-            tl.store(d, v, mask=mask, cache_modifier=".cs")
-        else:
-            v = tl.load(s, mask=mask)
-            tl.store(d, v, mask=mask)
 
 
 @triton.jit
@@ -283,7 +155,7 @@ def _consume(
                 if status == 0:
                     band = tl.load(schedule + s0 + i)
                     if WAIT:
-                        status, seen = _spin_until(
+                        status, seen = spin_until(
                             band_ready + band,
                             ready_target,
                             err,
@@ -294,7 +166,7 @@ def _consume(
                             USE_TIMER,
                         )
                         if status == 1:
-                            _record_error(
+                            record_error(
                                 err, _BAND_TIMEOUT, seg, band, rank, pid, seen, ready_target, -1
                             )
                     if status == 0:
@@ -304,7 +176,7 @@ def _consume(
                         src = y_ptr + r0 * N
                         if PUT_MODE == _PUT_STORE:
                             dst = base.to(tl.pointer_type(elem_ty)) + off * N
-                            _copy_rows(src, dst, (nv * N).to(tl.int32), BLOCK, VEC, STAGES, STREAM)
+                            copy_rows(src, dst, (nv * N).to(tl.int32), BLOCK, VEC, STAGES, STREAM)
                         else:
                             esize: tl.constexpr = elem_ty.primitive_bitwidth // 8
                             dst_addr = base + off * N * esize
@@ -312,7 +184,7 @@ def _consume(
                             if PUT_MODE == _PUT_NVSHMEM_SIGNAL:
                                 if i == cnt - 1:
                                     sig = tl.load(signal_ptrs + d) + rank * 8
-                                    _nvshmem_putmem_signal_block(
+                                    nvshmem_putmem_signal_block(
                                         dst_addr,
                                         src.to(tl.int64),
                                         nbytes,
@@ -322,14 +194,14 @@ def _consume(
                                         d,
                                     )
                                 else:
-                                    _nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
+                                    nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
                             else:
-                                _nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
+                                nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
                         rows += nv
             if status == 0:
                 if PUT_MODE != _PUT_NVSHMEM_SIGNAL:
                     if PUT_MODE == _PUT_NVSHMEM:
-                        _nvshmem_quiet()
+                        nvshmem_quiet()
                     tl.debug_barrier()
                     sig_p = tl.load(signal_ptrs + d).to(tl.pointer_type(tl.int64)) + rank
                     tl.atomic_add(sig_p, rows, sem="release", scope=SCOPE)
@@ -478,12 +350,12 @@ def _wait_signals_kernel(
     for s in range(n_src):
         if status == 0:
             want = tl.load(expected + s)
-            st, seen = _spin_until(
+            st, seen = spin_until(
                 signal + s, want, err, clock, timeout, max_spins, SCOPE, USE_TIMER
             )
             status = st
             if st == 1:
-                _record_error(err, _SIGNAL_TIMEOUT, -1, -1, rank, 0, seen, want, s)
+                record_error(err, _SIGNAL_TIMEOUT, -1, -1, rank, 0, seen, want, s)
 
 
 _nvshmem_launcher = None

@@ -54,6 +54,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from systems.overlap import modes
+from systems.overlap.kernels.primitives import publish_threads, publish_warps
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE
 
 # constexpr globals for the kernel (the FLAG modes, modes.py)
@@ -150,43 +151,6 @@ def _tile_coords(t, n_sched, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _publish_threads(band_ready, band, lane):
-    """Every thread adds 1 to band's counter with release (band < 0: nothing)."""
-    tl.atomic_add(
-        band_ready + band + lane * 0,
-        lane * 0 + 1,
-        mask=(lane * 0 + band) >= 0,
-        sem="release",
-        scope="gpu",
-    )
-
-
-@triton.jit
-def _warp_sync():
-    """bar.warp.sync: orders the memory operations of the warp's lanes (GPU only)."""
-    return tl.inline_asm_elementwise(
-        "bar.warp.sync -1;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def _publish_warps(band_ready, band, lane):
-    """Lane 0 of every warp adds 32 (its warp's share) with release after a warp barrier.
-
-    Needs lane (arange(0, 32 * num_warps)) held one element per thread, element i by thread i
-    (Triton's default layout; checked in the sm_90 PTX: one predicated atom per warp).
-    """
-    tok = _warp_sync()
-    tl.atomic_add(
-        band_ready + band + lane * 0,
-        lane * 0 + 32 + tok,
-        mask=((lane * 0 + band) >= 0) & (lane % 32 == 0),
-        sem="release",
-        scope="gpu",
-    )
-
-
-@triton.jit
 def _producer_kernel(
     x_desc,
     w_desc,
@@ -252,9 +216,9 @@ def _producer_kernel(
         if FLAG == _FLAG_DEFERRED:
             # publish the PREVIOUS tile: its stores were issued a whole main loop ago, so the
             # release (which waits for this thread's earlier stores) costs next to nothing
-            _publish_threads(band_ready, pending, lane)
+            publish_threads(band_ready, pending, lane)
         elif FLAG == _FLAG_WARP:
-            _publish_warps(band_ready, pending, lane)
+            publish_warps(band_ready, pending, lane)
         rows = row0 + rm
         cols = col0 + rn
         mask = (rm[:, None] < nrows) & (cols[None, :] < N)
@@ -280,9 +244,9 @@ def _producer_kernel(
         elif FLAG >= _FLAG_DEFERRED:
             pending = tl.where(s < n_signal, band.to(tl.int32), -1)
     if FLAG == _FLAG_DEFERRED:
-        _publish_threads(band_ready, pending, lane)
+        publish_threads(band_ready, pending, lane)
     elif FLAG == _FLAG_WARP:
-        _publish_warps(band_ready, pending, lane)
+        publish_warps(band_ready, pending, lane)
 
 
 def producer_grid(sm_count: int, ccta: int) -> int:
