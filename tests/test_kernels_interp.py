@@ -278,3 +278,28 @@ def test_interpreter_in_subprocess():
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_nvshmem_module_init_follows_the_put_mode(monkeypatch):
+    """The consumer's NVSHMEM launch and its PUT_STORE launch compile the same function: torch's
+    registry (by kernel name) must hold it only while an NVSHMEM put mode launches."""
+
+    class Registry:
+        names: set = set()
+
+        @classmethod
+        def register(cls, name):
+            cls.names.add(name)
+
+        @classmethod
+        def deregister(cls, name):
+            cls.names.discard(name)
+
+    name = consumer_mod._consumer_kernel.fn.__name__
+    monkeypatch.setattr(consumer_mod, "_nvshmem_registry", None)
+    consumer_mod._nvshmem_module_init(False)  # before any NVSHMEM launch: nothing to do
+    monkeypatch.setattr(consumer_mod, "_nvshmem_registry", Registry)
+    consumer_mod._nvshmem_module_init(True)
+    assert Registry.names == {name}
+    consumer_mod._nvshmem_module_init(False)
+    assert Registry.names == set()

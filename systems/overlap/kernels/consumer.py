@@ -110,7 +110,7 @@ def interpreter_consumer_config() -> ConsumerConfig:
 
 
 @triton.jit
-def _consume(
+def _consumer_kernel(
     y_ptr,
     schedule,
     band_row,
@@ -140,6 +140,8 @@ def _consume(
     STREAM: tl.constexpr,
     PUT_MODE: tl.constexpr,
 ):
+    """All put modes in one kernel: PUT_MODE (constexpr) picks the data path at compile time,
+    so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library)."""
     pid = tl.program_id(0)
     clock_p = clock + pid
     elem_ty = y_ptr.dtype.element_ty
@@ -208,131 +210,6 @@ def _consume(
 
 
 @triton.jit
-def _consumer_kernel(
-    y_ptr,
-    schedule,
-    band_row,
-    band_valid,
-    band_offset,
-    band_ready,
-    seg_start,
-    seg_count,
-    seg_dst,
-    n_segments,
-    recv_ptrs,
-    signal_ptrs,
-    err,
-    clock,
-    ready_target,
-    rank,
-    N,
-    timeout,
-    max_spins,
-    n_progs,
-    BLOCK: tl.constexpr,
-    WAIT: tl.constexpr,
-    SCOPE: tl.constexpr,
-    USE_TIMER: tl.constexpr,
-    VEC: tl.constexpr,
-    STAGES: tl.constexpr,
-    STREAM: tl.constexpr,
-):
-    _consume(
-        y_ptr,
-        schedule,
-        band_row,
-        band_valid,
-        band_offset,
-        band_ready,
-        seg_start,
-        seg_count,
-        seg_dst,
-        n_segments,
-        recv_ptrs,
-        signal_ptrs,
-        err,
-        clock,
-        ready_target,
-        rank,
-        N,
-        timeout,
-        max_spins,
-        n_progs,
-        BLOCK,
-        WAIT,
-        SCOPE,
-        USE_TIMER,
-        VEC,
-        STAGES,
-        STREAM,
-        _PUT_STORE,
-    )
-
-
-@triton.jit
-def _consumer_nvshmem_kernel(
-    y_ptr,
-    schedule,
-    band_row,
-    band_valid,
-    band_offset,
-    band_ready,
-    seg_start,
-    seg_count,
-    seg_dst,
-    n_segments,
-    recv_ptrs,
-    signal_ptrs,
-    err,
-    clock,
-    ready_target,
-    rank,
-    N,
-    timeout,
-    max_spins,
-    n_progs,
-    BLOCK: tl.constexpr,
-    WAIT: tl.constexpr,
-    SCOPE: tl.constexpr,
-    USE_TIMER: tl.constexpr,
-    VEC: tl.constexpr,
-    STAGES: tl.constexpr,
-    STREAM: tl.constexpr,
-    PUT_MODE: tl.constexpr,
-):
-    _consume(
-        y_ptr,
-        schedule,
-        band_row,
-        band_valid,
-        band_offset,
-        band_ready,
-        seg_start,
-        seg_count,
-        seg_dst,
-        n_segments,
-        recv_ptrs,
-        signal_ptrs,
-        err,
-        clock,
-        ready_target,
-        rank,
-        N,
-        timeout,
-        max_spins,
-        n_progs,
-        BLOCK,
-        WAIT,
-        SCOPE,
-        USE_TIMER,
-        VEC,
-        STAGES,
-        STREAM,
-        PUT_MODE,
-    )
-
-
-@triton.jit
 def _wait_signals_kernel(
     signal,
     expected,
@@ -358,17 +235,44 @@ def _wait_signals_kernel(
                 record_error(err, _SIGNAL_TIMEOUT, -1, -1, rank, 0, seen, want, s)
 
 
-_nvshmem_launcher = None
+_nvshmem_launcher = None  # _consumer_kernel wrapped by requires_nvshmem, made on first use
+_nvshmem_registry = None  # torch's NvshmemKernelRegistry, imported with it
 
 
 def _nvshmem_kernel():
-    """_consumer_nvshmem_kernel wrapped by torch's requires_nvshmem (links the device library)."""
-    global _nvshmem_launcher
-    if _nvshmem_launcher is None:
-        from torch.distributed._symmetric_memory._nvshmem_triton import requires_nvshmem
+    """_consumer_kernel wrapped by torch's requires_nvshmem (links the NVSHMEM device library).
 
-        _nvshmem_launcher = requires_nvshmem(_consumer_nvshmem_kernel)
+    Imported and wrapped lazily: only a launch with an NVSHMEM put mode needs torch's NVSHMEM
+    Triton support (and a GPU machine with the device library).
+    """
+    global _nvshmem_launcher, _nvshmem_registry
+    if _nvshmem_launcher is None:
+        from torch.distributed._symmetric_memory._nvshmem_triton import (
+            NvshmemKernelRegistry,
+            requires_nvshmem,
+        )
+
+        _nvshmem_launcher = requires_nvshmem(_consumer_kernel)
+        _nvshmem_registry = NvshmemKernelRegistry
     return _nvshmem_launcher
+
+
+def _nvshmem_module_init(on: bool) -> None:
+    """Whether kernels compiled by the next launch get torch's NVSHMEM module initialisation.
+
+    torch's post-compile hook initialises NVSHMEM in every newly compiled module of a kernel NAME
+    that requires_nvshmem registered, and nvshmemx_cumodule_init fails on a module without the
+    NVSHMEM device state. The PUT_STORE and NVSHMEM launches compile the same function (same
+    name), so the name is registered for an NVSHMEM launch and deregistered for a PUT_STORE one
+    (no-op before the first NVSHMEM launch). The hook runs inside the launch that compiles.
+    """
+    if _nvshmem_registry is None:
+        return
+    name = _consumer_kernel.fn.__name__
+    if on:
+        _nvshmem_registry.register(name)
+    else:
+        _nvshmem_registry.deregister(name)
 
 
 def vec_ok(y: torch.Tensor, tables_aligned: bool | None, recv_ptrs: torch.Tensor) -> bool:
@@ -465,8 +369,12 @@ def launch_consumer(
         num_warps=cfg.num_warps,
     )
     if put_mode == PUT_STORE:
-        return _consumer_kernel[(ccta,)](*args, **meta)
-    return _nvshmem_kernel()[(ccta,)](*args, PUT_MODE=put_mode, **meta)
+        kernel = _consumer_kernel
+        _nvshmem_module_init(False)
+    else:
+        kernel = _nvshmem_kernel()
+        _nvshmem_module_init(True)
+    return kernel[(ccta,)](*args, PUT_MODE=put_mode, **meta)
 
 
 def launch_wait_signals(
