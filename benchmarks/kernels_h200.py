@@ -509,7 +509,7 @@ def consumer_section(args) -> None:
 # Overlap on loopback
 # ----------------------------------------------------------------------------------------
 def overlap_section(args, sms: int) -> None:
-    from systems.overlap.kernels import OverlapRunner, residency_report
+    from systems.overlap.runner import OverlapRunner, residency_report
     from systems.overlap.transport import LoopbackFabric
 
     pb = producer_problem("16x1024_K2048_N8192", 16, 1024, 2048, 8192)

@@ -33,15 +33,14 @@ from benchmarks.kernels_h200 import (  # noqa: E402
 from systems.overlap.errors import OverlapTimeoutError, new_error_buffer, read_error  # noqa: E402
 from systems.overlap.kernels import (  # noqa: E402
     ConsumerConfig,
-    OverlapRunner,
     TileConfig,
     launch_consumer,
     launch_producer,
     launch_wait_signals,
     padded_input,
     pick_config,
-    residency_report,
 )
+from systems.overlap.runner import OverlapRunner, residency_report  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 
 DEV = torch.device("cuda")

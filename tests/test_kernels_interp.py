@@ -49,6 +49,8 @@ if INTERPRETED and not isinstance(producer_mod._producer_kernel, InterpretedFunc
     producer_mod = importlib.reload(producer_mod)
     consumer_mod = importlib.reload(consumer_mod)
     importlib.reload(sys.modules["systems.overlap.kernels"])
+    if "systems.overlap.runner" in sys.modules:
+        importlib.reload(sys.modules["systems.overlap.runner"])
 
 from benchmarks.kernels_h200 import (  # noqa: E402
     expected_sends,
@@ -65,7 +67,6 @@ from systems.overlap.errors import (  # noqa: E402
     read_error,
 )
 from systems.overlap.kernels import (  # noqa: E402
-    OverlapRunner,
     interpreter_config,
     interpreter_consumer_config,
     launch_consumer,
@@ -73,6 +74,7 @@ from systems.overlap.kernels import (  # noqa: E402
     launch_wait_signals,
     padded_input,
 )
+from systems.overlap.runner import OverlapRunner  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 
 TILE_M = 16

@@ -41,7 +41,8 @@ class _Rank:
     """One (possibly simulated) rank's state: layout, plan, padded operands, runner."""
 
     def __init__(self, spec: WorkloadSpec, lay, x_recv, weights, tile_m, mgb, transport, ccta):
-        from systems.overlap.kernels import OverlapRunner, padded_input
+        from systems.overlap.kernels import padded_input
+        from systems.overlap.runner import OverlapRunner
 
         self.lay = lay
         self.plan = plan_for_layout(

@@ -43,7 +43,7 @@ One consumer CTA per SM, never sharing it with a producer CTA nor with another c
 the default consumer (1024 threads, a 64K-element block: >= 42 registers a thread, so >= 48K of
 the SM's 64K registers) cannot be placed next to a producer CTA (256 threads x ~200 registers =
 ~51K registers, and 180 KiB of the SM's 228 KiB of shared memory) nor next to another consumer
-(2 x 48K registers > 64K). `residency_report` (kernels/__init__.py) checks this from the compiled
+(2 x 48K registers > 64K). `residency_report` (runner.py) checks this from the compiled
 kernels (shared memory, registers, threads against the device limits); the GPU tests assert it
 on Hopper. A pipelined config (stages > 1) is exclusive through shared memory instead:
 (stages - 1) * BLOCK * elem bytes (e.g. 4 x 32 KiB) + the producer's >= 144 KiB > 228 KiB.
