@@ -84,12 +84,8 @@ def test_producer_matches_torch(dtype, variant):
             x,
             w,
             y,
-            plan.schedule,
-            plan.band_expert,
-            plan.band_row,
-            plan.band_rows,
+            plan,
             ready,
-            n_signal=plan.n_remote_bands,
             num_programs=7,
             config=cfg,
         )
@@ -107,14 +103,8 @@ def _consume(plan, y, fabric, ready, target, cfg, ccta, wait=True):
     err = new_error_buffer(DEV)
     launch_consumer(
         y,
-        plan.schedule,
-        plan.band_row,
-        plan.band_valid,
-        plan.band_offset,
+        plan,
         ready,
-        plan.seg_start,
-        plan.seg_count,
-        plan.seg_dst,
         tr.recv_ptrs,
         tr.signal_ptrs,
         err,
@@ -254,10 +244,8 @@ for mode in (PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL):
     tr.recv.zero_(); tr.signal.zero_()
     rt, st = tr.tables()
     err = new_error_buffer("cuda")
-    launch_consumer(y, plan.schedule, plan.band_row, plan.band_valid, plan.band_offset,
-                    torch.ones(plan.n_bands, dtype=torch.int32, device="cuda"), plan.seg_start,
-                    plan.seg_count, plan.seg_dst, rt, st, err,
-                    torch.zeros(2, dtype=torch.int64, device="cuda"), ready_target=1, rank=0,
+    launch_consumer(y, plan, torch.ones(plan.n_bands, dtype=torch.int32, device="cuda"), rt, st,
+                    err, torch.zeros(2, dtype=torch.int64, device="cuda"), ready_target=1, rank=0,
                     ccta=2, config=ConsumerConfig(num_warps=8, stages=1), scope="sys",
                     put_mode=mode)
     torch.cuda.synchronize()

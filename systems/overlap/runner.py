@@ -92,17 +92,12 @@ class OverlapRunner:
         return (self.producer_runs + 1) * inc
 
     def _produce(self, x: torch.Tensor, y: torch.Tensor, signal: bool, num_programs: int):
-        p = self.plan
         return launch_producer(
             x,
             self.weights,
             y,
-            p.schedule,
-            p.band_expert,
-            p.band_row,
-            p.band_rows,
+            self.plan,
             self.band_ready,
-            n_signal=p.n_remote_bands,
             num_programs=num_programs,
             config=self.tile,
             signal=signal,
@@ -113,14 +108,8 @@ class OverlapRunner:
         recv_tab, sig_tab = t.tables()
         return launch_consumer(
             y,
-            p.schedule,
-            p.band_row,
-            p.band_valid,
-            p.band_offset,
+            p,
             self.band_ready,
-            p.seg_start,
-            p.seg_count,
-            p.seg_dst,
             recv_tab,
             sig_tab,
             self.err,

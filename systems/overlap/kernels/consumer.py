@@ -61,6 +61,7 @@ spin and stop too. The host raises OverlapTimeoutError after synchronising (erro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -289,21 +290,15 @@ def vec_ok(y: torch.Tensor, tables_aligned: bool | None, recv_ptrs: torch.Tensor
 
 def launch_consumer(
     y: torch.Tensor,
-    schedule: torch.Tensor,
-    band_row: torch.Tensor,
-    band_valid: torch.Tensor,
-    band_offset: torch.Tensor,
+    plan: Any,
     band_ready: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_count: torch.Tensor,
-    seg_dst: torch.Tensor,
     recv_ptrs: torch.Tensor,
     signal_ptrs: torch.Tensor,
     err: torch.Tensor,
     clock: torch.Tensor,
     *,
     ready_target: int,
-    rank: int,
+    rank: int | None = None,
     ccta: int,
     config: ConsumerConfig,
     wait: bool = True,
@@ -313,15 +308,20 @@ def launch_consumer(
 ):
     """Launch the consumer on the current stream; returns Triton's compiled kernel.
 
-    y [P, N] producer output; schedule/band_*/seg_* as in plan.CombinePlan (int32/int64);
-    band_ready [B] int32 producer counters; recv_ptrs [W] int64 receive-buffer addresses and
-    signal_ptrs [W] int64 receive-counter addresses per destination, as the put mode needs them
-    (transport.Transport.tables); err [ERR_SLOTS] int64; clock [>= ccta] int64 scratch;
-    ready_target: counter value of a complete band this run; wait=False skips the spins (flags
-    taken as set: the comm-only bound); vec: 16-byte vector hints (None: checked, with a host
-    synchronisation; pass vec_ok(y, transport.aligned, ...) on a timed path).
+    y [P, N] producer output; plan: a systems.overlap.plan.CombinePlan on the device, or
+    anything with its schedule, band_row, band_valid, band_offset, seg_start, seg_count, seg_dst
+    (int32/int64) and rank; band_ready [B] int32 producer counters; recv_ptrs [W] int64
+    receive-buffer addresses and signal_ptrs [W] int64 receive-counter addresses per
+    destination, as the put mode needs them (transport.Transport.tables); err [ERR_SLOTS] int64;
+    clock [>= ccta] int64 scratch; ready_target: counter value of a complete band this run;
+    rank: the source slot this rank signals in the receivers' counters (None: plan.rank);
+    wait=False skips the spins (flags taken as set: the comm-only bound); vec: 16-byte vector
+    hints (None: checked, with a host synchronisation; pass vec_ok(y, transport.aligned, ...)
+    on a timed path).
     """
-    n_seg = seg_start.numel()
+    n_seg = plan.seg_start.numel()
+    if rank is None:
+        rank = plan.rank
     if err.numel() < ERR_SLOTS or err.dtype != torch.int64:
         raise ValueError(f"err must be int64 [{ERR_SLOTS}]")
     if clock.numel() < ccta:
@@ -338,14 +338,14 @@ def launch_consumer(
     cfg = config
     args = (
         y,
-        schedule,
-        band_row,
-        band_valid,
-        band_offset,
+        plan.schedule,
+        plan.band_row,
+        plan.band_valid,
+        plan.band_offset,
         band_ready,
-        seg_start,
-        seg_count,
-        seg_dst,
+        plan.seg_start,
+        plan.seg_count,
+        plan.seg_dst,
         n_seg,
         recv_ptrs,
         signal_ptrs,

@@ -47,6 +47,7 @@ the data.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import triton
@@ -260,13 +261,10 @@ def launch_producer(
     x: torch.Tensor,
     weights: torch.Tensor,
     y: torch.Tensor,
-    schedule: torch.Tensor,
-    band_expert: torch.Tensor,
-    band_row: torch.Tensor,
-    band_rows: torch.Tensor,
+    plan: Any,
     band_ready: torch.Tensor,
     *,
-    n_signal: int,
+    n_signal: int | None = None,
     num_programs: int,
     config: TileConfig,
     signal: bool = True,
@@ -275,9 +273,10 @@ def launch_producer(
 
 
     x [P, K], weights [E, K, N], y [P, N] (same dtype; fp16/bf16 on GPU, fp16/fp32 in the
-    interpreter); schedule [B], band_expert/band_row/band_rows [B] (int32 or int64);
+    interpreter); plan: a systems.overlap.plan.CombinePlan on the device, or anything with its
+    schedule, band_expert, band_row, band_rows [B] (int32 or int64) and n_remote_bands;
     band_ready [B] int32 counters (grown by config.band_increment(N) per signalled band per run);
-    n_signal: schedule positions [0, n_signal) are signalled (plan.n_remote_bands);
+    n_signal: schedule positions [0, n_signal) are signalled (None: plan.n_remote_bands);
     num_programs: persistent grid (producer_grid: SMs - cCTA); signal=False: no flags (FLAG=0).
     """
     P, K = x.shape
@@ -291,7 +290,9 @@ def launch_producer(
         raise ValueError("producer operands must be contiguous")
     if band_ready.dtype != torch.int32:
         raise ValueError("band_ready must be int32")
-    n_sched = schedule.numel()
+    if n_signal is None:
+        n_signal = plan.n_remote_bands
+    n_sched = plan.schedule.numel()
     if n_sched == 0:
         return None
     cfg = config
@@ -309,10 +310,10 @@ def launch_producer(
         x,
         weights,
         y,
-        schedule,
-        band_expert,
-        band_row,
-        band_rows,
+        plan.schedule,
+        plan.band_expert,
+        plan.band_row,
+        plan.band_rows,
         band_ready,
         n_sched,
         n_signal,
