@@ -227,7 +227,7 @@ def producer_problem(name, experts, rows_per_expert, K, N, world=4, dtype=torch.
     plan = synthetic_plan(rows, rank=world - 1, tile_m=128, device=dev)
     x_recv = (torch.randn(plan.n_rows, K, generator=g) * 0.5).to(dev, dtype)
     w = (torch.randn(experts, K, N, generator=g) / math.sqrt(K)).to(dev, dtype)
-    from systems.overlap.kernels import padded_input
+    from systems.overlap.plan import padded_input
 
     x = padded_input(x_recv, plan.gather_index)
     # rows sorted by expert for torch (valid rows only, the same values)

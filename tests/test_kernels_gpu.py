@@ -37,9 +37,9 @@ from systems.overlap.kernels import (  # noqa: E402
     launch_consumer,
     launch_producer,
     launch_wait_signals,
-    padded_input,
     pick_config,
 )
+from systems.overlap.plan import padded_input  # noqa: E402
 from systems.overlap.runner import OverlapRunner, residency_report  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 

@@ -72,8 +72,8 @@ from systems.overlap.kernels import (  # noqa: E402
     launch_consumer,
     launch_producer,
     launch_wait_signals,
-    padded_input,
 )
+from systems.overlap.plan import padded_input  # noqa: E402
 from systems.overlap.runner import OverlapRunner  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from harness.layout import rank_layout
 from harness.workload import WorkloadSpec
-from systems.overlap.plan import build_plan, plans_for_spec
+from systems.overlap.plan import build_plan, padded_input, plans_for_spec
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -133,6 +133,11 @@ def check_plan(plan, src, expert, dst, buf_rows):
     assert plan.n_local == int((src == rank).sum())
     assert torch.equal(torch.sort(lx).values, torch.nonzero(src == rank).squeeze(1))
     assert torch.equal(dst[lx], plan.local_dst_index)
+    # The padded GEMM input: x_recv rows at row_pos, zero padding rows.
+    x_recv = torch.arange(R * 2, dtype=torch.float32).view(R, 2) + 1
+    want = x_recv.new_zeros(P, 2)
+    want[plan.row_pos] = x_recv
+    assert torch.equal(padded_input(x_recv, gi), want)
     return plan
 
 

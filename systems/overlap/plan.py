@@ -342,6 +342,18 @@ def plan_for_layout(
     )
 
 
+def padded_input(x_recv: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
+    """The padded GEMM input X [P, K] from x_recv [R, K] (the layout step of stage A).
+
+    Row p = x_recv[gather_index[p]], zero where gather_index[p] == -1 (a padding row);
+    gather_index is CombinePlan.gather_index [P]. Pure torch, on x_recv's device.
+    """
+    idx = gather_index.to(device=x_recv.device, dtype=torch.int64)
+    out = x_recv.index_select(0, idx.clamp(min=0))
+    out.masked_fill_((idx < 0)[:, None], 0)
+    return out
+
+
 def owner_expert_counts(expert_ids: torch.Tensor, experts_per_rank: int) -> torch.Tensor:
     """C [W, W*E]: C[s, g] = rows owner s sends to global expert g. expert_ids [W, T, k]."""
     W = expert_ids.shape[0]

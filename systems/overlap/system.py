@@ -29,7 +29,7 @@ from harness.layout import rank_layout
 from harness.reference import dispatch_local, scale
 from harness.system import CellInputs, RunContext, System
 from harness.workload import WorkloadSpec, make_rank_weights
-from systems.overlap.plan import plan_for_layout
+from systems.overlap.plan import padded_input, plan_for_layout
 
 TILE_MS = (64, 128)
 DEFAULT_TILE_M = 128
@@ -41,7 +41,6 @@ class _Rank:
     """One (possibly simulated) rank's state: layout, plan, padded operands, runner."""
 
     def __init__(self, spec: WorkloadSpec, lay, x_recv, weights, tile_m, mgb, transport, ccta):
-        from systems.overlap.kernels import padded_input
         from systems.overlap.runner import OverlapRunner
 
         self.lay = lay

@@ -21,7 +21,6 @@ from systems.overlap.kernels.producer import (
     TileConfig,
     interpreter_config,
     launch_producer,
-    padded_input,
     pick_config,
     producer_grid,
 )
@@ -34,7 +33,6 @@ __all__ = [
     "launch_consumer",
     "launch_producer",
     "launch_wait_signals",
-    "padded_input",
     "pick_config",
     "producer_grid",
     "vec_ok",

@@ -331,11 +331,3 @@ def launch_producer(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-
-
-def padded_input(x_recv: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
-    """X [P, K] from x_recv [R, K]: row p = x_recv[gather_index[p]], zero where it is -1."""
-    idx = gather_index.to(device=x_recv.device, dtype=torch.int64)
-    out = x_recv.index_select(0, idx.clamp(min=0))
-    out.masked_fill_((idx < 0)[:, None], 0)
-    return out
