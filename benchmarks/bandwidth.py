@@ -37,7 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.kernels_h200 import bench_ms, expected_sends, synthetic_plan  # noqa: E402
+from benchmarks.kernels_h200 import bench_ms  # noqa: E402
+from systems.overlap.testing import expected_sends, synthetic_plan  # noqa: E402
 
 N = 4096  # columns: one bf16 row = 8 KiB
 SIZES = [16 << 10 << i for i in range(11)]  # 16 KiB .. 16 MiB

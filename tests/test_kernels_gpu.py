@@ -24,12 +24,6 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from benchmarks.kernels_h200 import (  # noqa: E402
-    expected_sends,
-    reference_y,
-    rows_sent,
-    synthetic_plan,
-)
 from systems.overlap.errors import OverlapTimeoutError, new_error_buffer, read_error  # noqa: E402
 from systems.overlap.kernels import (  # noqa: E402
     ConsumerConfig,
@@ -41,6 +35,12 @@ from systems.overlap.kernels import (  # noqa: E402
 )
 from systems.overlap.plan import padded_input  # noqa: E402
 from systems.overlap.runner import OverlapRunner, residency_report  # noqa: E402
+from systems.overlap.testing import (  # noqa: E402
+    expected_sends,
+    reference_y,
+    rows_sent,
+    synthetic_plan,
+)
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 
 DEV = torch.device("cuda")
@@ -231,7 +231,7 @@ if not symm_mem.is_nvshmem_available():
     print("NO_NVSHMEM"); sys.exit(0)
 dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 from dataclasses import replace
-from benchmarks.kernels_h200 import synthetic_plan, expected_sends
+from systems.overlap.testing import synthetic_plan, expected_sends
 from systems.overlap.errors import new_error_buffer, raise_if_error
 from systems.overlap.kernels import ConsumerConfig, launch_consumer
 from systems.overlap.kernels import PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL

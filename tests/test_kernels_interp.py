@@ -52,12 +52,6 @@ if INTERPRETED and not isinstance(producer_mod._producer_kernel, InterpretedFunc
     if "systems.overlap.runner" in sys.modules:
         importlib.reload(sys.modules["systems.overlap.runner"])
 
-from benchmarks.kernels_h200 import (  # noqa: E402
-    expected_sends,
-    reference_y,
-    rows_sent,
-    synthetic_plan,
-)
 from systems.overlap.errors import (  # noqa: E402
     CODE_BAND_TIMEOUT,
     CODE_SIGNAL_TIMEOUT,
@@ -75,6 +69,12 @@ from systems.overlap.kernels import (  # noqa: E402
 )
 from systems.overlap.plan import padded_input  # noqa: E402
 from systems.overlap.runner import OverlapRunner  # noqa: E402
+from systems.overlap.testing import (  # noqa: E402
+    expected_sends,
+    reference_y,
+    rows_sent,
+    synthetic_plan,
+)
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 
 TILE_M = 16

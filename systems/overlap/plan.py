@@ -132,12 +132,12 @@ class CombinePlan:
         return self.n_padded - self.n_rows
 
     def to(self, device: torch.device | str) -> CombinePlan:
-        """A copy with every tensor on `device`."""
+        """A copy (of the same class) with every tensor on `device`."""
         kw = {}
         for f in fields(self):
             v = getattr(self, f.name)
             kw[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
-        return CombinePlan(**kw)
+        return type(self)(**kw)
 
 
 def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
