@@ -16,8 +16,8 @@ the receiver once per segment. GB/s = bytes moved / median time (triton do_bench
 
 Output: bandwidth.parquet (and .csv) with columns transport, ccta, bytes, gbps, ms, status,
 reason (+ n_segments, total_bytes, gpu) under --out (default $OUT or results/).
-Usage: python benchmarks/bandwidth.py [--out DIR] [--cctas 2,4,8,14,16,24] [--quick]
-       [--consumer-json best_consumer.json]   (default: ConsumerConfig())
+Usage (repository root): python -m benchmarks.bandwidth [--out DIR] [--cctas 2,4,8,14,16,24]
+       [--quick] [--consumer-json best_consumer.json]   (default: ConsumerConfig())
 """
 
 from __future__ import annotations
@@ -33,12 +33,10 @@ import traceback
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from benchmarks.kernels_h200 import bench_ms
+from systems.overlap.testing import expected_sends, synthetic_plan
 
-from benchmarks.kernels_h200 import bench_ms  # noqa: E402
-from systems.overlap.testing import expected_sends, synthetic_plan  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # default --out: ROOT/results
 
 N = 4096  # columns: one bf16 row = 8 KiB
 SIZES = [16 << 10 << i for i in range(11)]  # 16 KiB .. 16 MiB
@@ -261,7 +259,7 @@ def main() -> None:
         import tempfile
 
         path = os.path.join(tempfile.mkdtemp(), "bandwidth_nvshmem.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", path]
+        cmd = [sys.executable, "-m", "benchmarks.bandwidth", "--child", path]
         if args.consumer_json:
             cmd += ["--consumer-json", args.consumer_json]
         cmd += ["--nvshmem-cctas", args.nvshmem_cctas] + (["--quick"] if args.quick else [])

@@ -12,7 +12,8 @@
 Every variant is checked against torch before it is timed; a failing one records status=fail.
 Writes kernels_h200.csv / .parquet (and nvshmem.json) under --out (default $OUT or results/).
 
-Usage (GPU machine): python benchmarks/kernels_h200.py [--out DIR] [--quick] [--no-sweep]
+Usage (GPU machine, repository root): python -m benchmarks.kernels_h200 [--out DIR] [--quick]
+       [--no-sweep] [--skip SECTIONS]
 The plans are systems.overlap.testing.synthetic_plan's (group sizes through the real stage-A
 builder), shared with the kernel tests.
 """
@@ -40,9 +41,7 @@ from systems.overlap.testing import (
     synthetic_plan,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # default --out: ROOT/results
 
 
 # ----------------------------------------------------------------------------------------
@@ -528,7 +527,8 @@ def nvshmem_section(args, out_dir: str) -> None:
     sizes = [2 << 20] if args.quick else [64 << 10, 2 << 20]
     cmd = [
         sys.executable,
-        os.path.abspath(__file__),
+        "-m",
+        "benchmarks.kernels_h200",
         "--nvshmem-child",
         path,
         "--sizes",
@@ -537,7 +537,9 @@ def nvshmem_section(args, out_dir: str) -> None:
         "16",
     ]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.nvshmem_timeout)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=args.nvshmem_timeout, cwd=ROOT
+        )
         sys.stdout.write(proc.stdout[-6000:])
         if proc.returncode != 0:
             sys.stdout.write(proc.stderr[-4000:])

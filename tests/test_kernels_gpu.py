@@ -17,9 +17,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # benchmarks/ (synthetic plans) also under a plain `pytest`
-    sys.path.insert(0, _ROOT)
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
@@ -223,7 +220,6 @@ def test_consumer_cta_owns_its_sm_on_hopper():
 
 _NVSHMEM_CHILD = r"""
 import os, sys, torch, torch.distributed as dist
-sys.path.insert(0, os.getcwd())
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29573")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 import torch.distributed._symmetric_memory as symm_mem
@@ -260,9 +256,11 @@ dist.destroy_process_group()
 
 def test_nvshmem_put_to_self_in_child_process():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         [sys.executable, "-c", _NVSHMEM_CHILD],
         cwd=root,
+        env={**os.environ, "PYTHONPATH": path},
         capture_output=True,
         text=True,
         timeout=240,

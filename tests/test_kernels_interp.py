@@ -23,9 +23,6 @@ import sys
 import pytest
 import torch
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # benchmarks/ (synthetic plans) also under a plain `pytest`
-    sys.path.insert(0, _ROOT)
 if torch.cuda.is_available():
     pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"
