@@ -171,7 +171,8 @@ def nvshmem_child(path: str, cctas: list[int], sizes: list[int], cfg) -> None:
         json.dump(out, open(path, "w"))
         return
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    from systems.overlap.kernels import PUT_NVSHMEM_SIGNAL, PUT_STORE, ConsumerConfig
+    from systems.overlap.kernels import ConsumerConfig
+    from systems.overlap.modes import PUT_NVSHMEM_SIGNAL, PUT_STORE
     from systems.overlap.transport import nvshmem_self_transport
 
     dev = torch.device("cuda")

@@ -425,13 +425,8 @@ def nvshmem_child(out_path: str, sizes: list[int], cctas: list[int]) -> None:
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(4 << 30))
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     from systems.overlap.errors import new_error_buffer, raise_if_error
-    from systems.overlap.kernels import (
-        PUT_NVSHMEM,
-        PUT_NVSHMEM_SIGNAL,
-        PUT_STORE,
-        ConsumerConfig,
-        launch_consumer,
-    )
+    from systems.overlap.kernels import ConsumerConfig, launch_consumer
+    from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
     from systems.overlap.transport import nvshmem_self_transport
 
     results = []

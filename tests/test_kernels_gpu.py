@@ -230,7 +230,7 @@ from dataclasses import replace
 from systems.overlap.testing import synthetic_plan, expected_sends
 from systems.overlap.errors import new_error_buffer, raise_if_error
 from systems.overlap.kernels import ConsumerConfig, launch_consumer
-from systems.overlap.kernels import PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL
+from systems.overlap.modes import PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL
 from systems.overlap.transport import nvshmem_self_transport
 plan = synthetic_plan([[100, 0], [64, 0], [30, 0]], rank=1, tile_m=64, mgb=2, device="cuda")
 y = torch.randn(plan.n_padded, 256, device="cuda").to(torch.bfloat16)
