@@ -13,49 +13,46 @@ barrier. The receiver's counter from source s therefore grows by the rows s send
 it has everything from s in run r (1-based) when the counter reaches r * rows_from_s. Nothing is
 ever reset between runs (epoch values).
 
-Put modes (transport.py says which transport uses which):
+Put modes (modes.py; transport.py says which transport uses which):
   PUT_STORE (0)          Triton vectorised loads/stores to the destination address; the address
                          table holds directly writable pointers (local regions in loopback, peer
                          pointers of symmetric memory in p2p / nvshmem). BLOCK elements a step
                          (default 64K: 128 KiB in flight per CTA); stages > 1 software-pipelines
-                         the loads with tl.range(num_stages) (cp.async through shared memory),
-                         which measured slower than one big block on the H200. Measured on
-                         loopback (2 MiB bands, flags pre-set): 45 / 44 / 42 / 40 GB/s per CTA
-                         at cCTA 2 / 4 / 8 / 16 (benchmarks/kernels_h200.py).
+                         the loads with tl.range(num_stages) (cp.async through shared memory).
   PUT_NVSHMEM (1)        nvshmemx_putmem_block per band to PE dst (symmetric address table), then
                          nvshmem_quiet and the same release atomic on the mapped signal pointer.
   PUT_NVSHMEM_SIGNAL (2) nvshmemx_putmem_block per band, the last band of the segment with
                          nvshmemx_putmem_signal_block (NVSHMEM_SIGNAL_ADD = 10, symmetric signal
                          address). This is the paper's "one put + signal" path.
-Why PUT_STORE is the fast path (benchmarks/kernels_h200.py measures it): NVSHMEM's block put on
-a load/store-reachable peer is `for (i = tid; i < n16; i += nthreads) dst[i] = src[i]` in 16-byte
-words (nvshmemi_memcpy_threadgroup): ONE 16-byte load in flight per thread, so a 256-thread CTA
-keeps 4 KiB in flight, and at ~0.5 us memory latency that is ~8 GB/s (the probe saw 9 GB/s per
-CTA; on the H200 put and put_signal scale with the warps: 8.8 / 16.5 / 27.4 GB/s per CTA at
-8 / 16 / 32 warps for 2 MiB segments, and put_signal costs the same as put: the signal is not
-the problem). The Triton copy keeps BLOCK * elem bytes in flight per step. Through the NVSHMEM
-heap to PE 0 (benchmarks/bandwidth.py, 16 MiB segments) PUT_STORE gave 46 / 37 GB/s per CTA at
-4 / 16 CTAs against 34 / 31 for put_signal at 32 warps; from 1 MiB down the two are within a few
-percent (per-segment costs dominate). So: PUT_STORE wherever the peer is load/store reachable
-(NVLink: p2p and nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where it is not.
+All three are ONE kernel: PUT_MODE is a constexpr, so a PUT_STORE compile holds no NVSHMEM call
+and needs no NVSHMEM device library; the NVSHMEM modes launch the same function wrapped (lazily,
+on their first launch) by torch's requires_nvshmem, which links libnvshmem_device.
+Why PUT_STORE is the fast path: NVSHMEM's block put on a load/store-reachable peer is
+`for (i = tid; i < n16; i += nthreads) dst[i] = src[i]` in 16-byte words
+(nvshmemi_memcpy_threadgroup): ONE 16-byte load in flight per thread, so a CTA's bandwidth is
+bound by its threads x 16 bytes per memory latency and scales with the warps (the signal is not
+the problem: put_signal costs the same as put). The Triton copy keeps BLOCK * elem bytes in
+flight per step. So: PUT_STORE wherever the peer is load/store reachable (NVLink: p2p and
+nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where it is not. The measurements behind
+these choices: results/reference/h200/README.md, "Kernel design notes and measurements".
 
 One consumer CTA per SM, never sharing it with a producer CTA nor with another consumer CTA:
-the default consumer (1024 threads, a 64K-element block: >= 42 registers a thread, so >= 48K of
-the SM's 64K registers) cannot be placed next to a producer CTA (256 threads x ~200 registers =
-~51K registers, and 180 KiB of the SM's 228 KiB of shared memory) nor next to another consumer
-(2 x 48K registers > 64K). `residency_report` (runner.py) checks this from the compiled
-kernels (shared memory, registers, threads against the device limits); the GPU tests assert it
-on Hopper. A pipelined config (stages > 1) is exclusive through shared memory instead:
-(stages - 1) * BLOCK * elem bytes (e.g. 4 x 32 KiB) + the producer's >= 144 KiB > 228 KiB.
+the default consumer (1024 threads, a 64K-element block) holds too many of the SM's registers to
+sit next to a producer CTA (registers and shared memory) or next to another consumer (registers).
+A pipelined config (stages > 1) is exclusive through shared memory instead: (stages - 1) *
+BLOCK * elem bytes + the producer's shared memory exceed the SM's. `residency_report`
+(runner.py) checks this from the compiled kernels (shared memory, registers, threads against the
+device limits); the GPU tests assert it on Hopper.
 
-Time-outs: every spin is bounded. On the GPU (USE_TIMER) by %globaltimer nanoseconds: the timer
-is read through a scalar atomic exchange on a per-program scratch word, because Triton runs a
-scalar atomic once per CTA and broadcasts its result, which keeps the loop condition uniform
-across the CTA's threads (a raw per-thread timer read could diverge). In the CPU interpreter
-(no inline asm) by an iteration count. A time-out writes an error record (errors.py: code,
-segment, band, rank, program, seen, want, source) with a compare-and-swap on err[0] (first one
-wins), and the program skips the rest of its work; other programs notice err[0] != 0 while they
-spin and stop too. The host raises OverlapTimeoutError after synchronising (errors.py).
+Time-outs: every spin is bounded (primitives.spin_until). On the GPU (USE_TIMER) by %globaltimer
+nanoseconds: the timer is read through a scalar atomic exchange on a per-program scratch word,
+because Triton runs a scalar atomic once per CTA and broadcasts its result, which keeps the loop
+condition uniform across the CTA's threads (a raw per-thread timer read could diverge). In the
+CPU interpreter (no inline asm) by an iteration count. A time-out writes an error record
+(errors.py: code, segment, band, rank, program, seen, want, source) with a compare-and-swap on
+err[0] (first one wins), and the program skips the rest of its work; other programs notice
+err[0] != 0 while they spin and stop too. The host raises OverlapTimeoutError after
+synchronising (errors.py).
 """
 
 from __future__ import annotations

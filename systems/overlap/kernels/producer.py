@@ -23,7 +23,7 @@ are signalled; local bands need no flag. Two ways to publish (TileConfig.flag):
            thread's own stores, so tile_increment = 32 * num_warps. No CTA barrier, which keeps
            the flattened (tl.range(flatten=True)) tile loop software-pipelined across tiles:
            a tl.debug_barrier in the loop makes Triton 3.6 drop that pipelining (checked on the
-           sm_90 compile: 1 stage / 48 KiB of shared memory instead of 3 stages).
+           sm_90 compile).
   "deferred" (FLAG=3): like "thread", but tile t is published right after the main loop of the
            program's NEXT tile (and the last one after the loop). The release waits for the
            thread's own earlier stores; a whole main loop later they are long complete, so the
@@ -93,17 +93,10 @@ class TileConfig:
 
 
 # Tile configurations per shape for Hopper (H200), bf16/fp16. Keyed by (tile_m, N >= 4096).
-# From benchmarks/kernels_h200.py on one H200 (2026-11-29, bf16, 132 programs, do_bench medians;
-# flagged / no-flag TFLOP/s; torch._grouped_mm and dense cuBLAS on the same rows in brackets):
-#   16 experts x 1024 rows, K=2048, N=8192 [grouped_mm 641-656, cuBLAS 653-661]:
-#     TMA + flattened loop + group_m=4 + deferred flags (the table) 608-609 / 615-617;
-#     group_m=1 thread flags 572-581 / 588; group_m=8, 4 stages, warp flags 614 / 616;
-#     no flatten + CTA flag 558-562 / 560-596; pointer loads 422-502; 128x128 tiles 516 / 529.
-#   16 x 1024, K=512, N=2048 [grouped_mm 460, cuBLAS 605]: group_m=1 thread flags 405-407 (flag
-#     cost -6..0%, noisy 75 us kernels); group_m=4 deferred 384-385 / 400-463.
-#   64 x 256 (2 bands an expert), K=2048, N=8192 [grouped_mm 580-586]: 413-453; group_m=2 461.
-# A shape not in the table falls back to the generic entry of its tile_m; the CPU interpreter
-# gets `interpreter_config`.
+# Chosen by benchmarks/kernels_h200.py on one H200 (its TFLOP/s per variant, against
+# torch._grouped_mm and dense cuBLAS: results/reference/h200/README.md, "Kernel design notes and
+# measurements"). A shape not in the table falls back to the generic entry of its tile_m; the CPU
+# interpreter gets `interpreter_config`.
 #   tile_m  wide N (>= 4096)                          narrow N (< 4096)
 #   128     128x256x64, 8 warps, 3 stages, group 4,    128x128x64, 8 warps, 4 stages, group 1,
 #           deferred flags                             thread flags
