@@ -16,8 +16,8 @@ the receiver once per segment. GB/s = bytes moved / median time (triton do_bench
 
 Output: bandwidth.parquet (and .csv) with columns transport, ccta, bytes, gbps, ms, status,
 reason (+ n_segments, total_bytes, gpu) under --out (default $OUT or results/).
-Usage: python benchmarks/bandwidth.py [--out DIR] [--cctas 2,4,8,14,16,24] [--quick]
-       [--consumer-json best_consumer.json]   (default: ConsumerConfig())
+Usage (repository root): python -m benchmarks.bandwidth [--out DIR] [--cctas 2,4,8,14,16,24]
+       [--quick] [--consumer-json best_consumer.json]   (default: ConsumerConfig())
 """
 
 from __future__ import annotations
@@ -33,11 +33,10 @@ import traceback
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from benchmarks.kernels_h200 import bench_ms
+from systems.overlap.testing import expected_sends, synthetic_plan
 
-from benchmarks.kernels_h200 import bench_ms, expected_sends, synthetic_plan  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # default --out: ROOT/results
 
 N = 4096  # columns: one bf16 row = 8 KiB
 SIZES = [16 << 10 << i for i in range(11)]  # 16 KiB .. 16 MiB
@@ -72,14 +71,8 @@ def measure(plan, y, recv_tab, sig_tab, *, ccta, scope, put_mode, cfg, check) ->
     go = functools.partial(
         launch_consumer,
         y,
-        plan.schedule,
-        plan.band_row,
-        plan.band_valid,
-        plan.band_offset,
+        plan,
         ready,
-        plan.seg_start,
-        plan.seg_count,
-        plan.seg_dst,
         recv_tab,
         sig_tab,
         err,
@@ -178,7 +171,8 @@ def nvshmem_child(path: str, cctas: list[int], sizes: list[int], cfg) -> None:
         json.dump(out, open(path, "w"))
         return
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    from systems.overlap.kernels import PUT_NVSHMEM_SIGNAL, PUT_STORE, ConsumerConfig
+    from systems.overlap.kernels import ConsumerConfig
+    from systems.overlap.modes import PUT_NVSHMEM_SIGNAL, PUT_STORE
     from systems.overlap.transport import nvshmem_self_transport
 
     dev = torch.device("cuda")
@@ -266,7 +260,7 @@ def main() -> None:
         import tempfile
 
         path = os.path.join(tempfile.mkdtemp(), "bandwidth_nvshmem.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", path]
+        cmd = [sys.executable, "-m", "benchmarks.bandwidth", "--child", path]
         if args.consumer_json:
             cmd += ["--consumer-json", args.consumer_json]
         cmd += ["--nvshmem-cctas", args.nvshmem_cctas] + (["--quick"] if args.quick else [])

@@ -2,7 +2,8 @@
 # One device call on a lent H200: install the carried wheels, run the gpu-marked tests and the
 # GPU experiments, each bounded in time so the call ends inside its limit; tables land in $OUT.
 # Usage (through the device tool, carrying .whl): HARNESS_GIT_REV=<rev> bash benchmarks/h200_session.sh [steps]
-# steps: any of tests overlap_ccta plan operator multigpu nvshmem (default: the first four)
+# steps: any of tests overlap_ccta plan operator multigpu nvshmem kernels bandwidth
+# (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-results/h200_session}; mkdir -p "$OUT"
@@ -15,6 +16,8 @@ for step in $steps; do
     tests) timeout 240 python3 -m pytest -q -m gpu -x -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15 ;;
     overlap_ccta) timeout 150 python3 -m harness.run experiment=overlap_ccta progress=false table="$OUT/overlap_ccta.parquet" 2>&1 | tail -50 ;;
     plan) timeout 60 python3 -m benchmarks.plan_time --out "$OUT/plan_time.parquet" 2>&1 | tail -35 ;;
+    kernels) timeout "${KERNELS_S:-400}" python3 -m benchmarks.kernels_h200 --out "$OUT" --skip nvshmem 2>&1 | tee "$OUT/kernels_h200.log" | tail -40 ;;
+    bandwidth) timeout "${BANDWIDTH_S:-300}" python3 -m benchmarks.bandwidth --out "$OUT" --consumer-json "$OUT/best_consumer.json" 2>&1 | tee "$OUT/bandwidth.log" | tail -30 ;;
     multigpu) timeout 100 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 2>&1 | tail -25 ;;
     nvshmem) timeout 60 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 'experiment.select=[overlap]' experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -12 ;;
     operator) timeout "${OPERATOR_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' measure.iters=10 measure.warmup=3 2>&1 | tail -40 ;;

@@ -12,9 +12,10 @@
 Every variant is checked against torch before it is timed; a failing one records status=fail.
 Writes kernels_h200.csv / .parquet (and nvshmem.json) under --out (default $OUT or results/).
 
-Usage (GPU machine): python benchmarks/kernels_h200.py [--out DIR] [--quick] [--no-sweep]
-`synthetic_plan` (also used by the kernel tests and benchmarks/bandwidth.py) builds a small
-combine plan in the layout of systems/overlap/plan.py without routing.
+Usage (GPU machine, repository root): python -m benchmarks.kernels_h200 [--out DIR] [--quick]
+       [--no-sweep] [--skip SECTIONS]
+The plans are systems.overlap.testing.synthetic_plan's (group sizes through the real stage-A
+builder), shared with the kernel tests.
 """
 
 from __future__ import annotations
@@ -32,161 +33,15 @@ from types import SimpleNamespace
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from systems.overlap.testing import (
+    balanced_rows,
+    expected_sends,
+    reference_y,
+    rows_sent,
+    synthetic_plan,
+)
 
-
-# ----------------------------------------------------------------------------------------
-# Synthetic plans (the layout of systems/overlap/plan.py, built directly from group sizes)
-# ----------------------------------------------------------------------------------------
-def synthetic_plan(
-    rows: list[list[int]],
-    *,
-    rank: int,
-    tile_m: int,
-    mgb: int = 1,
-    device: torch.device | str = "cpu",
-    dst_base: list[int] | None = None,
-) -> SimpleNamespace:
-    """A combine plan from group sizes rows[e][s] (valid rows of local expert e owned by rank s).
-
-    Layout per expert: remote groups (owners ascending, each padded to a multiple of tile_m),
-    then the local group unpadded; experts concatenated. Schedule: remote bands of experts with
-    more remote bands first (layout order inside), then local bands. Segments: first and last
-    single bands, middle ones mgb bands, cut at group changes. A destination d's rows from this
-    rank are consecutive from dst_base[d] in (expert, row) order. All tensors int64 on device.
-    Extra fields: dst_rows [W] (receive-buffer rows each destination needs), x_rows (R).
-    """
-    E, W = len(rows), len(rows[0])
-    tm = tile_m
-    base = list(dst_base) if dst_base is not None else [0] * W
-    next_off = list(base)
-    band = {k: [] for k in ("expert", "row", "rows", "dst", "valid", "offset", "group")}
-    gather, local_src, local_dst = [], [], []
-    row = 0
-    xr = 0
-    group_id = 0
-    expert_bands = []
-    for e in range(E):
-        owners = [s for s in range(W) if s != rank] + [rank]
-        remote_bands = 0
-        for s in owners:
-            c = rows[e][s]
-            nb = math.ceil(c / tm) if c else 0
-            off = next_off[s]
-            next_off[s] += c
-            for q in range(nb):
-                valid = min(tm, c - q * tm)
-                height = tm if s != rank else valid
-                band["expert"].append(e)
-                band["row"].append(row)
-                band["rows"].append(height)
-                band["dst"].append(s)
-                band["valid"].append(valid)
-                band["offset"].append(off + q * tm)
-                band["group"].append(group_id)
-                for i in range(height):
-                    if i < valid:
-                        gather.append(xr)
-                        if s == rank:
-                            local_src.append(row + i)
-                            local_dst.append(off + q * tm + i)
-                        xr += 1
-                    else:
-                        gather.append(-1)
-                row += height
-                if s != rank:
-                    remote_bands += 1
-            group_id += 1
-        expert_bands.append(remote_bands)
-    B = len(band["row"])
-    order_e = sorted(range(E), key=lambda e: (-expert_bands[e], e))
-    remote = [
-        b for e in order_e for b in range(B) if band["expert"][b] == e and band["dst"][b] != rank
-    ]
-    local = [b for b in range(B) if band["dst"][b] == rank]
-    schedule = remote + local
-    seg_start, seg_count = [], []
-    NR = len(remote)
-    p = 0
-    while p < NR:
-        if p == 0 or p == NR - 1:
-            n = 1
-        else:
-            n = 1
-            g = band["group"][remote[p]]
-            while n < mgb and p + n < NR - 1 and band["group"][remote[p + n]] == g:
-                n += 1
-        seg_start.append(p)
-        seg_count.append(n)
-        p += n
-    seg_dst = [band["dst"][remote[s]] for s in seg_start]
-
-    def t(v):
-        return torch.tensor(v, dtype=torch.int64, device=device)
-
-    return SimpleNamespace(
-        rank=rank,
-        world_size=W,
-        experts_per_rank=E,
-        tile_m=tm,
-        mgb=mgb,
-        n_rows=xr,
-        n_padded=row,
-        n_bands=B,
-        n_remote_bands=NR,
-        n_segments=len(seg_start),
-        n_local=len(local_src),
-        gather_index=t(gather),
-        band_expert=t(band["expert"]),
-        band_row=t(band["row"]),
-        band_rows=t(band["rows"]),
-        band_dst=t(band["dst"]),
-        band_valid=t(band["valid"]),
-        band_offset=t(band["offset"]),
-        schedule=t(schedule),
-        seg_start=t(seg_start),
-        seg_count=t(seg_count),
-        seg_dst=t(seg_dst),
-        local_src_row=t(local_src),
-        local_dst_index=t(local_dst),
-        dst_rows=[max(n, 1) for n in next_off],
-    )
-
-
-def expected_sends(plan, y: torch.Tensor, recv: list[torch.Tensor]) -> list[torch.Tensor]:
-    """What the consumer must leave in each destination buffer: copies of recv with every remote
-    band's valid rows of y [P, N] written at band_offset (pure torch)."""
-    out = [r.clone() for r in recv]
-    rows, valid = plan.band_row.tolist(), plan.band_valid.tolist()
-    dst, off = plan.band_dst.tolist(), plan.band_offset.tolist()
-    for b in plan.schedule[: plan.n_remote_bands].tolist():
-        out[dst[b]][off[b] : off[b] + valid[b]] = y[rows[b] : rows[b] + valid[b]]
-    return out
-
-
-def rows_sent(plan) -> list[int]:
-    """Valid rows this plan sends to each rank [W]."""
-    sent = [0] * plan.world_size
-    for b in plan.schedule[: plan.n_remote_bands].tolist():
-        sent[int(plan.band_dst[b])] += int(plan.band_valid[b])
-    return sent
-
-
-def reference_y(plan, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Y [P, N] in float32 for padded input x [P, K] and weights [E, K, N]."""
-    y = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float32, device=x.device)
-    rows, n, e = plan.band_row.tolist(), plan.band_rows.tolist(), plan.band_expert.tolist()
-    for b in range(plan.n_bands):
-        y[rows[b] : rows[b] + n[b]] = x[rows[b] : rows[b] + n[b]].float() @ w[e[b]].float()
-    return y
-
-
-def balanced_rows(experts: int, rows_per_expert: int, world: int) -> list[list[int]]:
-    """rows[e][s]: each expert's rows split evenly over `world` owners."""
-    share = rows_per_expert // world
-    return [[share] * world for _ in range(experts)]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # default --out: ROOT/results
 
 
 # ----------------------------------------------------------------------------------------
@@ -227,7 +82,7 @@ def producer_problem(name, experts, rows_per_expert, K, N, world=4, dtype=torch.
     plan = synthetic_plan(rows, rank=world - 1, tile_m=128, device=dev)
     x_recv = (torch.randn(plan.n_rows, K, generator=g) * 0.5).to(dev, dtype)
     w = (torch.randn(experts, K, N, generator=g) / math.sqrt(K)).to(dev, dtype)
-    from systems.overlap.kernels import padded_input
+    from systems.overlap.plan import padded_input
 
     x = padded_input(x_recv, plan.gather_index)
     # rows sorted by expert for torch (valid rows only, the same values)
@@ -261,12 +116,8 @@ def run_producer_variant(pb, cfg, *, flag: bool, grid: int, label: str, ref: tor
             pb.x,
             pb.w,
             y,
-            p.schedule,
-            p.band_expert,
-            p.band_row,
-            p.band_rows,
+            p,
             ready,
-            n_signal=p.n_remote_bands,
             num_programs=grid,
             config=cfg,
             signal=flag,
@@ -406,14 +257,8 @@ def run_consumer_variant(plan, y, fabric, cfg, *, ccta, wait, label, nbytes, inc
     def go():
         return launch_consumer(
             y,
-            plan.schedule,
-            plan.band_row,
-            plan.band_valid,
-            plan.band_offset,
+            plan,
             ready,
-            plan.seg_start,
-            plan.seg_count,
-            plan.seg_dst,
             tr.recv_ptrs,
             tr.signal_ptrs,
             err,
@@ -509,7 +354,7 @@ def consumer_section(args) -> None:
 # Overlap on loopback
 # ----------------------------------------------------------------------------------------
 def overlap_section(args, sms: int) -> None:
-    from systems.overlap.kernels import OverlapRunner, residency_report
+    from systems.overlap.runner import OverlapRunner, residency_report
     from systems.overlap.transport import LoopbackFabric
 
     pb = producer_problem("16x1024_K2048_N8192", 16, 1024, 2048, 8192)
@@ -580,13 +425,8 @@ def nvshmem_child(out_path: str, sizes: list[int], cctas: list[int]) -> None:
     os.environ.setdefault("NVSHMEM_SYMMETRIC_SIZE", str(4 << 30))
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
     from systems.overlap.errors import new_error_buffer, raise_if_error
-    from systems.overlap.kernels import (
-        PUT_NVSHMEM,
-        PUT_NVSHMEM_SIGNAL,
-        PUT_STORE,
-        ConsumerConfig,
-        launch_consumer,
-    )
+    from systems.overlap.kernels import ConsumerConfig, launch_consumer
+    from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
     from systems.overlap.transport import nvshmem_self_transport
 
     results = []
@@ -634,14 +474,8 @@ def nvshmem_child(out_path: str, sizes: list[int], cctas: list[int]) -> None:
                     go = functools.partial(
                         launch_consumer,
                         y,
-                        plan.schedule,
-                        plan.band_row,
-                        plan.band_valid,
-                        plan.band_offset,
+                        plan,
                         ready,
-                        plan.seg_start,
-                        plan.seg_count,
-                        plan.seg_dst,
                         recv_tab,
                         sig_tab,
                         err,
@@ -688,7 +522,8 @@ def nvshmem_section(args, out_dir: str) -> None:
     sizes = [2 << 20] if args.quick else [64 << 10, 2 << 20]
     cmd = [
         sys.executable,
-        os.path.abspath(__file__),
+        "-m",
+        "benchmarks.kernels_h200",
         "--nvshmem-child",
         path,
         "--sizes",
@@ -697,7 +532,9 @@ def nvshmem_section(args, out_dir: str) -> None:
         "16",
     ]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.nvshmem_timeout)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=args.nvshmem_timeout, cwd=ROOT
+        )
         sys.stdout.write(proc.stdout[-6000:])
         if proc.returncode != 0:
             sys.stdout.write(proc.stderr[-4000:])

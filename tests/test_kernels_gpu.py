@@ -17,30 +17,26 @@ from dataclasses import replace
 import pytest
 import torch
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # benchmarks/ (synthetic plans) also under a plain `pytest`
-    sys.path.insert(0, _ROOT)
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from benchmarks.kernels_h200 import (  # noqa: E402
-    expected_sends,
-    reference_y,
-    rows_sent,
-    synthetic_plan,
-)
 from systems.overlap.errors import OverlapTimeoutError, new_error_buffer, read_error  # noqa: E402
 from systems.overlap.kernels import (  # noqa: E402
     ConsumerConfig,
-    OverlapRunner,
     TileConfig,
     launch_consumer,
     launch_producer,
     launch_wait_signals,
-    padded_input,
     pick_config,
-    residency_report,
+)
+from systems.overlap.plan import padded_input  # noqa: E402
+from systems.overlap.runner import OverlapRunner, residency_report  # noqa: E402
+from systems.overlap.testing import (  # noqa: E402
+    expected_sends,
+    reference_y,
+    rows_sent,
+    synthetic_plan,
 )
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 
@@ -85,12 +81,8 @@ def test_producer_matches_torch(dtype, variant):
             x,
             w,
             y,
-            plan.schedule,
-            plan.band_expert,
-            plan.band_row,
-            plan.band_rows,
+            plan,
             ready,
-            n_signal=plan.n_remote_bands,
             num_programs=7,
             config=cfg,
         )
@@ -108,14 +100,8 @@ def _consume(plan, y, fabric, ready, target, cfg, ccta, wait=True):
     err = new_error_buffer(DEV)
     launch_consumer(
         y,
-        plan.schedule,
-        plan.band_row,
-        plan.band_valid,
-        plan.band_offset,
+        plan,
         ready,
-        plan.seg_start,
-        plan.seg_count,
-        plan.seg_dst,
         tr.recv_ptrs,
         tr.signal_ptrs,
         err,
@@ -234,7 +220,6 @@ def test_consumer_cta_owns_its_sm_on_hopper():
 
 _NVSHMEM_CHILD = r"""
 import os, sys, torch, torch.distributed as dist
-sys.path.insert(0, os.getcwd())
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29573")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 import torch.distributed._symmetric_memory as symm_mem
@@ -242,10 +227,10 @@ if not symm_mem.is_nvshmem_available():
     print("NO_NVSHMEM"); sys.exit(0)
 dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 from dataclasses import replace
-from benchmarks.kernels_h200 import synthetic_plan, expected_sends
+from systems.overlap.testing import synthetic_plan, expected_sends
 from systems.overlap.errors import new_error_buffer, raise_if_error
 from systems.overlap.kernels import ConsumerConfig, launch_consumer
-from systems.overlap.kernels import PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL
+from systems.overlap.modes import PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL
 from systems.overlap.transport import nvshmem_self_transport
 plan = synthetic_plan([[100, 0], [64, 0], [30, 0]], rank=1, tile_m=64, mgb=2, device="cuda")
 y = torch.randn(plan.n_padded, 256, device="cuda").to(torch.bfloat16)
@@ -255,10 +240,8 @@ for mode in (PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL):
     tr.recv.zero_(); tr.signal.zero_()
     rt, st = tr.tables()
     err = new_error_buffer("cuda")
-    launch_consumer(y, plan.schedule, plan.band_row, plan.band_valid, plan.band_offset,
-                    torch.ones(plan.n_bands, dtype=torch.int32, device="cuda"), plan.seg_start,
-                    plan.seg_count, plan.seg_dst, rt, st, err,
-                    torch.zeros(2, dtype=torch.int64, device="cuda"), ready_target=1, rank=0,
+    launch_consumer(y, plan, torch.ones(plan.n_bands, dtype=torch.int32, device="cuda"), rt, st,
+                    err, torch.zeros(2, dtype=torch.int64, device="cuda"), ready_target=1, rank=0,
                     ccta=2, config=ConsumerConfig(num_warps=8, stages=1), scope="sys",
                     put_mode=mode)
     torch.cuda.synchronize()
@@ -273,9 +256,11 @@ dist.destroy_process_group()
 
 def test_nvshmem_put_to_self_in_child_process():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.run(
         [sys.executable, "-c", _NVSHMEM_CHILD],
         cwd=root,
+        env={**os.environ, "PYTHONPATH": path},
         capture_output=True,
         text=True,
         timeout=240,

@@ -23,9 +23,6 @@ import sys
 import pytest
 import torch
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # benchmarks/ (synthetic plans) also under a plain `pytest`
-    sys.path.insert(0, _ROOT)
 if torch.cuda.is_available():
     pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
 os.environ["TRITON_INTERPRET"] = "1"
@@ -41,19 +38,17 @@ needs_interpreter = pytest.mark.skipif(
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, in the interpreter
 
 import systems.overlap.kernels.consumer as consumer_mod  # noqa: E402
+import systems.overlap.kernels.primitives as primitives_mod  # noqa: E402
 import systems.overlap.kernels.producer as producer_mod  # noqa: E402
 
 if INTERPRETED and not isinstance(producer_mod._producer_kernel, InterpretedFunction):
+    importlib.reload(primitives_mod)
     producer_mod = importlib.reload(producer_mod)
     consumer_mod = importlib.reload(consumer_mod)
     importlib.reload(sys.modules["systems.overlap.kernels"])
+    if "systems.overlap.runner" in sys.modules:
+        importlib.reload(sys.modules["systems.overlap.runner"])
 
-from benchmarks.kernels_h200 import (  # noqa: E402
-    expected_sends,
-    reference_y,
-    rows_sent,
-    synthetic_plan,
-)
 from systems.overlap.errors import (  # noqa: E402
     CODE_BAND_TIMEOUT,
     CODE_SIGNAL_TIMEOUT,
@@ -63,13 +58,19 @@ from systems.overlap.errors import (  # noqa: E402
     read_error,
 )
 from systems.overlap.kernels import (  # noqa: E402
-    OverlapRunner,
     interpreter_config,
     interpreter_consumer_config,
     launch_consumer,
     launch_producer,
     launch_wait_signals,
-    padded_input,
+)
+from systems.overlap.plan import padded_input  # noqa: E402
+from systems.overlap.runner import OverlapRunner  # noqa: E402
+from systems.overlap.testing import (  # noqa: E402
+    expected_sends,
+    reference_y,
+    rows_sent,
+    synthetic_plan,
 )
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 
@@ -95,12 +96,8 @@ def _run_producer(plan, x, w, cfg, signal=True):
         x,
         w,
         y,
-        plan.schedule,
-        plan.band_expert,
-        plan.band_row,
-        plan.band_rows,
+        plan,
         ready,
-        n_signal=plan.n_remote_bands,
         num_programs=3,
         config=cfg,
         signal=signal,
@@ -149,14 +146,8 @@ def _consume(plan, y, fabric, ready, target, cfg, ccta=2, wait=True):
     err = new_error_buffer("cpu")
     launch_consumer(
         y,
-        plan.schedule,
-        plan.band_row,
-        plan.band_valid,
-        plan.band_offset,
+        plan,
         ready,
-        plan.seg_start,
-        plan.seg_count,
-        plan.seg_dst,
         tr.recv_ptrs,
         tr.signal_ptrs,
         err,
@@ -276,3 +267,28 @@ def test_interpreter_in_subprocess():
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_nvshmem_module_init_follows_the_put_mode(monkeypatch):
+    """The consumer's NVSHMEM launch and its PUT_STORE launch compile the same function: torch's
+    registry (by kernel name) must hold it only while an NVSHMEM put mode launches."""
+
+    class Registry:
+        names: set = set()
+
+        @classmethod
+        def register(cls, name):
+            cls.names.add(name)
+
+        @classmethod
+        def deregister(cls, name):
+            cls.names.discard(name)
+
+    name = consumer_mod._consumer_kernel.fn.__name__
+    monkeypatch.setattr(consumer_mod, "_nvshmem_registry", None)
+    consumer_mod._nvshmem_module_init(False)  # before any NVSHMEM launch: nothing to do
+    monkeypatch.setattr(consumer_mod, "_nvshmem_registry", Registry)
+    consumer_mod._nvshmem_module_init(True)
+    assert Registry.names == {name}
+    consumer_mod._nvshmem_module_init(False)
+    assert Registry.names == set()

@@ -1,5 +1,5 @@
 """GPU tier: the overlap system against the reference, and its row placement against stage A's
-CPU executor (exactly, on integer-valued inputs where every GEMM is exact)."""
+CPU oracle, oracle_cpu.py (exactly, on integer-valued inputs where every GEMM is exact)."""
 
 import subprocess
 import sys
@@ -11,8 +11,8 @@ import torch
 
 from harness.layout import rank_layout
 from harness.workload import WorkloadSpec
-from systems.overlap.executor_cpu import _copy_local, padded_input, produce
-from systems.overlap.plan import plan_for_layout
+from systems.overlap.oracle_cpu import _copy_local, produce
+from systems.overlap.plan import padded_input, plan_for_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.gpu
@@ -40,7 +40,7 @@ def test_overlap_equals_reference_on_loopback_grid(tmp_path):
 @pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("mgb", [1, 2])
-def test_row_placement_equals_cpu_executor(routing, world, mgb):
+def test_row_placement_equals_cpu_oracle(routing, world, mgb):
     from systems.overlap.system import _Rank
     from systems.overlap.transport import LoopbackFabric
 
@@ -76,7 +76,7 @@ def test_row_placement_equals_cpu_executor(routing, world, mgb):
             out_cols=spec.out,
             elem_bytes=2,
         )
-        xp = padded_input(plan, x.float())
+        xp = padded_input(x.float(), plan.gather_index)
 
         def send(seg, dst, offset, block):
             cpu_backs[dst][offset : offset + block.shape[0]] = block

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from harness.layout import rank_layout
 from harness.workload import WorkloadSpec
-from systems.overlap.plan import build_plan, plans_for_spec
+from systems.overlap.plan import build_plan, padded_input, plans_for_spec
+from systems.overlap.testing import synthetic_plan, synthetic_rows
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -133,6 +134,11 @@ def check_plan(plan, src, expert, dst, buf_rows):
     assert plan.n_local == int((src == rank).sum())
     assert torch.equal(torch.sort(lx).values, torch.nonzero(src == rank).squeeze(1))
     assert torch.equal(dst[lx], plan.local_dst_index)
+    # The padded GEMM input: x_recv rows at row_pos, zero padding rows.
+    x_recv = torch.arange(R * 2, dtype=torch.float32).view(R, 2) + 1
+    want = x_recv.new_zeros(P, 2)
+    want[plan.row_pos] = x_recv
+    assert torch.equal(padded_input(x_recv, gi), want)
     return plan
 
 
@@ -282,3 +288,19 @@ def test_plan_on_gpu_equals_cpu_with_one_host_sync():
             assert b.is_cuda and torch.equal(a, b.cpu()), f.name
         else:
             assert a == b, f.name
+
+
+def test_synthetic_plans_come_from_build_plan():
+    """systems.overlap.testing's plans (kernel tests, benchmarks) are stage-A plans."""
+    rows = [[20, 16, 5], [0, 33, 18]]  # rows[e][s], this rank = 2
+    plan = synthetic_plan(rows, rank=2, tile_m=16, mgb=2, dst_base=[3, 7, 0])
+    src, expert, dst, dst_rows = synthetic_rows(rows, rank=2, dst_base=[3, 7, 0])
+    check_plan(plan, src, expert, dst, torch.tensor(dst_rows))
+    assert dst_rows == plan.dst_rows == [3 + 20, 7 + 16 + 33, 5 + 18]
+    assert torch.equal(plan.group_rows, torch.tensor(rows))
+    # x_recv rows in layout order: experts ascending, remote owners ascending, the local last
+    assert src.tolist() == [0] * 20 + [1] * 16 + [2] * 5 + [1] * 33 + [2] * 18
+    # destination d's rows are consecutive from dst_base[d] in (expert, row) order
+    assert dst[src == 1].tolist() == list(range(7, 7 + 16 + 33))
+    moved = plan.to("cpu")
+    assert type(moved) is type(plan) and moved.dst_rows == plan.dst_rows

@@ -132,12 +132,12 @@ class CombinePlan:
         return self.n_padded - self.n_rows
 
     def to(self, device: torch.device | str) -> CombinePlan:
-        """A copy with every tensor on `device`."""
+        """A copy (of the same class) with every tensor on `device`."""
         kw = {}
         for f in fields(self):
             v = getattr(self, f.name)
             kw[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
-        return CombinePlan(**kw)
+        return type(self)(**kw)
 
 
 def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -340,6 +340,18 @@ def plan_for_layout(
         elem_bytes=elem_bytes,
         send_counts=lay.send_counts.to(dev),
     )
+
+
+def padded_input(x_recv: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
+    """The padded GEMM input X [P, K] from x_recv [R, K] (the layout step of stage A).
+
+    Row p = x_recv[gather_index[p]], zero where gather_index[p] == -1 (a padding row);
+    gather_index is CombinePlan.gather_index [P]. Pure torch, on x_recv's device.
+    """
+    idx = gather_index.to(device=x_recv.device, dtype=torch.int64)
+    out = x_recv.index_select(0, idx.clamp(min=0))
+    out.masked_fill_((idx < 0)[:, None], 0)
+    return out
 
 
 def owner_expert_counts(expert_ids: torch.Tensor, experts_per_rank: int) -> torch.Tensor:

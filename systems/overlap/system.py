@@ -30,7 +30,7 @@ import torch
 from harness.reference import scale
 from harness.system import CellInputs, System
 from harness.workload import WorkloadSpec
-from systems.overlap.plan import plan_for_layout
+from systems.overlap.plan import padded_input, plan_for_layout
 
 TILE_MS = (64, 128)
 TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
@@ -40,7 +40,7 @@ class _Rank:
     """One (possibly simulated) rank's state: layout, plan, padded operands, runner."""
 
     def __init__(self, spec: WorkloadSpec, lay, x_recv, weights, tile_m, mgb, transport, ccta):
-        from systems.overlap.kernels import OverlapRunner, padded_input
+        from systems.overlap.runner import OverlapRunner
 
         self.lay = lay
         self.plan = plan_for_layout(

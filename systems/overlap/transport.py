@@ -15,13 +15,14 @@ the segment's rows to signal[d][rank] (release). Receiver d has all of source s'
             (symm_mem.empty + rendezvous); the tables hold the PEERS' pointers (get_buffer), so
             the consumer stores straight into peer memory over NVLink with wide vector stores,
             then a release atomic at system scope on the peer's counter.
-  nvshmem   one process per GPU: torch symmetric memory on the NVSHMEM backend. put_mode picks
-            the data path: PUT_STORE (default, the fast one: Triton wide stores through the peer
-            pointers NVSHMEM maps for load/store-reachable peers, like p2p), PUT_NVSHMEM
-            (nvshmemx_putmem_block + nvshmem_quiet + release atomic) or PUT_NVSHMEM_SIGNAL
-            (putmem_block, and putmem_signal_block with NVSHMEM_SIGNAL_ADD for a segment's last
-            band). The put modes pass SYMMETRIC addresses (this process's own, the same for
-            every destination) and PE = destination rank (requires group ranks == global ranks).
+  nvshmem   one process per GPU: torch symmetric memory on the NVSHMEM backend. put_mode
+            (modes.py) picks the data path: PUT_STORE (default, the fast one: Triton wide
+            stores through the peer pointers NVSHMEM maps for load/store-reachable peers, like
+            p2p), PUT_NVSHMEM (nvshmemx_putmem_block + nvshmem_quiet + release atomic) or
+            PUT_NVSHMEM_SIGNAL (putmem_block, and putmem_signal_block with NVSHMEM_SIGNAL_ADD
+            for a segment's last band). The put modes pass SYMMETRIC addresses (this process's
+            own, the same for every destination) and PE = destination rank (requires group
+            ranks == global ranks).
             nvshmem_self_transport builds a W = 1 transport without rendezvous (torch refuses a
             rendezvous of one rank), for measuring the put paths on one GPU.
 p2p and nvshmem need W >= 2 processes for their real purpose and cannot be fully exercised on
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from systems.overlap.kernels.consumer import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
+from systems.overlap.modes import PUT_MODE_NAMES, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
 
 TRANSPORTS = ("loopback", "p2p", "nvshmem")
 
@@ -82,8 +83,9 @@ class Transport:
     @property
     def label(self) -> str:
         """Name with the data path, e.g. 'nvshmem/put_signal' (for the transport column)."""
-        mode = {PUT_STORE: "store", PUT_NVSHMEM: "put", PUT_NVSHMEM_SIGNAL: "put_signal"}
-        return self.name if self.put_mode == PUT_STORE else f"{self.name}/{mode[self.put_mode]}"
+        if self.put_mode == PUT_STORE:
+            return self.name
+        return f"{self.name}/{PUT_MODE_NAMES[self.put_mode]}"
 
 
 def _ptr_table(ptrs: list[int], device: torch.device) -> torch.Tensor:

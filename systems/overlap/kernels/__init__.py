@@ -1,31 +1,16 @@
-"""Stage B of the method: the producer and consumer kernels and the runner that pairs them.
+"""Stage B of the method, device side: the Triton kernels and their thin launchers.
 
-producer.py  ONE persistent Triton GEMM per rank over all local experts, per-band ready counters
-consumer.py  ONE persistent Triton kernel on cCTA SMs: wait for bands, copy valid rows, signal
-OverlapRunner (here) owns the per-rank state of one plan: ready counters, error buffer, the two
-streams, the run counters (epochs), and launches
-  overlapped()    producer (priority 0 stream, grid SMs - cCTA) then consumer (priority -3
-                  stream, cCTA programs), joined back into the current stream
-  sequential()    the same two kernels one after the other on the current stream (reference)
-  compute_only()  producer without flags (FLAG=0): the compute bound / flag-cost reference
-  comm_only()     consumer without waiting (flags taken as set): the communication bound
-  local_copy()    the local rows Y[local_src_row] -> own receive buffer (torch index ops)
-  wait_received() receiver side: block the current stream until every source's rows arrived
-  check()         raise OverlapTimeoutError if a wait timed out (synchronises)
-Importing this package imports triton (not the transports, which import torch.distributed).
+producer.py    ONE persistent Triton GEMM per rank over all local experts, per-band ready counters
+consumer.py    ONE persistent Triton kernel on cCTA SMs: wait for bands, copy valid rows, signal
+primitives.py  the device primitives both share (bounded spins, error record, timers, copies,
+               flag publishing, NVSHMEM externs)
+The host state that pairs them (counters, streams, epochs) is systems/overlap/runner.py; the
+named modes are systems/overlap/modes.py. Importing this package imports triton.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
-from systems.overlap.errors import new_error_buffer, raise_if_error, read_error
 from systems.overlap.kernels.consumer import (
-    PUT_NVSHMEM,
-    PUT_NVSHMEM_SIGNAL,
-    PUT_STORE,
     ConsumerConfig,
     interpreter_consumer_config,
     launch_consumer,
@@ -36,258 +21,19 @@ from systems.overlap.kernels.producer import (
     TileConfig,
     interpreter_config,
     launch_producer,
-    padded_input,
     pick_config,
     producer_grid,
 )
 
 __all__ = [
-    "PUT_NVSHMEM",
-    "PUT_NVSHMEM_SIGNAL",
-    "PUT_STORE",
     "ConsumerConfig",
-    "OverlapRunner",
     "TileConfig",
     "interpreter_config",
     "interpreter_consumer_config",
     "launch_consumer",
     "launch_producer",
     "launch_wait_signals",
-    "padded_input",
     "pick_config",
     "producer_grid",
-    "residency_report",
     "vec_ok",
 ]
-
-_INT32_MAX = 2**31 - 1
-
-
-class OverlapRunner:
-    """Producer + consumer of ONE rank's plan on one device.
-
-    plan: a systems.overlap.plan.CombinePlan (or anything with its band_*, schedule, seg_*,
-      n_remote_bands, local_* fields) with tensors on the device;
-    weights [E, K, N]; transport: systems.overlap.transport.Transport of this rank;
-    ccta: consumer programs; the producer gets SMs - ccta (num_programs overrides, e.g. for
-      the CPU interpreter where there are no SMs).
-    """
-
-    def __init__(
-        self,
-        plan: Any,
-        weights: torch.Tensor,
-        transport: Any,
-        *,
-        ccta: int,
-        tile: TileConfig | None = None,
-        consumer: ConsumerConfig | None = None,
-        num_programs: int | None = None,
-    ) -> None:
-        self.plan = plan
-        self.weights = weights
-        self.transport = transport
-        self.ccta = ccta
-        dev = weights.device
-        self.device = dev
-        E, K, N = weights.shape
-        self.n = N
-        self.tile = tile or pick_config(plan.tile_m, K, N, weights.dtype)
-        if self.tile.block_m != plan.tile_m:
-            raise ValueError(f"tile block_m {self.tile.block_m} != plan tile_m {plan.tile_m}")
-        self.consumer = consumer or ConsumerConfig()
-        if num_programs is None:
-            sms = torch.cuda.get_device_properties(dev).multi_processor_count
-            num_programs = producer_grid(sms, ccta)
-        self.num_programs = num_programs
-        self.band_ready = torch.zeros(max(plan.n_bands, 1), dtype=torch.int32, device=dev)
-        self.err = new_error_buffer(dev)
-        self.clock = torch.zeros(max(ccta, 1), dtype=torch.int64, device=dev)
-        self.producer_runs = 0  # epochs of the band counters
-        self.consumer_runs = 0  # runs that signalled the receivers (epochs of their counters)
-        if dev.type == "cuda":
-            self.prod_stream = torch.cuda.Stream(dev, priority=0)
-            self.cons_stream = torch.cuda.Stream(dev, priority=-3)
-        self.last_kernels: dict[str, Any] = {}
-
-    # -- one run -------------------------------------------------------------------------
-    def _next_target(self) -> int:
-        """Ready-counter value of a complete band in the next producer run (epoch value)."""
-        inc = self.tile.band_increment(self.n)
-        if (self.producer_runs + 1) * inc > _INT32_MAX:
-            self.band_ready.zero_()  # stream-ordered; the previous run is joined already
-            self.producer_runs = 0
-        return (self.producer_runs + 1) * inc
-
-    def _produce(self, x: torch.Tensor, y: torch.Tensor, signal: bool, num_programs: int):
-        p = self.plan
-        return launch_producer(
-            x,
-            self.weights,
-            y,
-            p.schedule,
-            p.band_expert,
-            p.band_row,
-            p.band_rows,
-            self.band_ready,
-            n_signal=p.n_remote_bands,
-            num_programs=num_programs,
-            config=self.tile,
-            signal=signal,
-        )
-
-    def _consume(self, y: torch.Tensor, target: int, wait: bool):
-        p, t = self.plan, self.transport
-        recv_tab, sig_tab = t.tables()
-        return launch_consumer(
-            y,
-            p.schedule,
-            p.band_row,
-            p.band_valid,
-            p.band_offset,
-            self.band_ready,
-            p.seg_start,
-            p.seg_count,
-            p.seg_dst,
-            recv_tab,
-            sig_tab,
-            self.err,
-            self.clock,
-            ready_target=target,
-            rank=p.rank,
-            ccta=self.ccta,
-            config=self.consumer,
-            wait=wait,
-            scope=t.scope,
-            put_mode=t.put_mode,
-            vec=vec_ok(y, getattr(t, "aligned", None), recv_tab),
-        )
-
-    def overlapped(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Producer and consumer concurrently: x [P, K] -> y [P, N], remote rows sent.
-
-        The producer goes first (it never waits), the consumer second on the high-priority
-        stream; both join the current stream before this returns (asynchronously).
-        """
-        target = self._next_target()
-        if self.device.type != "cuda":
-            return self.sequential(x, y, target=target)
-        cur = torch.cuda.current_stream(self.device)
-        self.prod_stream.wait_stream(cur)
-        self.cons_stream.wait_stream(cur)
-        with torch.cuda.stream(self.prod_stream):
-            kp = self._produce(x, y, True, self.num_programs)
-        with torch.cuda.stream(self.cons_stream):
-            kc = self._consume(y, target, True)
-        cur.wait_stream(self.prod_stream)
-        cur.wait_stream(self.cons_stream)
-        for s in (self.prod_stream, self.cons_stream):
-            x.record_stream(s)
-            y.record_stream(s)
-        self.producer_runs += 1
-        self.consumer_runs += 1
-        self.last_kernels = {"producer": kp, "consumer": kc}
-        return y
-
-    def sequential(self, x: torch.Tensor, y: torch.Tensor, target: int | None = None):
-        """The same kernels one after the other on the current stream (no overlap)."""
-        if target is None:
-            target = self._next_target()
-        kp = self._produce(x, y, True, self.num_programs)
-        kc = self._consume(y, target, True)
-        self.producer_runs += 1
-        self.consumer_runs += 1
-        self.last_kernels = {"producer": kp, "consumer": kc}
-        return y
-
-    def compute_only(self, x: torch.Tensor, y: torch.Tensor, num_programs: int | None = None):
-        """Producer without flags (FLAG=0) on the current stream: the compute-only bound."""
-        self._produce(x, y, False, num_programs or self.num_programs)
-        return y
-
-    def comm_only(self, y: torch.Tensor) -> None:
-        """Consumer alone, flags taken as set (no waits): the communication-only bound."""
-        self._consume(y, 0, False)
-        self.consumer_runs += 1
-
-    def local_copy(self, y: torch.Tensor, recv: torch.Tensor | None = None) -> torch.Tensor:
-        """Local rows: recv[local_dst_index] = y[local_src_row] (recv: own receive buffer)."""
-        p = self.plan
-        recv = self.transport.recv if recv is None else recv
-        if p.n_local:
-            recv.index_copy_(0, p.local_dst_index, y.index_select(0, p.local_src_row))
-        return recv
-
-    def expected_signal(self, rows_from: torch.Tensor) -> torch.Tensor:
-        """int64 [W]: receive-counter values meaning 'all rows of this run arrived'.
-
-        rows_from [W]: rows each source sends this rank (plan.recv_rows, 0 at this rank).
-        Assumes every rank ran the consumer as often as this one (true in lockstep runs).
-        """
-        return rows_from.to(device=self.device, dtype=torch.int64) * self.consumer_runs
-
-    def wait_received(self, rows_from: torch.Tensor) -> None:
-        """Block the current stream until every source's rows of this run have arrived."""
-        launch_wait_signals(
-            self.transport.signal,
-            self.expected_signal(rows_from),
-            self.err,
-            self.clock,
-            rank=self.plan.rank,
-            config=self.consumer,
-            scope=self.transport.scope,
-        )
-
-    # -- errors and state ----------------------------------------------------------------
-    def check(self) -> None:
-        """Raise OverlapTimeoutError if any wait timed out (synchronises with the device)."""
-        raise_if_error(self.err)
-
-    def error(self):
-        return read_error(self.err)
-
-    def reset(self) -> None:
-        """Zero counters and the error record (after a time-out the counters are stale)."""
-        self.band_ready.zero_()
-        self.err.zero_()
-        self.producer_runs = 0
-        self.consumer_runs = 0
-
-
-def residency_report(producer_kernel: Any, consumer_kernel: Any, device=None) -> dict:
-    """Can a consumer CTA share an SM with a producer CTA or another consumer CTA?
-
-    From the compiled kernels (Triton CompiledKernel: metadata.shared, n_regs, num_warps) and
-    the device limits. exclusive=True means each consumer CTA owns its SM.
-    """
-    props = torch.cuda.get_device_properties(device)
-    smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
-    regs = getattr(props, "regs_per_multiprocessor", 65536)
-    threads = getattr(props, "max_threads_per_multi_processor", 2048)
-
-    def usage(k):
-        warps = k.metadata.num_warps
-        return {
-            "smem": k.metadata.shared + 1024,  # + the 1 KiB the driver reserves per CTA
-            "regs": int(getattr(k, "n_regs", 0)) * 32 * warps,
-            "threads": 32 * warps,
-        }
-
-    up, uc = usage(producer_kernel), usage(consumer_kernel)
-
-    def fits(a, b):
-        return (
-            a["smem"] + b["smem"] <= smem
-            and a["regs"] + b["regs"] <= regs
-            and a["threads"] + b["threads"] <= threads
-        )
-
-    return {
-        "producer": up,
-        "consumer": uc,
-        "sm_smem": smem,
-        "sm_regs": regs,
-        "consumer_with_producer": fits(up, uc),
-        "consumer_with_consumer": fits(uc, uc),
-        "exclusive": not fits(up, uc) and not fits(uc, uc),
-    }

@@ -13,119 +13,76 @@ barrier. The receiver's counter from source s therefore grows by the rows s send
 it has everything from s in run r (1-based) when the counter reaches r * rows_from_s. Nothing is
 ever reset between runs (epoch values).
 
-Put modes (transport.py says which transport uses which):
+Put modes (modes.py; transport.py says which transport uses which):
   PUT_STORE (0)          Triton vectorised loads/stores to the destination address; the address
                          table holds directly writable pointers (local regions in loopback, peer
                          pointers of symmetric memory in p2p / nvshmem). BLOCK elements a step
                          (default 64K: 128 KiB in flight per CTA); stages > 1 software-pipelines
-                         the loads with tl.range(num_stages) (cp.async through shared memory),
-                         which measured slower than one big block on the H200. Measured on
-                         loopback (2 MiB bands, flags pre-set): 45 / 44 / 42 / 40 GB/s per CTA
-                         at cCTA 2 / 4 / 8 / 16 (benchmarks/kernels_h200.py).
+                         the loads with tl.range(num_stages) (cp.async through shared memory).
   PUT_NVSHMEM (1)        nvshmemx_putmem_block per band to PE dst (symmetric address table), then
                          nvshmem_quiet and the same release atomic on the mapped signal pointer.
   PUT_NVSHMEM_SIGNAL (2) nvshmemx_putmem_block per band, the last band of the segment with
                          nvshmemx_putmem_signal_block (NVSHMEM_SIGNAL_ADD = 10, symmetric signal
                          address). This is the paper's "one put + signal" path.
-Why PUT_STORE is the fast path (benchmarks/kernels_h200.py measures it): NVSHMEM's block put on
-a load/store-reachable peer is `for (i = tid; i < n16; i += nthreads) dst[i] = src[i]` in 16-byte
-words (nvshmemi_memcpy_threadgroup): ONE 16-byte load in flight per thread, so a 256-thread CTA
-keeps 4 KiB in flight, and at ~0.5 us memory latency that is ~8 GB/s (the probe saw 9 GB/s per
-CTA; on the H200 put and put_signal scale with the warps: 8.8 / 16.5 / 27.4 GB/s per CTA at
-8 / 16 / 32 warps for 2 MiB segments, and put_signal costs the same as put: the signal is not
-the problem). The Triton copy keeps BLOCK * elem bytes in flight per step. Through the NVSHMEM
-heap to PE 0 (benchmarks/bandwidth.py, 16 MiB segments) PUT_STORE gave 46 / 37 GB/s per CTA at
-4 / 16 CTAs against 34 / 31 for put_signal at 32 warps; from 1 MiB down the two are within a few
-percent (per-segment costs dominate). So: PUT_STORE wherever the peer is load/store reachable
-(NVLink: p2p and nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where it is not.
+All three are ONE kernel: PUT_MODE is a constexpr, so a PUT_STORE compile holds no NVSHMEM call
+and needs no NVSHMEM device library; the NVSHMEM modes launch the same function wrapped (lazily,
+on their first launch) by torch's requires_nvshmem, which links libnvshmem_device.
+Why PUT_STORE is the fast path: NVSHMEM's block put on a load/store-reachable peer is
+`for (i = tid; i < n16; i += nthreads) dst[i] = src[i]` in 16-byte words
+(nvshmemi_memcpy_threadgroup): ONE 16-byte load in flight per thread, so a CTA's bandwidth is
+bound by its threads x 16 bytes per memory latency and scales with the warps (the signal is not
+the problem: put_signal costs the same as put). The Triton copy keeps BLOCK * elem bytes in
+flight per step. So: PUT_STORE wherever the peer is load/store reachable (NVLink: p2p and
+nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where it is not. The measurements behind
+these choices: results/reference/h200/README.md, "Kernel design notes and measurements".
 
 One consumer CTA per SM, never sharing it with a producer CTA nor with another consumer CTA:
-the default consumer (1024 threads, a 64K-element block: >= 42 registers a thread, so >= 48K of
-the SM's 64K registers) cannot be placed next to a producer CTA (256 threads x ~200 registers =
-~51K registers, and 180 KiB of the SM's 228 KiB of shared memory) nor next to another consumer
-(2 x 48K registers > 64K). `residency_report` (kernels/__init__.py) checks this from the compiled
-kernels (shared memory, registers, threads against the device limits); the GPU tests assert it
-on Hopper. A pipelined config (stages > 1) is exclusive through shared memory instead:
-(stages - 1) * BLOCK * elem bytes (e.g. 4 x 32 KiB) + the producer's >= 144 KiB > 228 KiB.
+the default consumer (1024 threads, a 64K-element block) holds too many of the SM's registers to
+sit next to a producer CTA (registers and shared memory) or next to another consumer (registers).
+A pipelined config (stages > 1) is exclusive through shared memory instead: (stages - 1) *
+BLOCK * elem bytes + the producer's shared memory exceed the SM's. `residency_report`
+(runner.py) checks this from the compiled kernels (shared memory, registers, threads against the
+device limits); the GPU tests assert it on Hopper.
 
-Time-outs: every spin is bounded. On the GPU (USE_TIMER) by %globaltimer nanoseconds: the timer
-is read through a scalar atomic exchange on a per-program scratch word, because Triton runs a
-scalar atomic once per CTA and broadcasts its result, which keeps the loop condition uniform
-across the CTA's threads (a raw per-thread timer read could diverge). In the CPU interpreter
-(no inline asm) by an iteration count. A time-out writes an error record (errors.py: code,
-segment, band, rank, program, seen, want, source) with a compare-and-swap on err[0] (first one
-wins), and the program skips the rest of its work; other programs notice err[0] != 0 while they
-spin and stop too. The host raises OverlapTimeoutError after synchronising (errors.py).
+Time-outs: every spin is bounded (primitives.spin_until). On the GPU (USE_TIMER) by %globaltimer
+nanoseconds: the timer is read through a scalar atomic exchange on a per-program scratch word,
+because Triton runs a scalar atomic once per CTA and broadcasts its result, which keeps the loop
+condition uniform across the CTA's threads (a raw per-thread timer read could diverge). In the
+CPU interpreter (no inline asm) by an iteration count. A time-out writes an error record
+(errors.py: code, segment, band, rank, program, seen, want, source) with a compare-and-swap on
+err[0] (first one wins), and the program skips the rest of its work; other programs notice
+err[0] != 0 while they spin and stop too. The host raises OverlapTimeoutError after
+synchronising (errors.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-from triton.language import core
 
-from systems.overlap import errors
+from systems.overlap import errors, modes
+from systems.overlap.kernels.primitives import (
+    copy_rows,
+    nvshmem_putmem_block,
+    nvshmem_putmem_signal_block,
+    nvshmem_quiet,
+    record_error,
+    spin_until,
+)
+from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
 
 ERR_SLOTS = errors.ERR_SLOTS
-PUT_STORE = 0
-PUT_NVSHMEM = 1
-PUT_NVSHMEM_SIGNAL = 2
 # constexpr globals for the kernels
 _BAND_TIMEOUT = tl.constexpr(errors.CODE_BAND_TIMEOUT)
 _SIGNAL_TIMEOUT = tl.constexpr(errors.CODE_SIGNAL_TIMEOUT)
-_SIGNAL_ADD = tl.constexpr(10)  # NVSHMEM 3.x NVSHMEM_SIGNAL_ADD (torch's docstrings say 5: wrong)
-
-
-# NVSHMEM device functions (resolved from libnvshmem_device.bc when the kernel is launched
-# through torch's `requires_nvshmem`). Defined here rather than imported from torch's
-# _nvshmem_triton, which only defines them on a machine with a GPU.
-@core.extern
-def _nvshmem_putmem_block(dest, source, nbytes, pe, _semantic=None):
-    return core.extern_elementwise(
-        "",
-        "",
-        [dest, source, nbytes, pe],
-        {
-            (core.dtype("int64"), core.dtype("int64"), core.dtype("int64"), core.dtype("int32")): (
-                "nvshmemx_putmem_block",
-                core.dtype("int32"),
-            )
-        },
-        is_pure=False,
-        _semantic=_semantic,
-    )
-
-
-@core.extern
-def _nvshmem_putmem_signal_block(dest, source, nbytes, sig, value, op, pe, _semantic=None):
-    return core.extern_elementwise(
-        "",
-        "",
-        [dest, source, nbytes, sig, value, op, pe],
-        {
-            (
-                core.dtype("int64"),
-                core.dtype("int64"),
-                core.dtype("int64"),
-                core.dtype("int64"),
-                core.dtype("uint64"),
-                core.dtype("int32"),
-                core.dtype("int32"),
-            ): ("nvshmemx_putmem_signal_block", core.dtype("int32"))
-        },
-        is_pure=False,
-        _semantic=_semantic,
-    )
-
-
-@core.extern
-def _nvshmem_quiet(_semantic=None):
-    return core.extern_elementwise(
-        "", "", [], {(): ("nvshmem_quiet", core.dtype("int32"))}, is_pure=False, _semantic=_semantic
-    )
+_SIGNAL_ADD = tl.constexpr(modes.NVSHMEM_SIGNAL_ADD)
+_PUT_STORE = tl.constexpr(PUT_STORE)
+_PUT_NVSHMEM = tl.constexpr(PUT_NVSHMEM)
+_PUT_NVSHMEM_SIGNAL = tl.constexpr(PUT_NVSHMEM_SIGNAL)
 
 
 @dataclass(frozen=True)
@@ -148,190 +105,6 @@ class ConsumerConfig:
 def interpreter_consumer_config() -> ConsumerConfig:
     """Small blocks and an iteration-bounded spin for TRITON_INTERPRET=1."""
     return ConsumerConfig(block=256, num_warps=4, stages=1, max_spins=200, use_timer=False)
-
-
-@triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def _uniform_now(clock):
-    """%globaltimer of thread 0, the same value in every thread (scalar atomic + broadcast)."""
-    tl.atomic_xchg(clock, _globaltimer(), sem="relaxed")
-    return tl.atomic_xchg(clock, _globaltimer(), sem="relaxed")
-
-
-@triton.jit
-def _spin_until(
-    ptr, target, err, clock, timeout, max_spins, SCOPE: tl.constexpr, USE_TIMER: tl.constexpr
-):
-    """Poll *ptr (acquire) until >= target. Returns (status, last value seen).
-
-    status 0: reached; 1: timed out (timeout ns on the GPU, max_spins polls in the
-    interpreter); 2: gave up because another program recorded an error (err[0] != 0).
-    """
-    seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
-    status = tl.zeros((), dtype=tl.int32)
-    t0 = tl.zeros((), dtype=tl.int64)
-    if USE_TIMER:
-        t0 = _uniform_now(clock)
-    spins = tl.zeros((), dtype=tl.int32)
-    while (seen < target) & (status == 0):
-        seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
-        spins += 1
-        if USE_TIMER:
-            if spins % 64 == 0:
-                if tl.atomic_add(err, 0, sem="relaxed") != 0:
-                    status = 2
-                if _uniform_now(clock) - t0 > timeout:
-                    status = 1
-        else:
-            if tl.atomic_add(err, 0, sem="relaxed") != 0:
-                status = 2
-            if spins >= max_spins:
-                status = 1
-    status = tl.where(seen >= target, 0, status)
-    return status, seen
-
-
-@triton.jit
-def _record_error(err, code, seg, band, rank, pid, seen, want, source):
-    """First error wins (CAS on err[0]); the winner fills the record (errors.py layout)."""
-    zero = tl.zeros((), dtype=tl.int64)
-    won = tl.atomic_cas(err, zero, zero + code, sem="relaxed") == 0
-    if won:
-        tl.store(err + 1, seg)
-        tl.store(err + 2, band)
-        tl.store(err + 3, rank)
-        tl.store(err + 4, pid)
-        tl.store(err + 5, seen)
-        tl.store(err + 6, want)
-        tl.store(err + 7, source)
-
-
-@triton.jit
-def _copy_rows(
-    src, dst, n, BLOCK: tl.constexpr, VEC: tl.constexpr, STAGES: tl.constexpr, STREAM: tl.constexpr
-):
-    """dst[0:n] = src[0:n] (contiguous), BLOCK elements a step, loads pipelined STAGES deep.
-
-    STREAM: evict-first loads and streaming (.cs) stores (the data is touched once)."""
-    offs = tl.arange(0, BLOCK)
-    for start in tl.range(0, n, BLOCK, num_stages=STAGES):
-        idx = start + offs
-        mask = idx < n
-        s = src + idx
-        d = dst + idx
-        if VEC:
-            s = tl.multiple_of(s, 16)
-            d = tl.multiple_of(d, 16)
-        if STREAM:
-            v = tl.load(s, mask=mask, eviction_policy="evict_first")
-            tl.store(d, v, mask=mask, cache_modifier=".cs")
-        else:
-            v = tl.load(s, mask=mask)
-            tl.store(d, v, mask=mask)
-
-
-@triton.jit
-def _consume(
-    y_ptr,
-    schedule,
-    band_row,
-    band_valid,
-    band_offset,
-    band_ready,
-    seg_start,
-    seg_count,
-    seg_dst,
-    n_segments,
-    recv_ptrs,
-    signal_ptrs,
-    err,
-    clock,
-    ready_target,
-    rank,
-    N,
-    timeout,
-    max_spins,
-    n_progs,
-    BLOCK: tl.constexpr,
-    WAIT: tl.constexpr,
-    SCOPE: tl.constexpr,
-    USE_TIMER: tl.constexpr,
-    VEC: tl.constexpr,
-    STAGES: tl.constexpr,
-    STREAM: tl.constexpr,
-    PUT_MODE: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    clock_p = clock + pid
-    elem_ty = y_ptr.dtype.element_ty
-    status = tl.zeros((), dtype=tl.int32)
-    for seg in range(pid, n_segments, n_progs):
-        if status == 0:
-            s0 = tl.load(seg_start + seg)
-            cnt = tl.load(seg_count + seg).to(tl.int32)
-            d = tl.load(seg_dst + seg).to(tl.int32)
-            base = tl.load(recv_ptrs + d)
-            rows = tl.zeros((), dtype=tl.int64)
-            for i in range(cnt):
-                if status == 0:
-                    band = tl.load(schedule + s0 + i)
-                    if WAIT:
-                        status, seen = _spin_until(
-                            band_ready + band,
-                            ready_target,
-                            err,
-                            clock_p,
-                            timeout,
-                            max_spins,
-                            "gpu",
-                            USE_TIMER,
-                        )
-                        if status == 1:
-                            _record_error(
-                                err, _BAND_TIMEOUT, seg, band, rank, pid, seen, ready_target, -1
-                            )
-                    if status == 0:
-                        r0 = tl.load(band_row + band).to(tl.int64)
-                        nv = tl.load(band_valid + band).to(tl.int64)
-                        off = tl.load(band_offset + band).to(tl.int64)
-                        src = y_ptr + r0 * N
-                        if PUT_MODE == 0:
-                            dst = base.to(tl.pointer_type(elem_ty)) + off * N
-                            _copy_rows(src, dst, (nv * N).to(tl.int32), BLOCK, VEC, STAGES, STREAM)
-                        else:
-                            esize: tl.constexpr = elem_ty.primitive_bitwidth // 8
-                            dst_addr = base + off * N * esize
-                            nbytes = nv * N * esize
-                            if PUT_MODE == 2:
-                                if i == cnt - 1:
-                                    sig = tl.load(signal_ptrs + d) + rank * 8
-                                    _nvshmem_putmem_signal_block(
-                                        dst_addr,
-                                        src.to(tl.int64),
-                                        nbytes,
-                                        sig,
-                                        (rows + nv).to(tl.uint64),
-                                        _SIGNAL_ADD,
-                                        d,
-                                    )
-                                else:
-                                    _nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
-                            else:
-                                _nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
-                        rows += nv
-            if status == 0:
-                if PUT_MODE != 2:
-                    if PUT_MODE == 1:
-                        _nvshmem_quiet()
-                    tl.debug_barrier()
-                    sig_p = tl.load(signal_ptrs + d).to(tl.pointer_type(tl.int64)) + rank
-                    tl.atomic_add(sig_p, rows, sem="release", scope=SCOPE)
 
 
 @triton.jit
@@ -363,100 +136,75 @@ def _consumer_kernel(
     VEC: tl.constexpr,
     STAGES: tl.constexpr,
     STREAM: tl.constexpr,
-):
-    _consume(
-        y_ptr,
-        schedule,
-        band_row,
-        band_valid,
-        band_offset,
-        band_ready,
-        seg_start,
-        seg_count,
-        seg_dst,
-        n_segments,
-        recv_ptrs,
-        signal_ptrs,
-        err,
-        clock,
-        ready_target,
-        rank,
-        N,
-        timeout,
-        max_spins,
-        n_progs,
-        BLOCK,
-        WAIT,
-        SCOPE,
-        USE_TIMER,
-        VEC,
-        STAGES,
-        STREAM,
-        0,
-    )
-
-
-@triton.jit
-def _consumer_nvshmem_kernel(
-    y_ptr,
-    schedule,
-    band_row,
-    band_valid,
-    band_offset,
-    band_ready,
-    seg_start,
-    seg_count,
-    seg_dst,
-    n_segments,
-    recv_ptrs,
-    signal_ptrs,
-    err,
-    clock,
-    ready_target,
-    rank,
-    N,
-    timeout,
-    max_spins,
-    n_progs,
-    BLOCK: tl.constexpr,
-    WAIT: tl.constexpr,
-    SCOPE: tl.constexpr,
-    USE_TIMER: tl.constexpr,
-    VEC: tl.constexpr,
-    STAGES: tl.constexpr,
-    STREAM: tl.constexpr,
     PUT_MODE: tl.constexpr,
 ):
-    _consume(
-        y_ptr,
-        schedule,
-        band_row,
-        band_valid,
-        band_offset,
-        band_ready,
-        seg_start,
-        seg_count,
-        seg_dst,
-        n_segments,
-        recv_ptrs,
-        signal_ptrs,
-        err,
-        clock,
-        ready_target,
-        rank,
-        N,
-        timeout,
-        max_spins,
-        n_progs,
-        BLOCK,
-        WAIT,
-        SCOPE,
-        USE_TIMER,
-        VEC,
-        STAGES,
-        STREAM,
-        PUT_MODE,
-    )
+    """All put modes in one kernel: PUT_MODE (constexpr) picks the data path at compile time,
+    so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library)."""
+    pid = tl.program_id(0)
+    clock_p = clock + pid
+    elem_ty = y_ptr.dtype.element_ty
+    status = tl.zeros((), dtype=tl.int32)
+    for seg in range(pid, n_segments, n_progs):
+        if status == 0:
+            s0 = tl.load(seg_start + seg)
+            cnt = tl.load(seg_count + seg).to(tl.int32)
+            d = tl.load(seg_dst + seg).to(tl.int32)
+            base = tl.load(recv_ptrs + d)
+            rows = tl.zeros((), dtype=tl.int64)
+            for i in range(cnt):
+                if status == 0:
+                    band = tl.load(schedule + s0 + i)
+                    if WAIT:
+                        status, seen = spin_until(
+                            band_ready + band,
+                            ready_target,
+                            err,
+                            clock_p,
+                            timeout,
+                            max_spins,
+                            "gpu",
+                            USE_TIMER,
+                        )
+                        if status == 1:
+                            record_error(
+                                err, _BAND_TIMEOUT, seg, band, rank, pid, seen, ready_target, -1
+                            )
+                    if status == 0:
+                        r0 = tl.load(band_row + band).to(tl.int64)
+                        nv = tl.load(band_valid + band).to(tl.int64)
+                        off = tl.load(band_offset + band).to(tl.int64)
+                        src = y_ptr + r0 * N
+                        if PUT_MODE == _PUT_STORE:
+                            dst = base.to(tl.pointer_type(elem_ty)) + off * N
+                            copy_rows(src, dst, (nv * N).to(tl.int32), BLOCK, VEC, STAGES, STREAM)
+                        else:
+                            esize: tl.constexpr = elem_ty.primitive_bitwidth // 8
+                            dst_addr = base + off * N * esize
+                            nbytes = nv * N * esize
+                            if PUT_MODE == _PUT_NVSHMEM_SIGNAL:
+                                if i == cnt - 1:
+                                    sig = tl.load(signal_ptrs + d) + rank * 8
+                                    nvshmem_putmem_signal_block(
+                                        dst_addr,
+                                        src.to(tl.int64),
+                                        nbytes,
+                                        sig,
+                                        (rows + nv).to(tl.uint64),
+                                        _SIGNAL_ADD,
+                                        d,
+                                    )
+                                else:
+                                    nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
+                            else:
+                                nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
+                        rows += nv
+            if status == 0:
+                if PUT_MODE != _PUT_NVSHMEM_SIGNAL:
+                    if PUT_MODE == _PUT_NVSHMEM:
+                        nvshmem_quiet()
+                    tl.debug_barrier()
+                    sig_p = tl.load(signal_ptrs + d).to(tl.pointer_type(tl.int64)) + rank
+                    tl.atomic_add(sig_p, rows, sem="release", scope=SCOPE)
 
 
 @triton.jit
@@ -477,25 +225,52 @@ def _wait_signals_kernel(
     for s in range(n_src):
         if status == 0:
             want = tl.load(expected + s)
-            st, seen = _spin_until(
+            st, seen = spin_until(
                 signal + s, want, err, clock, timeout, max_spins, SCOPE, USE_TIMER
             )
             status = st
             if st == 1:
-                _record_error(err, _SIGNAL_TIMEOUT, -1, -1, rank, 0, seen, want, s)
+                record_error(err, _SIGNAL_TIMEOUT, -1, -1, rank, 0, seen, want, s)
 
 
-_nvshmem_launcher = None
+_nvshmem_launcher = None  # _consumer_kernel wrapped by requires_nvshmem, made on first use
+_nvshmem_registry = None  # torch's NvshmemKernelRegistry, imported with it
 
 
 def _nvshmem_kernel():
-    """_consumer_nvshmem_kernel wrapped by torch's requires_nvshmem (links the device library)."""
-    global _nvshmem_launcher
-    if _nvshmem_launcher is None:
-        from torch.distributed._symmetric_memory._nvshmem_triton import requires_nvshmem
+    """_consumer_kernel wrapped by torch's requires_nvshmem (links the NVSHMEM device library).
 
-        _nvshmem_launcher = requires_nvshmem(_consumer_nvshmem_kernel)
+    Imported and wrapped lazily: only a launch with an NVSHMEM put mode needs torch's NVSHMEM
+    Triton support (and a GPU machine with the device library).
+    """
+    global _nvshmem_launcher, _nvshmem_registry
+    if _nvshmem_launcher is None:
+        from torch.distributed._symmetric_memory._nvshmem_triton import (
+            NvshmemKernelRegistry,
+            requires_nvshmem,
+        )
+
+        _nvshmem_launcher = requires_nvshmem(_consumer_kernel)
+        _nvshmem_registry = NvshmemKernelRegistry
     return _nvshmem_launcher
+
+
+def _nvshmem_module_init(on: bool) -> None:
+    """Whether kernels compiled by the next launch get torch's NVSHMEM module initialisation.
+
+    torch's post-compile hook initialises NVSHMEM in every newly compiled module of a kernel NAME
+    that requires_nvshmem registered, and nvshmemx_cumodule_init fails on a module without the
+    NVSHMEM device state. The PUT_STORE and NVSHMEM launches compile the same function (same
+    name), so the name is registered for an NVSHMEM launch and deregistered for a PUT_STORE one
+    (no-op before the first NVSHMEM launch). The hook runs inside the launch that compiles.
+    """
+    if _nvshmem_registry is None:
+        return
+    name = _consumer_kernel.fn.__name__
+    if on:
+        _nvshmem_registry.register(name)
+    else:
+        _nvshmem_registry.deregister(name)
 
 
 def vec_ok(y: torch.Tensor, tables_aligned: bool | None, recv_ptrs: torch.Tensor) -> bool:
@@ -512,21 +287,15 @@ def vec_ok(y: torch.Tensor, tables_aligned: bool | None, recv_ptrs: torch.Tensor
 
 def launch_consumer(
     y: torch.Tensor,
-    schedule: torch.Tensor,
-    band_row: torch.Tensor,
-    band_valid: torch.Tensor,
-    band_offset: torch.Tensor,
+    plan: Any,
     band_ready: torch.Tensor,
-    seg_start: torch.Tensor,
-    seg_count: torch.Tensor,
-    seg_dst: torch.Tensor,
     recv_ptrs: torch.Tensor,
     signal_ptrs: torch.Tensor,
     err: torch.Tensor,
     clock: torch.Tensor,
     *,
     ready_target: int,
-    rank: int,
+    rank: int | None = None,
     ccta: int,
     config: ConsumerConfig,
     wait: bool = True,
@@ -536,15 +305,20 @@ def launch_consumer(
 ):
     """Launch the consumer on the current stream; returns Triton's compiled kernel.
 
-    y [P, N] producer output; schedule/band_*/seg_* as in plan.CombinePlan (int32/int64);
-    band_ready [B] int32 producer counters; recv_ptrs [W] int64 receive-buffer addresses and
-    signal_ptrs [W] int64 receive-counter addresses per destination, as the put mode needs them
-    (transport.Transport.tables); err [ERR_SLOTS] int64; clock [>= ccta] int64 scratch;
-    ready_target: counter value of a complete band this run; wait=False skips the spins (flags
-    taken as set: the comm-only bound); vec: 16-byte vector hints (None: checked, with a host
-    synchronisation; pass vec_ok(y, transport.aligned, ...) on a timed path).
+    y [P, N] producer output; plan: a systems.overlap.plan.CombinePlan on the device, or
+    anything with its schedule, band_row, band_valid, band_offset, seg_start, seg_count, seg_dst
+    (int32/int64) and rank; band_ready [B] int32 producer counters; recv_ptrs [W] int64
+    receive-buffer addresses and signal_ptrs [W] int64 receive-counter addresses per
+    destination, as the put mode needs them (transport.Transport.tables); err [ERR_SLOTS] int64;
+    clock [>= ccta] int64 scratch; ready_target: counter value of a complete band this run;
+    rank: the source slot this rank signals in the receivers' counters (None: plan.rank);
+    wait=False skips the spins (flags taken as set: the comm-only bound); vec: 16-byte vector
+    hints (None: checked, with a host synchronisation; pass vec_ok(y, transport.aligned, ...)
+    on a timed path).
     """
-    n_seg = seg_start.numel()
+    n_seg = plan.seg_start.numel()
+    if rank is None:
+        rank = plan.rank
     if err.numel() < ERR_SLOTS or err.dtype != torch.int64:
         raise ValueError(f"err must be int64 [{ERR_SLOTS}]")
     if clock.numel() < ccta:
@@ -561,14 +335,14 @@ def launch_consumer(
     cfg = config
     args = (
         y,
-        schedule,
-        band_row,
-        band_valid,
-        band_offset,
+        plan.schedule,
+        plan.band_row,
+        plan.band_valid,
+        plan.band_offset,
         band_ready,
-        seg_start,
-        seg_count,
-        seg_dst,
+        plan.seg_start,
+        plan.seg_count,
+        plan.seg_dst,
         n_seg,
         recv_ptrs,
         signal_ptrs,
@@ -592,8 +366,12 @@ def launch_consumer(
         num_warps=cfg.num_warps,
     )
     if put_mode == PUT_STORE:
-        return _consumer_kernel[(ccta,)](*args, **meta)
-    return _nvshmem_kernel()[(ccta,)](*args, PUT_MODE=put_mode, **meta)
+        kernel = _consumer_kernel
+        _nvshmem_module_init(False)
+    else:
+        kernel = _nvshmem_kernel()
+        _nvshmem_module_init(True)
+    return kernel[(ccta,)](*args, PUT_MODE=put_mode, **meta)
 
 
 def launch_wait_signals(

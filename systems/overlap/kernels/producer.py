@@ -23,7 +23,7 @@ are signalled; local bands need no flag. Two ways to publish (TileConfig.flag):
            thread's own stores, so tile_increment = 32 * num_warps. No CTA barrier, which keeps
            the flattened (tl.range(flatten=True)) tile loop software-pipelined across tiles:
            a tl.debug_barrier in the loop makes Triton 3.6 drop that pipelining (checked on the
-           sm_90 compile: 1 stage / 48 KiB of shared memory instead of 3 stages).
+           sm_90 compile).
   "deferred" (FLAG=3): like "thread", but tile t is published right after the main loop of the
            program's NEXT tile (and the last one after the loop). The release waits for the
            thread's own earlier stores; a whole main loop later they are long complete, so the
@@ -47,11 +47,22 @@ the data.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from systems.overlap import modes
+from systems.overlap.kernels.primitives import publish_threads, publish_warps
+from systems.overlap.modes import FLAG_CODES, FLAG_NONE
+
+# constexpr globals for the kernel (the FLAG modes, modes.py)
+_FLAG_CTA = tl.constexpr(modes.FLAG_CTA)
+_FLAG_THREAD = tl.constexpr(modes.FLAG_THREAD)
+_FLAG_DEFERRED = tl.constexpr(modes.FLAG_DEFERRED)
+_FLAG_WARP = tl.constexpr(modes.FLAG_WARP)
 
 
 @dataclass(frozen=True)
@@ -82,17 +93,10 @@ class TileConfig:
 
 
 # Tile configurations per shape for Hopper (H200), bf16/fp16. Keyed by (tile_m, N >= 4096).
-# From benchmarks/kernels_h200.py on one H200 (2026-11-29, bf16, 132 programs, do_bench medians;
-# flagged / no-flag TFLOP/s; torch._grouped_mm and dense cuBLAS on the same rows in brackets):
-#   16 experts x 1024 rows, K=2048, N=8192 [grouped_mm 641-656, cuBLAS 653-661]:
-#     TMA + flattened loop + group_m=4 + deferred flags (the table) 608-609 / 615-617;
-#     group_m=1 thread flags 572-581 / 588; group_m=8, 4 stages, warp flags 614 / 616;
-#     no flatten + CTA flag 558-562 / 560-596; pointer loads 422-502; 128x128 tiles 516 / 529.
-#   16 x 1024, K=512, N=2048 [grouped_mm 460, cuBLAS 605]: group_m=1 thread flags 405-407 (flag
-#     cost -6..0%, noisy 75 us kernels); group_m=4 deferred 384-385 / 400-463.
-#   64 x 256 (2 bands an expert), K=2048, N=8192 [grouped_mm 580-586]: 413-453; group_m=2 461.
-# A shape not in the table falls back to the generic entry of its tile_m; the CPU interpreter
-# gets `interpreter_config`.
+# Chosen by benchmarks/kernels_h200.py on one H200 (its TFLOP/s per variant, against
+# torch._grouped_mm and dense cuBLAS: results/reference/h200/README.md, "Kernel design notes and
+# measurements"). A shape not in the table falls back to the generic entry of its tile_m; the CPU
+# interpreter gets `interpreter_config`.
 #   tile_m  wide N (>= 4096)                          narrow N (< 4096)
 #   128     128x256x64, 8 warps, 3 stages, group 4,    128x128x64, 8 warps, 4 stages, group 1,
 #           deferred flags                             thread flags
@@ -138,43 +142,6 @@ def _tile_coords(t, n_sched, tiles_n, GROUP_M: tl.constexpr):
         s = first + local % size
         pn = local // size
     return s, pn
-
-
-@triton.jit
-def _publish_threads(band_ready, band, lane):
-    """Every thread adds 1 to band's counter with release (band < 0: nothing)."""
-    tl.atomic_add(
-        band_ready + band + lane * 0,
-        lane * 0 + 1,
-        mask=(lane * 0 + band) >= 0,
-        sem="release",
-        scope="gpu",
-    )
-
-
-@triton.jit
-def _warp_sync():
-    """bar.warp.sync: orders the memory operations of the warp's lanes (GPU only)."""
-    return tl.inline_asm_elementwise(
-        "bar.warp.sync -1;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def _publish_warps(band_ready, band, lane):
-    """Lane 0 of every warp adds 32 (its warp's share) with release after a warp barrier.
-
-    Needs lane (arange(0, 32 * num_warps)) held one element per thread, element i by thread i
-    (Triton's default layout; checked in the sm_90 PTX: one predicated atom per warp).
-    """
-    tok = _warp_sync()
-    tl.atomic_add(
-        band_ready + band + lane * 0,
-        lane * 0 + 32 + tok,
-        mask=((lane * 0 + band) >= 0) & (lane % 32 == 0),
-        sem="release",
-        scope="gpu",
-    )
 
 
 @triton.jit
@@ -240,12 +207,12 @@ def _producer_kernel(
                     other=0.0,
                 )
             acc = tl.dot(a, b, acc)
-        if FLAG == 3:
+        if FLAG == _FLAG_DEFERRED:
             # publish the PREVIOUS tile: its stores were issued a whole main loop ago, so the
             # release (which waits for this thread's earlier stores) costs next to nothing
-            _publish_threads(band_ready, pending, lane)
-        elif FLAG == 4:
-            _publish_warps(band_ready, pending, lane)
+            publish_threads(band_ready, pending, lane)
+        elif FLAG == _FLAG_WARP:
+            publish_warps(band_ready, pending, lane)
         rows = row0 + rm
         cols = col0 + rn
         mask = (rm[:, None] < nrows) & (cols[None, :] < N)
@@ -254,12 +221,12 @@ def _producer_kernel(
             acc.to(y_ptr.dtype.element_ty),
             mask=mask,
         )
-        if FLAG == 1:
+        if FLAG == _FLAG_CTA:
             # one release per CTA: the barrier orders every thread's stores before it
             if s < n_signal:
                 tl.debug_barrier()
                 tl.atomic_add(band_ready + band, 1, sem="release", scope="gpu")
-        elif FLAG == 2:
+        elif FLAG == _FLAG_THREAD:
             # one release per thread (each orders its own stores): NT increments per tile
             tl.atomic_add(
                 band_ready + band + lane * 0,
@@ -268,15 +235,12 @@ def _producer_kernel(
                 sem="release",
                 scope="gpu",
             )
-        elif FLAG >= 3:
+        elif FLAG >= _FLAG_DEFERRED:
             pending = tl.where(s < n_signal, band.to(tl.int32), -1)
-    if FLAG == 3:
-        _publish_threads(band_ready, pending, lane)
-    elif FLAG == 4:
-        _publish_warps(band_ready, pending, lane)
-
-
-_FLAG_CODES = {"cta": 1, "thread": 2, "deferred": 3, "warp": 4}
+    if FLAG == _FLAG_DEFERRED:
+        publish_threads(band_ready, pending, lane)
+    elif FLAG == _FLAG_WARP:
+        publish_warps(band_ready, pending, lane)
 
 
 def producer_grid(sm_count: int, ccta: int) -> int:
@@ -290,13 +254,10 @@ def launch_producer(
     x: torch.Tensor,
     weights: torch.Tensor,
     y: torch.Tensor,
-    schedule: torch.Tensor,
-    band_expert: torch.Tensor,
-    band_row: torch.Tensor,
-    band_rows: torch.Tensor,
+    plan: Any,
     band_ready: torch.Tensor,
     *,
-    n_signal: int,
+    n_signal: int | None = None,
     num_programs: int,
     config: TileConfig,
     signal: bool = True,
@@ -305,9 +266,10 @@ def launch_producer(
 
 
     x [P, K], weights [E, K, N], y [P, N] (same dtype; fp16/bf16 on GPU, fp16/fp32 in the
-    interpreter); schedule [B], band_expert/band_row/band_rows [B] (int32 or int64);
+    interpreter); plan: a systems.overlap.plan.CombinePlan on the device, or anything with its
+    schedule, band_expert, band_row, band_rows [B] (int32 or int64) and n_remote_bands;
     band_ready [B] int32 counters (grown by config.band_increment(N) per signalled band per run);
-    n_signal: schedule positions [0, n_signal) are signalled (plan.n_remote_bands);
+    n_signal: schedule positions [0, n_signal) are signalled (None: plan.n_remote_bands);
     num_programs: persistent grid (producer_grid: SMs - cCTA); signal=False: no flags (FLAG=0).
     """
     P, K = x.shape
@@ -321,7 +283,9 @@ def launch_producer(
         raise ValueError("producer operands must be contiguous")
     if band_ready.dtype != torch.int32:
         raise ValueError("band_ready must be int32")
-    n_sched = schedule.numel()
+    if n_signal is None:
+        n_signal = plan.n_remote_bands
+    n_sched = plan.schedule.numel()
     if n_sched == 0:
         return None
     cfg = config
@@ -339,10 +303,10 @@ def launch_producer(
         x,
         weights,
         y,
-        schedule,
-        band_expert,
-        band_row,
-        band_rows,
+        plan.schedule,
+        plan.band_expert,
+        plan.band_row,
+        plan.band_rows,
         band_ready,
         n_sched,
         n_signal,
@@ -353,18 +317,10 @@ def launch_producer(
         BN=cfg.block_n,
         BK=cfg.block_k,
         GROUP_M=cfg.group_m,
-        FLAG=_FLAG_CODES[cfg.flag] if signal else 0,
+        FLAG=FLAG_CODES[cfg.flag] if signal else FLAG_NONE,
         NT=32 * cfg.num_warps,
         USE_TMA=use_tma,
         FLATTEN=cfg.flatten,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-
-
-def padded_input(x_recv: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
-    """X [P, K] from x_recv [R, K]: row p = x_recv[gather_index[p]], zero where it is -1."""
-    idx = gather_index.to(device=x_recv.device, dtype=torch.int64)
-    out = x_recv.index_select(0, idx.clamp(min=0))
-    out.masked_fill_((idx < 0)[:, None], 0)
-    return out

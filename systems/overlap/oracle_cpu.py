@@ -1,7 +1,7 @@
 """CPU oracle of the overlapped combine, driven by a CombinePlan (systems/overlap/plan.py).
 
 What the GPU producer and consumer do, in plain torch and in the same order:
-  1 pad     X [P, K] = x_recv rows at row_pos, zero padding rows elsewhere
+  1 pad     X [P, K] = x_recv rows at row_pos, zero padding rows elsewhere (plan.padded_input)
   2 produce walk the schedule band by band: Y[rows of b] = X[rows of b] @ B_{band_expert[b]}
   3 send    as soon as the last band of a segment is computed, send its valid rows
             Y[seg_src_row : + seg_rows] to seg_dst at seg_offset (one message per segment)
@@ -24,17 +24,10 @@ import torch.distributed as dist
 
 from harness.layout import RankLayout
 from harness.reference import scale
-from systems.overlap.plan import CombinePlan
+from systems.overlap.plan import CombinePlan, padded_input
 
 #: send(segment index, destination rank, destination row offset, rows [n, N])
 SendFn = Callable[[int, int, int, torch.Tensor], None]
-
-
-def padded_input(plan: CombinePlan, x_recv: torch.Tensor) -> torch.Tensor:
-    """X [P, K]: x_recv [R, K] scattered to the remote-aligned layout, zero padding rows."""
-    x = x_recv.new_zeros(plan.n_padded, x_recv.shape[1])
-    x[plan.row_pos.to(x.device)] = x_recv
-    return x
 
 
 def produce(
@@ -94,7 +87,7 @@ def overlap_forward(
     def send(seg: int, dst: int, offset: int, rows: torch.Tensor) -> None:
         reqs.append(dist.isend(rows, dst=dst, tag=seg, group=group))
 
-    y = produce(plan, padded_input(plan, x_recv), weights, send)
+    y = produce(plan, padded_input(x_recv, plan.gather_index), weights, send)
     _copy_local(plan, y, back)
     for r in reqs:
         r.wait()
@@ -117,6 +110,6 @@ def overlap_loopback(
         backs[dst][offset : offset + rows.shape[0]] = rows
 
     for plan, x_recv, w in zip(plans, x_recvs, weights):
-        y = produce(plan, padded_input(plan, x_recv), w, send)
+        y = produce(plan, padded_input(x_recv, plan.gather_index), w, send)
         _copy_local(plan, y, backs[plan.rank])
     return [scale(back, lay, tokens) for back, lay in zip(backs, lays)]

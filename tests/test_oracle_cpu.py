@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from harness.check import check
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens
-from systems.overlap.executor_cpu import overlap_forward, overlap_loopback
+from systems.overlap.oracle_cpu import overlap_forward, overlap_loopback
 from systems.overlap.plan import plans_for_spec
 
 W = 4

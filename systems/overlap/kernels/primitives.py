@@ -1,0 +1,202 @@
+"""Shared Triton device primitives of the overlap kernels (producer.py, consumer.py).
+
+Bounded waits
+  spin_until      poll a counter with acquire atomics until it reaches a target; every spin is
+                  bounded: on the GPU (USE_TIMER) by %globaltimer nanoseconds, in the CPU
+                  interpreter (no inline asm) by an iteration count; gives up early when another
+                  program recorded an error (err[0] != 0)
+  record_error    the error record of errors.py, first writer wins (compare-and-swap on err[0])
+  globaltimer     %globaltimer (inline PTX, GPU only)
+  uniform_now     %globaltimer read through a scalar atomic exchange on a per-program scratch
+                  word: Triton runs a scalar atomic once per CTA and broadcasts its result, so
+                  the loop condition stays uniform across the CTA's threads (a raw per-thread
+                  timer read could diverge)
+Copies
+  copy_rows       contiguous dst[0:n] = src[0:n], BLOCK elements a step, loads pipelined
+Producer readiness flags (the FLAG modes of producer.py, modes.py)
+  publish_threads every thread adds 1 to a band's counter with release
+  warp_sync       bar.warp.sync (inline PTX, GPU only)
+  publish_warps   lane 0 of every warp adds 32 with release after a warp barrier
+NVSHMEM device functions (externs, resolved from libnvshmem_device.bc only when a kernel that
+calls them is launched through torch's `requires_nvshmem`; a kernel that never reaches a call,
+e.g. the consumer with PUT_MODE == PUT_STORE, never needs the library)
+  nvshmem_putmem_block, nvshmem_putmem_signal_block, nvshmem_quiet
+They are defined here rather than imported from torch's _nvshmem_triton, which only defines them
+on a machine with a GPU.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language import core
+
+
+@triton.jit
+def globaltimer():
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def uniform_now(clock):
+    """%globaltimer of thread 0, the same value in every thread (scalar atomic + broadcast)."""
+    tl.atomic_xchg(clock, globaltimer(), sem="relaxed")
+    return tl.atomic_xchg(clock, globaltimer(), sem="relaxed")
+
+
+@triton.jit
+def spin_until(
+    ptr, target, err, clock, timeout, max_spins, SCOPE: tl.constexpr, USE_TIMER: tl.constexpr
+):
+    """Poll *ptr (acquire) until >= target. Returns (status, last value seen).
+
+    status 0: reached; 1: timed out (timeout ns on the GPU, max_spins polls in the
+    interpreter); 2: gave up because another program recorded an error (err[0] != 0).
+    """
+    seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
+    status = tl.zeros((), dtype=tl.int32)
+    t0 = tl.zeros((), dtype=tl.int64)
+    if USE_TIMER:
+        t0 = uniform_now(clock)
+    spins = tl.zeros((), dtype=tl.int32)
+    while (seen < target) & (status == 0):
+        seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
+        spins += 1
+        if USE_TIMER:
+            if spins % 64 == 0:
+                if tl.atomic_add(err, 0, sem="relaxed") != 0:
+                    status = 2
+                if uniform_now(clock) - t0 > timeout:
+                    status = 1
+        else:
+            if tl.atomic_add(err, 0, sem="relaxed") != 0:
+                status = 2
+            if spins >= max_spins:
+                status = 1
+    status = tl.where(seen >= target, 0, status)
+    return status, seen
+
+
+@triton.jit
+def record_error(err, code, seg, band, rank, pid, seen, want, source):
+    """First error wins (CAS on err[0]); the winner fills the record (errors.py layout)."""
+    zero = tl.zeros((), dtype=tl.int64)
+    won = tl.atomic_cas(err, zero, zero + code, sem="relaxed") == 0
+    if won:
+        tl.store(err + 1, seg)
+        tl.store(err + 2, band)
+        tl.store(err + 3, rank)
+        tl.store(err + 4, pid)
+        tl.store(err + 5, seen)
+        tl.store(err + 6, want)
+        tl.store(err + 7, source)
+
+
+@triton.jit
+def copy_rows(
+    src, dst, n, BLOCK: tl.constexpr, VEC: tl.constexpr, STAGES: tl.constexpr, STREAM: tl.constexpr
+):
+    """dst[0:n] = src[0:n] (contiguous), BLOCK elements a step, loads pipelined STAGES deep.
+
+    STREAM: evict-first loads and streaming (.cs) stores (the data is touched once)."""
+    offs = tl.arange(0, BLOCK)
+    for start in tl.range(0, n, BLOCK, num_stages=STAGES):
+        idx = start + offs
+        mask = idx < n
+        s = src + idx
+        d = dst + idx
+        if VEC:
+            s = tl.multiple_of(s, 16)
+            d = tl.multiple_of(d, 16)
+        if STREAM:
+            v = tl.load(s, mask=mask, eviction_policy="evict_first")
+            tl.store(d, v, mask=mask, cache_modifier=".cs")
+        else:
+            v = tl.load(s, mask=mask)
+            tl.store(d, v, mask=mask)
+
+
+@triton.jit
+def publish_threads(band_ready, band, lane):
+    """Every thread adds 1 to band's counter with release (band < 0: nothing)."""
+    tl.atomic_add(
+        band_ready + band + lane * 0,
+        lane * 0 + 1,
+        mask=(lane * 0 + band) >= 0,
+        sem="release",
+        scope="gpu",
+    )
+
+
+@triton.jit
+def warp_sync():
+    """bar.warp.sync: orders the memory operations of the warp's lanes (GPU only)."""
+    return tl.inline_asm_elementwise(
+        "bar.warp.sync -1;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def publish_warps(band_ready, band, lane):
+    """Lane 0 of every warp adds 32 (its warp's share) with release after a warp barrier.
+
+    Needs lane (arange(0, 32 * num_warps)) held one element per thread, element i by thread i
+    (Triton's default layout; checked in the sm_90 PTX: one predicated atom per warp).
+    """
+    tok = warp_sync()
+    tl.atomic_add(
+        band_ready + band + lane * 0,
+        lane * 0 + 32 + tok,
+        mask=((lane * 0 + band) >= 0) & (lane % 32 == 0),
+        sem="release",
+        scope="gpu",
+    )
+
+
+# NVSHMEM device functions (see the module docstring)
+@core.extern
+def nvshmem_putmem_block(dest, source, nbytes, pe, _semantic=None):
+    return core.extern_elementwise(
+        "",
+        "",
+        [dest, source, nbytes, pe],
+        {
+            (core.dtype("int64"), core.dtype("int64"), core.dtype("int64"), core.dtype("int32")): (
+                "nvshmemx_putmem_block",
+                core.dtype("int32"),
+            )
+        },
+        is_pure=False,
+        _semantic=_semantic,
+    )
+
+
+@core.extern
+def nvshmem_putmem_signal_block(dest, source, nbytes, sig, value, op, pe, _semantic=None):
+    return core.extern_elementwise(
+        "",
+        "",
+        [dest, source, nbytes, sig, value, op, pe],
+        {
+            (
+                core.dtype("int64"),
+                core.dtype("int64"),
+                core.dtype("int64"),
+                core.dtype("int64"),
+                core.dtype("uint64"),
+                core.dtype("int32"),
+                core.dtype("int32"),
+            ): ("nvshmemx_putmem_signal_block", core.dtype("int32"))
+        },
+        is_pure=False,
+        _semantic=_semantic,
+    )
+
+
+@core.extern
+def nvshmem_quiet(_semantic=None):
+    return core.extern_elementwise(
+        "", "", [], {(): ("nvshmem_quiet", core.dtype("int32"))}, is_pure=False, _semantic=_semantic
+    )
