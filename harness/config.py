@@ -61,6 +61,9 @@ class ExperimentConf:
     #: run only these systems of `systems` (empty = all of them)
     select: list[str] = field(default_factory=list)
     grid: GridConf = field(default_factory=GridConf)
+    #: settings of an experiment module that are not workload axes (e.g. bandwidth's
+    #: segment sizes); each module checks its own keys
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Fig 3a: consumer bandwidth against transfer (segment) size, one line per cCTA, one panel per
-transport. Higher is better. Input: benchmarks/bandwidth.py's table (loopback on one GPU is a
-local copy, never an interconnect figure; the panel title says which transport it is).
+transport, with the all_to_all_single reference (dashed) where one was measured. Higher is
+better. GB/s count only the bytes that leave the sending GPU. Input: the `bandwidth`
+experiment's table (experiments/bandwidth.py). Loopback is a local copy on one GPU, never an
+interconnect figure; each panel's title says which transport and how many ranks.
 """
 
 from __future__ import annotations
@@ -9,39 +11,40 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from plots.common import cli, save
+from plots.common import cli, load, save
+
+REFERENCE = "nccl_all_to_all"
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
-    import pandas as pd
-
-    df = pd.read_parquet(table)
-    df = df[df["status"] == "ok"]
-    if df.empty:
-        raise ValueError(f"{table}: no ok rows")
-    transports = list(dict.fromkeys(df["transport"]))
-    fig, axes = plt.subplots(
-        1, len(transports), figsize=(4.5 * len(transports), 3.8), squeeze=False
-    )
-    for ax, tr in zip(axes[0], transports):
-        sub = df[df["transport"] == tr]
-        for ccta, s in sub.groupby("ccta"):
-            s = s.sort_values("bytes")
-            ax.plot(s["bytes"] / 1024, s["gbps"], marker="o", ms=3, label=f"cCTA={int(ccta)}")
+    df = load(table)
+    cons = df[df["system"] != REFERENCE]
+    ref = df[df["system"] == REFERENCE]
+    if cons.empty:
+        raise ValueError(f"{table}: no ok consumer rows")
+    panels = list(dict.fromkeys(zip(cons["transport"], cons["world_size"])))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
+    for ax, (tr, w) in zip(axes[0], panels):
+        sub = cons[(cons["transport"] == tr) & (cons["world_size"] == w)]
+        for ccta, s in sub.groupby("p_ccta"):
+            s = s.sort_values("m_segment_bytes")
+            ax.plot(s["m_segment_bytes"] / 1024, s["m_gbps"], "o-", ms=3, label=f"cCTA={ccta:g}")
+        r = ref[ref["world_size"] == w].sort_values("m_segment_bytes")
+        if tr != "loopback" and not r.empty:
+            ax.plot(r["m_segment_bytes"] / 1024, r["m_gbps"], "k--", label="all_to_all_single")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("segment size (KiB)")
-        ax.set_ylabel("GB/s (higher is better)")
-        ax.set_title(tr, fontsize=9)
+        ax.set_ylabel("GB/s leaving the GPU (higher is better)")
+        note = " (local copy)" if tr == "loopback" or w == 1 else ""
+        ax.set_title(f"{tr}{note}, W={w:g}", fontsize=9)
         ax.legend(fontsize=7)
-    gpu = ", ".join(sorted(set(df["gpu"].astype(str)))) if "gpu" in df else "?"
-    fig.suptitle(
-        f"Consumer bandwidth vs transfer size (Fig 3a); {gpu}, one GPU", fontsize=9, y=1.03
-    )
+    gpu = ", ".join(sorted(set(df["gpu_name"].astype(str))))
+    fig.suptitle(f"Consumer bandwidth vs transfer size (Fig 3a); {gpu}", fontsize=9, y=1.03)
     fig.tight_layout()
     return save(fig, out_dir, name)
 
 
 if __name__ == "__main__":
-    args = cli("results/reference/h200/bandwidth.parquet", "bandwidth")
+    args = cli("results/bandwidth.parquet", "bandwidth")
     for p in plot(args.table, args.out, args.name):
         print(p)

@@ -1,0 +1,328 @@
+"""Fig 3a: the consumer's bandwidth against transfer (segment) size, per cCTA and transport.
+
+One cell = (segment size, the overlap system's cCTA and transport). The sending rank's consumer
+kernel (systems/overlap/kernels/consumer.py, default ConsumerConfig) ships n_seg segments of one
+band each, round-robin to its peers, with the producer's ready flags pre-set (the kernel still
+polls each band's flag, as in a real run), and signals the receiver once per segment. Every rank
+sends at once. Before timing, one run is checked: every receiver's buffer holds exactly the
+rows its peers sent. Timed: one consumer launch (CUDA events per iteration, max over ranks).
+
+  bytes_sent  bytes that LEAVE the sending GPU (its own rows never move); n_seg segments, enough
+              for `min_total_mib` per run and two segments per consumer CTA, a multiple of cCTA
+  gbps        bytes_sent / median time of one launch
+
+Transports (the overlap system's `transport` param):
+  loopback  one process plays W = `loopback_ranks` ranks; rank 0 sends to the other regions of
+            one GPU's memory. A LOCAL copy through the consumer, never an interconnect figure.
+  p2p, nvshmem  one process per GPU (W = the number of processes), stores into the peers'
+            symmetric memory over NVLink. Skipped, with the reason, on one process.
+Reference line (system `nccl_all_to_all`, only with >= 2 processes): the process group's
+all_to_all_single (NCCL on GPUs; gloo on the CPU, which the CPU tests use to check the data
+movement) moving the same bytes out of every rank, split evenly over the peers.
+Options (experiment.options): segment_kib (list), min_total_mib (64), loopback_ranks (4).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.measure import selected_systems, system_points
+from harness.records import Row, cell_hash, command_line, provenance
+from harness.system import RunContext
+from harness.timing import barrier, time_fn
+from harness.workload import DTYPES
+
+REFERENCE = "nccl_all_to_all"
+OPTIONS = {"segment_kib": [16 << i for i in range(11)], "min_total_mib": 64, "loopback_ranks": 4}
+TRANSPORTS = ("loopback", "p2p", "nvshmem")
+MAX_SEGMENTS = 8192
+
+
+def options(cfg: Any) -> dict[str, Any]:
+    """OPTIONS overridden by experiment.options; unknown keys are an error."""
+    given = dict(cfg.experiment.get("options") or {})
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"bandwidth: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
+    return {**OPTIONS, **given}
+
+
+def cells(cfg: Any, process_world: int) -> list[dict]:
+    """Segment sizes (outer) x the overlap system's points (cCTA, transport), then the NCCL
+    reference once per size when several processes run."""
+    opt = options(cfg)
+    g = cfg.experiment.grid
+    out_cols, dtype = list(g.out)[0], list(g.dtype)[0]
+    points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
+    out = []
+    for kib, (system, params) in itertools.product(
+        opt["segment_kib"], [(s, p) for s, ps in points.items() for p in ps]
+    ):
+        tr = params.get("transport") or ("loopback" if process_world == 1 else "p2p")
+        world = opt["loopback_ranks"] if tr == "loopback" else process_world
+        used = {"ccta": params["ccta"], "transport": tr}  # the consumer's knobs; no GEMM here
+        out.append(_cell(cfg, system, world, kib, out_cols, dtype, used))
+    if process_world > 1:
+        for kib in opt["segment_kib"]:
+            out.append(_cell(cfg, REFERENCE, process_world, kib, out_cols, dtype, {}))
+    return out
+
+
+def _cell(cfg, system, world, kib, out_cols, dtype, params) -> dict:
+    cell = {
+        "experiment": cfg.experiment.name,
+        "system": system,
+        "seed": cfg.seed,
+        "world_size": world,
+        "segment_kib": kib,
+        "out": out_cols,
+        "dtype": dtype,
+        "min_total_mib": options(cfg)["min_total_mib"],
+        "params": params,
+    }
+    cell["cell_hash"] = cell_hash(cell)
+    return cell
+
+
+def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
+    """Clear errors before any process starts."""
+    opt = options(cfg)
+    if not opt["segment_kib"] or any(int(k) < 1 for k in opt["segment_kib"]):
+        raise ValueError(f"bandwidth: segment_kib must be positive, got {opt['segment_kib']}")
+    if int(opt["loopback_ranks"]) < 2:
+        raise ValueError("bandwidth: loopback_ranks must be >= 2 (rank 0 sends to the others)")
+    for cell in cells:
+        if cell["dtype"] not in DTYPES or cell["dtype"] == "float32":
+            raise ValueError(f"bandwidth: dtype must be float16 or bfloat16, got {cell['dtype']}")
+        row_bytes = cell["out"] * DTYPES[cell["dtype"]].itemsize
+        if row_bytes % 16 or cell["segment_kib"] * 1024 < row_bytes:
+            raise ValueError(
+                f"bandwidth: a row is {row_bytes} bytes; it must be a multiple of 16 and at most "
+                f"the smallest segment ({cell['segment_kib']} KiB)"
+            )
+        p = cell["params"]
+        if cell["system"] == REFERENCE:
+            continue
+        if cell["system"] != "overlap":
+            raise ValueError(
+                f"bandwidth measures the overlap system's consumer, not {cell['system']}"
+            )
+        if p["transport"] not in TRANSPORTS:
+            raise ValueError(f"bandwidth: transport must be one of {TRANSPORTS}")
+        if int(p["ccta"]) < 1 or (sm_count and int(p["ccta"]) >= sm_count):
+            raise ValueError(f"bandwidth: ccta={p['ccta']} must be in [1, {sm_count or 'SMs'})")
+
+
+# -- the sending plan -------------------------------------------------------------------------
+def sizes(cell: dict, ccta: int) -> tuple[int, int, int]:
+    """(rows per segment, segments, row bytes) of a cell."""
+    row_bytes = cell["out"] * DTYPES[cell["dtype"]].itemsize
+    rows_per_seg = max(1, cell["segment_kib"] * 1024 // row_bytes)
+    seg = rows_per_seg * row_bytes
+    n_seg = max(2 * ccta, -(-cell["min_total_mib"] * (1 << 20) // seg))
+    n_seg = min(-(-n_seg // ccta) * ccta, MAX_SEGMENTS)
+    return rows_per_seg, n_seg, row_bytes
+
+
+def sender_plan(me: int, world: int, rows_per_seg: int, n_seg: int, device: torch.device):
+    """Rank `me`'s plan: segment i = one band of rows_per_seg rows to peer i mod (W-1); each
+    source writes its own region of a receiver's buffer (rows me * n_seg * rows_per_seg on)."""
+    from systems.overlap.testing import synthetic_plan
+
+    peers = [d for d in range(world) if d != me]
+    rows = [[0] * world for _ in range(n_seg)]
+    for i in range(n_seg):
+        rows[i][peers[i % len(peers)]] = rows_per_seg
+    base = [me * n_seg * rows_per_seg] * world
+    return synthetic_plan(rows, rank=me, tile_m=rows_per_seg, device=device, dst_base=base)
+
+
+def sender_y(cell: dict, me: int, n_rows: int, device: torch.device) -> torch.Tensor:
+    """The rows rank `me` sends [n_rows, N], seeded by (seed, rank): any rank can rebuild them."""
+    gen = torch.Generator(device=device).manual_seed(cell["seed"] * 1009 + me)  # same on all GPUs
+    y = torch.randn(n_rows, cell["out"], generator=gen, device=device)
+    return y.to(DTYPES[cell["dtype"]])
+
+
+def expected_region(plan, y: torch.Tensor, dst: int, recv: torch.Tensor) -> None:
+    """Write into recv what plan's consumer sends to `dst` (pure torch)."""
+    rows, valid = plan.band_row.tolist(), plan.band_valid.tolist()
+    bdst, off = plan.band_dst.tolist(), plan.band_offset.tolist()
+    for b in plan.schedule[: plan.n_remote_bands].tolist():
+        if bdst[b] == dst:
+            recv[off[b] : off[b] + valid[b]] = y[rows[b] : rows[b] + valid[b]]
+
+
+# -- transports, reused across cells (one symmetric allocation per size, not per cell) --------
+_TRANSPORTS: dict[tuple, Any] = {}
+
+
+def _transport(ctx: RunContext, name: str, world: int, rows: int, cell: dict):
+    """A transport whose receive buffers hold at least `rows` rows, reused while big enough."""
+    from systems.overlap.transport import LoopbackFabric, nvshmem_transport, p2p_transport
+
+    key = (name, world, cell["out"], cell["dtype"])
+    have = _TRANSPORTS.get(key)
+    if have is not None and have[0] >= rows:
+        return have[1]
+    _TRANSPORTS.pop(key, None)
+    dt = DTYPES[cell["dtype"]]
+    if name == "loopback":
+        made = LoopbackFabric([rows] * world, cell["out"], dt, ctx.device)
+    else:
+        make = p2p_transport if name == "p2p" else nvshmem_transport
+        made = make(ctx.group, rows, cell["out"], dt, ctx.device)
+    _TRANSPORTS[key] = (rows, made)
+    return made
+
+
+# -- cells ------------------------------------------------------------------------------------
+def _row(ctx: RunContext, cell: dict) -> Row:
+    return Row(
+        experiment=cell["experiment"],
+        system=cell["system"],
+        cell_hash=cell["cell_hash"],
+        world_size=cell["world_size"],
+        out=cell["out"],
+        dtype=cell["dtype"],
+        scope="combine",
+        params=dict(cell["params"]),
+        command=command_line(),
+        timestamp=time.time(),
+        **provenance(),
+    )
+
+
+def skip_reason(ctx: RunContext, cell: dict) -> str | None:
+    if cell["system"] == REFERENCE:
+        if ctx.world_size < 2:
+            return f"the reference needs >= 2 processes (this run has {ctx.world_size})"
+        return None
+    if ctx.device.type != "cuda":
+        return f"the consumer needs a CUDA GPU; this run is on {ctx.device.type}"
+    tr = cell["params"]["transport"]
+    if tr == "loopback" and ctx.world_size != 1:
+        return "loopback plays every rank in one process: run with hardware.world_size=1"
+    if tr in ("p2p", "nvshmem") and ctx.world_size < 2:
+        return f"{tr} needs >= 2 processes, one per GPU (this run has {ctx.world_size})"
+    return None
+
+
+def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
+    row = _row(ctx, cell)
+    reason = skip_reason(ctx, cell)
+    if reason:
+        row.status, row.reason = "skipped", reason
+        return [row]
+    kw = dict(
+        device=ctx.device, group=ctx.group, warmup=cfg.measure.warmup, iters=cfg.measure.iters
+    )
+    try:
+        if cell["system"] == REFERENCE:
+            go, ok, sent, extra = _nccl(ctx, cell)
+            row.transport, row.impl = ctx.backend, "torch.distributed.all_to_all_single"
+        else:
+            go, ok, sent, extra = _consumer(ctx, cell)
+            row.transport, row.impl = cell["params"]["transport"], "consumer kernel (triton)"
+        row.metrics.update(extra)
+        if not ok:
+            row.status, row.reason = "fail", "a receive buffer differs from the rows sent"
+            row.max_rel_err = 1.0
+            return [row]
+        row.max_rel_err = 0.0
+        t = time_fn(go, **kw)
+        row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
+        row.metrics.update(bytes_sent=float(sent), gbps=sent / t.median_ms / 1e6)
+    except torch.cuda.OutOfMemoryError as exc:
+        row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
+    return [row]
+
+
+def _agree_ok(ctx: RunContext, ok: bool) -> bool:
+    t = torch.tensor([0.0 if ok else 1.0], device=ctx.device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
+    return float(t.item()) == 0.0
+
+
+def _consumer(ctx: RunContext, cell: dict):
+    """(launch, checked ok, bytes leaving this GPU per launch, metrics) of one consumer cell."""
+    from systems.overlap.errors import new_error_buffer, raise_if_error
+    from systems.overlap.kernels import ConsumerConfig, launch_consumer, vec_ok
+
+    ccta, name, W = int(cell["params"]["ccta"]), cell["params"]["transport"], cell["world_size"]
+    rows_per_seg, n_seg, row_bytes = sizes(cell, ccta)
+    me = 0 if name == "loopback" else ctx.rank
+    plan = sender_plan(me, W, rows_per_seg, n_seg, ctx.device)
+    y = sender_y(cell, me, plan.n_padded, ctx.device)
+    rows_per_source = n_seg * rows_per_seg
+    made = _transport(ctx, name, W, W * rows_per_source, cell)
+    tr = made.transport(0) if name == "loopback" else made
+    recv_tab, sig_tab = tr.tables()
+    ready = torch.ones(plan.n_bands, dtype=torch.int32, device=ctx.device)
+    err = new_error_buffer(ctx.device)
+    clock = torch.zeros(ccta, dtype=torch.int64, device=ctx.device)
+    cfg = ConsumerConfig()
+
+    def go():
+        launch_consumer(
+            y, plan, ready, recv_tab, sig_tab, err, clock, ready_target=1, ccta=ccta,
+            config=cfg, scope=tr.scope, put_mode=tr.put_mode,
+            vec=vec_ok(y, tr.aligned, recv_tab),
+        )  # fmt: skip
+
+    receivers = range(1, W) if name == "loopback" else [ctx.rank]
+    bufs = {d: (made.recv(d) if name == "loopback" else tr.recv) for d in receivers}
+    for b in bufs.values():
+        b.zero_()
+    barrier(ctx.group, ctx.device)
+    go()
+    torch.cuda.synchronize(ctx.device)
+    raise_if_error(err)
+    barrier(ctx.group, ctx.device)
+    ok = True
+    for d, buf in bufs.items():
+        want = torch.zeros_like(buf)
+        senders = [0] if name == "loopback" else [s for s in range(W) if s != d]
+        for s in senders:
+            plan_s = plan if s == me else sender_plan(s, W, rows_per_seg, n_seg, ctx.device)
+            expected_region(plan_s, sender_y(cell, s, plan_s.n_padded, ctx.device), d, want)
+        ok = ok and torch.equal(buf, want)
+    ok = _agree_ok(ctx, ok)
+    sent = rows_per_source * row_bytes  # every row of this rank goes to a peer
+    metrics = {"segment_bytes": float(rows_per_seg * row_bytes), "n_segments": float(n_seg)}
+    return go, ok, sent, metrics
+
+
+def _nccl(ctx: RunContext, cell: dict):
+    """NCCL all_to_all_single moving the same bytes out of this GPU, even over the peers."""
+    W, me = ctx.world_size, ctx.rank
+    rows_per_seg, n_seg, row_bytes = sizes(cell, 1)
+    per_peer = -(-n_seg * rows_per_seg // (W - 1))
+    split = [0 if d == me else per_peer for d in range(W)]
+    x = sender_y(cell, me, per_peer * (W - 1), ctx.device)
+    out = torch.empty_like(x)
+
+    def go():
+        dist.all_to_all_single(out, x, split, split, group=ctx.group)
+
+    go()
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    want = torch.cat(
+        [
+            sender_y(cell, s, per_peer * (W - 1), ctx.device)[
+                (me - (me > s)) * per_peer : (me - (me > s) + 1) * per_peer
+            ]
+            for s in range(W)
+            if s != me
+        ]
+    )
+    ok = _agree_ok(ctx, torch.equal(out, want))
+    metrics = {"segment_bytes": float(rows_per_seg * row_bytes), "n_segments": float(W - 1)}
+    return go, ok, per_peer * (W - 1) * row_bytes, metrics
