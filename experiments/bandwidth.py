@@ -15,7 +15,9 @@ Transports (the overlap system's `transport` param):
   loopback  one process plays W = `loopback_ranks` ranks; rank 0 sends to the other regions of
             one GPU's memory. A LOCAL copy through the consumer, never an interconnect figure.
   p2p, nvshmem  one process per GPU (W = the number of processes), stores into the peers'
-            symmetric memory over NVLink. Skipped, with the reason, on one process.
+            symmetric memory over NVLink. Skipped, with the reason, on one process. torch keeps
+            one symmetric-memory backend per process, so p2p and nvshmem run in separate
+            invocations (the YAML sweeps loopback and p2p; nvshmem by override, same table).
 Reference line (system `nccl_all_to_all`, only with >= 2 processes): the process group's
 all_to_all_single (NCCL on GPUs; gloo on the CPU, which the CPU tests use to check the data
 movement) moving the same bytes out of every rank, split evenly over the peers.
@@ -160,6 +162,8 @@ def expected_region(plan, y: torch.Tensor, dst: int, recv: torch.Tensor) -> None
 
 # -- transports, reused across cells (one symmetric allocation per size, not per cell) --------
 _TRANSPORTS: dict[tuple, Any] = {}
+#: the symmetric-memory transport this process has used (its backend cannot change after use)
+_SYMMETRIC_USED: dict[str, str] = {}
 
 
 def _transport(ctx: RunContext, name: str, world: int, rows: int, cell: dict):
@@ -176,6 +180,7 @@ def _transport(ctx: RunContext, name: str, world: int, rows: int, cell: dict):
         made = LoopbackFabric([rows] * world, cell["out"], dt, ctx.device)
     else:
         make = p2p_transport if name == "p2p" else nvshmem_transport
+        _SYMMETRIC_USED.setdefault("transport", name)
         made = make(ctx.group, rows, cell["out"], dt, ctx.device)
     _TRANSPORTS[key] = (rows, made)
     return made
@@ -210,6 +215,12 @@ def skip_reason(ctx: RunContext, cell: dict) -> str | None:
         return "loopback plays every rank in one process: run with hardware.world_size=1"
     if tr in ("p2p", "nvshmem") and ctx.world_size < 2:
         return f"{tr} needs >= 2 processes, one per GPU (this run has {ctx.world_size})"
+    used = _SYMMETRIC_USED.get("transport")
+    if tr in ("p2p", "nvshmem") and used not in (None, tr):
+        return (
+            f"torch symmetric memory keeps one backend per process and this run already used "
+            f"{used}; run {tr} alone: experiment.systems.overlap.sweep.transport=[{tr}]"
+        )
     return None
 
 
