@@ -8,7 +8,7 @@ sends at once. Before timing, one run is checked: every receiver's buffer holds 
 rows its peers sent. Timed: one consumer launch (CUDA events per iteration, max over ranks).
 
   bytes_sent  bytes that LEAVE the sending GPU (its own rows never move); n_seg segments, enough
-              for `min_total_mib` per run and two segments per consumer CTA, a multiple of cCTA
+              for `min_total_mib` per run and one segment per consumer CTA, a multiple of cCTA
   gbps        bytes_sent / median time of one launch
 
 Transports (the overlap system's `transport` param):
@@ -126,7 +126,7 @@ def sizes(cell: dict, ccta: int) -> tuple[int, int, int]:
     row_bytes = cell["out"] * DTYPES[cell["dtype"]].itemsize
     rows_per_seg = max(1, cell["segment_kib"] * 1024 // row_bytes)
     seg = rows_per_seg * row_bytes
-    n_seg = max(2 * ccta, -(-cell["min_total_mib"] * (1 << 20) // seg))
+    n_seg = max(ccta, -(-cell["min_total_mib"] * (1 << 20) // seg))
     n_seg = min(-(-n_seg // ccta) * ccta, MAX_SEGMENTS)
     return rows_per_seg, n_seg, row_bytes
 
@@ -166,15 +166,33 @@ _TRANSPORTS: dict[tuple, Any] = {}
 _SYMMETRIC_USED: dict[str, str] = {}
 
 
-def _transport(ctx: RunContext, name: str, world: int, rows: int, cell: dict):
-    """A transport whose receive buffers hold at least `rows` rows, reused while big enough."""
+def receive_rows(cfg: Any, world_size: int, cell: dict) -> int:
+    """Receive-buffer rows that hold every cell of this run with the same transport, W, N and
+    dtype: W regions (one per source) of the largest rows-per-source."""
+    same = [
+        c
+        for c in cells(cfg, world_size)
+        if c["system"] != REFERENCE
+        and (c["params"]["transport"], c["world_size"], c["out"], c["dtype"])
+        == (cell["params"]["transport"], cell["world_size"], cell["out"], cell["dtype"])
+    ]
+    per_source = []
+    for c in same:
+        rows_per_seg, n_seg, _ = sizes(c, int(c["params"]["ccta"]))
+        per_source.append(rows_per_seg * n_seg)
+    return cell["world_size"] * max(per_source)
+
+
+def _transport(ctx: RunContext, cfg: Any, cell: dict):
+    """The cell's transport, allocated ONCE per run at the size of its largest cell (torch's
+    NVSHMEM symmetric memory refuses a buffer that grew after a smaller one was freed)."""
     from systems.overlap.transport import LoopbackFabric, nvshmem_transport, p2p_transport
 
+    name, world = cell["params"]["transport"], cell["world_size"]
     key = (name, world, cell["out"], cell["dtype"])
-    have = _TRANSPORTS.get(key)
-    if have is not None and have[0] >= rows:
-        return have[1]
-    _TRANSPORTS.pop(key, None)
+    if key in _TRANSPORTS:
+        return _TRANSPORTS[key]
+    rows = receive_rows(cfg, ctx.world_size, cell)
     dt = DTYPES[cell["dtype"]]
     if name == "loopback":
         made = LoopbackFabric([rows] * world, cell["out"], dt, ctx.device)
@@ -182,7 +200,7 @@ def _transport(ctx: RunContext, name: str, world: int, rows: int, cell: dict):
         make = p2p_transport if name == "p2p" else nvshmem_transport
         _SYMMETRIC_USED.setdefault("transport", name)
         made = make(ctx.group, rows, cell["out"], dt, ctx.device)
-    _TRANSPORTS[key] = (rows, made)
+    _TRANSPORTS[key] = made
     return made
 
 
@@ -238,7 +256,7 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
             go, ok, sent, extra = _nccl(ctx, cell)
             row.transport, row.impl = ctx.backend, "torch.distributed.all_to_all_single"
         else:
-            go, ok, sent, extra = _consumer(ctx, cell)
+            go, ok, sent, extra = _consumer(ctx, cfg, cell)
             row.transport, row.impl = cell["params"]["transport"], "consumer kernel (triton)"
         row.metrics.update(extra)
         if not ok:
@@ -261,7 +279,7 @@ def _agree_ok(ctx: RunContext, ok: bool) -> bool:
     return float(t.item()) == 0.0
 
 
-def _consumer(ctx: RunContext, cell: dict):
+def _consumer(ctx: RunContext, cfg: Any, cell: dict):
     """(launch, checked ok, bytes leaving this GPU per launch, metrics) of one consumer cell."""
     from systems.overlap.errors import new_error_buffer, raise_if_error
     from systems.overlap.kernels import ConsumerConfig, launch_consumer, vec_ok
@@ -272,7 +290,7 @@ def _consumer(ctx: RunContext, cell: dict):
     plan = sender_plan(me, W, rows_per_seg, n_seg, ctx.device)
     y = sender_y(cell, me, plan.n_padded, ctx.device)
     rows_per_source = n_seg * rows_per_seg
-    made = _transport(ctx, name, W, W * rows_per_source, cell)
+    made = _transport(ctx, cfg, cell)
     tr = made.transport(0) if name == "loopback" else made
     recv_tab, sig_tab = tr.tables()
     ready = torch.ones(plan.n_bands, dtype=torch.int32, device=ctx.device)
