@@ -36,11 +36,16 @@ reproduce: setup ## run the preset for the hardware found (CPU or GPU), then reg
 figures: ## regenerate every figure from results/*.parquet and results/reference/
 	$(PY) -m plots.all
 
-wheels-gpu: ## download/build the python-3.12 wheels the GPU machine lacks into .whl/
+VENDOR_WHEELS ?= ../shared/vendor/gpu-wheels
+
+wheels-gpu: ## the python-3.12 wheels the GPU machine lacks into .whl/ (+ the native baselines' wheels from $(VENDOR_WHEELS) where present)
 	mkdir -p .whl
 	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  $(WHEEL_PLATFORMS) -d .whl hydra-core==1.3.2 omegaconf==2.3.0 megatron-core==0.16.1
 	$(PY) -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
+	@if [ -d "$(VENDOR_WHEELS)" ]; then cp $(VENDOR_WHEELS)/*.whl .whl/ && echo "native baselines: $$(ls $(VENDOR_WHEELS) | wc -l) wheels from $(VENDOR_WHEELS)"; \
+	  else echo "no $(VENDOR_WHEELS): native Tutel, FastMoE and Transformer Engine stay skipped on the GPU machine"; fi
+	@du -sh .whl
 
 lint: ## ruff lint and format check
 	$(PY) -m ruff check .

@@ -204,6 +204,10 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         )
         return row
     cls = info.load()
+    reason = cls.unsupported(spec, cell["params"])
+    if reason is not None:
+        row.status, row.reason = "skipped", reason
+        return row
     if len(played) > 1 and not cls.simulates_ranks:
         row.status = "skipped"
         row.reason = (

@@ -89,8 +89,13 @@ class System:
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        """Raise ValueError for a cell this system cannot take (params hold the defaults).
-        Called before any GPU work."""
+        """Raise ValueError for bad input (params hold the defaults). Called before any work."""
+
+    @classmethod
+    def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
+        """Why this system cannot take a valid cell (a shape its package does not support), or
+        None. Such a cell is recorded as `skipped` with the reason; the sweep goes on."""
+        return None
 
     def setup(self, ranks: list[CellInputs]) -> None:
         """Untimed preparation. `ranks` holds one entry per rank this process plays: exactly one

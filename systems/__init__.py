@@ -30,19 +30,41 @@ register(
 register(
     SystemInfo(
         name="tutel",
-        label="Tutel (capacity-chunk pipeline)",
+        label="Tutel (native moe_layer)",
         target="systems.tutel:TutelSystem",
+        needs_gpu=True,
+        optional_imports=("tutel",),
+        description="The tutel package's moe_layer fed our routing, dropless (capacity_factor "
+        "0), a2a_ffn_overlap_degree tuned per cell; times the whole layer.",
+    )
+)
+register(
+    SystemInfo(
+        name="tutel_reimpl",
+        label="Tutel strategy (our re-implementation)",
+        target="systems.tutel_reimpl:TutelReimplSystem",
         description="Capacity-padded all-to-all split along capacity into d chunks; expert and "
-        "combine of chunk i overlap later chunks; d tuned per cell (native if tutel imports).",
+        "combine of chunk i overlap later chunks; d tuned per cell.",
     )
 )
 register(
     SystemInfo(
         name="fastermoe",
-        label="FasterMoE (smart schedule)",
+        label="FasterMoE (native fmoe)",
         target="systems.fastermoe:FasterMoESystem",
+        needs_gpu=True,
+        optional_imports=("fmoe",),
+        description="The fmoe package's smart schedule fed our routing (shadowing off); "
+        "cells with K != N are skipped (its buffers need equal widths); times the whole layer.",
+    )
+)
+register(
+    SystemInfo(
+        name="fastermoe_reimpl",
+        label="FasterMoE strategy (our re-implementation)",
+        target="systems.fastermoe_reimpl:FasterMoEReimplSystem",
         description="Group-step point-to-point exchange; per-step expert GEMMs overlap the "
-        "return steps (native if fmoe imports; shadowing and topology-aware gate off).",
+        "return steps; host-bound (one batch_isend_irecv per step and expert).",
     )
 )
 register(

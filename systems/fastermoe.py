@@ -1,327 +1,70 @@
-"""FasterMoE baseline: the smart schedule (pipelined point-to-point exchange per group step).
+"""FasterMoE, the real package (laekov/fastmoe, `fmoe`): its smart schedule fed the harness routing.
 
-FasterMoE (He et al., PPoPP 2022; laekov/fastmoe, cuda/fastermoe/smart_schedule.h) replaces the
-two all-to-alls by n = W / g steps of point-to-point exchanges between groups of g ranks:
-at step s, rank r (group grp = r // g) sends to group (grp + s) mod n and receives from group
-(grp - s) mod n. Its forward enqueues
-  1. the dispatch steps on a communication stream, one NCCL group per (step, local expert),
-     each step recording input_ready[s];
-  2. on the compute stream, per step: wait input_ready[s], one GEMM per local expert over the
-     rows that arrived from group (grp - s), record output_ready[s];
-  3. the return (combine) steps on the communication stream, step s waiting output_ready[s].
-Buffers follow smart_schedule.h: the send buffer in (destination, expert) order (our send
-order), the receive buffer expert-major (expert, source), so the rows one step computes for one
-expert are contiguous.
+fmoe.fastermoe.schedule._fmoe_general_global_forward runs FasterMoE's pipelined group-step
+exchange (FMOE_FASTER_GROUP_SIZE = g) with our single-GEMM experts as expert_fn and shadowing off
+(stored_models all False: shadowing moves work but, like the topology-aware gate, is off by
+default); the gate-weighted sum of each token's k rows follows, as FMoE's layer does.
 
-Implementations (`impl` column):
-  native  `fmoe` importable, CUDA, and K == N (FasterMoE's buffers assume expert output width ==
-          input width): fmoe.fastermoe.schedule._fmoe_general_global_forward with our single
-          GEMM as expert_fn and stored_models all False; group size via FMOE_FASTER_GROUP_SIZE.
-          Timed region = the whole layer (scope "layer"). Not exercised here: fmoe is not
-          installable on these machines; any failure at setup falls back to reimpl (`extra`).
-  reimpl  the schedule above in torch with dist.batch_isend_irecv per (step, expert); the
-          rank's own rows are copied locally. On the CPU (gloo) the same step order runs
-          without streams.
-
-Not reproduced, both off in FasterMoE by default:
-  shadowing (FMOE_ENABLE_FUSE / shadow policy): broadcasts hot experts' weights so their tokens
-      are computed at the owner. In exact arithmetic the forward output is unchanged; it moves
-      work (and adds a weight broadcast per iteration), so stored_models is all False here.
-  topology-aware gate (hir_gate / dynamic gate): changes WHICH experts tokens go to, i.e. the
-      routing, which the harness fixes for every system; using it would change the outputs.
-
-Scope (param `scope`): "gemm+combine" (default; setup runs the dispatch steps once,
-untimed; the timed region is steps 2-3 and the output step) or "layer" (steps 1-3 and output).
-Output step as FMoE's layer: _local_gather of the rows to (token, slot) order [T, k, N], then
-torch.bmm(gate_score [T, 1, k], rows) -> [T, N] (gate scores in the data dtype, like FMoE).
-Param `group_size` g (default 1; clamped to W like FasterMoE; W % g must be 0).
+Timed region (scope "layer"): from this rank's tokens x [T, K] and the top-k expert ids: count
+and exchange of the expert counts, dispatch steps, expert GEMMs, return steps, the gather to
+(token, slot) order and the weighted sum -> out [T, N].
+FasterMoE's buffers take expert output width == input width, so a cell with K != N is skipped
+with the reason. Needs CUDA and the `fmoe` package (the registry skips the system otherwise).
+The re-implementation of the schedule is the separate system `fastermoe_reimpl`.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
-from harness.layout import send_order
-from harness.system import CellInputs, RunContext, System
+from harness.system import CellInputs, System
 from harness.workload import WorkloadSpec, routing_of
-from systems.tutel import expert_counts
-
-SCOPES = ("gemm+combine", "layer")
-
-
-def _offsets(counts: list[int]) -> list[int]:
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + c)
-    return out
-
-
-class Plan:
-    """Host-side schedule of one rank (no communication to build: all from the routing).
-
-    cnt[s][d*E + e] = rows source s sends to local expert e of rank d.
-    local_ptr [G+1]  offsets into the send buffer, index d*E + e (destination-major)
-    global_ptr [G+1] offsets into the receive buffer, index e*W + s (expert-major)
-    """
-
-    def __init__(self, spec: WorkloadSpec, rank: int, group_size: int) -> None:
-        W, E = spec.world_size, spec.experts_per_rank
-        g = min(group_size, W)
-        if W % g:
-            raise ValueError(f"fastermoe group size {g} must divide the world size {W}")
-        self.W, self.E, self.g, self.rank = W, E, g, rank
-        self.n = W // g
-        self.grp = rank // g
-        self.cnt = expert_counts(spec).tolist()
-        self.local_ptr = _offsets(self.cnt[rank])
-        self.global_ptr = _offsets([self.cnt[s][rank * E + e] for e in range(E) for s in range(W)])
-
-    def bases(self, step: int) -> tuple[int, int]:
-        """(to_base, from_base): first rank of the group sent to / received from at `step`."""
-        return ((self.grp + step) % self.n) * self.g, ((self.grp - step) % self.n) * self.g
-
-    def dispatch_pairs(self, step: int, e: int) -> list[tuple[int, int, int, int, int, int]]:
-        """(peer_send, send_off, send_n, peer_recv, recv_off, recv_n) per group member j."""
-        to_base, from_base = self.bases(step)
-        W, E, r = self.W, self.E, self.rank
-        out = []
-        for j in range(self.g):
-            rs, rr = to_base + j, from_base + j
-            out.append(
-                (
-                    rs,
-                    self.local_ptr[rs * E + e],
-                    self.cnt[r][rs * E + e],
-                    rr,
-                    self.global_ptr[e * W + rr],
-                    self.cnt[rr][r * E + e],
-                )
-            )
-        return out
-
-    def combine_pairs(self, step: int, e: int) -> list[tuple[int, int, int, int, int, int]]:
-        """Return path: send expert rows back to group (grp - s), receive from (grp + s)."""
-        to_base, from_base = self.bases(step)
-        W, E, r = self.W, self.E, self.rank
-        out = []
-        for j in range(self.g):
-            rs, rr = from_base + j, to_base + j
-            out.append(
-                (
-                    rs,
-                    self.global_ptr[e * W + rs],
-                    self.cnt[rs][r * E + e],
-                    rr,
-                    self.local_ptr[rr * E + e],
-                    self.cnt[r][rr * E + e],
-                )
-            )
-        return out
-
-    def compute_rows(self, step: int, e: int) -> tuple[int, int]:
-        """Rows [lo, hi) of the receive buffer expert e computes at `step`."""
-        _, from_base = self.bases(step)
-        base = e * self.W + from_base
-        return self.global_ptr[base], self.global_ptr[base + self.g]
 
 
 class FasterMoESystem(System):
     name = "fastermoe"
-
-    PARAMS: ClassVar[dict[str, Any]] = {"scope": "gemm+combine", "group_size": 1, "native": True}
-
-    def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
-        super().__init__(ctx, params)
-        self.scope = str(self.params["scope"])
-        self.group_size = int(self.params["group_size"])
-        self._native = None
+    scope = "layer"
+    PARAMS: ClassVar[dict[str, Any]] = {"group_size": 1}
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        scope = params.get("scope", "gemm+combine")
-        if scope not in SCOPES:
-            raise ValueError(f"fastermoe: scope must be one of {SCOPES}, got {scope!r}")
-        g = int(params.get("group_size", 1))
-        if g < 1:
-            raise ValueError(f"fastermoe: group_size must be >= 1, got {g}")
-        if spec.world_size % min(g, spec.world_size):
+        g = int(params["group_size"])
+        if g < 1 or spec.world_size % min(g, spec.world_size):
             raise ValueError(
-                f"fastermoe: group_size {g} must divide the world size {spec.world_size}"
+                f"fastermoe: group_size {g} must be >= 1 and divide the world size "
+                f"{spec.world_size}"
             )
 
-    def setup(self, ranks: list[CellInputs]) -> None:
-        (inputs,) = ranks
-        spec = inputs.spec
-        self.spec, self.lay = spec, inputs.layout
-        self.x, self.weights = inputs.x, inputs.weights
-        self.plan = Plan(spec, self.ctx.rank, self.group_size)
-        p = self.plan
-        self.extra = {"scope": self.scope, "group_size": p.g, "steps": p.n}
-        if _fmoe_available() and self.params.get("native", True):
-            try:
-                self._native = _NativeFasterMoE(self.ctx, spec, inputs, p.g)
-                self.scope = self.extra["scope"] = "layer"
-                return
-            except Exception as exc:  # noqa: BLE001 - fall back, but say why
-                self._native = None
-                self.extra["native_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        dev, dt = inputs.x.device, inputs.x.dtype
-        S, R = p.local_ptr[-1], p.global_ptr[-1]
-        self.xs = torch.empty(S, spec.hidden, dtype=dt, device=dev)  # send buffer
-        self.gin = torch.empty(R, spec.hidden, dtype=dt, device=dev)  # global_input_buf
-        self.gout = torch.empty(R, spec.out, dtype=dt, device=dev)  # global_output_buf
-        self.yout = torch.empty(S, spec.out, dtype=dt, device=dev)  # output_buf (send order)
-        order, _ = send_order(spec, self.ctx.rank)  # pair index t*k + j of each send row
-        inv = torch.empty_like(order)
-        inv[order] = torch.arange(order.numel())
-        self.pos_g = inv.to(dev)  # [T*k]: send-order row of pair t*k + j
-        gw = routing_of(spec).gate_weights[self.ctx.rank]  # [T, k]
-        self.gate_score = gw.view(-1, 1, spec.top_k).to(device=dev, dtype=dt)
-        self.comm = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
-        cuda = dev.type == "cuda"
-        self.ev_in = [torch.cuda.Event() if cuda else None for _ in range(p.n)]
-        self.ev_out = [torch.cuda.Event() if cuda else None for _ in range(p.n)]
-        if self.scope == "gemm+combine":
-            self._encode()
-            for s in range(p.n):
-                self._dispatch_step(s)
-
-    # steps ---------------------------------------------------------------------------------
-
-    def _encode(self) -> None:
-        """_local_scatter: x [T, K] -> send buffer [S, K] in (destination, expert) order."""
-        torch.index_select(self.x, 0, self.lay.send_token.to(self.x.device), out=self.xs)
-
-    def _exchange(self, pairs, src: torch.Tensor, dst: torch.Tensor, tag: int) -> None:
-        """One NCCL group of FasterMoE: sends from src rows, receives into dst rows."""
-        ops = []
-        for peer_s, s_off, s_n, peer_r, r_off, r_n in pairs:
-            if peer_s == self.ctx.rank:  # own rows: a local copy (peer_r is then rank too)
-                if s_n:
-                    dst[r_off : r_off + r_n].copy_(src[s_off : s_off + s_n])
-                continue
-            if s_n:
-                ops.append(dist.P2POp(dist.isend, src[s_off : s_off + s_n], peer_s, tag=tag))
-            if r_n:
-                ops.append(dist.P2POp(dist.irecv, dst[r_off : r_off + r_n], peer_r, tag=tag))
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-
-    def _dispatch_step(self, s: int) -> None:
-        for e in range(self.plan.E):
-            self._exchange(self.plan.dispatch_pairs(s, e), self.xs, self.gin, s * self.plan.E + e)
-
-    def _compute_step(self, s: int) -> None:
-        for e in range(self.plan.E):
-            lo, hi = self.plan.compute_rows(s, e)
-            if hi > lo:
-                torch.matmul(self.gin[lo:hi], self.weights[e], out=self.gout[lo:hi])
-
-    def _combine_step(self, s: int) -> None:
-        for e in range(self.plan.E):
-            self._exchange(self.plan.combine_pairs(s, e), self.gout, self.yout, s * self.plan.E + e)
-
-    def forward(self) -> torch.Tensor:
-        if self._native is not None:
-            return self._native.forward()
-        n, comm = self.plan.n, self.comm
-        layer = self.scope == "layer"
-        if comm is None:  # CPU / gloo: the same step order, no streams
-            if layer:
-                self._encode()
-                for s in range(n):
-                    self._dispatch_step(s)
-            for s in range(n):
-                self._compute_step(s)
-            for s in range(n):
-                self._combine_step(s)
-            return self._output()
-        cur = torch.cuda.current_stream()
-        if layer:
-            self._encode()
-        comm.wait_stream(cur)  # encode done; the previous iteration's output step has read yout
-        if layer:
-            with torch.cuda.stream(comm):
-                for s in range(n):
-                    self._dispatch_step(s)
-                    self.ev_in[s].record(comm)
-        for s in range(n):
-            if layer:
-                cur.wait_event(self.ev_in[s])
-            self._compute_step(s)
-            self.ev_out[s].record(cur)
-        with torch.cuda.stream(comm):
-            for s in range(n):
-                comm.wait_event(self.ev_out[s])
-                self._combine_step(s)
-        cur.wait_stream(comm)
-        return self._output()
-
-    def _output(self) -> torch.Tensor:
-        """_local_gather to (token, slot) order, then bmm with the gate scores -> [T, N]."""
-        T, k, N = self.spec.tokens_per_rank, self.spec.top_k, self.spec.out
-        rows = self.yout.index_select(0, self.pos_g).view(T, k, N)
-        return torch.bmm(self.gate_score, rows).view(T, N)
-
-    def compute_only(self) -> object:
-        if self._native is not None:
-            return None
-        if self.scope == "layer":
-            self._encode()
-        for s in range(self.plan.n):
-            self._compute_step(s)
-        return self._output()
-
-    def comm_only(self) -> object:
-        if self._native is not None:
-            return None
-        for s in range(self.plan.n):
-            if self.scope == "layer":
-                self._dispatch_step(s)
-            self._combine_step(s)
-        return self.yout
-
-    def has_bounds(self) -> bool:
-        return self._native is None
-
-    @property
-    def impl(self) -> str:
-        if self._native is not None:
-            return "native (fmoe smart_sch_forward)"
-        return "reimpl (smart schedule, p2p per step and expert)"
-
-
-def _fmoe_available() -> bool:
-    return importlib.util.find_spec("fmoe") is not None
-
-
-class _NativeFasterMoE:
-    """fmoe's smart schedule with our single-GEMM experts (CUDA, K == N only; untested here)."""
-
-    def __init__(self, ctx: RunContext, spec: WorkloadSpec, inputs: CellInputs, g: int) -> None:
-        if inputs.x.device.type != "cuda":
-            raise RuntimeError("native FasterMoE needs CUDA")
+    @classmethod
+    def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
         if spec.hidden != spec.out:
-            raise RuntimeError(f"native FasterMoE needs K == N (got K={spec.hidden}, N={spec.out})")
-        os.environ["FMOE_FASTER_GROUP_SIZE"] = str(g)
+            return (
+                f"native FasterMoE needs expert output width == input width (K={spec.hidden}, "
+                f"N={spec.out}); fastermoe_reimpl runs this cell"
+            )
+        return None
+
+    def setup(self, ranks: list[CellInputs]) -> None:
         from fmoe.fastermoe.schedule import _fmoe_general_global_forward
         from fmoe.functions import ensure_comm
 
+        (inputs,) = ranks
+        spec, dev = inputs.spec, inputs.x.device
+        g = min(int(self.params["group_size"]), spec.world_size)
+        os.environ["FMOE_FASTER_GROUP_SIZE"] = str(g)
         routing = routing_of(spec)
-        dev = inputs.x.device
         self.fwd = _fmoe_general_global_forward
         self.spec = spec
         self.x, self.weights = inputs.x, inputs.weights
-        self.gate = routing.expert_ids[ctx.rank].to(dev)  # [T, k] global expert ids
-        self.gw = routing.gate_weights[ctx.rank].to(dev)  # [T, k]
-        self.stored = torch.zeros(spec.n_experts, dtype=torch.bool)
-        ensure_comm(self.x, ctx.group or dist.group.WORLD)
+        self.gate = routing.expert_ids[self.ctx.rank].to(dev)  # [T, k] global expert ids
+        self.gw = routing.gate_weights[self.ctx.rank].to(dev)  # [T, k]
+        self.stored = torch.zeros(spec.n_experts, dtype=torch.bool)  # no shadowing
+        ensure_comm(self.x, self.ctx.group or dist.group.WORLD)
+        self.extra = {"group_size": g, "shadowing": False}
 
     def forward(self) -> torch.Tensor:
         spec, w = self.spec, self.weights
@@ -342,3 +85,7 @@ class _NativeFasterMoE:
         T, k, N = spec.tokens_per_rank, spec.top_k, spec.out
         out = (rows.view(T, k, N).float() * self.gw[..., None]).sum(1)
         return out.to(self.x.dtype)
+
+    @property
+    def impl(self) -> str:
+        return "native (fmoe smart schedule)"

@@ -1,11 +1,11 @@
 """Baselines on the CPU: W=4 gloo ranks, every routing, checked against the reference.
 
-1. The CI config end to end (`python -m harness.run experiment=baselines_smoke`): serial, tutel
-   and fastermoe (re-implementations here) pass the check on all three routings; the Megatron
-   rows are skipped with a reason.
-2. One spawn of 4 ranks running the variants the smoke grid does not: tutel with fixed degrees
-   (chunked pipeline d > 1) and the layer scope, fastermoe with group sizes 1 and 4 and the layer
-   scope, and bfloat16 cells.
+1. The CI config end to end (`python -m harness.run experiment=baselines_smoke`): serial,
+   tutel_reimpl and fastermoe_reimpl pass the check on all three routings; the native tutel and
+   fastermoe rows and the Megatron rows are skipped with a reason (no GPU, no package).
+2. One spawn of 4 ranks running the variants the smoke grid does not: tutel_reimpl with fixed
+   degrees (chunked pipeline d > 1) and the layer scope, fastermoe_reimpl with group sizes 1 and
+   4 and the layer scope, and bfloat16 cells.
 """
 
 from __future__ import annotations
@@ -39,31 +39,30 @@ def test_baselines_smoke_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     df = pd.read_parquet(table)
-    assert len(df) == 5 * len(ROUTINGS)
-    for system in ("serial", "tutel", "fastermoe"):
+    assert len(df) == 7 * len(ROUTINGS)
+    for system in ("serial", "tutel_reimpl", "fastermoe_reimpl"):
         rows = df[df.system == system]
         assert sorted(rows.routing) == sorted(ROUTINGS)
         bad = rows[rows.status != "ok"]
         assert bad.empty, bad[["system", "routing", "status", "reason"]].to_string()
         assert (rows.max_rel_err < 1e-5).all(), rows.max_rel_err.tolist()
         assert (rows.latency_ms > 0).all()
-    if not _have("tutel"):
-        assert df[df.system == "tutel"].impl.str.startswith("reimpl").all()
-    if not _have("fmoe"):
-        assert df[df.system == "fastermoe"].impl.str.startswith("reimpl").all()
-    for extra in df[df.system == "tutel"].extra:
+    assert df[df.system == "tutel_reimpl"].impl.str.startswith("reimpl").all()
+    assert df[df.system == "fastermoe_reimpl"].impl.str.startswith("reimpl").all()
+    for extra in df[df.system == "tutel_reimpl"].extra:
         ex = json.loads(extra)
         assert ex["degree"] in (1, 2, 4)
         assert set(ex["degree_ms"]) == {"1", "2", "4"}
         assert ex["rows_computed"] >= ex["rows_real"] > 0
-    for extra in df[df.system == "fastermoe"].extra:
+    for extra in df[df.system == "fastermoe_reimpl"].extra:
         assert json.loads(extra)["group_size"] == 2
+        assert "host_bound" in json.loads(extra)
     # each system's own params are columns p_<name>, set only on its rows
-    tut, fm = df[df.system == "tutel"], df[df.system == "fastermoe"]
+    tut, fm = df[df.system == "tutel_reimpl"], df[df.system == "fastermoe_reimpl"]
     assert (tut.p_degrees == "[1, 2, 4]").all() and tut.p_degree_tuned.isin([1, 2, 4]).all()
     assert (fm.p_group_size == 2).all() and fm.p_degrees.isna().all()
     assert df[df.system == "serial"].filter(regex="^p_").isna().all().all()
-    for system in ("megatron_cutlass", "megatron_te"):
+    for system in ("tutel", "fastermoe", "megatron_cutlass", "megatron_te"):
         rows = df[df.system == system]
         assert (rows.status == "skipped").all()
         assert rows.reason.str.len().gt(0).all()
@@ -73,12 +72,12 @@ def test_baselines_smoke_end_to_end(tmp_path: Path) -> None:
 
 #: (system, params, dtype): each runs on every routing
 VARIANTS = [
-    ("tutel", {"degree": 2}, "float32"),
-    ("tutel", {"degree": 4}, "bfloat16"),
-    ("tutel", {"scope": "layer", "degrees": [1, 3]}, "float32"),
-    ("fastermoe", {"group_size": 1}, "float32"),
-    ("fastermoe", {"group_size": 4}, "bfloat16"),
-    ("fastermoe", {"group_size": 2, "scope": "layer"}, "float32"),
+    ("tutel_reimpl", {"degree": 2}, "float32"),
+    ("tutel_reimpl", {"degree": 4}, "bfloat16"),
+    ("tutel_reimpl", {"scope": "layer", "degrees": [1, 3]}, "float32"),
+    ("fastermoe_reimpl", {"group_size": 1}, "float32"),
+    ("fastermoe_reimpl", {"group_size": 4}, "bfloat16"),
+    ("fastermoe_reimpl", {"group_size": 2, "scope": "layer"}, "float32"),
 ]
 
 
@@ -154,7 +153,7 @@ def test_variant_passes_reference(variant_results: list[dict], i: int) -> None:
         assert r["status"] == "ok", (system, params, r)
         assert r["err"] < tol, (system, params, r)
         extra = json.loads(r["extra"])
-        if system == "tutel":
+        if system == "tutel_reimpl":
             want = params.get("degree")
             if want:
                 assert extra["degree"] == want and extra["degree_ms"] == {}
@@ -172,7 +171,7 @@ def test_variant_passes_reference(variant_results: list[dict], i: int) -> None:
 def test_fastermoe_plan_pairs_are_symmetric() -> None:
     """Every send (step, expert) of a rank matches the peer's receive of the same size."""
     from harness.workload import WorkloadSpec
-    from systems.fastermoe import Plan
+    from systems.fastermoe_reimpl import Plan
 
     spec = WorkloadSpec(40, 8, 8, 3, 2, W, "stress_skew", seed=1)
     for g in (1, 2, 4):
@@ -197,7 +196,7 @@ def test_fastermoe_plan_pairs_are_symmetric() -> None:
 
 def test_fastermoe_rejects_bad_group_size() -> None:
     from harness.workload import WorkloadSpec
-    from systems.fastermoe import FasterMoESystem
+    from systems.fastermoe_reimpl import FasterMoEReimplSystem as FasterMoESystem
 
     spec = WorkloadSpec(8, 8, 8, 2, 2, W, "balanced")
     with pytest.raises(ValueError, match="divide"):
@@ -207,7 +206,7 @@ def test_fastermoe_rejects_bad_group_size() -> None:
 
 def test_tutel_padded_slots_are_distinct_and_in_range() -> None:
     from harness.workload import WorkloadSpec
-    from systems.tutel import expert_counts, padded_slots
+    from systems.tutel_reimpl import expert_counts, padded_slots
 
     spec = WorkloadSpec(50, 8, 8, 4, 2, W, "moderate_skew", seed=2)
     cmax = int(expert_counts(spec).max())
@@ -222,12 +221,20 @@ def test_tutel_padded_slots_are_distinct_and_in_range() -> None:
 
 def test_tutel_rejects_bad_params() -> None:
     from harness.workload import WorkloadSpec
-    from systems.tutel import TutelSystem
+    from systems.tutel_reimpl import TutelReimplSystem
 
     spec = WorkloadSpec(8, 8, 8, 2, 2, W, "balanced")
     with pytest.raises(ValueError, match="tutel: scope"):
-        TutelSystem.validate(spec, {"scope": "everything"}, 0)
+        TutelReimplSystem.validate(spec, {"scope": "everything"}, 0)
     with pytest.raises(ValueError, match="positive"):
-        TutelSystem.validate(spec, {"degrees": [0, 2]}, 0)
-    with pytest.raises(ValueError, match="system 'tutel' has no parameter 'degres'; it accepts"):
-        TutelSystem.check_params({"degres": [1]})
+        TutelReimplSystem.validate(spec, {"degrees": [0, 2]}, 0)
+    with pytest.raises(ValueError, match="'tutel_reimpl' has no parameter 'degres'; it accepts"):
+        TutelReimplSystem.check_params({"degres": [1]})
+
+
+def test_native_fastermoe_skips_cells_with_k_not_n() -> None:
+    from harness.workload import WorkloadSpec
+    from systems.fastermoe import FasterMoESystem as Native
+
+    assert "K=8, N=16" in Native.unsupported(WorkloadSpec(8, 8, 16, 2, 2, W, "balanced"), {})
+    assert Native.unsupported(WorkloadSpec(8, 16, 16, 2, 2, W, "balanced"), {}) is None

@@ -228,7 +228,7 @@ def _gpu_worker(rank: int, init: str, out: str, systems: list[str]) -> None:
     try:
         ctx = RunContext(0, 1, dev, None, "nccl")
         cfg = SimpleNamespace(measure=SimpleNamespace(tol=8e-3, warmup=1, iters=3))
-        params = {"tutel": {"degrees": [1, 2]}}
+        params = {"tutel": {"degrees": [1, 2]}, "tutel_reimpl": {"degrees": [1, 2]}}
         rows = []
         for routing in ROUTINGS:
             for system in systems:
@@ -264,6 +264,9 @@ def _gpu_worker(rank: int, init: str, out: str, systems: list[str]) -> None:
         dist.destroy_process_group()
 
 
+_NATIVE = {"tutel": "tutel", "fastermoe": "fmoe"}
+
+
 def _run_gpu(tmp_path: Path, systems: list[str]) -> list[dict]:
     out = tmp_path / "gpu.json"
     init = f"tcp://127.0.0.1:{_free_port()}"
@@ -275,7 +278,9 @@ def _run_gpu(tmp_path: Path, systems: list[str]) -> list[dict]:
 @needs_cuda
 @needs_mcore
 def test_megatron_cutlass_on_gpu_matches_reference(tmp_path: Path) -> None:
-    rows = _run_gpu(tmp_path, ["megatron_cutlass", "serial", "tutel", "fastermoe"])
+    systems = ["megatron_cutlass", "serial", "tutel_reimpl", "fastermoe_reimpl"]
+    systems += [s for s in ("tutel", "fastermoe") if importlib.util.find_spec(_NATIVE[s])]
+    rows = _run_gpu(tmp_path, systems)
     print(json.dumps(rows, indent=1))
     for r in rows:
         assert r["status"] == "ok", r

@@ -1,0 +1,321 @@
+"""Tutel baseline: capacity-padded all-to-all, pipelined along the capacity dimension.
+
+Tutel (Hwang et al., MLSys 2023; microsoft/tutel) lays the dispatched tokens out as a dense,
+capacity-padded tensor [E_global, C, K]: expert g's rows from this rank sit at [g, 0:count) and
+the rest is zero padding, so both all-to-alls are EQUAL-size all_to_all_single calls (each rank
+sends E*C rows to every rank). Its overlap (tutel/impls/overlap.py, a2a_ffn_overlap_forward)
+splits that tensor along the capacity dimension into d chunks (C padded to a multiple of d):
+all d dispatch all-to-alls are enqueued first on a dedicated communication stream, each
+releasing an event; the compute stream runs per chunk: wait, expert, record; the combine
+all-to-all of chunk i waits for that chunk's expert. Tutel picks d per workload
+(its "adaptive pipelining degree"); we time every candidate d on the cell and keep the fastest.
+
+This module is the re-implementation (system `tutel_reimpl`, impl "reimpl"); the real package
+runs as the system `tutel` (systems/tutel.py) where it is installed. Capacity C = the most rows
+any (source rank, global expert) pair has, so no token is dropped and the output equals the
+reference. On the CPU (gloo) there are no streams: the same chunk order runs without them.
+
+Scope (param `scope`):
+  "gemm+combine" (default): setup runs the chunked dispatch once (untimed); the timed region is
+      per chunk expert GEMM + combine all-to-all, then decode (gate-weighted sum) -> [T, N].
+  "layer": the timed region also encodes x into the padded layout and runs the d dispatch
+      all-to-alls (Tutel's full pipeline).
+
+Buffers (reimpl), Cc = C / d rows per (expert, chunk), G = W * E global experts:
+  xs [d, G*Cc, K]   padded send buffer of this rank's tokens (chunk-major)
+  xr [d, W*E*Cc, K] received chunks, rows (source, local expert, slot)
+  ys [d, W*E*Cc, N] expert output in the same layout
+  yr [d, G*Cc, N]   combine result at the owner, rows (global expert, slot)
+Params: degrees (candidates, default [1, 2, 4, 8]), degree (fix d; 0 = adaptive),
+tune_iters (timed iterations per candidate, default 3), scope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from harness.layout import send_order
+from harness.system import CellInputs, RunContext, System
+from harness.timing import time_fn
+from harness.workload import WorkloadSpec, routing_of
+
+DEFAULT_DEGREES = (1, 2, 4, 8)
+SCOPES = ("gemm+combine", "layer")
+
+
+def expert_counts(spec: WorkloadSpec) -> torch.Tensor:
+    """cnt [W, G]: rows source rank s sends to global expert g (from the seeded routing)."""
+    W, G = spec.world_size, spec.n_experts
+    ids = routing_of(spec).expert_ids.reshape(W, -1)
+    return torch.stack([torch.bincount(ids[s], minlength=G) for s in range(W)])
+
+
+def padded_slots(spec: WorkloadSpec, rank: int, chunk_rows: int, degree: int) -> torch.Tensor:
+    """Flat row [S] of each of rank's send rows (send order) in the chunk-major padded layout.
+
+    A row for global expert g at slot p (its rank among rank's rows for g, in token order) goes
+    to chunk p // Cc, row g * Cc + p % Cc of that chunk, i.e. flat index
+    (p // Cc) * G * Cc + g * Cc + p % Cc.
+    The combine brings the row's expert output back to the same flat position.
+    """
+    G = spec.n_experts
+    _, gid = send_order(spec, rank)  # sorted by global expert, then token
+    count = torch.bincount(gid, minlength=G)
+    start = torch.cumsum(count, 0) - count
+    slot = torch.arange(gid.numel()) - start[gid]
+    if gid.numel() and int(slot.max()) >= chunk_rows * degree:
+        raise ValueError("capacity too small for the routing")
+    chunk, within = slot // chunk_rows, slot % chunk_rows
+    return chunk * G * chunk_rows + gid * chunk_rows + within
+
+
+@dataclass
+class _State:
+    """Buffers and indices of one degree d (see module docstring for shapes)."""
+
+    degree: int
+    chunk_rows: int  # Cc
+    idx: torch.Tensor  # [S] flat padded row of each send row, in send order (device)
+    idx_tk: torch.Tensor  # [T*k] flat padded row of each (token, slot) pair t*k + j (device)
+    xs: torch.Tensor
+    xr: torch.Tensor
+    ys: torch.Tensor
+    yr: torch.Tensor
+
+
+class TutelReimplSystem(System):
+    name = "tutel_reimpl"
+    PARAMS: ClassVar[dict[str, Any]] = {
+        "scope": "gemm+combine",
+        "degrees": list(DEFAULT_DEGREES),
+        "degree": 0,
+        "tune_iters": 3,
+    }
+
+    def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
+        super().__init__(ctx, params)
+        self.scope = str(self.params["scope"])
+        self.st: _State | None = None
+
+    @classmethod
+    def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
+        scope = params.get("scope", "gemm+combine")
+        if scope not in SCOPES:
+            raise ValueError(f"tutel: scope must be one of {SCOPES}, got {scope!r}")
+        degrees = _degrees(params)
+        if not degrees or any(int(d) < 1 for d in degrees):
+            raise ValueError(f"tutel degrees must be positive integers, got {degrees}")
+
+    # setup ---------------------------------------------------------------------------------
+
+    def setup(self, ranks: list[CellInputs]) -> None:
+        (inputs,) = ranks
+        spec = inputs.spec
+        self.spec, self.lay = spec, inputs.layout
+        self.x, self.weights = inputs.x, inputs.weights
+        self.gates = routing_of(spec).gate_weights[self.ctx.rank].to(inputs.x.device)  # [T, k]
+        self.degrees = _degrees(self.params)
+        cnt = expert_counts(spec)
+        self.cap_max = max(int(cnt.max()), 1)
+        self.extra = {"scope": self.scope, "capacity_max": self.cap_max}
+        dev = inputs.x.device
+        self.comm = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
+        self._tune()
+
+    def _tune(self) -> None:
+        """Pick d: the candidate with the lowest median forward time (same on every rank)."""
+        times: dict[int, float] = {}
+        oom: list[int] = []
+        if len(self.degrees) > 1:
+            iters = int(self.params.get("tune_iters", 3))
+            for d in self.degrees:
+                try:
+                    self._build(d)
+                except torch.cuda.OutOfMemoryError:
+                    oom.append(d)  # every rank skips it: _build agrees on the failure
+                    continue
+                t = time_fn(
+                    self.forward,
+                    device=self.ctx.device,
+                    group=self.ctx.group,
+                    warmup=1,
+                    iters=iters,
+                )
+                times[d] = t.median_ms
+            if not times:
+                raise torch.cuda.OutOfMemoryError(
+                    f"tutel padded buffers (capacity {self.cap_max}) fit for no degree in {oom}"
+                )
+            best = min(times, key=times.get)
+        else:
+            best = self.degrees[0]
+        self._build(best)
+        self.extra["degree"] = best
+        self.extra["degree_ms"] = {str(d): round(v, 4) for d, v in times.items()}
+        if oom:
+            self.extra["degree_oom"] = oom
+        if self.st is not None:
+            W, E = self.spec.world_size, self.spec.experts_per_rank
+            self.extra["capacity"] = self.st.degree * self.st.chunk_rows
+            self.extra["rows_computed"] = W * E * self.st.degree * self.st.chunk_rows
+            self.extra["rows_real"] = int(self.lay.recv_counts.sum())
+
+    def _build(self, d: int) -> None:
+        self.st = None  # free the previous degree's buffers first
+        spec, dev = self.spec, self.x.device
+        W, E, K, N = spec.world_size, spec.experts_per_rank, spec.hidden, spec.out
+        G = W * E
+        cc = -(-self.cap_max // d)  # ceil: capacity padded to a multiple of d
+        dt = self.x.dtype
+        idx = padded_slots(spec, self.ctx.rank, cc, d)
+        order, _ = send_order(spec, self.ctx.rank)  # pair index t*k + j of each send row
+        idx_tk = torch.empty_like(idx)
+        idx_tk[order] = idx
+
+        def alloc() -> _State:
+            st = _State(
+                degree=d,
+                chunk_rows=cc,
+                idx=idx.to(dev),
+                idx_tk=idx_tk.to(dev),
+                xs=torch.zeros(d, G * cc, K, dtype=dt, device=dev),
+                xr=torch.empty(d, W * E * cc, K, dtype=dt, device=dev),
+                ys=torch.empty(d, W * E * cc, N, dtype=dt, device=dev),
+                yr=torch.empty(d, G * cc, N, dtype=dt, device=dev),
+            )
+            # the per-chunk temporaries of _expert, so that forward finds their memory
+            scratch = st.xr.new_empty(W * E * cc, K + N)
+            del scratch
+            return st
+
+        self.st = self._agreed(alloc)
+        self.ev_in = [_event(dev) for _ in range(d)]
+        self.ev_out = [_event(dev) for _ in range(d)]
+        if self.scope == "gemm+combine":
+            self._encode()
+            for c in range(d):
+                self._a2a(self.st.xr[c], self.st.xs[c])
+
+    def _agreed(self, alloc):
+        """Run alloc() on every rank; if it runs out of memory on any rank, raise on all.
+
+        The padded buffers have the same size on every rank (equal-size all-to-all), but a
+        failure on one rank alone would leave the others waiting in the next collective.
+        """
+        out, ok = None, 1.0
+        try:
+            out = alloc()
+        except torch.cuda.OutOfMemoryError:
+            ok = 0.0
+        flag = torch.tensor([ok], device=self.x.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.ctx.group)
+        if flag.item() == 0.0:
+            out = None
+            raise torch.cuda.OutOfMemoryError(
+                f"tutel padded buffers (capacity {self.cap_max}) do not fit on some rank"
+            )
+        return out
+
+    # the pipeline ----------------------------------------------------------------------------
+
+    def _encode(self) -> None:
+        """fast_encode: this rank's rows x[send_token] -> their padded slots of xs."""
+        st = self.st
+        rows = self.x.index_select(0, self.lay.send_token.to(self.x.device))
+        st.xs.view(-1, self.spec.hidden).index_copy_(0, st.idx, rows)
+
+    def _a2a(self, out: torch.Tensor, inp: torch.Tensor) -> None:
+        dist.all_to_all_single(out, inp, group=self.ctx.group)
+
+    def _expert(self, c: int) -> None:
+        """Chunk c: xr[c] [W, E, Cc, K] -> [E, W*Cc, K] @ B [E, K, N] -> ys[c] [W, E, Cc, N]."""
+        st, spec = self.st, self.spec
+        W, E, K, N, cc = (
+            spec.world_size,
+            spec.experts_per_rank,
+            spec.hidden,
+            spec.out,
+            st.chunk_rows,
+        )
+        x = st.xr[c].view(W, E, cc, K).transpose(0, 1).reshape(E, W * cc, K)  # pre_expert_permute
+        y = torch.bmm(x, self.weights)
+        st.ys[c].view(W, E, cc, N).copy_(y.view(E, W, cc, N).transpose(0, 1))  # post_expert_permute
+
+    def _decode(self) -> torch.Tensor:
+        """fast_decode: per token, gather its k rows from yr [T, k, N]; gate-weighted sum -> [T, N].
+
+        A gather per token (as Tutel's decode kernel), weights and sum in float32.
+        """
+        T, k, N = self.spec.tokens_per_rank, self.spec.top_k, self.spec.out
+        rows = self.st.yr.view(-1, N).index_select(0, self.st.idx_tk).view(T, k, N)
+        return (rows.float() * self.gates[:, :, None]).sum(1).to(rows.dtype)
+
+    def forward(self) -> torch.Tensor:
+        st, comm, d = self.st, self.comm, self.st.degree
+        layer = self.scope == "layer"
+        if comm is None:  # CPU / gloo: the same chunk order, no streams
+            if layer:
+                self._encode()
+                for c in range(d):
+                    self._a2a(st.xr[c], st.xs[c])
+            for c in range(d):
+                self._expert(c)
+                self._a2a(st.yr[c], st.ys[c])
+            return self._decode()
+        cur = torch.cuda.current_stream()
+        if layer:
+            self._encode()
+            comm.wait_stream(cur)
+            with torch.cuda.stream(comm):
+                for c in range(d):
+                    self._a2a(st.xr[c], st.xs[c])
+                    self.ev_in[c].record(comm)
+        else:
+            comm.wait_stream(cur)  # the previous iteration's decode has read yr
+        for c in range(d):
+            if layer:
+                cur.wait_event(self.ev_in[c])
+            self._expert(c)
+            self.ev_out[c].record(cur)
+            with torch.cuda.stream(comm):
+                comm.wait_event(self.ev_out[c])
+                self._a2a(st.yr[c], st.ys[c])
+        cur.wait_stream(comm)
+        return self._decode()
+
+    def compute_only(self) -> object:
+        if self.scope == "layer":
+            self._encode()
+        for c in range(self.st.degree):
+            self._expert(c)
+        return self._decode()
+
+    def comm_only(self) -> object:
+        st = self.st
+        for c in range(st.degree):
+            if self.scope == "layer":
+                self._a2a(st.xr[c], st.xs[c])
+            self._a2a(st.yr[c], st.ys[c])
+        return st.yr
+
+    def resolved_params(self) -> dict[str, Any]:
+        return {"degree_tuned": self.extra.get("degree", 0)}
+
+    @property
+    def impl(self) -> str:
+        return "reimpl (capacity-padded a2a, capacity-chunk pipeline)"
+
+
+def _degrees(params: dict[str, Any]) -> list[int]:
+    fixed = int(params.get("degree", 0) or 0)
+    if fixed:
+        return [fixed]
+    return [int(d) for d in params.get("degrees", DEFAULT_DEGREES)]
+
+
+def _event(dev: torch.device):
+    return torch.cuda.Event() if dev.type == "cuda" else None
