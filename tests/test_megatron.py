@@ -279,7 +279,7 @@ def _run_gpu(tmp_path: Path, systems: list[str]) -> list[dict]:
 @needs_mcore
 def test_megatron_cutlass_on_gpu_matches_reference(tmp_path: Path) -> None:
     systems = ["megatron_cutlass", "serial", "tutel_reimpl", "fastermoe_reimpl"]
-    systems += [s for s in ("tutel", "fastermoe") if importlib.util.find_spec(_NATIVE[s])]
+    systems += [s for s in ("tutel",) if importlib.util.find_spec(_NATIVE[s])]  # K != N here
     rows = _run_gpu(tmp_path, systems)
     print(json.dumps(rows, indent=1))
     for r in rows:
