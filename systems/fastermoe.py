@@ -63,6 +63,11 @@ class FasterMoESystem(System):
         self.gate = routing.expert_ids[self.ctx.rank].to(dev)  # [T, k] global expert ids
         self.gw = routing.gate_weights[self.ctx.rank].to(dev)  # [T, k]
         self.stored = torch.zeros(spec.n_experts, dtype=torch.bool)  # no shadowing
+        # fmoe's schedule always calls pop_fn(0) on `experts` (to restore shadowed parameters):
+        # parameter-less stand-ins, one per local expert, as FMoE's layer passes its experts
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Identity() for _ in range(spec.experts_per_rank)
+        )
         ensure_comm(self.x, self.ctx.group or dist.group.WORLD)
         self.extra = {"group_size": g, "shadowing": False}
 
@@ -79,7 +84,7 @@ class FasterMoESystem(System):
                 expert_fn,
                 spec.experts_per_rank,
                 spec.world_size,
-                experts=None,
+                experts=self.experts,
                 stored_models=self.stored,
             )  # [T*k, N], row t*k + j
         T, k, N = spec.tokens_per_rank, spec.top_k, spec.out
