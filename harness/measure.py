@@ -80,6 +80,24 @@ def selected_systems(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in systems.items() if not select or k in select}
 
 
+def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
+    """What changes a cell's numbers besides its workload and system: the measure settings, the
+    hardware preset and backend, and the number of processes (which decides whether a process
+    plays one rank or all of them). Part of every cell hash, so a changed setting re-runs the
+    cell; the time-out and the table path are not (they change no number)."""
+    m, hw = cfg.measure, cfg.hardware
+    return {
+        "measure": {"warmup": int(m.warmup), "iters": int(m.iters), "tol": float(m.tol)},
+        "hardware": {"name": hw.name, "device": hw.device, "backend": hw.backend},
+        "processes": process_world,
+    }
+
+
+def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
+    """The cell hash: the cell (workload, system, params, seed) and the run settings."""
+    return cell_hash({**cell, "run": run_settings(cfg, process_world)})
+
+
 def expand_grid(cfg: Any, process_world: int) -> list[dict]:
     """All cells of an experiment: the product of the workload axes, then per workload every
     system once per point of its own sweep.
@@ -108,7 +126,7 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
                     **base,
                     "params": params,
                 }
-                cell["cell_hash"] = cell_hash(cell)
+                cell["cell_hash"] = hash_cell(cfg, process_world, cell)
                 cells.append(cell)
     return cells
 

@@ -64,6 +64,12 @@ class Row:
     status: str = "ok"
     reason: str = ""
     extra: str = "{}"
+    # how the cell was run (stamped by the runner; part of the cell hash)
+    hardware: str = ""  # the hardware preset
+    backend: str = ""
+    warmup: int = 0
+    iters: int = 0
+    tol: float = float("nan")
     #: the system's parameters as it ran (cell params + what it resolved); columns p_<key>
     params: dict = field(default_factory=dict)
     #: experiment-specific numeric results; written as extra columns named m_<key>

@@ -116,6 +116,14 @@ def worker(rank: int, world: int, local_rank: int, cfg_dict: dict, init_method: 
         dist.destroy_process_group()
 
 
+def _stamp(rows: list[Row], cfg: Any, ctx: RunContext) -> list[Row]:
+    """Every row says how it was run (the settings that are part of its cell hash)."""
+    for r in rows:
+        r.hardware, r.backend = cfg.hardware.name, ctx.backend
+        r.warmup, r.iters, r.tol = cfg.measure.warmup, cfg.measure.iters, cfg.measure.tol
+    return rows
+
+
 def _walk(ctx: RunContext, cfg: Any) -> None:
     exp = load_experiment(cfg)
     cells = exp.cells(cfg, ctx.world_size)
@@ -152,7 +160,7 @@ def _walk(ctx: RunContext, cfg: Any) -> None:
                 )
             ]
         if ctx.rank == 0:
-            table.append(rows)
+            table.append(_stamp(rows, cfg, ctx))
             written.extend(rows)
             if bar is not None:
                 bar.set_postfix_str(f"{rows[-1].system}:{rows[-1].status}")
