@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import time
 import traceback
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from harness.check import check
+from harness.errors import CommFailure, is_comm_failure
 from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
 from harness.reference import dispatch, dispatch_local, reference_local
@@ -256,7 +258,9 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
     except torch.cuda.OutOfMemoryError as exc:
         row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
     except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep
+        if is_comm_failure(exc):  # a peer is gone: stop the run, record nothing
+            raise CommFailure(f"{type(exc).__name__}: {exc}") from exc
         row.status, row.reason = "error", f"{type(exc).__name__}: {exc}"[:500]
-        if ctx.rank == 0:
+        if ctx.rank == 0 and os.environ.get("HYDRA_FULL_ERROR") == "1":
             traceback.print_exc()
     return row
