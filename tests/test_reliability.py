@@ -378,3 +378,19 @@ def test_8_the_summary_is_capped_with_a_pointer_to_the_table(tmp_path):
     lines = summary(rows, tmp_path / "padding.parquet")
     assert len(lines) <= 22
     assert str(tmp_path / "padding.parquet") in lines[-1] and "540" in lines[-1]
+
+
+def test_8_figures_fail_loudly_on_a_damaged_table_and_drop_its_old_figure(tmp_path):
+    from plots import all as figures
+
+    results, out = tmp_path / "results", tmp_path / "figs"
+    results.mkdir()
+    out.mkdir()
+    (results / "smoke.parquet").write_bytes(b"garbage")
+    old = [out / "smoke.png", out / "smoke.pdf"]
+    for p in old:
+        p.write_bytes(b"an old figure")
+    with pytest.raises(SystemExit) as exc:
+        figures.main(["--results", str(results), "--out", str(out)])
+    assert exc.value.code not in (0, None)
+    assert not any(p.exists() for p in old)
