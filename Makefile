@@ -30,7 +30,9 @@ smoke: ## tiny end-to-end run (W=4 gloo on CPU; one process per GPU with NCCL on
 reproduce: setup ## run the preset for the hardware found (CPU or GPU), then regenerate the figures
 	@echo "reproduce on $(HW): $(if $(filter 1,$(HAS_GPU)),$(REPRO_GPU),$(REPRO_CPU))"
 	@for e in $(if $(filter 1,$(HAS_GPU)),$(REPRO_GPU),$(REPRO_CPU)); do \
-	  $(PY) -m harness.run experiment=$$e hardware=$(HW) || exit 1; done
+	  $(PY) -m harness.run experiment=$$e hardware=$(HW) || { \
+	    echo "reproduce: experiment $$e failed (see the error above); run make reproduce again to resume"; \
+	    exit 1; }; done
 	$(MAKE) figures
 
 figures: ## regenerate every figure from results/*.parquet and results/reference/

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.measure import selected_systems, system_points
-from harness.records import Row, cell_hash, command_line, provenance
+from harness.errors import is_comm_failure
+from harness.measure import hash_cell, selected_systems, system_points
+from harness.records import Row, command_line, provenance
 from harness.system import RunContext
 from harness.timing import barrier, time_fn
 from harness.workload import DTYPES
@@ -68,14 +69,16 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
         tr = params.get("transport") or ("loopback" if process_world == 1 else "p2p")
         world = opt["loopback_ranks"] if tr == "loopback" else process_world
         used = {"ccta": params["ccta"], "transport": tr}  # the consumer's knobs; no GEMM here
-        out.append(_cell(cfg, system, world, kib, out_cols, dtype, used))
+        out.append(_cell(cfg, process_world, system, world, kib, out_cols, dtype, used))
     if process_world > 1:
         for kib in opt["segment_kib"]:
-            out.append(_cell(cfg, REFERENCE, process_world, kib, out_cols, dtype, {}))
+            out.append(
+                _cell(cfg, process_world, REFERENCE, process_world, kib, out_cols, dtype, {})
+            )
     return out
 
 
-def _cell(cfg, system, world, kib, out_cols, dtype, params) -> dict:
+def _cell(cfg, process_world, system, world, kib, out_cols, dtype, params) -> dict:
     cell = {
         "experiment": cfg.experiment.name,
         "system": system,
@@ -87,7 +90,7 @@ def _cell(cfg, system, world, kib, out_cols, dtype, params) -> dict:
         "min_total_mib": options(cfg)["min_total_mib"],
         "params": params,
     }
-    cell["cell_hash"] = cell_hash(cell)
+    cell["cell_hash"] = hash_cell(cfg, process_world, cell)
     return cell
 
 
@@ -269,6 +272,10 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
         row.metrics.update(bytes_sent=float(sent), gbps=sent / t.median_ms / 1e6)
     except torch.cuda.OutOfMemoryError as exc:
         row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
+    except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep
+        if is_comm_failure(exc):
+            raise  # a peer is gone: the runner stops the run and records nothing
+        row.status, row.reason = "error", f"{type(exc).__name__}: {exc}"[:500]
     return [row]
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from harness.measure import selected_systems, system_points
-from harness.records import Row, cell_hash, command_line, provenance
+from harness.measure import hash_cell, selected_systems, system_points
+from harness.records import Row, command_line, provenance
 from harness.routing import imbalance
 from harness.system import RunContext
 from harness.workload import WorkloadSpec, routing_of
@@ -44,7 +44,7 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
                 cell = {"experiment": cfg.experiment.name, "system": system, "seed": cfg.seed}
                 cell.update(zip(AXES, values))
                 cell["params"] = params
-                cell["cell_hash"] = cell_hash(cell)
+                cell["cell_hash"] = hash_cell(cfg, process_world, cell)
                 out.append(cell)
     return out
 

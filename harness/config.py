@@ -15,6 +15,10 @@ class HardwareConf:
     device: str = "cpu"  # cpu | cuda
     backend: str = "gloo"  # gloo | nccl
     world_size: int = 4  # processes to spawn on this node (ignored under torchrun)
+    #: the harness's own bound, in seconds, on every cell and every collective: a rank that
+    #: makes no progress for this long ends the run (short on the CPU, long enough for a first
+    #: Triton compile on a GPU)
+    timeout_s: float = 60.0
 
 
 @dataclass
@@ -54,6 +58,9 @@ class ExperimentConf:
     name: str = MISSING
     module: str = "experiments.systems_sweep"
     figure: str = ""
+    #: the grid's shape comes from the `workload` group (conf/workload/); an experiment that sets
+    #: its own shape leaves this false, and `workload=<name>` with it is an error
+    takes_workload: bool = False
     #: system name -> {params: {...}, sweep: {...}} as SystemConf describes (checked by
     #: harness.measure.system_points; untyped here so `+experiment.systems.<name>={}` composes);
     #: an empty entry `{}` runs the system once per workload with its defaults

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import time
 import traceback
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from harness.check import check
+from harness.errors import CommFailure, is_comm_failure
 from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
 from harness.reference import dispatch, dispatch_local, reference_local
@@ -80,6 +82,24 @@ def selected_systems(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in systems.items() if not select or k in select}
 
 
+def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
+    """What changes a cell's numbers besides its workload and system: the measure settings, the
+    hardware preset and backend, and the number of processes (which decides whether a process
+    plays one rank or all of them). Part of every cell hash, so a changed setting re-runs the
+    cell; the time-out and the table path are not (they change no number)."""
+    m, hw = cfg.measure, cfg.hardware
+    return {
+        "measure": {"warmup": int(m.warmup), "iters": int(m.iters), "tol": float(m.tol)},
+        "hardware": {"name": hw.name, "device": hw.device, "backend": hw.backend},
+        "processes": process_world,
+    }
+
+
+def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
+    """The cell hash: the cell (workload, system, params, seed) and the run settings."""
+    return cell_hash({**cell, "run": run_settings(cfg, process_world)})
+
+
 def expand_grid(cfg: Any, process_world: int) -> list[dict]:
     """All cells of an experiment: the product of the workload axes, then per workload every
     system once per point of its own sweep.
@@ -108,7 +128,7 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
                     **base,
                     "params": params,
                 }
-                cell["cell_hash"] = cell_hash(cell)
+                cell["cell_hash"] = hash_cell(cfg, process_world, cell)
                 cells.append(cell)
     return cells
 
@@ -242,7 +262,9 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
     except torch.cuda.OutOfMemoryError as exc:
         row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
     except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep
+        if is_comm_failure(exc):  # a peer is gone: stop the run, record nothing
+            raise CommFailure(f"{type(exc).__name__}: {exc}") from exc
         row.status, row.reason = "error", f"{type(exc).__name__}: {exc}"[:500]
-        if ctx.rank == 0:
+        if ctx.rank == 0 and os.environ.get("HYDRA_FULL_ERROR") == "1":
             traceback.print_exc()
     return row

@@ -1,4 +1,11 @@
-"""Result rows and the parquet table they go to (append per cell, resume by cell hash)."""
+"""Result rows and the parquet table they go to (append per cell, resume by cell hash).
+
+The table is one parquet file that every reader takes as it is (`pd.read_parquet`). Writers
+serialise on a lock file next to it (`<table>.lock`, `filelock`): each append reads the table,
+adds its rows and replaces the file atomically through a temporary file of a unique name, so
+two runs on one table lose no row and a reader never sees half a file. A table the harness
+cannot read is never overwritten.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +15,17 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
+import uuid
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from filelock import FileLock, Timeout
+
+from harness.errors import HarnessUserError
 
 STATUSES = ("ok", "fail", "skipped", "error")
 
@@ -52,6 +64,12 @@ class Row:
     status: str = "ok"
     reason: str = ""
     extra: str = "{}"
+    # how the cell was run (stamped by the runner; part of the cell hash)
+    hardware: str = ""  # the hardware preset
+    backend: str = ""
+    warmup: int = 0
+    iters: int = 0
+    tol: float = float("nan")
     #: the system's parameters as it ran (cell params + what it resolved); columns p_<key>
     params: dict = field(default_factory=dict)
     #: experiment-specific numeric results; written as extra columns named m_<key>
@@ -152,37 +170,121 @@ def command_line() -> str:
     return " ".join([Path(sys.executable).name, "-m", "harness.run", *sys.argv[1:]])
 
 
+#: columns a table needs for the runner to resume from it
+KEY_COLUMNS = ("experiment", "system", "cell_hash", "status")
+#: a plain re-run keeps these rows (and measures `error` cells again); redo_failed keeps fewer
+KEEP_STATUSES = ("ok", "fail", "skipped")
+KEEP_STATUSES_REDO_FAILED = ("ok", "skipped")
+#: seconds a writer waits for another writer's lock before giving up
+LOCK_TIMEOUT_S = 300.0
+
+
+def _fix_hint(path: Path) -> str:
+    return f"move it away or choose another table with table=<path> (it is left as it is: {path})"
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """The table at `path` (empty with the core columns if there is none); a table that cannot be
+    read, or lacks the key columns, is a HarnessUserError with a one-line reason."""
+    path = Path(path)
+    if path.is_dir():
+        raise HarnessUserError(f"table {path} is a directory; choose a file with table=<path>")
+    if not path.exists():
+        return pd.DataFrame(columns=CORE_COLUMNS)
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - any reader error means "damaged"
+        why = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise HarnessUserError(
+            f"table {path} cannot be read ({type(exc).__name__}: {why}); {_fix_hint(path)}"
+        ) from exc
+    missing = [c for c in KEY_COLUMNS if c not in df.columns]
+    if missing:
+        raise HarnessUserError(
+            f"table {path} has no column(s) {', '.join(missing)}, so it is not a results table "
+            f"of this harness; {_fix_hint(path)}"
+        )
+    return df
+
+
 @dataclass
 class ResultsTable:
-    """A parquet table of Rows. Writes are atomic (tmp file + rename), one cell at a time."""
+    """A parquet table of Rows, appended one cell at a time under a lock (see the module doc)."""
 
     path: Path
-    _rows: list[dict] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+
+    @property
+    def lock(self) -> FileLock:
+        return FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S)
+
+    def check_writable(self) -> None:
+        """A HarnessUserError naming the fix if rows could not be written to the table's path."""
+        parent = self.path.parent
+        for p in (parent, *parent.parents):
+            if p.exists() and not p.is_dir():
+                raise HarnessUserError(
+                    f"cannot write the table {self.path}: {p} is a file, not a directory; "
+                    "choose a writable path with table=<path>"
+                )
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{self.path.name}.", suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            raise HarnessUserError(
+                f"cannot write the table {self.path} ({exc.strerror or exc}); "
+                "choose a writable path with table=<path>"
+            ) from exc
+        if self.path.exists() and not os.access(self.path, os.W_OK):
+            raise HarnessUserError(f"table {self.path} is read-only; choose another with table=")
 
     def load(self) -> pd.DataFrame:
-        if self.path.exists():
-            return pd.read_parquet(self.path)
-        return pd.DataFrame(columns=CORE_COLUMNS)
+        return read_table(self.path)
+
+    def statuses(self) -> dict[str, str]:
+        """cell_hash -> status of the cells in the table."""
+        df = self.load()
+        return dict(zip(df["cell_hash"].astype(str), df["status"].astype(str)))
 
     def done_hashes(self, redo_failed: bool = False) -> set[str]:
-        df = self.load()
-        if df.empty:
-            return set()
-        if redo_failed:
-            df = df[df["status"].isin(["ok", "skipped"])]
-        return set(df["cell_hash"])
+        """Cells a re-run skips: ok, fail and skipped (ok and skipped with redo_failed); cells
+        that ended in `error` are always measured again."""
+        keep = KEEP_STATUSES_REDO_FAILED if redo_failed else KEEP_STATUSES
+        return {h for h, s in self.statuses().items() if s in keep}
 
     def append(self, rows: list[Row]) -> None:
         """Append rows; a row replaces any earlier row with the same (cell_hash, system)."""
         if not rows:
             return
         new = pd.DataFrame([row_dict(r) for r in rows])
-        old = self.load()
-        if not old.empty:
-            keys = set(zip(new["cell_hash"], new["system"]))
-            keep = [(h, s) not in keys for h, s in zip(old["cell_hash"], old["system"])]
-            new = pd.concat([old[keep], new], ignore_index=True)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".parquet.tmp")
-        new.to_parquet(tmp, index=False)
-        os.replace(tmp, self.path)
+        try:
+            with self.lock:
+                old = self.load()  # raises, and writes nothing, if the table is damaged
+                if not old.empty:
+                    keys = set(zip(new["cell_hash"], new["system"]))
+                    keep = [(h, s) not in keys for h, s in zip(old["cell_hash"], old["system"])]
+                    new = pd.concat([old[keep], new], ignore_index=True)
+                self._replace(new)
+        except Timeout as exc:
+            raise HarnessUserError(
+                f"another writer held {self.lock.lock_file} for {LOCK_TIMEOUT_S:.0f} s"
+            ) from exc
+
+    def _replace(self, df: pd.DataFrame) -> None:
+        """Write df to a temporary file of a unique name next to the table, then rename it over
+        the table (atomic). Called with the lock held, so any older temporary file is a leftover
+        of a killed writer and is removed."""
+        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)
+        tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            df.to_parquet(tmp, index=False)
+            os.replace(tmp, self.path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from experiments.bandwidth import REFERENCE as REF
 from experiments.bandwidth import expected_region, sender_plan, sizes
 from systems.overlap.testing import expected_sends
 
@@ -53,9 +54,9 @@ def test_sender_plan_sends_every_row_to_a_peer_in_its_own_region(W, me):
 def test_cells_and_a_bad_option_before_any_process():
     proc = _run("dry_run=true", "hardware.world_size=3")
     assert proc.returncode == 0, proc.stderr
-    lines = [x for x in proc.stdout.splitlines() if "system=" in x]
+    lines = [x for x in proc.stdout.splitlines() if x.split()[1:2] in (["overlap"], [REF])]
     assert len(lines) == 2 * 2 + 2  # 2 sizes x (loopback, p2p) + the reference per size
-    bad = _run("dry_run=true", "+experiment.options.segment_kb=[1]")
+    bad = _run("dry_run=true", "hardware.world_size=3", "+experiment.options.segment_kb=[1]")
     assert bad.returncode != 0 and "unknown option(s) ['segment_kb']" in bad.stdout + bad.stderr
 
 

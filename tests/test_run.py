@@ -58,8 +58,9 @@ def test_smoke_runs_checks_and_resumes(tmp_path):
 )
 def test_bad_input_is_a_clear_error(tmp_path, override, message):
     proc = run(f"table={tmp_path / 't.parquet'}", override, check=False)
-    assert proc.returncode != 0
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "t.parquet").exists()
 
 
@@ -72,7 +73,7 @@ def test_every_experiment_config_composes_and_dry_runs():
             cfg = compose("config", overrides=[f"experiment={name}"])
             assert cfg.experiment.name == name
     proc = run("experiment=smoke", "dry_run=true")
-    assert "dry run: 4 cells" in proc.stdout
+    assert "dry run of smoke: 4 cells" in proc.stdout
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,41 @@
+"""The two kinds of failure the runner tells apart from a failing cell.
+
+HarnessUserError  bad input (settings, table path, a damaged table): `harness.run` prints one line
+                  `error: <message>` and exits with code 2 (the trace only with HYDRA_FULL_ERROR=1).
+CommFailure       the process group broke (a peer died, stalled or timed out): the run stops and
+                  the cell in flight is NOT recorded, so a re-run measures it again.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+
+class HarnessUserError(ValueError):
+    """Bad input, found before any work (or a table damaged while the run went on)."""
+
+
+class CommFailure(RuntimeError):
+    """A collective failed because a peer is gone or stalled; the run cannot go on."""
+
+
+#: text of the errors gloo and NCCL raise when a peer dies, stalls or times out (they are plain
+#: RuntimeErrors in torch 2.13, not always torch.distributed.DistError)
+COMM_MARKERS = (
+    "third_party/gloo",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "pair closure",
+    "Timed out waiting",
+    "ProcessGroupNCCL",
+    "NCCL communicator was aborted",
+    "DistBackendError",
+)
+
+
+def looks_like_comm_failure(text: str) -> bool:
+    return any(m in text for m in COMM_MARKERS)
+
+
+def is_comm_failure(exc: BaseException) -> bool:
+    return isinstance(exc, (CommFailure, dist.DistError)) or looks_like_comm_failure(str(exc))
