@@ -28,6 +28,7 @@ FIGURES: dict[str, str] = {
     "overlap_ccta": "plots.ccta_sweep",
     "bandwidth": "plots.bandwidth",
     "multigpu_smoke": "plots.latency_vs_experts",
+    "multigpu_smoke_k_eq_n": "plots.latency_vs_experts",
     "overlap_sweep": "plots.speedup_vs_serial",
 }
 
