@@ -1,0 +1,225 @@
+"""Everything decided before a rank starts: the world size, every setting and cell validated,
+the table checked, the cells to run (the Plan), the start message and the dry run.
+
+Bad input raises HarnessUserError with one line (harness.run prints `error: ...`, exit 2).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.config import GridConf
+from harness.errors import HarnessUserError
+from harness.records import (
+    KEEP_STATUSES,
+    KEEP_STATUSES_REDO_FAILED,
+    ResultsTable,
+)
+
+#: most cells a dry run lists
+DRY_RUN_ROWS = 20
+#: at most this many gloo processes per CPU core
+MAX_RANKS_PER_CORE = 8
+GRID_AXES = [f for f in GridConf.__dataclass_fields__ if f != "world_size"]
+
+
+def table_path(cfg: Any) -> Path:
+    return Path(cfg.table or Path(cfg.results_dir) / f"{cfg.experiment.name}.parquet")
+
+
+# ---------------------------------------------------------------- validation (before any work)
+
+
+def resolve_world(cfg: Any) -> int:
+    """Number of processes to spawn; a clear error when it is not sane for the hardware."""
+    hw = cfg.hardware
+    if hw.device == "cuda":
+        n_gpu = torch.cuda.device_count()
+        if n_gpu == 0:
+            raise HarnessUserError(
+                f"hardware={hw.name} needs CUDA GPUs; none found (try hardware=cpu)"
+            )
+        world = hw.world_size or n_gpu
+        if world < 0 or world > n_gpu:
+            raise HarnessUserError(
+                f"hardware.world_size={world} but {n_gpu} GPU(s) are present (0 = all of them)"
+            )
+        return world
+    if hw.device != "cpu":
+        raise HarnessUserError(f"hardware.device must be cpu or cuda, got {hw.device!r}")
+    most = MAX_RANKS_PER_CORE * (os.cpu_count() or 1)
+    if not 1 <= hw.world_size <= most:
+        raise HarnessUserError(
+            f"hardware.world_size must be 1..{most} on this {os.cpu_count()}-core CPU "
+            f"(at most {MAX_RANKS_PER_CORE} gloo processes per core), got {hw.world_size}"
+        )
+    return hw.world_size
+
+
+def validate_settings(cfg: Any, workload: str | None) -> None:
+    """Checks that need no cell: measure settings, time-out, axes, systems, the workload group."""
+    m = cfg.measure
+    if m.iters < 1:
+        raise HarnessUserError(f"measure.iters must be >= 1, got {m.iters}")
+    if m.warmup < 0:
+        raise HarnessUserError(f"measure.warmup must be >= 0, got {m.warmup}")
+    if not (0 < m.tol < float("inf")):
+        raise HarnessUserError(f"measure.tol must be a number > 0, got {m.tol}")
+    hw = cfg.hardware
+    if (hw.device, hw.backend) not in (("cpu", "gloo"), ("cuda", "nccl"), ("cuda", "gloo")):
+        raise HarnessUserError(
+            f"hardware.device={hw.device} with hardware.backend={hw.backend} is not supported; "
+            "use cpu with gloo, or cuda with nccl"
+        )
+    if not (0 < cfg.hardware.timeout_s < float("inf")):
+        raise HarnessUserError(
+            f"hardware.timeout_s must be > 0 seconds, got {cfg.hardware.timeout_s}"
+        )
+    for axis in GRID_AXES:
+        if len(cfg.experiment.grid[axis]) == 0:
+            raise HarnessUserError(f"experiment.grid.{axis} is empty; give it at least one value")
+    if not cfg.experiment.systems:
+        raise HarnessUserError(
+            "experiment.systems is empty; name at least one system "
+            "(e.g. '+experiment.systems.serial={}')"
+        )
+    if workload and not cfg.experiment.takes_workload:
+        raise HarnessUserError(
+            f"experiment {cfg.experiment.name} sets its own shape, so workload={workload} would be "
+            "ignored; drop it, or set the shape with experiment.grid.<axis>=[...]"
+        )
+
+
+def load_experiment(cfg: Any):
+    try:
+        return importlib.import_module(cfg.experiment.module)
+    except ModuleNotFoundError as exc:
+        raise HarnessUserError(f"experiment module {cfg.experiment.module!r} not found") from exc
+
+
+@dataclass
+class Plan:
+    """What a run will do: every cell of the config and the ones still to run."""
+
+    cells: list[dict]
+    todo: list[dict]
+    #: status in the table of each cell of this config that is there
+    found: dict[str, str]
+    #: rows in the table that belong to no cell of this config (other settings or versions)
+    others: int
+    table: ResultsTable
+    world: int
+
+
+def preflight(
+    cfg: Any, world: int, workload: str | None = None, *, table: bool = True, writable: bool = True
+) -> Plan:
+    """Build and validate every cell, and read the table, before any rank starts. Every bad
+    input is a HarnessUserError (one line for the user)."""
+    try:
+        validate_settings(cfg, workload)
+        exp = load_experiment(cfg)
+        cells = exp.cells(cfg, world)
+        sm = 0
+        if cfg.hardware.device == "cuda" and torch.cuda.is_available():
+            sm = torch.cuda.get_device_properties(0).multi_processor_count
+        exp.validate(cfg, cells, sm)
+    except ValueError as exc:  # the experiment's and the systems' own checks raise ValueError
+        raise HarnessUserError(str(exc)) from exc
+    if not cells:
+        raise HarnessUserError(f"experiment {cfg.experiment.name} has no cells with these settings")
+    results = ResultsTable(table_path(cfg))
+    found: dict[str, str] = {}
+    others = 0
+    if table:
+        if writable:
+            results.check_writable()
+        in_table = results.statuses()
+        hashes = {c["cell_hash"] for c in cells}
+        found = {h: s for h, s in in_table.items() if h in hashes}
+        others = len(in_table) - len(found)
+    keep = KEEP_STATUSES_REDO_FAILED if cfg.redo_failed else KEEP_STATUSES
+    todo = [c for c in cells if found.get(c["cell_hash"]) not in keep]
+    return Plan(cells, todo, found, others, results, world)
+
+
+def start_message(cfg: Any, plan: Plan) -> str:
+    kept = len(plan.cells) - len(plan.todo)
+    todo = {c["cell_hash"] for c in plan.todo}
+    retry = len(todo & set(plan.found))
+    counts: dict[str, int] = {}
+    for h, s in plan.found.items():
+        if h not in todo:
+            counts[s] = counts.get(s, 0) + 1
+    why = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    msg = (
+        f"[harness] {cfg.experiment.name}: {len(plan.cells)} cells; {kept} already in "
+        f"{plan.table.path}{f' ({why})' if why else ''}, {len(plan.todo)} to run"
+    )
+    if retry:
+        again = "failed or error" if cfg.redo_failed else "error"
+        msg += f" ({retry} {again} cell(s) again)"
+    msg += (
+        f" on {plan.world} rank(s) ({cfg.hardware.device}, {cfg.hardware.backend}); "
+        f"cell time-out {cfg.hardware.timeout_s:g} s"
+    )
+    if plan.others:
+        msg += f"; {plan.others} row(s) of other settings in the table are kept"
+    return msg
+
+
+def describe(cell: dict | None) -> str:
+    """A cell in one short phrase: system, hash, workload, params."""
+    if cell is None:
+        return "(before the first cell)"
+    keys = ("world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k")
+    short = ("W", "T", "K", "N", "E", "k")
+    shape = " ".join(f"{s}={cell[k]}" for k, s in zip(keys, short) if k in cell)
+    tail = " ".join(str(cell[k]) for k in ("routing", "dtype") if k in cell)
+    params = " ".join(f"{k}={v}" for k, v in cell.get("params", {}).items())
+    return f"{cell['cell_hash']} ({cell['system']} {shape} {tail}{' ' + params if params else ''})"
+
+
+# ---------------------------------------------------------------------------------- dry run
+
+
+def dry_run(cfg: Any, workload: str | None = None) -> None:
+    """Print a short table of the cells, marking those already in the table; needs no GPU and
+    starts no rank. The process count is hardware.world_size, or the GPUs present."""
+    hw = cfg.hardware
+    n_gpu = torch.cuda.device_count() if hw.device == "cuda" else 0
+    world = hw.world_size or n_gpu or 1
+    if hw.device == "cpu":
+        world = resolve_world(cfg)
+    plan = preflight(cfg, world, workload, writable=False)
+    import pandas as pd
+
+    keep = {c["cell_hash"] for c in plan.cells} - {c["cell_hash"] for c in plan.todo}
+    lines = []
+    for c in plan.cells[:DRY_RUN_ROWS]:
+        h = c["cell_hash"]
+        status = plan.found.get(h)
+        mark = "-" if status is None else status if h in keep else f"{status}, runs again"
+        row = {"cell_hash": h, "system": c["system"]}
+        skip = ("experiment", "system", "seed", "cell_hash", "params")
+        row.update({k: v for k, v in c.items() if k not in skip})
+        row["params"] = " ".join(f"{k}={v}" for k, v in c.get("params", {}).items())
+        row["in table"] = mark
+        lines.append(row)
+    print(pd.DataFrame(lines).to_string(index=False))
+    if len(plan.cells) > DRY_RUN_ROWS:
+        print(f"... and {len(plan.cells) - DRY_RUN_ROWS} more cell(s)")
+    assumed = (
+        "" if hw.world_size or n_gpu else " (hardware.world_size=0 and no GPU here: 1 assumed)"
+    )
+    print(
+        f"[harness] dry run of {cfg.experiment.name}: {len(plan.cells)} cells on {world} "
+        f"rank(s){assumed}; "
+        f"{len(keep)} already in {plan.table.path}, {len(plan.todo)} to run"
+    )

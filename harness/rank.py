@@ -1,0 +1,181 @@
+"""The rank side of a run: process-group set-up, the walk over the cells (rank 0 writes each
+cell's rows), and the Reporter that tells the supervising parent which cell runs (heartbeats).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from harness.errors import CommFailure, is_comm_failure, looks_like_comm_failure
+from harness.preflight import load_experiment, table_path
+from harness.records import (
+    ResultsTable,
+    Row,
+    provenance,
+)
+from harness.system import RunContext
+
+#: bound on a rank's start (imports, rendezvous) before its first cell, in seconds
+STARTUP_S = 120.0
+
+
+# ------------------------------------------------------------------------------- the ranks
+
+
+class Reporter:
+    """A rank's reports to the supervising parent through its own pipe (one writer per pipe, so
+    a rank killed or stopped mid-write cannot block another rank's reports). Without a parent
+    (torchrun) it only draws rank 0's progress bar."""
+
+    def __init__(self, rank: int, conn: Connection | None, beat_s: float, bar: Any = None):
+        self.rank, self.conn, self.bar = rank, conn, bar
+        #: indexes of the cells whose rows this rank wrote
+        self.written_cells: set[int] = set()
+        self._lock = threading.Lock()
+        if conn is not None:
+            threading.Thread(target=self._beat, args=(beat_s,), daemon=True).start()
+
+    def send(self, *msg: Any) -> None:
+        if self.conn is not None:
+            with self._lock:
+                self.conn.send(msg)
+
+    def _beat(self, every: float) -> None:
+        while True:
+            try:
+                self.send("beat")
+            except OSError:
+                return
+            time.sleep(every)
+
+    def cell(self, index: int) -> None:
+        self.send("cell", index)
+
+    def written(self, index: int, rows: list[Row]) -> None:
+        self.written_cells.add(index)
+        self.send("written", index, [(r.system, r.status) for r in rows])
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{rows[-1].system}:{rows[-1].status}")
+            self.bar.update(1)
+
+    def done(self) -> None:
+        self.send("done")
+
+    def failed(self, exc: BaseException) -> None:
+        comm = is_comm_failure(exc)
+        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
+        self.send("failed", text, comm, traceback.format_exc())
+
+
+def _init_group(cfg: Any, rank: int, world: int, device: torch.device, rendezvous) -> None:
+    """The process group, its collectives bounded by hardware.timeout_s. With a rendezvous
+    (host, port) every rank first waits on a TCP store until all have started (bounded by
+    STARTUP_S), so slow imports of one rank do not count against the collectives' time-out."""
+    timeout = timedelta(seconds=float(cfg.hardware.timeout_s))
+    kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+    if rendezvous is None:  # torchrun / Slurm: env://
+        dist.init_process_group(cfg.hardware.backend, timeout=timeout, **kw)
+        return
+    host, port = rendezvous
+    store = dist.TCPStore(
+        host, port, world, is_master=rank == 0, timeout=timedelta(seconds=STARTUP_S)
+    )
+    if store.add("harness/started", 1) == world:
+        store.set("harness/go", "1")
+    store.wait(["harness/go"])
+    dist.init_process_group(
+        cfg.hardware.backend, store=store, rank=rank, world_size=world, timeout=timeout, **kw
+    )
+
+
+def worker(
+    rank: int,
+    world: int,
+    local_rank: int,
+    cfg_dict: dict,
+    cells: list[dict],
+    report: Reporter,
+    rendezvous: tuple[str, int] | None,
+) -> None:
+    """One rank: init the process group once, walk the cells, rank 0 writes."""
+    cfg = OmegaConf.create(cfg_dict)
+    if cfg.hardware.device == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    _init_group(cfg, rank, world, device, rendezvous)
+    ctx = RunContext(rank, world, device, None, cfg.hardware.backend)
+    if rendezvous is None:  # torchrun: rank 0 read the table; every rank runs its choice
+        todo = [[c["cell_hash"] for c in cells] if rank == 0 else None]
+        dist.broadcast_object_list(todo, src=0)
+        cells = [c for c in cells if c["cell_hash"] in set(todo[0])]
+    _walk(ctx, cfg, cells, report)
+    report.done()
+    dist.destroy_process_group()
+
+
+def _stamp(rows: list[Row], cfg: Any, ctx: RunContext) -> list[Row]:
+    """Every row says how it was run (the settings that are part of its cell hash)."""
+    for r in rows:
+        r.hardware, r.backend = cfg.hardware.name, ctx.backend
+        r.warmup, r.iters, r.tol = cfg.measure.warmup, cfg.measure.iters, cfg.measure.tol
+    return rows
+
+
+def _walk(ctx: RunContext, cfg: Any, todo: list[dict], report: Reporter) -> None:
+    exp = load_experiment(cfg)
+    table = ResultsTable(table_path(cfg))
+    for i, cell in enumerate(todo):
+        report.cell(i)
+        try:
+            rows = exp.run_cell(ctx, cfg, cell)
+        except Exception as exc:  # noqa: BLE001 - the sweep survives a failing cell
+            if is_comm_failure(exc):
+                raise
+            rows = [
+                Row(
+                    experiment=cfg.experiment.name,
+                    system=cell.get("system", ""),
+                    cell_hash=cell["cell_hash"],
+                    status="error",
+                    reason=f"{type(exc).__name__}: {exc}"[:500],
+                    **provenance(),
+                )
+            ]
+        for r in rows:  # an experiment that caught a broken process group itself
+            if r.status == "error" and looks_like_comm_failure(r.reason):
+                raise CommFailure(r.reason)
+        if ctx.rank == 0:
+            table.append(_stamp(rows, cfg, ctx))
+            report.written(i, rows)
+
+
+def spawn_entry(
+    rank: int,
+    world: int,
+    cfg_dict: dict,
+    cells: list[dict],
+    rendezvous: tuple[str, int],
+    conn: Connection,
+) -> None:
+    beat_s = min(0.5, float(cfg_dict["hardware"]["timeout_s"]) / 10)
+    report = Reporter(rank, conn, beat_s)
+    try:
+        worker(rank, world, rank, cfg_dict, cells, report, rendezvous)
+    except BaseException as exc:  # noqa: BLE001 - reported once to the parent, which decides
+        try:
+            report.failed(exc)
+        finally:
+            os._exit(1)  # no teardown: a broken process group can hang in its destructor

@@ -1,0 +1,204 @@
+"""The parent side of a run on one node: spawn W ranks, watch their reports and heartbeats, and
+end the whole run within `hardware.timeout_s` when a rank dies, fails or stalls, naming the rank
+and the cell (the root cause, from the rank where it happened).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from harness.preflight import Plan, describe
+from harness.rank import STARTUP_S, spawn_entry
+
+#: a rank whose heartbeat is older than this when the run stops is named as the stalled one
+STALE_BEAT_S = 2.0
+#: after the first sign of trouble, how long the parent collects reports before it decides
+GRACE_S = 1.0
+
+
+# ---------------------------------------------------------------------- the supervisor
+
+
+@dataclass
+class _Rank:
+    proc: Any
+    conn: Connection | None
+    phase: str = "start"  # start | cell | done
+    cell: int = -1
+    since: float = 0.0
+    beat: float = 0.0
+    written: set[int] = field(default_factory=set)
+    failure: tuple[str, bool, str] | None = None  # (message, comm, traceback)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _proc_state(pid: int) -> str:
+    """The process's scheduler state from /proc (Linux), e.g. 'stopped'; '' where unknown."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return {
+        "T": "stopped",
+        "t": "stopped (traced)",
+        "Z": "exited",
+        "D": "in uninterruptible I/O",
+    }.get(state, "")
+
+
+def supervise(ranks: list[_Rank], todo: list[dict], cfg: Any, bar: Any) -> str | None:
+    """Watch the ranks until all are done (None) or the run must stop (the reason, one line)."""
+    timeout = float(cfg.hardware.timeout_s)
+    now = time.monotonic()
+    for r in ranks:
+        r.since = r.beat = now
+    stale = min(STALE_BEAT_S, timeout / 2)
+    trouble_at: float | None = None
+    while True:
+        conns = [r.conn for r in ranks if r.conn is not None]
+        if not conns:
+            time.sleep(0.1)
+        for conn in wait(conns, timeout=0.1):
+            rank = next(r for r in ranks if r.conn is conn)
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                rank.conn = None
+                continue
+            t = time.monotonic()
+            rank.beat = t
+            if msg[0] == "cell":
+                rank.phase, rank.cell, rank.since = "cell", msg[1], t
+            elif msg[0] == "written":
+                rank.written.add(msg[1])
+                if bar is not None:
+                    bar.set_postfix_str(f"{msg[2][-1][0]}:{msg[2][-1][1]}")
+                    bar.update(1)
+            elif msg[0] == "done":
+                rank.phase, rank.since = "done", t
+            elif msg[0] == "failed":
+                rank.failure = (msg[1], msg[2], msg[3])
+        now = time.monotonic()
+        if all(r.phase == "done" and r.proc.exitcode is not None for r in ranks):
+            return None
+        for r in ranks:
+            exited = r.proc.exitcode is not None
+            limit = STARTUP_S if r.phase == "start" else timeout
+            if r.phase == "done":  # its rows are written; a hang in teardown is not a failure
+                if not exited and now - r.since > timeout:
+                    r.proc.kill()
+            elif trouble_at is None and (
+                r.failure or exited or now - r.since > limit or now - r.beat > limit
+            ):
+                trouble_at = now
+        if trouble_at is not None:
+            settled = all(r.proc.exitcode is not None or r.failure for r in ranks)
+            if settled or now - trouble_at > GRACE_S:
+                return _diagnose(ranks, todo, timeout, now, stale)
+
+
+def _diagnose(
+    ranks: list[_Rank], todo: list[dict], timeout: float, now: float, stale_s: float
+) -> str:
+    """The root cause, in order: a rank's own failure, a rank that died, a rank that stopped
+    (no heartbeat), a broken collective, a cell over the time-out."""
+
+    def where(r: _Rank) -> str:
+        if r.phase == "cell":
+            return f"in cell {describe(todo[r.cell])}"
+        return "before its first cell" if r.phase == "start" else "after its last cell"
+
+    for r in ranks:
+        if r.failure and not r.failure[1]:
+            full = f"\n{r.failure[2]}" if os.environ.get("HYDRA_FULL_ERROR") == "1" else ""
+            return f"rank {ranks.index(r)} failed {where(r)}: {r.failure[0]}{full}"
+    for i, r in enumerate(ranks):
+        code = r.proc.exitcode
+        if code is not None and code != 0 and not r.failure:
+            how = f"killed by {_signal_name(code)}" if code < 0 else f"exit code {code}"
+            return f"rank {i} died ({how}) {where(r)}"
+        if code == 0 and r.phase != "done":
+            return f"rank {i} exited early {where(r)}"
+    stale = [
+        (i, r) for i, r in enumerate(ranks) if r.proc.exitcode is None and now - r.beat > stale_s
+    ]
+    if stale:
+        i, r = max(stale, key=lambda ir: now - ir[1].beat)
+        state = _proc_state(r.proc.pid)
+        return (
+            f"rank {i} stopped responding (no heartbeat for {now - r.beat:.0f} s"
+            f"{', process ' + state if state else ''}) {where(r)}"
+        )
+    for i, r in enumerate(ranks):
+        if r.failure:
+            return f"rank {i}: the process group broke {where(r)}: {r.failure[0]}"
+    waiting = [r for r in ranks if r.phase != "done"] or ranks
+    behind = min(waiting, key=lambda r: (r.phase == "cell", r.cell))
+    late = [i for i, r in enumerate(ranks) if r.phase == behind.phase and r.cell == behind.cell]
+    return (
+        f"rank(s) {', '.join(map(str, late))} made no progress for {timeout:g} s "
+        f"(hardware.timeout_s) {where(behind)}"
+    )
+
+
+def _kill(ranks: list[_Rank]) -> None:
+    for r in ranks:
+        if r.proc.exitcode is None:
+            r.proc.kill()  # SIGKILL: also ends a stopped process
+    for r in ranks:
+        r.proc.join(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def progress_bar(cfg: Any, total: int):
+    if not (cfg.progress and total):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=cfg.experiment.name, file=sys.stderr, unit="cell")
+
+
+def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int]]:
+    """Spawn one process per rank and supervise them: the reason the run stopped (None when it
+    did not) and the indexes of the cells whose rows rank 0 wrote."""
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    ctx = mp.get_context("spawn")
+    rendezvous = ("127.0.0.1", _free_port())
+    ranks = []
+    for rank in range(plan.world):
+        recv, send = ctx.Pipe(duplex=False)
+        args = (rank, plan.world, cfg_dict, plan.todo, rendezvous, send)
+        proc = ctx.Process(target=spawn_entry, args=args, name=f"harness-rank{rank}")
+        proc.start()
+        send.close()
+        ranks.append(_Rank(proc, recv))
+    bar = progress_bar(cfg, len(plan.todo))
+    try:
+        reason = supervise(ranks, plan.todo, cfg, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+        _kill(ranks)
+    return reason, ranks[0].written
