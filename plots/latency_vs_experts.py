@@ -1,5 +1,8 @@
 """Latency against experts per rank, one line per (system, routing). Lower is better.
 
+Each system's timed region (its `scope`) is named in the title, and in the legend wherever a
+system's scope differs from the rest (native Tutel and FasterMoE time the whole layer).
+
 Input: any systems-sweep table (smoke, operator). Output: <out>/<name>.png and .pdf.
 """
 
@@ -21,6 +24,9 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     systems = sorted(df["system"].unique())
     colors = {sy: f"C{i}" for i, sy in enumerate(systems)}
     styles = dict(zip(sorted(df["routing"].unique()), ["-", "--", ":", "-."]))
+    scopes = df.groupby("system")["scope"].first().fillna("").to_dict()
+    common = df["scope"].fillna("").mode().iloc[0] if "scope" in df else ""
+    tag = {sy: f" [{sc}]" if sc and sc != common else "" for sy, sc in scopes.items()}
     for ax, ((tpr, k, n, dt), sub) in zip(axes[0], shapes):
         for (system, routing), s in sub.groupby(["system", "routing"]):
             s = s.sort_values("experts_per_rank")
@@ -33,7 +39,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
                 marker="o",
                 ms=3,
                 capsize=2,
-                label=f"{label(system)} / {routing}",
+                label=f"{label(system)}{tag[system]} / {routing}",
             )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -43,7 +49,9 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.subplots_adjust(wspace=0.35)
     fig.suptitle(
-        f"MoE gemm+combine latency (lower is better)\n{transport_note(df)}", fontsize=9, y=1.06
+        f"MoE {common or 'gemm+combine'} latency (lower is better)\n{transport_note(df)}",
+        fontsize=9,
+        y=1.06,
     )
     return save(fig, out_dir, name)
 
