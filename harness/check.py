@@ -1,4 +1,14 @@
-"""The one correctness check: relative Frobenius error against the reference."""
+"""The one correctness check: relative Frobenius error against the reference, and per row.
+
+Two conditions, both required:
+  whole   ||out - ref||_F / ||ref||_F <= tol                    (the paper's check; tol = 8e-3)
+  per row max_t ||out_t - ref_t|| / ||ref_t|| <= ROW_TOL_FACTOR * tol   (= 8e-2 by default)
+The per-row bound catches what the whole-tensor norm averages away: at T=16384 a completely
+lost token row (error 1.0 in that row) moves the Frobenius error by only ~1/sqrt(T) and passes
+8e-3. Rounding in bf16 gives per-row errors of a few 1e-3 (the same order as the whole-tensor
+error), far below 8e-2. A row whose reference norm is below 0.1 of the median row norm is
+measured against 0.1 x the median norm (no division by a near-zero norm).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 DEFAULT_TOL = 8e-3  # the paper's relative tolerance
+ROW_TOL_FACTOR = 10.0  # per-row bound = ROW_TOL_FACTOR * tol
 
 
 @dataclass(frozen=True)
@@ -14,13 +25,21 @@ class CheckResult:
     ok: bool
     max_rel_err: float
     message: str
+    max_row_rel_err: float = float("nan")
+
+
+def row_errors(o: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Relative error of every row [T] (float32 inputs [T, N])."""
+    norms = r.norm(dim=-1)
+    floor = 0.1 * norms.median().clamp_min(1e-30)
+    return (o - r).norm(dim=-1) / torch.maximum(norms, floor)
 
 
 def check(out: torch.Tensor, ref: torch.Tensor, tol: float = DEFAULT_TOL) -> CheckResult:
-    """Compare out [T, N] with ref [T, N]: ||out - ref||_F / ||ref||_F <= tol.
+    """Compare out [T, N] with ref [T, N]: the whole-tensor and the per-row bound (module doc).
 
     Fails with a reason on a shape mismatch, NaN/inf, an all-zero output where the reference is
-    not zero, and names the first row whose error exceeds the tolerance.
+    not zero, and names the worst row when a bound is exceeded.
     """
     if tuple(out.shape) != tuple(ref.shape):
         return CheckResult(False, float("inf"), f"shape {tuple(out.shape)} != {tuple(ref.shape)}")
@@ -30,10 +49,16 @@ def check(out: torch.Tensor, ref: torch.Tensor, tol: float = DEFAULT_TOL) -> Che
         return CheckResult(False, float("inf"), f"non-finite output, first at index {bad}")
     ref_norm = r.norm().item()
     if ref_norm > 0 and o.abs().max().item() == 0:
-        return CheckResult(False, 1.0, "output is all zeros")
+        return CheckResult(False, 1.0, "output is all zeros", 1.0)
     err = (o - r).norm().item() / max(ref_norm, 1e-30)
-    if err <= tol:
-        return CheckResult(True, err, "")
-    row_err = (o - r).norm(dim=-1) / r.norm(dim=-1).clamp_min(1e-30)
-    first = int((row_err > tol).nonzero()[0, 0]) if (row_err > tol).any() else -1
-    return CheckResult(False, err, f"rel err {err:.3e} > tol {tol:.1e}; first bad row {first}")
+    rows = row_errors(o.reshape(o.shape[0], -1), r.reshape(r.shape[0], -1)) if o.ndim else None
+    worst = int(rows.argmax()) if rows is not None and rows.numel() else -1
+    row_err = float(rows[worst]) if worst >= 0 else 0.0
+    row_tol = ROW_TOL_FACTOR * tol
+    if err > tol:
+        msg = f"rel err {err:.3e} > tol {tol:.1e}; worst row {worst} ({row_err:.3e})"
+        return CheckResult(False, err, msg, row_err)
+    if row_err > row_tol:
+        msg = f"row {worst} rel err {row_err:.3e} > row tol {row_tol:.1e} (whole {err:.3e})"
+        return CheckResult(False, err, msg, row_err)
+    return CheckResult(True, err, "", row_err)

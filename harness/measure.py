@@ -206,6 +206,23 @@ def _agree(ctx: RunContext, value: float, op=dist.ReduceOp.MAX) -> float:
     return float(t.item())
 
 
+def _checked(ctx: RunContext, row: Row, res: Any, when: str = "") -> bool:
+    """Record a check agreed over the ranks (worst errors; ok only if ok everywhere); on a
+    failure set status fail with the reason. True when the check passed on every rank."""
+
+    def worst(prev: float, new: float) -> float:
+        new = _agree(ctx, new if new == new else 1e30)  # NaN (not measured) counts as worst
+        return new if prev != prev else max(prev, new)
+
+    row.max_rel_err = worst(row.max_rel_err, res.max_rel_err)
+    row.max_row_rel_err = worst(row.max_row_rel_err, res.max_row_rel_err)
+    if _agree(ctx, 0.0 if res.ok else 1.0) == 0.0:
+        return True
+    reason = res.message or "check failed on another rank"
+    row.status, row.reason = "fail", f"{when}: {reason}" if when else reason
+    return False
+
+
 def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
     """Run one system on one cell on this rank; every rank returns the same Row values."""
     spec = spec_of(cell)
@@ -241,12 +258,7 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         system.setup(inputs)
         row.impl, row.transport, row.scope = system.impl, system.transport, system.scope
         row.params.update(system.resolved_params())
-        res = check(system.forward(), ref, cfg.measure.tol)
-        err = _agree(ctx, res.max_rel_err if res.max_rel_err == res.max_rel_err else 1e30)
-        ok = _agree(ctx, 0.0 if res.ok else 1.0) == 0.0
-        row.max_rel_err = err
-        if not ok:
-            row.status, row.reason = "fail", res.message or "check failed on another rank"
+        if not _checked(ctx, row, check(system.forward(), ref, cfg.measure.tol)):
             return row
         kw = dict(
             device=ctx.device, group=ctx.group, warmup=cfg.measure.warmup, iters=cfg.measure.iters
@@ -256,7 +268,14 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         if system.has_bounds():
             row.compute_ms = time_fn(system.compute_only, **kw).median_ms
             row.comm_ms = time_fn(system.comm_only, **kw).median_ms
-            row.overlap_ratio = overlap_ratio(row.compute_ms, row.comm_ms, row.latency_ms)
+            if spec.world_size > 1:
+                row.overlap_ratio = overlap_ratio(row.compute_ms, row.comm_ms, row.latency_ms)
+            else:  # nothing to hide: a ratio of local copies would read as overlap
+                system.extra["overlap_ratio"] = "undefined at W=1: no bytes leave the rank"
+        # the output must still be right after every timed run (no reused buffer overwritten)
+        if not _checked(ctx, row, check(system.forward(), ref, cfg.measure.tol), "after timing"):
+            row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
+            return row
         if system.extra:
             row.extra = json.dumps(system.extra, sort_keys=True, default=str)
     except torch.cuda.OutOfMemoryError as exc:

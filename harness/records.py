@@ -61,6 +61,8 @@ class Row:
     comm_ms: float = float("nan")
     overlap_ratio: float = float("nan")
     max_rel_err: float = float("nan")
+    #: worst token row's relative error (harness/check.py: must stay <= 10 x tol)
+    max_row_rel_err: float = float("nan")
     status: str = "ok"
     reason: str = ""
     extra: str = "{}"

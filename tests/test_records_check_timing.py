@@ -15,7 +15,27 @@ def test_check_passes_close_and_fails_far():
     bad = ref.clone()
     bad[3] += 5
     res = check(bad, ref)
-    assert not res.ok and "first bad row 3" in res.message
+    assert not res.ok and "worst row 3" in res.message
+
+
+def test_a_lost_token_row_fails_although_the_whole_tensor_passes():
+    """At T=16384 one zeroed row moves the Frobenius error by ~1/sqrt(T) = 7.8e-3 < 8e-3."""
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(16384, 64, generator=gen)
+    ref /= ref.norm(dim=1, keepdim=True)  # equal row norms: one lost row is 1/sqrt(T) = 7.8e-3
+    out = ref + 1e-4 * torch.randn(16384, 64, generator=gen)  # ~1e-3 relative: bf16 rounding
+    assert check(out, ref).ok and check(out, ref).max_row_rel_err < 2e-2
+    out[1234] = 0  # one token's output lost
+    res = check(out, ref)
+    assert res.max_rel_err < 8e-3  # the whole-tensor check alone would pass
+    assert not res.ok and "row 1234" in res.message and res.max_row_rel_err == pytest.approx(1.0)
+
+
+def test_rows_with_a_near_zero_reference_do_not_blow_up():
+    ref = torch.randn(64, 32)
+    ref[5] = 0
+    out = ref + 1e-4 * torch.randn(64, 32)
+    assert check(out, ref).ok
 
 
 def test_check_guards_nan_zeros_and_shapes():
