@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from harness.experts import expert_gemm, expert_gemm_impl
-from harness.reference import combine, scale
+from harness.reference import combine
+from harness.scale import Scaler
 from harness.system import CellInputs, System
 
 
@@ -23,6 +24,7 @@ class SerialSystem(System):
         dev = inputs.x_recv.device
         self.lay = lay
         self.tokens = inputs.spec.tokens_per_rank
+        self.scale = Scaler.for_layout(lay, dev)  # indices on the device, built untimed
         perm = torch.sort(lay.recv_expert, stable=True).indices.to(dev)
         self.inv_perm = torch.empty_like(perm)
         self.inv_perm[perm] = torch.arange(perm.numel(), device=dev)
@@ -37,12 +39,12 @@ class SerialSystem(System):
 
     def forward(self) -> torch.Tensor:
         y = expert_gemm(self.x_sorted, self.counts, self.weights).index_select(0, self.inv_perm)
-        return scale(combine(y, self.lay, self.ctx.group), self.lay, self.tokens)
+        return self.scale(combine(y, self.lay, self.ctx.group))
 
     def compute_only(self) -> torch.Tensor:
         """Everything forward does except the all-to-all (scale reads the last combine's rows)."""
         y = expert_gemm(self.x_sorted, self.counts, self.weights).index_select(0, self.inv_perm)
-        return scale(self.y_back, self.lay, self.tokens), y
+        return self.scale(self.y_back), y
 
     def comm_only(self) -> torch.Tensor:
         return combine(self.y_recv, self.lay, self.ctx.group)

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from harness.reference import scale
+from harness.scale import Scaler
 from harness.system import CellInputs, System
 from harness.workload import WorkloadSpec
 from systems.overlap.plan import padded_input, plan_for_layout
@@ -57,6 +57,7 @@ class _Rank:
         self.y = torch.empty(self.x.shape[0], spec.out, dtype=x_recv.dtype, device=x_recv.device)
         self.runner = OverlapRunner(self.plan, weights, transport, ccta=ccta)
         self.tokens = spec.tokens_per_rank
+        self.scale = Scaler.for_layout(lay, x_recv.device)  # step 5, indices on the device
 
     def step(self) -> None:
         """Producer + consumer concurrently, then the local rows into the own buffer."""
@@ -97,7 +98,7 @@ class _Loopback:
         """Every played rank's step, then each rank's scale: [W*T, N]."""
         for rk in self.ranks:
             rk.step()
-        outs = [scale(self.fabric.recv(r), rk.lay, rk.tokens) for r, rk in enumerate(self.ranks)]
+        outs = [rk.scale(self.fabric.recv(r)) for r, rk in enumerate(self.ranks)]
         for rk in self.ranks:
             rk.runner.check()
         return torch.cat(outs)
@@ -106,7 +107,7 @@ class _Loopback:
         """The busiest rank's step and scale (it has no peers to wait for)."""
         rk = self.ranks[self.busy]
         rk.step()
-        return scale(rk.runner.transport.recv, rk.lay, rk.tokens)
+        return rk.scale(rk.runner.transport.recv)
 
 
 class _Distributed:
@@ -135,7 +136,7 @@ class _Distributed:
         rows_from = rk.plan.recv_rows.clone()
         rows_from[rk.plan.rank] = 0  # own rows arrive by the local copy, not a signal
         rk.runner.wait_received(rows_from)
-        return scale(rk.runner.transport.recv, rk.lay, rk.tokens)
+        return rk.scale(rk.runner.transport.recv)
 
 
 class OverlapSystem(System):
@@ -200,7 +201,7 @@ class OverlapSystem(System):
         sms = torch.cuda.get_device_properties(rk.x.device).multi_processor_count
         rk.runner.compute_only(rk.x, rk.y, num_programs=sms)
         rk.runner.local_copy(rk.y)
-        return scale(rk.runner.transport.recv, rk.lay, rk.tokens)
+        return rk.scale(rk.runner.transport.recv)
 
     def comm_only(self) -> None:
         """The consumer alone on cCTA SMs, flags taken as set (of the timed rank)."""

@@ -1,0 +1,1 @@
+"""Device code every system shares (Triton kernels and their thin launchers)."""
