@@ -29,6 +29,7 @@ FIGURES: dict[str, str] = {
     "bandwidth": "plots.bandwidth",
     "multigpu_smoke": "plots.latency_vs_experts",
     "multigpu_smoke_k_eq_n": "plots.latency_vs_experts",
+    "multigpu_smoke_fused_scale": "plots.latency_vs_experts",
     "overlap_sweep": "plots.speedup_vs_serial",
 }
 
