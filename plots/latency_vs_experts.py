@@ -24,8 +24,9 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     systems = sorted(df["system"].unique())
     colors = {sy: f"C{i}" for i, sy in enumerate(systems)}
     styles = dict(zip(sorted(df["routing"].unique()), ["-", "--", ":", "-."]))
-    scopes = df.groupby("system")["scope"].first().fillna("").to_dict()
-    common = df["scope"].fillna("").mode().iloc[0] if "scope" in df else ""
+    scope = df["scope"].fillna("") if "scope" in df else df["system"].map(lambda _: "")
+    scopes = scope.groupby(df["system"]).first().to_dict()  # older tables have no scope
+    common = scope.mode().iloc[0]
     tag = {sy: f" [{sc}]" if sc and sc != common else "" for sy, sc in scopes.items()}
     for ax, ((tpr, k, n, dt), sub) in zip(axes[0], shapes):
         for (system, routing), s in sub.groupby(["system", "routing"]):

@@ -60,3 +60,12 @@ def test_speedup_takes_each_systems_best_cell(tmp_path):
     assert len(sp) == 2 * 2 * 2  # systems x routings x expert counts
     assert set(sp[sp.system == "serial"]["speedup"]) == {1.0}
     assert set(sp[sp.system == "overlap"]["speedup"].round(6)) == {4.0}
+
+
+def test_latency_figure_reads_tables_older_than_the_scope_column(tmp_path):
+    from plots import latency_vs_experts
+
+    t = _fixture(tmp_path / "t.parquet", "x", ["serial", "overlap"])
+    pd.read_parquet(t).drop(columns=["scope"]).to_parquet(t)
+    paths = latency_vs_experts.plot(t, tmp_path / "figs", "old")
+    assert all(p.exists() for p in paths)
