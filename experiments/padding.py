@@ -5,6 +5,9 @@ global routing, for EVERY rank of the logical W (no plan is built, nothing is ti
   C[s, g]      rows owner s sends to global expert g (one bincount over (owner, expert))
   pad[r]       sum over remote owners s != r and r's experts g of (-C[s, g]) mod tile_m
   gemm[r]      rows rank r's experts compute after padding = valid[r] + pad[r]
+  packed[r]    the same if r's remote rows of an expert were packed, all owners back to back and
+               padded once: sum over r's experts g of (-sum_{s != r} C[s, g]) mod tile_m
+               (the `packed` layout proposed beyond the paper; counted here, not yet built)
 Bounds drawn next to the data, per rank: the paper's (W-1)(tile_m-1) and the true worst case
 E(W-1)(tile_m-1) (every (remote owner, expert) group can need tile_m-1 zero rows).
 The routing is drawn once per (W, E, routing, tokens, top_k, seed) and reused for every tile_m.
@@ -24,7 +27,7 @@ from harness.records import Row, command_line, provenance
 from harness.routing import imbalance
 from harness.system import RunContext
 from harness.workload import WorkloadSpec, routing_of
-from systems.overlap.plan import owner_expert_counts, padding_rows
+from systems.overlap.plan import owner_expert_counts, packed_padding_rows, padding_rows
 
 AXES = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
 _CACHE: dict[tuple, tuple[torch.Tensor, dict]] = {}
@@ -97,6 +100,7 @@ def padding_metrics(counts: torch.Tensor, experts_per_rank: int, tile_m: int) ->
     """All padding numbers of one (routing, tile_m) from C [W, W*E]."""
     W, E, tm = counts.shape[0], experts_per_rank, tile_m
     pad = padding_rows(counts, E, tm).double()  # [W]
+    packed = packed_padding_rows(counts, E, tm).double()  # [W], if remote groups were packed
     valid = counts.view(W, W, E).sum((0, 2)).double()  # rows each rank's experts compute
     gemm = valid + pad
     remote = counts.view(W, W, E) * (1 - torch.eye(W, dtype=counts.dtype))[:, :, None]
@@ -125,6 +129,10 @@ def padding_metrics(counts: torch.Tensor, experts_per_rank: int, tile_m: int) ->
         "remote_groups_mean": float(groups.mean()),
         "pad_per_remote_group": float(pad.sum() / groups.sum()) if groups.sum() else nan,
         "bound_paper_share": b_paper / (float(valid.mean()) + b_paper),
+        "pad_rows_packed_max": float(packed.max()),
+        "pad_share_packed": float(packed.sum() / (valid + packed).sum()),
+        "rows_saved_packed_total": float((pad - packed).sum()),
+        "gemm_rows_saved_packed_share": float((pad - packed).sum() / gemm.sum()),
         "bound_expert_share": b_expert / (float(valid.mean()) + b_expert),
     }
 

@@ -4,7 +4,8 @@ Input: results/padding.parquet (experiments/padding.py). Output: <out>/<name>.pn
 Columns (one per routing):
   row 1  max zero rows per rank vs W, one line per E, with the paper's bound (W-1)(tile_m-1)
          (black dashed) and E(W-1)(tile_m-1) (dotted, the colour of its E)
-  row 2  padding share of all GEMM rows (solid) and on the busiest rank (dashed), per E
+  row 2  padding share of all GEMM rows (solid) and on the busiest rank (dashed), per E, and
+         (dash-dot) what it would be with remote groups packed per expert (padded once)
   row 3  padding share of all GEMM rows per tile_m at one E
 """
 
@@ -62,11 +63,15 @@ def plot(
             ax_rows.plot(s["world_size"], s["m_bound_expert_rows"], ":", color=c)
             ax_share.plot(s["world_size"], 100 * s["m_pad_share"], "o-", color=c, label=f"E={e}")
             ax_share.plot(s["world_size"], 100 * s["m_pad_share_critical_rank"], "x--", color=c)
+            if "m_pad_share_packed" in s:  # tables before the packed study lack it
+                ax_share.plot(s["world_size"], 100 * s["m_pad_share_packed"], "s-.", ms=3, color=c)
         w = sorted(set(sub["world_size"]))
         ax_rows.plot(w, [(x - 1) * (tm - 1) for x in w], "k--", lw=2, label="paper (W-1)(tm-1)")
         ax_rows.plot([], [], "k:", label="E(W-1)(tm-1)")
         ax_share.plot([], [], "k-", label="all ranks")
         ax_share.plot([], [], "kx--", label="busiest rank")
+        if "m_pad_share_packed" in d:
+            ax_share.plot([], [], "ks-.", ms=3, label="packed layout, all ranks")
         for tmv, s in d[(d["routing"] == routing) & (d["experts_per_rank"] == e_fix)].groupby(
             "p_tile_m"
         ):

@@ -12,7 +12,12 @@ from experiments.padding import counts_of, padding_metrics
 from harness.layout import counts_matrix
 from harness.workload import WorkloadSpec
 from plots.padding import plot
-from systems.overlap.plan import owner_expert_counts, padding_rows, plans_for_spec
+from systems.overlap.plan import (
+    owner_expert_counts,
+    packed_padding_rows,
+    padding_rows,
+    plans_for_spec,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +46,21 @@ def test_exact_count_equals_the_plans_padding(routing, W, E, T, tm):
     assert m["gemm_rows_total"] == sum(p.n_padded for p in plans)
     assert m["pad_rows_max"] <= m["bound_expert_rows"]
     assert 0 <= m["pad_share"] < 1
+
+
+def test_packed_padding_pads_each_expert_once():
+    # W=3, E=1, tile_m=4: rank 0 gets 1 row from rank 1 and 1 from rank 2: aligned pads both
+    # owner groups (3 + 3 = 6 zero rows), packed pads the 2 remote rows once (2 zero rows)
+    C = torch.tensor([[0, 0, 0], [1, 0, 0], [1, 0, 0]])
+    assert padding_rows(C, 1, 4).tolist() == [6, 0, 0]
+    assert packed_padding_rows(C, 1, 4).tolist() == [2, 0, 0]
+    for routing in ("balanced", "stress_skew"):
+        spec = WorkloadSpec(256, 1, 1, 4, 2, 8, routing)
+        Cr, _ = counts_of(spec)
+        packed, aligned = packed_padding_rows(Cr, 4, 64), padding_rows(Cr, 4, 64)
+        assert (packed <= aligned).all() and (packed <= 4 * 63).all()
+        m = padding_metrics(Cr, 4, 64)
+        assert m["rows_saved_packed_total"] == float((aligned - packed).sum()) >= 0
 
 
 def test_padding_rows_hand_example():

@@ -375,6 +375,17 @@ def padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> to
     return pad.sum((0, 2))
 
 
+def packed_padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> torch.Tensor:
+    """Zero rows of every rank [W] if the remote rows of an expert were PACKED: all remote owners'
+    rows of expert g back to back, padded once to a multiple of tile_m (a band may then hold rows
+    of several owners). Rank r: sum over its experts g of (-sum_{s != r} C[s, g]) mod tile_m.
+    A study of the layout the method-speed issue proposes; no plan builds it yet."""
+    W = counts.shape[0]
+    c = counts.view(W, W, experts_per_rank)  # [s, r, e]
+    remote = (c * (1 - torch.eye(W, dtype=c.dtype, device=c.device))[:, :, None]).sum(0)  # [r, e]
+    return (-remote).remainder(tile_m).sum(1)
+
+
 def plans_for_spec(
     spec: WorkloadSpec, *, tile_m: int, mgb: int, device: torch.device | None = None
 ) -> tuple[list[CombinePlan], list[RankLayout]]:
