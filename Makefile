@@ -8,7 +8,7 @@ REPRO_GPU ?= smoke operator overlap_ccta
 HW := $(if $(filter 1,$(HAS_GPU)),h200,cpu)
 WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
-.PHONY: help setup test test-gpu smoke reproduce figures wheels-gpu lint format clean-results
+.PHONY: help setup test test-gpu smoke reproduce report figures wheels-gpu lint format clean-results
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ reproduce: setup ## run the preset for the hardware found (CPU or GPU), then reg
 	    echo "reproduce: experiment $$e failed (see the error above); run make reproduce again to resume"; \
 	    exit 1; }; done
 	$(MAKE) figures
+
+report: ## results/REPORT.md from the committed tables (no GPU): tables, the paper's claims next to ours
+	$(PY) -m plots.report
 
 figures: ## regenerate every figure from results/*.parquet and results/reference/
 	$(PY) -m plots.all

@@ -1,0 +1,278 @@
+"""results/REPORT.md from the committed tables only (no GPU, no run): `make report`.
+
+Sections: what each reference table is (machine, software, revisions, rows by status, its
+figure), the paper's claims next to ours (agrees / differs / not measured, with the reason or the
+command that would measure it), and what overlap alone can buy, from our measured bounds. Every
+number here is read from a table under results/reference/; a claim without a table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+REF = Path("results/reference")
+FIGURES = Path("plots/figures")
+
+
+def tables(ref: Path = REF) -> dict[str, pd.DataFrame]:
+    """Every committed Row table, keyed 'machine/stem' (benchmark tables without a status
+    column are listed too)."""
+    return {f"{p.parent.name}/{p.stem}": pd.read_parquet(p) for p in sorted(ref.rglob("*.parquet"))}
+
+
+def _join(values) -> str:
+    vals = sorted({str(v) for v in values if str(v) not in ("", "nan", "None")})
+    return ", ".join(vals) if vals else "?"
+
+
+def table_section(dfs: dict[str, pd.DataFrame], figures: Path = FIGURES) -> list[str]:
+    out = [
+        "## The tables",
+        "",
+        "| table | rows (by status) | GPU | W | transport | torch / triton / nccl | revisions "
+        "| figure (`make figures`) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for key, df in dfs.items():
+        if "status" in df:
+            rows = ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().items())
+        else:
+            rows = f"{len(df)} (benchmark rows)"
+        gpu = _join(df.get("gpu_name", df.get("gpu", pd.Series(dtype=str))))
+        w = _join(df["world_size"].dropna().astype(int)) if "world_size" in df else "?"
+        tr = _join(df["transport"]) if "transport" in df else "?"
+        sw = " / ".join(
+            _join(df[c]) if c in df else "?"
+            for c in ("torch_version", "triton_version", "nccl_version")
+        )
+        rev = _join(df["git_rev"]) if "git_rev" in df else "?"
+        fig = figures / f"reference_{key.replace('/', '_')}.png"
+        link = f"[png]({Path('..') / fig})" if "status" in df else "none"
+        out.append(f"| `{key}` | {rows} | {gpu} | {w} | {tr} | {sw} | {rev} | {link} |")
+    out += [
+        "",
+        "The command that made each table is in its machine's README "
+        "(`results/reference/<machine>/README.md`) and in every row's `command` column.",
+        "",
+    ]
+    return out
+
+
+@dataclass
+class Claim:
+    what: str
+    paper: str
+    ours: Callable[[dict[str, pd.DataFrame]], tuple[str, str] | None]
+    #: how to measure it where no table holds it yet
+    missing: str
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"] == "ok"] if "status" in df else df
+
+
+def _fig3a(d):
+    df = d.get("h200x2/bandwidth")
+    if df is None:
+        return None
+    p = _ok(df)
+    p = p[(p["system"] == "overlap") & (p["transport"] == "p2p")]
+    at = p[p["m_segment_bytes"] == 1 << 20].set_index("p_ccta")["m_gbps"]
+    top = p.groupby("p_ccta")["m_gbps"].max()
+    ref = _ok(df)[_ok(df)["system"] == "nccl_all_to_all"]["m_gbps"]
+    s = (
+        f"2 H200s over NVLink (p2p, W=2): at 1 MiB segments {at.get(4.0, float('nan')):.0f} GB/s "
+        f"with 4 CTAs, {at.get(8.0, float('nan')):.0f} with 8; saturating at "
+        f"{top.get(8.0, float('nan')):.0f}-{top.max():.0f} GB/s from about 2 MiB; "
+        f"all_to_all_single on the same bytes {ref.min():.0f}-{ref.max():.0f} GB/s"
+    )
+    return (
+        "differs",
+        s + " (the shape agrees: saturation near 1-2 MiB, a tile far below it; "
+        "the level is NVLink4's, about 3-4x the A100 pair's)",
+    )
+
+
+def _padding(d):
+    df = d.get("cpu/padding")
+    if df is None:
+        return None
+    p = _ok(df)
+    p = p[(p["world_size"] == 4) & (p["p_tile_m"] == 128)]
+    e4, e16 = p[p["experts_per_rank"] == 4], p[p["experts_per_rank"] == 16]
+    s = (
+        f"W=4, tile_m=128: {100 * e4['m_pad_share'].min():.1f}-"
+        f"{100 * e4['m_pad_share'].max():.1f}% of GEMM rows at E=4, "
+        f"{100 * e16['m_pad_share'].min():.1f}-{100 * e16['m_pad_share'].max():.1f}% at the "
+        "paper's E=16; the per-rank bound "
+        "(W-1)(tile_m-1) is exceeded (the true bound is E(W-1)(tile_m-1))"
+    )
+    return "differs", s
+
+
+def _correctness(d):
+    errs = []
+    for df in d.values():
+        if "system" in df and "max_rel_err" in df:
+            o = _ok(df[df["system"] == "overlap"])
+            errs += o["max_rel_err"].dropna().tolist()
+    if not errs:
+        return None
+    return "agrees", (
+        f"{len(errs)} committed overlap cells all within 8e-3, max {max(errs):.2e} (bf16); the "
+        "GPU tier also checks a 288-cell loopback grid (3 routings x W 1/2/4/8 x cCTA x mgb x "
+        "fp16/bf16)"
+    )
+
+
+def _ccta(d):
+    df = d.get("h200/overlap_ccta")
+    if df is None:
+        return None
+    o = _ok(df)
+    best = o.groupby("routing")["latency_ms"].min()
+    two = o[o["p_ccta"] == 2].groupby("routing")["latency_ms"].min()
+    r = (two / best).round(2)
+    bestc = o.loc[o.groupby("routing")["latency_ms"].idxmin()].set_index("routing")["p_ccta"]
+    s = (
+        "loopback W=4 on one H200 (a proxy): cCTA=2 is "
+        + ", ".join(f"{k} {v}x" for k, v in r.items())
+        + " slower than the best cCTA ("
+        + ", ".join(f"{k} {int(v)}" for k, v in bestc.items())
+        + "); no serial row in that table"
+    )
+    return "partly", s
+
+
+def _bound(d):
+    df = d.get("h200/overlap_ccta")
+    if df is None:
+        return None
+    o = _ok(df).dropna(subset=["compute_ms", "comm_ms"])
+    b = (o["compute_ms"] + o["comm_ms"]) / o[["compute_ms", "comm_ms"]].max(axis=1)
+    return "explains", (
+        f"our measured compute C and combine M (loopback W=4, T=8192, K=2048, N=8192, E=16) give "
+        f"(C + M) / max(C, M) = {b.min():.2f}-{b.max():.2f}: the most overlap alone can buy"
+    )
+
+
+CLAIMS = [
+    Claim(
+        "Fig 3a: consumer bandwidth vs transfer size",
+        "saturates near 1 MiB; 87 GB/s with 8 SMs, 67 with 4 (A100, NVLink3)",
+        _fig3a,
+        "`python -m harness.run experiment=bandwidth` with one process per GPU",
+    ),
+    Claim(
+        "Padding of the remote-aligned layout",
+        "at most (W-1)(tb_M-1) rows per rank; a few percent at W=4",
+        _padding,
+        "`python -m harness.run experiment=padding hardware.world_size=1`",
+    ),
+    Claim(
+        "Correctness",
+        "1440 checks within 8e-3 of serial; max 1.913e-3 (fp16)",
+        _correctness,
+        "`make test-gpu`",
+    ),
+    Claim(
+        "Operator speedup vs serial",
+        "2.97x balanced, 2.94x moderate, 3.01x stress (4x A100)",
+        lambda d: None,
+        "`python -m harness.run experiment=overlap_sweep` with one process per GPU",
+    ),
+    Claim(
+        "cCTA sweep",
+        "cCTA=2 slower than serial everywhere, up to 1.91x; best cCTA in [10, 20]",
+        _ccta,
+        "`python -m harness.run experiment=overlap_sweep` (serial in the same table)",
+    ),
+    Claim(
+        "What overlap alone can buy",
+        "(the paper reports 2.9-3.0x vs serial)",
+        _bound,
+        "`python -m harness.run experiment=overlap_ccta`",
+    ),
+    Claim(
+        "Fig 4: model end-to-end and layer speedups",
+        "vs FasterMoE 1.57-2.64x e2e; vs Tutel 1.35x (M-GPT), 1.15x (M-BERT); slower on M-Trans-xl",
+        lambda d: None,
+        "the `models` experiment, not built yet",
+    ),
+    Claim(
+        "Fig 5: experts 4-64",
+        "vs FasterMoE 1.30-5.33x, vs Tutel 1.77-2.16x; overlap ratio 71.9-99.9%",
+        lambda d: None,
+        "the `experts` experiment at layer scope, not built yet",
+    ),
+]
+
+
+def claims_section(dfs: dict[str, pd.DataFrame]) -> list[str]:
+    out = [
+        "## The paper's claims and ours",
+        "",
+        "| claim | paper (4x A100) | ours | status |",
+        "| --- | --- | --- | --- |",
+    ]
+    for c in CLAIMS:
+        got = c.ours(dfs)
+        if got is None:
+            out.append(f"| {c.what} | {c.paper} | not measured: {c.missing} | not measured |")
+        else:
+            status, text = got
+            out.append(f"| {c.what} | {c.paper} | {text} | {status} |")
+    out += [
+        "",
+        "Why a speedup against serial cannot exceed (C + M) / max(C, M) by overlap alone: with the "
+        "compute C and the combine M measured alone, the best overlap runs them in max(C, M) "
+        "instead of C + M, so the ratio is at most (C + M) / max(C, M) <= 2. A larger speedup "
+        "must come from elsewhere: a slower serial GEMM or all-to-all, or work the serial path "
+        "does that the method skips.",
+        "",
+    ]
+    return out
+
+
+def unmeasured_section() -> list[str]:
+    return [
+        "## Not measured yet",
+        "",
+        "- 4 and 8 GPUs (W=4, W=8): no such machine was lent. The same commands run unchanged: "
+        "`python -m harness.run experiment=overlap_sweep`, `experiment=bandwidth`, "
+        "`experiment=multigpu_smoke` with one process per GPU.",
+        "- The operator and layer tables at W=2 with every system (`experiment=operator` on two "
+        "GPUs), the models (Fig 4) and the expert sweep (Fig 5).",
+        "",
+    ]
+
+
+def render(ref: Path = REF, figures: Path = FIGURES) -> str:
+    dfs = tables(ref)
+    lines = [
+        "# Report: tile-level overlap for MoE, reproduced",
+        "",
+        "Generated by `make report` from the committed tables under `results/reference/` only; "
+        "edit nothing here by hand. Loopback rows (one GPU playing W ranks) are a development "
+        "proxy, never an interconnect result.",
+        "",
+    ]
+    lines += table_section(dfs, figures) + claims_section(dfs) + unmeasured_section()
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/REPORT.md")
+    args = ap.parse_args()
+    Path(args.out).write_text(render())
+    print(args.out)
+
+
+if __name__ == "__main__":
+    main()
