@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from harness.config import GridConf
+from harness.config import Config, ExperimentConf, GridConf, HardwareConf, MeasureConf
 from harness.errors import HarnessUserError
 from harness.records import (
     KEEP_STATUSES,
@@ -62,8 +62,36 @@ def resolve_world(cfg: Any) -> int:
     return hw.world_size
 
 
+#: the typed config nodes whose keys are fixed (Hydra's `+` can still add a key to them)
+TYPED_NODES = (
+    ("", Config),
+    ("experiment", ExperimentConf),
+    ("experiment.grid", GridConf),
+    ("hardware", HardwareConf),
+    ("measure", MeasureConf),
+)
+
+
+def unknown_keys(cfg: Any) -> None:
+    """A key the schema does not have is an error, also when Hydra's `+` added it (a typo such
+    as `+experiment.params.x=1` would otherwise be ignored)."""
+    for path, schema in TYPED_NODES:
+        node = cfg
+        for part in filter(None, path.split(".")):
+            node = node[part]
+        extra = sorted(set(node.keys()) - set(schema.__dataclass_fields__) - {"hydra"})
+        if extra:
+            where = f"{path}." if path else ""
+            raise HarnessUserError(
+                f"unknown key {where}{extra[0]}: not in the config schema (harness/config.py); "
+                f"{path or 'top-level'} keys are {', '.join(schema.__dataclass_fields__)}"
+            )
+
+
 def validate_settings(cfg: Any, workload: str | None) -> None:
-    """Checks that need no cell: measure settings, time-out, axes, systems, the workload group."""
+    """Checks that need no cell: unknown keys, measure settings, time-out, axes, systems, the
+    workload group."""
+    unknown_keys(cfg)
     m = cfg.measure
     if m.iters < 1:
         raise HarnessUserError(f"measure.iters must be >= 1, got {m.iters}")

@@ -49,6 +49,8 @@ def test_smoke_runs_checks_and_resumes(tmp_path):
         ("+experiment.systems.nope={}", "unknown system 'nope'; choices"),
         ("experiment.select=[nope]", "experiment.select names ['nope']"),
         ("+experiment.systems.serial.params.ccta=4", "system 'serial' has no parameter 'ccta'"),
+        ("+experiment.params.tutel_degres=[1]", "unknown key experiment.params"),
+        ("+measure.iter=3", "unknown key measure.iter"),
         ("experiment.grid.routing=[zipf]", "unknown routing 'zipf'; choices"),
         ("hardware=h200", "needs CUDA GPUs"),
         ("experiment=nope", "experiment/nope"),
