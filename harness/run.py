@@ -29,12 +29,14 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import register_configs
 from harness.errors import HarnessUserError, is_comm_failure
 from harness.preflight import Plan, dry_run, preflight, resolve_world, start_message, table_path
 from harness.rank import Reporter, worker
+from harness.slurm import export_torch_env
 from harness.supervisor import progress_bar, run_ranks
 
 register_configs()
@@ -118,6 +120,7 @@ def finish(cfg: Any, plan: Plan, stopped: str | None, written: set[int]) -> int:
 
 def launch(cfg: DictConfig, workload: str | None = None) -> int:
     """Validate, spawn, supervise; the exit code (bad input raises HarnessUserError)."""
+    export_torch_env()  # one task of a Slurm / submitit job of several: ranks from the job
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun / Slurm
         return _launch_torchrun(cfg, workload)
     if cfg.dry_run:
@@ -161,14 +164,19 @@ _TASK_STARTED = False
 def main(cfg: DictConfig) -> None:
     global _TASK_STARTED
     _TASK_STARTED = True
-    workload = HydraConfig.get().runtime.choices.get("workload")
+    hc = HydraConfig.get()
+    workload = hc.runtime.choices.get("workload")
     try:
         code = launch(cfg, workload if workload not in (None, "null") else None)
     except HarnessUserError as exc:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or hc.mode == RunMode.MULTIRUN:
             raise
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
+    if hc.mode == RunMode.MULTIRUN:  # a launcher's job (e.g. submitit) reports by exception
+        if code:
+            raise RuntimeError(f"harness run ended with exit code {code}")
+        return
     sys.exit(code)
 
 
