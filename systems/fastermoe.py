@@ -9,8 +9,10 @@ Timed region (scope "layer"): from this rank's tokens x [T, K] and the top-k exp
 and exchange of the expert counts, dispatch steps, expert GEMMs, return steps, the gather to
 (token, slot) order and the weighted sum -> out [T, N].
 FasterMoE's buffers take expert output width == input width, so a cell with K != N is skipped
-with the reason. Needs CUDA and the `fmoe` package (the registry skips the system otherwise).
-The re-implementation of the schedule is the separate system `fastermoe_reimpl`.
+with the reason. fmoe reads FMOE_FASTER_GROUP_SIZE ONCE per process (a static in
+smart_schedule.cpp, at its first call), so one run holds one group size: a cell asking another
+is skipped with the reason (run each group size in its own invocation). Needs CUDA and the
+`fmoe` package (the registry skips the system otherwise). The re-implementation of the schedule is the separate system `fastermoe_reimpl`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ import torch.distributed as dist
 
 from harness.system import CellInputs, System
 from harness.workload import WorkloadSpec, routing_of
+
+#: the group size fmoe fixed in this process at its first call (empty before it)
+_PROCESS_GROUP_SIZE: list[int] = []
+
+
+def _group_size(spec: WorkloadSpec, params: dict[str, Any]) -> int:
+    return min(int(params["group_size"]), spec.world_size)
 
 
 class FasterMoESystem(System):
@@ -46,6 +55,12 @@ class FasterMoESystem(System):
                 f"native FasterMoE needs expert output width == input width (K={spec.hidden}, "
                 f"N={spec.out}); fastermoe_reimpl runs this cell"
             )
+        g = _group_size(spec, params)
+        if _PROCESS_GROUP_SIZE and _PROCESS_GROUP_SIZE[0] != g:
+            return (
+                f"fmoe fixed its group size at {_PROCESS_GROUP_SIZE[0]} in this process (it reads "
+                f"FMOE_FASTER_GROUP_SIZE once); run group_size={g} in its own invocation"
+            )
         return None
 
     def setup(self, ranks: list[CellInputs]) -> None:
@@ -54,8 +69,10 @@ class FasterMoESystem(System):
 
         (inputs,) = ranks
         spec, dev = inputs.spec, inputs.x.device
-        g = min(int(self.params["group_size"]), spec.world_size)
+        g = _group_size(spec, self.params)
         os.environ["FMOE_FASTER_GROUP_SIZE"] = str(g)
+        if not _PROCESS_GROUP_SIZE:
+            _PROCESS_GROUP_SIZE.append(g)  # fmoe's first call in this process fixes it
         routing = routing_of(spec)
         self.fwd = _fmoe_general_global_forward
         self.spec = spec

@@ -236,5 +236,17 @@ def test_native_fastermoe_skips_cells_with_k_not_n() -> None:
     from harness.workload import WorkloadSpec
     from systems.fastermoe import FasterMoESystem as Native
 
-    assert "K=8, N=16" in Native.unsupported(WorkloadSpec(8, 8, 16, 2, 2, W, "balanced"), {})
-    assert Native.unsupported(WorkloadSpec(8, 16, 16, 2, 2, W, "balanced"), {}) is None
+    g1 = {"group_size": 1}
+    assert "K=8, N=16" in Native.unsupported(WorkloadSpec(8, 8, 16, 2, 2, W, "balanced"), g1)
+    assert Native.unsupported(WorkloadSpec(8, 16, 16, 2, 2, W, "balanced"), g1) is None
+
+
+def test_native_fastermoe_keeps_one_group_size_per_process(monkeypatch) -> None:
+    """fmoe reads FMOE_FASTER_GROUP_SIZE once per process: another size is skipped, said why."""
+    import systems.fastermoe as fm
+    from harness.workload import WorkloadSpec
+
+    monkeypatch.setattr(fm, "_PROCESS_GROUP_SIZE", [2])
+    spec = WorkloadSpec(8, 16, 16, 2, 2, W, "balanced")
+    assert fm.FasterMoESystem.unsupported(spec, {"group_size": 2}) is None
+    assert "its own invocation" in fm.FasterMoESystem.unsupported(spec, {"group_size": 4})
