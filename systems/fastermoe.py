@@ -12,7 +12,8 @@ FasterMoE's buffers take expert output width == input width, so a cell with K !=
 with the reason. fmoe reads FMOE_FASTER_GROUP_SIZE ONCE per process (a static in
 smart_schedule.cpp, at its first call), so one run holds one group size: a cell asking another
 is skipped with the reason (run each group size in its own invocation). Needs CUDA and the
-`fmoe` package (the registry skips the system otherwise). The re-implementation of the schedule is the separate system `fastermoe_reimpl`.
+`fmoe` package (the registry skips the system otherwise). The re-implementation of the
+schedule is the separate system `fastermoe_reimpl`.
 """
 
 from __future__ import annotations
