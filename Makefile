@@ -15,7 +15,7 @@ help: ## list the targets
 
 setup: ## install everything (CPU torch 2.13.0 first where no torch is present)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[$(if $(filter 1,$(HAS_GPU)),gpu,dev,megatron)]"
+	$(PY) -m pip install -q -e ".[$(if $(filter 1,$(HAS_GPU)),gpu,dev,megatron,slurm)]"
 
 test: ## the CPU test tier (what CI runs)
 	$(PY) -m pytest -q -m "not gpu"
