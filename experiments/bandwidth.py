@@ -269,6 +269,7 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
         row.max_rel_err = 0.0
         t = time_fn(go, **kw)
         row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
+        row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
         row.metrics.update(bytes_sent=float(sent), gbps=sent / t.median_ms / 1e6)
     except torch.cuda.OutOfMemoryError as exc:
         row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"

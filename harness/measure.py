@@ -265,6 +265,7 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         )
         t = time_fn(system.timed, **kw)
         row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
+        row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
         if system.has_bounds():
             row.compute_ms = time_fn(system.compute_only, **kw).median_ms
             row.comm_ms = time_fn(system.comm_only, **kw).median_ms
@@ -275,6 +276,7 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         # the output must still be right after every timed run (no reused buffer overwritten)
         if not _checked(ctx, row, check(system.forward(), ref, cfg.measure.tol), "after timing"):
             row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
+            row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
             return row
         if system.extra:
             row.extra = json.dumps(system.extra, sort_keys=True, default=str)

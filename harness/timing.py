@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+#: bootstrap resamples of the median's 95% interval (seeded: the same times give the same interval)
+BOOTSTRAP = 1000
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -22,6 +25,22 @@ class Timing:
     p10_ms: float
     p90_ms: float
     iters: int
+    #: 95% bootstrap interval of the median (percentile method, BOOTSTRAP resamples)
+    ci_lo_ms: float = float("nan")
+    ci_hi_ms: float = float("nan")
+
+
+def median_interval(ms: torch.Tensor, level: float = 0.95) -> tuple[float, float]:
+    """95% bootstrap interval of the median of per-iteration times ms [n] (float64, CPU)."""
+    n = ms.numel()
+    if n < 2:
+        return float("nan"), float("nan")
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, n, (BOOTSTRAP, n), generator=gen)
+    medians = ms[idx].quantile(0.5, dim=1)
+    a = (1 - level) / 2
+    lo, hi = medians.quantile(torch.tensor([a, 1 - a], dtype=torch.float64))
+    return float(lo), float(hi)
 
 
 def barrier(group: dist.ProcessGroup | None, device: torch.device) -> None:
@@ -67,4 +86,5 @@ def time_fn(
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     q = torch.quantile(t.cpu(), torch.tensor([0.5, 0.1, 0.9], dtype=torch.float64))
-    return Timing(float(q[0]), float(q[1]), float(q[2]), iters)
+    lo, hi = median_interval(t.cpu())
+    return Timing(float(q[0]), float(q[1]), float(q[2]), iters, lo, hi)

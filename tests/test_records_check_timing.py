@@ -81,3 +81,18 @@ def test_time_fn_on_cpu_gives_ordered_quantiles():
     )
     assert len(calls) == 9 and t.iters == 7
     assert 0 < t.p10_ms <= t.median_ms <= t.p90_ms
+    assert t.ci_lo_ms <= t.median_ms <= t.ci_hi_ms
+
+
+def test_median_interval_brackets_the_median_and_narrows_with_samples():
+    from harness.timing import median_interval
+
+    gen = torch.Generator().manual_seed(1)
+    few = 1.0 + 0.1 * torch.rand(8, generator=gen, dtype=torch.float64)
+    many = 1.0 + 0.1 * torch.rand(400, generator=gen, dtype=torch.float64)
+    lo8, hi8 = median_interval(few)
+    lo, hi = median_interval(many)
+    assert lo8 <= float(few.median()) <= hi8 and lo <= float(many.quantile(0.5)) <= hi
+    assert hi - lo < hi8 - lo8  # more iterations, a tighter interval
+    assert median_interval(few) == (lo8, hi8)  # seeded: reproducible
+    assert all(v != v for v in median_interval(torch.ones(1, dtype=torch.float64)))  # n=1: NaN
