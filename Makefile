@@ -1,10 +1,13 @@
 # MoE tile-level overlap harness. `make help` lists the targets.
 PY ?= python3
-# GPU present? (decides what `make reproduce` runs)
-HAS_GPU := $(shell $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null && echo 1 || echo 0)
-# Experiments of each preset (see README, "Experiments")
+# GPUs present (decides what `make reproduce` runs): 0, 1, or several (one process per GPU)
+N_GPU := $(shell $(PY) -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
+HAS_GPU := $(if $(filter 0,$(N_GPU)),0,1)
+# Experiments of each preset (see README, "Experiments"); each resumes from its table
 REPRO_CPU ?= smoke baselines_smoke padding
-REPRO_GPU ?= smoke operator overlap_ccta
+REPRO_GPU1 ?= smoke operator overlap_ccta bandwidth
+REPRO_GPUN ?= smoke multigpu_smoke bandwidth bandwidth_nvshmem overlap_sweep operator
+REPRO := $(if $(filter 0,$(N_GPU)),$(REPRO_CPU),$(if $(filter 1,$(N_GPU)),$(REPRO_GPU1),$(REPRO_GPUN)))
 HW := $(if $(filter 1,$(HAS_GPU)),h200,cpu)
 WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
@@ -27,9 +30,9 @@ smoke: ## tiny end-to-end run (W=4 gloo on CPU; one process per GPU with NCCL on
 	$(PY) -m harness.run experiment=smoke hardware=$(HW) $(if $(filter 1,$(HAS_GPU)),'experiment.grid.dtype=[bfloat16]')
 	$(PY) -m plots.latency_vs_experts --table results/smoke.parquet
 
-reproduce: setup ## run the preset for the hardware found (CPU or GPU), then regenerate the figures
-	@echo "reproduce on $(HW): $(if $(filter 1,$(HAS_GPU)),$(REPRO_GPU),$(REPRO_CPU))"
-	@for e in $(if $(filter 1,$(HAS_GPU)),$(REPRO_GPU),$(REPRO_CPU)); do \
+reproduce: setup ## run the preset for the hardware found (CPU, one GPU, several GPUs), then the figures
+	@echo "reproduce on $(HW) with $(N_GPU) GPU(s): $(REPRO)"
+	@for e in $(REPRO); do \
 	  $(PY) -m harness.run experiment=$$e hardware=$(HW) || { \
 	    echo "reproduce: experiment $$e failed (see the error above); run make reproduce again to resume"; \
 	    exit 1; }; done

@@ -18,7 +18,7 @@ for step in $steps; do
     plan) timeout 60 python3 -m benchmarks.plan_time --out "$OUT/plan_time.parquet" 2>&1 | tail -35 ;;
     kernels) timeout "${KERNELS_S:-400}" python3 -m benchmarks.kernels_h200 --out "$OUT" --skip nvshmem 2>&1 | tee "$OUT/kernels_h200.log" | tail -40 ;;
     bandwidth) timeout "${BANDWIDTH_S:-300}" python3 -m harness.run experiment=bandwidth progress=false table="$OUT/bandwidth.parquet" 2>&1 | tee "$OUT/bandwidth.log" | tail -30
-      timeout 150 python3 -m harness.run experiment=bandwidth progress=false table="$OUT/bandwidth.parquet" 'experiment.systems.overlap.sweep.transport=[nvshmem]' 2>&1 | tee -a "$OUT/bandwidth.log" | tail -20 ;;
+      timeout 150 python3 -m harness.run experiment=bandwidth_nvshmem progress=false table="$OUT/bandwidth.parquet" 2>&1 | tee -a "$OUT/bandwidth.log" | tail -20 ;;
     multigpu) timeout 100 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 2>&1 | tail -25 ;;
     nvshmem) timeout 60 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 'experiment.select=[overlap]' experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -12 ;;
     operator) timeout "${OPERATOR_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' measure.iters=10 measure.warmup=3 2>&1 | tail -40 ;;
