@@ -19,6 +19,10 @@ class HardwareConf:
     #: makes no progress for this long ends the run (short on the CPU, long enough for a first
     #: Triton compile on a GPU)
     timeout_s: float = 60.0
+    #: after a rank dies or stalls in a cell, record that cell as `error` (with the reason) and
+    #: start fresh ranks for the remaining cells, at most this many times per run (0: the run
+    #: stops at the first such cell and the cell in flight is not recorded)
+    restarts: int = 0
 
 
 @dataclass

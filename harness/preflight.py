@@ -109,6 +109,8 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
         raise HarnessUserError(
             f"hardware.timeout_s must be > 0 seconds, got {cfg.hardware.timeout_s}"
         )
+    if cfg.hardware.restarts < 0:
+        raise HarnessUserError(f"hardware.restarts must be >= 0, got {cfg.hardware.restarts}")
     for axis in GRID_AXES:
         if len(cfg.experiment.grid[axis]) == 0:
             raise HarnessUserError(f"experiment.grid.{axis} is empty; give it at least one value")

@@ -11,6 +11,8 @@ own pipe. A rank that dies, fails, or makes no progress for `hardware.timeout_s`
 peer, a hung collective or kernel) ends the whole run within that bound: the parent kills every
 rank and prints one line naming the rank and the cell. Rank 0 writes each cell's rows as soon as
 every rank finished it; the cell in flight is lost and runs again on the next (plain) re-run.
+With `hardware.restarts=n` (n > 0) the parent instead records that cell as `error` (reason
+`crashed: ...`) and starts fresh ranks for the remaining cells, up to n times per run.
 Under torchrun (RANK / WORLD_SIZE set) the ranks run without this supervisor, bounded by the
 process-group time-out (`hardware.timeout_s`).
 
@@ -84,9 +86,8 @@ def summary(rows: list[dict], path: Path) -> list[str]:
     return lines
 
 
-def finish(cfg: Any, plan: Plan, stopped: str | None, written: set[int]) -> int:
-    """Print what this run wrote and why it stopped; the exit code."""
-    hashes = {plan.todo[i]["cell_hash"] for i in written}
+def finish(cfg: Any, plan: Plan, stopped: str | None, hashes: set[str]) -> int:
+    """Print what this run wrote (the cells of `hashes`) and why it stopped; the exit code."""
     try:
         df = plan.table.load()
     except HarnessUserError:  # damaged during the run: the reason it stopped says so
@@ -99,7 +100,7 @@ def finish(cfg: Any, plan: Plan, stopped: str | None, written: set[int]) -> int:
             print(line, flush=True)
     if stopped is not None:
         print(
-            f"error: {stopped}; run stopped after {len(written)} of {len(plan.todo)} cell(s) "
+            f"error: {stopped}; run stopped after {len(hashes)} of {len(plan.todo)} cell(s) "
             f"(the cell in flight is not recorded); run the same command again to resume",
             file=sys.stderr,
             flush=True,
@@ -126,12 +127,47 @@ def launch(cfg: DictConfig, workload: str | None = None) -> int:
     if cfg.dry_run:
         dry_run(cfg, workload)
         return 0
-    plan = preflight(cfg, resolve_world(cfg), workload)
+    world = resolve_world(cfg)
+    plan = preflight(cfg, world, workload)
     print(start_message(cfg, plan), flush=True)
     if not plan.todo:
         return finish(cfg, plan, None, set())
-    stopped, written = run_ranks(cfg, plan)
+    written: set[str] = set()  # hashes of the cells whose rows this run wrote
+    for restart in range(cfg.hardware.restarts + 1):
+        stopped, done, cell = run_ranks(cfg, plan)
+        written |= {plan.todo[i]["cell_hash"] for i in done}
+        if stopped is None or cell is None or restart == cfg.hardware.restarts:
+            break
+        crashed = plan.todo[cell]
+        record_crash(cfg, crashed, stopped)
+        written.add(crashed["cell_hash"])
+        print(f"[harness] {stopped}; recorded as error, fresh ranks go on", flush=True)
+        rest = plan.todo[cell + 1 :]
+        if not rest:
+            stopped = None
+            break
+        plan = Plan(plan.cells, rest, plan.found, plan.others, plan.table, plan.world)
     return finish(cfg, plan, stopped, written)
+
+
+def record_crash(cfg: Any, cell: dict, reason: str) -> None:
+    """Write an `error` row for a cell during which a rank died or stalled (a plain re-run
+    measures it again)."""
+    from dataclasses import fields
+
+    from harness.records import ResultsTable, Row, provenance
+
+    names = {f.name for f in fields(Row)} - {"experiment", "status", "reason"}
+    row = Row(
+        experiment=cfg.experiment.name,
+        status="error",
+        reason=f"crashed: {reason}"[:500],
+        **{k: v for k, v in cell.items() if k in names},
+        **provenance(),
+    )
+    row.hardware, row.backend = cfg.hardware.name, cfg.hardware.backend
+    row.warmup, row.iters, row.tol = cfg.measure.warmup, cfg.measure.iters, cfg.measure.tol
+    ResultsTable(table_path(cfg)).append([row])
 
 
 def _launch_torchrun(cfg: DictConfig, workload: str | None) -> int:
@@ -154,7 +190,8 @@ def _launch_torchrun(cfg: DictConfig, workload: str | None) -> int:
     finally:
         if bar is not None:
             bar.close()
-    return finish(cfg, plan, None, report.written_cells) if rank == 0 else 0
+    hashes = {plan.todo[i]["cell_hash"] for i in report.written_cells}
+    return finish(cfg, plan, None, hashes) if rank == 0 else 0
 
 
 _TASK_STARTED = False

@@ -180,9 +180,10 @@ def progress_bar(cfg: Any, total: int):
     return tqdm(total=total, desc=cfg.experiment.name, file=sys.stderr, unit="cell")
 
 
-def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int]]:
+def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
     """Spawn one process per rank and supervise them: the reason the run stopped (None when it
-    did not) and the indexes of the cells whose rows rank 0 wrote."""
+    did not), the indexes of the cells whose rows rank 0 wrote, and the index of the cell in
+    flight when it stopped (None when none, or when the ranks were in different cells)."""
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     ctx = mp.get_context("spawn")
     rendezvous = ("127.0.0.1", _free_port())
@@ -201,4 +202,6 @@ def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int]]:
         if bar is not None:
             bar.close()
         _kill(ranks)
-    return reason, ranks[0].written
+    in_flight = {r.cell for r in ranks if r.phase == "cell"} - ranks[0].written
+    cell = in_flight.pop() if reason is not None and len(in_flight) == 1 else None
+    return reason, ranks[0].written, cell

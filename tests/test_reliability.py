@@ -394,3 +394,22 @@ def test_8_figures_fail_loudly_on_a_damaged_table_and_drop_its_old_figure(tmp_pa
         figures.main(["--results", str(results), "--out", str(out)])
     assert exc.value.code not in (0, None)
     assert not any(p.exists() for p in old)
+
+
+def test_1_with_restarts_a_dead_rank_costs_one_error_row_and_the_sweep_goes_on(tmp_path):
+    """hardware.restarts=n: the cell in which a rank died is recorded as `error` (crashed, with
+    the rank and the signal) and fresh ranks run the remaining cells in the same run."""
+    table = tmp_path / "t.parquet"
+    common = (f"table={table}", "hardware.world_size=2", FAULTY, "hardware.timeout_s=3")
+    proc = run(*common, "hardware.restarts=2", env={"HARNESS_TEST_FAULT": "kill:1:1"})
+    assert proc.returncode == 1, _out(proc)  # error rows make the exit code nonzero
+    cells = expand_grid(_compose(f"table={table}", "hardware.world_size=2")[0], 2)
+    df = read_table(table).set_index("cell_hash")
+    assert sorted(df.index) == sorted(c["cell_hash"] for c in cells)  # no dup, no loss
+    # the fresh ranks count cells from 0 again: they die at the 2nd cell they start, cell 3
+    status = [df.loc[c["cell_hash"], "status"] for c in cells]
+    assert status == ["ok", "error", "ok", "error"], status
+    reason = df.loc[cells[1]["cell_hash"], "reason"]
+    assert reason.startswith("crashed: rank 1 died (killed by SIGKILL)"), reason
+    assert df.loc[cells[1]["cell_hash"], "system"] == cells[1]["system"]
+    assert "Traceback" not in _out(proc)
