@@ -83,11 +83,35 @@ def ensure_parallel_state(world_size: int) -> None:
     )
 
 
+def fused_permute_available() -> bool:
+    """True where megatron-core finds Transformer Engine's fused permute / unpermute kernels
+    (what `moe_permute_fusion=True` runs; TE >= 2.1)."""
+    try:
+        from megatron.core.transformer.moe import moe_utils
+    except Exception:  # noqa: BLE001 - megatron missing or broken: no fusion
+        return False
+    names = ("fused_permute", "fused_permute_with_probs", "fused_unpermute")
+    return all(getattr(moe_utils, n, None) is not None for n in names)
+
+
+def resolve_permute_fusion(value: Any) -> bool:
+    """The `permute_fusion` param: "auto" (fused where TE provides it, as Megatron users run
+    it), or a bool; True without TE's kernels is an error."""
+    if value == "auto":
+        return fused_permute_available()
+    if not isinstance(value, bool):
+        raise ValueError(f"permute_fusion must be 'auto', true or false, got {value!r}")
+    if value and not fused_permute_available():
+        raise ValueError("permute_fusion=true needs Transformer Engine's fused permute (TE >= 2.1)")
+    return value
+
+
 def transformer_config(spec: WorkloadSpec, **overrides: Any):
     """Megatron TransformerConfig for one cell: hidden K, expert width N, G experts, top-k.
 
-    Dropless all-to-all dispatcher, no bias, no gated unit, no fused permute (needs TE),
-    float32 router probs, weights allocated on the CPU without init (they are copied in).
+    Dropless all-to-all dispatcher, no bias, no gated unit, unfused permute unless overridden
+    (`moe_permute_fusion`, needs TE), float32 router probs, weights allocated on the CPU
+    without init (they are copied in).
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -282,13 +306,14 @@ class MegatronOperator:
         x: torch.Tensor,
         weights: torch.Tensor,
         x_recv: torch.Tensor | None = None,
+        permute_fusion: bool = False,
     ) -> None:
         from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
 
         ensure_parallel_state(spec.world_size)
         self.spec = spec
         dev = x.device
-        self.config = transformer_config(spec)
+        self.config = transformer_config(spec, moe_permute_fusion=permute_fusion)
         layer = MoELayer(self.config, MoESubmodules(experts=experts_cls, router=FixedRouter))
         layer.experts.load_weights(weights.cpu())
         self.layer = layer.to(dev).eval()

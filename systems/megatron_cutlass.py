@@ -9,21 +9,37 @@ Megatron does not overlap the forward combine with the expert GEMMs: this baseli
 structure (GEMM, then the EP all-to-all), with Megatron's own permutation and unpermutation.
 
 Timed region (scope "gemm+combine"): sort rows by local expert, expert GEMM, probs multiply,
-unsort, EP all-to-all, unpermute (sum of each token's rows) -> out [T, N].
+unsort, EP all-to-all, unpermute (sum of each token's rows) -> out [T, N]. The permutations are
+TE's fused kernels (`moe_permute_fusion`) where TE is installed (param permute_fusion=auto; the
+row's p_permute_fusion_used says which ran).
 """
 
 from __future__ import annotations
+
+from typing import Any, ClassVar
 
 from harness.system import CellInputs, System
 
 
 class MegatronCutlassSystem(System):
     name = "megatron_cutlass"
+    #: permute_fusion: Megatron's moe_permute_fusion (TE's fused permute / unpermute kernels);
+    #: "auto" = on where TE provides them, as Megatron users run it
+    PARAMS: ClassVar[dict[str, Any]] = {"permute_fusion": "auto"}
+
+    @classmethod
+    def validate(cls, spec, params: dict[str, Any], sm_count: int) -> None:
+        if params["permute_fusion"] not in ("auto", True, False):
+            raise ValueError(
+                f"{cls.name}: permute_fusion must be 'auto', true or false, "
+                f"got {params['permute_fusion']!r}"
+            )
 
     def setup(self, ranks: list[CellInputs]) -> None:
         from systems import megatron_common as mc
 
         (inputs,) = ranks
+        self.fusion = mc.resolve_permute_fusion(self.params["permute_fusion"])
         self.op = mc.MegatronOperator(
             inputs.spec,
             self.ctx.rank,
@@ -31,9 +47,13 @@ class MegatronCutlassSystem(System):
             inputs.x,
             inputs.weights,
             inputs.x_recv,
+            permute_fusion=self.fusion,
         )
         self._impl = self.impl_name(mc, inputs)
         self.extra = {"megatron_core": mc.mcore_version(), "dispatcher": "alltoall"}
+
+    def resolved_params(self) -> dict[str, Any]:
+        return {"permute_fusion_used": self.fusion}
 
     def experts_cls(self, mc):
         return mc.single_gemm_grouped_mlp_cls()

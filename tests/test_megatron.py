@@ -298,3 +298,16 @@ def test_megatron_te_on_gpu_matches_reference(tmp_path: Path) -> None:
     for r in rows:
         assert r["status"] == "ok", r
         assert r["err"] < 8e-3, r
+
+
+def test_permute_fusion_auto_follows_te_and_true_without_te_is_an_error() -> None:
+    from systems import megatron_common as mc
+
+    have = mc.fused_permute_available()
+    assert mc.resolve_permute_fusion("auto") is have
+    assert mc.resolve_permute_fusion(False) is False
+    if not have:
+        with pytest.raises(ValueError, match="fused permute"):
+            mc.resolve_permute_fusion(True)
+    with pytest.raises(ValueError, match="permute_fusion"):
+        mc.resolve_permute_fusion("yes")
