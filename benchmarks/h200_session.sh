@@ -3,6 +3,7 @@
 # GPU experiments, each bounded in time so the call ends inside its limit; tables land in $OUT.
 # Usage (through the device tool, carrying .whl): HARNESS_GIT_REV=<rev> bash benchmarks/h200_session.sh [steps]
 # steps: any of tests overlap_ccta plan operator multigpu nvshmem kernels bandwidth
+#        operator_x2 (the operator table with one process per GPU) megatron_gpu (its GPU tests)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -22,6 +23,9 @@ for step in $steps; do
     multigpu) timeout 100 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 2>&1 | tail -25 ;;
     nvshmem) timeout 60 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 'experiment.select=[overlap]' experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -12 ;;
     operator) timeout "${OPERATOR_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' measure.iters=10 measure.warmup=3 2>&1 | tail -40 ;;
+    operator_x2) timeout "${OPERATOR_S:-480}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' 2>&1 | tail -25
+      python3 -m benchmarks.table_summary "$OUT/operator.parquet" ;;
+    megatron_gpu) timeout 150 python3 -m pytest -q -m gpu tests/test_megatron.py -p no:cacheprovider 2>&1 | tail -8 ;;
   esac
 done
 echo "=== done $(date +%T)"

@@ -1,0 +1,30 @@
+"""Print a short summary of a results table: status counts per system, then the latency (ms) of
+every ok row pivoted by workload x system. Usage: python -m benchmarks.table_summary T.parquet"""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+
+from harness.records import read_table
+
+
+def summarize(df: pd.DataFrame) -> str:
+    lines = [df.groupby(["system", "status"]).size().unstack(fill_value=0).to_string()]
+    bad = df[df["status"].isin(["fail", "error"])]
+    for _, r in bad.head(10).iterrows():
+        lines.append(f"{r['status']}: {r['system']} {r['cell_hash']}: {str(r['reason'])[:150]}")
+    ok = df[df["status"] == "ok"]
+    if len(ok):
+        keys = [k for k in ("tokens_per_rank", "out", "experts_per_rank", "routing") if k in ok]
+        best = ok.groupby(keys + ["system"])["latency_ms"].min().unstack("system")
+        with pd.option_context("display.width", 250, "display.max_columns", 20):
+            lines.append(best.round(3).to_string())
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        print(f"== {path}")
+        print(summarize(read_table(path)))
