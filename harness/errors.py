@@ -4,6 +4,9 @@ HarnessUserError  bad input (settings, table path, a damaged table): `harness.ru
                   `error: <message>` and exits with code 2 (the trace only with HYDRA_FULL_ERROR=1).
 CommFailure       the process group broke (a peer died, stalled or timed out): the run stops and
                   the cell in flight is NOT recorded, so a re-run measures it again.
+ContextLost       a sticky CUDA error (an illegal memory access...) ended a cell: its `error` row
+                  is written, then the rank ends, since every later CUDA call in that process
+                  fails or aborts (with hardware.restarts, fresh ranks run the remaining cells).
 """
 
 from __future__ import annotations
@@ -31,6 +34,24 @@ COMM_MARKERS = (
     "NCCL communicator was aborted",
     "DistBackendError",
 )
+
+
+class ContextLost(RuntimeError):
+    """The process's CUDA context is unusable after a sticky error; the rank must end."""
+
+
+#: CUDA errors that poison the process's context (cudaGetLastError cannot clear them)
+STICKY_CUDA_MARKERS = (
+    "illegal memory access",
+    "unspecified launch failure",
+    "misaligned address",
+    "device-side assert",
+    "illegal instruction",
+)
+
+
+def is_sticky_cuda_error(text: str) -> bool:
+    return "CUDA" in text and any(m in text for m in STICKY_CUDA_MARKERS)
 
 
 def looks_like_comm_failure(text: str) -> bool:

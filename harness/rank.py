@@ -16,7 +16,13 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from harness.errors import CommFailure, is_comm_failure, looks_like_comm_failure
+from harness.errors import (
+    CommFailure,
+    ContextLost,
+    is_comm_failure,
+    is_sticky_cuda_error,
+    looks_like_comm_failure,
+)
 from harness.preflight import load_experiment, table_path
 from harness.records import (
     ResultsTable,
@@ -160,6 +166,9 @@ def _walk(ctx: RunContext, cfg: Any, todo: list[dict], report: Reporter) -> None
         if ctx.rank == 0:
             table.append(_stamp(rows, cfg, ctx))
             report.written(i, rows)
+        lost = [r.reason for r in rows if r.status == "error" and is_sticky_cuda_error(r.reason)]
+        if lost:
+            raise ContextLost(f"CUDA context lost in cell {cell['cell_hash']}: {lost[0][:200]}")
 
 
 def spawn_entry(

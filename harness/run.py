@@ -12,7 +12,9 @@ peer, a hung collective or kernel) ends the whole run within that bound: the par
 rank and prints one line naming the rank and the cell. Rank 0 writes each cell's rows as soon as
 every rank finished it; the cell in flight is lost and runs again on the next (plain) re-run.
 With `hardware.restarts=n` (n > 0) the parent instead records that cell as `error` (reason
-`crashed: ...`) and starts fresh ranks for the remaining cells, up to n times per run.
+`crashed: ...`) and starts fresh ranks for the remaining cells, up to n times per run. A cell
+that ends in a sticky CUDA error (an illegal memory access) is recorded as `error`, then its rank
+ends (harness.errors.ContextLost): every later CUDA call of that process would fail or abort.
 Under torchrun (RANK / WORLD_SIZE set) the ranks run without this supervisor, bounded by the
 process-group time-out (`hardware.timeout_s`).
 
@@ -136,13 +138,13 @@ def launch(cfg: DictConfig, workload: str | None = None) -> int:
     for restart in range(cfg.hardware.restarts + 1):
         stopped, done, cell = run_ranks(cfg, plan)
         written |= {plan.todo[i]["cell_hash"] for i in done}
-        if stopped is None or cell is None or restart == cfg.hardware.restarts:
+        if stopped is None or restart == cfg.hardware.restarts:
             break
-        crashed = plan.todo[cell]
-        record_crash(cfg, crashed, stopped)
-        written.add(crashed["cell_hash"])
-        print(f"[harness] {stopped}; recorded as error, fresh ranks go on", flush=True)
-        rest = plan.todo[cell + 1 :]
+        if cell is not None:
+            record_crash(cfg, plan.todo[cell], stopped)
+            written.add(plan.todo[cell]["cell_hash"])
+        print(f"[harness] {stopped}; fresh ranks run the remaining cells", flush=True)
+        rest = [c for c in plan.todo if c["cell_hash"] not in written]
         if not rest:
             stopped = None
             break

@@ -182,8 +182,8 @@ def progress_bar(cfg: Any, total: int):
 
 def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
     """Spawn one process per rank and supervise them: the reason the run stopped (None when it
-    did not), the indexes of the cells whose rows rank 0 wrote, and the index of the cell in
-    flight when it stopped (None when none, or when the ranks were in different cells)."""
+    did not), the indexes of the cells whose rows rank 0 wrote, and the index of the unwritten
+    cell in flight when it stopped (None when there is none)."""
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     ctx = mp.get_context("spawn")
     rendezvous = ("127.0.0.1", _free_port())
@@ -202,6 +202,8 @@ def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
         if bar is not None:
             bar.close()
         _kill(ranks)
+    # the earliest cell a rank started and rank 0 did not write: where the run broke (a rank
+    # that finished it may already wait in the next one)
     in_flight = {r.cell for r in ranks if r.phase == "cell"} - ranks[0].written
-    cell = in_flight.pop() if reason is not None and len(in_flight) == 1 else None
+    cell = min(in_flight) if reason is not None and in_flight else None
     return reason, ranks[0].written, cell

@@ -26,6 +26,17 @@ from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
 
 DEFAULT_DEGREES = (1, 2, 4, 8)
+#: Tutel's encode / decode kernels index its buffers with 32-bit ints
+INT32_MAX = 2**31 - 1
+
+
+def dropless_capacity(spec: WorkloadSpec) -> int:
+    """Tutel's dropless capacity C: the busiest (source rank, global expert) pair's rows."""
+    ids = routing_of(spec).expert_ids  # [W, T, k]
+    return max(
+        int(torch.bincount(ids[r].reshape(-1), minlength=spec.n_experts).max())
+        for r in range(spec.world_size)
+    )
 
 
 class TutelSystem(System):
@@ -45,6 +56,22 @@ class TutelSystem(System):
             raise ValueError(f"tutel: degrees must be positive integers, got {degrees}")
         if float(params["capacity_factor"]) < 0:
             raise ValueError("tutel: capacity_factor must be >= 0 (0 = dropless)")
+
+    @classmethod
+    def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
+        """Dropless buffers past 2^31 elements: Tutel's int32 indexing faults on them."""
+        if float(params["capacity_factor"]) != 0:
+            return None
+        cap = dropless_capacity(spec)
+        elems = spec.n_experts * cap * max(spec.hidden, spec.out)
+        if elems > INT32_MAX:
+            return (
+                f"tutel's dropless buffers [experts {spec.n_experts} x capacity {cap} x "
+                f"{max(spec.hidden, spec.out)}] hold {elems / 2**31:.2f} x 2^31 elements; its "
+                "encode/decode kernels index with int32 (measured: an illegal memory access at "
+                "W=2 T=8192 K=2048 N=4096 E=64 stress_skew, which poisons the CUDA context)"
+            )
+        return None
 
     def setup(self, ranks: list[CellInputs]) -> None:
         from tutel import moe as tutel_moe

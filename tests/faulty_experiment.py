@@ -5,6 +5,7 @@ HARNESS_TEST_FAULT=<kind>:<rank>:<n> makes rank <rank> misbehave when it starts 
   kill     the rank kills itself with SIGKILL (a dead rank)
   stop     the rank stops itself with SIGSTOP (a stalled rank: alive, silent)
   raise    the cell raises on that rank (`*`: on every rank), so it is recorded as `error`
+  cuda     the cell raises a sticky CUDA error's text (an illegal memory access) on that rank
   corrupt  the rank overwrites the table with garbage, then the cell runs as usual (a table
            damaged during the run: rank 0's next write must fail and not overwrite it)
 Use with `experiment.module=tests.faulty_experiment`.
@@ -38,6 +39,8 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict):
                 os.kill(os.getpid(), signal.SIGSTOP)
             elif kind == "raise":
                 raise RuntimeError("injected fault")
+            elif kind == "cuda":
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
             elif kind == "corrupt":
                 table_path(cfg).write_bytes(b"not a parquet file")
             else:

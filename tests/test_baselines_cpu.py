@@ -250,3 +250,18 @@ def test_native_fastermoe_keeps_one_group_size_per_process(monkeypatch) -> None:
     spec = WorkloadSpec(8, 16, 16, 2, 2, W, "balanced")
     assert fm.FasterMoESystem.unsupported(spec, {"group_size": 2}) is None
     assert "its own invocation" in fm.FasterMoESystem.unsupported(spec, {"group_size": 4})
+
+
+def test_native_tutel_skips_dropless_buffers_past_int32_with_the_reason() -> None:
+    """The W=2 crash (illegal memory access at E=64 stress_skew) is a shape Tutel cannot take:
+    skipped before any GPU work; the neighbouring cells that ran are still allowed."""
+    from harness.workload import WorkloadSpec
+    from systems.tutel import TutelSystem
+
+    params = dict(TutelSystem.PARAMS)
+    crashed = WorkloadSpec(8192, 2048, 4096, 64, 2, 2, "stress_skew", "bfloat16")
+    reason = TutelSystem.unsupported(crashed, params)
+    assert reason is not None and "int32" in reason and "2^31" in reason
+    ran = WorkloadSpec(8192, 2048, 4096, 32, 2, 2, "stress_skew", "bfloat16")
+    assert TutelSystem.unsupported(ran, params) is None
+    assert TutelSystem.unsupported(crashed, {**params, "capacity_factor": 1.0}) is None

@@ -413,3 +413,19 @@ def test_1_with_restarts_a_dead_rank_costs_one_error_row_and_the_sweep_goes_on(t
     assert reason.startswith("crashed: rank 1 died (killed by SIGKILL)"), reason
     assert df.loc[cells[1]["cell_hash"], "system"] == cells[1]["system"]
     assert "Traceback" not in _out(proc)
+
+
+def test_1_a_sticky_cuda_error_records_the_cell_then_fresh_ranks_go_on(tmp_path):
+    """An illegal memory access poisons the process: the cell is recorded as `error`, the rank
+    ends (it would abort in the next cell) and, with restarts, fresh ranks run the rest."""
+    table = tmp_path / "t.parquet"
+    common = (f"table={table}", "hardware.world_size=2", FAULTY, "hardware.timeout_s=3")
+    proc = run(*common, "hardware.restarts=2", env={"HARNESS_TEST_FAULT": "cuda:*:1"})
+    assert proc.returncode == 1, _out(proc)
+    cells = expand_grid(_compose(f"table={table}", "hardware.world_size=2")[0], 2)
+    df = read_table(table).set_index("cell_hash")
+    assert sorted(df.index) == sorted(c["cell_hash"] for c in cells)
+    status = [df.loc[c["cell_hash"], "status"] for c in cells]
+    assert status == ["ok", "error", "ok", "error"], status
+    assert "illegal memory access" in df.loc[cells[1]["cell_hash"], "reason"]
+    assert "CUDA context lost" in _out(proc)
