@@ -44,6 +44,9 @@ class GridConf:
     top_k: list[int] = field(default_factory=lambda: [2])
     routing: list[str] = field(default_factory=lambda: ["balanced"])
     dtype: list[str] = field(default_factory=lambda: ["float32"])
+    #: expert width F of FFN experts (a whole layer, scope `layer`); 0 = the single-GEMM
+    #: operator (scope gemm+combine). FFN cells need out == hidden.
+    ffn: list[int] = field(default_factory=lambda: [0])
     #: logical ranks of the layer; empty = the number of processes
     world_size: list[int] = field(default_factory=list)
 

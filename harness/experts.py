@@ -20,17 +20,21 @@ def grouped_mm_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.dtype == torch.float32
 
 
-def expert_gemm(x: torch.Tensor, counts: list[int], w: torch.Tensor) -> torch.Tensor:
+def expert_gemm(
+    x: torch.Tensor, counts: list[int], w: torch.Tensor, offs: torch.Tensor | None = None
+) -> torch.Tensor:
     """Y = per-expert X_e @ B_e over rows grouped by expert.
 
     x: [R, K] rows sorted by local expert; counts: rows per expert (len E, host ints);
-    w: [E, K, N]. Returns y [R, N] in x.dtype.
+    w: [E, K, N]; offs: the same counts as int32 cumulative sums on the device, if at hand
+    (no host-to-device copy then). Returns y [R, N] in x.dtype.
     """
     if x.shape[0] == 0:
         return x.new_empty(0, w.shape[2])
     if grouped_mm_usable(x, w):
-        offs = torch.tensor(counts, device=x.device, dtype=torch.int64).cumsum(0).to(torch.int32)
-        return torch._grouped_mm(x, w, offs=offs)
+        if offs is None:
+            offs = torch.tensor(counts, device=x.device, dtype=torch.int64).cumsum(0)
+        return torch._grouped_mm(x, w, offs=offs.to(torch.int32))
     y = x.new_empty(x.shape[0], w.shape[2])
     start = 0
     for e, c in enumerate(counts):
@@ -38,6 +42,23 @@ def expert_gemm(x: torch.Tensor, counts: list[int], w: torch.Tensor) -> torch.Te
             torch.matmul(x[start : start + c], w[e], out=y[start : start + c])
         start += c
     return y
+
+
+def activation(h: torch.Tensor) -> torch.Tensor:
+    """The FFN experts' activation: GELU, erf form (torch.nn.functional.gelu's default)."""
+    return torch.nn.functional.gelu(h)
+
+
+def ffn_experts(
+    x: torch.Tensor,
+    counts: list[int],
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    offs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Y = gelu(X_e @ W1_e) @ W2_e over rows grouped by expert. x [R, H], w1 [E, H, F],
+    w2 [E, F, H] -> [R, H] (fc1's output is rounded to x.dtype before the activation)."""
+    return expert_gemm(activation(expert_gemm(x, counts, w1, offs)), counts, w2, offs)
 
 
 def expert_gemm_impl(x: torch.Tensor, w: torch.Tensor) -> str:

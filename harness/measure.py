@@ -29,9 +29,19 @@ from harness.records import Row, cell_hash, command_line, overlap_ratio, provena
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.system import CellInputs, RunContext, get_system
 from harness.timing import time_fn
-from harness.workload import WorkloadSpec, imbalance_of, make_rank_weights, make_tokens
+from harness.workload import (
+    WorkloadSpec,
+    imbalance_of,
+    make_rank_fc1,
+    make_rank_weights,
+    make_tokens,
+    routing_of,
+)
 
 SPEC_KEYS = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "routing", "dtype")
+#: workload axes that enter a cell (and its hash) only when not at their default, so the
+#: hashes of tables made before the axis existed stay valid
+OPTIONAL_KEYS = {"ffn": 0}
 
 
 def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
@@ -110,13 +120,16 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
     """
     g = cfg.experiment.grid
     worlds = list(g.world_size) or [process_world]
-    axes = {k: list(getattr(g, k)) for k in SPEC_KEYS}
+    axes = {k: list(getattr(g, k)) for k in (*SPEC_KEYS, *OPTIONAL_KEYS)}
     systems = selected_systems(cfg)
     points = {name: system_points(name, conf) for name, conf in systems.items()}
     cells = []
     rng = random.Random(cfg.seed)
     for values in itertools.product(worlds, *axes.values()):
         base = {"world_size": values[0], **dict(zip(axes, values[1:]))}
+        for key, default in OPTIONAL_KEYS.items():
+            if base[key] == default:
+                del base[key]
         order = list(systems)
         rng.shuffle(order)
         for system in order:
@@ -134,8 +147,12 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
 
 
 def spec_of(cell: dict) -> WorkloadSpec:
+    optional = {k: cell.get(k, d) for k, d in OPTIONAL_KEYS.items()}
     return WorkloadSpec(
-        world_size=cell["world_size"], seed=cell["seed"], **{k: cell[k] for k in SPEC_KEYS}
+        world_size=cell["world_size"],
+        seed=cell["seed"],
+        **{k: cell[k] for k in SPEC_KEYS},
+        **optional,
     )
 
 
@@ -148,6 +165,7 @@ def validate_cells(cells: list[dict], sm_count: int) -> None:
 def base_row(cell: dict, spec: WorkloadSpec) -> Row:
     imb = imbalance_of(spec)
     fields = {k: cell[k] for k in ("experiment", "system", "cell_hash", "world_size", *SPEC_KEYS)}
+    fields.update({k: cell.get(k, d) for k, d in OPTIONAL_KEYS.items()})
     return Row(
         **fields,
         imbalance_rank=imb["imbalance_rank"],
@@ -189,11 +207,15 @@ def cell_inputs(
             lay = rank_layout(spec, r)
             x = make_tokens(spec, r, ctx.device)
             w = make_rank_weights(spec, r, ctx.device)
+            w1 = make_rank_fc1(spec, r, ctx.device) if spec.ffn else None
             if played == [ctx.rank]:
                 x_recv = dispatch(x, lay, ctx.group)  # the real exchange between processes
             else:
                 x_recv = dispatch_local(spec, lay, ctx.device)
-            inputs.append(CellInputs(spec, lay, x, w, x_recv))
+            routing = routing_of(spec)
+            ids = routing.expert_ids[r].to(ctx.device)
+            gate = routing.gate_weights[r].to(device=ctx.device, dtype=torch.float32)
+            inputs.append(CellInputs(spec, lay, x, w, x_recv, w1, ids, gate))
             refs.append(reference_local(spec, r, ctx.device))
         _InputCache.key, _InputCache.value = key, (inputs, torch.cat(refs))
     return _InputCache.value  # type: ignore[return-value]
@@ -245,6 +267,10 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
     if reason is not None:
         row.status, row.reason = "skipped", reason
         return row
+    if spec.ffn and not cls.layer_scope:
+        row.status = "skipped"
+        row.reason = f"{info.name} has no layer scope (FFN experts timed from the tokens)"
+        return row
     if len(played) > 1 and not cls.simulates_ranks:
         row.status = "skipped"
         row.reason = (
@@ -256,7 +282,8 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         system = cls(ctx, cell["params"])
         inputs, ref = cell_inputs(ctx, spec, played)
         system.setup(inputs)
-        row.impl, row.transport, row.scope = system.impl, system.transport, system.scope
+        row.impl, row.transport = system.impl, system.transport
+        row.scope = spec.scope if spec.ffn else system.scope
         row.params.update(system.resolved_params())
         if not _checked(ctx, row, check(system.forward(), ref, cfg.measure.tol)):
             return row

@@ -208,8 +208,8 @@ def describe(cell: dict | None) -> str:
     """A cell in one short phrase: system, hash, workload, params."""
     if cell is None:
         return "(before the first cell)"
-    keys = ("world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k")
-    short = ("W", "T", "K", "N", "E", "k")
+    keys = ("world_size", "tokens_per_rank", "hidden", "out", "ffn", "experts_per_rank", "top_k")
+    short = ("W", "T", "K", "N", "F", "E", "k")
     shape = " ".join(f"{s}={cell[k]}" for k, s in zip(keys, short) if k in cell)
     tail = " ".join(str(cell[k]) for k in ("routing", "dtype") if k in cell)
     params = " ".join(f"{k}={v}" for k, v in cell.get("params", {}).items())

@@ -48,6 +48,8 @@ class Row:
     tokens_per_rank: int = 0
     hidden: int = 0
     out: int = 0
+    #: expert width F of FFN experts (scope layer); 0 = the single-GEMM operator
+    ffn: int = 0
     experts_per_rank: int = 0
     top_k: int = 0
     routing: str = ""

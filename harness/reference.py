@@ -4,6 +4,7 @@ Five steps on rank r (harness/layout.py gives the row order):
   1 route     seeded global routing (harness/routing.py)
   2 dispatch  all_to_all_single of the rows x[send_token]               [S, K] -> [R, K]
   3 expert    Y_e = X_e @ B_e per local expert (harness/experts.py)     [R, K] -> [R, N]
+              (FFN cells: Y_e = gelu(X_e @ W1_e) @ W2_e                   [R, H] -> [R, H])
   4 combine   all_to_all_single back to the owners, same row positions   [R, N] -> [S, N]
   5 scale     out[t] = sum_j w[t, j] * y[t, j]                           [S, N] -> [T, N]
 
@@ -16,9 +17,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness.experts import expert_gemm
+from harness.experts import activation, expert_gemm, ffn_experts
 from harness.layout import RankLayout
-from harness.workload import WorkloadSpec, make_expert_weight, make_tokens, routing_of
+from harness.workload import (
+    WorkloadSpec,
+    make_expert_weight,
+    make_fc1_weight,
+    make_fc2_weight,
+    make_tokens,
+    routing_of,
+)
 
 
 def dispatch(x: torch.Tensor, lay: RankLayout, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -63,10 +71,19 @@ def scale(y_back: torch.Tensor, lay: RankLayout, tokens: int) -> torch.Tensor:
     return (rows.view(tokens, k, y_back.shape[1]) * w.unsqueeze(-1)).sum(1)
 
 
-def expert_step(x_recv: torch.Tensor, lay: RankLayout, weights: torch.Tensor) -> torch.Tensor:
-    """Step 3: rows grouped by source -> sorted by local expert -> GEMM -> back. [R,K] -> [R,N]."""
+def expert_step(
+    x_recv: torch.Tensor,
+    lay: RankLayout,
+    weights: torch.Tensor,
+    w1: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Step 3: rows grouped by source -> sorted by local expert -> experts -> back.
+    [R, K] -> [R, N]; with w1 [E, H, F] the experts are FFNs (weights = W2 [E, F, H])."""
     perm = torch.sort(lay.recv_expert, stable=True).indices.to(x_recv.device)
-    y_sorted = expert_gemm(x_recv.index_select(0, perm), lay.expert_counts.tolist(), weights)
+    xs, counts = x_recv.index_select(0, perm), lay.expert_counts.tolist()
+    y_sorted = (
+        expert_gemm(xs, counts, weights) if w1 is None else ffn_experts(xs, counts, w1, weights)
+    )
     y = torch.empty_like(y_sorted)
     y[perm] = y_sorted
     return y
@@ -75,7 +92,8 @@ def expert_step(x_recv: torch.Tensor, lay: RankLayout, weights: torch.Tensor) ->
 def reference_local(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
     """The oracle: out [T, N] float32 of `rank`, with no communication.
 
-    out[t] = sum_j w[t, j] * (x[t] @ B_{g(t, j)}), in float32 from spec.dtype inputs.
+    out[t] = sum_j w[t, j] * (x[t] @ B_{g(t, j)}), in float32 from spec.dtype inputs; for FFN
+    cells x[t] @ B_g is gelu(x[t] @ W1_g) @ W2_g, all in float32.
     """
     routing = routing_of(spec)
     x = make_tokens(spec, rank, device).float()
@@ -86,7 +104,12 @@ def reference_local(spec: WorkloadSpec, rank: int, device: torch.device) -> torc
     for g in torch.unique(flat).tolist():
         t, j = (ids == g).nonzero(as_tuple=True)
         t, j = t.to(device), j.to(device)
-        y = x.index_select(0, t) @ make_expert_weight(spec, g, device).float()
+        xg = x.index_select(0, t)
+        if spec.ffn:
+            h = activation(xg @ make_fc1_weight(spec, g, device).float())
+            y = h @ make_fc2_weight(spec, g, device).float()
+        else:
+            y = xg @ make_expert_weight(spec, g, device).float()
         out.index_add_(0, t, y * gw[t, j][:, None])
     return out
 
@@ -97,8 +120,10 @@ def reference_distributed(
     x: torch.Tensor,
     weights: torch.Tensor,
     group: dist.ProcessGroup | None,
+    w1: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The five steps over a real process group. x [T, K], weights [E, K, N] -> out [T, N]."""
+    """The five steps over a real process group. x [T, K], weights [E, K, N] -> out [T, N]
+    (FFN experts with w1 [E, H, F] and weights = W2 [E, F, H])."""
     x_recv = dispatch(x, lay, group)
-    y_recv = expert_step(x_recv, lay, weights)
+    y_recv = expert_step(x_recv, lay, weights, w1)
     return scale(combine(y_recv, lay, group), lay, spec.tokens_per_rank)

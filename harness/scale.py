@@ -20,7 +20,13 @@ class Scaler:
     pos [T, k] int64: row of (token t, slot j) in y_back; gate [T, k] float32.
     """
 
-    def __init__(self, pos: torch.Tensor, gate: torch.Tensor, device: torch.device) -> None:
+    def __init__(
+        self,
+        pos: torch.Tensor,
+        gate: torch.Tensor,
+        device: torch.device,
+        rows_needed: int | None = None,
+    ) -> None:
         if pos.ndim != 2 or tuple(gate.shape) != tuple(pos.shape):
             raise ValueError(
                 f"scale: pos and gate must both be [T, k], got {tuple(pos.shape)} and "
@@ -29,12 +35,20 @@ class Scaler:
         self.pos = pos.to(device=device, dtype=torch.int64).contiguous()
         self.gate = gate.to(device=device, dtype=torch.float32).contiguous()
         self.device = torch.device(device)
-        self.rows_needed = int(pos.max()) + 1 if pos.numel() else 0
+        if rows_needed is None:  # reads the device: set-up time only
+            rows_needed = int(pos.max()) + 1 if pos.numel() else 0
+        self.rows_needed = rows_needed
         self.fused = self.device.type == "cuda"
 
     @classmethod
     def for_layout(cls, lay: RankLayout, device: torch.device) -> Scaler:
         return cls(lay.send_pos, lay.gate, device)
+
+    @classmethod
+    def on_device(cls, pos: torch.Tensor, gate: torch.Tensor, rows: int) -> Scaler:
+        """From device tensors made in the timed region (pos [T, k] a permutation of the rows
+        [0, rows) of y_back): no copy, no host synchronisation."""
+        return cls(pos, gate, pos.device, rows_needed=rows)
 
     def __call__(self, y_back: torch.Tensor) -> torch.Tensor:
         """out [T, N] in y_back's dtype from y_back [S, N] (S >= every position)."""

@@ -45,9 +45,13 @@ class RunContext:
 class CellInputs:
     """This rank's share of one cell, prepared by the harness (untimed).
 
-    x       [T, K]  this rank's tokens
-    weights [E, K, N]  this rank's experts
-    x_recv  [R, K]  rows received by the dispatch (grouped by source rank, harness/layout.py)
+    x          [T, K]  this rank's tokens
+    weights    [E, K, N]  this rank's experts (FFN cells: fc2's W2 [E, F, H])
+    x_recv     [R, K]  rows received by the dispatch (grouped by source rank, harness/layout.py)
+    w1         [E, H, F]  fc1 of the FFN experts (FFN cells only, else None)
+    expert_ids [T, k]  this rank's routing on the device: global expert of (token, slot)
+    gate       [T, k]  its gate weights, float32 on the device
+    A layer-scope system starts its timed region from x, expert_ids and gate only.
     """
 
     spec: WorkloadSpec
@@ -55,6 +59,9 @@ class CellInputs:
     x: torch.Tensor
     weights: torch.Tensor
     x_recv: torch.Tensor
+    w1: torch.Tensor | None = None
+    expert_ids: torch.Tensor | None = None
+    gate: torch.Tensor | None = None
 
 
 class System:
@@ -64,6 +71,9 @@ class System:
     name: str = ""
     #: scope of the timed region: "gemm+combine" (operator level) or "layer"
     scope: str = "gemm+combine"
+    #: can the system run FFN cells (spec.ffn > 0) timed from the tokens and routing (scope
+    #: layer)? If not, such a cell is recorded as skipped with the reason.
+    layer_scope: ClassVar[bool] = False
     #: the system's own knobs and their defaults; an experiment may set only these keys
     PARAMS: ClassVar[dict[str, Any]] = {}
     #: can ONE process play every rank of a cell (loopback)? If not, a cell whose W differs

@@ -1,9 +1,13 @@
 """Workload cells: shapes, seeded activations and expert weights, identical on every rank.
 
-The expert computation (the same for every system): one GEMM per expert,
-    Y_e[M_e, N] = X_e[M_e, K] @ B_e[K, N]
-which is the paper's operator (A[MxK] x B[KxN] per expert). K is the hidden size, N the expert's
-output width. The combine all-to-all then moves the rows of Y back to their owners.
+Two kinds of cell, by `ffn` (the expert width F):
+  ffn = 0  the paper's operator (Table 2): one GEMM per expert, Y_e[M_e, N] = X_e[M_e, K] @ B_e,
+           timed from the dispatched rows (scope gemm+combine). K is `hidden`, N is `out`.
+  ffn = F  a whole MoE layer: FFN experts Y_e = gelu(X_e @ W1_e) @ W2_e with W1_e [H, F],
+           W2_e [F, H] (H = hidden = out), timed from this rank's tokens and routing (scope
+           layer). fc2 [M, F] x [F, H] is the GEMM that feeds the combine: with F = 2048 it is
+           Table 2's operator GEMM (K = 2048, N = H).
+The combine all-to-all then moves the rows of Y back to their owners.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class WorkloadSpec:
     routing: str
     dtype: str = "float32"
     seed: int = 0
+    #: expert width F of FFN experts; 0 = the single-GEMM operator cell
+    ffn: int = 0
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTINGS:
@@ -44,6 +50,13 @@ class WorkloadSpec:
         for name in ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "world_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.ffn < 0:
+            raise ValueError(f"ffn must be >= 0 (0 = single-GEMM experts), got {self.ffn}")
+        if self.ffn and self.out != self.hidden:
+            raise ValueError(
+                f"a layer cell (ffn={self.ffn}) returns the hidden width: out must equal hidden, "
+                f"got hidden={self.hidden}, out={self.out}"
+            )
         if self.top_k > self.world_size * self.experts_per_rank:
             raise ValueError(
                 f"top_k={self.top_k} > number of experts {self.world_size * self.experts_per_rank}"
@@ -54,11 +67,22 @@ class WorkloadSpec:
         return DTYPES[self.dtype]
 
     @property
+    def scope(self) -> str:
+        """The timed region's scope: "layer" for FFN cells, "gemm+combine" for the operator."""
+        return "layer" if self.ffn else "gemm+combine"
+
+    @property
+    def gemm_in(self) -> int:
+        """Width of the rows entering the GEMM that feeds the combine (K; F for FFN cells)."""
+        return self.ffn or self.hidden
+
+    @property
     def n_experts(self) -> int:
         return self.world_size * self.experts_per_rank
 
     def key(self) -> str:
-        return hashlib.sha1(repr(sorted(asdict(self).items())).encode()).hexdigest()[:12]
+        items = {k: v for k, v in asdict(self).items() if k != "ffn" or v}
+        return hashlib.sha1(repr(sorted(items.items())).encode()).hexdigest()[:12]
 
 
 def _gen(device: torch.device, *parts: int) -> torch.Generator:
@@ -85,10 +109,32 @@ def make_expert_weight(
 
 
 def make_rank_weights(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
-    """The experts hosted on one rank, B [E, K, N], global experts rank*E .. rank*E+E-1."""
+    """The experts hosted on one rank, B [E, K, N], global experts rank*E .. rank*E+E-1.
+    For FFN cells: fc2's weights W2 [E, F, H] (the GEMM that feeds the combine)."""
+    e0 = rank * spec.experts_per_rank
+    make = make_fc2_weight if spec.ffn else make_expert_weight
+    return torch.stack([make(spec, e0 + e, device) for e in range(spec.experts_per_rank)])
+
+
+def make_fc1_weight(spec: WorkloadSpec, global_expert: int, device: torch.device) -> torch.Tensor:
+    """fc1 of one global FFN expert, W1_g [H, F] in spec.dtype, scaled by 1/sqrt(H)."""
+    g = _gen(device, spec.seed, 3, global_expert)
+    w = torch.randn(spec.hidden, spec.ffn, generator=g, device=device) * spec.hidden**-0.5
+    return w.to(spec.torch_dtype)
+
+
+def make_fc2_weight(spec: WorkloadSpec, global_expert: int, device: torch.device) -> torch.Tensor:
+    """fc2 of one global FFN expert, W2_g [F, H] in spec.dtype, scaled by 1/sqrt(F)."""
+    g = _gen(device, spec.seed, 4, global_expert)
+    w = torch.randn(spec.ffn, spec.hidden, generator=g, device=device) * spec.ffn**-0.5
+    return w.to(spec.torch_dtype)
+
+
+def make_rank_fc1(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
+    """fc1 of the FFN experts hosted on one rank, W1 [E, H, F]."""
     e0 = rank * spec.experts_per_rank
     return torch.stack(
-        [make_expert_weight(spec, e0 + e, device) for e in range(spec.experts_per_rank)]
+        [make_fc1_weight(spec, e0 + e, device) for e in range(spec.experts_per_rank)]
     )
 
 

@@ -1,7 +1,12 @@
 """The paper's serial baseline: expert GEMMs, then the combine all-to-all, then scale.
 
-Timed region (forward): grouped GEMM over rows sorted by expert [R, K] x [E, K, N] -> [R, N],
-un-permute to source order, all_to_all_single back to the owners, gate-weighted scale -> [T, N].
+Operator cells (scope gemm+combine), timed region: grouped GEMM over rows sorted by expert
+[R, K] x [E, K, N] -> [R, N], un-permute to source order, all_to_all_single back to the owners,
+gate-weighted scale -> [T, N].
+Layer cells (ffn > 0, scope layer), timed region from x [T, H] and the routing: sort by expert,
+counts exchange (+ the split sizes' host sync), dispatch all-to-all, rows grouped by expert
+(skipped where the received (source, expert) order already is), fc1, GELU, fc2, back to the
+received order, combine all-to-all, scale -> [T, H] (harness/dispatch.py).
 The GEMM is torch._grouped_mm where it applies (Hopper, bf16), a per-expert matmul elsewhere.
 """
 
@@ -9,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.experts import expert_gemm, expert_gemm_impl
+from harness import dispatch as ld
+from harness.experts import expert_gemm, expert_gemm_impl, ffn_experts
 from harness.reference import combine
 from harness.scale import Scaler
 from harness.system import CellInputs, System
@@ -17,9 +23,14 @@ from harness.system import CellInputs, System
 
 class SerialSystem(System):
     name = "serial"
+    layer_scope = True
 
     def setup(self, ranks: list[CellInputs]) -> None:
         (inputs,) = ranks
+        if inputs.spec.ffn:
+            self._setup_layer(inputs)
+            return
+        self.layer = False
         lay = inputs.layout
         dev = inputs.x_recv.device
         self.lay = lay
@@ -37,16 +48,57 @@ class SerialSystem(System):
         self.y_back = combine(self.y_recv, self.lay, self.ctx.group)
         self._impl = expert_gemm_impl(self.x_sorted, self.weights)
 
+    def _setup_layer(self, inputs: CellInputs) -> None:
+        spec = inputs.spec
+        self.layer = True
+        self.x, self.ids, self.gate = inputs.x, inputs.expert_ids, inputs.gate
+        self.w1, self.w2 = inputs.w1, inputs.weights
+        self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, self.ctx.group)
+        self.rows = spec.tokens_per_rank * spec.top_k
+        # one untimed forward's state, for the bounds
+        self.d = self.dispatch(self.x, self.ids)
+        self.xs = ld.to_expert_order(self.d, self.d.x_recv)
+        self.y_recv = ld.from_expert_order(self.d, self._experts(self.d, self.xs))
+        self.y_back = ld.combine(self.d, self.y_recv, self.ctx.group)
+        self._impl = expert_gemm_impl(self.xs, self.w1)
+        self.extra = {"host_syncs": 1, "permute": self.d.expert_pos is not None}
+
+    def _experts(self, d: ld.Dispatched, xs: torch.Tensor) -> torch.Tensor:
+        return ffn_experts(xs, d.expert_rows, self.w1, self.w2, d.offs)
+
+    def _layer(self) -> torch.Tensor:
+        d = self.dispatch(self.x, self.ids)
+        y = self._experts(d, ld.to_expert_order(d, d.x_recv))
+        back = ld.combine(d, ld.from_expert_order(d, y), self.ctx.group)
+        return Scaler.on_device(d.pos, self.gate, self.rows)(back)
+
     def forward(self) -> torch.Tensor:
+        if self.layer:
+            return self._layer()
         y = expert_gemm(self.x_sorted, self.counts, self.weights).index_select(0, self.inv_perm)
         return self.scale(combine(y, self.lay, self.ctx.group))
 
     def compute_only(self) -> torch.Tensor:
-        """Everything forward does except the all-to-all (scale reads the last combine's rows)."""
+        """Everything forward does except the all-to-all(s) (scale reads the last combine's
+        rows; a layer cell's experts read the last dispatch's rows)."""
+        if self.layer:
+            d = self.d
+            y = ld.from_expert_order(d, self._experts(d, ld.to_expert_order(d, d.x_recv)))
+            return Scaler.on_device(d.pos, self.gate, self.rows)(self.y_back), y
         y = expert_gemm(self.x_sorted, self.counts, self.weights).index_select(0, self.inv_perm)
         return self.scale(self.y_back), y
 
     def comm_only(self) -> torch.Tensor:
+        """The combine all-to-all (layer cells: the dispatch's too, same splits)."""
+        if self.layer:
+            d, g = self.d, self.ctx.group
+            x_send = self.x.index_select(0, d.send_order // self.ids.shape[1])
+            if len(d.send_splits) > 1:
+                recv = torch.empty_like(d.x_recv)
+                torch.distributed.all_to_all_single(
+                    recv, x_send, d.recv_splits, d.send_splits, group=g
+                )
+            return ld.combine(d, self.y_recv, g)
         return combine(self.y_recv, self.lay, self.ctx.group)
 
     @property

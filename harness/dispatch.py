@@ -1,0 +1,150 @@
+"""The dispatch a whole MoE layer pays on every forward, from this rank's tokens and routing.
+
+Shared by the layer-scope systems that dispatch with NCCL's all_to_all_single (serial, and the
+overlap system's stage A inputs). Everything is computed on the device from expert_ids [T, k];
+the only host synchronisation is the one every all-to-all dispatcher pays: the split sizes of
+the uneven all-to-all (one `.tolist()` of 2W + E ints after the counts exchange).
+
+Order of rows (as harness/layout.py, so the checks line up):
+  send   this rank's (token, slot) pairs sorted by global expert (stable): destination rank,
+         then local expert, then (token, slot)
+  recv   grouped by source rank, then local expert, then the source's send order
+recv_dst_index[i] is row i's position in its source's combine receive buffer (= the source's
+send order), from the send offsets exchanged with the counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x, 0) - x
+
+
+def blocks(recv_counts: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For rows in (source, expert) blocks of recv_counts [W, E]: each row's block s*E+e [R]
+    and its index within the block [R]."""
+    c = recv_counts.reshape(-1)
+    block = torch.repeat_interleave(torch.arange(c.numel(), device=c.device), c, output_size=rows)
+    return block, torch.arange(rows, device=c.device) - _excl_cumsum(c)[block]
+
+
+def expert_positions(
+    recv_counts: torch.Tensor, block: torch.Tensor, idx: torch.Tensor
+) -> torch.Tensor:
+    """Each row's position [R] when the (source, expert) blocks are reordered to (expert,
+    source): no sort, a gather from the blocks' expert-major starts."""
+    W, E = recv_counts.shape
+    em_start = _excl_cumsum(recv_counts.t().reshape(-1)).view(E, W).t().reshape(-1)
+    return em_start[block] + idx
+
+
+@dataclass
+class Dispatched:
+    """One forward's dispatch on one rank (device tensors unless noted).
+
+    x_recv         [R, H]  received rows (source, local expert, token order)
+    send_order     [S]     pair index t*k+j of each send row (S = T*k)
+    pos            [T, k]  send row of (token t, slot j): the scale's gather index
+    recv_counts    [W, E]  rows from source s for local expert e
+    recv_expert    [R]     local expert of each received row
+    recv_src       [R]     source rank of each received row
+    recv_dst_index [R]     position in the source's combine receive buffer
+    expert_pos     [R]     row's position when the rows are grouped by local expert (expert,
+                           then source); None where the received order already is (W=1 or E=1)
+    offs           [E]     int32 cumulative rows per local expert (torch._grouped_mm's offs)
+    send_splits, recv_splits: host lists [W]; expert_rows: host list [E] (rows per expert)
+    """
+
+    x_recv: torch.Tensor
+    send_order: torch.Tensor
+    pos: torch.Tensor
+    recv_counts: torch.Tensor
+    recv_expert: torch.Tensor
+    recv_src: torch.Tensor
+    recv_dst_index: torch.Tensor
+    expert_pos: torch.Tensor | None
+    offs: torch.Tensor
+    send_splits: list[int]
+    recv_splits: list[int]
+    expert_rows: list[int]
+
+
+class LayerDispatch:
+    """dispatch(x [T, H], expert_ids [T, k]) -> Dispatched, over `group` (W ranks, E local
+    experts each)."""
+
+    def __init__(self, world_size: int, experts_per_rank: int, group=None) -> None:
+        self.W, self.E, self.group = world_size, experts_per_rank, group
+
+    def __call__(self, x: torch.Tensor, expert_ids: torch.Tensor) -> Dispatched:
+        W, E = self.W, self.E
+        T, k = expert_ids.shape
+        dev = x.device
+        flat = expert_ids.reshape(-1)
+        send_order = torch.sort(flat, stable=True).indices  # [S]
+        pos = torch.empty_like(send_order)
+        pos[send_order] = torch.arange(send_order.numel(), device=dev)
+        cnt = torch.bincount(flat, minlength=W * E)  # [G] rows per global expert
+        meta = torch.stack([cnt, _excl_cumsum(cnt)], 1).view(W, E * 2)  # per destination
+        got = torch.empty_like(meta)
+        if W > 1:
+            dist.all_to_all_single(got, meta, group=self.group)
+        else:
+            got.copy_(meta)
+        recv_counts = got.view(W, E, 2)[..., 0]  # [W, E]
+        recv_off = got.view(W, E, 2)[..., 1]  # [W, E] offset in the source's send order
+        sizes = torch.cat([cnt.view(W, E).sum(1), recv_counts.sum(1), recv_counts.sum(0)])
+        host = sizes.tolist()  # THE host synchronisation (split sizes)
+        send_splits, recv_splits, expert_rows = host[:W], host[W : 2 * W], host[2 * W :]
+        R = sum(recv_splits)
+        x_recv = x.new_empty(R, x.shape[1])
+        x_send = x.index_select(0, send_order // k)
+        if W > 1:
+            dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits, group=self.group)
+        else:
+            x_recv.copy_(x_send)
+        block, idx = blocks(recv_counts, R)
+        expert_pos = expert_positions(recv_counts, block, idx) if W > 1 and E > 1 else None
+        offs = torch.cumsum(recv_counts.sum(0), 0).to(torch.int32)
+        return Dispatched(
+            x_recv=x_recv,
+            send_order=send_order,
+            pos=pos.view(T, k),
+            recv_counts=recv_counts,
+            recv_expert=block % E,
+            recv_src=block // E,
+            recv_dst_index=recv_off.reshape(-1)[block] + idx,
+            expert_pos=expert_pos,
+            offs=offs,
+            send_splits=send_splits,
+            recv_splits=recv_splits,
+            expert_rows=expert_rows,
+        )
+
+
+def to_expert_order(d: Dispatched, rows: torch.Tensor) -> torch.Tensor:
+    """Received rows [R, *] -> grouped by local expert (a no-op where they already are)."""
+    if d.expert_pos is None:
+        return rows
+    out = torch.empty_like(rows)
+    return out.index_copy_(0, d.expert_pos, rows)
+
+
+def from_expert_order(d: Dispatched, rows: torch.Tensor) -> torch.Tensor:
+    """Rows grouped by local expert [R, *] -> the received order (the combine's send order)."""
+    return rows if d.expert_pos is None else rows.index_select(0, d.expert_pos)
+
+
+def combine(d: Dispatched, y_recv: torch.Tensor, group=None) -> torch.Tensor:
+    """y_recv [R, N] in the received order -> y_back [S, N] in this rank's send order."""
+    back = y_recv.new_empty(sum(d.send_splits), y_recv.shape[1])
+    if len(d.send_splits) > 1:
+        dist.all_to_all_single(back, y_recv, d.send_splits, d.recv_splits, group=group)
+    else:
+        back.copy_(y_recv)
+    return back

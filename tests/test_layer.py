@@ -1,0 +1,120 @@
+"""The layer scope on the CPU: FFN experts, the device dispatch, and the serial layer end to end.
+
+A layer cell (grid axis ffn = F > 0) times the whole MoE layer from this rank's tokens and
+routing; systems without a layer scope are skipped with the reason.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from harness.dispatch import LayerDispatch, combine, from_expert_order, to_expert_order
+from harness.experts import ffn_experts
+from harness.layout import rank_layout
+from harness.reference import reference_local
+from harness.workload import WorkloadSpec, make_rank_fc1, make_rank_weights, make_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*overrides):
+    return subprocess.run(
+        [sys.executable, "-m", "harness.run", "progress=false", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_layer_cell_needs_out_equal_to_hidden():
+    with pytest.raises(ValueError, match="out must equal hidden"):
+        WorkloadSpec(64, 32, 48, 2, 2, 1, "balanced", ffn=16)
+    with pytest.raises(ValueError, match="ffn must be >= 0"):
+        WorkloadSpec(64, 32, 32, 2, 2, 1, "balanced", ffn=-1)
+    spec = WorkloadSpec(64, 32, 32, 2, 2, 1, "balanced", ffn=16)
+    assert spec.scope == "layer" and spec.gemm_in == 16
+    assert WorkloadSpec(64, 32, 48, 2, 2, 1, "balanced").scope == "gemm+combine"
+
+
+@pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
+def test_one_rank_layer_from_the_device_dispatch_matches_the_oracle(routing):
+    """W=1: dispatch, experts grouped, combine and scale equal the float32 oracle, and the
+    dispatch's rows line up with harness.layout's."""
+    spec = WorkloadSpec(96, 32, 32, 4, 2, 1, routing, ffn=24)
+    dev = torch.device("cpu")
+    from harness.workload import routing_of
+
+    ids = routing_of(spec).expert_ids[0]
+    gate = routing_of(spec).gate_weights[0].float()
+    x = make_tokens(spec, 0, dev)
+    d = LayerDispatch(1, 4)(x, ids)
+    lay = rank_layout(spec, 0)
+    assert torch.equal(d.recv_expert, lay.recv_expert)
+    assert torch.equal(d.recv_dst_index, lay.recv_dst_index)
+    assert d.expert_rows == lay.expert_counts.tolist()
+    y = ffn_experts(
+        to_expert_order(d, d.x_recv),
+        d.expert_rows,
+        make_rank_fc1(spec, 0, dev),
+        make_rank_weights(spec, 0, dev),
+        d.offs,
+    )
+    back = combine(d, from_expert_order(d, y))
+    out = (back[d.pos.view(-1)].view(96, 2, 32) * gate.unsqueeze(-1)).sum(1)
+    ref = reference_local(spec, 0, dev)
+    assert torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_the_dispatch_regroups_by_expert_without_a_sort():
+    """expert_pos puts (source, expert) blocks in (expert, source) order, and back."""
+    from harness.dispatch import Dispatched, blocks, expert_positions
+
+    counts = torch.tensor([[1, 2], [2, 1]])  # W=2 sources x E=2 experts
+    block, idx = blocks(counts, 6)
+    assert block.tolist() == [0, 1, 1, 2, 2, 3] and idx.tolist() == [0, 0, 1, 0, 1, 0]
+    pos = expert_positions(counts, block, idx)
+    rows = torch.arange(6)  # s0e0 | s0e1 s0e1 | s1e0 s1e0 | s1e1
+    d = Dispatched(*(None,) * 7, pos, None, [], [], [])
+    grouped = to_expert_order(d, rows)
+    assert grouped.tolist() == [0, 3, 4, 1, 2, 5]  # e0: s0, s1 | e1: s0, s1
+    assert from_expert_order(d, grouped).tolist() == rows.tolist()
+
+
+def test_layer_cells_run_on_gloo_and_skip_systems_without_a_layer_scope(tmp_path):
+    table = tmp_path / "t.parquet"
+    proc = run(
+        f"table={table}",
+        "hardware.world_size=2",
+        "experiment.grid.ffn=[48]",
+        "experiment.grid.routing=[stress_skew]",
+        "+experiment.systems.tutel_reimpl={}",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    df = pd.read_parquet(table)
+    serial = df[df["system"] == "serial"]
+    assert set(serial["status"]) == {"ok"} and set(serial["scope"]) == {"layer"}
+    assert (serial["ffn"] == 48).all() and (serial["max_rel_err"] < 1e-4).all()
+    other = df[df["system"] == "tutel_reimpl"]
+    assert set(other["status"]) == {"skipped"}
+    assert other["reason"].str.contains("no layer scope").all()
+
+
+def test_operator_cell_hashes_do_not_change_with_the_ffn_axis():
+    """ffn enters a cell only when nonzero: tables made before the axis still resume."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.config import register_configs
+    from harness.measure import expand_grid
+
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hardware.world_size=2"])
+        cfg2 = compose("config", overrides=["hardware.world_size=2", "experiment.grid.ffn=[0]"])
+    cells = expand_grid(cfg, 2)
+    assert all("ffn" not in c for c in cells)
+    assert [c["cell_hash"] for c in cells] == [c["cell_hash"] for c in expand_grid(cfg2, 2)]
