@@ -50,6 +50,7 @@ class Dispatched:
     x_recv         [R, H]  received rows (source, local expert, token order)
     send_order     [S]     pair index t*k+j of each send row (S = T*k)
     pos            [T, k]  send row of (token t, slot j): the scale's gather index
+    send_counts    [W]     rows this rank sends to each destination
     recv_counts    [W, E]  rows from source s for local expert e
     recv_expert    [R]     local expert of each received row
     recv_src       [R]     source rank of each received row
@@ -63,6 +64,7 @@ class Dispatched:
     x_recv: torch.Tensor
     send_order: torch.Tensor
     pos: torch.Tensor
+    send_counts: torch.Tensor
     recv_counts: torch.Tensor
     recv_expert: torch.Tensor
     recv_src: torch.Tensor
@@ -98,7 +100,8 @@ class LayerDispatch:
             got.copy_(meta)
         recv_counts = got.view(W, E, 2)[..., 0]  # [W, E]
         recv_off = got.view(W, E, 2)[..., 1]  # [W, E] offset in the source's send order
-        sizes = torch.cat([cnt.view(W, E).sum(1), recv_counts.sum(1), recv_counts.sum(0)])
+        send_counts = cnt.view(W, E).sum(1)
+        sizes = torch.cat([send_counts, recv_counts.sum(1), recv_counts.sum(0)])
         host = sizes.tolist()  # THE host synchronisation (split sizes)
         send_splits, recv_splits, expert_rows = host[:W], host[W : 2 * W], host[2 * W :]
         R = sum(recv_splits)
@@ -115,6 +118,7 @@ class LayerDispatch:
             x_recv=x_recv,
             send_order=send_order,
             pos=pos.view(T, k),
+            send_counts=send_counts,
             recv_counts=recv_counts,
             recv_expert=block % E,
             recv_src=block // E,

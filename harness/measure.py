@@ -114,6 +114,7 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
     """All cells of an experiment: the product of the workload axes, then per workload every
     system once per point of its own sweep.
 
+    FFN cells (ffn > 0) take out = hidden: the out axis does not multiply them.
     The systems of one workload run in a seeded random order, different per workload, so slow
     drift of the machine does not favour one system (the same order on every rank); a system's
     sweep points stay together in their product order.
@@ -125,8 +126,14 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
     points = {name: system_points(name, conf) for name, conf in systems.items()}
     cells = []
     rng = random.Random(cfg.seed)
+    seen: list[dict] = []
     for values in itertools.product(worlds, *axes.values()):
         base = {"world_size": values[0], **dict(zip(axes, values[1:]))}
+        if base["ffn"]:  # an FFN layer returns its input width: out is hidden
+            base["out"] = base["hidden"]
+            if base in seen:
+                continue
+            seen.append(dict(base))
         for key, default in OPTIONAL_KEYS.items():
             if base[key] == default:
                 del base[key]
@@ -307,6 +314,7 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
             return row
         if system.extra:
             row.extra = json.dumps(system.extra, sort_keys=True, default=str)
+        row.metrics.update(system.metrics)
     except torch.cuda.OutOfMemoryError as exc:
         row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
     except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep

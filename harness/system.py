@@ -85,6 +85,9 @@ class System:
         self.params = {**self.PARAMS, **params}
         #: JSON-able facts of the set-up cell (written to the row's `extra` column)
         self.extra: dict[str, Any] = {}
+        #: numbers the system measured itself while setting up (e.g. the overlap system's
+        #: plan_ms), written as m_<name> columns of the row
+        self.metrics: dict[str, float] = {}
 
     @classmethod
     def check_params(cls, params: dict[str, Any]) -> None:

@@ -79,7 +79,7 @@ def test_the_dispatch_regroups_by_expert_without_a_sort():
     assert block.tolist() == [0, 1, 1, 2, 2, 3] and idx.tolist() == [0, 0, 1, 0, 1, 0]
     pos = expert_positions(counts, block, idx)
     rows = torch.arange(6)  # s0e0 | s0e1 s0e1 | s1e0 s1e0 | s1e1
-    d = Dispatched(*(None,) * 7, pos, None, [], [], [])
+    d = Dispatched(*(None,) * 8, pos, None, [], [], [])
     grouped = to_expert_order(d, rows)
     assert grouped.tolist() == [0, 3, 4, 1, 2, 5]  # e0: s0, s1 | e1: s0, s1
     assert from_expert_order(d, grouped).tolist() == rows.tolist()
@@ -118,3 +118,18 @@ def test_operator_cell_hashes_do_not_change_with_the_ffn_axis():
     cells = expand_grid(cfg, 2)
     assert all("ffn" not in c for c in cells)
     assert [c["cell_hash"] for c in cells] == [c["cell_hash"] for c in expand_grid(cfg2, 2)]
+
+
+def test_layer_grid_takes_out_from_hidden_and_counts_each_shape_once():
+    from hydra import compose, initialize_config_dir
+
+    from harness.config import register_configs
+    from harness.measure import expand_grid
+
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=layer", "hardware.world_size=2"])
+    cells = expand_grid(cfg, 2)
+    assert len(cells) == 2 * 2 * 5 * 3 * 8  # T x H x E x routings x systems
+    assert all(c["out"] == c["hidden"] and c["ffn"] == 2048 for c in cells)
+    assert len({c["cell_hash"] for c in cells}) == len(cells)

@@ -207,6 +207,19 @@ class OverlapRunner:
     def error(self):
         return read_error(self.err)
 
+    def replan(self, plan: Any) -> None:
+        """Run the next steps on a new plan of the same cell (a layer's stage A on every
+        forward): the band counters restart from zero (a stream-ordered memset; the previous
+        run is joined already), the receive counters keep their epochs."""
+        if plan.tile_m != self.plan.tile_m or plan.rank != self.plan.rank:
+            raise ValueError("replan: the new plan must keep tile_m and rank")
+        self.plan = plan
+        if self.band_ready.numel() < max(plan.n_bands, 1):
+            self.band_ready = torch.zeros(plan.n_bands, dtype=torch.int32, device=self.device)
+        else:
+            self.band_ready.zero_()
+        self.producer_runs = 0
+
     def reset(self) -> None:
         """Zero counters and the error record (after a time-out the counters are stale)."""
         self.band_ready.zero_()

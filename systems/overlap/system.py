@@ -27,10 +27,13 @@ from typing import Any, ClassVar
 
 import torch
 
+from harness import dispatch as ld
+from harness.experts import activation, expert_gemm, grouped_mm_usable
 from harness.scale import Scaler
 from harness.system import CellInputs, System
+from harness.timing import time_fn
 from harness.workload import WorkloadSpec
-from systems.overlap.plan import padded_input, plan_for_layout
+from systems.overlap.plan import build_plan, padded_input, plan_for_layout
 
 TILE_MS = (64, 128)
 TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
@@ -139,10 +142,146 @@ class _Distributed:
         return rk.scale(rk.runner.transport.recv)
 
 
+class _LayerRank:
+    """One rank's whole layer (FFN cells, scope layer), from x [T, H] and the routing.
+
+    Every step pays: the dispatch (harness/dispatch.py: counts exchange, the split sizes' host
+    sync, all_to_all_single), stage A (build_plan on the received rows: one more host sync)
+    and the padded gather, fc1 + GELU over the padded layout (zero rows stay zero), then fc2
+    as the producer overlapped with the consumer's combine, the local copy, the wait for every
+    peer's rows and the scale. The dispatch all-to-all also orders the steps across ranks: a
+    peer's next dispatch starts only after its scale of this step read its receive buffer, so
+    the next step's puts never overwrite rows still being read.
+    """
+
+    def __init__(self, inp: CellInputs, transport, group, tile_m: int, mgb: int, ccta: int):
+        from systems.overlap.runner import OverlapRunner
+
+        spec = inp.spec
+        self.spec, self.group, self.tile_m, self.mgb = spec, group, tile_m, mgb
+        self.x, self.ids, self.gate = inp.x, inp.expert_ids, inp.gate
+        self.w1, self.w2 = inp.w1, inp.weights
+        self.rank = inp.layout.rank
+        self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, group)
+        self.rows = spec.tokens_per_rank * spec.top_k
+        self.held = self.stage_a()  # one untimed step's state (bounds, plan facts)
+        self.plan = self.held[1]
+        self.runner = OverlapRunner(self.plan, self.w2, transport, ccta=ccta)
+
+    def stage_a(self):
+        """Dispatch, plan and the padded fc1 input: (Dispatched, CombinePlan, x_pad [P, H])."""
+        d = self.dispatch(self.x, self.ids)
+        plan = build_plan(
+            d.recv_src,
+            d.recv_expert,
+            d.recv_dst_index,
+            world_size=self.spec.world_size,
+            rank=self.rank,
+            experts_per_rank=self.spec.experts_per_rank,
+            tile_m=self.tile_m,
+            mgb=self.mgb,
+            out_cols=self.spec.out,
+            elem_bytes=self.x.element_size(),
+            send_counts=d.send_counts,
+        )
+        return d, plan, padded_input(d.x_recv, plan.gather_index)
+
+    def fc1(self, plan, x_pad: torch.Tensor) -> torch.Tensor:
+        """gelu(x_pad @ W1_e) per expert over the padded layout: [P, H] -> [P, F]."""
+        offs = plan.expert_row_start[1:]
+        counts = None
+        if not grouped_mm_usable(x_pad, self.w1):  # the per-expert fallback needs host ints
+            counts = plan.expert_row_start.diff().tolist()
+        return activation(expert_gemm(x_pad, counts, self.w1, offs))
+
+    def step(self) -> torch.Tensor:
+        d, plan, x_pad = self.stage_a()
+        self.runner.replan(plan)
+        h = self.fc1(plan, x_pad)
+        y = torch.empty(h.shape[0], self.spec.out, dtype=h.dtype, device=h.device)
+        self.runner.overlapped(h, y)
+        self.runner.local_copy(y)
+        if self.spec.world_size > 1:
+            rows_from = plan.recv_rows.clone()
+            rows_from[self.rank] = 0  # own rows arrive by the local copy, not a signal
+            self.runner.wait_received(rows_from)
+        return Scaler.on_device(d.pos, self.gate, self.rows)(self.runner.transport.recv)
+
+    def compute_only(self) -> torch.Tensor:
+        """Everything but the two exchanges, on the held dispatch: stage A's plan and gather,
+        fc1, the producer on ALL SMs without flags, the local copy, the scale."""
+        d = self.held[0]
+        plan = build_plan(
+            d.recv_src,
+            d.recv_expert,
+            d.recv_dst_index,
+            world_size=self.spec.world_size,
+            rank=self.rank,
+            experts_per_rank=self.spec.experts_per_rank,
+            tile_m=self.tile_m,
+            mgb=self.mgb,
+            out_cols=self.spec.out,
+            elem_bytes=self.x.element_size(),
+            send_counts=d.send_counts,
+        )
+        self.runner.replan(plan)
+        h = self.fc1(plan, padded_input(d.x_recv, plan.gather_index))
+        y = torch.empty(h.shape[0], self.spec.out, dtype=h.dtype, device=h.device)
+        sms = torch.cuda.get_device_properties(h.device).multi_processor_count
+        self.runner.compute_only(h, y, num_programs=sms)
+        self.runner.local_copy(y)
+        return Scaler.on_device(d.pos, self.gate, self.rows)(self.runner.transport.recv)
+
+    def comm_only(self) -> None:
+        """The dispatch all-to-all and the consumer's combine alone (flags taken as set)."""
+        d = self.held[0]
+        if self.spec.world_size > 1:
+            x_send = self.x.index_select(0, d.send_order // self.ids.shape[1])
+            recv = torch.empty_like(d.x_recv)
+            torch.distributed.all_to_all_single(
+                recv, x_send, d.recv_splits, d.send_splits, group=self.group
+            )
+        self.runner.replan(self.plan)
+        y = torch.empty(self.plan.n_padded, self.spec.out, dtype=self.x.dtype, device=self.x.device)
+        self.runner.comm_only(y)
+
+
+class _Layer:
+    """The layer scope (FFN cells) on one process per rank (p2p / nvshmem), or W=1 (loopback
+    with one rank)."""
+
+    def __init__(self, inp: CellInputs, group, name: str, tile_m: int, mgb: int, ccta: int):
+        spec = inp.spec
+        rows = spec.tokens_per_rank * spec.top_k
+        if name == "loopback":
+            from systems.overlap.transport import LoopbackFabric
+
+            self.fabric = LoopbackFabric([rows], spec.out, spec.torch_dtype, inp.x.device)
+            t = self.fabric.transport(0)
+        else:
+            from systems.overlap.transport import nvshmem_transport, p2p_transport
+
+            make = p2p_transport if name == "p2p" else nvshmem_transport
+            t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
+        self.name = name
+        self.layer = _LayerRank(inp, t, group, tile_m, mgb, ccta)
+        self.ranks = [self.layer]
+        self.busy = 0
+
+    def forward(self) -> torch.Tensor:
+        out = self.layer.step()
+        self.layer.runner.check()
+        return out
+
+    def timed(self) -> torch.Tensor:
+        return self.layer.step()
+
+
 class OverlapSystem(System):
     name = "overlap"
     PARAMS: ClassVar[dict[str, Any]] = {"ccta": 16, "mgb": 1, "tile_m": 128, "transport": ""}
     simulates_ranks = True
+    layer_scope = True
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
@@ -163,10 +302,27 @@ class OverlapSystem(System):
                 "choices: loopback, p2p, nvshmem (empty = loopback on one process, else p2p)"
             )
 
+    @classmethod
+    def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
+        if spec.ffn and spec.world_size > 1 and params["transport"] == "loopback":
+            return (
+                "overlap's layer scope plays one rank per process: loopback only at W=1; run "
+                "W>1 layer cells with one process per GPU (p2p or nvshmem)"
+            )
+        return None
+
     def setup(self, ranks: list[CellInputs]) -> None:
         ctx, p = self.ctx, self.params
         knobs = dict(tile_m=int(p["tile_m"]), mgb=int(p["mgb"]), ccta=int(p["ccta"]))
         name = p["transport"] or ("loopback" if ctx.world_size == 1 else "p2p")
+        if ranks[0].spec.ffn:
+            if len(ranks) != 1:
+                raise ValueError("the layer scope needs one process per rank (or W=1)")
+            self.mode = _Layer(ranks[0], ctx.group, name, **knobs)
+            self.layer = True
+            self._describe(ranks[0])
+            return
+        self.layer = False
         if name == "loopback":
             if ctx.world_size != 1:
                 raise ValueError("loopback plays every rank in one process: run with 1 process")
@@ -175,6 +331,11 @@ class OverlapSystem(System):
             if len(ranks) != 1 or ctx.world_size < 2:
                 raise ValueError(f"{name} needs one process per rank and at least 2 ranks")
             self.mode = _Distributed(ranks[0], ctx.group, name, **knobs)
+        self._describe(ranks[self.mode.busy])
+
+    def _describe(self, inp: CellInputs) -> None:
+        """The plan's facts (extra) and stage A's cost, timed on its own (metric plan_ms):
+        in the layer scope it is inside the timed region, in the operator scope it is not."""
         rk = self.mode.ranks[self.mode.busy]
         plan = rk.plan
         self.extra = {
@@ -186,6 +347,32 @@ class OverlapSystem(System):
             "segments": int(plan.n_segments),
             "producer_programs": rk.runner.num_programs,
         }
+        spec, dev = inp.spec, inp.x.device
+        if self.layer:
+            stage_a = rk.stage_a
+        else:
+
+            def stage_a():
+                plan = plan_for_layout(
+                    inp.layout,
+                    world_size=spec.world_size,
+                    experts_per_rank=spec.experts_per_rank,
+                    tile_m=rk.plan.tile_m,
+                    mgb=rk.plan.mgb,
+                    out_cols=spec.out,
+                    elem_bytes=inp.x_recv.element_size(),
+                    device=dev,
+                )
+                return padded_input(inp.x_recv, plan.gather_index)
+
+        group = self.ctx.group if self.layer else None  # the layer's dispatch is collective
+        t = time_fn(stage_a, device=dev, group=group, warmup=1, iters=5)
+        self.metrics = {"plan_ms": t.median_ms}
+        self.extra["plan_ms_scope"] = (
+            "inside the timed region (dispatch, plan, padded gather)"
+            if self.layer
+            else "outside the timed region (plan + padded gather, as in setup)"
+        )
 
     # -- runs ----------------------------------------------------------------------------
     def forward(self) -> torch.Tensor:
@@ -197,6 +384,8 @@ class OverlapSystem(System):
     def compute_only(self) -> torch.Tensor:
         """Everything timed() does but the communication: producer on ALL SMs without flags,
         local copy and scale (of the timed rank)."""
+        if self.layer:
+            return self.mode.layer.compute_only()
         rk = self.mode.ranks[self.mode.busy]
         sms = torch.cuda.get_device_properties(rk.x.device).multi_processor_count
         rk.runner.compute_only(rk.x, rk.y, num_programs=sms)
@@ -205,6 +394,8 @@ class OverlapSystem(System):
 
     def comm_only(self) -> None:
         """The consumer alone on cCTA SMs, flags taken as set (of the timed rank)."""
+        if self.layer:
+            return self.mode.layer.comm_only()
         rk = self.mode.ranks[self.mode.busy]
         rk.runner.comm_only(rk.y)
 
