@@ -1,0 +1,89 @@
+"""The fused scale against its memory bound (issue: within 1.15x), measured in one run.
+
+For each shape (T tokens, N columns, top-k, dtype) on one device:
+  scale_ms  harness.scale.Scaler (one Triton kernel on CUDA): out[t] = sum_j gate[t, j] *
+            y[pos[t, j]], pos a random permutation of the k*T rows (the send order)
+  copy_ms   torch copy_ of a contiguous buffer of (k+1)*T*N elements (the same bytes read and
+            written: read k*T*N + write T*N for the scale, read + write for the copy, so the
+            copy moves 2x; copy_gbps counts read + write)
+  bound_ms  the scale's bytes at the copy's bandwidth: (k+1)*T*N*elem / copy_gbps
+  ratio     scale_ms / bound_ms (1.0 = at the copy bandwidth)
+Timing: CUDA events, warm-up, median of iters (benchmarks.plan_time.time_ms).
+Usage: python -m benchmarks.scale_bound [--out DIR] [--small] (prints a short table last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from benchmarks.plan_time import time_ms
+from harness.scale import Scaler
+
+FULL = {"tokens": [8192, 16384], "cols": [2048, 4096, 8192]}
+SMALL = {"tokens": [64], "cols": [128]}
+
+
+def measure(T: int, N: int, k: int, dtype: torch.dtype, device: torch.device, iters: int) -> dict:
+    g = torch.Generator(device="cpu").manual_seed(T * 7 + N)
+    pos = torch.randperm(T * k, generator=g).view(T, k)
+    gate = torch.rand(T, k, generator=g)
+    y = torch.randn(T * k, N, generator=g).to(device=device, dtype=dtype)
+    scale = Scaler(pos, gate, device)
+    ref = (y.float()[pos.view(-1).to(device)].view(T, k, N) * gate.to(device)[..., None]).sum(1)
+    err = float((scale(y).float() - ref).norm() / ref.norm())
+    src = torch.empty((k + 1) * T * N, dtype=dtype, device=device)
+    dst = torch.empty_like(src)
+    scale_ms = statistics.median(time_ms(lambda: scale(y), device, 3, iters))
+    copy_ms = statistics.median(time_ms(lambda: dst.copy_(src), device, 3, iters))
+    elem = y.element_size()
+    nbytes = (k + 1) * T * N * elem
+    gbps = 2 * nbytes / copy_ms / 1e6
+    bound = nbytes / gbps / 1e6
+    return {
+        "tokens": T,
+        "cols": N,
+        "top_k": k,
+        "dtype": str(dtype).removeprefix("torch."),
+        "fused": scale.fused,
+        "scale_ms": scale_ms,
+        "copy_ms": copy_ms,
+        "copy_gbps": gbps,
+        "bound_ms": bound,
+        "ratio": scale_ms / bound,
+        "rel_err": err,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch_version": torch.__version__,
+        "git_rev": os.environ.get("HARNESS_GIT_REV", ""),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "results"))
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = SMALL if args.small or device.type == "cpu" else FULL
+    rows = [
+        measure(T, N, 2, torch.bfloat16, device, args.iters)
+        for T in shapes["tokens"]
+        for N in shapes["cols"]
+    ]
+    df = pd.DataFrame(rows)
+    path = Path(args.out) / "scale_bound.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(path, index=False)
+    cols = ["tokens", "cols", "scale_ms", "bound_ms", "copy_gbps", "ratio", "rel_err"]
+    print(df[cols].round(4).to_string(index=False))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
