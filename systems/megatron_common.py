@@ -297,6 +297,7 @@ class FixedRouter(torch.nn.Module):
         self.config = config
         self.probs: torch.Tensor | None = None
         self.routing_map: torch.Tensor | None = None
+        self.topk: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
     def set_routing(self, probs: torch.Tensor, routing_map: torch.Tensor) -> None:
         self.probs, self.routing_map = probs, routing_map
@@ -307,7 +308,7 @@ class FixedRouter(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor, padding_mask: Any = None):
         tokens = hidden.numel() // hidden.shape[-1]
-        if getattr(self, "topk", None) is not None:
+        if self.topk is not None:
             if self.topk[0].shape[0] != tokens:
                 raise RuntimeError("FixedRouter: set_topk() for this input first")
             return topk_to_dense(*self.topk)
