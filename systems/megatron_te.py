@@ -30,7 +30,7 @@ class MegatronTESystem(MegatronCutlassSystem):
 
     @classmethod
     def unsupported(cls, spec, params: dict[str, Any]) -> str | None:
-        return None  # TE GroupedLinear takes every dtype of the grid
+        return None  # unlike GroupedMLP, TEGroupedMLP asserts no dtype
 
     def experts_cls(self, mc):
         return mc.single_gemm_te_grouped_mlp_cls()
