@@ -75,7 +75,7 @@ register(
         needs_gpu=True,
         optional_imports=("megatron",),
         description="megatron-core MoELayer, all-to-all dispatcher, GroupedMLP fc1 as the expert "
-        "(grouped_gemm.gmm, else torch._grouped_mm).",
+        "(grouped_gemm.gmm, else torch._grouped_mm); layer cells: the whole GroupedMLP.",
     )
 )
 register(
@@ -86,6 +86,6 @@ register(
         needs_gpu=True,
         optional_imports=("megatron", "transformer_engine"),
         description="megatron-core MoELayer, all-to-all dispatcher, TE GroupedLinear as the "
-        "expert.",
+        "expert; layer cells: the whole TEGroupedMLP.",
     )
 )

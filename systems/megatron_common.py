@@ -33,6 +33,31 @@ the experts return the hidden width K; our expert returns N, so after the dispat
 dispatcher's remembered output shapes (hidden_shape, hidden_shape_before_permute) to [T, N].
 dispatch_postprocess consumes `tokens_per_expert`; forward() restores it from the setup copy.
 
+Layer cells (spec.ffn = F > 0, scope "layer"): the REAL MoELayer with Megatron's REAL experts
+(`MegatronLayer`), timed as the whole `layer(x [T, 1, H])` forward -> out [T, H]:
+router stub (scatters our expert_ids / gate [T, k] into probs [T, G] f32 and routing_map [T, G],
+what TopKRouter's top-k step does), preprocess (counts, split sizes, their D2H sync, permute 1),
+EP all-to-all, sort by local expert, experts (fc1, gelu x probs, fc2), unsort, EP all-to-all,
+unpermute. Experts are built as Megatron's specs build them (moe_grouped_gemm=True):
+  * megatron_cutlass: legacy `GroupedMLP(num_local_experts, config, pg_collection)`, weight1
+    [H, E*F] read as weight1.view(E, H, F) and weight2 [E*F, H] read as weight2.view(E, F, H);
+    GEMMs via grouped_gemm_util.ops.gmm(x, w, tokens_per_expert (host), trans_b=False), i.e. the
+    `grouped_gemm` package (CUTLASS). GroupedMLP asserts that package at construction; where it
+    is absent, `grouped_gemm_fallback` puts a gmm with the same signature over torch._grouped_mm
+    (PyTorch's CUTLASS grouped GEMM, Hopper bf16; per-expert matmul elsewhere) under
+    grouped_gemm_util.ops, so GroupedMLP's own forward runs unchanged (impl says which GEMM ran).
+    Megatron users without grouped_gemm run TEGroupedMLP (the default spec whenever TE >= 1.7 is
+    present; GroupedMLP is "legacy", deprecated since mcore 0.12): that is megatron_te.
+    GroupedMLP supports bf16 only (its forward asserts config.bf16).
+  * megatron_te: `TEGroupedMLP(num_local_experts, config, submodules=MLPSubmodules(
+    linear_fc1=TEColumnParallelGroupedLinear, linear_fc2=TERowParallelGroupedLinear,
+    activation_func=TEActivationOp), pg_collection)` as TESpecProvider.grouped_mlp_modules gives
+    it; use_te_activation_func stays False (its default), so the activation is config.
+    activation_func = F.gelu (erf form, as our reference), not TE's op. fc1 weight{e} [F, H] =
+    W1_e^T, fc2 weight{e} [H, F] = W2_e^T (TE computes y = x W^T).
+Both apply the probs after the activation (activation_func_with_probs), i.e. gelu(h) * p before
+fc2, the same sum_j w_j gelu(x W1_j) W2_j as the reference's gate-after.
+
 Parallel state: Megatron's model-parallel groups are created once per process over the default
 process group with expert-model-parallel size = world size (TP = PP = CP = 1); repeated calls
 with the same world size are no-ops.
@@ -40,6 +65,10 @@ with the same world size are no-ops.
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -109,6 +138,8 @@ def resolve_permute_fusion(value: Any) -> bool:
 def transformer_config(spec: WorkloadSpec, **overrides: Any):
     """Megatron TransformerConfig for one cell: hidden K, expert width N, G experts, top-k.
 
+    Operator cells: moe_ffn_hidden_size = N (the single GEMM's width). Layer cells (ffn = F):
+    moe_ffn_hidden_size = F, hidden H, activation F.gelu (erf form, our reference's).
     Dropless all-to-all dispatcher, no bias, no gated unit, unfused permute unless overridden
     (`moe_permute_fusion`, needs TE), float32 router probs, weights allocated on the CPU
     without init (they are copied in).
@@ -116,12 +147,14 @@ def transformer_config(spec: WorkloadSpec, **overrides: Any):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dt = spec.torch_dtype
+    width = spec.ffn or spec.out
     kw: dict[str, Any] = dict(
         num_layers=1,
         hidden_size=spec.hidden,
         num_attention_heads=1,
-        ffn_hidden_size=spec.out,
-        moe_ffn_hidden_size=spec.out,
+        ffn_hidden_size=width,
+        moe_ffn_hidden_size=width,
+        activation_func=torch.nn.functional.gelu,
         num_moe_experts=spec.n_experts,
         moe_router_topk=spec.top_k,
         expert_model_parallel_size=spec.world_size,
@@ -173,12 +206,53 @@ def te_fc1_layout(weights: torch.Tensor) -> list[torch.Tensor]:
 
 def copy_te_weights(linear: torch.nn.Module, weights: torch.Tensor) -> None:
     """Copy B [E, K, N] into a TE GroupedLinear's weight0..weight{E-1} [N, K]."""
-    for e, w in enumerate(te_fc1_layout(weights)):
+    copy_grouped_linear(linear, te_fc1_layout(weights))
+
+
+def grouped_mlp_layout(w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W1 [E, H, F], W2 [E, F, H] -> GroupedMLP (weight1 [H, E*F], weight2 [E*F, H]).
+
+    GroupedMLP.forward reads weight1.view(E, H, -1) and weight2.view(E, -1, H): reinterpretations
+    of the same memory, so each is the flat copy of the stacked per-expert weights (weight1 is
+    NOT [W1_0 | W1_1 | ...] side by side).
+    """
+    E, H, F = w1.shape
+    if tuple(w2.shape) != (E, F, H):
+        raise ValueError(f"W2 has shape {tuple(w2.shape)}, expected {(E, F, H)}")
+    return w1.contiguous().view(H, E * F), w2.contiguous().view(E * F, H)
+
+
+def te_mlp_layout(
+    w1: torch.Tensor, w2: torch.Tensor
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """W1 [E, H, F], W2 [E, F, H] -> TEGroupedMLP's linear_fc1 weight{e} [F, H] = W1_e^T and
+    linear_fc2 weight{e} [H, F] = W2_e^T (TE GroupedLinear computes y = x W^T)."""
+    return te_fc1_layout(w1), te_fc1_layout(w2)
+
+
+def copy_grouped_linear(linear: torch.nn.Module, weights: list[torch.Tensor]) -> None:
+    """Copy weights[e] into a TE GroupedLinear's weight{e}, shapes checked."""
+    for e, w in enumerate(weights):
         p = getattr(linear, f"weight{e}")
         if tuple(p.shape) != tuple(w.shape):
             raise ValueError(f"weight{e} has shape {tuple(p.shape)}, expected {tuple(w.shape)}")
         with torch.no_grad():
             p.copy_(w)
+
+
+def copy_mlp_weights(experts: torch.nn.Module, w1: torch.Tensor, w2: torch.Tensor) -> None:
+    """Copy W1 [E, H, F] and W2 [E, F, H] into Megatron's GroupedMLP (weight1, weight2) or
+    TEGroupedMLP (linear_fc1 / linear_fc2 weight{e}), on the parameters' device."""
+    if hasattr(experts, "weight1"):
+        for p, w in zip((experts.weight1, experts.weight2), grouped_mlp_layout(w1, w2)):
+            if tuple(p.shape) != tuple(w.shape):
+                raise ValueError(f"GroupedMLP weight {tuple(p.shape)}, expected {tuple(w.shape)}")
+            with torch.no_grad():
+                p.copy_(w)
+        return
+    fc1, fc2 = te_mlp_layout(w1, w2)
+    copy_grouped_linear(experts.linear_fc1, fc1)
+    copy_grouped_linear(experts.linear_fc2, fc2)
 
 
 def apply_probs(y: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -201,6 +275,20 @@ def _megatron_module():
     return MegatronModule
 
 
+def topk_to_dense(
+    expert_ids: torch.Tensor, gate: torch.Tensor, n_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """expert_ids [T, k], gate [T, k] -> Megatron's router output: probs [T, G] f32 (the gate
+    weight at each chosen expert, 0 elsewhere) and routing_map [T, G] bool (TopKRouter's scatter
+    after its top-k)."""
+    T = expert_ids.shape[0]
+    dev = expert_ids.device
+    probs = torch.zeros(T, n_experts, dtype=torch.float32, device=dev)
+    probs.scatter_(1, expert_ids, gate.float())
+    rmap = torch.zeros(T, n_experts, dtype=torch.bool, device=dev).scatter_(1, expert_ids, True)
+    return probs, rmap
+
+
 class FixedRouter(torch.nn.Module):
     """Router stub: forward(hidden, padding_mask) -> the probs / routing_map set beforehand."""
 
@@ -209,12 +297,21 @@ class FixedRouter(torch.nn.Module):
         self.config = config
         self.probs: torch.Tensor | None = None
         self.routing_map: torch.Tensor | None = None
+        self.topk: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
     def set_routing(self, probs: torch.Tensor, routing_map: torch.Tensor) -> None:
         self.probs, self.routing_map = probs, routing_map
 
+    def set_topk(self, expert_ids: torch.Tensor, gate: torch.Tensor, n_experts: int) -> None:
+        """Layer cells: route from expert_ids [T, k] and gate [T, k] f32 on every forward."""
+        self.topk = (expert_ids, gate.float(), n_experts)
+
     def forward(self, hidden: torch.Tensor, padding_mask: Any = None):
         tokens = hidden.numel() // hidden.shape[-1]
+        if self.topk is not None:
+            if self.topk[0].shape[0] != tokens:
+                raise RuntimeError("FixedRouter: set_topk() for this input first")
+            return topk_to_dense(*self.topk)
         if self.probs is None or self.probs.shape[0] != tokens:
             raise RuntimeError("FixedRouter: set_routing() for this input first")
         return self.probs, self.routing_map
@@ -348,3 +445,148 @@ class MegatronOperator:
         """The timed region: compute, combine, unpermute -> out [T, N]."""
         with torch.no_grad():
             return self.layer.postprocess(self.combine(self.compute()), None)
+
+
+# layer scope: the real MoELayer with Megatron's real experts -------------------------------
+
+
+def _torch_gmm(
+    a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor, trans_b: bool = False
+) -> torch.Tensor:
+    """grouped_gemm.ops.gmm's contract over torch: a [R, K] rows by expert, b [E, K, N] (or
+    [E, N, K] with trans_b), batch_sizes [E] rows per expert (host) -> [R, N]."""
+    if trans_b:
+        b = b.transpose(1, 2)
+    return expert_gemm(a, [int(c) for c in batch_sizes.tolist()], b)
+
+
+#: stands in for the `grouped_gemm` package (its `ops.gmm`) where it is not installed
+TORCH_GMM = SimpleNamespace(ops=SimpleNamespace(gmm=_torch_gmm))
+
+
+@contextlib.contextmanager
+def grouped_gemm_fallback() -> Iterator[bool]:
+    """Build Megatron's GroupedMLP where the `grouped_gemm` package is absent: install
+    TORCH_GMM.ops as grouped_gemm_util.ops (what GroupedMLP.forward calls; left in place, it was
+    None) and, while the block runs, as the package its constructor asserts. Yields True where
+    the real grouped_gemm package is there (nothing is changed then)."""
+    from megatron.core.transformer.moe import grouped_gemm_util as gg
+
+    if gg.grouped_gemm_is_available():
+        yield True
+        return
+    if gg.ops is None:
+        gg.ops = TORCH_GMM.ops
+    saved = gg.grouped_gemm
+    gg.grouped_gemm = TORCH_GMM
+    try:
+        yield False
+    finally:
+        gg.grouped_gemm = saved
+
+
+def layer_experts_spec(experts: str, n_experts: int):
+    """The experts of Megatron's own MoE spec (get_moe_module_spec, moe_grouped_gemm=True):
+    "grouped" -> legacy GroupedMLP (local spec), "te" -> TEGroupedMLP with
+    TEColumnParallelGroupedLinear / TERowParallelGroupedLinear (TE spec; needs TE)."""
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+    from megatron.core.transformer.moe.experts import GroupedMLP, TEGroupedMLP
+
+    if experts not in ("grouped", "te"):
+        raise ValueError(f"experts must be 'grouped' or 'te', got {experts!r}")
+    with warnings.catch_warnings():  # "legacy GroupedMLP will be deprecated"
+        warnings.simplefilter("ignore")
+        moe = get_moe_module_spec(
+            use_te=experts == "te", num_experts=n_experts, moe_grouped_gemm=True
+        )
+    spec = moe.submodules.experts
+    want = TEGroupedMLP if experts == "te" else GroupedMLP
+    if spec.module is not want:
+        raise RuntimeError(
+            f"Megatron's MoE spec gives {spec.module.__name__}, not {want.__name__} "
+            "(TEGroupedMLP needs transformer_engine >= 1.7)"
+        )
+    return spec
+
+
+class MegatronLayer:
+    """A layer cell on one rank: the real MoELayer (all-to-all dispatcher) with Megatron's real
+    experts ("grouped": GroupedMLP, "te": TEGroupedMLP), timed as layer(x [T, 1, H]) -> [T, H].
+
+    Setup copies W1 [E, H, F] / W2 [E, F, H] in, feeds the routing to the router stub and runs
+    route / preprocess / dispatch / experts / combine once (untimed); the bounds reuse those
+    rows: compute_only = experts (sort by expert, fc1, gelu x probs, fc2, unsort) + unpermute,
+    comm_only = the dispatch (rows and probs) and combine all-to-alls.
+    """
+
+    def __init__(self, inputs: Any, experts: str = "grouped", permute_fusion: bool = False) -> None:
+        from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+
+        spec = inputs.spec
+        if not spec.ffn:
+            raise ValueError("MegatronLayer needs a layer cell (ffn > 0)")
+        ensure_parallel_state(spec.world_size)
+        dev = inputs.x.device
+        self.spec = spec
+        self.config = transformer_config(
+            spec,
+            moe_permute_fusion=permute_fusion,
+            use_cpu_initialization=dev.type != "cuda",
+        )
+        submodules = MoESubmodules(
+            experts=layer_experts_spec(experts, spec.n_experts), router=FixedRouter
+        )
+        fallback = grouped_gemm_fallback() if experts == "grouped" else contextlib.nullcontext()
+        with fallback as real_gg:
+            layer = MoELayer(self.config, submodules)
+        self.layer = layer.to(dev).eval()
+        copy_mlp_weights(layer.experts, inputs.w1, inputs.weights)
+        layer.router.set_topk(inputs.expert_ids, inputs.gate, spec.n_experts)
+        self.dispatcher = layer.token_dispatcher
+        T, H = spec.tokens_per_rank, spec.hidden
+        self.x = inputs.x.view(T, 1, H)  # Megatron's [sequence, batch, hidden]
+        with torch.no_grad():
+            probs, rmap = layer.route(self.x)
+            self.hidden, self.probs = layer.preprocess(self.x, probs, rmap)
+            self.disp, self.disp_probs = layer.dispatch(self.hidden, self.probs)
+        self.tokens_per_expert = self.dispatcher.tokens_per_expert
+        self.y = self.experts()
+        with torch.no_grad():
+            self.back = layer.combine(self.y)
+        if experts == "te":
+            import transformer_engine
+
+            self.gemm = f"TE {getattr(transformer_engine, '__version__', '?')} GroupedLinear"
+        elif real_gg:
+            self.gemm = "grouped_gemm.gmm"
+        else:
+            w1 = layer.experts.weight1.view(spec.experts_per_rank, H, -1)
+            self.gemm = f"{expert_gemm_impl(self.disp, w1)} (gmm stand-in: no grouped_gemm)"
+        self.experts_name = type(layer.experts).__name__
+
+    def experts(self) -> torch.Tensor:
+        """routed_experts_compute on the held dispatched rows [R, H] -> [R, H] (x probs)."""
+        self.dispatcher.tokens_per_expert = self.tokens_per_expert
+        with torch.no_grad():
+            out, _ = self.layer.routed_experts_compute(self.disp, self.disp_probs)
+        return out
+
+    def forward(self) -> torch.Tensor:
+        """The timed region: the whole MoELayer forward, x [T, 1, H] -> out [T, H]."""
+        with torch.no_grad():
+            out, bias = self.layer(self.x)
+        if bias is not None:
+            raise RuntimeError("MoELayer returned an MLP bias; the cell has no bias")
+        return out.view(self.spec.tokens_per_rank, self.spec.hidden)
+
+    def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts on the held rows, and the unpermute of the held combine output."""
+        y = self.experts()
+        with torch.no_grad():
+            return y, self.layer.postprocess(self.back, None)
+
+    def comm_only(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dispatch all-to-alls (rows, probs) and the combine all-to-all, on held rows."""
+        with torch.no_grad():
+            disp, _ = self.layer.dispatch(self.hidden, self.probs)
+            return disp, self.layer.combine(self.y)

@@ -12,6 +12,13 @@ Timed region (scope "gemm+combine"): sort rows by local expert, expert GEMM, pro
 unsort, EP all-to-all, unpermute (sum of each token's rows) -> out [T, N]. The permutations are
 TE's fused kernels (`moe_permute_fusion`) where TE is installed (param permute_fusion=auto; the
 row's p_permute_fusion_used says which ran).
+
+Layer cells (ffn = F > 0, scope "layer"): the real MoELayer with Megatron's legacy GroupedMLP
+(fc1 weight1 [H, E*F], fc2 weight2 [E*F, H], gelu x probs between; bf16 only, as GroupedMLP
+asserts), timed as the whole layer(x [T, 1, H]) forward -> out [T, H]: router stub, preprocess,
+dispatch all-to-all, experts, combine all-to-all, unpermute (megatron_common.MegatronLayer).
+Its GEMM is grouped_gemm.ops.gmm; without the grouped_gemm package a torch._grouped_mm stand-in
+with gmm's signature (impl says which).
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from harness.system import CellInputs, System
 
 class MegatronCutlassSystem(System):
     name = "megatron_cutlass"
+    layer_scope = True
+    #: Megatron experts of layer cells: "grouped" (GroupedMLP) or "te" (TEGroupedMLP)
+    layer_experts = "grouped"
     #: permute_fusion: Megatron's moe_permute_fusion (TE's fused permute / unpermute kernels);
     #: "auto" = on where TE provides them, as Megatron users run it
     PARAMS: ClassVar[dict[str, Any]] = {"permute_fusion": "auto"}
@@ -35,11 +45,31 @@ class MegatronCutlassSystem(System):
                 f"got {params['permute_fusion']!r}"
             )
 
+    @classmethod
+    def unsupported(cls, spec, params: dict[str, Any]) -> str | None:
+        if spec.ffn and spec.dtype != "bfloat16":
+            return f"{cls.name}: Megatron's legacy GroupedMLP runs bf16 only, cell is {spec.dtype}"
+        return None
+
     def setup(self, ranks: list[CellInputs]) -> None:
         from systems import megatron_common as mc
 
         (inputs,) = ranks
         self.fusion = mc.resolve_permute_fusion(self.params["permute_fusion"])
+        self.layer = bool(inputs.spec.ffn)
+        if self.layer:
+            self.op = mc.MegatronLayer(inputs, self.layer_experts, permute_fusion=self.fusion)
+            self._impl = (
+                f"native (mcore {mc.mcore_version()} MoELayer+alltoall; "
+                f"experts {self.op.experts_name}, {self.op.gemm})"
+            )
+            self.extra = {
+                "megatron_core": mc.mcore_version(),
+                "dispatcher": "alltoall",
+                "experts": self.op.experts_name,
+                "gemm": self.op.gemm,
+            }
+            return
         self.op = mc.MegatronOperator(
             inputs.spec,
             self.ctx.rank,
@@ -66,9 +96,13 @@ class MegatronCutlassSystem(System):
         return self.op.forward()
 
     def compute_only(self):
+        if self.layer:
+            return self.op.compute_only()
         return self.op.compute()
 
     def comm_only(self):
+        if self.layer:
+            return self.op.comm_only()
         return self.op.combine(self.op.y_expert)
 
     @property

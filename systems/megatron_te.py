@@ -8,9 +8,17 @@ registry's optional import makes every cell a `skipped` row with the reason. (TE
 installable on the development machine or the lent GPU machine: its core wheel is 276 MB.)
 
 Timed region (scope "gemm+combine"): as megatron_cutlass, with TE's grouped GEMM.
+
+Layer cells (ffn = F > 0, scope "layer"): the real MoELayer with TEGroupedMLP as Megatron's TE
+spec builds it (MLPSubmodules(linear_fc1=TEColumnParallelGroupedLinear,
+linear_fc2=TERowParallelGroupedLinear)): fc1 weight{e} [F, H] = W1_e^T, gelu (config's
+F.gelu, not TE's op) x probs, fc2 weight{e} [H, F] = W2_e^T; timed as the whole layer forward
+x [T, 1, H] -> out [T, H] (megatron_common.MegatronLayer).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from harness.system import CellInputs
 from systems.megatron_cutlass import MegatronCutlassSystem
@@ -18,6 +26,11 @@ from systems.megatron_cutlass import MegatronCutlassSystem
 
 class MegatronTESystem(MegatronCutlassSystem):
     name = "megatron_te"
+    layer_experts = "te"
+
+    @classmethod
+    def unsupported(cls, spec, params: dict[str, Any]) -> str | None:
+        return None  # unlike GroupedMLP, TEGroupedMLP asserts no dtype
 
     def experts_cls(self, mc):
         return mc.single_gemm_te_grouped_mlp_cls()

@@ -6,6 +6,10 @@ GroupedMLP fc1 and TE GroupedLinear layouts, the single-GEMM experts module, the
 parallel-state initialisation (2 gloo ranks), and the registry's skip reasons.
 GPU (`@pytest.mark.gpu`): the real MoELayer + all-to-all dispatcher on one rank for every
 routing, checked against the reference; megatron_te only where transformer_engine imports.
+Layer scope (FFN cells): config translation, the W1/W2 layouts of GroupedMLP and TEGroupedMLP,
+the experts from Megatron's own MoE spec, and the real MoELayer + GroupedMLP forward on the CPU
+over gloo (W=1, 2; Megatron's CUDA-stream D2H bookkeeping patched out, the compiled activation
+run eager), checked against the oracle; on a GPU, small layer cells through the harness.
 """
 
 from __future__ import annotations
@@ -311,3 +315,359 @@ def test_permute_fusion_auto_follows_te_and_true_without_te_is_an_error() -> Non
             mc.resolve_permute_fusion(True)
     with pytest.raises(ValueError, match="permute_fusion"):
         mc.resolve_permute_fusion("yes")
+
+
+# layer scope (FFN cells) -------------------------------------------------------------------
+
+
+def _layer_spec(routing: str = "moderate_skew", W: int = 1, E: int = 4, T: int = 64):
+    return WorkloadSpec(
+        tokens_per_rank=T,
+        hidden=32,
+        out=32,
+        experts_per_rank=E,
+        top_k=2,
+        world_size=W,
+        routing=routing,
+        dtype="bfloat16",
+        seed=7,
+        ffn=24,
+    )
+
+
+def test_megatron_systems_declare_the_layer_scope() -> None:
+    cutlass = get_system("megatron_cutlass").load()
+    te = get_system("megatron_te").load()
+    assert cutlass.layer_scope and te.layer_scope
+    assert (cutlass.layer_experts, te.layer_experts) == ("grouped", "te")
+    fp32 = WorkloadSpec(64, 32, 32, 2, 2, 1, "balanced", dtype="float32", ffn=16)
+    assert "bf16" in cutlass.unsupported(fp32, {})
+    assert cutlass.unsupported(_layer_spec(), {}) is None
+    assert cutlass.unsupported(_spec(dtype="float32"), {}) is None  # operator cells unchanged
+    assert te.unsupported(fp32, {}) is None
+
+
+@needs_mcore
+def test_transformer_config_translation_for_layer_cells() -> None:
+    from systems.megatron_common import transformer_config
+
+    spec = _layer_spec(W=2)
+    cfg = transformer_config(spec)
+    assert cfg.hidden_size == spec.hidden == spec.out
+    assert cfg.moe_ffn_hidden_size == cfg.ffn_hidden_size == spec.ffn
+    assert cfg.activation_func is torch.nn.functional.gelu
+    assert not cfg.gated_linear_unit and not cfg.add_bias_linear
+    assert not cfg.use_te_activation_func and not cfg.bias_activation_fusion
+    assert cfg.bf16 and cfg.params_dtype == torch.bfloat16
+    assert cfg.num_moe_experts == spec.n_experts and cfg.moe_router_topk == spec.top_k
+    assert cfg.expert_model_parallel_size == 2 and cfg.moe_token_dispatcher_type == "alltoall"
+    assert cfg.moe_expert_capacity_factor is None and cfg.moe_grouped_gemm
+    assert not cfg.moe_apply_probs_on_input and cfg.moe_latent_size is None
+    assert transformer_config(_spec()).moe_ffn_hidden_size == _spec().out  # operator cells
+
+
+def _ffn_weights(spec: WorkloadSpec, rank: int = 0):
+    from harness.workload import make_rank_fc1
+
+    dev = torch.device("cpu")
+    return make_rank_fc1(spec, rank, dev).float(), make_rank_weights(spec, rank, dev).float()
+
+
+@needs_mcore
+def test_grouped_mlp_layout_is_what_grouped_mlp_reads() -> None:
+    """weight1 [H, E*F], weight2 [E*F, H]; GroupedMLP.forward views them [E, H, F], [E, F, H]."""
+    from harness.experts import ffn_experts
+    from systems.megatron_common import grouped_mlp_layout
+
+    spec = _layer_spec()
+    w1, w2 = _ffn_weights(spec)
+    E, H, F = w1.shape
+    weight1, weight2 = grouped_mlp_layout(w1, w2)
+    assert weight1.shape == (H, E * F) and weight2.shape == (E * F, H)
+    assert torch.equal(weight1.view(E, H, -1), w1) and torch.equal(weight2.view(E, -1, H), w2)
+    counts = [5, 0, 7, 3]
+    x = torch.randn(sum(counts), H)
+    probs = torch.rand(x.shape[0])
+    # GroupedMLP's math on the viewed weights: fc1, gelu x probs, fc2 per expert
+    v1, v2, ys, start = weight1.view(E, H, -1), weight2.view(E, -1, H), [], 0
+    for e, c in enumerate(counts):
+        h = torch.nn.functional.gelu(x[start : start + c] @ v1[e]) * probs[start : start + c, None]
+        ys.append(h @ v2[e])
+        start += c
+    want = ffn_experts(x, counts, w1, w2) * probs[:, None]
+    assert torch.allclose(torch.cat(ys), want, atol=1e-5)
+    with pytest.raises(ValueError, match="W2"):
+        grouped_mlp_layout(w1, w2.transpose(1, 2))
+
+
+@needs_mcore
+def test_te_mlp_layout_and_copy() -> None:
+    """TEGroupedMLP: linear_fc1.weight{e} [F, H] = W1_e^T, linear_fc2.weight{e} [H, F] = W2_e^T."""
+    from systems.megatron_common import copy_mlp_weights, te_mlp_layout
+
+    spec = _layer_spec()
+    w1, w2 = _ffn_weights(spec)
+    E, H, F = w1.shape
+    fc1, fc2 = te_mlp_layout(w1, w2)
+    experts = torch.nn.Module()  # parameters only, named as TEGroupedMLP's; no TE math imitated
+    for name, shape in (("linear_fc1", (F, H)), ("linear_fc2", (H, F))):
+        lin = torch.nn.Module()
+        for e in range(E):
+            lin.register_parameter(f"weight{e}", torch.nn.Parameter(torch.empty(shape)))
+        experts.add_module(name, lin)
+    copy_mlp_weights(experts, w1, w2)
+    x = torch.randn(6, H)
+    for e in range(E):
+        a = experts.linear_fc1.get_parameter(f"weight{e}").data
+        b = experts.linear_fc2.get_parameter(f"weight{e}").data
+        assert torch.equal(a, fc1[e]) and torch.equal(b, fc2[e])
+        y = torch.nn.functional.gelu(x @ a.t()) @ b.t()  # y = x W^T, TE's convention
+        assert torch.allclose(y, torch.nn.functional.gelu(x @ w1[e]) @ w2[e], atol=1e-5)
+    bad = torch.nn.Module()
+    bad.add_module("linear_fc1", experts.linear_fc2)
+    bad.add_module("linear_fc2", experts.linear_fc1)
+    with pytest.raises(ValueError, match="weight0"):
+        copy_mlp_weights(bad, w1, w2)
+
+
+@needs_mcore
+def test_copy_into_grouped_mlp_parameters() -> None:
+    from systems.megatron_common import copy_mlp_weights
+
+    spec = _layer_spec()
+    w1, w2 = _ffn_weights(spec)
+    E, H, F = w1.shape
+    holder = torch.nn.Module()
+    holder.weight1 = torch.nn.Parameter(torch.empty(H, E * F))
+    holder.weight2 = torch.nn.Parameter(torch.empty(E * F, H))
+    copy_mlp_weights(holder, w1, w2)
+    assert torch.equal(holder.weight1.data.view(E, H, F), w1)
+    assert torch.equal(holder.weight2.data.view(E, F, H), w2)
+
+
+@needs_mcore
+def test_topk_router_stub_matches_routing_tensors() -> None:
+    from systems.megatron_common import FixedRouter, routing_tensors, topk_to_dense
+
+    spec = _layer_spec(W=2)
+    r = routing_of(spec)
+    probs, rmap = topk_to_dense(r.expert_ids[1], r.gate_weights[1], spec.n_experts)
+    want_p, want_m = routing_tensors(spec, 1, torch.device("cpu"))
+    assert torch.equal(probs, want_p) and torch.equal(rmap, want_m)
+    router = FixedRouter()
+    router.set_topk(r.expert_ids[1], r.gate_weights[1], spec.n_experts)
+    p2, m2 = router(torch.zeros(spec.tokens_per_rank, 1, spec.hidden))
+    assert torch.equal(p2, want_p) and torch.equal(m2, want_m)
+    with pytest.raises(RuntimeError, match="set_topk"):
+        router(torch.zeros(3, spec.hidden))
+
+
+@needs_mcore
+def test_layer_experts_come_from_megatrons_moe_spec() -> None:
+    from megatron.core.transformer.moe.experts import GroupedMLP
+
+    from systems.megatron_common import layer_experts_spec
+
+    assert layer_experts_spec("grouped", 8).module is GroupedMLP
+    if importlib.util.find_spec("transformer_engine") is None:
+        with pytest.raises(RuntimeError, match="TEGroupedMLP"):
+            layer_experts_spec("te", 8)
+    else:
+        from megatron.core.extensions.transformer_engine import (
+            TEColumnParallelGroupedLinear,
+            TERowParallelGroupedLinear,
+        )
+
+        te = layer_experts_spec("te", 8)
+        assert te.submodules.linear_fc1 is TEColumnParallelGroupedLinear
+        assert te.submodules.linear_fc2 is TERowParallelGroupedLinear
+    with pytest.raises(ValueError, match="experts"):
+        layer_experts_spec("sequential", 8)
+
+
+@needs_mcore
+def test_grouped_gemm_fallback_is_gmm_and_is_scoped() -> None:
+    from megatron.core.transformer.moe import grouped_gemm_util as gg
+
+    from harness.experts import expert_gemm
+    from systems.megatron_common import TORCH_GMM, grouped_gemm_fallback
+
+    before = gg.grouped_gemm
+    with grouped_gemm_fallback() as real:
+        assert real == (before is not None)
+        gg.assert_grouped_gemm_is_available()  # what GroupedMLP's constructor asserts
+    assert gg.grouped_gemm is before  # the availability check is restored
+    if before is None:
+        assert gg.ops is TORCH_GMM.ops
+    x, w = torch.randn(9, 8), torch.randn(3, 8, 12)
+    counts = torch.tensor([4, 0, 5])
+    y = TORCH_GMM.ops.gmm(x, w, counts, trans_b=False)
+    assert torch.allclose(y, expert_gemm(x, [4, 0, 5], w))
+    yt = TORCH_GMM.ops.gmm(x, w.transpose(1, 2).contiguous(), counts, trans_b=True)
+    assert torch.allclose(yt, y, atol=1e-6)
+
+
+def _cpu_layer_worker(rank: int, W: int, init: str, out: str, routings: list[str]) -> None:
+    """The real MoELayer + GroupedMLP on the CPU: Megatron's D2H-on-a-CUDA-stream bookkeeping
+    is replaced by its CPU equivalent (splits as host arrays), its collectives allocate on the
+    CPU, the torch.compile'd activation runs eager; everything else is Megatron's code."""
+    from megatron.core.transformer.moe import experts as mexperts
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
+
+    from harness.check import check
+    from harness.measure import cell_inputs
+    from systems.megatron_cutlass import MegatronCutlassSystem
+
+    def cpu_dtoh(self, point, tokens_per_expert=None):
+        if point == self.cuda_dtoh_point:
+            for name in ("input_splits", "output_splits", "output_splits_tp"):
+                v = getattr(self, name)
+                if isinstance(v, torch.Tensor):
+                    setattr(self, name, v.numpy())
+        return tokens_per_expert
+
+    D.cuda_dtoh_stream = object()  # __init__ makes a torch.cuda.Stream() when None
+    D._maybe_dtoh_and_synchronize = cpu_dtoh
+    torch.cuda.current_device = lambda: "cpu"  # this process only: where Megatron's W>1
+    # counts all-gather and all-to-all allocate their outputs
+    mexperts.jit_fuser = lambda f: f
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=W)
+    try:
+        ctx = RunContext(rank, W, torch.device("cpu"), None, "gloo")
+        res = []
+        for routing in routings:
+            spec = _layer_spec(routing, W=W, E=3 if W > 1 else 4)
+            inputs, ref = cell_inputs(ctx, spec, [rank])
+            (inp,) = inputs
+            system = MegatronCutlassSystem(ctx, {"permute_fusion": False})
+            system.setup(inputs)
+            y_out = system.forward()
+            c = check(y_out, ref, 8e-3)
+            again = check(system.forward(), ref, 8e-3)
+            y, unperm = system.compute_only()
+            disp, back = system.comm_only()
+            after = check(system.forward(), ref, 8e-3)  # state intact after the bounds
+            R = spec.tokens_per_rank * spec.top_k  # rows sent; received differ per rank
+            res.append(
+                {
+                    "routing": routing,
+                    "shape": list(y_out.shape),
+                    "dtype": str(y_out.dtype),
+                    "ok": [c.ok, again.ok, after.ok],
+                    "err": c.max_rel_err,
+                    "impl": system.impl,
+                    "bounds": [
+                        list(y.shape) == [inp.x_recv.shape[0], spec.hidden],
+                        list(unperm.shape) == [spec.tokens_per_rank, 1, spec.hidden],
+                        torch.equal(disp, system.op.disp),
+                        list(back.shape) == [R, spec.hidden],
+                    ],
+                    "disp_is_x_recv": torch.equal(system.op.disp, inp.x_recv),
+                    "extra": system.extra,
+                }
+            )
+        Path(f"{out}.{rank}").write_text(json.dumps(res))
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_mcore
+@pytest.mark.parametrize("W", [1, 2])
+def test_megatron_layer_with_grouped_mlp_matches_the_oracle_on_cpu(tmp_path: Path, W: int) -> None:
+    """Megatron's MoELayer + all-to-all dispatcher + GroupedMLP (our W1/W2 copied in), fed the
+    harness routing, equals the float32 oracle; the bounds run and leave the layer intact."""
+    out = tmp_path / "layer"
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    routings = ["balanced", "stress_skew"]
+    mp.spawn(_cpu_layer_worker, args=(W, init, str(out), routings), nprocs=W, join=True)
+    for rank in range(W):
+        for r in json.loads(Path(f"{out}.{rank}").read_text()):
+            assert r["ok"] == [True, True, True], r
+            assert r["shape"] == [64, 32] and r["dtype"] == "torch.bfloat16", r
+            assert all(r["bounds"]), r
+            assert r["disp_is_x_recv"], r  # Megatron's dispatched rows == the harness's
+            assert "GroupedMLP" in r["impl"] and r["extra"]["experts"] == "GroupedMLP", r
+
+
+def _gpu_layer_worker(rank: int, init: str, out: str, systems: list[str]) -> None:
+    from harness.measure import measure_cell
+
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    dist.init_process_group("nccl", init_method=init, rank=0, world_size=1, device_id=dev)
+    try:
+        ctx = RunContext(0, 1, dev, None, "nccl")
+        cfg = SimpleNamespace(measure=SimpleNamespace(tol=8e-3, warmup=1, iters=3))
+        rows = []
+        for routing in ROUTINGS:
+            for system in systems:
+                cell = {
+                    "experiment": "test_megatron_layer_gpu",
+                    "system": system,
+                    "seed": 0,
+                    "world_size": 1,
+                    "tokens_per_rank": 256,
+                    "hidden": 128,
+                    "out": 128,
+                    "experts_per_rank": 4,
+                    "top_k": 2,
+                    "routing": routing,
+                    "dtype": "bfloat16",
+                    "ffn": 64,
+                    "params": {},
+                    "cell_hash": f"layer-{system}-{routing}",
+                }
+                r = measure_cell(ctx, cfg, cell)
+                rows.append(
+                    {
+                        "system": system,
+                        "routing": routing,
+                        "status": r.status,
+                        "reason": r.reason,
+                        "err": r.max_rel_err,
+                        "impl": r.impl,
+                        "scope": r.scope,
+                        "latency_ms": r.latency_ms,
+                        "compute_ms": r.compute_ms,
+                        "comm_ms": r.comm_ms,
+                    }
+                )
+        Path(out).write_text(json.dumps(rows))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_gpu_layer(tmp_path: Path, systems: list[str]) -> list[dict]:
+    out = tmp_path / "gpu_layer.json"
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    mp.spawn(_gpu_layer_worker, args=(init, str(out), systems), nprocs=1, join=True)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_mcore
+def test_megatron_cutlass_layer_on_gpu_matches_reference(tmp_path: Path) -> None:
+    """A small FFN cell (T=256, H=128, F=64, E=4, bf16): the real MoELayer + GroupedMLP."""
+    rows = _run_gpu_layer(tmp_path, ["megatron_cutlass", "serial"])
+    print(json.dumps(rows, indent=1))
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["err"] < 8e-3 and r["scope"] == "layer", r
+        assert r["latency_ms"] > 0 and r["compute_ms"] > 0 and r["comm_ms"] > 0, r
+    impls = {r["impl"] for r in rows if r["system"] == "megatron_cutlass"}
+    assert all("GroupedMLP" in i for i in impls), impls
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_mcore
+def test_megatron_te_layer_on_gpu_matches_reference(tmp_path: Path) -> None:
+    """The same FFN cell with TEGroupedMLP (TE GroupedLinear fc1 / fc2)."""
+    pytest.importorskip("transformer_engine")
+    rows = _run_gpu_layer(tmp_path, ["megatron_te"])
+    print(json.dumps(rows, indent=1))
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["err"] < 8e-3 and r["scope"] == "layer", r
+    assert all("TEGroupedMLP" in r["impl"] for r in rows), rows
