@@ -106,6 +106,26 @@ def param_value(v: Any) -> Any:
     return v
 
 
+def _as_text(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and v != v):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def mixed_params_as_text(df: pd.DataFrame) -> pd.DataFrame:
+    """A p_<key> column that mixes text with numbers (ccta=16 in one cell, "auto" in another)
+    as text throughout ("16", "auto"): a parquet column holds one type."""
+    for c in df.columns:
+        if not c.startswith("p_") or not pd.api.types.is_object_dtype(df[c]):
+            continue
+        kinds = {isinstance(v, str) for v in df[c].dropna()}
+        if kinds == {True, False}:
+            df[c] = df[c].map(_as_text).astype(object)
+    return df
+
+
 def row_dict(row: Row) -> dict:
     """A Row as a flat dict: core columns, p_<key> per parameter, m_<key> per metric."""
     d = asdict(row)
@@ -276,7 +296,7 @@ class ResultsTable:
                     keys = set(zip(new["cell_hash"], new["system"]))
                     keep = [(h, s) not in keys for h, s in zip(old["cell_hash"], old["system"])]
                     new = pd.concat([old[keep], new], ignore_index=True)
-                self._replace(new)
+                self._replace(mixed_params_as_text(new))
         except Timeout as exc:
             raise HarnessUserError(
                 f"another writer held {self.lock.lock_file} for {LOCK_TIMEOUT_S:.0f} s"

@@ -90,3 +90,34 @@ def test_row_placement_equals_cpu_oracle(routing, world, mgb):
         rk.runner.check()
     for d in range(world):
         assert torch.equal(fabric.recv(d).float().cpu(), cpu_backs[d]), f"destination {d}"
+
+
+def test_auto_ccta_mgb_run_and_report_what_they_used(tmp_path):
+    """ccta=auto, mgb=auto next to a fixed cell in one table: both ok, the ask kept in p_ccta,
+    the used values in p_ccta_used / p_mgb_used, the reason in extra."""
+    table = tmp_path / "auto.parquet"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.run",
+            "experiment=overlap_check",
+            f"table={table}",
+            "experiment.systems.overlap.sweep.ccta=[8,auto]",
+            "experiment.systems.overlap.sweep.mgb=[auto]",
+            "experiment.grid.world_size=[4]",
+            "experiment.grid.dtype=[bfloat16]",
+            "experiment.grid.routing=[stress_skew]",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = pd.read_parquet(table)
+    assert (df["status"] == "ok").all(), df[["p_ccta", "reason"]]
+    assert sorted(df["p_ccta"]) == ["8", "auto"] and (df["p_mgb"] == "auto").all()
+    assert (df["p_ccta_used"] >= 1).all() and (df["p_mgb_used"] >= 1).all()
+    assert df[df["p_ccta"] == "8"]["p_ccta_used"].tolist() == [8]
+    assert df["extra"].str.contains('"auto"').all()

@@ -7,6 +7,9 @@ priority stream) concurrently, copies the local rows into the own combine receiv
 until every peer's rows arrived, and scales: out [T, N].
 
 Params (PARAMS): ccta (consumer SMs), mgb (bands per segment), tile_m (64 or 128), transport.
+ccta and mgb also take "auto": setup picks them on the host before any GPU work
+(systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
+p_ccta_used / p_mgb_used, the reason in extra["auto"].
 Transports (param `transport`; empty = `loopback` with one process, `p2p` with several), each
 a small class chosen once in setup:
   loopback  (_Loopback) one process plays all W ranks of the cell on one GPU; destinations are
@@ -33,10 +36,21 @@ from harness.scale import Scaler
 from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
+from systems.overlap.autotune import AUTO
 from systems.overlap.plan import build_plan, padded_input, plan_for_layout
 
 TILE_MS = (64, 128)
 TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
+
+
+def _knob(name: str, value: Any) -> int | str:
+    """An integer knob or "auto"; anything else is a one-line ValueError."""
+    if value == AUTO:
+        return AUTO
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"overlap: {name} must be an integer or 'auto', got {value!r}") from None
 
 
 class _Rank:
@@ -285,12 +299,12 @@ class OverlapSystem(System):
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        ccta = int(params["ccta"])
-        if ccta < 1 or (sm_count and ccta >= sm_count):
-            raise ValueError(f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'})")
+        ccta, mgb = _knob("ccta", params["ccta"]), _knob("mgb", params["mgb"])
+        if ccta != AUTO and (ccta < 1 or (sm_count and ccta >= sm_count)):
+            raise ValueError(f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'}) or 'auto'")
         if int(params["tile_m"]) not in TILE_MS:
             raise ValueError(f"overlap: tile_m must be one of {TILE_MS}, got {params['tile_m']}")
-        if int(params["mgb"]) < 1:
+        if mgb != AUTO and mgb < 1:
             raise ValueError(f"overlap: mgb must be >= 1, got {params['mgb']}")
         if spec.dtype not in ("float16", "bfloat16"):
             raise ValueError(f"overlap: dtype must be float16 or bfloat16, got {spec.dtype}")
@@ -313,8 +327,16 @@ class OverlapSystem(System):
 
     def setup(self, ranks: list[CellInputs]) -> None:
         ctx, p = self.ctx, self.params
-        knobs = dict(tile_m=int(p["tile_m"]), mgb=int(p["mgb"]), ccta=int(p["ccta"]))
         name = p["transport"] or ("loopback" if ctx.world_size == 1 else "p2p")
+        ccta, mgb = _knob("ccta", p["ccta"]), _knob("mgb", p["mgb"])
+        if AUTO in (ccta, mgb):  # host-side pick, before any GPU work
+            from systems.overlap.autotune import pick
+
+            spec = ranks[0].spec
+            ccta, mgb, why = pick(spec, spec.world_size, name, ctx.sm_count, ccta=ccta, mgb=mgb)
+            self.extra["auto"] = why
+        self.used = {"ccta_used": int(ccta), "mgb_used": int(mgb)}
+        knobs = dict(tile_m=int(p["tile_m"]), mgb=int(mgb), ccta=int(ccta))
         if ranks[0].spec.ffn:
             if len(ranks) != 1:
                 raise ValueError("the layer scope needs one process per rank (or W=1)")
@@ -338,7 +360,7 @@ class OverlapSystem(System):
         in the layer scope it is inside the timed region, in the operator scope it is not."""
         rk = self.mode.ranks[self.mode.busy]
         plan = rk.plan
-        self.extra = {
+        self.extra |= {
             "timed_rank": self.mode.busy,
             "padded_rows": int(plan.n_padded),
             "valid_rows": int(plan.n_rows),
@@ -410,4 +432,4 @@ class OverlapSystem(System):
 
     def resolved_params(self) -> dict[str, Any]:
         tile = self.mode.ranks[self.mode.busy].runner.tile
-        return {"tile_n": tile.block_n, "tile_k": tile.block_k}
+        return {"tile_n": tile.block_n, "tile_k": tile.block_k, **self.used}

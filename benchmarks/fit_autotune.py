@@ -1,0 +1,174 @@
+"""Fit the ccta/mgb calibration table from overlap sweeps and evaluate it leave-one-workload-out.
+
+    python -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet \
+        [--table systems/overlap/autotune_table.csv] [--heldout results/autotune_heldout.parquet]
+
+Input: any results tables (Rows) holding overlap cells swept over ccta and mgb (ok rows with
+integer p_ccta / p_mgb); rows run with ccta="auto" or mgb="auto" (experiment ccta_auto) are not
+fitted on but reported: their measured latency next to the sweep's optimum.
+Output: the calibration table (systems/overlap/autotune.py reads it) and the held-out table, one
+row per workload: the rule's pick when that workload is left out of the table, latency(pick) /
+latency(best measured), and the same ratio for the fixed default.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from systems.overlap.autotune import COLUMNS, DEFAULT, FEATURES, TABLE, pick_from, transport_class
+
+#: columns that identify one workload of a sweep
+WORKLOAD = [
+    "transport",
+    "world_size",
+    "tokens_per_rank",
+    "hidden",
+    "out",
+    "experts_per_rank",
+    "top_k",
+    "routing",
+    "dtype",
+]
+
+
+def split_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(sweep rows, auto rows) among the ok overlap rows: sweep rows have integer ccta and mgb;
+    auto rows asked for "auto" in either (their used values: p_ccta_used / p_mgb_used)."""
+    df = df[(df["system"] == "overlap") & (df["status"] == "ok")].copy()
+    req_c = df["p_ccta"].astype(str)
+    req_m = df["p_mgb"].astype(str)
+    is_auto = (req_c == "auto") | (req_m == "auto")
+    sweep, auto = df[~is_auto].copy(), df[is_auto].copy()
+    sweep["ccta"] = pd.to_numeric(sweep["p_ccta"]).astype(int)
+    sweep["mgb"] = pd.to_numeric(sweep["p_mgb"]).astype(int)
+    sweep["transport"] = [
+        transport_class(t, w) for t, w in zip(sweep["transport"], sweep["world_size"])
+    ]
+    if not auto.empty:
+        auto["transport"] = [
+            transport_class(t, w) for t, w in zip(auto["transport"], auto["world_size"])
+        ]
+    return sweep, auto
+
+
+def calibration_table(sweep: pd.DataFrame, sm_count: int) -> pd.DataFrame:
+    """One row per (workload, ccta, mgb): its features and median latency / workload's best."""
+    g = sweep.groupby([*WORKLOAD, "ccta", "mgb"], as_index=False).agg(
+        latency_ms=("latency_ms", "median"), imbalance_rank=("imbalance_rank", "first")
+    )
+    g["rel_latency"] = g["latency_ms"] / g.groupby(WORKLOAD)["latency_ms"].transform("min")
+    g["sm_count"] = sm_count
+    g["rel_latency"] = g["rel_latency"].round(4)
+    g["imbalance_rank"] = g["imbalance_rank"].round(4)
+    return g[COLUMNS].sort_values(COLUMNS[:-1]).reset_index(drop=True)
+
+
+def _latency(grid: pd.DataFrame, ccta: int, mgb: int) -> float:
+    hit = grid[(grid["ccta"] == ccta) & (grid["mgb"] == mgb)]["latency_ms"]
+    return float(hit.median()) if len(hit) else float("nan")
+
+
+def heldout(sweep: pd.DataFrame, auto: pd.DataFrame, sm_count: int) -> pd.DataFrame:
+    """Leave-one-workload-out: per workload, the rule's pick from a table fitted on the OTHER
+    workloads, latency(pick) / latency(best measured) and latency(default) / latency(best);
+    where the sweep ran auto cells of that workload, their measured ratio too."""
+    out = []
+    for key, grid in sweep.groupby(WORKLOAD, sort=True):
+        w = dict(zip(WORKLOAD, key))
+        rest = sweep.drop(index=grid.index)
+        table = calibration_table(rest, sm_count) if len(rest) else pd.DataFrame(columns=COLUMNS)
+        values = {col: grid[col].iloc[0] for col in FEATURES.values()}
+        p = pick_from(table, values, w["transport"], sm_count)
+        per = grid.groupby(["ccta", "mgb"])["latency_ms"].median()
+        (bc, bm), best = per.idxmin(), float(per.min())
+        row = {
+            **w,
+            "imbalance_rank": float(values["imbalance_rank"]),
+            "best_ccta": int(bc),
+            "best_mgb": int(bm),
+            "best_ms": best,
+            "pick_ccta": p.ccta,
+            "pick_mgb": p.mgb,
+            "pick_ms": _latency(grid, p.ccta, p.mgb),
+            "default_ms": _latency(grid, *DEFAULT),
+            "why": p.why,
+        }
+        row["pick_ratio"] = row["pick_ms"] / best
+        row["default_ratio"] = row["default_ms"] / best
+        row["auto_ccta"] = row["auto_mgb"] = -1
+        row["auto_ms"] = float("nan")
+        if not auto.empty:
+            mask = pd.Series(True, index=auto.index)
+            for k, v in w.items():
+                mask &= auto[k] == v
+            both = auto[mask & (auto["p_ccta"].astype(str) == "auto")]
+            both = both[both["p_mgb"].astype(str) == "auto"]
+            if len(both):
+                r = both.iloc[0]
+                row["auto_ccta"], row["auto_mgb"] = int(r["p_ccta_used"]), int(r["p_mgb_used"])
+                row["auto_ms"] = float(both["latency_ms"].median())
+        row["auto_ratio"] = row["auto_ms"] / best
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+SHOW = [
+    "transport",
+    "world_size",
+    "tokens_per_rank",
+    "hidden",
+    "out",
+    "experts_per_rank",
+    "routing",
+    "best_ccta",
+    "best_mgb",
+    "best_ms",
+    "pick_ccta",
+    "pick_mgb",
+    "pick_ratio",
+    "default_ratio",
+    "auto_ratio",
+]
+
+
+def summary(res: pd.DataFrame, target: float = 1.03) -> str:
+    """One line: how many held-out workloads the pick lands within `target` of the best."""
+    r = res["pick_ratio"]
+    ok = int((r <= target).sum())
+    return (
+        f"held-out pick within {100 * (target - 1):.0f}% of the best: {ok}/{len(r)} workloads; "
+        f"worst ratio {r.max():.4f}, median {r.median():.4f} "
+        f"(default {DEFAULT}: worst {res['default_ratio'].max():.4f})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tables", nargs="+", help="results tables (parquet) with overlap sweeps")
+    ap.add_argument("--table", default=str(TABLE), help="calibration table to write (csv)")
+    ap.add_argument("--heldout", default="results/autotune_heldout.parquet")
+    ap.add_argument("--sm-count", type=int, default=132, help="SMs of the measured GPU")
+    ap.add_argument("--no-table", action="store_true", help="evaluate only; write no table")
+    args = ap.parse_args(argv)
+    df = pd.concat([pd.read_parquet(p) for p in args.tables], ignore_index=True)
+    sweep, auto = split_rows(df)
+    if sweep.empty:
+        raise SystemExit("no ok overlap rows with integer p_ccta / p_mgb in the input")
+    if not args.no_table:
+        calibration_table(sweep, args.sm_count).to_csv(args.table, index=False)
+        print(f"[fit_autotune] wrote {args.table}")
+    res = heldout(sweep, auto, args.sm_count)
+    Path(args.heldout).parent.mkdir(parents=True, exist_ok=True)
+    res.to_parquet(args.heldout, index=False)
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
+        print(res[SHOW].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(summary(res))
+    print(f"[fit_autotune] wrote {args.heldout}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,156 @@
+"""ccta="auto" / mgb="auto" for the overlap system: a nearest-cell rule on a calibration table.
+
+Host code only (no GPU, no timing). The table (`autotune_table.csv`, written by
+`benchmarks/fit_autotune.py` from measured overlap sweeps) holds, per calibrated workload, its
+features and the latency of every measured (ccta, mgb) relative to that workload's best.
+
+The rule (`pick`):
+  1. features of the cell: log2 of T, K, N, E, W and of the rank imbalance (max/mean rows a
+     rank receives, from the spec's seeded routing); a transport that differs from the
+     calibrated one (loopback vs NVLink: p2p and nvshmem are one class) adds TRANSPORT_PENALTY;
+  2. the nearest calibrated workload by Euclidean distance on those features;
+  3. if it is within MAX_DISTANCE: its measured best (ccta, mgb), restricted to a value the
+     caller fixed (ccta=8, mgb="auto" picks the best mgb at the calibrated ccta nearest 8);
+     otherwise the documented DEFAULT (the system's defaults, the paper's setting);
+  4. ccta clamped to [1, sm_count - 1] (sm_count 0: unknown, no clamp).
+Every pick returns a one-line `why`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pandas as pd
+
+from harness.workload import WorkloadSpec, imbalance_of
+
+TABLE = Path(__file__).with_name("autotune_table.csv")
+AUTO = "auto"
+#: (ccta, mgb) when no calibrated workload is near: the system's PARAMS defaults
+DEFAULT = (16, 1)
+#: farthest calibrated workload still used (feature units: doublings)
+MAX_DISTANCE = 1.5
+#: distance added when the calibrated transport class differs from the cell's
+TRANSPORT_PENALTY = 1.0
+#: feature name -> column of the table (all compared as log2)
+FEATURES = {
+    "T": "tokens_per_rank",
+    "K": "hidden",
+    "N": "out",
+    "E": "experts_per_rank",
+    "W": "world_size",
+    "imb": "imbalance_rank",
+}
+#: columns of the table (one row per calibrated workload and measured (ccta, mgb))
+COLUMNS = [*FEATURES.values(), "transport", "routing", "sm_count", "ccta", "mgb", "rel_latency"]
+
+
+def transport_class(transport: str, world_size: int) -> str:
+    """`loopback` (one GPU plays every rank) or `nvlink` (p2p / nvshmem, one process a GPU);
+    the empty transport resolves as the system does (by the number of processes, which a pick
+    does not know: W=1 or loopback is taken as loopback, anything else as nvlink)."""
+    if transport == "loopback" or (not transport and world_size == 1):
+        return "loopback"
+    return "nvlink"
+
+
+@dataclass(frozen=True)
+class Pick:
+    ccta: int
+    mgb: int
+    why: str
+
+
+@lru_cache(maxsize=4)
+def load_table(path: str | Path = TABLE) -> pd.DataFrame:
+    """The calibration table (checked for its columns)."""
+    df = pd.read_csv(path)
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"calibration table {path} lacks columns {missing}")
+    return df
+
+
+def _features(values: dict) -> dict[str, float]:
+    return {f: math.log2(max(float(values[col]), 1e-9)) for f, col in FEATURES.items()}
+
+
+def distance(a: dict, b: dict, transport_a: str, transport_b: str) -> float:
+    """Euclidean distance of two workloads' log2 features plus the transport penalty."""
+    fa, fb = _features(a), _features(b)
+    d = math.sqrt(sum((fa[k] - fb[k]) ** 2 for k in FEATURES))
+    return d + (TRANSPORT_PENALTY if transport_a != transport_b else 0.0)
+
+
+def spec_values(spec: WorkloadSpec) -> dict:
+    """The feature values of a spec (imbalance from its seeded routing, computed on the host)."""
+    v = {col: getattr(spec, col) for col in FEATURES.values() if col != "imbalance_rank"}
+    v["imbalance_rank"] = imbalance_of(spec)["imbalance_rank"]
+    return v
+
+
+def _nearest_value(values, want: int) -> int:
+    return min(values, key=lambda v: (abs(math.log2(v) - math.log2(want)), v))
+
+
+def pick_from(
+    table: pd.DataFrame,
+    values: dict,
+    transport: str,
+    sm_count: int = 0,
+    ccta: int | str = AUTO,
+    mgb: int | str = AUTO,
+) -> Pick:
+    """The rule on feature `values` (FEATURES columns) and a transport class; a fixed ccta or
+    mgb (int) is kept and only the other is picked."""
+    fixed_c = None if ccta == AUTO else int(ccta)
+    fixed_m = None if mgb == AUTO else int(mgb)
+    best_d, best_key, best_rows = math.inf, None, None
+    keys = [*FEATURES.values(), "transport", "routing"]
+    for key, rows in table.groupby(keys, sort=True):
+        cal = dict(zip(keys, key))
+        d = distance(values, cal, transport, cal["transport"])
+        if d < best_d:
+            best_d, best_key, best_rows = d, cal, rows
+    if best_rows is None or best_d > MAX_DISTANCE:
+        c, m = fixed_c or DEFAULT[0], fixed_m or DEFAULT[1]
+        near = "empty table" if best_rows is None else f"nearest at distance {best_d:.2f}"
+        why = f"default ({c}, {m}): no calibrated cell within {MAX_DISTANCE} ({near})"
+    else:
+        rows = best_rows
+        if fixed_c is not None:
+            rows = rows[rows["ccta"] == _nearest_value(rows["ccta"].unique(), fixed_c)]
+        if fixed_m is not None:
+            rows = rows[rows["mgb"] == _nearest_value(rows["mgb"].unique(), fixed_m)]
+        top = rows.sort_values(["rel_latency", "ccta", "mgb"]).iloc[0]
+        c, m = fixed_c or int(top["ccta"]), fixed_m or int(top["mgb"])
+        b = best_key
+        why = (
+            f"nearest calibrated cell (T={b['tokens_per_rank']} K={b['hidden']} N={b['out']} "
+            f"E={b['experts_per_rank']} W={b['world_size']} {b['routing']} {b['transport']}, "
+            f"distance {best_d:.2f}): best measured ccta={int(top['ccta'])} mgb={int(top['mgb'])}"
+        )
+    if sm_count and c >= sm_count:
+        c = max(1, sm_count - 1)
+        why += f"; ccta clamped to {c} (sm_count {sm_count})"
+    return Pick(int(c), int(m), why)
+
+
+def pick(
+    spec: WorkloadSpec,
+    W: int,
+    transport: str,
+    sm_count: int = 0,
+    ccta: int | str = AUTO,
+    mgb: int | str = AUTO,
+    table: pd.DataFrame | None = None,
+) -> tuple[int, int, str]:
+    """(ccta, mgb, why) for a cell of `spec` at W logical ranks over `transport` (the overlap
+    system's param: "", loopback, p2p or nvshmem) on a GPU of `sm_count` SMs (0: unknown)."""
+    values = {**spec_values(spec), "world_size": W}
+    table = load_table() if table is None else table
+    p = pick_from(table, values, transport_class(transport, W), sm_count, ccta, mgb)
+    return p.ccta, p.mgb, p.why

@@ -1,0 +1,190 @@
+"""ccta="auto" / mgb="auto" of the overlap system (CPU): the calibration table, the rule, the
+system's validation and host-side resolution, and the fit script's held-out evaluation."""
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import torch
+
+from benchmarks import fit_autotune as fit
+from harness.records import ResultsTable, Row
+from harness.system import RunContext
+from harness.workload import WorkloadSpec
+from systems.overlap import autotune
+from systems.overlap import system as osys
+
+
+def spec(T=8192, K=2048, N=8192, E=16, W=4, routing="balanced"):
+    return WorkloadSpec(
+        tokens_per_rank=T,
+        hidden=K,
+        out=N,
+        experts_per_rank=E,
+        top_k=2,
+        world_size=W,
+        routing=routing,
+        dtype="bfloat16",
+    )
+
+
+def test_committed_table_loads_and_is_small():
+    df = autotune.load_table()
+    assert list(df.columns) == autotune.COLUMNS
+    assert len(df) > 0 and autotune.TABLE.stat().st_size < 16_000
+    assert (df.groupby(["routing", "transport"])["rel_latency"].min() == 1.0).all()
+
+
+@pytest.mark.parametrize(
+    "s, W, transport, sm",
+    [
+        (spec(), 4, "loopback", 132),
+        (spec(routing="stress_skew"), 4, "", 132),
+        (spec(T=1024, K=512, N=1024, E=4, W=2), 2, "p2p", 132),
+        (spec(W=8, E=8), 8, "nvshmem", 0),
+        (spec(), 4, "loopback", 6),  # a tiny GPU: ccta clamped below its SM count
+    ],
+)
+def test_pick_is_in_range_with_a_reason(s, W, transport, sm):
+    ccta, mgb, why = autotune.pick(s, W, transport, sm)
+    assert isinstance(ccta, int) and isinstance(mgb, int) and why
+    assert ccta >= 1 and mgb >= 1
+    assert not sm or ccta < sm
+    osys.OverlapSystem.validate(s, {**osys.OverlapSystem.PARAMS, "ccta": ccta, "mgb": mgb}, sm)
+
+
+def test_pick_near_and_far():
+    # the calibrated shape itself: its own measured best
+    table = autotune.load_table()
+    c, m, why = autotune.pick(spec(routing="stress_skew"), 4, "loopback", 132)
+    best = table[(table.routing == "stress_skew")].sort_values("rel_latency").iloc[0]
+    assert (c, m) == (int(best.ccta), int(best.mgb)) and "nearest calibrated" in why
+    # far from every calibrated cell: the documented default
+    c, m, why = autotune.pick(spec(T=256, K=256, N=512, E=2, W=2), 2, "p2p", 132)
+    assert (c, m) == autotune.DEFAULT and why.startswith("default")
+    # a fixed mgb is kept, only ccta picked
+    c, m, _ = autotune.pick(spec(), 4, "loopback", 132, mgb=2)
+    assert m == 2
+
+
+def test_validate_accepts_auto_and_rejects_bad_values():
+    s, P = spec(), osys.OverlapSystem.PARAMS
+    osys.OverlapSystem.validate(s, {**P, "ccta": "auto", "mgb": "auto"}, 132)
+    for bad, msg in [
+        ({"ccta": "fast"}, "overlap: ccta must be an integer or 'auto', got 'fast'"),
+        ({"mgb": "many"}, "overlap: mgb must be an integer or 'auto', got 'many'"),
+        ({"ccta": 0}, "overlap: ccta=0 must be in [1, 132)"),
+        ({"mgb": 0}, "overlap: mgb must be >= 1"),
+    ]:
+        with pytest.raises(ValueError) as exc:
+            osys.OverlapSystem.validate(s, {**P, **bad}, 132)
+        assert msg in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_setup_resolves_auto_on_the_host(monkeypatch):
+    """setup picks before building anything; resolved_params reports what ran."""
+    seen = {}
+
+    class FakeLoopback:
+        name = "loopback"
+
+        def __init__(self, ranks, tile_m, mgb, ccta):
+            seen.update(tile_m=tile_m, mgb=mgb, ccta=ccta)
+            plan = SimpleNamespace(n_padded=1, n_rows=1, n_bands=1, n_remote_bands=0, n_segments=1)
+            tile = SimpleNamespace(block_n=256, block_k=64)
+            runner = SimpleNamespace(num_programs=100, tile=tile)
+            self.ranks, self.busy = [SimpleNamespace(plan=plan, runner=runner)], 0
+
+    monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
+    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
+    s = spec(routing="moderate_skew")
+    sysm = osys.OverlapSystem(ctx, {"ccta": "auto", "mgb": "auto", "transport": "loopback"})
+    sysm.setup([SimpleNamespace(spec=s)])
+    want = autotune.pick(s, 4, "loopback", 0)
+    assert (seen["ccta"], seen["mgb"]) == want[:2]
+    r = sysm.resolved_params()
+    assert r["ccta_used"] == want[0] and r["mgb_used"] == want[1]
+    assert sysm.params["ccta"] == "auto" and sysm.extra["auto"] == want[2]
+    fixed = osys.OverlapSystem(ctx, {"ccta": 4, "transport": "loopback"})
+    fixed.setup([SimpleNamespace(spec=s)])
+    assert (seen["ccta"], seen["mgb"]) == (4, 1) and "auto" not in fixed.extra
+    assert fixed.resolved_params()["ccta_used"] == 4
+
+
+def test_a_table_holds_auto_next_to_integer_params(tmp_path):
+    t = ResultsTable(tmp_path / "t.parquet")
+    t.append([Row(experiment="e", system="overlap", cell_hash="a", params={"ccta": 16})])
+    t.append([Row(experiment="e", system="overlap", cell_hash="b", params={"ccta": "auto"})])
+    assert list(t.load()["p_ccta"]) == ["16", "auto"]
+
+
+# ---- the fit script on a synthetic sweep ----------------------------------------------------
+
+
+def synthetic(lat: dict[str, dict[tuple[int, int], float]], imb: dict[str, float]):
+    """Rows of an overlap sweep: routing -> {(ccta, mgb): latency}."""
+    rows = []
+    for routing, grid in lat.items():
+        for (c, m), ms in grid.items():
+            rows.append(
+                dict(
+                    system="overlap",
+                    status="ok",
+                    transport="loopback",
+                    world_size=4,
+                    tokens_per_rank=8192,
+                    hidden=2048,
+                    out=8192,
+                    experts_per_rank=16,
+                    top_k=2,
+                    routing=routing,
+                    dtype="bfloat16",
+                    imbalance_rank=imb[routing],
+                    p_ccta=c,
+                    p_mgb=m,
+                    latency_ms=ms,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def test_fit_heldout_ratios_are_computed_against_the_measured_best():
+    lat = {
+        "balanced": {(4, 1): 2.0, (8, 1): 1.0, (16, 1): 1.5},  # best 8
+        "moderate_skew": {(4, 1): 3.0, (8, 1): 2.2, (16, 1): 2.0},  # best 16
+        "stress_skew": {(4, 1): 3.3, (8, 1): 3.0, (16, 1): 4.0},  # best 8
+    }
+    imb = {"balanced": 1.0, "moderate_skew": 1.2, "stress_skew": 2.2}
+    sweep, auto = fit.split_rows(synthetic(lat, imb))
+    assert auto.empty
+    table = fit.calibration_table(sweep, 132)
+    assert set(table.columns) == set(autotune.COLUMNS)
+    assert table[table.routing == "moderate_skew"].set_index("ccta")["rel_latency"][8] == 1.1
+    res = fit.heldout(sweep, auto, 132).set_index("routing")
+    # balanced held out: nearest is moderate_skew (log2 1.2 vs 1.0), whose best is 16
+    assert (res.loc["balanced", "pick_ccta"], res.loc["balanced", "best_ccta"]) == (16, 8)
+    assert res.loc["balanced", "pick_ratio"] == pytest.approx(1.5)
+    # moderate held out: nearest is balanced (best 8): 2.2 / 2.0
+    assert res.loc["moderate_skew", "pick_ratio"] == pytest.approx(1.1)
+    # stress held out: nearest is moderate (best 16): 4.0 / 3.0; the default is (16, 1) too
+    assert res.loc["stress_skew", "pick_ratio"] == pytest.approx(4.0 / 3.0)
+    assert res.loc["stress_skew", "default_ratio"] == pytest.approx(4.0 / 3.0)
+    assert "0/3 workloads; worst ratio 1.5000" in fit.summary(res.reset_index())
+
+
+def test_fit_reports_measured_auto_rows_and_runs_as_a_script(tmp_path):
+    lat = {"balanced": {(8, 1): 1.0, (16, 1): 1.2}, "stress_skew": {(8, 1): 2.0, (16, 1): 3.0}}
+    df = synthetic(lat, {"balanced": 1.0, "stress_skew": 1.5})
+    auto = df.iloc[[0]].assign(p_ccta="auto", p_mgb="auto", latency_ms=1.1)
+    auto = auto.assign(p_ccta_used=8, p_mgb_used=1)
+    df = pd.concat([df, auto], ignore_index=True)
+    df["p_ccta"], df["p_mgb"] = df["p_ccta"].astype(str), df["p_mgb"].astype(str)
+    df.to_parquet(tmp_path / "sweep.parquet")
+    out, table = tmp_path / "heldout.parquet", tmp_path / "table.csv"
+    argv = [str(tmp_path / "sweep.parquet"), "--table", str(table), "--heldout", str(out)]
+    assert fit.main(argv) == 0
+    res = pd.read_parquet(out).set_index("routing")
+    assert res.loc["balanced", "auto_ratio"] == pytest.approx(1.1)
+    assert (res.loc["balanced", "auto_ccta"], res.loc["balanced", "auto_mgb"]) == (8, 1)
+    assert pd.isna(res.loc["stress_skew", "auto_ratio"])
+    assert len(autotune.load_table(table)) == 4
