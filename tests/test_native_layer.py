@@ -248,6 +248,14 @@ def test_native_tutel_ffn_cells_on_cpu_with_gloo(tmp_path: Path, W: int) -> None
 # GPU ----------------------------------------------------------------------------------------
 
 
+def _params(system: str) -> dict:
+    """A cell's params as expand_grid makes them: the system's PARAMS defaults, then ours."""
+    from harness.system import get_system
+
+    ours = {"degrees": [1, 2]} if system == "tutel" else {}
+    return {**get_system(system).load().PARAMS, **ours}
+
+
 def _gpu_worker(rank: int, init: str, out: str, systems: list[str], ffn: int) -> None:
     from harness.measure import measure_cell
 
@@ -272,7 +280,7 @@ def _gpu_worker(rank: int, init: str, out: str, systems: list[str], ffn: int) ->
                     "top_k": 2,
                     "routing": routing,
                     "dtype": "bfloat16",
-                    "params": {"degrees": [1, 2]} if system == "tutel" else {},
+                    "params": _params(system),
                     "cell_hash": f"{system}-{routing}-{ffn}",
                 }
                 if ffn:
