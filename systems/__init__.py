@@ -35,7 +35,8 @@ register(
         needs_gpu=True,
         optional_imports=("tutel",),
         description="The tutel package's moe_layer fed our routing, dropless (capacity_factor "
-        "0), a2a_ffn_overlap_degree tuned per cell; times the whole layer.",
+        "0), a2a_ffn_overlap_degree tuned per cell; FFN cells use Tutel's FFN experts; times the "
+        "whole layer.",
     )
 )
 register(
@@ -55,7 +56,8 @@ register(
         needs_gpu=True,
         optional_imports=("fmoe",),
         description="The fmoe package's smart schedule fed our routing (shadowing off); "
-        "cells with K != N are skipped (its buffers need equal widths); times the whole layer.",
+        "operator cells with K != N are skipped (its buffers need equal widths); FFN cells run "
+        "the FFN as expert_fn; times the whole layer.",
     )
 )
 register(

@@ -1,19 +1,22 @@
 """FasterMoE, the real package (laekov/fastmoe, `fmoe`): its smart schedule fed the harness routing.
 
 fmoe.fastermoe.schedule._fmoe_general_global_forward runs FasterMoE's pipelined group-step
-exchange (FMOE_FASTER_GROUP_SIZE = g) with our single-GEMM experts as expert_fn and shadowing off
-(stored_models all False: shadowing moves work but, like the topology-aware gate, is off by
-default); the gate-weighted sum of each token's k rows follows, as FMoE's layer does.
+exchange (FMOE_FASTER_GROUP_SIZE = g) with our experts as expert_fn(x [m, K], counts, e) -> [m, N]
+and shadowing off (stored_models all False: shadowing moves work but, like the topology-aware
+gate, is off by default); the gate-weighted sum of each token's k rows follows, as FMoE's layer
+does. Experts: operator cells (ffn = 0) one GEMM x @ B_e; FFN cells (ffn = F) the FFN
+gelu(x @ W1_e) @ W2_e (H -> F -> H, fc1's output rounded to the dtype before GELU, as
+harness.experts.ffn_experts).
 
 Timed region (scope "layer"): from this rank's tokens x [T, K] and the top-k expert ids: count
 and exchange of the expert counts, dispatch steps, expert GEMMs, return steps, the gather to
 (token, slot) order and the weighted sum -> out [T, N].
-FasterMoE's buffers take expert output width == input width, so a cell with K != N is skipped
-with the reason. fmoe reads FMOE_FASTER_GROUP_SIZE ONCE per process (a static in
-smart_schedule.cpp, at its first call), so one run holds one group size: a cell asking another
-is skipped with the reason (run each group size in its own invocation). Needs CUDA and the
-`fmoe` package (the registry skips the system otherwise). The re-implementation of the
-schedule is the separate system `fastermoe_reimpl`.
+FasterMoE's buffers take expert output width == input width, so an operator cell with K != N is
+skipped with the reason (FFN cells always have out == hidden). fmoe reads
+FMOE_FASTER_GROUP_SIZE ONCE per process (a static in smart_schedule.cpp, at its first call), so
+one run holds one group size: a cell asking another is skipped with the reason (run each group
+size in its own invocation). Needs CUDA and the `fmoe` package (the registry skips the system
+otherwise). The re-implementation of the schedule is the separate system `fastermoe_reimpl`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from harness.experts import activation
 from harness.system import CellInputs, System
 from harness.workload import WorkloadSpec, routing_of
 
@@ -38,6 +42,7 @@ def _group_size(spec: WorkloadSpec, params: dict[str, Any]) -> int:
 class FasterMoESystem(System):
     name = "fastermoe"
     scope = "layer"
+    layer_scope = True
     PARAMS: ClassVar[dict[str, Any]] = {"group_size": 1}
 
     @classmethod
@@ -77,7 +82,8 @@ class FasterMoESystem(System):
         routing = routing_of(spec)
         self.fwd = _fmoe_general_global_forward
         self.spec = spec
-        self.x, self.weights = inputs.x, inputs.weights
+        self.x = inputs.x
+        self.expert_fn = expert_fn(inputs.weights, inputs.w1)
         self.gate = routing.expert_ids[self.ctx.rank].to(dev)  # [T, k] global expert ids
         self.gw = routing.gate_weights[self.ctx.rank].to(dev)  # [T, k]
         self.stored = torch.zeros(spec.n_experts, dtype=torch.bool)  # no shadowing
@@ -87,19 +93,19 @@ class FasterMoESystem(System):
             torch.nn.Identity() for _ in range(spec.experts_per_rank)
         )
         ensure_comm(self.x, self.ctx.group or dist.group.WORLD)
-        self.extra = {"group_size": g, "shadowing": False}
+        self.extra = {
+            "group_size": g,
+            "shadowing": False,
+            "experts": "ffn (gelu)" if spec.ffn else "single GEMM",
+        }
 
     def forward(self) -> torch.Tensor:
-        spec, w = self.spec, self.weights
-
-        def expert_fn(x: torch.Tensor, counts: torch.Tensor, e: int) -> torch.Tensor:
-            return x @ w[e]
-
+        spec = self.spec
         with torch.no_grad():
             rows = self.fwd(
                 self.x,
                 self.gate,
-                expert_fn,
+                self.expert_fn,
                 spec.experts_per_rank,
                 spec.world_size,
                 experts=self.experts,
@@ -112,3 +118,11 @@ class FasterMoESystem(System):
     @property
     def impl(self) -> str:
         return "native (fmoe smart schedule)"
+
+
+def expert_fn(w: torch.Tensor, w1: torch.Tensor | None = None):
+    """fmoe's expert_fn(x [m, K], counts, e) -> [m, N] for local expert e: x @ w[e] with
+    w [E, K, N]; with fc1 w1 [E, H, F] (w = fc2 [E, F, H]) the FFN gelu(x @ w1[e]) @ w[e]."""
+    if w1 is None:
+        return lambda x, counts, e: x @ w[e]
+    return lambda x, counts, e: activation(x @ w1[e]) @ w[e]

@@ -2,11 +2,16 @@
 
 The layer runs as Tutel users run it: a top-k gate with `capacity_factor` (0 = dropless, Tutel's
 own semantics: capacity from the busiest expert, so no token is dropped and the output equals the
-reference), single-GEMM custom experts (x [E, W*C, K] @ B [E, K, N]), and Tutel's adaptive
-pipelining degree `a2a_ffn_overlap_degree` = d, tuned per cell: every candidate in `degrees` is
-timed on the cell and the fastest kept (the choice and every candidate's time are in the row).
-The router is a stub whose logits make the gate's top-k and normalised weights exactly the
-harness routing (log w on the chosen experts, -1e9 elsewhere).
+reference), and Tutel's adaptive pipelining degree `a2a_ffn_overlap_degree` = d, tuned per cell:
+every candidate in `degrees` is timed on the cell and the fastest kept (the choice and every
+candidate's time are in the row). The router is a stub whose logits make the gate's top-k and
+normalised weights exactly the harness routing (log w on the chosen experts, -1e9 elsewhere).
+
+Experts: operator cells (ffn = 0) use single-GEMM custom experts (x [E, W*C, K] @ B [E, K, N]);
+FFN cells (ffn = F) use Tutel's own FFN expert class (tutel.experts.ffn.FusedExpertsNetwork, what
+experts type "ffn" builds) with our weights in its layout (`tutel_ffn_weights`), no biases and
+GELU (erf form) as activation_fn: y = gelu(x @ batched_fc1_w^T) @ batched_fc2_w. It is passed as
+a custom module only to skip Tutel's random nn.Linear init of weights we overwrite anyway.
 
 Timed region (scope "layer"): the whole moe_layer from this rank's tokens x [T, K]: gate stub,
 Tutel's encode, dispatch all-to-all, experts, combine all-to-all and decode -> out [T, N].
@@ -30,6 +35,12 @@ DEFAULT_DEGREES = (1, 2, 4, 8)
 INT32_MAX = 2**31 - 1
 
 
+def buffer_width(spec: WorkloadSpec) -> int:
+    """Row width of Tutel's widest per-expert buffer [experts x capacity x width]: max(K, N);
+    FFN cells: max(H, F) (fc1's output [E, W*C, F] is as many rows as the dispatch buffer)."""
+    return max(spec.hidden, spec.out, spec.ffn)
+
+
 def dropless_capacity(spec: WorkloadSpec) -> int:
     """Tutel's dropless capacity C: the busiest (source rank, global expert) pair's rows."""
     ids = routing_of(spec).expert_ids  # [W, T, k]
@@ -42,6 +53,7 @@ def dropless_capacity(spec: WorkloadSpec) -> int:
 class TutelSystem(System):
     name = "tutel"
     scope = "layer"
+    layer_scope = True
     PARAMS: ClassVar[dict[str, Any]] = {
         "degrees": list(DEFAULT_DEGREES),
         "degree": 0,
@@ -63,11 +75,13 @@ class TutelSystem(System):
         if float(params["capacity_factor"]) != 0:
             return None
         cap = dropless_capacity(spec)
-        elems = spec.n_experts * cap * max(spec.hidden, spec.out)
+        width = buffer_width(spec)
+        elems = spec.n_experts * cap * width
         if elems > INT32_MAX:
+            what = "max(H, F)" if spec.ffn else "max(K, N)"
             return (
                 f"tutel's dropless buffers [experts {spec.n_experts} x capacity {cap} x "
-                f"{max(spec.hidden, spec.out)}] hold {elems / 2**31:.2f} x 2^31 elements; its "
+                f"{what} {width}] hold {elems / 2**31:.2f} x 2^31 elements; its "
                 "encode/decode kernels index with int32 (measured: an illegal memory access at "
                 "W=2 T=8192 K=2048 N=4096 E=64 stress_skew, which poisons the CUDA context)"
             )
@@ -86,15 +100,15 @@ class TutelSystem(System):
         )
         logits.scatter_(1, ids, w.clamp_min(1e-30).log())
         cf = float(self.params["capacity_factor"])
+        if spec.ffn:
+            fc1_w, fc2_w = tutel_ffn_weights(inputs.w1, inputs.weights)
+            experts = {"type": "custom", "module": _tutel_ffn(), "fc1_w": fc1_w, "fc2_w": fc2_w}
+        else:
+            experts = {"type": "custom", "module": _TutelSingleGemm, "weight": inputs.weights}
         self.layer = tutel_moe.moe_layer(
             gate_type={"type": "top", "k": spec.top_k, "capacity_factor": cf, "fp32_gate": True},
             model_dim=spec.hidden,
-            experts={
-                "type": "custom",
-                "module": _TutelSingleGemm,
-                "count_per_node": spec.experts_per_rank,
-                "weight": inputs.weights,
-            },
+            experts={**experts, "count_per_node": spec.experts_per_rank},
             group=ctx.group or dist.group.WORLD,
         ).to(dev)
         self.layer.gates[0].forward = lambda x: logits  # router stub: the harness routing
@@ -104,6 +118,7 @@ class TutelSystem(System):
             capacity_factor=cf,
             dropless=cf == 0,
             tutel_version=_version(),
+            experts="tutel.experts.ffn.FusedExpertsNetwork" if spec.ffn else "single GEMM",
         )
 
     def _tune(self, degrees: list[int]) -> int:
@@ -156,10 +171,65 @@ class _TutelSingleGemm(torch.nn.Module):
     """Tutel custom expert: x [E, W*C, K] -> x @ B [E, W*C, N] (one GEMM per expert)."""
 
     def __init__(
-        self, model_dim: int, local_experts: int, sharded_count: int, weight: torch.Tensor
+        self,
+        model_dim: int,
+        num_experts_per_device: int,
+        sharded_count: int,
+        weight: torch.Tensor,
     ) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
 
     def forward(self, x: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         return torch.bmm(x.reshape(x.shape[0], -1, x.shape[-1]), self.weight)
+
+
+def tutel_ffn_weights(w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our FFN weights in Tutel's FusedExpertsNetwork layout (both [E, F, H]).
+
+    w1 [E, H, F] (h = x @ W1_e) -> batched_fc1_w [E, F, H], nn.Linear's [out, in] per expert
+    (Tutel computes x @ batched_fc1_w.permute(0, 2, 1)); w2 [E, F, H] -> batched_fc2_w
+    [E, F, H] as it is (Tutel computes h @ batched_fc2_w)."""
+    return w1.transpose(1, 2).contiguous(), w2.contiguous()
+
+
+_FFN_CLASS: list[type] = []
+
+
+def _tutel_ffn() -> type:
+    """Tutel's FFN expert class, built with our weights (imports tutel on first use)."""
+    if _FFN_CLASS:
+        return _FFN_CLASS[0]
+    from tutel.experts.ffn import FusedExpertsNetwork
+
+    from harness.experts import activation
+
+    class TutelFFN(FusedExpertsNetwork):
+        """Tutel's FusedExpertsNetwork (experts type "ffn"): no biases, GELU (erf), weights
+        fc1_w / fc2_w [E, F, H] from tutel_ffn_weights. x [E, W*C, H] -> [E, W*C, H]."""
+
+        def __init__(
+            self,
+            model_dim: int,
+            num_experts_per_device: int,
+            sharded_count: int,
+            fc1_w: torch.Tensor,
+            fc2_w: torch.Tensor,
+        ) -> None:
+            super().__init__(
+                model_dim,
+                fc1_w.shape[1],
+                num_experts_per_device,
+                sharded_count,
+                activation_fn=activation,
+                has_fc1_bias=False,
+                has_fc2_bias=False,
+            )
+            self.batched_fc1_w = torch.nn.Parameter(fc1_w, requires_grad=False)
+            self.batched_fc2_w = torch.nn.Parameter(fc2_w, requires_grad=False)
+
+        def reset_parameters(self) -> None:
+            """No random init: the weights are ours (set right after)."""
+
+    _FFN_CLASS.append(TutelFFN)
+    return TutelFFN

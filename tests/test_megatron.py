@@ -248,7 +248,8 @@ def _gpu_worker(rank: int, init: str, out: str, systems: list[str]) -> None:
                     "top_k": 2,
                     "routing": routing,
                     "dtype": "bfloat16",
-                    "params": params.get(system, {}),
+                    # as expand_grid makes them: PARAMS defaults, then the test's
+                    "params": {**get_system(system).load().PARAMS, **params.get(system, {})},
                     "cell_hash": f"{system}-{routing}",
                 }
                 r = measure_cell(ctx, cfg, cell)
