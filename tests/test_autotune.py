@@ -96,6 +96,7 @@ def test_setup_resolves_auto_on_the_host(monkeypatch):
             self.ranks, self.busy = [SimpleNamespace(plan=plan, runner=runner)], 0
 
     monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
+    monkeypatch.setattr(osys.OverlapSystem, "_describe", lambda self, inp: None)  # GPU timing
     ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
     s = spec(routing="moderate_skew")
     sysm = osys.OverlapSystem(ctx, {"ccta": "auto", "mgb": "auto", "transport": "loopback"})
