@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-BIG = 1 << 40  # > any dst: min dst is BIG - max(BIG - dst)
+BIG = tl.constexpr(1 << 40)  # > any dst: min dst is BIG - max(BIG - dst)
 
 
 @triton.jit
@@ -301,9 +301,9 @@ def _fill_kernel(
         j = tl.arange(0, BLOCK)
         i = blk.to(tl.int64) * BLOCK + j
         valid = i < _n_valid(n_rows_ptr, R, HAS_N)
-        g, slot, d = _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W)
-        g = tl.where(valid, g, 0)
-        rp = tl.load(gw + G + g, mask=valid, other=0) + d - tl.load(gw + 6 * G + g, mask=valid)
+        gr, slot, d = _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W)
+        gr = tl.where(valid, gr, 0)
+        rp = tl.load(gw + G + gr, mask=valid, other=0) + d - tl.load(gw + 6 * G + gr, mask=valid)
         tl.store(row_pos + i, rp, mask=valid)
         tl.store(gather_index + rp, i, mask=valid)
         isl = (valid & (slot == W - 1)).to(tl.int64)
