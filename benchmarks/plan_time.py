@@ -4,12 +4,17 @@ Table 2 shapes (tokens per rank 8192 / 16384, top-2, W=4 logical, E in {4..64}, 
 N=8192, three routings), the plan of one rank (rank 0 by default: the hottest under skew).
   plan_ms         systems.overlap.plan.build_plan on device-resident layout arrays (its one
                   host sync included), CUDA events (host clock on the CPU), warm-up, median
+  plan_dev_ms     systems.overlap.plan_device.build_plan_device on the same arrays (no host
+                  sync; worst-case sized): the stage-A cost inside a timed step
+  input_dev_ms    padded_input_device: the padded GEMM input X [P', K] from x_recv (one kernel)
+  dev_plan_ok     the device plan's valid prefixes equal build_plan's (checked once, untimed)
   gemm_ms         the expert GEMM on the same rows, unpadded (harness.experts.expert_gemm:
                   torch._grouped_mm bf16 on Hopper, per-expert matmul elsewhere)
   gemm_padded_ms  the same GEMM on the plan's padded layout (P rows)
 Usage:
   python -m benchmarks.plan_time                        # GPU, Table 2 shapes
-  python -m benchmarks.plan_time --device cpu --small   # quick check anywhere
+  python -m benchmarks.plan_time --device cpu --small   # quick check anywhere (the device plan's
+                                                        # Triton kernels in the interpreter)
 Writes $OUT/plan_time.parquet (or --out) and prints a short table last.
 """
 
@@ -79,6 +84,51 @@ def gemm_times(
     return gemm, gemm_pad, expert_gemm_impl(x, w)
 
 
+def device_plan_times(
+    plan, src, exp, dst, send_counts, spec: WorkloadSpec, device, warmup: int, iters: int
+) -> dict:
+    """build_plan_device and padded_input_device times on the same rows as `plan` (build_plan's),
+    and whether the device plan equals it (checked once, outside the timing)."""
+    from systems.overlap.plan_device import build_plan_device, padded_input_device
+
+    kw = dict(
+        world_size=plan.world_size,
+        rank=plan.rank,
+        experts_per_rank=plan.experts_per_rank,
+        tile_m=plan.tile_m,
+        mgb=plan.mgb,
+        out_cols=plan.out_cols,
+        elem_bytes=plan.elem_bytes,
+        send_counts=send_counts,
+    )
+
+    def fn():
+        return build_plan_device(src, exp, dst, **kw)
+
+    dev_ms = time_ms(fn, device, warmup, iters)
+    dplan = fn()
+    host = dplan.to_host_plan()
+    ok = all(
+        torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+        for a, b in ((getattr(plan, k), getattr(host, k)) for k in vars(plan))
+        if a is not None
+    )
+    x_recv = torch.randn(plan.n_rows, spec.hidden, device=device).to(spec.torch_dtype)
+    xp = torch.empty(dplan.max_padded, spec.hidden, device=device, dtype=spec.torch_dtype)
+    in_ms = time_ms(partial(padded_input_device, x_recv, dplan, xp), device, warmup, iters)
+    d50, d10, d90 = _summary(dev_ms)
+    return {
+        "plan_dev_ms": d50,
+        "plan_dev_p10_ms": d10,
+        "plan_dev_p90_ms": d90,
+        "input_dev_ms": _summary(in_ms)[0],
+        "dev_plan_ok": bool(ok),
+        "max_padded": dplan.max_padded,
+        "max_bands": dplan.max_bands,
+        "max_segments": dplan.max_segments,
+    }
+
+
 def bench_one(
     spec: WorkloadSpec,
     rank: int,
@@ -111,6 +161,7 @@ def bench_one(
 
     plan_ms = time_ms(plan_fn, device, warmup, iters)
     plan = plan_fn()
+    dev = device_plan_times(plan, src, exp, dst, send_counts, spec, device, warmup, iters)
     gemm_ms, gemm_pad_ms, impl = gemm_times(plan, lay, spec, device, warmup, iters)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -147,6 +198,7 @@ def bench_one(
         "gemm_padded_ms": gp50,
         "gemm_impl": impl,
         "plan_over_gemm": p50 / g50 if g50 > 0 else float("nan"),
+        **dev,
         "warmup": warmup,
         "iters": iters,
     }
@@ -166,6 +218,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="", help="default bfloat16 on cuda, float32 on cpu")
     args = ap.parse_args()
     device = torch.device(args.device)
+    if device.type == "cpu":  # the device plan's Triton kernels through the interpreter
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but no CUDA GPU is present (try --device cpu --small)")
     shapes = SMALL if args.small else FULL
@@ -195,7 +249,8 @@ def main() -> None:
                     rows.append(r)
                     print(
                         f"[plan_time] T={tokens} E={E} {routing} rank {rank}: plan "
-                        f"{r['plan_ms']:.3f} ms, gemm {r['gemm_ms']:.3f} ms",
+                        f"{r['plan_ms']:.3f} ms, device plan {r['plan_dev_ms']:.4f} ms "
+                        f"(equal: {r['dev_plan_ok']}), gemm {r['gemm_ms']:.3f} ms",
                         flush=True,
                     )
     df = pd.DataFrame(rows)
@@ -212,6 +267,9 @@ def main() -> None:
         "bands",
         "segments",
         "plan_ms",
+        "plan_dev_ms",
+        "input_dev_ms",
+        "dev_plan_ok",
         "gemm_ms",
         "gemm_padded_ms",
         "plan_over_gemm",

@@ -166,6 +166,89 @@ def test_overlapped_equals_sequential_on_loopback(dtype, ccta):
     assert _rel(y, reference_y(plan, x, w)) < 1e-2
 
 
+@pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
+def test_device_plan_builds_without_sync_and_equals_build_plan(routing):
+    """build_plan_device on the GPU: no host synchronisation (sync debug mode 'error'), and the
+    valid prefixes equal build_plan's plan of the same rows."""
+    from dataclasses import fields
+
+    from harness.layout import rank_layout
+    from harness.workload import WorkloadSpec
+    from systems.overlap.plan import CombinePlan, build_plan
+    from systems.overlap.plan_device import build_plan_device
+
+    spec = WorkloadSpec(
+        tokens_per_rank=4096,
+        hidden=8,
+        out=8,
+        experts_per_rank=16,
+        top_k=2,
+        world_size=8,
+        routing=routing,
+    )
+    kw = dict(world_size=8, rank=0, experts_per_rank=16, tile_m=128, mgb=2, out_cols=8)
+    lay = rank_layout(spec, 0)
+    ref = build_plan(lay.recv_src, lay.recv_expert, lay.recv_dst_index, elem_bytes=2, **kw)
+    args = [t.to(DEV) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index)]
+    build_plan_device(*args, elem_bytes=2, **kw)  # compile
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        dev = build_plan_device(*args, elem_bytes=2, **kw)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    host = dev.to_host_plan()
+    for f in fields(CombinePlan):
+        a, b = getattr(ref, f.name), getattr(host, f.name)
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b.cpu()), f.name
+        else:
+            assert a == b, f.name
+
+
+def test_runner_from_device_plans_equals_host_plans():
+    """Producer + consumer overlapped from DevicePlans (worst-case grids, device counts), the plan
+    changing every run: Y and every receive buffer equal the host plan's run of the same rows."""
+    from systems.overlap.plan import build_plan
+    from systems.overlap.plan_device import build_plan_device, padded_input_device
+    from systems.overlap.testing import synthetic_rows
+
+    K, N, dtype = 512, 1024, torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(3, K, N, generator=g) / K**0.5).to(DEV, dtype)
+    cases = [ROWS, [[30, 400, 7], [129, 0, 300], [0, 0, 0]], ROWS]
+    fabric = LoopbackFabric([2000] * 3, N, dtype, DEV)
+    ref_fabric = LoopbackFabric([2000] * 3, N, dtype, DEV)
+    runner = None
+    for i, rows in enumerate(cases):
+        src, expert, dst, _ = synthetic_rows(rows, rank=2)
+        kw = dict(world_size=3, rank=2, experts_per_rank=3, tile_m=128, mgb=2, out_cols=N)
+        ref = build_plan(src.to(DEV), expert.to(DEV), dst.to(DEV), elem_bytes=2, **kw)
+        dev = build_plan_device(src.to(DEV), expert.to(DEV), dst.to(DEV), elem_bytes=2, **kw)
+        x_recv = torch.randn(ref.n_rows, K, generator=g).to(DEV, dtype)
+        x = padded_input_device(x_recv, dev)
+        assert torch.equal(x[: ref.n_padded], padded_input(x_recv, ref.gather_index))
+        if runner is None:
+            runner = OverlapRunner(dev, w, fabric.transport(2), ccta=4)
+        else:
+            runner.use_plan(dev)
+        ref_runner = OverlapRunner(ref, w, ref_fabric.transport(2), ccta=4)
+        y = torch.full((dev.max_padded, N), float("nan"), dtype=dtype, device=DEV)
+        y_ref = torch.empty(ref.n_padded, N, dtype=dtype, device=DEV)
+        fabric.buffer.zero_()
+        ref_fabric.buffer.zero_()
+        runner.overlapped(x, y)
+        runner.local_copy(y)
+        ref_runner.sequential(x[: ref.n_padded].contiguous(), y_ref)
+        ref_runner.local_copy(y_ref)
+        torch.cuda.synchronize()
+        runner.check()
+        ref_runner.check()
+        assert torch.equal(y[: ref.n_padded], y_ref), f"run {i}"
+        assert bool(torch.isnan(y[ref.n_padded :]).all())
+        assert torch.equal(fabric.buffer, ref_fabric.buffer), f"run {i}"
+
+
 def test_withheld_flag_times_out_naming_segment_and_band():
     plan = synthetic_plan(ROWS, rank=2, tile_m=64, mgb=1, device=DEV)
     y = torch.randn(plan.n_padded, 256, device=DEV).to(torch.float16)

@@ -10,6 +10,11 @@ streams, the run counters (epochs), and launches
   local_copy()    the local rows Y[local_src_row] -> own receive buffer (torch index ops)
   wait_received() receiver side: block the current stream until every source's rows arrived
   check()         raise OverlapTimeoutError if a wait timed out (synchronises)
+  use_plan()      swap in another plan of the same rank (e.g. this step's DevicePlan)
+A systems.overlap.plan_device.DevicePlan (worst-case sized, counts on the device) runs with no
+host synchronisation: the kernels read the counts from the device, the local copy is one
+Triton kernel, and the band counters are zeroed before every run (a band id means another band
+in the next step's plan, so epoch values cannot carry over; one memset per run).
 residency_report() says from the compiled kernels whether a consumer CTA owns its SM.
 Importing this module imports triton (through kernels/), not the transports.
 """
@@ -31,6 +36,7 @@ from systems.overlap.kernels import (
     producer_grid,
     vec_ok,
 )
+from systems.overlap.plan_device import local_copy_device
 
 _INT32_MAX = 2**31 - 1
 
@@ -39,7 +45,7 @@ class OverlapRunner:
     """Producer + consumer of ONE rank's plan on one device.
 
     plan: a systems.overlap.plan.CombinePlan (or anything with its band_*, schedule, seg_*,
-      n_remote_bands, local_* fields) with tensors on the device;
+      n_remote_bands, local_* fields) with tensors on the device, or a DevicePlan;
     weights [E, K, N]; transport: systems.overlap.transport.Transport of this rank;
     ccta: consumer programs; the producer gets SMs - ccta (num_programs overrides, e.g. for
       the CPU interpreter where there are no SMs).
@@ -72,7 +78,8 @@ class OverlapRunner:
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             num_programs = producer_grid(sms, ccta)
         self.num_programs = num_programs
-        self.band_ready = torch.zeros(max(plan.n_bands, 1), dtype=torch.int32, device=dev)
+        # B bands (B' for a DevicePlan: its worst case)
+        self.band_ready = torch.zeros(max(plan.schedule.numel(), 1), dtype=torch.int32, device=dev)
         self.err = new_error_buffer(dev)
         self.clock = torch.zeros(max(ccta, 1), dtype=torch.int64, device=dev)
         self.producer_runs = 0  # epochs of the band counters
@@ -82,10 +89,30 @@ class OverlapRunner:
             self.cons_stream = torch.cuda.Stream(dev, priority=-3)
         self.last_kernels: dict[str, Any] = {}
 
+    @property
+    def device_plan(self) -> bool:
+        """The plan's counts live on the device (a DevicePlan)."""
+        return getattr(self.plan, "counts_on_device", False)
+
+    def use_plan(self, plan: Any) -> None:
+        """Run `plan` (same rank and tile_m; e.g. a DevicePlan rebuilt for this step) from now
+        on. Host ints only: its schedule must fit the band counters (its bound B' <= theirs)."""
+        if plan.rank != self.plan.rank or plan.tile_m != self.plan.tile_m:
+            raise ValueError("use_plan: another rank or tile_m")
+        if plan.schedule.numel() > self.band_ready.numel():
+            raise ValueError(
+                f"use_plan: {plan.schedule.numel()} bands > {self.band_ready.numel()} counters"
+            )
+        self.plan = plan
+
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
-        """Ready-counter value of a complete band in the next producer run (epoch value)."""
+        """Ready-counter value of a complete band in the next producer run (epoch value; with
+        a DevicePlan the counters are zeroed here and the target is one run's increment)."""
         inc = self.tile.band_increment(self.n)
+        if self.device_plan:
+            self.band_ready.zero_()  # stream-ordered; the previous run is joined already
+            return inc
         if (self.producer_runs + 1) * inc > _INT32_MAX:
             self.band_ready.zero_()  # stream-ordered; the previous run is joined already
             self.producer_runs = 0
@@ -175,6 +202,8 @@ class OverlapRunner:
         """Local rows: recv[local_dst_index] = y[local_src_row] (recv: own receive buffer)."""
         p = self.plan
         recv = self.transport.recv if recv is None else recv
+        if self.device_plan:
+            return local_copy_device(y, recv, p)
         if p.n_local:
             recv.index_copy_(0, p.local_dst_index, y.index_select(0, p.local_src_row))
         return recv

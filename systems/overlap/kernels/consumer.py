@@ -67,6 +67,7 @@ import triton.language as tl
 from systems.overlap import errors, modes
 from systems.overlap.kernels.primitives import (
     copy_rows,
+    count_arg,
     nvshmem_putmem_block,
     nvshmem_putmem_signal_block,
     nvshmem_quiet,
@@ -118,7 +119,7 @@ def _consumer_kernel(
     seg_start,
     seg_count,
     seg_dst,
-    n_segments,
+    n_segments_arg,
     recv_ptrs,
     signal_ptrs,
     err,
@@ -137,9 +138,12 @@ def _consumer_kernel(
     STAGES: tl.constexpr,
     STREAM: tl.constexpr,
     PUT_MODE: tl.constexpr,
+    DEV_COUNTS: tl.constexpr,
 ):
     """All put modes in one kernel: PUT_MODE (constexpr) picks the data path at compile time,
-    so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library)."""
+    so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library).
+    n_segments_arg: a host int, or (DEV_COUNTS) a device int tensor holding the count."""
+    n_segments = count_arg(n_segments_arg, DEV_COUNTS)
     pid = tl.program_id(0)
     clock_p = clock + pid
     elem_ty = y_ptr.dtype.element_ty
@@ -307,16 +311,19 @@ def launch_consumer(
 
     y [P, N] producer output; plan: a systems.overlap.plan.CombinePlan on the device, or
     anything with its schedule, band_row, band_valid, band_offset, seg_start, seg_count, seg_dst
-    (int32/int64) and rank; band_ready [B] int32 producer counters; recv_ptrs [W] int64
-    receive-buffer addresses and signal_ptrs [W] int64 receive-counter addresses per
-    destination, as the put mode needs them (transport.Transport.tables); err [ERR_SLOTS] int64;
+    (int32/int64) and rank, or a systems.overlap.plan_device.DevicePlan (counts_on_device: the
+    segment count is read on the device; segments past it are skipped); band_ready [B] int32
+    producer counters; recv_ptrs [W] int64 receive-buffer addresses and signal_ptrs [W] int64
+    receive-counter addresses per destination, as the put mode needs them
+    (transport.Transport.tables); err [ERR_SLOTS] int64;
     clock [>= ccta] int64 scratch; ready_target: counter value of a complete band this run;
     rank: the source slot this rank signals in the receivers' counters (None: plan.rank);
     wait=False skips the spins (flags taken as set: the comm-only bound); vec: 16-byte vector
     hints (None: checked, with a host synchronisation; pass vec_ok(y, transport.aligned, ...)
     on a timed path).
     """
-    n_seg = plan.seg_start.numel()
+    n_seg = plan.seg_start.numel()  # S, or the bound S' of a DevicePlan
+    dev_counts = getattr(plan, "counts_on_device", False)
     if rank is None:
         rank = plan.rank
     if err.numel() < ERR_SLOTS or err.dtype != torch.int64:
@@ -343,7 +350,7 @@ def launch_consumer(
         plan.seg_start,
         plan.seg_count,
         plan.seg_dst,
-        n_seg,
+        plan.n_segments.reshape(1) if dev_counts else n_seg,
         recv_ptrs,
         signal_ptrs,
         err,
@@ -363,6 +370,7 @@ def launch_consumer(
         VEC=vec,
         STAGES=cfg.stages,
         STREAM=cfg.streaming,
+        DEV_COUNTS=dev_counts,
         num_warps=cfg.num_warps,
     )
     if put_mode == PUT_STORE:

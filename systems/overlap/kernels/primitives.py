@@ -11,6 +11,8 @@ Bounded waits
                   word: Triton runs a scalar atomic once per CTA and broadcasts its result, so
                   the loop condition stays uniform across the CTA's threads (a raw per-thread
                   timer read could diverge)
+Counts
+  count_arg       a count passed as a host int, or read from a device tensor (a DevicePlan's)
 Copies
   copy_rows       contiguous dst[0:n] = src[0:n], BLOCK elements a step, loads pipelined
 Producer readiness flags (the FLAG modes of producer.py, modes.py)
@@ -92,6 +94,15 @@ def record_error(err, code, seg, band, rank, pid, seen, want, source):
         tl.store(err + 5, seen)
         tl.store(err + 6, want)
         tl.store(err + 7, source)
+
+
+@triton.jit
+def count_arg(x, ON_DEVICE: tl.constexpr):
+    """x itself (a host int), or ON_DEVICE: the int32 value of the device int tensor x[0]."""
+    v = x
+    if ON_DEVICE:
+        v = tl.load(x).to(tl.int32)
+    return v
 
 
 @triton.jit

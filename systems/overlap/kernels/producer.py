@@ -55,7 +55,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from systems.overlap import modes
-from systems.overlap.kernels.primitives import publish_threads, publish_warps
+from systems.overlap.kernels.primitives import count_arg, publish_threads, publish_warps
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE
 
 # constexpr globals for the kernel (the FLAG modes, modes.py)
@@ -156,8 +156,8 @@ def _producer_kernel(
     band_row,
     band_rows,
     band_ready,
-    n_sched,
-    n_signal,
+    n_sched_arg,
+    n_signal_arg,
     N,
     K,
     num_progs,
@@ -169,7 +169,11 @@ def _producer_kernel(
     NT: tl.constexpr,
     USE_TMA: tl.constexpr,
     FLATTEN: tl.constexpr,
+    DEV_COUNTS: tl.constexpr,
 ):
+    # the schedule length and the signalled prefix: host ints, or (DEV_COUNTS) device counts
+    n_sched = count_arg(n_sched_arg, DEV_COUNTS)
+    n_signal = count_arg(n_signal_arg, DEV_COUNTS)
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BN)
     num_tiles = n_sched * tiles_n
@@ -268,8 +272,12 @@ def launch_producer(
     x [P, K], weights [E, K, N], y [P, N] (same dtype; fp16/bf16 on GPU, fp16/fp32 in the
     interpreter); plan: a systems.overlap.plan.CombinePlan on the device, or anything with its
     schedule, band_expert, band_row, band_rows [B] (int32 or int64) and n_remote_bands;
+    or a systems.overlap.plan_device.DevicePlan (counts_on_device: the arrays are worst-case
+    sized [B'], the kernel reads n_bands / n_remote_bands from the device and the grid is sized
+    for B' bands; tiles past the real count are skipped);
     band_ready [B] int32 counters (grown by config.band_increment(N) per signalled band per run);
-    n_signal: schedule positions [0, n_signal) are signalled (None: plan.n_remote_bands);
+    n_signal: schedule positions [0, n_signal) are signalled (None: plan.n_remote_bands; an int
+    or, with a DevicePlan, a device tensor);
     num_programs: persistent grid (producer_grid: SMs - cCTA); signal=False: no flags (FLAG=0).
     """
     P, K = x.shape
@@ -285,9 +293,13 @@ def launch_producer(
         raise ValueError("band_ready must be int32")
     if n_signal is None:
         n_signal = plan.n_remote_bands
-    n_sched = plan.schedule.numel()
+    n_sched = plan.schedule.numel()  # B, or the bound B' of a DevicePlan
     if n_sched == 0:
         return None
+    dev_counts = getattr(plan, "counts_on_device", False)
+    n_sched_arg = plan.n_bands.reshape(1) if dev_counts else n_sched
+    if dev_counts and not isinstance(n_signal, torch.Tensor):
+        n_signal = torch.full((1,), n_signal, dtype=torch.int64, device=x.device)
     cfg = config
     use_tma = cfg.use_tma and K % cfg.block_k == 0
     if use_tma:
@@ -308,8 +320,8 @@ def launch_producer(
         plan.band_row,
         plan.band_rows,
         band_ready,
-        n_sched,
-        n_signal,
+        n_sched_arg,
+        n_signal.reshape(1) if dev_counts else n_signal,
         N,
         K,
         grid[0],
@@ -321,6 +333,7 @@ def launch_producer(
         NT=32 * cfg.num_warps,
         USE_TMA=use_tma,
         FLATTEN=cfg.flatten,
+        DEV_COUNTS=dev_counts,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

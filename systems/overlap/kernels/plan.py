@@ -1,0 +1,345 @@
+"""Stage A on the device: the Triton kernels of systems/overlap/plan_device.py (host glue there).
+
+Three kernels build a combine plan with no host synchronisation (plan.py's terms; G = E * W
+groups g = e * W + slot, slot = the owner's position: remote owners ascending, this rank last):
+  _rows_kernel    one program per BLOCK rows: per run of one group in input order, the run
+                  length onto the group's row count and the run's dst onto the group's minimum
+                  dst (a few atomics per group and block on grouped input, not one per row);
+                  counts the block's local rows
+  _groups_kernel  ONE program: every group-level quantity as [EP, WP] tiles (prefix sums over
+                  groups, the remote-first expert order by pairwise comparison of the experts'
+                  remote band counts, segments per group with the cut rule), the counts, and the
+                  prefix over the blocks' local rows
+  _fill_kernel    programs [0, G): one group each, writes its bands, schedule entries and
+                  segments; programs [G, G + n_blocks): one row block each, writes row_pos,
+                  gather_index and the local rows (in row order, like build_plan)
+Two copy kernels use the device counts: `_gather_rows_kernel` (the padded GEMM input X and the
+local copy of stage B).
+
+The encodings of the -1-filled work words: cnt_enc[g] = rows - 1 (atomic adds onto -1) and
+dmin_enc[g] = BIG - min dst (atomic max onto -1).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+BIG = tl.constexpr(1 << 40)  # > any dst: min dst is BIG - max(BIG - dst)
+
+
+@triton.jit
+def _group_of(src, expert, rank, W):
+    """Group id e * W + slot and slot of rows (slot W-1 = this rank, the local group)."""
+    slot = tl.where(src == rank, W - 1, src - (src > rank).to(tl.int64))
+    return expert * W + slot, slot
+
+
+@triton.jit
+def _n_valid(n_rows_ptr, R, HAS_N: tl.constexpr):
+    n = R
+    if HAS_N:
+        n = tl.minimum(tl.load(n_rows_ptr).to(tl.int64), R)
+    return n
+
+
+@triton.jit
+def _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W):
+    """(group, slot, dst) of rows i (int64; masked rows give group 0)."""
+    src = tl.load(src_ptr + i, mask=valid, other=0).to(tl.int64)
+    e = tl.load(exp_ptr + i, mask=valid, other=0).to(tl.int64)
+    d = tl.load(dst_ptr + i, mask=valid, other=0).to(tl.int64)
+    g, slot = _group_of(src, e, rank, W)
+    return g, slot, d
+
+
+@triton.jit
+def _rows_kernel(
+    src_ptr,
+    exp_ptr,
+    dst_ptr,
+    n_rows_ptr,
+    R,
+    cnt_enc,
+    dmin_enc,
+    blk_local,
+    rank,
+    W,
+    HAS_N: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Group row counts and minimum dst, by runs of one group in INPUT order within the block:
+    a run [j_s, j_e] adds j_e + 1 - j_s to the count (two atomics, any input order); a row
+    offers its dst to the minimum unless the row before it is of its group with a smaller dst
+    (one atomic per run on grouped, dst-ascending input such as harness.layout's; correct for
+    any order). Also the block's local-row count."""
+    pid = tl.program_id(0)
+    j = tl.arange(0, BLOCK)
+    i = pid.to(tl.int64) * BLOCK + j
+    n = _n_valid(n_rows_ptr, R, HAS_N)
+    valid = i < n
+    g, slot, d = _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W)
+    has_prev = valid & (j > 0)
+    gp, _, dp = _row_groups(src_ptr, exp_ptr, dst_ptr, i - 1, has_prev, rank, W)
+    has_next = (j < BLOCK - 1) & (i + 1 < n)
+    gn, _, _ = _row_groups(src_ptr, exp_ptr, dst_ptr, i + 1, has_next, rank, W)
+    start = valid & ~(has_prev & (gp == g))
+    end = valid & ~(has_next & (gn == g))
+    offer = valid & ~(has_prev & (gp == g) & (dp < d))
+    jj = j.to(tl.int64)
+    tl.atomic_add(cnt_enc + g, -jj, mask=start, sem="relaxed")
+    tl.atomic_add(cnt_enc + g, jj + 1, mask=end, sem="relaxed")
+    tl.atomic_max(dmin_enc + g, BIG - d, mask=offer, sem="relaxed")
+    tl.store(blk_local + pid, tl.sum((valid & (slot == W - 1)).to(tl.int64)))
+
+
+@triton.jit
+def _groups_kernel(
+    cnt_enc,
+    dmin_enc,
+    blk_local,
+    blk_off,
+    n_blocks,
+    n_rows_ptr,
+    R,
+    send_counts,
+    gw,  # [7, G] work: cnt, row, nb, band_first, sched_start, seg_before, min dst
+    counts,  # [6] n_rows, n_padded, n_bands, n_remote_bands, n_segments, n_local
+    expert_row_start,
+    group_rows,
+    group_padded,
+    sent_rows,
+    sent_segments,
+    recv_rows,
+    recv_row_start,
+    rank,
+    E,
+    W,
+    tm,
+    mgb,
+    EP: tl.constexpr,
+    WP: tl.constexpr,
+    BLK: tl.constexpr,
+    HAS_N: tl.constexpr,
+    HAS_SEND: tl.constexpr,
+):
+    G = E * W
+    e1 = tl.arange(0, EP)
+    s1 = tl.arange(0, WP)
+    e2 = e1[:, None] + s1[None, :] * 0  # [EP, WP]
+    s2 = s1[None, :] + e1[:, None] * 0
+    inb = (e2 < E) & (s2 < W)
+    g2 = e2 * W + s2
+    cnt = tl.load(cnt_enc + g2, mask=inb, other=-1) + 1
+    dmin = tl.where(cnt > 0, BIG - tl.load(dmin_enc + g2, mask=inb, other=0), 0)
+    loc = s2 == W - 1
+    rem = inb & (s2 < W - 1)
+    nb = (cnt + tm - 1) // tm
+    padded = tl.where(loc, cnt, nb * tm)
+    # layout: groups in g order; first padded row and first band id of each group
+    tot_p = tl.sum(padded, 1)
+    e_row = tl.cumsum(tot_p, 0) - tot_p
+    row = e_row[:, None] + tl.cumsum(padded, 1) - padded
+    tot_b = tl.sum(nb, 1)
+    bfirst = (tl.cumsum(tot_b, 0) - tot_b)[:, None] + tl.cumsum(nb, 1) - nb
+    # schedule: experts by (-remote bands, e); expert j precedes expert i: before[i, j]
+    nb_r = tl.where(rem, nb, 0)
+    rb = tl.sum(nb_r, 1)  # [EP]
+    rb_i = rb[:, None]
+    rb_j = tl.reshape(rb, (1, EP))
+    ei = e1[:, None]
+    ej = tl.reshape(e1, (1, EP))
+    before = ((rb_j > rb_i) | ((rb_j == rb_i) & (ej < ei))) & (ej < E)
+    rb_before = tl.sum(tl.where(before, rb_j, 0), 1)
+    NR = tl.sum(rb, 0)
+    a = rb_before[:, None] + tl.cumsum(nb_r, 1) - nb_r
+    lb = tl.sum(tl.where(loc & inb, nb, 0), 1)
+    lstart = NR + tl.cumsum(lb, 0) - lb
+    sched = tl.where(loc, lstart[:, None], a)
+    # segments per remote group: the first / last band alone, middle chunks of mgb (cut rule)
+    lo = tl.maximum(a, 1)
+    hi = tl.minimum(a + nb - 1, NR - 2)
+    mid = tl.maximum(hi - lo + 1, 0)
+    first = ((a == 0) & (nb > 0)).to(tl.int64)
+    last = ((NR - 1 > 0) & (a <= NR - 1) & (NR - 1 < a + nb)).to(tl.int64)
+    nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
+    segtot = tl.sum(nseg, 1)
+    segtot_j = tl.reshape(segtot, (1, EP))
+    seg_e = tl.sum(tl.where(before, segtot_j, 0), 1)
+    segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
+    tl.store(gw + g2, cnt, mask=inb)
+    tl.store(gw + G + g2, row, mask=inb)
+    tl.store(gw + 2 * G + g2, nb, mask=inb)
+    tl.store(gw + 3 * G + g2, bfirst, mask=inb)
+    tl.store(gw + 4 * G + g2, sched, mask=inb)
+    tl.store(gw + 5 * G + g2, segb, mask=inb)
+    tl.store(gw + 6 * G + g2, dmin, mask=inb)
+    # per-expert and per-owner fields
+    P = tl.sum(tot_p, 0)
+    tl.store(expert_row_start + e1, e_row, mask=e1 < E)
+    tl.store(expert_row_start + E, P)
+    owner2 = tl.where(loc, rank, s2 + (s2 >= rank).to(s2.dtype))
+    tl.store(group_rows + e2 * W + owner2, cnt, mask=inb)
+    tl.store(group_padded + e2 * W + owner2, padded, mask=inb)
+    owner1 = tl.where(s1 == W - 1, rank, s1 + (s1 >= rank).to(s1.dtype))
+    tl.store(sent_rows + owner1, tl.sum(tl.where(rem, cnt, 0), 0), mask=s1 < W)
+    tl.store(sent_segments + owner1, tl.sum(nseg, 0), mask=s1 < W)
+    if HAS_SEND:
+        sc = tl.load(send_counts + s1, mask=s1 < W, other=0).to(tl.int64)
+        tl.store(recv_rows + s1, sc, mask=s1 < W)
+        tl.store(recv_row_start + s1, tl.cumsum(sc, 0) - sc, mask=s1 < W)
+    # counts
+    n_rows = _n_valid(n_rows_ptr, R, HAS_N)
+    tl.store(counts, n_rows)
+    tl.store(counts + 1, P)
+    tl.store(counts + 2, tl.sum(tot_b, 0))
+    tl.store(counts + 3, NR)
+    tl.store(counts + 4, tl.sum(segtot, 0))
+    tl.store(counts + 5, tl.sum(tl.where(loc & inb, cnt, 0)))
+    # first local-row slot of each row block (exclusive prefix over the blocks)
+    carry = tl.zeros((), dtype=tl.int64)
+    c = tl.arange(0, BLK)
+    for b0 in range(0, n_blocks, BLK):
+        m = b0 + c < n_blocks
+        v = tl.load(blk_local + b0 + c, mask=m, other=0)
+        tl.store(blk_off + b0 + c, carry + tl.cumsum(v, 0) - v, mask=m)
+        carry += tl.sum(v, 0)
+
+
+@triton.jit
+def _fill_kernel(
+    src_ptr,
+    exp_ptr,
+    dst_ptr,
+    n_rows_ptr,
+    R,
+    gw,
+    counts,
+    blk_off,
+    row_pos,
+    gather_index,
+    local_src_row,
+    local_dst_index,
+    band_expert,
+    band_row,
+    band_rows,
+    band_dst,
+    band_valid,
+    band_offset,
+    band_segment,
+    schedule,
+    seg_start,
+    seg_count,
+    seg_dst,
+    seg_rows,
+    seg_bytes,
+    seg_src_row,
+    seg_offset,
+    rank,
+    W,
+    G,
+    tm,
+    mgb,
+    row_bytes,
+    HAS_N: tl.constexpr,
+    QB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < G:
+        # one group: its bands (layout order), schedule entries and segments
+        g = pid
+        nb = tl.load(gw + 2 * G + g)
+        if nb > 0:
+            e = g // W
+            s = g % W
+            is_loc = s == W - 1
+            owner = tl.where(is_loc, rank, s + (s >= rank).to(tl.int32))
+            cnt = tl.load(gw + g)
+            row = tl.load(gw + G + g)
+            bfirst = tl.load(gw + 3 * G + g)
+            a = tl.load(gw + 4 * G + g)
+            segb = tl.load(gw + 5 * G + g)
+            dmin = tl.load(gw + 6 * G + g)
+            NR = tl.load(counts + 3)
+            lo = tl.maximum(a, 1)
+            hi = tl.minimum(a + nb - 1, NR - 2)
+            for q0 in range(0, nb, QB):
+                q = q0 + tl.arange(0, QB).to(tl.int64)
+                m = q < nb
+                band = bfirst + q
+                valid = tl.minimum(cnt - q * tm, tm)
+                tl.store(band_expert + band, e + q * 0, mask=m)
+                tl.store(band_row + band, row + q * tm, mask=m)
+                tl.store(band_rows + band, tl.where(is_loc, valid, tm), mask=m)
+                tl.store(band_dst + band, owner + q * 0, mask=m)
+                tl.store(band_valid + band, valid, mask=m)
+                tl.store(band_offset + band, dmin + q * tm, mask=m)
+                tl.store(schedule + a + q, band, mask=m)
+                if s != W - 1:
+                    p = a + q  # schedule position
+                    mid_ok = (p >= lo) & (hi >= lo)
+                    n_mid = tl.where(mid_ok, (tl.minimum(p, hi) - lo) // mgb + 1, 0)
+                    n_last = ((NR - 1 > 0) & (p >= NR - 1)).to(tl.int64)
+                    seg = segb + (a == 0).to(tl.int64) + n_mid + n_last - 1
+                    tl.store(band_segment + band, seg, mask=m)
+                    ends = (p == 0) | (p == NR - 1)
+                    is_start = ends | (mid_ok & (p <= hi) & ((p - lo) % mgb == 0))
+                    c = tl.where(ends, 1, tl.minimum(p + mgb, hi + 1) - p)
+                    rows = tl.minimum(cnt, (q + c) * tm) - q * tm
+                    ms = m & is_start
+                    tl.store(seg_start + seg, p, mask=ms)
+                    tl.store(seg_count + seg, c, mask=ms)
+                    tl.store(seg_dst + seg, owner + q * 0, mask=ms)
+                    tl.store(seg_rows + seg, rows, mask=ms)
+                    tl.store(seg_bytes + seg, rows * row_bytes, mask=ms)
+                    tl.store(seg_src_row + seg, row + q * tm, mask=ms)
+                    tl.store(seg_offset + seg, dmin + q * tm, mask=ms)
+    else:
+        # one block of rows: padded position, gather index, local rows in row order
+        blk = pid - G
+        j = tl.arange(0, BLOCK)
+        i = blk.to(tl.int64) * BLOCK + j
+        valid = i < _n_valid(n_rows_ptr, R, HAS_N)
+        gr, slot, d = _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W)
+        gr = tl.where(valid, gr, 0)
+        rp = tl.load(gw + G + gr, mask=valid, other=0) + d - tl.load(gw + 6 * G + gr, mask=valid)
+        tl.store(row_pos + i, rp, mask=valid)
+        tl.store(gather_index + rp, i, mask=valid)
+        isl = (valid & (slot == W - 1)).to(tl.int64)
+        li = tl.load(blk_off + blk) + tl.cumsum(isl, 0) - isl
+        tl.store(local_src_row + li, rp, mask=isl > 0)
+        tl.store(local_dst_index + li, d, mask=isl > 0)
+
+
+@triton.jit
+def _gather_rows_kernel(
+    src,
+    dst,
+    src_index,
+    dst_index,
+    n_ptr,
+    K,
+    HAS_DST_INDEX: tl.constexpr,
+    BR: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """dst[dst_index[i]] = src[src_index[i]] for i < *n_ptr (dst_index None: row i); a row with
+    src_index < 0 is written as zeros. BR rows a program, all K columns in BK steps."""
+    pid = tl.program_id(0)
+    n = tl.load(n_ptr)
+    i = pid.to(tl.int64) * BR + tl.arange(0, BR)
+    if pid.to(tl.int64) * BR < n:
+        m = i < n
+        si = tl.load(src_index + i, mask=m, other=-1)
+        di = i
+        if HAS_DST_INDEX:
+            di = tl.load(dst_index + i, mask=m, other=0)
+        ok = si >= 0
+        si = tl.where(ok, si, 0)
+        cols = tl.arange(0, BK)
+        for k0 in range(0, K, BK):
+            kk = k0 + cols
+            mk = kk[None, :] < K
+            v = tl.load(src + si[:, None] * K + kk[None, :], mask=ok[:, None] & mk, other=0.0)
+            tl.store(dst + di[:, None] * K + kk[None, :], v, mask=m[:, None] & mk)

@@ -1,0 +1,342 @@
+"""Stage A on the device (systems/overlap/plan_device.py) on the CPU through Triton's interpreter.
+
+The device plan's valid prefixes equal build_plan's tensors and its counts build_plan's ints,
+entries past the counts are the -1 sentinel, building it reads nothing back to the host, and the
+producer + consumer + local copy run from it (worst-case grids, device counts) equal the
+reference, with the plan changing between runs.
+
+TRITON_INTERPRET must be set before triton is imported: as in test_kernels_interp.py, this
+module sets it, skips its interpreter tests when triton was imported earlier in the process, and
+test_interpreter_in_subprocess then runs the file in a fresh process. Skipped on CUDA machines
+(tests/test_kernels_gpu.py runs the device plan there).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+import torch
+
+if torch.cuda.is_available():
+    pytest.skip("interpreter tests run on CPU-only machines", allow_module_level=True)
+os.environ["TRITON_INTERPRET"] = "1"
+triton = pytest.importorskip("triton")
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+INTERPRETED = isinstance(triton.language.standard.cdiv, InterpretedFunction)
+needs_interpreter = pytest.mark.skipif(
+    not INTERPRETED,
+    reason="triton was imported before TRITON_INTERPRET=1 (see the subprocess test)",
+)
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, in the interpreter
+
+import systems.overlap.kernels.plan as kplan_mod  # noqa: E402
+
+if INTERPRETED and not isinstance(kplan_mod._rows_kernel, InterpretedFunction):
+    for name in ("primitives", "plan", "producer", "consumer"):
+        importlib.reload(sys.modules[f"systems.overlap.kernels.{name}"])
+    importlib.reload(sys.modules["systems.overlap.kernels"])
+    for name in ("systems.overlap.plan_device", "systems.overlap.runner"):
+        if name in sys.modules:
+            importlib.reload(sys.modules[name])
+
+import systems.overlap.plan_device as plan_device  # noqa: E402
+from harness.workload import WorkloadSpec  # noqa: E402
+from systems.overlap.kernels import interpreter_config, interpreter_consumer_config  # noqa: E402
+from systems.overlap.plan import CombinePlan, build_plan, plans_for_spec  # noqa: E402
+from systems.overlap.plan_device import (  # noqa: E402
+    COUNT_NAMES,
+    DevicePlan,
+    build_plan_device,
+    padded_input_device,
+    plan_bounds,
+)
+from systems.overlap.runner import OverlapRunner  # noqa: E402
+from systems.overlap.testing import expected_sends, reference_y, synthetic_rows  # noqa: E402
+from systems.overlap.transport import LoopbackFabric  # noqa: E402
+
+# the fields of each worst-case bound (sentinel -1 past the count)
+BOUNDED = {
+    "n_rows": ["row_pos"],
+    "n_padded": ["gather_index"],
+    "n_bands": ["band_expert", "band_row", "band_rows", "band_dst", "band_valid"]
+    + ["band_offset", "band_segment", "schedule"],
+    "n_segments": ["seg_start", "seg_count", "seg_dst", "seg_rows", "seg_bytes"]
+    + ["seg_src_row", "seg_offset"],
+    "n_local": ["local_src_row", "local_dst_index"],
+}
+
+
+def assert_same_plan(dev: DevicePlan, ref: CombinePlan) -> None:
+    """dev's valid prefixes == ref's tensors, dev's counts == ref's ints, -1 past the counts."""
+    n = dict(zip(COUNT_NAMES, dev.counts.tolist()))
+    for name in COUNT_NAMES:
+        assert n[name] == getattr(ref, name), name
+    host = dev.to_host_plan()
+    for f in fields(CombinePlan):
+        a, b = getattr(ref, f.name), getattr(host, f.name)
+        if isinstance(a, torch.Tensor):
+            assert b is not None and b.dtype == torch.int64, f.name
+            assert torch.equal(a, b), f.name
+        else:
+            assert a == b, f.name
+    for count, names in BOUNDED.items():
+        for name in names:
+            rest = getattr(dev, name)[n[count] :]
+            assert bool((rest == -1).all()), f"{name} past {count}"
+    bound = {"n_padded": dev.max_padded, "n_bands": dev.max_bands, "n_local": dev.max_local}
+    bound |= {"n_remote_bands": dev.max_remote_bands, "n_segments": dev.max_segments}
+    for name, b in bound.items():
+        assert n[name] <= b, name
+
+
+def _kw(W, rank, E, tm, mgb):
+    return dict(
+        world_size=W, rank=rank, experts_per_rank=E, tile_m=tm, mgb=mgb, out_cols=24, elem_bytes=2
+    )
+
+
+@needs_interpreter
+@pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
+@pytest.mark.parametrize("mgb", [1, 2])
+@pytest.mark.parametrize("tm", [64, 128])
+@pytest.mark.parametrize("E", [1, 4, 16])
+@pytest.mark.parametrize("W", [1, 2, 4, 8])
+def test_device_plan_equals_build_plan(W, E, tm, mgb, routing):
+    if W * E < 2:
+        pytest.skip("top-2 needs two experts")
+    seed = W * 1000 + E * 10 + tm + mgb
+    spec = WorkloadSpec(
+        tokens_per_rank=160 if E < 16 else 320,
+        hidden=8,
+        out=24,
+        experts_per_rank=E,
+        top_k=2,
+        world_size=W,
+        routing=routing,
+        seed=seed,
+        dtype="float16",
+    )
+    plans, lays = plans_for_spec(spec, tile_m=tm, mgb=mgb)
+    rank = seed % W  # one rank per case (the stress routing's hot rank 0 is among them)
+    lay, ref = lays[rank], plans[rank]
+    dev = build_plan_device(
+        lay.recv_src,
+        lay.recv_expert,
+        lay.recv_dst_index,
+        send_counts=lay.send_counts,
+        **_kw(W, rank, E, tm, mgb),
+    )
+    assert_same_plan(dev, ref)
+
+
+def _shuffled(W, E, max_rows, seed):
+    """Expert-side rows in a random order with gaps in the owners' buffers (any-order input)."""
+    g = torch.Generator().manual_seed(seed)
+    cnt = torch.randint(0, max_rows + 1, (W, E), generator=g)
+    cnt[torch.rand(W, E, generator=g) < 0.3] = 0
+    per_src = cnt.sum(1)
+    before = torch.randint(0, 50, (W,), generator=g)
+    src = torch.repeat_interleave(torch.arange(W).repeat_interleave(E), cnt.reshape(-1))
+    expert = torch.repeat_interleave(torch.arange(E).repeat(W), cnt.reshape(-1))
+    first = torch.cumsum(per_src, 0) - per_src
+    dst = before[src] + torch.arange(src.numel()) - first[src]
+    perm = torch.randperm(src.numel(), generator=g)
+    return src[perm], expert[perm], dst[perm]
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "W,E,tm,mgb,seed",
+    [(3, 5, 16, 2, 1), (4, 3, 8, 3, 2), (2, 7, 16, 1, 3), (8, 2, 4, 2, 4), (1, 3, 16, 2, 5)],
+)
+def test_device_plan_any_row_order_and_worst_case_inputs(W, E, tm, mgb, seed):
+    """Shuffled rows (runs of one group are short), int32 inputs, and the same rows at the
+    front of a longer receive buffer whose first n_rows rows are real: all give build_plan's
+    plan."""
+    src, expert, dst = _shuffled(W, E, 3 * tm, seed)
+    rank = seed % W
+    ref = build_plan(src, expert, dst, **_kw(W, rank, E, tm, mgb))
+    kw = _kw(W, rank, E, tm, mgb)
+    assert_same_plan(build_plan_device(src.int(), expert.int(), dst.int(), **kw), ref)
+    R, extra = src.numel(), 37
+    junk = torch.randint(0, W, (extra,))
+    pad = [torch.cat([t, junk % m]) for t, m in ((src, W), (expert, E), (dst, 1000))]
+    dev = build_plan_device(*pad, n_rows=torch.tensor(R), **kw)
+    assert dev.max_rows == R + extra and dev.row_pos.numel() == R + extra
+    assert_same_plan(dev, ref)
+
+
+@needs_interpreter
+def test_device_plan_of_empty_and_all_local_ranks():
+    e = torch.empty(0, dtype=torch.int64)
+    dev = build_plan_device(e, e, e, **_kw(3, 1, 4, 64, 2))
+    assert dev.counts.tolist() == [0] * 6
+    assert_same_plan(dev, build_plan(e, e, e, **_kw(3, 1, 4, 64, 2)))
+    src = torch.full((70,), 2)
+    expert = torch.arange(70) % 3
+    dst = torch.argsort(torch.argsort(expert, stable=True))  # consecutive within an expert
+    ref = build_plan(src, expert, dst, **_kw(4, 2, 3, 16, 2))
+    assert ref.n_remote_bands == 0 and ref.n_local == 70
+    assert_same_plan(build_plan_device(src, expert, dst, **_kw(4, 2, 3, 16, 2)), ref)
+
+
+def test_plan_bounds_cover_the_worst_case():
+    """The bounds are reached: every row its own remote group pads a whole band."""
+    W, E, tm = 4, 3, 16
+    bd = plan_bounds(5, world_size=W, experts_per_rank=E, tile_m=tm)
+    assert bd["max_padded"] == 5 * tm and bd["max_bands"] == 5 == bd["max_segments"]
+    bd = plan_bounds(1000, world_size=W, experts_per_rank=E, tile_m=tm)
+    assert bd["max_padded"] == 1000 + E * (W - 1) * (tm - 1)
+    assert bd["max_bands"] == (1000 + E * W * (tm - 1)) // tm
+
+
+class _FakeKernel:
+    """Stands in for a Triton kernel: records launches (grid, args)."""
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.log.append((self.name, grid, args, kw))
+
+        return launch
+
+
+def test_build_plan_device_reads_nothing_back(monkeypatch):
+    """No host synchronisation and few launches: with the kernels stubbed, the host glue runs no
+    aten op that reads a tensor's value on the host (_local_scalar_dense is behind item(),
+    int(), bool(), tolist() of device tensors), no copy, and only the fill + the work
+    allocation; tolist / item / numpy / int / bool / index of a tensor raise."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    log = []
+    for name in ("_rows_kernel", "_groups_kernel", "_fill_kernel"):
+        monkeypatch.setattr(plan_device.kplan, name, _FakeKernel(log, name))
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    W, E, tm = 4, 5, 16
+    src, expert, dst = _shuffled(W, E, 40, 7)
+    n_rows = torch.tensor(src.numel())
+    send_counts = torch.ones(W, dtype=torch.int64)
+
+    def boom(*a, **k):
+        raise AssertionError("host read of a tensor value")
+
+    with monkeypatch.context() as m:
+        for meth in ("tolist", "item", "numpy", "__int__", "__bool__", "__index__", "__float__"):
+            m.setattr(torch.Tensor, meth, boom)
+        with Ops() as mode:
+            plan = build_plan_device(
+                src, expert, dst, send_counts=send_counts, n_rows=n_rows, **_kw(W, 1, E, tm, 2)
+            )
+    assert [x[0] for x in log] == ["_rows_kernel", "_groups_kernel", "_fill_kernel"]
+    views = {"aten.slice", "aten.view", "aten.reshape", "aten.alias", "aten.select"}
+    compute = [op for op in mode.ops if op not in views]
+    assert sorted(compute) == ["aten.empty", "aten.full"], mode.ops
+    assert plan.counts.shape == (6,) and plan.n_bands.dim() == 0
+    # the launch grids are host ints from the bounds
+    grids = {x[0]: x[1] for x in log}
+    n_blocks = triton.cdiv(src.numel(), plan_device.ROW_BLOCK)
+    assert grids == {
+        "_rows_kernel": (n_blocks,),
+        "_groups_kernel": (1,),
+        "_fill_kernel": (E * W + n_blocks,),
+    }
+
+
+# -- stage B from a device plan (interpreter) ----------------------------------------------
+TILE_M = 16
+
+
+def _device_problem(rows, K, N, seed, mgb=2):
+    """A DevicePlan, its host twin, and operands for group sizes rows[e][s] (this rank = 2)."""
+    src, expert, dst, dst_rows = synthetic_rows(rows, rank=2)
+    kw = dict(_kw(3, 2, len(rows), TILE_M, mgb), out_cols=N, elem_bytes=4)
+    ref = build_plan(src, expert, dst, **kw)
+    dev = build_plan_device(src, expert, dst, **kw)
+    g = torch.Generator().manual_seed(seed)
+    x_recv = torch.randn(ref.n_rows, K, generator=g)
+    return dev, ref, x_recv, dst_rows
+
+
+@needs_interpreter
+def test_runner_from_device_plans_on_loopback():
+    """Producer (worst-case grid, device band counts) + consumer (device segment count) + the
+    local copy kernel from DevicePlans; the plan changes between runs (use_plan), so the band
+    counters must be re-armed every run. Y past n_padded and the counters past n_bands stay
+    untouched. (On the CPU the kernels run one after the other, so a stale counter cannot
+    change the copies here: the counters are checked directly.)"""
+    K, N = 24, 40
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(2, K, N, generator=g) / K**0.5
+    cases = [[[20, 16, 5], [0, 33, 18]], [[3, 40, 17], [18, 0, 0]], [[20, 16, 5], [0, 33, 18]]]
+    fabric = LoopbackFabric([200] * 3, N, torch.float32, "cpu")
+    runner = None
+    for i, rows in enumerate(cases):
+        dev, ref, x_recv, _ = _device_problem(rows, K, N, seed=i)
+        x = padded_input_device(x_recv, dev)
+        P = ref.n_padded
+        assert torch.equal(x[:P], plan_device.padded_input_device(x_recv, dev)[:P])
+        want_x = x_recv.new_zeros(P, K)
+        want_x[ref.row_pos] = x_recv
+        assert torch.equal(x[:P], want_x)
+        if runner is None:
+            runner = OverlapRunner(
+                dev,
+                w,
+                fabric.transport(2),
+                ccta=2,
+                tile=interpreter_config(TILE_M),
+                consumer=interpreter_consumer_config(),
+                num_programs=3,
+            )
+        else:
+            runner.use_plan(dev)
+        y = torch.full((dev.max_padded, N), float("nan"))
+        fabric.buffer.zero_()
+        runner.overlapped(x, y)
+        runner.check()
+        runner.local_copy(y)
+        torch.testing.assert_close(y[:P], reference_y(ref, x[:P], w), rtol=1e-4, atol=1e-4)
+        assert bool(torch.isnan(y[P:]).all()), "rows past n_padded must stay untouched"
+        want = expected_sends(ref, y, [torch.zeros_like(fabric.recv(d)) for d in range(3)])
+        want[2][ref.local_dst_index] = y[ref.local_src_row]
+        for d in range(3):
+            assert torch.equal(fabric.recv(d), want[d]), f"run {i}, destination {d}"
+        # re-armed every run: this plan's remote bands hold one run's increment, nothing else
+        # (a stale count from an earlier plan would let the consumer copy a band too early)
+        ready = torch.zeros_like(runner.band_ready)
+        ready[ref.schedule[: ref.n_remote_bands]] = runner.tile.band_increment(N)
+        assert torch.equal(runner.band_ready, ready), f"run {i}"
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this process runs the interpreter tests itself")
+def test_interpreter_in_subprocess():
+    """Fallback when triton was imported before this module: the same tests, fresh process."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.abspath(__file__)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
