@@ -37,7 +37,7 @@ from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
 from systems.overlap.autotune import AUTO
-from systems.overlap.plan import build_plan, padded_input, plan_for_layout
+from systems.overlap.plan import padded_input, plan_for_layout
 
 TILE_MS = (64, 128)
 TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
@@ -160,15 +160,17 @@ class _LayerRank:
     """One rank's whole layer (FFN cells, scope layer), from x [T, H] and the routing.
 
     Every step pays: the dispatch (harness/dispatch.py: counts exchange, the split sizes' host
-    sync, all_to_all_single), stage A (build_plan on the received rows: one more host sync)
-    and the padded gather, fc1 + GELU over the padded layout (zero rows stay zero), then fc2
-    as the producer overlapped with the consumer's combine, the local copy, the wait for every
-    peer's rows and the scale. The dispatch all-to-all also orders the steps across ranks: a
-    peer's next dispatch starts only after its scale of this step read its receive buffer, so
-    the next step's puts never overwrite rows still being read.
+    sync, all_to_all_single), stage A on the device with no host sync (plan_device.py: the
+    plan sized at its worst case, the padded gather in one kernel), fc1 + GELU over the padded
+    layout (zero rows stay zero), then fc2 as the producer overlapped with the consumer's
+    combine, the local copy, the wait for every peer's rows and the scale. The dispatch
+    all-to-all also orders the steps across ranks: a peer's next dispatch starts only after its
+    scale of this step read its receive buffer, so the next step's puts never overwrite rows
+    still being read.
     """
 
     def __init__(self, inp: CellInputs, transport, group, tile_m: int, mgb: int, ccta: int):
+        from systems.overlap.plan_device import plan_bounds
         from systems.overlap.runner import OverlapRunner
 
         spec = inp.spec
@@ -179,13 +181,23 @@ class _LayerRank:
         self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, group)
         self.rows = spec.tokens_per_rank * spec.top_k
         self.held = self.stage_a()  # one untimed step's state (bounds, plan facts)
-        self.plan = self.held[1]
-        self.runner = OverlapRunner(self.plan, self.w2, transport, ccta=ccta)
+        self.plan = self.held[1].to_host_plan()  # host view of the plan, for the row's facts
+        self.runner = OverlapRunner(self.held[1], self.w2, transport, ccta=ccta)
+        # band counters for the worst case of any step: every row of every rank comes here
+        most = plan_bounds(
+            spec.world_size * self.rows,
+            world_size=spec.world_size,
+            experts_per_rank=spec.experts_per_rank,
+            tile_m=tile_m,
+        )["max_bands"]
+        self.runner.band_ready = torch.zeros(most, dtype=torch.int32, device=self.x.device)
 
     def stage_a(self):
-        """Dispatch, plan and the padded fc1 input: (Dispatched, CombinePlan, x_pad [P, H])."""
+        """Dispatch, plan and the padded fc1 input: (Dispatched, DevicePlan, x_pad [P', H])."""
+        from systems.overlap.plan_device import build_plan_device, padded_input_device
+
         d = self.dispatch(self.x, self.ids)
-        plan = build_plan(
+        plan = build_plan_device(
             d.recv_src,
             d.recv_expert,
             d.recv_dst_index,
@@ -198,22 +210,31 @@ class _LayerRank:
             elem_bytes=self.x.element_size(),
             send_counts=d.send_counts,
         )
-        return d, plan, padded_input(d.x_recv, plan.gather_index)
+        return d, plan, padded_input_device(d.x_recv, plan)
 
     def fc1(self, plan, x_pad: torch.Tensor) -> torch.Tensor:
-        """gelu(x_pad @ W1_e) per expert over the padded layout: [P, H] -> [P, F]."""
+        """gelu(x_pad @ W1_e) per expert over the padded layout: [P', H] -> [P', F] (rows
+        past the plan's n_padded are never read)."""
         offs = plan.expert_row_start[1:]
         counts = None
         if not grouped_mm_usable(x_pad, self.w1):  # the per-expert fallback needs host ints
             counts = plan.expert_row_start.diff().tolist()
+            x_pad = x_pad[: int(plan.expert_row_start[-1])]
         return activation(expert_gemm(x_pad, counts, self.w1, offs))
+
+    def _fc2_combine(self, plan, h: torch.Tensor, overlapped: bool = True) -> torch.Tensor:
+        self.runner.use_plan(plan)
+        y = torch.empty(h.shape[0], self.spec.out, dtype=h.dtype, device=h.device)
+        if overlapped:
+            self.runner.overlapped(h, y)
+        else:  # the compute bound: the producer alone on ALL SMs, no flags
+            sms = torch.cuda.get_device_properties(h.device).multi_processor_count
+            self.runner.compute_only(h, y, num_programs=sms)
+        return y
 
     def step(self) -> torch.Tensor:
         d, plan, x_pad = self.stage_a()
-        self.runner.replan(plan)
-        h = self.fc1(plan, x_pad)
-        y = torch.empty(h.shape[0], self.spec.out, dtype=h.dtype, device=h.device)
-        self.runner.overlapped(h, y)
+        y = self._fc2_combine(plan, self.fc1(plan, x_pad))
         self.runner.local_copy(y)
         if self.spec.world_size > 1:
             rows_from = plan.recv_rows.clone()
@@ -224,8 +245,10 @@ class _LayerRank:
     def compute_only(self) -> torch.Tensor:
         """Everything but the two exchanges, on the held dispatch: stage A's plan and gather,
         fc1, the producer on ALL SMs without flags, the local copy, the scale."""
+        from systems.overlap.plan_device import build_plan_device, padded_input_device
+
         d = self.held[0]
-        plan = build_plan(
+        plan = build_plan_device(
             d.recv_src,
             d.recv_expert,
             d.recv_dst_index,
@@ -238,25 +261,22 @@ class _LayerRank:
             elem_bytes=self.x.element_size(),
             send_counts=d.send_counts,
         )
-        self.runner.replan(plan)
-        h = self.fc1(plan, padded_input(d.x_recv, plan.gather_index))
-        y = torch.empty(h.shape[0], self.spec.out, dtype=h.dtype, device=h.device)
-        sms = torch.cuda.get_device_properties(h.device).multi_processor_count
-        self.runner.compute_only(h, y, num_programs=sms)
+        h = self.fc1(plan, padded_input_device(d.x_recv, plan))
+        y = self._fc2_combine(plan, h, overlapped=False)
         self.runner.local_copy(y)
         return Scaler.on_device(d.pos, self.gate, self.rows)(self.runner.transport.recv)
 
     def comm_only(self) -> None:
         """The dispatch all-to-all and the consumer's combine alone (flags taken as set)."""
-        d = self.held[0]
+        d, plan, x_pad = self.held
         if self.spec.world_size > 1:
             x_send = self.x.index_select(0, d.send_order // self.ids.shape[1])
             recv = torch.empty_like(d.x_recv)
             torch.distributed.all_to_all_single(
                 recv, x_send, d.recv_splits, d.send_splits, group=self.group
             )
-        self.runner.replan(self.plan)
-        y = torch.empty(self.plan.n_padded, self.spec.out, dtype=self.x.dtype, device=self.x.device)
+        self.runner.use_plan(plan)
+        y = torch.empty(x_pad.shape[0], self.spec.out, dtype=self.x.dtype, device=self.x.device)
         self.runner.comm_only(y)
 
 
@@ -370,31 +390,52 @@ class OverlapSystem(System):
             "producer_programs": rk.runner.num_programs,
         }
         spec, dev = inp.spec, inp.x.device
+        from systems.overlap.plan_device import build_plan_device, padded_input_device
+
+        lay = inp.layout
         if self.layer:
-            stage_a = rk.stage_a
+            d = rk.held[0]
+            src, exp, dst, send = d.recv_src, d.recv_expert, d.recv_dst_index, d.send_counts
         else:
-
-            def stage_a():
-                plan = plan_for_layout(
-                    inp.layout,
-                    world_size=spec.world_size,
-                    experts_per_rank=spec.experts_per_rank,
-                    tile_m=rk.plan.tile_m,
-                    mgb=rk.plan.mgb,
-                    out_cols=spec.out,
-                    elem_bytes=inp.x_recv.element_size(),
-                    device=dev,
-                )
-                return padded_input(inp.x_recv, plan.gather_index)
-
-        group = self.ctx.group if self.layer else None  # the layer's dispatch is collective
-        t = time_fn(stage_a, device=dev, group=group, warmup=1, iters=5)
-        self.metrics = {"plan_ms": t.median_ms}
-        self.extra["plan_ms_scope"] = (
-            "inside the timed region (dispatch, plan, padded gather)"
-            if self.layer
-            else "outside the timed region (plan + padded gather, as in setup)"
+            src, exp, dst = (t.to(dev) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
+            send = lay.send_counts.to(dev)
+        x_recv = rk.held[0].x_recv if self.layer else inp.x_recv
+        knobs = dict(
+            world_size=spec.world_size,
+            rank=lay.rank,
+            experts_per_rank=spec.experts_per_rank,
+            tile_m=rk.plan.tile_m,
+            mgb=rk.plan.mgb,
+            out_cols=spec.out,
+            elem_bytes=x_recv.element_size(),
+            send_counts=send,
         )
+
+        def device_stage_a():
+            return padded_input_device(x_recv, build_plan_device(src, exp, dst, **knobs))
+
+        def host_stage_a():
+            plan = plan_for_layout(
+                lay, device=dev, **{k: knobs[k] for k in knobs if k not in ("rank", "send_counts")}
+            )
+            return padded_input(inp.x_recv, plan.gather_index)
+
+        def t(fn, group=None):
+            return time_fn(fn, device=dev, group=group, warmup=2, iters=10).median_ms
+
+        if self.layer:  # both inside the timed region
+            self.metrics = {"plan_ms": t(device_stage_a)}
+            self.metrics["dispatch_ms"] = t(lambda: rk.dispatch(rk.x, rk.ids), self.ctx.group)
+            self.extra["plan_ms_scope"] = (
+                "inside the timed region: device plan + padded gather (plan_ms), after the "
+                "dispatch (dispatch_ms)"
+            )
+        else:  # outside the timed region: built in setup
+            self.metrics = {"plan_ms": t(host_stage_a), "plan_device_ms": t(device_stage_a)}
+            self.extra["plan_ms_scope"] = (
+                "outside the timed region (built in setup): host-synchronised build_plan + "
+                "padded gather (plan_ms), the device plan + gather (plan_device_ms)"
+            )
 
     # -- runs ----------------------------------------------------------------------------
     def forward(self) -> torch.Tensor:
