@@ -34,6 +34,9 @@ for step in $steps; do
     layer_x2) [ -f results/reference/h200x2/layer.parquet ] && cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
       timeout "${LAYER_S:-480}" python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" ${LAYER_ARGS:-} 2>&1 | tail -8
       python3 -m benchmarks.table_summary "$OUT/layer.parquet" ;;
+    operator_plan) timeout "${PLAN_S:-120}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_plan.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' 2>&1 | tail -3
+      python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_plan.parquet'); print(d.groupby(['out','experts_per_rank'])[['latency_ms','m_plan_ms','m_plan_device_ms']].median().round(4).to_string())" ;;
+    devplan_tests) timeout 150 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k "device_plan or device_plans" tests/test_layer_gpu.py -p no:cacheprovider 2>&1 | tail -6 ;;
     megatron_gpu) timeout 150 python3 -m pytest -q -m gpu tests/test_megatron.py -p no:cacheprovider 2>&1 | tail -8 ;;
   esac
 done
