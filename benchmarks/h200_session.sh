@@ -16,7 +16,7 @@ steps=${*:-tests overlap_ccta plan operator}
 for step in $steps; do
   echo "=== $step $(date +%T)"
   case $step in
-    tests) timeout 240 python3 -m pytest -q -m gpu -x -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15 ;;
+    tests) timeout "${TESTS_S:-240}" python3 -m pytest -q -m gpu -x -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15 ;;
     overlap_ccta) timeout 150 python3 -m harness.run experiment=overlap_ccta progress=false table="$OUT/overlap_ccta.parquet" 2>&1 | tail -50 ;;
     plan) timeout 60 python3 -m benchmarks.plan_time --out "$OUT/plan_time.parquet" 2>&1 | tail -35 ;;
     kernels) timeout "${KERNELS_S:-400}" python3 -m benchmarks.kernels_h200 --out "$OUT" --skip nvshmem 2>&1 | tee "$OUT/kernels_h200.log" | tail -40 ;;
@@ -37,6 +37,7 @@ for step in $steps; do
     operator_plan) timeout "${PLAN_S:-120}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_plan.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' 2>&1 | tail -3
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_plan.parquet'); print(d.groupby(['out','experts_per_rank'])[['latency_ms','m_plan_ms','m_plan_device_ms']].median().round(4).to_string())" ;;
     devplan_tests) timeout 150 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k "device_plan or device_plans" tests/test_layer_gpu.py -p no:cacheprovider 2>&1 | tail -6 ;;
+    profile_stage_a) timeout 60 python3 -m benchmarks.profile_stage_a --out "$OUT" 2>&1 | tail -44 ;;
     megatron_gpu) timeout 150 python3 -m pytest -q -m gpu tests/test_megatron.py -p no:cacheprovider 2>&1 | tail -8 ;;
   esac
 done

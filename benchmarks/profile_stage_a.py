@@ -1,0 +1,87 @@
+"""Kernel times of the layer's stage A on the device (build_plan_device + the padded gather),
+from torch.profiler, per kernel, for a few Table 2 shapes: where its time goes.
+
+Usage: python -m benchmarks.profile_stage_a [--world-size 2] [--out DIR]; prints one table per
+shape (kernel, calls, total us per plan) and writes stage_a_profile.parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from harness.layout import rank_layout
+from harness.workload import WorkloadSpec
+from systems.overlap.plan_device import build_plan_device, padded_input_device
+
+
+def run(spec: WorkloadSpec, reps: int) -> pd.DataFrame:
+    dev = torch.device("cuda")
+    lay = rank_layout(spec, 0)
+    src, exp, dst = (t.to(dev) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
+    x = torch.randn(src.numel(), spec.hidden, device=dev, dtype=torch.bfloat16)
+    send = lay.send_counts.to(dev)
+
+    def stage_a():
+        plan = build_plan_device(
+            src,
+            exp,
+            dst,
+            world_size=spec.world_size,
+            rank=0,
+            experts_per_rank=spec.experts_per_rank,
+            tile_m=128,
+            mgb=1,
+            out_cols=spec.out,
+            elem_bytes=2,
+            send_counts=send,
+        )
+        return padded_input_device(x, plan)
+
+    for _ in range(3):
+        stage_a()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            stage_a()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0))
+        if us > 0:
+            rows.append({"kernel": e.key[:60], "calls": e.count // reps, "us_per_plan": us / reps})
+    df = pd.DataFrame(rows).sort_values("us_per_plan", ascending=False)
+    for k in ("tokens_per_rank", "out", "experts_per_rank", "world_size", "routing"):
+        df[k] = getattr(spec, k)
+    return df
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--out", default=os.environ.get("OUT", "results"))
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    frames = []
+    for E in (16, 64):
+        for routing in ("balanced", "stress_skew"):
+            spec = WorkloadSpec(8192, 4096, 4096, E, 2, args.world_size, routing, "bfloat16")
+            df = run(spec, args.reps)
+            frames.append(df)
+            print(
+                f"== T=8192 E={E} W={args.world_size} {routing}: "
+                f"{df['us_per_plan'].sum():.0f} us of kernels per plan"
+            )
+            print(df[["kernel", "calls", "us_per_plan"]].round(1).head(8).to_string(index=False))
+    path = Path(args.out) / "stage_a_profile.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.concat(frames).to_parquet(path, index=False)
+
+
+if __name__ == "__main__":
+    main()
