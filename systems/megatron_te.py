@@ -4,8 +4,9 @@ The same real MoELayer + all-to-all dispatcher + router stub as megatron_cutlass
 expert is TEGroupedMLP's linear_fc1, Megatron's TEColumnParallelGroupedLinear wrapping
 transformer_engine.pytorch.GroupedLinear, with weight{e} [N, K] = B_e^T copied in
 (systems/megatron_common.py). TE's math is never imitated: without transformer_engine the
-registry's optional import makes every cell a `skipped` row with the reason. (TE is not
-installable on the development machine or the lent GPU machine: its core wheel is 276 MB.)
+registry's optional import makes every cell a `skipped` row with the reason. (TE is not on
+the development machine; the lent GPU machine gets TE 2.20.2 from the vendor wheels, slimmed to
+sm_90: `make wheels-gpu`.)
 
 Timed region (scope "gemm+combine"): as megatron_cutlass, with TE's grouped GEMM.
 
