@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.measure import expand_grid, measure_cell, validate_cells
+from harness.measure import expand_grid, measure_cell, measure_workload, validate_cells
 from harness.records import Row
 from harness.system import RunContext
 
@@ -23,3 +23,8 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
 
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
     return [measure_cell(ctx, cfg, cell)]
+
+
+def run_workload(ctx: RunContext, cfg: Any, cells: list[dict]) -> list[Row]:
+    """The cells of one workload, timed in interleaved rounds (measure.rounds > 1)."""
+    return measure_workload(ctx, cfg, cells)

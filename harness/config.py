@@ -30,6 +30,10 @@ class MeasureConf:
     warmup: int = 2
     iters: int = 5
     tol: float = 8e-3
+    #: > 1: the systems of one workload are timed in this many interleaved rounds of
+    #: iters / rounds iterations each (harness.measure.measure_workload); 1: one system after
+    #: the other, each timed in one go
+    rounds: int = 1
 
 
 @dataclass

@@ -28,7 +28,7 @@ from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.system import CellInputs, RunContext, get_system
-from harness.timing import time_fn
+from harness.timing import summarize, time_fn
 from harness.workload import (
     WorkloadSpec,
     imbalance_of,
@@ -104,7 +104,13 @@ def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
     cell; the time-out and the table path are not (they change no number)."""
     m, hw = cfg.measure, cfg.hardware
     return {
-        "measure": {"warmup": int(m.warmup), "iters": int(m.iters), "tol": float(m.tol)},
+        "measure": {
+            "warmup": int(m.warmup),
+            "iters": int(m.iters),
+            "tol": float(m.tol),
+            # only when set, so the hashes of tables made before rounds existed stay valid
+            **({"rounds": int(m.rounds)} if int(m.get("rounds", 1)) != 1 else {}),
+        },
         "hardware": {"name": hw.name, "device": hw.device, "backend": hw.backend},
         "processes": process_world,
     }
@@ -257,8 +263,33 @@ def _checked(ctx: RunContext, row: Row, res: Any, when: str = "") -> bool:
     return False
 
 
-def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
-    """Run one system on one cell on this rank; every rank returns the same Row values."""
+class _Prepared:
+    """A cell set up and checked, ready to be timed: its row, system and reference."""
+
+    def __init__(self, row: Row, system: Any, ref: torch.Tensor, spec: WorkloadSpec) -> None:
+        self.row, self.system, self.ref, self.spec = row, system, ref, spec
+        self.samples: list[float] = []
+
+
+def _guarded(ctx: RunContext, row: Row, fn) -> Any:
+    """Run fn(); a failure becomes the row's `error` (a broken process group stops the run).
+    Returns fn's result, or None after a failure."""
+    try:
+        return fn()
+    except torch.cuda.OutOfMemoryError as exc:
+        row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
+    except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep
+        if is_comm_failure(exc):  # a peer is gone: stop the run, record nothing
+            raise CommFailure(f"{type(exc).__name__}: {exc}") from exc
+        row.status, row.reason = "error", f"{type(exc).__name__}: {exc}"[:500]
+        if ctx.rank == 0 and os.environ.get("HYDRA_FULL_ERROR") == "1":
+            traceback.print_exc()
+    return None
+
+
+def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
+    """The untimed part of a cell: capability gates, setup, the first check. Returns the final
+    Row (skipped, fail, error) or the prepared cell to time."""
     spec = spec_of(cell)
     row = base_row(cell, spec)
     info = get_system(cell["system"])
@@ -290,7 +321,8 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
             f"one process per rank (hardware.world_size={spec.world_size})"
         )
         return row
-    try:
+
+    def setup() -> _Prepared | None:
         system = cls(ctx, cell["params"])
         inputs, ref = cell_inputs(ctx, spec, played)
         system.setup(inputs)
@@ -298,13 +330,38 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
         row.scope = spec.scope if spec.ffn else system.scope
         row.params.update(system.resolved_params())
         if not _checked(ctx, row, check(system.forward(), ref, cfg.measure.tol)):
-            return row
-        kw = dict(
-            device=ctx.device, group=ctx.group, warmup=cfg.measure.warmup, iters=cfg.measure.iters
-        )
-        t = time_fn(system.timed, **kw)
+            return None
+        return _Prepared(row, system, ref, spec)
+
+    prepared = _guarded(ctx, row, setup)
+    return row if prepared is None else prepared
+
+
+def _timing_kw(ctx: RunContext, cfg: Any, iters: int, warmup: int) -> dict:
+    return dict(device=ctx.device, group=ctx.group, warmup=warmup, iters=iters)
+
+
+def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: int) -> bool:
+    """Add `iters` timed iterations of the cell to its samples; False after a failure."""
+    kw = _timing_kw(ctx, cfg, iters, warmup)
+    t = _guarded(ctx, p.row, lambda: time_fn(p.system.timed, **kw))
+    if t is None:
+        return False
+    p.samples.extend(t.samples)
+    return True
+
+
+def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
+    """The latency from the samples, the bounds, the check after timing, extra and metrics."""
+    row, system, spec = p.row, p.system, p.spec
+    if row.status != "ok":
+        return row
+
+    def finish() -> None:
+        t = summarize(p.samples)
         row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
         row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
+        kw = _timing_kw(ctx, cfg, cfg.measure.iters, cfg.measure.warmup)
         if system.has_bounds():
             row.compute_ms = time_fn(system.compute_only, **kw).median_ms
             row.comm_ms = time_fn(system.comm_only, **kw).median_ms
@@ -315,19 +372,54 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
             else:  # nothing to hide: a ratio of local copies would read as overlap
                 system.extra["overlap_ratio"] = "undefined at W=1: no bytes leave the rank"
         # the output must still be right after every timed run (no reused buffer overwritten)
-        if not _checked(ctx, row, check(system.forward(), ref, cfg.measure.tol), "after timing"):
+        res = check(system.forward(), p.ref, cfg.measure.tol)
+        if not _checked(ctx, row, res, "after timing"):
             row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
             row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
-            return row
+            return
         if system.extra:
             row.extra = json.dumps(system.extra, sort_keys=True, default=str)
         row.metrics.update(system.metrics)
-    except torch.cuda.OutOfMemoryError as exc:
-        row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
-    except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep
-        if is_comm_failure(exc):  # a peer is gone: stop the run, record nothing
-            raise CommFailure(f"{type(exc).__name__}: {exc}") from exc
-        row.status, row.reason = "error", f"{type(exc).__name__}: {exc}"[:500]
-        if ctx.rank == 0 and os.environ.get("HYDRA_FULL_ERROR") == "1":
-            traceback.print_exc()
+
+    _guarded(ctx, row, finish)
     return row
+
+
+def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
+    """Run one system on one cell on this rank; every rank returns the same Row values."""
+    p = prepare_cell(ctx, cfg, cell)
+    if isinstance(p, Row):
+        return p
+    time_prepared(ctx, cfg, p, cfg.measure.iters, cfg.measure.warmup)
+    return finish_cell(ctx, cfg, p)
+
+
+def measure_workload(ctx: RunContext, cfg: Any, cells: list[dict]) -> list[Row]:
+    """The systems of one workload timed in interleaved rounds (measure.rounds = r): every
+    system is set up and checked, then r times each system in turn runs iters / r timed
+    iterations (the warm-up before its first round, one more iteration before the others), so
+    slow drift of the machine spreads over all systems; the median and its bootstrap interval
+    come from all of a system's iterations. The systems of the workload live on the device
+    together. One row per cell, in the cells' order."""
+    rounds = int(cfg.measure.rounds)
+    per = max(1, -(-int(cfg.measure.iters) // rounds))
+    done = [prepare_cell(ctx, cfg, c) for c in cells]
+    live = [p for p in done if not isinstance(p, Row)]
+    for r in range(rounds):
+        for p in live:
+            if p.row.status == "ok":
+                time_prepared(ctx, cfg, p, per, cfg.measure.warmup if r == 0 else 1)
+    rows = []
+    for p in done:
+        if not isinstance(p, Row):
+            p.system.extra["rounds"] = rounds
+        rows.append(p if isinstance(p, Row) else finish_cell(ctx, cfg, p))
+        if not isinstance(p, Row):
+            p.system = None  # free the device memory of the finished system
+    return rows
+
+
+def workload_key(cell: dict) -> tuple:
+    """What the systems of one workload share (the cell without system, params and hash)."""
+    skip = ("system", "params", "cell_hash")
+    return tuple(sorted((k, v) for k, v in cell.items() if k not in skip))

@@ -97,6 +97,8 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
         raise HarnessUserError(f"measure.iters must be >= 1, got {m.iters}")
     if m.warmup < 0:
         raise HarnessUserError(f"measure.warmup must be >= 0, got {m.warmup}")
+    if not 1 <= m.rounds <= m.iters:
+        raise HarnessUserError(f"measure.rounds must be in [1, measure.iters], got {m.rounds}")
     if not (0 < m.tol < float("inf")):
         raise HarnessUserError(f"measure.tol must be a number > 0, got {m.tol}")
     hw = cfg.hardware

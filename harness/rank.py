@@ -140,34 +140,62 @@ def _stamp(rows: list[Row], cfg: Any, ctx: RunContext) -> list[Row]:
     return rows
 
 
+def _batches(exp: Any, cfg: Any, todo: list[dict]) -> list[list[int]]:
+    """Indexes of the cells run together: one per cell, or (measure.rounds > 1 and an
+    experiment with run_workload) the consecutive cells of one workload."""
+    from harness.measure import workload_key
+
+    if int(cfg.measure.get("rounds", 1)) <= 1 or not hasattr(exp, "run_workload"):
+        return [[i] for i in range(len(todo))]
+    out: list[list[int]] = []
+    for i, cell in enumerate(todo):
+        if out and workload_key(todo[out[-1][0]]) == workload_key(cell):
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def _error_row(cfg: Any, cell: dict, exc: BaseException) -> Row:
+    return Row(
+        experiment=cfg.experiment.name,
+        system=cell.get("system", ""),
+        cell_hash=cell["cell_hash"],
+        status="error",
+        reason=f"{type(exc).__name__}: {exc}"[:500],
+        **provenance(),
+    )
+
+
 def _walk(ctx: RunContext, cfg: Any, todo: list[dict], report: Reporter) -> None:
     exp = load_experiment(cfg)
     table = ResultsTable(table_path(cfg))
-    for i, cell in enumerate(todo):
-        report.cell(i)
+    rounds = int(cfg.measure.get("rounds", 1))
+    for batch in _batches(exp, cfg, todo):
+        report.cell(batch[0])
+        cells = [todo[i] for i in batch]
         try:
-            rows = exp.run_cell(ctx, cfg, cell)
+            if rounds > 1 and hasattr(exp, "run_workload"):
+                per_cell = [[r] for r in exp.run_workload(ctx, cfg, cells)]
+            else:
+                per_cell = [exp.run_cell(ctx, cfg, cells[0])]
         except Exception as exc:  # noqa: BLE001 - the sweep survives a failing cell
             if is_comm_failure(exc):
                 raise
-            rows = [
-                Row(
-                    experiment=cfg.experiment.name,
-                    system=cell.get("system", ""),
-                    cell_hash=cell["cell_hash"],
-                    status="error",
-                    reason=f"{type(exc).__name__}: {exc}"[:500],
-                    **provenance(),
-                )
+            per_cell = [[_error_row(cfg, c, exc)] for c in cells]
+        lost = []
+        for i, rows in zip(batch, per_cell):
+            for r in rows:  # an experiment that caught a broken process group itself
+                if r.status == "error" and looks_like_comm_failure(r.reason):
+                    raise CommFailure(r.reason)
+            if ctx.rank == 0:
+                table.append(_stamp(rows, cfg, ctx))
+                report.written(i, rows)
+            lost += [
+                r.reason for r in rows if r.status == "error" and is_sticky_cuda_error(r.reason)
             ]
-        for r in rows:  # an experiment that caught a broken process group itself
-            if r.status == "error" and looks_like_comm_failure(r.reason):
-                raise CommFailure(r.reason)
-        if ctx.rank == 0:
-            table.append(_stamp(rows, cfg, ctx))
-            report.written(i, rows)
-        lost = [r.reason for r in rows if r.status == "error" and is_sticky_cuda_error(r.reason)]
         if lost:
+            cell = todo[batch[0]]
             raise ContextLost(f"CUDA context lost in cell {cell['cell_hash']}: {lost[0][:200]}")
 
 

@@ -28,6 +28,16 @@ class Timing:
     #: 95% bootstrap interval of the median (percentile method, BOOTSTRAP resamples)
     ci_lo_ms: float = float("nan")
     ci_hi_ms: float = float("nan")
+    #: the per-iteration times (ms, MAX over ranks) behind the summary
+    samples: tuple[float, ...] = ()
+
+
+def summarize(ms: list[float] | tuple[float, ...]) -> Timing:
+    """Median, p10, p90 and the median's bootstrap interval of per-iteration times (ms)."""
+    t = torch.tensor(list(ms), dtype=torch.float64)
+    q = torch.quantile(t, torch.tensor([0.5, 0.1, 0.9], dtype=torch.float64))
+    lo, hi = median_interval(t)
+    return Timing(float(q[0]), float(q[1]), float(q[2]), len(ms), lo, hi, tuple(ms))
 
 
 def median_interval(ms: torch.Tensor, level: float = 0.95) -> tuple[float, float]:
@@ -85,6 +95,4 @@ def time_fn(
     t = torch.tensor(ms, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    q = torch.quantile(t.cpu(), torch.tensor([0.5, 0.1, 0.9], dtype=torch.float64))
-    lo, hi = median_interval(t.cpu())
-    return Timing(float(q[0]), float(q[1]), float(q[2]), iters, lo, hi)
+    return summarize(t.cpu().tolist())

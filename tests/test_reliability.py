@@ -429,3 +429,61 @@ def test_1_a_sticky_cuda_error_records_the_cell_then_fresh_ranks_go_on(tmp_path)
     assert status == ["ok", "error", "ok", "error"], status
     assert "illegal memory access" in df.loc[cells[1]["cell_hash"], "reason"]
     assert "CUDA context lost" in _out(proc)
+
+
+def test_2_rounds_interleave_the_systems_of_a_workload():
+    """measure.rounds=r: every system of the workload is set up first, then the systems take
+    turns, r rounds of iters / r iterations, before any row is finished."""
+    from types import SimpleNamespace
+
+    from harness import measure
+
+    log = []
+    cfg = _compose("measure.rounds=3", "measure.iters=6")[0]
+
+    def prepare(ctx, cfg, cell):
+        log.append(("setup", cell["system"]))
+        row = SimpleNamespace(status="ok")
+        return measure._Prepared(row, SimpleNamespace(extra={}), None, None)
+
+    def time_it(ctx, cfg, p, iters, warmup):
+        log.append(("time", p.system, iters, warmup))
+        return True
+
+    def finish(ctx, cfg, p):
+        log.append(("finish", p.system.extra["rounds"]))
+        return p.row
+
+    cells = [{"system": s} for s in ("a", "b")]
+    orig = (measure.prepare_cell, measure.time_prepared, measure.finish_cell)
+    measure.prepare_cell, measure.time_prepared, measure.finish_cell = prepare, time_it, finish
+    try:
+        rows = measure.measure_workload(None, cfg, cells)
+    finally:
+        measure.prepare_cell, measure.time_prepared, measure.finish_cell = orig
+    kinds = [e[0] for e in log]
+    assert kinds == ["setup"] * 2 + ["time"] * 6 + ["finish"] * 2
+    iters = [e[2] for e in log if e[0] == "time"]
+    warm = [e[3] for e in log if e[0] == "time"]
+    assert iters == [2] * 6 and warm == [cfg.measure.warmup] * 2 + [1] * 4
+    assert [e[1] for e in log if e[0] == "finish"] == [3, 3] and len(rows) == 2
+
+
+def test_2_rounds_end_to_end_and_in_the_hash(tmp_path):
+    table = tmp_path / "t.parquet"
+    proc = run(
+        f"table={table}",
+        "hardware.world_size=2",
+        "measure.rounds=2",
+        "measure.iters=4",
+        "+experiment.systems.tutel_reimpl={}",
+    )
+    assert proc.returncode == 0, _out(proc)
+    df = read_table(table)
+    assert len(df) == 8 and set(df["status"]) == {"ok"}, df[["status", "reason"]]
+    assert df["extra"].str.contains('"rounds": 2').all()
+    base = {c["cell_hash"] for c in expand_grid(_compose("hardware.world_size=2")[0], 2)}
+    with_r = _compose("hardware.world_size=2", "measure.rounds=2")[0]
+    assert not base & {c["cell_hash"] for c in expand_grid(with_r, 2)}
+    one = _compose("hardware.world_size=2", "measure.rounds=1")[0]
+    assert base == {c["cell_hash"] for c in expand_grid(one, 2)}  # old tables still resume
