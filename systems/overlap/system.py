@@ -138,8 +138,10 @@ class _Distributed:
         rows = spec.tokens_per_rank * spec.top_k
         t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
         self.name = name
+        self.group = group
         self.ranks = [_Rank(spec, inp.layout, inp.x_recv, inp.weights, tile_m, mgb, t, ccta)]
         self.busy = 0
+        self.epoch = torch.zeros(1, dtype=torch.int32, device=inp.x.device)
 
     def forward(self) -> torch.Tensor:
         out = self.timed()
@@ -147,8 +149,16 @@ class _Distributed:
         return out
 
     def timed(self) -> torch.Tensor:
-        """This rank's step, the wait for every peer's rows, the scale."""
+        """The epoch handshake, this rank's step, the wait for every peer's rows, the scale.
+
+        The handshake is a one-element all-reduce on the current stream before the step: it
+        completes only once every peer's stream has passed its previous scale, so this step's
+        puts never overwrite a receive buffer a peer is still reading (in a real layer the next
+        dispatch all-to-all gives the same order, as in the layer scope). It is timed."""
+        import torch.distributed as dist
+
         rk = self.ranks[0]
+        dist.all_reduce(self.epoch, group=self.group)
         rk.step()
         rows_from = rk.plan.recv_rows.clone()
         rows_from[rk.plan.rank] = 0  # own rows arrive by the local copy, not a signal
