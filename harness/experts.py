@@ -17,7 +17,7 @@ def grouped_mm_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
             and x.dtype == torch.bfloat16
             and torch.cuda.get_device_capability(x.device) >= (9, 0)
         )
-    return x.dtype == torch.float32
+    return aligned and x.dtype == torch.float32
 
 
 def expert_gemm(

@@ -133,3 +133,14 @@ def test_layer_grid_takes_out_from_hidden_and_counts_each_shape_once():
     assert len(cells) == 2 * 2 * 5 * 3 * 8  # T x H x E x routings x systems
     assert all(c["out"] == c["hidden"] and c["ffn"] == 2048 for c in cells)
     assert len({c["cell_hash"] for c in cells}) == len(cells)
+
+
+def test_expert_gemm_takes_unaligned_widths_on_the_cpu():
+    """torch._grouped_mm needs 16-byte rows: unaligned fp32 widths use the per-expert matmul."""
+    from harness.experts import expert_gemm, grouped_mm_usable
+
+    x = torch.randn(10, 6)  # 24-byte rows
+    w = torch.randn(2, 6, 5)
+    assert not grouped_mm_usable(x, w)
+    y = expert_gemm(x, [4, 6], w)
+    assert torch.allclose(y[:4], x[:4] @ w[0]) and torch.allclose(y[4:], x[4:] @ w[1])
