@@ -144,6 +144,17 @@ def from_expert_order(d: Dispatched, rows: torch.Tensor) -> torch.Tensor:
     return rows if d.expert_pos is None else rows.index_select(0, d.expert_pos)
 
 
+def redispatch(d: Dispatched, x: torch.Tensor, top_k: int, group=None) -> torch.Tensor:
+    """The dispatch's row exchange alone, with a held dispatch's splits (a comm bound):
+    x [T, H] -> rows [R, H] in the received order."""
+    x_send = x.index_select(0, d.send_order // top_k)
+    if len(d.send_splits) == 1:
+        return x_send
+    recv = torch.empty_like(d.x_recv)
+    dist.all_to_all_single(recv, x_send, d.recv_splits, d.send_splits, group=group)
+    return recv
+
+
 def combine(d: Dispatched, y_recv: torch.Tensor, group=None) -> torch.Tensor:
     """y_recv [R, N] in the received order -> y_back [S, N] in this rank's send order."""
     back = y_recv.new_empty(sum(d.send_splits), y_recv.shape[1])

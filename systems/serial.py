@@ -92,12 +92,7 @@ class SerialSystem(System):
         """The combine all-to-all (layer cells: the dispatch's too, same splits)."""
         if self.layer:
             d, g = self.d, self.ctx.group
-            x_send = self.x.index_select(0, d.send_order // self.ids.shape[1])
-            if len(d.send_splits) > 1:
-                recv = torch.empty_like(d.x_recv)
-                torch.distributed.all_to_all_single(
-                    recv, x_send, d.recv_splits, d.send_splits, group=g
-                )
+            ld.redispatch(d, self.x, self.ids.shape[1], g)
             return ld.combine(d, self.y_recv, g)
         return combine(self.y_recv, self.lay, self.ctx.group)
 

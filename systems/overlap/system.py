@@ -202,11 +202,11 @@ class _LayerRank:
         )["max_bands"]
         self.runner.band_ready = torch.zeros(most, dtype=torch.int32, device=self.x.device)
 
-    def stage_a(self):
-        """Dispatch, plan and the padded fc1 input: (Dispatched, DevicePlan, x_pad [P', H])."""
+    def plan_for(self, d: ld.Dispatched):
+        """Stage A on one dispatch, on the device with no host sync: (DevicePlan, the padded
+        fc1 input x_pad [P', H])."""
         from systems.overlap.plan_device import build_plan_device, padded_input_device
 
-        d = self.dispatch(self.x, self.ids)
         plan = build_plan_device(
             d.recv_src,
             d.recv_expert,
@@ -220,7 +220,12 @@ class _LayerRank:
             elem_bytes=self.x.element_size(),
             send_counts=d.send_counts,
         )
-        return d, plan, padded_input_device(d.x_recv, plan)
+        return plan, padded_input_device(d.x_recv, plan)
+
+    def stage_a(self):
+        """Dispatch, plan and the padded fc1 input: (Dispatched, DevicePlan, x_pad [P', H])."""
+        d = self.dispatch(self.x, self.ids)
+        return (d, *self.plan_for(d))
 
     def fc1(self, plan, x_pad: torch.Tensor) -> torch.Tensor:
         """gelu(x_pad @ W1_e) per expert over the padded layout: [P', H] -> [P', F] (rows
@@ -255,23 +260,9 @@ class _LayerRank:
     def compute_only(self) -> torch.Tensor:
         """Everything but the two exchanges, on the held dispatch: stage A's plan and gather,
         fc1, the producer on ALL SMs without flags, the local copy, the scale."""
-        from systems.overlap.plan_device import build_plan_device, padded_input_device
-
         d = self.held[0]
-        plan = build_plan_device(
-            d.recv_src,
-            d.recv_expert,
-            d.recv_dst_index,
-            world_size=self.spec.world_size,
-            rank=self.rank,
-            experts_per_rank=self.spec.experts_per_rank,
-            tile_m=self.tile_m,
-            mgb=self.mgb,
-            out_cols=self.spec.out,
-            elem_bytes=self.x.element_size(),
-            send_counts=d.send_counts,
-        )
-        h = self.fc1(plan, padded_input_device(d.x_recv, plan))
+        plan, x_pad = self.plan_for(d)
+        h = self.fc1(plan, x_pad)
         y = self._fc2_combine(plan, h, overlapped=False)
         self.runner.local_copy(y)
         return Scaler.on_device(d.pos, self.gate, self.rows)(self.runner.transport.recv)
@@ -280,11 +271,7 @@ class _LayerRank:
         """The dispatch all-to-all and the consumer's combine alone (flags taken as set)."""
         d, plan, x_pad = self.held
         if self.spec.world_size > 1:
-            x_send = self.x.index_select(0, d.send_order // self.ids.shape[1])
-            recv = torch.empty_like(d.x_recv)
-            torch.distributed.all_to_all_single(
-                recv, x_send, d.recv_splits, d.send_splits, group=self.group
-            )
+            ld.redispatch(d, self.x, self.ids.shape[1], self.group)
         self.runner.use_plan(plan)
         y = torch.empty(x_pad.shape[0], self.spec.out, dtype=self.x.dtype, device=self.x.device)
         self.runner.comm_only(y)
@@ -399,53 +386,49 @@ class OverlapSystem(System):
             "segments": int(plan.n_segments),
             "producer_programs": rk.runner.num_programs,
         }
-        spec, dev = inp.spec, inp.x.device
-        from systems.overlap.plan_device import build_plan_device, padded_input_device
-
-        lay = inp.layout
-        if self.layer:
-            d = rk.held[0]
-            src, exp, dst, send = d.recv_src, d.recv_expert, d.recv_dst_index, d.send_counts
-        else:
-            src, exp, dst = (t.to(dev) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
-            send = lay.send_counts.to(dev)
-        x_recv = rk.held[0].x_recv if self.layer else inp.x_recv
-        knobs = dict(
-            world_size=spec.world_size,
-            rank=lay.rank,
-            experts_per_rank=spec.experts_per_rank,
-            tile_m=rk.plan.tile_m,
-            mgb=rk.plan.mgb,
-            out_cols=spec.out,
-            elem_bytes=x_recv.element_size(),
-            send_counts=send,
-        )
-
-        def device_stage_a():
-            return padded_input_device(x_recv, build_plan_device(src, exp, dst, **knobs))
-
-        def host_stage_a():
-            plan = plan_for_layout(
-                lay, device=dev, **{k: knobs[k] for k in knobs if k not in ("rank", "send_counts")}
-            )
-            return padded_input(inp.x_recv, plan.gather_index)
+        dev = inp.x.device
 
         def t(fn, group=None):
             return time_fn(fn, device=dev, group=group, warmup=2, iters=10).median_ms
 
         if self.layer:  # both inside the timed region
-            self.metrics = {"plan_ms": t(device_stage_a)}
-            self.metrics["dispatch_ms"] = t(lambda: rk.dispatch(rk.x, rk.ids), self.ctx.group)
+            self.metrics = {
+                "plan_ms": t(lambda: rk.plan_for(rk.held[0])),
+                "dispatch_ms": t(lambda: rk.dispatch(rk.x, rk.ids), self.ctx.group),
+            }
             self.extra["plan_ms_scope"] = (
                 "inside the timed region: device plan + padded gather (plan_ms), after the "
                 "dispatch (dispatch_ms)"
             )
-        else:  # outside the timed region: built in setup
-            self.metrics = {"plan_ms": t(host_stage_a), "plan_device_ms": t(device_stage_a)}
-            self.extra["plan_ms_scope"] = (
-                "outside the timed region (built in setup): host-synchronised build_plan + "
-                "padded gather (plan_ms), the device plan + gather (plan_device_ms)"
-            )
+            return
+        from systems.overlap.plan_device import build_plan_device, padded_input_device
+
+        spec, lay = inp.spec, inp.layout
+        src, exp, dst = (t_.to(dev) for t_ in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
+        shape = dict(
+            world_size=spec.world_size,
+            experts_per_rank=spec.experts_per_rank,
+            tile_m=rk.plan.tile_m,
+            mgb=rk.plan.mgb,
+            out_cols=spec.out,
+            elem_bytes=inp.x_recv.element_size(),
+        )
+        send = lay.send_counts.to(dev)
+
+        def device_stage_a():
+            plan = build_plan_device(src, exp, dst, rank=lay.rank, send_counts=send, **shape)
+            return padded_input_device(inp.x_recv, plan)
+
+        def host_stage_a():
+            plan = plan_for_layout(lay, device=dev, **shape)
+            return padded_input(inp.x_recv, plan.gather_index)
+
+        # outside the timed region: built in setup
+        self.metrics = {"plan_ms": t(host_stage_a), "plan_device_ms": t(device_stage_a)}
+        self.extra["plan_ms_scope"] = (
+            "outside the timed region (built in setup): host-synchronised build_plan + "
+            "padded gather (plan_ms), the device plan + gather (plan_device_ms)"
+        )
 
     # -- runs ----------------------------------------------------------------------------
     def forward(self) -> torch.Tensor:
