@@ -5,7 +5,8 @@
 # steps: any of tests overlap_ccta plan operator multigpu nvshmem kernels bandwidth
 #        operator_x2 (the operator table with one process per GPU) megatron_gpu (its GPU tests)
 #        scale (the fused scale vs its memory bound) layer_x2 (the layer table; LAYER_ARGS adds
-#        Hydra overrides)
+#        Hydra overrides) operator_x2_nvshmem layer_x2_nvshmem (the overlap rows over nvshmem into
+#        the same tables; LAYER_T picks the layer's tokens per rank)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -29,7 +30,10 @@ for step in $steps; do
       timeout "${OPERATOR_S:-480}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' 2>&1 | tail -25
       python3 -m benchmarks.table_summary "$OUT/operator.parquet" ;;
     operator_x2_nvshmem) for n in 4096 8192; do  # one process per N: NVSHMEM refuses a buffer that grows
-        timeout 150 python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[$n]" 'experiment.select=[overlap]' experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -4; done ;;
+        timeout 150 python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[$n]" 'experiment.select=[overlap]' +experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -4; done ;;
+    layer_x2_nvshmem) [ -f "$OUT/layer.parquet" ] || cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
+      for t in ${LAYER_T:-8192}; do for h in 4096 8192; do  # one process per buffer size (NVSHMEM)
+        timeout 200 python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" "experiment.grid.tokens_per_rank=[$t]" "experiment.grid.hidden=[$h]" 'experiment.select=[overlap]' +experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -4; done; done ;;
     scale) timeout 120 python3 -m benchmarks.scale_bound --out "$OUT" 2>&1 | tail -10 ;;
     layer_x2) [ -f results/reference/h200x2/layer.parquet ] && cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
       timeout "${LAYER_S:-480}" python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" ${LAYER_ARGS:-} 2>&1 | tail -8

@@ -142,6 +142,8 @@ class _Distributed:
         self.ranks = [_Rank(spec, inp.layout, inp.x_recv, inp.weights, tile_m, mgb, t, ccta)]
         self.busy = 0
         self.epoch = torch.zeros(1, dtype=torch.int32, device=inp.x.device)
+        #: the epoch handshake before every step (off only in the test that shows the race)
+        self.handshake = True
 
     def forward(self) -> torch.Tensor:
         out = self.timed()
@@ -158,7 +160,8 @@ class _Distributed:
         import torch.distributed as dist
 
         rk = self.ranks[0]
-        dist.all_reduce(self.epoch, group=self.group)
+        if self.handshake:
+            dist.all_reduce(self.epoch, group=self.group)
         rk.step()
         rows_from = rk.plan.recv_rows.clone()
         rows_from[rk.plan.rank] = 0  # own rows arrive by the local copy, not a signal
