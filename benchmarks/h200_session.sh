@@ -26,16 +26,17 @@ for step in $steps; do
     multigpu) timeout 100 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 2>&1 | tail -25 ;;
     nvshmem) timeout 60 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 'experiment.select=[overlap]' experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -12 ;;
     operator) timeout "${OPERATOR_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' measure.iters=10 measure.warmup=3 2>&1 | tail -40 ;;
-    operator_x2) [ -f results/reference/h200x2/operator.parquet ] && cp results/reference/h200x2/operator.parquet "$OUT/"  # resume
+    operator_x2) [ -f "$OUT/operator.parquet" ] || cp results/reference/h200x2/operator.parquet "$OUT/"  # resume
       timeout "${OPERATOR_S:-480}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' 2>&1 | tail -25
       python3 -m benchmarks.table_summary "$OUT/operator.parquet" ;;
-    operator_x2_nvshmem) for n in 4096 8192; do  # one process per N: NVSHMEM refuses a buffer that grows
+    operator_x2_nvshmem) [ -f "$OUT/operator.parquet" ] || cp results/reference/h200x2/operator.parquet "$OUT/"  # resume
+      for n in 4096 8192; do  # one process per N: NVSHMEM refuses a buffer that grows
         timeout 150 python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[$n]" 'experiment.select=[overlap]' +experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -4; done ;;
     layer_x2_nvshmem) [ -f "$OUT/layer.parquet" ] || cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
       for t in ${LAYER_T:-8192}; do for h in 4096 8192; do  # one process per buffer size (NVSHMEM)
         timeout 200 python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" "experiment.grid.tokens_per_rank=[$t]" "experiment.grid.hidden=[$h]" 'experiment.select=[overlap]' +experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -4; done; done ;;
     scale) timeout 120 python3 -m benchmarks.scale_bound --out "$OUT" 2>&1 | tail -10 ;;
-    layer_x2) [ -f results/reference/h200x2/layer.parquet ] && cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
+    layer_x2) [ -f "$OUT/layer.parquet" ] || cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
       timeout "${LAYER_S:-480}" python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" ${LAYER_ARGS:-} 2>&1 | tail -8
       python3 -m benchmarks.table_summary "$OUT/layer.parquet" ;;
     operator_plan) timeout "${PLAN_S:-120}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_plan.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' 2>&1 | tail -3
