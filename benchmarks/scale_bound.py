@@ -2,7 +2,9 @@
 
 For each shape (T tokens, N columns, top-k, dtype) on one device:
   scale_ms  harness.scale.Scaler (one Triton kernel on CUDA): out[t] = sum_j gate[t, j] *
-            y[pos[t, j]], pos a random permutation of the k*T rows (the send order)
+            y[pos[t, j]], pos a random permutation of the k*T rows (the send order); on CUDA
+            also every kernel variant of harness/kernels/scale.py (VARIANTS: tokens and columns
+            per program, warps), one row each (column `variant`; `default` marks the Scaler's)
   copy_ms   torch copy_ of a contiguous buffer of (k+1)*T*N elements (the same bytes read and
             written: read k*T*N + write T*N for the scale, read + write for the copy, so the
             copy moves 2x; copy_gbps counts read + write)
@@ -29,7 +31,9 @@ FULL = {"tokens": [8192, 16384], "cols": [2048, 4096, 8192]}
 SMALL = {"tokens": [64], "cols": [128]}
 
 
-def measure(T: int, N: int, k: int, dtype: torch.dtype, device: torch.device, iters: int) -> dict:
+def measure(
+    T: int, N: int, k: int, dtype: torch.dtype, device: torch.device, iters: int
+) -> list[dict]:
     g = torch.Generator(device="cpu").manual_seed(T * 7 + N)
     pos = torch.randperm(T * k, generator=g).view(T, k)
     gate = torch.rand(T, k, generator=g)
@@ -39,28 +43,47 @@ def measure(T: int, N: int, k: int, dtype: torch.dtype, device: torch.device, it
     err = float((scale(y).float() - ref).norm() / ref.norm())
     src = torch.empty((k + 1) * T * N, dtype=dtype, device=device)
     dst = torch.empty_like(src)
-    scale_ms = statistics.median(time_ms(lambda: scale(y), device, 3, iters))
+    runs = {"default": (lambda: scale(y), err)}
+    if scale.fused:
+        from harness.kernels.scale import VARIANTS, launch_scale
+
+        out = torch.empty(T, N, dtype=dtype, device=device)
+        for name in VARIANTS:
+
+            def run(name=name):
+                return launch_scale(y, scale.pos, scale.gate, out, variant=name)
+
+            got = run().float()
+            runs[name] = (run, float((got - ref).norm() / ref.norm()))
     copy_ms = statistics.median(time_ms(lambda: dst.copy_(src), device, 3, iters))
     elem = y.element_size()
     nbytes = (k + 1) * T * N * elem
     gbps = 2 * nbytes / copy_ms / 1e6
     bound = nbytes / gbps / 1e6
-    return {
-        "tokens": T,
-        "cols": N,
-        "top_k": k,
-        "dtype": str(dtype).removeprefix("torch."),
-        "fused": scale.fused,
-        "scale_ms": scale_ms,
-        "copy_ms": copy_ms,
-        "copy_gbps": gbps,
-        "bound_ms": bound,
-        "ratio": scale_ms / bound,
-        "rel_err": err,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch_version": torch.__version__,
-        "git_rev": os.environ.get("HARNESS_GIT_REV", ""),
-    }
+    rows = []
+    for name, (fn, e) in runs.items():
+        scale_ms = statistics.median(time_ms(fn, device, 3, iters))
+        rows.append(
+            {
+                "tokens": T,
+                "cols": N,
+                "top_k": k,
+                "dtype": str(dtype).removeprefix("torch."),
+                "fused": scale.fused,
+                "variant": name,
+                "default": name == "default",
+                "scale_ms": scale_ms,
+                "copy_ms": copy_ms,
+                "copy_gbps": gbps,
+                "bound_ms": bound,
+                "ratio": scale_ms / bound,
+                "rel_err": e,
+                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                "torch_version": torch.__version__,
+                "git_rev": os.environ.get("HARNESS_GIT_REV", ""),
+            }
+        )
+    return rows
 
 
 def main() -> None:
@@ -72,16 +95,18 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = SMALL if args.small or device.type == "cpu" else FULL
     rows = [
-        measure(T, N, 2, torch.bfloat16, device, args.iters)
+        row
         for T in shapes["tokens"]
         for N in shapes["cols"]
+        for row in measure(T, N, 2, torch.bfloat16, device, args.iters)
     ]
     df = pd.DataFrame(rows)
     path = Path(args.out) / "scale_bound.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_parquet(path, index=False)
-    cols = ["tokens", "cols", "scale_ms", "bound_ms", "copy_gbps", "ratio", "rel_err"]
-    print(df[cols].round(4).to_string(index=False))
+    print(df.pivot_table(index=["tokens", "cols"], columns="variant", values="ratio").round(3))
+    cols = ["tokens", "cols", "variant", "scale_ms", "bound_ms", "copy_gbps", "ratio", "rel_err"]
+    print(df[df.variant == "default"][cols].round(4).to_string(index=False))
     print(f"wrote {path}")
 
 

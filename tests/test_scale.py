@@ -39,18 +39,19 @@ def test_bad_shapes_are_clear_errors():
 
 _INTERP = r"""
 import torch
-from harness.kernels.scale import launch_scale
+from harness.kernels.scale import VARIANTS, launch_scale
 gen = torch.Generator().manual_seed(0)
-for dtype, N in ((torch.float32, 40), (torch.float16, 3000)):
-    T, k, S = 7, 3, 30
-    y = torch.randn(S, N, generator=gen).to(dtype)
-    pos = torch.randint(0, S, (T, k), generator=gen)
-    gate = torch.rand(T, k, generator=gen)
-    out = launch_scale(y, pos, gate, torch.empty(T, N, dtype=dtype))
-    want = (y.float()[pos] * gate[..., None]).sum(1)
-    err = ((out.float() - want).norm() / want.norm()).item()
-    assert err < (1e-6 if dtype == torch.float32 else 1e-3), (dtype, err)
-    print("SCALE_OK", dtype, N)
+for variant in [None, *VARIANTS]:
+    for dtype, N in ((torch.float32, 40), (torch.float16, 3000)):
+        T, k, S = 7, 3, 30  # T=7: a partial token block for every block_t > 1
+        y = torch.randn(S, N, generator=gen).to(dtype)
+        pos = torch.randint(0, S, (T, k), generator=gen)
+        gate = torch.rand(T, k, generator=gen)
+        out = launch_scale(y, pos, gate, torch.empty(T, N, dtype=dtype), variant=variant)
+        want = (y.float()[pos] * gate[..., None]).sum(1)
+        err = ((out.float() - want).norm() / want.norm()).item()
+        assert err < (1e-6 if dtype == torch.float32 else 1e-3), (variant, dtype, err)
+        print("SCALE_OK", variant, dtype, N)
 """
 
 
@@ -63,7 +64,10 @@ def test_fused_kernel_in_the_interpreter():
         timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.count("SCALE_OK") == 2  # N=3000 spans two column blocks of 2048
+    from harness.kernels.scale import VARIANTS
+
+    # N=3000 spans several column blocks in every variant; each variant and the default
+    assert proc.stdout.count("SCALE_OK") == 2 * (len(VARIANTS) + 1)
 
 
 @pytest.mark.gpu

@@ -1,16 +1,43 @@
 """The fused scale (step 5 of the layer): out[t] = sum_j gate[t, j] * y[pos[t, j]].
 
 One Triton kernel instead of a gather, a product and a sum (three kernels and a [T, k, N]
-temporary). Program (t, c) reads the k rows of token t in column block c, multiplies by the gate
-weights and accumulates in float32, then stores one row block of out in out's dtype. Memory
-traffic: k*T*N elements read, T*N written, plus the [T, k] indices and weights.
+temporary). Program (b, c) reads the k rows of BLOCK_T tokens in column block c, multiplies by
+the gate weights and accumulates in float32, then stores a [BLOCK_T, BLOCK_N] block of out in
+out's dtype. Memory traffic: k*T*N elements read, T*N written, plus the [T, k] indices and
+weights. Several tokens per program give each thread several independent row loads in flight
+(the rows are gathered: pos is a permutation). ScaleConfig picks (BLOCK_T, BLOCK_N, warps);
+benchmarks.scale_bound measures every variant in VARIANTS against the memory bound.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    """Tokens per program, columns per program, warps per program."""
+
+    block_t: int
+    block_n: int
+    num_warps: int
+
+
+#: the variants the benchmark measures (the first is the one-token kernel this file started with)
+VARIANTS: dict[str, ScaleConfig] = {
+    "t1_n2048_w8": ScaleConfig(1, 2048, 8),
+    "t2_n1024_w4": ScaleConfig(2, 1024, 4),
+    "t4_n1024_w8": ScaleConfig(4, 1024, 8),
+    "t4_n512_w4": ScaleConfig(4, 512, 4),
+    "t8_n512_w8": ScaleConfig(8, 512, 8),
+    "t8_n256_w4": ScaleConfig(8, 256, 4),
+    "t16_n256_w8": ScaleConfig(16, 256, 8),
+}
+DEFAULT = "t1_n2048_w8"
 
 
 @triton.jit
@@ -19,36 +46,58 @@ def _scale_kernel(
     pos_ptr,
     gate_ptr,
     out_ptr,
+    T,
     N,
     K_SLOTS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < N
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    tmask = t < T
+    mask = tmask[:, None] & (cols < N)[None, :]
+    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
     for j in tl.static_range(K_SLOTS):
-        p = tl.load(pos_ptr + t * K_SLOTS + j).to(tl.int64)
-        g = tl.load(gate_ptr + t * K_SLOTS + j)
-        v = tl.load(y_ptr + p * N + cols, mask=mask, other=0.0)
-        acc += g * v.to(tl.float32)
-    tl.store(out_ptr + t.to(tl.int64) * N + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        p = tl.load(pos_ptr + t * K_SLOTS + j, mask=tmask, other=0).to(tl.int64)
+        g = tl.load(gate_ptr + t * K_SLOTS + j, mask=tmask, other=0.0)
+        v = tl.load(y_ptr + p[:, None] * N + cols[None, :], mask=mask, other=0.0)
+        acc += g[:, None] * v.to(tl.float32)
+    rows = t.to(tl.int64)[:, None] * N
+    tl.store(out_ptr + rows + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def block_n(n: int) -> int:
-    """Columns per program: the row up to 2048 elements (power of two)."""
-    return min(triton.next_power_of_2(max(n, 16)), 2048)
+def config_for(n: int, variant: str | None = None) -> ScaleConfig:
+    """The variant asked for (default DEFAULT), its column block capped at N's power of two."""
+    cfg = VARIANTS[variant or DEFAULT]
+    bn = min(cfg.block_n, triton.next_power_of_2(max(n, 16)))
+    return ScaleConfig(cfg.block_t, bn, cfg.num_warps)
 
 
-def launch_scale(y: torch.Tensor, pos: torch.Tensor, gate: torch.Tensor, out: torch.Tensor):
+def launch_scale(
+    y: torch.Tensor,
+    pos: torch.Tensor,
+    gate: torch.Tensor,
+    out: torch.Tensor,
+    variant: str | None = None,
+) -> torch.Tensor:
     """out [T, N] = sum_j gate[t, j] * y[pos[t, j]]; y [S, N] contiguous, pos [T, k] int32/64,
     gate [T, k] float32, all on one device. Shapes are checked by harness.scale.Scaler."""
     T, k = pos.shape
     N = y.shape[1]
     if T == 0:
         return out
-    bn = block_n(N)
-    _scale_kernel[(T, triton.cdiv(N, bn))](
-        y, pos, gate, out, N, K_SLOTS=k, BLOCK_N=bn, num_warps=4 if bn <= 1024 else 8
+    cfg = config_for(N, variant)
+    grid = (triton.cdiv(T, cfg.block_t), triton.cdiv(N, cfg.block_n))
+    _scale_kernel[grid](
+        y,
+        pos,
+        gate,
+        out,
+        T,
+        N,
+        K_SLOTS=k,
+        BLOCK_T=cfg.block_t,
+        BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps,
     )
     return out
