@@ -31,7 +31,7 @@ FIGURES: dict[str, str] = {
     "multigpu_smoke_k_eq_n": "plots.latency_vs_experts",
     "multigpu_smoke_fused_scale": "plots.latency_vs_experts",
     "overlap_sweep": "plots.speedup_vs_serial",
-    "layer": "plots.speedup_vs_serial",
+    "layer": "plots.layer",
 }
 
 
