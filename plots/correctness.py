@@ -31,9 +31,13 @@ ROW_TOL_FACTOR = 10.0
 
 
 def with_layout(df: pd.DataFrame) -> pd.DataFrame:
-    """df with a `layout` column: p_layout where present, else `aligned`."""
+    """df with a `layout` column (p_layout where present, else `aligned`) and the asked transport
+    (p_transport) where a row skipped before setup has none."""
     layout = df["p_layout"] if "p_layout" in df else pd.Series("aligned", index=df.index)
-    return df.assign(layout=layout.fillna("aligned").astype(str))
+    tr = df["transport"].fillna("").astype(str)
+    if "p_transport" in df:
+        tr = tr.where(tr != "", df["p_transport"].fillna("").astype(str))
+    return df.assign(layout=layout.fillna("aligned").astype(str), transport=tr)
 
 
 def _stats(g: pd.DataFrame) -> dict:

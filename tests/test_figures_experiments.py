@@ -113,7 +113,7 @@ def _row(experiment, system, i, **kw):
 
 
 def _correctness_table(path):
-    """16 checked overlap rows (one failed) and one skipped row; errors 1e-3 .. 16e-3."""
+    """16 checked overlap rows (one failed: 2e-2) and one skipped row; errors 1e-4 .. 1.5e-3."""
     rows, i = [], 0
     for transport in ("p2p", "nvshmem"):
         for routing in ("balanced", "stress_skew"):
@@ -135,7 +135,8 @@ def _correctness_table(path):
                             latency_ms=1.0,
                         )
                     )
-    rows.append(_row("correctness", "overlap", 99, status="skipped", params={"ccta": 6, "mgb": 1}))
+    p = {"ccta": 6, "mgb": 1, "transport": "p2p"}  # skipped before setup: no row.transport
+    rows.append(_row("correctness", "overlap", 99, status="skipped", transport="", params=p))
     ResultsTable(path).append(rows)
     return path
 
@@ -152,8 +153,9 @@ def test_correctness_summary_counts_checks_failures_and_errors(tmp_path):
     errs = pd.Series([i * 1e-4 for i in range(1, 16)] + [2e-2])
     assert a["rel_err_p50"] == pytest.approx(errs.quantile(0.5))
     per = s.iloc[:-1].set_index("transport")
-    assert set(per["layout"]) == {"aligned"}
-    assert per.loc["p2p", "passed"] == 8 and per.loc["nvshmem", "failed"] == 1
+    assert set(per["layout"]) == {"aligned"} and len(per) == 2  # the skipped row counts as p2p
+    assert per.loc["p2p", "passed"] == 8 and per.loc["p2p", "not_checked"] == 1
+    assert per.loc["nvshmem", "failed"] == 1
 
 
 def test_correctness_summary_groups_a_second_layout(tmp_path):
@@ -277,3 +279,15 @@ def test_report_says_not_measured_or_summarises(tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("- **Correctness matrix"))
     assert "15/16 checks passed (1 failed, 1 not checked)" in line
     assert "max rel. error 2.00e-02" in line
+
+
+def test_ccta_mgb_without_serial_plots_latency(tmp_path):
+    from plots import ccta_mgb
+
+    t = _ccta_table(tmp_path / "m.parquet")
+    df = pd.read_parquet(t)
+    df[df["system"] != "serial"].to_parquet(t)  # a loopback table: serial was skipped
+    s = ccta_mgb.summary(pd.read_parquet(t))
+    assert s["ccta2_vs_serial"].isna().all() and (s["best_ccta"] == 8).all()
+    paths = ccta_mgb.plot(t, tmp_path / "figs", "loopback")
+    assert all(p.exists() for p in paths)
