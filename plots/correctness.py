@@ -31,12 +31,15 @@ ROW_TOL_FACTOR = 10.0
 
 
 def with_layout(df: pd.DataFrame) -> pd.DataFrame:
-    """df with a `layout` column (p_layout where present, else `aligned`) and the asked transport
-    (p_transport) where a row skipped before setup has none."""
+    """df with a `layout` column (p_layout where present, else `aligned`), the asked transport
+    (p_transport) where a row skipped before setup has none, and `max_row_rel_err` (NaN in
+    tables older than the per-row check)."""
     layout = df["p_layout"] if "p_layout" in df else pd.Series("aligned", index=df.index)
     tr = df["transport"].fillna("").astype(str)
     if "p_transport" in df:
         tr = tr.where(tr != "", df["p_transport"].fillna("").astype(str))
+    if "max_row_rel_err" not in df:
+        df = df.assign(max_row_rel_err=np.nan)
     return df.assign(layout=layout.fillna("aligned").astype(str), transport=tr)
 
 

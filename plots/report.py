@@ -315,12 +315,14 @@ def _experts_fig(df: pd.DataFrame) -> str:
     from plots.experts import missing_systems, ratios, speedups
 
     sp, ra = speedups(df), ratios(df)
+    if sp.empty:
+        return "no layer workload with an ok overlap row and another system"
     parts = [f"vs {s} {_range(g['speedup'], unit='x')}" for s, g in sp.groupby("system")]
     ratio = _range(ra["overlap_ratio"]) if len(ra) else "no operator-scope rows"
     gone = ", ".join(sorted(missing_systems(df))) or "none"
+    es = sorted(int(e) for e in sp["experts_per_rank"].unique())
     return (
-        "speedup of the overlap layer per system over E "
-        f"{_join(sp['experts_per_rank'].astype(int))}: "
+        f"speedup of the overlap layer per system over E {es[0]}-{es[-1]}: "
         + "; ".join(parts)
         + f"; overlap ratio (operator scope) {ratio}; systems without an ok row: {gone}"
     )
