@@ -32,6 +32,9 @@ FIGURES: dict[str, str] = {
     "multigpu_smoke_fused_scale": "plots.latency_vs_experts",
     "overlap_sweep": "plots.speedup_vs_serial",
     "layer": "plots.layer",
+    "experts": "plots.experts",
+    "ccta_mgb": "plots.ccta_mgb",
+    "correctness": "plots.correctness",
 }
 
 

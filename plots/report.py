@@ -306,6 +306,107 @@ def unmeasured_section() -> list[str]:
     ]
 
 
+def _range(v: pd.Series, fmt: str = ".2f", unit: str = "") -> str:
+    v = v.dropna()
+    return "none" if v.empty else f"{v.min():{fmt}}-{v.max():{fmt}}{unit}"
+
+
+def _experts_fig(df: pd.DataFrame) -> str:
+    from plots.experts import missing_systems, ratios, speedups
+
+    sp, ra = speedups(df), ratios(df)
+    if sp.empty:
+        return "no layer workload with an ok overlap row and another system"
+    parts = [f"vs {s} {_range(g['speedup'], unit='x')}" for s, g in sp.groupby("system")]
+    ratio = _range(ra["overlap_ratio"]) if len(ra) else "no operator-scope rows"
+    gone = ", ".join(sorted(missing_systems(df))) or "none"
+    es = sorted(int(e) for e in sp["experts_per_rank"].unique())
+    return (
+        f"speedup of the overlap layer per system over E {es[0]}-{es[-1]}: "
+        + "; ".join(parts)
+        + f"; overlap ratio (operator scope) {ratio}; systems without an ok row: {gone}"
+    )
+
+
+def _ccta_mgb_fig(df: pd.DataFrame) -> str:
+    from plots.ccta_mgb import summary
+
+    s = summary(df)
+    if s.empty:
+        return "no ok overlap sweep rows"
+    best = ", ".join(
+        f"N={r.out} {r.routing}: ({r.best_ccta}, {r.best_mgb})" for r in s.itertuples()
+    )
+    return (
+        f"best (cCTA, mgb): {best}; best vs serial {_range(s['best_speedup'], unit='x')}; "
+        f"cCTA=2 {_range(s['ccta2_vs_serial'], unit='x')} of serial's latency and "
+        f"{_range(s['ccta2_vs_best'], unit='x')} of the best; auto pick "
+        f"{_range(s['auto_vs_best'], '.3f', 'x')} of the best"
+    )
+
+
+def _correctness_fig(df: pd.DataFrame) -> str:
+    from plots.correctness import summary
+
+    s = summary(df)
+    a = s.iloc[-1]
+    per = "; ".join(
+        f"{r.layout}/{r.transport} W={r.world_size} {r.dtype}: {r.passed}/{r.checks}"
+        for r in s.iloc[:-1].itertuples()
+    )
+    return (
+        f"{a['passed']}/{a['checks']} checks passed ({a['failed']} failed, {a['not_checked']} "
+        f"not checked); max rel. error {a['rel_err_max']:.2e} (p50 {a['rel_err_p50']:.2e}, p99 "
+        f"{a['rel_err_p99']:.2e}), worst row {a['row_err_max']:.2e}; {per}"
+    )
+
+
+@dataclass
+class FigureTable:
+    title: str
+    #: table stem under results/reference/h200x2/
+    name: str
+    command: str
+    summarise: Callable[[pd.DataFrame], str]
+
+
+FIGURE_TABLES = [
+    FigureTable(
+        "Fig 5: experts per rank 4-64 (whole layer, overlap ratio from the operator pass)",
+        "experts",
+        "`python -m harness.run experiment=experts` then `python -m harness.run "
+        "experiment=experts_operator`, one process per GPU",
+        _experts_fig,
+    ),
+    FigureTable(
+        "Figs 6-8: cCTA x mgb against serial, with the auto pick",
+        "ccta_mgb",
+        "`python -m harness.run experiment=ccta_mgb`, one process per GPU",
+        _ccta_mgb_fig,
+    ),
+    FigureTable(
+        "Correctness matrix (3 routings x 12 cCTA x 2 mgb x 6 shapes per transport)",
+        "correctness",
+        "`python -m harness.run experiment=correctness` then `python -m harness.run "
+        "experiment=correctness_nvshmem`, one process per GPU",
+        _correctness_fig,
+    ),
+]
+
+
+def figures_section(dfs: dict[str, pd.DataFrame]) -> list[str]:
+    """One line per figure of the figures issue: its summary, or the command that measures it."""
+    out = ["## Figures 5-8 and the correctness matrix (2 GPUs)", ""]
+    for f in FIGURE_TABLES:
+        df = dfs.get(f"h200x2/{f.name}")
+        if df is None:
+            text = f"not measured yet (no `h200x2/{f.name}`): {f.command}"
+        else:
+            text = f"`h200x2/{f.name}`: {f.summarise(df)}; figure: `plots/{f.name}.py`"
+        out.append(f"- **{f.title}**: {text}")
+    return out + [""]
+
+
 def render(ref: Path = REF, figures: Path = FIGURES) -> str:
     dfs = tables(ref)
     lines = [
@@ -316,7 +417,8 @@ def render(ref: Path = REF, figures: Path = FIGURES) -> str:
         "proxy, never an interconnect result.",
         "",
     ]
-    lines += table_section(dfs, figures) + claims_section(dfs) + unmeasured_section()
+    lines += table_section(dfs, figures) + claims_section(dfs) + figures_section(dfs)
+    lines += unmeasured_section()
     return "\n".join(lines)
 
 

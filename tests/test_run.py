@@ -66,6 +66,15 @@ def test_bad_input_is_a_clear_error(tmp_path, override, message):
     assert not (tmp_path / "t.parquet").exists()
 
 
+#: experiment files that add rows to another experiment's table
+PASSES = {
+    "bandwidth_nvshmem": "bandwidth",
+    "correctness_nvshmem": "correctness",
+    "correctness_loopback": "correctness",
+    "experts_operator": "experts",
+}
+
+
 def test_every_experiment_config_composes_and_dry_runs():
     register_configs()
     names = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -74,8 +83,8 @@ def test_every_experiment_config_composes_and_dry_runs():
         for name in names:
             cfg = compose("config", overrides=[f"experiment={name}"])
             # a second pass of an experiment writes into its table (torch's one symmetric-memory
-            # backend per process: bandwidth's nvshmem pass)
-            assert cfg.experiment.name == {"bandwidth_nvshmem": "bandwidth"}.get(name, name)
+            # backend per process: the nvshmem passes; the loopback and operator-scope passes)
+            assert cfg.experiment.name == PASSES.get(name, name)
     proc = run("experiment=smoke", "dry_run=true")
     assert "dry run of smoke: 4 cells" in proc.stdout
 

@@ -1,0 +1,146 @@
+"""Figs 6-8: the overlap system against serial per cCTA and mgb (operator scope).
+
+Input: the `ccta_mgb` table (conf/experiment/ccta_mgb.yaml): the overlap system's cCTA x mgb
+sweep, its `auto` cells and serial once per workload, all from one run. One panel per shape
+(rows) and routing (columns): speedup = latency(serial) / latency(overlap) against cCTA, one line
+per (transport, mgb); higher is better, below 1 the overlap system is slower than serial. A star
+marks the measured optimum, a red diamond the adaptive pick (ccta=auto, mgb=auto) at the cCTA it
+ran with. Without serial rows (a loopback table: serial cannot play W ranks in one process) the
+panels show latency in ms instead. summary(): per workload and transport the best (cCTA, mgb),
+the cCTA=2 slowdown (against serial and against the best) and the auto pick against the best;
+`python -m plots.ccta_mgb --summary` prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from plots.common import FIG_DIR, load, save, transport_note
+
+WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k"]
+WORKLOAD += ["routing", "dtype"]
+SHAPE = ["tokens_per_rank", "hidden", "out", "experts_per_rank"]
+
+
+def overlap_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The ok overlap rows with `ccta`/`mgb` (numbers, NaN for `auto`), `auto` (both asked
+    auto), and `serial_ms`/`speedup` against serial on the same workload (NaN without serial)."""
+    df = df[df["status"] == "ok"]
+    ser = df[df["system"] == "serial"].groupby(WORKLOAD, as_index=False)["latency_ms"].min()
+    o = df[df["system"] == "overlap"].copy()
+    o["ccta"] = pd.to_numeric(o["p_ccta"], errors="coerce")
+    o["mgb"] = pd.to_numeric(o["p_mgb"], errors="coerce")
+    o["auto"] = (o["p_ccta"].astype(str) == "auto") & (o["p_mgb"].astype(str) == "auto")
+    o = o.merge(ser.rename(columns={"latency_ms": "serial_ms"}), on=WORKLOAD, how="left")
+    o["speedup"] = o["serial_ms"] / o["latency_ms"]
+    return o
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per workload and transport: best measured (cCTA, mgb), its speedup over serial, cCTA=2
+    against serial and against the best (> 1: slower), and the auto pick against the best."""
+    o = overlap_rows(df)
+    rows = []
+    for key, g in o.groupby(WORKLOAD + ["transport"], sort=True):
+        swept = g.dropna(subset=["ccta", "mgb"])
+        if swept.empty:
+            continue
+        best = swept.loc[swept["latency_ms"].idxmin()]
+        two = swept[swept["ccta"] == 2]["latency_ms"].min()
+        auto = g[g["auto"]]
+        a = auto.iloc[0] if len(auto) else None
+        rows.append(
+            {
+                **dict(zip(WORKLOAD + ["transport"], key)),
+                "best_ccta": int(best["ccta"]),
+                "best_mgb": int(best["mgb"]),
+                "best_ms": best["latency_ms"],
+                "serial_ms": best["serial_ms"],
+                "best_speedup": best["speedup"],
+                "ccta2_vs_serial": two / best["serial_ms"],
+                "ccta2_vs_best": two / best["latency_ms"],
+                "auto_ccta": np.nan if a is None else a["p_ccta_used"],
+                "auto_mgb": np.nan if a is None else a["p_mgb_used"],
+                "auto_vs_best": np.nan if a is None else a["latency_ms"] / best["latency_ms"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
+    df = load(table)
+    o = overlap_rows(df)
+    if o.dropna(subset=["ccta", "mgb"]).empty:
+        raise ValueError(f"{table}: no ok overlap rows with a numeric cCTA and mgb")
+    vs_serial = o["speedup"].notna().any()
+    y = "speedup" if vs_serial else "latency_ms"
+    summ = summary(df).set_index(WORKLOAD + ["transport"])
+    shapes = sorted(o.groupby(SHAPE).groups)
+    routings = sorted(o["routing"].unique())
+    fig, axes = plt.subplots(
+        len(shapes), len(routings), figsize=(4.8 * len(routings), 3.8 * len(shapes)), squeeze=False
+    )
+    for i, shape in enumerate(shapes):
+        for j, routing in enumerate(routings):
+            ax = axes[i][j]
+            sub = o[(o[SHAPE] == pd.Series(shape, index=SHAPE)).all(axis=1)]
+            sub = sub[sub["routing"] == routing]
+            notes = []
+            for (tr, mgb), s in sub.dropna(subset=["ccta", "mgb"]).groupby(["transport", "mgb"]):
+                s = s.sort_values("ccta")
+                ax.plot(s["ccta"], s[y], "o-", ms=3, label=f"{tr}, mgb={mgb:g}")
+            for key, g in sub.groupby(WORKLOAD + ["transport"]):
+                if key not in summ.index:
+                    continue
+                r = summ.loc[key]
+                best = g[(g["ccta"] == r["best_ccta"]) & (g["mgb"] == r["best_mgb"])].iloc[0]
+                ax.plot(best["ccta"], best[y], "k*", ms=12, label="best measured")
+                a = g[g["auto"]]
+                if len(a):
+                    ax.plot(a["p_ccta_used"], a[y], "rD", ms=7, label="auto pick")
+                notes.append(
+                    f"{key[-1]}: best ({r['best_ccta']:g}, {r['best_mgb']:g}); cCTA=2 "
+                    + (f"{r['ccta2_vs_serial']:.2f}x serial, " if vs_serial else "")
+                    + f"{r['ccta2_vs_best']:.2f}x best; auto "
+                    + (
+                        f"({r['auto_ccta']:g}, {r['auto_mgb']:g}) {r['auto_vs_best']:.3f}x best"
+                        if r["auto_vs_best"] == r["auto_vs_best"]
+                        else "not measured"
+                    )
+                )
+            if vs_serial:
+                ax.axhline(1.0, color="k", lw=0.8)
+            t, k, n, e = shape
+            ax.set_title(f"T={t} K={k} N={n} E={e}, {routing}\n" + "\n".join(notes), fontsize=7)
+            ax.set_xlabel("cCTA (consumer SMs)")
+            ax.set_ylabel(
+                "speedup vs serial (higher is better)" if vs_serial else "ms (lower is better)"
+            )
+            ax.legend(fontsize=6)
+    what = "against serial" if vs_serial else "latency (no serial rows in this table)"
+    fig.suptitle(f"Overlap cCTA x mgb {what}\n{transport_note(df)}", fontsize=9, y=1.02)
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", default="results/ccta_mgb.parquet")
+    ap.add_argument("--out", default=str(FIG_DIR))
+    ap.add_argument("--name", default="ccta_mgb")
+    ap.add_argument("--summary", action="store_true", help="print the summary, draw nothing")
+    args = ap.parse_args(argv)
+    if args.summary:
+        print(summary(pd.read_parquet(args.table)).to_string(index=False))
+        return
+    for p in plot(args.table, args.out, args.name):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

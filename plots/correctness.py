@@ -1,0 +1,144 @@
+"""The correctness matrix: every overlap cell's check against the float32 reference.
+
+Input: the `correctness` table (conf/experiment/correctness*.yaml: p2p, nvshmem and loopback
+passes into one table). A check is a row with status ok (passed) or fail (failed); skipped and
+error rows were not checked and are counted apart. The layout is the row's `p_layout` where the
+table has that column, else `aligned` (the only layout the plan builds today), so a second layout
+becomes its own group here without a change.
+
+summary(df): one row per (layout, transport, W, dtype) and one for all: checks, passed, failed,
+not checked, and max / quantiles of the relative error (`max_rel_err`) and of the per-row check
+(`max_row_rel_err`). plot(): per group a heatmap of log10 max_rel_err over (E, N, routing) x
+(cCTA, mgb), failed cells crossed; below, histograms of both errors with their bounds (tol and
+10 x tol). Lower is better. `python -m plots.correctness --summary` prints the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from plots.common import FIG_DIR, save, transport_note
+
+GROUP = ["layout", "transport", "world_size", "dtype"]
+QUANTILES = (0.5, 0.9, 0.99)
+#: the per-row bound is this many times tol (harness/check.py: ROW_TOL_FACTOR)
+ROW_TOL_FACTOR = 10.0
+
+
+def with_layout(df: pd.DataFrame) -> pd.DataFrame:
+    """df with a `layout` column (p_layout where present, else `aligned`), the asked transport
+    (p_transport) where a row skipped before setup has none, and `max_row_rel_err` (NaN in
+    tables older than the per-row check)."""
+    layout = df["p_layout"] if "p_layout" in df else pd.Series("aligned", index=df.index)
+    tr = df["transport"].fillna("").astype(str)
+    if "p_transport" in df:
+        tr = tr.where(tr != "", df["p_transport"].fillna("").astype(str))
+    if "max_row_rel_err" not in df:
+        df = df.assign(max_row_rel_err=np.nan)
+    return df.assign(layout=layout.fillna("aligned").astype(str), transport=tr)
+
+
+def _stats(g: pd.DataFrame) -> dict:
+    checked = g[g["status"].isin(["ok", "fail"])]
+    rel, row = checked["max_rel_err"].dropna(), checked["max_row_rel_err"].dropna()
+    out = {
+        "checks": len(checked),
+        "passed": int((checked["status"] == "ok").sum()),
+        "failed": int((checked["status"] == "fail").sum()),
+        "not_checked": len(g) - len(checked),
+        "rel_err_max": rel.max() if len(rel) else np.nan,
+    }
+    for q in QUANTILES:
+        out[f"rel_err_p{round(100 * q)}"] = rel.quantile(q) if len(rel) else np.nan
+    out["row_err_max"] = row.max() if len(row) else np.nan
+    out["row_err_p99"] = row.quantile(0.99) if len(row) else np.nan
+    return out
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Checks, passes, failures and error quantiles per (layout, transport, W, dtype), and all."""
+    df = with_layout(df[df["system"] == "overlap"])
+    rows = [{**dict(zip(GROUP, key)), **_stats(g)} for key, g in df.groupby(GROUP, sort=True)]
+    rows.append({**{k: "all" for k in GROUP}, **_stats(df)})
+    return pd.DataFrame(rows)
+
+
+def _heatmap(ax: plt.Axes, g: pd.DataFrame) -> plt.cm.ScalarMappable:
+    g = g.assign(ccta=pd.to_numeric(g["p_ccta"]), mgb=pd.to_numeric(g["p_mgb"]))
+    ys = ["experts_per_rank", "out", "routing"]
+    m = g.pivot_table(index=ys, columns=["ccta", "mgb"], values="max_rel_err", aggfunc="max")
+    # inf (a broken output) and the 1e30 of an unmeasured rank show as the top colour (1.0)
+    colour = np.log10(np.clip(m.to_numpy(dtype=float), 1e-8, 1.0))
+    im = ax.imshow(colour, aspect="auto", cmap="viridis")
+    failed = g[g["status"] == "fail"].set_index(ys + ["ccta", "mgb"]).index
+    for i, y in enumerate(m.index):
+        for j, x in enumerate(m.columns):
+            if (*y, *x) in failed:
+                ax.text(j, i, "x", color="red", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(m.columns)), [f"{c:g}/{b:g}" for c, b in m.columns], fontsize=5)
+    ax.set_yticks(range(len(m.index)), [f"E={e} N={n} {r}" for e, n, r in m.index], fontsize=5)
+    ax.set_xlabel("cCTA / mgb")
+    return im
+
+
+def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
+    df = with_layout(pd.read_parquet(table))
+    df = df[(df["system"] == "overlap") & df["status"].isin(["ok", "fail"])]
+    if df.empty:
+        raise ValueError(f"{table}: no checked overlap rows (status ok or fail)")
+    groups = list(df.groupby(GROUP, sort=True))
+    cols = max(2, len(groups))
+    fig, axes = plt.subplots(2, cols, figsize=(5.5 * cols, 10), squeeze=False)
+    for ax, (key, g) in zip(axes[0], groups):
+        im = _heatmap(ax, g)
+        layout, tr, w, dt = key
+        n_fail = int((g["status"] == "fail").sum())
+        ax.set_title(f"{layout}, {tr}, W={w}, {dt}: {len(g) - n_fail}/{len(g)} passed", fontsize=8)
+        fig.colorbar(im, ax=ax, label="log10 max_rel_err")
+    for ax in axes[0][len(groups) :]:
+        ax.axis("off")
+    tol = float(df["tol"].dropna().max()) if "tol" in df and df["tol"].notna().any() else 8e-3
+    hists = (("max_rel_err", tol, "whole-tensor"), ("max_row_rel_err", ROW_TOL_FACTOR * tol, "row"))
+    for ax, (col, bound, what) in zip(axes[1], hists):
+        for key, g in groups:
+            v = g[col].replace([np.inf], np.nan).dropna()
+            v = v[v > 0]
+            if len(v):
+                ax.hist(np.log10(v), bins=30, histtype="step", label=", ".join(map(str, key)))
+        ax.axvline(np.log10(bound), color="k", ls="--", label=f"bound {bound:.0e}")
+        ax.set_xlabel(f"log10 {col} ({what} check; lower is better)")
+        ax.set_ylabel("cells")
+        ax.legend(fontsize=6)
+    for ax in axes[1][2:]:
+        ax.axis("off")
+    s = summary(df).iloc[-1]
+    fig.suptitle(
+        f"Correctness matrix: {s['passed']}/{s['checks']} checks passed, max rel. error "
+        f"{s['rel_err_max']:.2e} (tol {tol:.0e})\n{transport_note(df)}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", default="results/correctness.parquet")
+    ap.add_argument("--out", default=str(FIG_DIR))
+    ap.add_argument("--name", default="correctness")
+    ap.add_argument("--summary", action="store_true", help="print the summary, draw nothing")
+    args = ap.parse_args(argv)
+    if args.summary:
+        print(summary(pd.read_parquet(args.table)).to_string(index=False))
+        return
+    for p in plot(args.table, args.out, args.name):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Fig 5: the overlap system against every other system as experts per rank grow (4 to 64).
+
+Input: the `experts` table. Its layer rows (ffn > 0, `experiment=experts`) give the speedup of
+the overlap system over each system on the same workload, latency(system) / latency(overlap)
+(higher is better; 1 = as fast), one line per system, one panel per routing: native FasterMoE
+and Tutel, their re-implementations where they have rows (they have no layer scope, so their
+rows are skipped), serial and both Megatron layers. A layer row has no overlap ratio (its bounds
+leave the dispatch out: harness.measure.LAYER_RATIO_NOTE), so the ratio panel below reads the
+operator-scope rows (ffn 0: the layer's fc2 as the operator, K=F, N=H) that
+`experiment=experts_operator` adds to the same table. Systems without an ok row are named in
+the caption with their reason.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from plots.common import cli, label, save, transport_note
+
+WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
+#: what the operator pass runs, for the caption when it is missing
+OPERATOR_PASS = "python -m harness.run experiment=experts_operator"
+
+
+def _ffn(df: pd.DataFrame) -> pd.Series:
+    return df["ffn"].fillna(0) if "ffn" in df else pd.Series(0, index=df.index)
+
+
+def speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Per layer workload and other system: latency(system) / latency(overlap) (ok rows)."""
+    ok = df[(df["status"] == "ok") & (_ffn(df) > 0)]
+    best = ok.groupby(WORKLOAD + ["system"], as_index=False)["latency_ms"].min()
+    mine = best[best["system"] == "overlap"][WORKLOAD + ["latency_ms"]]
+    out = best[best["system"] != "overlap"].merge(mine, on=WORKLOAD, suffixes=("", "_overlap"))
+    out["speedup"] = out["latency_ms"] / out["latency_ms_overlap"]
+    return out
+
+
+def ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """The overlap system's overlap ratio per operator-scope workload (ok rows, ffn 0)."""
+    ok = df[(df["status"] == "ok") & (_ffn(df) == 0) & (df["system"] == "overlap")]
+    return ok.dropna(subset=["overlap_ratio"])[WORKLOAD + ["overlap_ratio"]]
+
+
+def missing_systems(df: pd.DataFrame) -> dict[str, str]:
+    """Systems of the layer rows without an ok row -> the first reason they were not measured."""
+    layer = df[_ffn(df) > 0]
+    ok = set(layer.loc[layer["status"] == "ok", "system"])
+    return {
+        s: str(g["reason"].iloc[0])[:80]
+        for s, g in layer[~layer["system"].isin(ok)].groupby("system")
+    }
+
+
+def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
+    df = pd.read_parquet(table)
+    sp, ra = speedups(df), ratios(df)
+    if sp.empty:
+        raise ValueError(f"{table}: no layer workload with an ok overlap row and another system")
+    routings = sorted(sp["routing"].unique())
+    es = sorted(int(e) for e in sp["experts_per_rank"].unique())
+    fig, axes = plt.subplots(2, len(routings), figsize=(4.8 * len(routings), 7), squeeze=False)
+    for i, routing in enumerate(routings):
+        ax, ax2 = axes[0][i], axes[1][i]
+        for (system, h), s in sp[sp["routing"] == routing].groupby(["system", "hidden"]):
+            s = s.sort_values("experts_per_rank")
+            ax.plot(s["experts_per_rank"], s["speedup"], "o-", ms=3, label=f"{label(system)} H={h}")
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(es, [str(e) for e in es])
+        ax.set_xlabel("experts per rank")
+        ax.set_ylabel("speedup of overlap vs system (higher is better)")
+        ax.set_title(f"layer, {routing}", fontsize=9)
+        ax.legend(fontsize=6)
+        r = ra[ra["routing"] == routing]
+        for (k, n), s in r.groupby(["hidden", "out"]):
+            s = s.sort_values("experts_per_rank")
+            ax2.plot(s["experts_per_rank"], s["overlap_ratio"], "o-", label=f"operator K={k} N={n}")
+        if r.empty:
+            msg = f"no operator-scope rows:\n{OPERATOR_PASS}"
+            ax2.text(0.5, 0.5, msg, ha="center", va="center", fontsize=7, transform=ax2.transAxes)
+        else:
+            ax2.legend(fontsize=7)
+        ax2.set_xscale("log", base=2)
+        ax2.set_xticks(es, [str(e) for e in es])
+        ax2.set_ylim(0, 1.05)
+        ax2.set_xlabel("experts per rank")
+        ax2.set_ylabel("overlap ratio (higher is better)")
+    gone = missing_systems(df)
+    note = "; ".join(f"{s}: {why}" for s, why in gone.items())
+    layer = df[(df["status"] == "ok") & (_ffn(df) > 0)]
+    fig.suptitle(
+        "Fig 5: overlap against every system per experts per rank (whole layer, F="
+        f"{int(layer['ffn'].iloc[0])}); overlap ratio from the operator-scope rows\n"
+        f"{transport_note(layer)}" + (f"\nnot measured: {note}" if note else ""),
+        fontsize=8,
+        y=1.04,
+    )
+    fig.tight_layout()
+    return save(fig, out_dir, name)
+
+
+if __name__ == "__main__":
+    args = cli("results/experts.parquet", "experts")
+    for p in plot(args.table, args.out, args.name):
+        print(p)
