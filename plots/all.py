@@ -32,6 +32,7 @@ FIGURES: dict[str, str] = {
     "multigpu_smoke_fused_scale": "plots.latency_vs_experts",
     "overlap_sweep": "plots.speedup_vs_serial",
     "layer": "plots.speedup_vs_serial",
+    "models": "plots.models",
 }
 
 
