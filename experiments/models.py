@@ -353,7 +353,8 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
         torch.distributed.all_reduce(moe_ms, op=torch.distributed.ReduceOp.MAX, group=ctx.group)
     tm = summarize(moe_ms.cpu().tolist())
     h = ref.x0.reshape(-1, m.hidden)
-    ids, gate = ref.ids[m.moe_blocks[0]], torch.full_like(ref.ids[m.moe_blocks[0]], 0.5).float()
+    ids = ref.ids[m.moe_blocks[0]]
+    gate = torch.full(ids.shape, 0.5, device=ids.device)  # any [T, k] float32: only copied
     copy = time_fn(lambda: moe.copy_in(h, ids, gate), warmup=1, iters=cfg.measure.iters, **kw)
     if not checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs)):
         row.reason = f"after timing: {row.reason}"

@@ -4,6 +4,7 @@ model check, the CPU smoke end to end with resume, the figure, bad input; GPU: e
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 import subprocess
 import sys
@@ -235,6 +236,67 @@ def test_the_model_check_catches_a_system_that_keeps_its_setup_routing():
         statuses[cls.__name__] = (row.status, row.reason)
     assert statuses["SerialSystem"] == ("ok", ""), statuses
     assert statuses["Stale"][0] == "fail" and "a MoE call" in statuses["Stale"][1], statuses
+
+
+def _megatron_worker(rank: int, init: str, out: str) -> None:
+    """Megatron's real MoELayer + GroupedMLP on the CPU (W=1 gloo), patched as in
+    tests/test_megatron.py (its CUDA-stream D2H bookkeeping, its compiled activation), fed two
+    new routings by copy-in."""
+    import json
+
+    import torch.distributed as dist
+    from megatron.core.transformer.moe import experts as mexperts
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
+
+    from systems.megatron_cutlass import MegatronCutlassSystem
+
+    def cpu_dtoh(self, point, tokens_per_expert=None):
+        if point == self.cuda_dtoh_point:
+            for name in ("input_splits", "output_splits", "output_splits_tp"):
+                v = getattr(self, name)
+                if isinstance(v, torch.Tensor):
+                    setattr(self, name, v.numpy())
+        return tokens_per_expert
+
+    D.cuda_dtoh_stream = object()
+    D._maybe_dtoh_and_synchronize = cpu_dtoh
+    torch.cuda.current_device = lambda: "cpu"
+    mexperts.jit_fuser = lambda f: f
+    dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
+    try:
+        spec = dataclasses.replace(TINY, dtype="bfloat16").moe_spec(1, 0)
+        inputs = owned_inputs(_inputs(spec))
+        system = MegatronCutlassSystem(
+            RunContext(0, 1, CPU, None, "gloo"), {"permute_fusion": False}
+        )
+        system.setup([inputs])
+        oracle = ReferenceMoE(spec, CPU)
+        res = []
+        for seed in (1, 2):
+            h, ids, gate = _new_routing(spec, seed)
+            c = check(SystemMoE(system, inputs)(0, h, ids, gate), oracle(0, h, ids, gate), 8e-3)
+            res.append([c.ok, c.max_rel_err, c.message])
+        Path(out).write_text(json.dumps(res))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed"
+)
+def test_megatron_layer_follows_inputs_copied_into_its_cellinputs(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "megatron.json"
+    mp.spawn(_megatron_worker, args=(f"tcp://127.0.0.1:{port}", str(out)), nprocs=1, join=True)
+    res = json.loads(out.read_text())
+    assert [ok for ok, _, _ in res] == [True, True], res
 
 
 # -- the smoke end to end, and its resume ----------------------------------------------------
