@@ -35,6 +35,7 @@ FIGURES: dict[str, str] = {
     "experts": "plots.experts",
     "ccta_mgb": "plots.ccta_mgb",
     "correctness": "plots.correctness",
+    "models": "plots.models",
 }
 
 

@@ -8,9 +8,10 @@ does. Experts: operator cells (ffn = 0) one GEMM x @ B_e; FFN cells (ffn = F) th
 gelu(x @ W1_e) @ W2_e (H -> F -> H, fc1's output rounded to the dtype before GELU, as
 harness.experts.ffn_experts).
 
-Timed region (scope "layer"): from this rank's tokens x [T, K] and the top-k expert ids: count
-and exchange of the expert counts, dispatch steps, expert GEMMs, return steps, the gather to
-(token, slot) order and the weighted sum -> out [T, N].
+Timed region (scope "layer"): from this rank's tokens x [T, K] and the top-k expert ids and gate
+weights (the CellInputs tensors, read on every forward, so routing copied into them is
+followed): count and exchange of the expert counts, dispatch steps, expert GEMMs, return steps,
+the gather to (token, slot) order and the weighted sum -> out [T, N].
 FasterMoE's buffers take expert output width == input width, so an operator cell with K != N is
 skipped with the reason (FFN cells always have out == hidden). fmoe reads
 FMOE_FASTER_GROUP_SIZE ONCE per process (a static in smart_schedule.cpp, at its first call), so
@@ -29,7 +30,7 @@ import torch.distributed as dist
 
 from harness.experts import activation
 from harness.system import CellInputs, System
-from harness.workload import WorkloadSpec, routing_of
+from harness.workload import WorkloadSpec
 
 #: the group size fmoe fixed in this process at its first call (empty before it)
 _PROCESS_GROUP_SIZE: list[int] = []
@@ -74,18 +75,18 @@ class FasterMoESystem(System):
         from fmoe.functions import ensure_comm
 
         (inputs,) = ranks
-        spec, dev = inputs.spec, inputs.x.device
+        spec = inputs.spec
         g = _group_size(spec, self.params)
         os.environ["FMOE_FASTER_GROUP_SIZE"] = str(g)
         if not _PROCESS_GROUP_SIZE:
             _PROCESS_GROUP_SIZE.append(g)  # fmoe's first call in this process fixes it
-        routing = routing_of(spec)
         self.fwd = _fmoe_general_global_forward
         self.spec = spec
         self.x = inputs.x
         self.expert_fn = expert_fn(inputs.weights, inputs.w1)
-        self.gate = routing.expert_ids[self.ctx.rank].to(dev)  # [T, k] global expert ids
-        self.gw = routing.gate_weights[self.ctx.rank].to(dev)  # [T, k]
+        # the cell's routing tensors, read on every forward (new routing copied in is followed)
+        self.gate = inputs.expert_ids  # [T, k] global expert ids
+        self.gw = inputs.gate  # [T, k] float32
         self.stored = torch.zeros(spec.n_experts, dtype=torch.bool)  # no shadowing
         # fmoe's schedule always calls pop_fn(0) on `experts` (to restore shadowed parameters):
         # parameter-less stand-ins, one per local expert, as FMoE's layer passes its experts

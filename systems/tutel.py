@@ -5,7 +5,10 @@ own semantics: capacity from the busiest expert, so no token is dropped and the 
 reference), and Tutel's adaptive pipelining degree `a2a_ffn_overlap_degree` = d, tuned per cell:
 every candidate in `degrees` is timed on the cell and the fastest kept (the choice and every
 candidate's time are in the row). The router is a stub whose logits make the gate's top-k and
-normalised weights exactly the harness routing (log w on the chosen experts, -1e9 elsewhere).
+normalised weights exactly the cell's routing (log w on the chosen experts, -1e9 elsewhere), built
+on every forward from the CellInputs' expert_ids and gate (`router_logits`; a [T, G] fill and
+scatter inside the timed region, as Megatron's stub pays), so routing copied into those tensors
+is followed (the models experiment does this).
 
 Experts: operator cells (ffn = 0) use single-GEMM custom experts (x [E, W*C, K] @ B [E, K, N]);
 FFN cells (ffn = F) use Tutel's own FFN expert class (tutel.experts.ffn.FusedExpertsNetwork, what
@@ -92,13 +95,7 @@ class TutelSystem(System):
 
         (inputs,) = ranks
         spec, ctx, dev = inputs.spec, self.ctx, inputs.x.device
-        routing = routing_of(spec)
-        ids = routing.expert_ids[ctx.rank].to(dev)  # [T, k]
-        w = routing.gate_weights[ctx.rank].to(dev)  # [T, k]
-        logits = torch.full(
-            (spec.tokens_per_rank, spec.n_experts), -1e9, dtype=torch.float32, device=dev
-        )
-        logits.scatter_(1, ids, w.clamp_min(1e-30).log())
+        self.ids, self.gate = inputs.expert_ids, inputs.gate  # [T, k], read on every forward
         cf = float(self.params["capacity_factor"])
         if spec.ffn:
             fc1_w, fc2_w = tutel_ffn_weights(inputs.w1, inputs.weights)
@@ -111,7 +108,10 @@ class TutelSystem(System):
             experts={**experts, "count_per_node": spec.experts_per_rank},
             group=ctx.group or dist.group.WORLD,
         ).to(dev)
-        self.layer.gates[0].forward = lambda x: logits  # router stub: the harness routing
+        # router stub: the cell's routing, rebuilt from expert_ids / gate on every forward (as
+        # Megatron's stub does), so new routing copied into those tensors is followed
+        G = spec.n_experts
+        self.layer.gates[0].forward = lambda x: router_logits(self.ids, self.gate, G)
         self.x = inputs.x
         self.degree = self._tune(candidates(self.params))
         self.extra.update(
@@ -150,6 +150,14 @@ class TutelSystem(System):
     @property
     def impl(self) -> str:
         return f"native (tutel {_version()} moe_layer, a2a_ffn_overlap_degree)"
+
+
+def router_logits(ids: torch.Tensor, gate: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """The router stub's logits [T, G] float32 from ids [T, k] and gate [T, k] (rows summing to
+    one): log(gate) at the chosen experts, -1e9 elsewhere, so Tutel's softmax, top-k and
+    normalisation give back exactly (ids, gate)."""
+    logits = torch.full((ids.shape[0], n_experts), -1e9, dtype=torch.float32, device=ids.device)
+    return logits.scatter_(1, ids, gate.float().clamp_min(1e-30).log())
 
 
 def candidates(params: dict[str, Any]) -> list[int]:

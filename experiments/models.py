@@ -1,0 +1,386 @@
+"""Fig 4: the three models end to end, forward only, with each layer-scope system as the MoE.
+
+One cell = (model, dtype, system, a point of the system's sweep) on W = the processes of the run
+(one per GPU). The model is harness/models.py; its MoE blocks call the system through SystemMoE
+(copy h, ids and gate into the CellInputs the system was set up with, then system.timed()).
+Per cell:
+  1 gates    the system must have a layer scope, run here (GPU, packages), take the MoE shape
+  2 setup    once per model, through the harness's path (WorkloadSpec: T = B x S, H, out = H,
+             F = 4 H, G / W experts per rank, top-k, routing `balanced` for setup only;
+             harness.measure.cell_inputs with x, ids, gate copied into tensors of their own)
+  3 check    one forward with every MoE block's top-k forced to the reference model's (so a
+             near-tie cannot flip a token between two bf16 runs): (a) every MoE call against the
+             float32 oracle on the same inputs (harness.check, measure.tol), (b) the model output
+             against the reference model's (the same model with the float32 oracle as MoE),
+             options.model_tol; both agreed over the ranks. A failure records `fail`, no latency
+  4 timed    the plain forward (the model's own routing), harness.timing.time_fn: latency_ms;
+             the MoE calls inside it timed per forward (events around system.timed(), summed):
+             m_moe_ms
+  5 again    the check of step 3 once more (nothing the timing did changed the output)
+The reference model (its output, routing and imbalance) is computed once per model and process.
+Options (experiment.options): models (name -> blocks, moe_blocks, batch, seq, hidden, heads,
+causal), experts (64), top_k (2), ffn_mult (4), model_tol (5e-2: the check of the output catches
+integration errors, O(1); the drift of bf16 MoE calls through 12 MoE blocks measured 1.0e-2
+on the CPU, each call within 3.6e-3).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from harness.check import CheckResult, check
+from harness.measure import (
+    _agree,
+    _guarded,
+    cell_inputs,
+    hash_cell,
+    selected_systems,
+    system_points,
+)
+from harness.models import (
+    ModelSpec,
+    MoEModel,
+    MoETimer,
+    ReferenceMoE,
+    SystemMoE,
+    model_input,
+    owned_inputs,
+)
+from harness.records import Row, command_line, provenance
+from harness.system import RunContext, get_system
+from harness.timing import summarize, time_fn
+
+OPTIONS: dict[str, Any] = {
+    "models": {},
+    "experts": 64,
+    "top_k": 2,
+    "ffn_mult": 4,
+    "model_tol": 5e-2,
+}
+MODEL_KEYS = ("blocks", "moe_blocks", "batch", "seq", "hidden", "heads", "causal")
+#: Tutel's encode/decode index its buffers with int32 (systems/tutel.py)
+INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class ModelRow(Row):
+    """A Row with the model's name (column `model`)."""
+
+    model: str = ""
+
+
+def options(cfg: Any) -> dict[str, Any]:
+    """OPTIONS overridden by experiment.options; unknown keys are an error."""
+    given = dict(cfg.experiment.get("options") or {})
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"models: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
+    return {**OPTIONS, **given}
+
+
+def model_specs(cfg: Any, dtype: str) -> list[ModelSpec]:
+    """The experiment's models in their config order; a missing or unknown key is an error."""
+    opt = options(cfg)
+    if not opt["models"]:
+        raise ValueError("models: experiment.options.models is empty; name at least one model")
+    out = []
+    for name, m in dict(opt["models"]).items():
+        m = dict(m or {})
+        missing = [k for k in MODEL_KEYS if k not in m]
+        extra = sorted(set(m) - set(MODEL_KEYS))
+        if missing or extra:
+            raise ValueError(
+                f"models: model {name} needs exactly the keys {list(MODEL_KEYS)}; "
+                f"missing {missing}, unknown {extra}"
+            )
+        if not isinstance(m["causal"], bool):
+            raise ValueError(f"models: model {name}: causal must be true or false")
+        out.append(
+            ModelSpec(
+                name=str(name),
+                blocks=int(m["blocks"]),
+                moe_blocks=tuple(int(b) for b in m["moe_blocks"]),
+                batch=int(m["batch"]),
+                seq=int(m["seq"]),
+                hidden=int(m["hidden"]),
+                heads=int(m["heads"]),
+                causal=m["causal"],
+                experts=int(opt["experts"]),
+                top_k=int(opt["top_k"]),
+                ffn_mult=int(opt["ffn_mult"]),
+                dtype=dtype,
+            )
+        )
+    return out
+
+
+def cells(cfg: Any, process_world: int) -> list[dict]:
+    """Models x dtypes, then every system once per point of its sweep, in a seeded order per
+    model (as harness.measure.expand_grid orders the systems of a workload)."""
+    points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
+    rng = random.Random(cfg.seed)
+    out = []
+    for dtype in cfg.experiment.grid.dtype:
+        for m in model_specs(cfg, str(dtype)):
+            order = list(points)
+            rng.shuffle(order)
+            for system in order:
+                for params in points[system]:
+                    cell = {
+                        "experiment": cfg.experiment.name,
+                        "system": system,
+                        "seed": cfg.seed,
+                        "world_size": process_world,
+                        **m.as_dict(),
+                        "model": m.name,
+                        "params": params,
+                    }
+                    del cell["name"]
+                    cell["cell_hash"] = hash_cell(cfg, process_world, cell)
+                    out.append(cell)
+    return out
+
+
+def spec_of(cell: dict) -> ModelSpec:
+    keys = ModelSpec.__dataclass_fields__
+    return ModelSpec(
+        **{k: cell[k] for k in keys if k not in ("name", "moe_blocks")},
+        name=cell["model"],
+        moe_blocks=tuple(cell["moe_blocks"]),
+    )
+
+
+def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
+    """One-line errors before any process starts: options, every model, every system."""
+    tol = float(options(cfg)["model_tol"])
+    if not 0 < tol < 1:
+        raise ValueError(f"models: model_tol must be in (0, 1), got {tol}")
+    for cell in cells:
+        m = spec_of(cell)
+        m.validate(cell["world_size"])
+        cls = get_system(cell["system"]).load()
+        if not cls.layer_scope:
+            raise ValueError(
+                f"models: system {cell['system']} has no layer scope (its MoE call would not "
+                "start from the tokens and routing); choose a layer-scope system"
+            )
+        cls.validate(m.moe_spec(cell["world_size"], cell["seed"]), cell["params"], sm_count)
+
+
+# -- the reference model, once per model and process -----------------------------------------
+@dataclass
+class Reference:
+    """A model, this rank's input, the float32 MoE oracle and the reference output/routing."""
+
+    key: tuple
+    model: MoEModel
+    x0: torch.Tensor  # [B, S, H]
+    oracle: ReferenceMoE
+    out: torch.Tensor  # [B, S, H] the reference model's output
+    ids: dict[int, torch.Tensor]  # MoE block -> ids [T, k] of the reference's routing
+    imbalance_rank: float
+    imbalance_expert: float
+    max_rows: int  # most rows any rank sends one expert, over ranks and MoE blocks
+
+
+_REFERENCE: list[Reference] = []
+
+
+def reference(ctx: RunContext, m: ModelSpec, seed: int) -> Reference:
+    key = (m, seed, ctx.world_size, str(ctx.device))
+    if _REFERENCE and _REFERENCE[0].key == key:
+        return _REFERENCE[0]
+    _REFERENCE.clear()  # one model's weights on the device at a time
+    model = MoEModel(m, seed, ctx.device)
+    x0 = model_input(m, seed, ctx.rank, ctx.device)
+    oracle = ReferenceMoE(m.moe_spec(ctx.world_size, seed), ctx.device)
+    out = model(x0, oracle)
+    ids = dict(oracle.ids)
+    imb_rank = imb_expert = 0.0
+    max_rows = 0
+    for b in m.moe_blocks:  # the global routing's imbalance, from every rank's counts
+        counts = torch.bincount(ids[b].reshape(-1), minlength=m.experts).double()
+        max_rows = max(max_rows, int(_agree(ctx, float(counts.max()))))
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(counts)
+        per_rank = counts.view(ctx.world_size, -1).sum(1)
+        imb_rank = max(imb_rank, float(per_rank.max() / per_rank.mean()))
+        imb_expert = max(imb_expert, float(counts.max() / counts.mean()))
+    ref = Reference(key, model, x0, oracle, out, ids, imb_rank, imb_expert, max_rows)
+    _REFERENCE.append(ref)
+    return ref
+
+
+# -- one cell ---------------------------------------------------------------------------------
+def _row(cell: dict, m: ModelSpec) -> ModelRow:
+    return ModelRow(
+        experiment=cell["experiment"],
+        system=cell["system"],
+        cell_hash=cell["cell_hash"],
+        world_size=cell["world_size"],
+        scope="model",
+        tokens_per_rank=m.tokens,
+        hidden=m.hidden,
+        out=m.hidden,
+        ffn=m.ffn,
+        experts_per_rank=m.experts // cell["world_size"],
+        top_k=m.top_k,
+        routing="router",
+        dtype=m.dtype,
+        model=m.name,
+        params=dict(cell["params"]),
+        command=command_line(),
+        timestamp=time.time(),
+        **provenance(),
+    )
+
+
+def skip_reason(ctx: RunContext, cell: dict, m: ModelSpec) -> str | None:
+    info = get_system(cell["system"])
+    reason = info.unavailable_reason(ctx, cell["world_size"])
+    if reason is None and cell["world_size"] != ctx.world_size:
+        reason = f"the model runs one process per rank; cell W={cell['world_size']}"
+    if reason is None:
+        spec = m.moe_spec(cell["world_size"], cell["seed"])
+        reason = info.load().unsupported(spec, cell["params"])
+    return reason
+
+
+def tutel_reason(ref: Reference, m: ModelSpec) -> str | None:
+    """Tutel's dropless buffers [G x capacity x max(H, F)] past int32 for this model's routing
+    (capacity from the reference routing's busiest (rank, expert), with a 1.5x margin)."""
+    elems = m.experts * int(1.5 * ref.max_rows) * max(m.hidden, m.ffn)
+    if elems > INT32_MAX:
+        return (
+            f"tutel's dropless buffers for this model's routing (busiest expert {ref.max_rows} "
+            f"rows, x1.5 margin) hold {elems / 2**31:.2f} x 2^31 elements; its kernels index "
+            "with int32"
+        )
+    return None
+
+
+class _Checked:
+    """The model's MoE call, each call checked against the float32 oracle on its own inputs."""
+
+    def __init__(self, moe: SystemMoE, oracle: ReferenceMoE, tol: float) -> None:
+        self.moe, self.oracle, self.tol = moe, oracle, tol
+        self.results: list[CheckResult] = []
+
+    def __call__(self, block: int, h, ids, gate):
+        out = self.moe(block, h, ids, gate)
+        self.results.append(check(out, self.oracle(block, h, ids, gate), self.tol))
+        return out
+
+    def worst(self) -> CheckResult:
+        bad = [r for r in self.results if not r.ok]
+        return bad[0] if bad else max(self.results, key=lambda r: r.max_rel_err)
+
+
+def _agreed(ctx: RunContext, res: CheckResult) -> tuple[bool, float, float]:
+    """(ok on every rank, worst whole error, worst row error) over the ranks."""
+    ok = _agree(ctx, 0.0 if res.ok else 1.0) == 0.0
+
+    def worst(v: float) -> float:
+        return _agree(ctx, v if v == v else 1e30)
+
+    return ok, worst(res.max_rel_err), worst(res.max_row_rel_err)
+
+
+def checked_forward(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, moe: SystemMoE):
+    """Step 3 (and 5): the forced-routing forward, checks (a) and (b); False after a failure
+    (the row then says which and why). Returns the model output on success."""
+    tol, model_tol = float(cfg.measure.tol), float(options(cfg)["model_tol"])
+    checked = _Checked(moe, ref.oracle, tol)
+    out = ref.model(ref.x0, checked, forced=ref.ids)
+    a = checked.worst()
+    ok_a, err_a, row_a = _agreed(ctx, a)
+    b = check(out.reshape(-1, out.shape[-1]), ref.out.reshape(-1, out.shape[-1]), model_tol)
+    ok_b, err_b, row_b = _agreed(ctx, b)
+    row.metrics.update(moe_max_rel_err=max(row.metrics.get("moe_max_rel_err", 0.0), err_a))
+    row.metrics["moe_max_row_rel_err"] = max(row.metrics.get("moe_max_row_rel_err", 0.0), row_a)
+    row.max_rel_err = max(err_b, row.max_rel_err) if row.max_rel_err == row.max_rel_err else err_b
+    row.max_row_rel_err = row_b
+    if not ok_a:
+        row.status, row.reason = "fail", f"a MoE call: {a.message or 'failed on another rank'}"
+    elif not ok_b:
+        row.status, row.reason = "fail", f"model output: {b.message or 'failed on another rank'}"
+    return row.status == "ok"
+
+
+def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
+    m = spec_of(cell)
+    row = _row(cell, m)
+    reason = skip_reason(ctx, cell, m)
+    if reason is not None:
+        row.status, row.reason = "skipped", reason
+        return [row]
+    _guarded(ctx, row, lambda: _measure(ctx, cfg, cell, m, row))
+    return [row]
+
+
+def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow) -> None:
+    ref = reference(ctx, m, cell["seed"])
+    row.imbalance_rank, row.imbalance_expert = ref.imbalance_rank, ref.imbalance_expert
+    if cell["system"] == "tutel" and tutel_reason(ref, m):
+        row.status, row.reason = "skipped", tutel_reason(ref, m)
+        return
+    spec = m.moe_spec(ctx.world_size, cell["seed"])
+    inputs = owned_inputs(cell_inputs(ctx, spec, [ctx.rank])[0][0])
+    system = get_system(cell["system"]).load()(ctx, cell["params"])
+    system.setup([inputs])
+    row.impl, row.transport = system.impl, system.transport
+    row.params.update(system.resolved_params())
+    if not checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs)):
+        return
+    timer = MoETimer(ctx.device)
+    moe = SystemMoE(system, inputs, timer)
+
+    def forward():
+        timer.new_forward()
+        return ref.model(ref.x0, moe)
+
+    kw = dict(device=ctx.device, group=ctx.group)
+    t = time_fn(forward, warmup=cfg.measure.warmup, iters=cfg.measure.iters, **kw)
+    moe_ms = torch.tensor(timer.per_forward_ms()[-cfg.measure.iters :], dtype=torch.float64)
+    moe_ms = moe_ms.to(ctx.device)
+    if torch.distributed.is_initialized():  # the slowest rank, per forward (as time_fn)
+        torch.distributed.all_reduce(moe_ms, op=torch.distributed.ReduceOp.MAX, group=ctx.group)
+    tm = summarize(moe_ms.cpu().tolist())
+    h = ref.x0.reshape(-1, m.hidden)
+    ids = ref.ids[m.moe_blocks[0]]
+    gate = torch.full(ids.shape, 0.5, device=ids.device)  # any [T, k] float32: only copied
+    copy = time_fn(lambda: moe.copy_in(h, ids, gate), warmup=1, iters=cfg.measure.iters, **kw)
+    if not checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs)):
+        row.reason = f"after timing: {row.reason}"
+        return
+    row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
+    row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
+    row.metrics.update(
+        moe_ms=tm.median_ms,
+        moe_p10_ms=tm.p10_ms,
+        moe_p90_ms=tm.p90_ms,
+        moe_blocks=float(len(m.moe_blocks)),
+        copy_in_ms=copy.median_ms,
+    )
+    row.extra = json.dumps(
+        {
+            "model": m.as_dict(),
+            "attention": "data parallel, sdpa" + (" causal" if m.causal else ""),
+            "router": f"softmax fp32, top-{m.top_k}, gates renormalised",
+            "experts": "one set per model, shared by its MoE blocks",
+            "moe_ms": "events around system.timed() per MoE call, summed per forward",
+            "copy_in": "h, ids, gate into the system's CellInputs per call: in latency_ms, "
+            "not in m_moe_ms (m_copy_in_ms: one copy-in)",
+            "check": "top-k forced to the reference model's; each MoE call vs the fp32 oracle "
+            "(measure.tol), the output vs the reference model (model_tol)",
+            **system.extra,
+        },
+        sort_keys=True,
+        default=str,
+    )

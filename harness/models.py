@@ -1,0 +1,327 @@
+"""The paper's three models (Fig 4), forward only, in plain PyTorch; shared by every system.
+
+A model is `blocks` pre-LN transformer blocks and a final LayerNorm, bf16, seeded random weights,
+no biases in the linear layers, no embedding and no LM head (the input is seeded activations):
+
+  block i:  x = x + proj(sdpa(qkv(ln1(x))))          attention, `heads` heads, causal or not
+            h = ln2(x)
+            x = x + fc2(gelu(fc1(h)))                 dense FFN, width 4 H    (i not in moe_blocks)
+            x = x + moe(i, h, *router(h))             MoE FFN                 (i in moe_blocks)
+
+Parallelism: data-parallel attention (every rank holds the same dense weights and its own
+B x S tokens) and an expert-parallel MoE (G experts, G / W per rank, top-k). The router (one per
+MoE block: Linear H -> G, softmax in float32, top-k, the k gate weights RENORMALISED to sum to
+one, as the harness's routing and Tutel's default) runs in the model, identically for every
+system; the MoE call itself is a callable `moe(i, h [T, H], ids [T, k], gate [T, k]) -> [T, H]`,
+so any layer-scope system (SystemMoE) or the float32 oracle (ReferenceMoE) computes it.
+The experts are the harness's FFN experts gelu(x W1_g) W2_g (W1_g [H, F], W2_g [F, H], F = 4 H,
+seeded by harness.workload.make_fc1_weight / make_fc2_weight): ONE set of G experts per model,
+shared by all its MoE blocks (every system is set up once per model); attention, dense FFN and
+router weights are per block.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from harness.experts import activation
+from harness.system import CellInputs, System
+from harness.workload import DTYPES, WorkloadSpec, make_fc1_weight, make_fc2_weight
+
+#: the routing name a model's MoE spec is set up with (its routing comes from the model's router)
+SETUP_ROUTING = "balanced"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model: blocks, where the MoE sits (0-based block indices), the per-rank batch."""
+
+    name: str
+    blocks: int
+    moe_blocks: tuple[int, ...]
+    batch: int
+    seq: int
+    hidden: int
+    heads: int
+    causal: bool
+    experts: int = 64
+    top_k: int = 2
+    ffn_mult: int = 4
+    dtype: str = "bfloat16"
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per rank, T = B x S."""
+        return self.batch * self.seq
+
+    @property
+    def ffn(self) -> int:
+        """Expert (and dense FFN) width F = ffn_mult x H."""
+        return self.ffn_mult * self.hidden
+
+    def validate(self, world_size: int) -> None:
+        """A one-line ValueError for a model that cannot run on `world_size` ranks."""
+        n = f"model {self.name}"
+        for key in ("blocks", "batch", "seq", "hidden", "heads", "experts", "top_k", "ffn_mult"):
+            if int(getattr(self, key)) < 1:
+                raise ValueError(f"{n}: {key} must be >= 1, got {getattr(self, key)}")
+        if self.hidden % self.heads:
+            raise ValueError(f"{n}: hidden {self.hidden} is not a multiple of heads {self.heads}")
+        if not self.moe_blocks:
+            raise ValueError(f"{n}: moe_blocks is empty; name at least one block (0-based)")
+        if len(set(self.moe_blocks)) != len(self.moe_blocks) or not all(
+            0 <= b < self.blocks for b in self.moe_blocks
+        ):
+            raise ValueError(
+                f"{n}: moe_blocks {list(self.moe_blocks)} must be distinct 0-based indices "
+                f"below blocks={self.blocks}"
+            )
+        if self.experts % world_size:
+            raise ValueError(
+                f"{n}: {self.experts} experts do not split over W={world_size} ranks "
+                "(experts_per_rank = experts / W must be an integer)"
+            )
+        if self.top_k > self.experts:
+            raise ValueError(f"{n}: top_k {self.top_k} exceeds experts {self.experts}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"{n}: dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+
+    def moe_spec(self, world_size: int, seed: int) -> WorkloadSpec:
+        """The MoE block's cell: T = B x S, H, out = H, F, G / W experts per rank, top-k."""
+        return WorkloadSpec(
+            tokens_per_rank=self.tokens,
+            hidden=self.hidden,
+            out=self.hidden,
+            experts_per_rank=self.experts // world_size,
+            top_k=self.top_k,
+            world_size=world_size,
+            routing=SETUP_ROUTING,
+            dtype=self.dtype,
+            seed=seed,
+            ffn=self.ffn,
+        )
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["moe_blocks"] = list(self.moe_blocks)
+        return d
+
+
+def _generator(device: torch.device, *parts: int) -> torch.Generator:
+    seed = 0
+    for p in parts:
+        seed = (seed * 1_000_003 + int(p) + 1) % (2**61 - 1)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _seeded(shape: tuple[int, ...], fan_in: int, gen: torch.Generator, like: torch.Tensor):
+    return torch.randn(shape, generator=gen, device=like.device).mul_(fan_in**-0.5)
+
+
+class Router(torch.nn.Module):
+    """Linear H -> G, softmax in float32, top-k, gates renormalised: h [T, H] -> ids [T, k]
+    int64, gate [T, k] float32. With `forced` ids [T, k] the gates are the softmax at those."""
+
+    def __init__(self, hidden: int, experts: int, top_k: int, dtype, device) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden, experts, bias=False, dtype=dtype, device=device)
+        self.top_k = top_k
+
+    def forward(self, h: torch.Tensor, forced: torch.Tensor | None = None):
+        probs = torch.softmax(self.linear(h).float(), dim=-1)  # [T, G]
+        if forced is None:
+            vals, ids = probs.topk(self.top_k, dim=-1)
+        else:
+            ids, vals = forced, probs.gather(1, forced)
+        return ids, vals / vals.sum(-1, keepdim=True)
+
+
+class MoECall(Protocol):
+    def __call__(
+        self, block: int, h: torch.Tensor, ids: torch.Tensor, gate: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+class Block(torch.nn.Module):
+    """One pre-LN block on x [B, S, H]: attention, then the dense FFN or the routed MoE."""
+
+    def __init__(self, spec: ModelSpec, index: int, seed: int, device: torch.device) -> None:
+        super().__init__()
+        H, dt = spec.hidden, DTYPES[spec.dtype]
+        kw = dict(bias=False, dtype=dt, device=device)
+        self.spec, self.index = spec, index
+        self.ln1 = torch.nn.LayerNorm(H, dtype=dt, device=device)
+        self.ln2 = torch.nn.LayerNorm(H, dtype=dt, device=device)
+        self.qkv = torch.nn.Linear(H, 3 * H, **kw)
+        self.proj = torch.nn.Linear(H, H, **kw)
+        self.moe = index in spec.moe_blocks
+        if self.moe:
+            self.router = Router(H, spec.experts, spec.top_k, dt, device)
+            linears = [self.qkv, self.proj, self.router.linear]
+        else:
+            self.fc1 = torch.nn.Linear(H, spec.ffn, **kw)
+            self.fc2 = torch.nn.Linear(spec.ffn, H, **kw)
+            linears = [self.qkv, self.proj, self.fc1, self.fc2]
+        tag = zlib.crc32(spec.name.encode())
+        with torch.no_grad():
+            for j, lin in enumerate(linears):  # nn.Linear's weight is [out, in]: fan-in = in
+                gen = _generator(device, seed, 10, tag, index, j)
+                w = _seeded(tuple(lin.weight.shape), lin.weight.shape[1], gen, lin.weight)
+                lin.weight.copy_(w)
+
+    def attention(self, h: torch.Tensor) -> torch.Tensor:
+        """h [B, S, H] -> [B, S, H]: qkv, sdpa over `heads` heads, output projection."""
+        B, S, H = h.shape
+        nh = self.spec.heads
+        q, k, v = self.qkv(h).view(B, S, 3, nh, H // nh).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.spec.causal)  # [B, nh, S, d]
+        return self.proj(o.transpose(1, 2).reshape(B, S, H))
+
+    def forward(self, x: torch.Tensor, moe: MoECall, forced: torch.Tensor | None = None):
+        """x [B, S, H] -> [B, S, H]; `forced` ids [T, k] fix this MoE block's top-k choice."""
+        x = x + self.attention(self.ln1(x))
+        h = self.ln2(x)
+        if not self.moe:
+            return x + self.fc2(activation(self.fc1(h)))
+        B, S, H = h.shape
+        flat = h.reshape(B * S, H)
+        ids, gate = self.router(flat, forced)
+        return x + moe(self.index, flat, ids, gate).to(x.dtype).view(B, S, H)
+
+
+class MoEModel(torch.nn.Module):
+    """`blocks` Blocks and a final LayerNorm: x [B, S, H] -> [B, S, H] (no embedding, no head).
+    Every rank builds the same weights from (seed, model name, block)."""
+
+    def __init__(self, spec: ModelSpec, seed: int, device: torch.device) -> None:
+        super().__init__()
+        self.spec = spec
+        self.blocks = torch.nn.ModuleList(Block(spec, i, seed, device) for i in range(spec.blocks))
+        self.ln_f = torch.nn.LayerNorm(spec.hidden, dtype=DTYPES[spec.dtype], device=device)
+        self.eval()
+
+    def forward(
+        self, x: torch.Tensor, moe: MoECall, forced: dict[int, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """x [B, S, H] -> [B, S, H]; forced maps a MoE block's index to its ids [T, k]."""
+        forced = forced or {}
+        with torch.no_grad():
+            for blk in self.blocks:
+                x = blk(x, moe, forced.get(blk.index))
+            return self.ln_f(x)
+
+
+def model_input(spec: ModelSpec, seed: int, rank: int, device: torch.device) -> torch.Tensor:
+    """This rank's input activations x0 [B, S, H] in the model's dtype, seeded by (seed, rank)."""
+    gen = _generator(device, seed, 11, zlib.crc32(spec.name.encode()), rank)
+    x = torch.randn(spec.batch, spec.seq, spec.hidden, generator=gen, device=device)
+    return x.to(DTYPES[spec.dtype])
+
+
+class ReferenceMoE:
+    """The oracle of a MoE call: every global expert in float32 on this rank, no communication.
+    out[t] = sum_j gate[t, j] * gelu(h[t] W1_g) W2_g with g = ids[t, j]; h [T, H] -> [T, H]
+    float32. Records the ids of each call in `ids` (block index -> [T, k])."""
+
+    def __init__(self, spec: WorkloadSpec, device: torch.device) -> None:
+        G = spec.n_experts
+        self.w1 = [make_fc1_weight(spec, g, device).float() for g in range(G)]  # [H, F] each
+        self.w2 = [make_fc2_weight(spec, g, device).float() for g in range(G)]  # [F, H] each
+        self.ids: dict[int, torch.Tensor] = {}
+
+    def __call__(self, block: int, h, ids, gate) -> torch.Tensor:
+        self.ids[block] = ids.clone()
+        x = h.float()
+        out = torch.zeros_like(x)
+        for g in torch.unique(ids).tolist():
+            t, j = (ids == g).nonzero(as_tuple=True)
+            y = activation(x.index_select(0, t) @ self.w1[g]) @ self.w2[g]
+            out.index_add_(0, t, y * gate[t, j].float().unsqueeze(1))
+        return out
+
+
+class MoETimer:
+    """Per-forward sums of the MoE calls' times: CUDA event pairs on the current stream on a GPU,
+    the host clock elsewhere (every CPU op, gloo collectives too, is synchronous)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.forwards: list[list] = []
+        self._t0 = 0.0
+
+    def new_forward(self) -> None:
+        self.forwards.append([])
+
+    def start(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.forwards[-1].append([ev, None])
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.forwards[-1][-1][1] = ev
+        else:
+            self.forwards[-1].append((time.perf_counter() - self._t0) * 1e3)
+
+    def per_forward_ms(self) -> list[float]:
+        """The summed MoE time of every recorded forward, ms (synchronises the device)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [sum(s.elapsed_time(e) for s, e in f) for f in self.forwards]
+        return [sum(f) for f in self.forwards]
+
+
+class SystemMoE:
+    """A layer-scope system as the model's MoE call: copy h [T, H], ids [T, k] and gate [T, k]
+    into the CellInputs tensors the system set up with (it reads them on every forward), then
+    system.timed() -> [T, H]. The optional timer times the system's call only (not the copy).
+    """
+
+    def __init__(self, system: System, inputs: CellInputs, timer: MoETimer | None = None):
+        self.system, self.inputs, self.timer = system, inputs, timer
+
+    def copy_in(self, h: torch.Tensor, ids: torch.Tensor, gate: torch.Tensor) -> None:
+        inp = self.inputs
+        for name, src, dst in (("x", h, inp.x), ("expert_ids", ids, inp.expert_ids)):
+            if dst is None or dst.shape != src.shape:
+                got = None if dst is None else tuple(dst.shape)
+                raise ValueError(f"SystemMoE: {name} {tuple(src.shape)} != the system's {got}")
+        inp.x.copy_(h)
+        inp.expert_ids.copy_(ids)
+        inp.gate.copy_(gate)
+
+    def __call__(self, block: int, h, ids, gate) -> torch.Tensor:
+        self.copy_in(h, ids, gate)
+        if self.timer is not None:
+            self.timer.start()
+        out = self.system.timed()
+        if self.timer is not None:
+            self.timer.stop()
+        return out
+
+
+def owned_inputs(inputs: CellInputs) -> CellInputs:
+    """The same CellInputs with x, expert_ids and gate as tensors of their own: on the CPU the
+    harness's ids and gate are views of its cached routing (Tensor.to is a no-op there), which a
+    copy-in must never overwrite."""
+    return CellInputs(
+        inputs.spec,
+        inputs.layout,
+        inputs.x.clone(),
+        inputs.weights,
+        inputs.x_recv,
+        inputs.w1,
+        inputs.expert_ids.clone(),
+        inputs.gate.clone(),
+    )
