@@ -6,7 +6,8 @@
 #        operator_x2 (the operator table with one process per GPU) megatron_gpu (its GPU tests)
 #        scale (the fused scale vs its memory bound) layer_x2 (the layer table; LAYER_ARGS adds
 #        Hydra overrides) operator_x2_nvshmem layer_x2_nvshmem (the overlap rows over nvshmem into
-#        the same tables; LAYER_T picks the layer's tokens per rank)
+#        the same tables; LAYER_T picks the layer's tokens per rank) exps (the harness experiments
+#        named in EXPS, each bounded by EXP_S seconds, tables copied to $OUT)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -43,6 +44,9 @@ for step in $steps; do
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_plan.parquet'); print(d.groupby(['out','experts_per_rank'])[['latency_ms','m_plan_ms','m_plan_device_ms']].median().round(4).to_string())" ;;
     devplan_tests) timeout 150 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k "device_plan or device_plans" tests/test_layer_gpu.py -p no:cacheprovider 2>&1 | tail -6 ;;
     profile_stage_a) timeout 60 python3 -m benchmarks.profile_stage_a --out "$OUT" 2>&1 | tail -44 ;;
+    exps) for e in ${EXPS:-models experts experts_operator}; do  # each resumes from results/<its table>
+        echo "--- $e $(date +%T)"; timeout "${EXP_S:-300}" python3 -m harness.run experiment=$e progress=false 2>&1 | tail -${EXP_TAIL:-8}; done
+      cp results/*.parquet "$OUT/" ;;
     megatron_gpu) timeout 150 python3 -m pytest -q -m gpu tests/test_megatron.py -p no:cacheprovider 2>&1 | tail -8 ;;
   esac
 done

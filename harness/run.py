@@ -27,6 +27,7 @@ cells, heartbeats); this module composes them and prints the end.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -199,10 +200,16 @@ def _launch_torchrun(cfg: DictConfig, workload: str | None) -> int:
 _TASK_STARTED = False
 
 
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM (a `timeout`, a scheduler's stop): unwind, so the supervisor kills the ranks."""
+    raise SystemExit(128 + signum)
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     global _TASK_STARTED
     _TASK_STARTED = True
+    signal.signal(signal.SIGTERM, _stop)
     hc = HydraConfig.get()
     workload = hc.runtime.choices.get("workload")
     try:

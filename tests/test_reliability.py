@@ -98,6 +98,58 @@ def test_1_stopped_rank_ends_the_run_within_the_timeout(tmp_path):
     _assert_stopped_then_resumed(tmp_path, "stop:1:1", "rank 1 stopped responding", 30)
 
 
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # field 4 of stat: the parent pid
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
+def test_1_sigterm_ends_the_run_and_kills_its_ranks(tmp_path):
+    # a `timeout` around a run sends SIGTERM to the parent only: its ranks must not outlive it
+    # (a rank left holding a GPU would hang the next run). Rank 1 stops itself in its first
+    # cell, so the run is certainly in flight when the signal comes.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HARNESS_TEST_FAULT": "stop:1:0"}
+    cmd = [sys.executable, "-m", "harness.run", "progress=false", f"table={tmp_path / 't.parquet'}"]
+    cmd += ["hardware.world_size=2", FAULTY, "hardware.timeout_s=60"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + 60
+    ranks: list[int] = []
+    while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        ranks = [k for k in _children(proc.pid) if "spawn_main" in _cmdline(k)]
+    assert len(ranks) == 2, "the run did not start its two ranks"
+    time.sleep(2)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode != 0, out
+    time.sleep(1)
+    assert not [r for r in ranks if _alive(r)], f"ranks outlived the run: {out.decode()[-800:]}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def test_1_a_plain_rerun_retries_error_rows_and_keeps_the_rest(tmp_path):
     t = ResultsTable(tmp_path / "x.parquet")
     t.append([Row("e", "s", cell_hash=h, status=s) for h, s in zip("abcd", STATUSES)])
