@@ -29,6 +29,7 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.experts import activation
 from harness.system import CellInputs, System
@@ -36,6 +37,13 @@ from harness.workload import DTYPES, WorkloadSpec, make_fc1_weight, make_fc2_wei
 
 #: the routing name a model's MoE spec is set up with (its routing comes from the model's router)
 SETUP_ROUTING = "balanced"
+
+
+#: attention kernels: flash, memory-efficient, math; not cuDNN. Torch's cuDNN attention loads
+#: its cuDNN sub-libraries first, and Transformer Engine (megatron_te, and megatron_cutlass,
+#: which imports it) then fails to load the system's libcudnn_cnn.so.9 next to them
+#: ("undefined symbol ... libcudnn_graph.so.9", seen on the H200 machine)
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass(frozen=True)
@@ -180,7 +188,8 @@ class Block(torch.nn.Module):
         B, S, H = h.shape
         nh = self.spec.heads
         q, k, v = self.qkv(h).view(B, S, 3, nh, H // nh).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.spec.causal)  # [B, nh, S, d]
+        with sdpa_kernel(SDPA_BACKENDS):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=self.spec.causal)  # [B,nh,S,d]
         return self.proj(o.transpose(1, 2).reshape(B, S, H))
 
     def forward(self, x: torch.Tensor, moe: MoECall, forced: torch.Tensor | None = None):

@@ -253,6 +253,38 @@ def test_runner_loopback_end_to_end_and_epochs():
     torch.testing.assert_close(y.float(), reference_y(plan, x, w), rtol=2e-2, atol=2e-2)
 
 
+@needs_interpreter
+def test_receive_counts_follow_a_routing_that_changes_between_runs():
+    # a model calls one layer with a new routing in every MoE block: the rows a receiver waits
+    # for are the sum of every run's recv_rows, not this run's times the number of runs
+    import dataclasses
+
+    plan, x, w = _problem(torch.float16, mgb=1)
+    a = dataclasses.replace(plan, recv_rows=torch.tensor([3, 5, 7]))
+    b = dataclasses.replace(plan, recv_rows=torch.tensor([1, 0, 9]))
+    fabric = LoopbackFabric(plan.dst_rows, w.shape[2], x.dtype, "cpu")
+    runner = OverlapRunner(
+        a,
+        w,
+        fabric.transport(plan.rank),
+        ccta=2,
+        tile=interpreter_config(TILE_M),
+        consumer=interpreter_consumer_config(),
+        num_programs=3,
+    )
+    y = torch.zeros(plan.n_padded, w.shape[2], dtype=x.dtype)
+    runner.comm_only(y)
+    runner.use_plan(b)
+    runner.comm_only(y)
+    remote = torch.tensor([1, 1, 0])  # rank 2's own rows come by the local copy
+    assert torch.equal(runner.expected_signal(), (a.recv_rows + b.recv_rows) * remote)
+    runner.reset()
+    assert torch.equal(runner.expected_signal(), torch.zeros(3, dtype=torch.int64))
+    runner.use_plan(plan)  # a synthetic plan has no recv_rows: the caller must say the rows
+    with pytest.raises(ValueError, match="needs rows_from"):
+        runner.expected_signal()
+
+
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the interpreter tests itself")
 def test_interpreter_in_subprocess():
     """Fallback when triton was imported before this module: the same tests, fresh process."""

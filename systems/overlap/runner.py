@@ -84,6 +84,11 @@ class OverlapRunner:
         self.clock = torch.zeros(max(ccta, 1), dtype=torch.int64, device=dev)
         self.producer_runs = 0  # epochs of the band counters
         self.consumer_runs = 0  # runs that signalled the receivers (epochs of their counters)
+        # int64 [W]: rows every source has sent this rank over all runs, summed from each run's
+        # plan.recv_rows (its routing may change from run to run, as in a model's MoE blocks)
+        self.recv_expected = torch.zeros(plan.world_size, dtype=torch.int64, device=dev)
+        self.remote = torch.ones(plan.world_size, dtype=torch.int64, device=dev)
+        self.remote[plan.rank] = 0  # own rows arrive by the local copy, not a signal
         if dev.type == "cuda":
             self.prod_stream = torch.cuda.Stream(dev, priority=0)
             self.cons_stream = torch.cuda.Stream(dev, priority=-3)
@@ -173,7 +178,7 @@ class OverlapRunner:
             x.record_stream(s)
             y.record_stream(s)
         self.producer_runs += 1
-        self.consumer_runs += 1
+        self._count_run()
         self.last_kernels = {"producer": kp, "consumer": kc}
         return y
 
@@ -184,7 +189,7 @@ class OverlapRunner:
         kp = self._produce(x, y, True, self.num_programs)
         kc = self._consume(y, target, True)
         self.producer_runs += 1
-        self.consumer_runs += 1
+        self._count_run()
         self.last_kernels = {"producer": kp, "consumer": kc}
         return y
 
@@ -196,7 +201,7 @@ class OverlapRunner:
     def comm_only(self, y: torch.Tensor) -> None:
         """Consumer alone, flags taken as set (no waits): the communication-only bound."""
         self._consume(y, 0, False)
-        self.consumer_runs += 1
+        self._count_run()
 
     def local_copy(self, y: torch.Tensor, recv: torch.Tensor | None = None) -> torch.Tensor:
         """Local rows: recv[local_dst_index] = y[local_src_row] (recv: own receive buffer)."""
@@ -208,16 +213,30 @@ class OverlapRunner:
             recv.index_copy_(0, p.local_dst_index, y.index_select(0, p.local_src_row))
         return recv
 
-    def expected_signal(self, rows_from: torch.Tensor) -> torch.Tensor:
-        """int64 [W]: receive-counter values meaning 'all rows of this run arrived'.
+    def _count_run(self) -> None:
+        """One consumer run: every peer runs its own in lockstep and sends this rank the rows
+        of this run's plan (recv_rows), which the receive counters will add up (one kernel)."""
+        self.consumer_runs += 1
+        if self.plan.recv_rows is not None:
+            self.recv_expected.addcmul_(self.plan.recv_rows.to(torch.int64), self.remote)
 
-        rows_from [W]: rows each source sends this rank (plan.recv_rows, 0 at this rank).
+    def expected_signal(self, rows_from: torch.Tensor | None = None) -> torch.Tensor:
+        """int64 [W]: receive-counter values meaning 'all rows of every run so far arrived'.
+
+        Plans with recv_rows (real routings): the rows of every run, summed run by run
+        (recv_expected), so the routing may change between runs. rows_from [W] (plans without
+        recv_rows, e.g. synthetic ones): rows each source sends per run, the same every run.
         Assumes every rank ran the consumer as often as this one (true in lockstep runs).
         """
+        if rows_from is None:
+            if self.plan.recv_rows is None:
+                raise ValueError("expected_signal: a plan without recv_rows needs rows_from")
+            return self.recv_expected
         return rows_from.to(device=self.device, dtype=torch.int64) * self.consumer_runs
 
-    def wait_received(self, rows_from: torch.Tensor) -> None:
-        """Block the current stream until every source's rows of this run have arrived."""
+    def wait_received(self, rows_from: torch.Tensor | None = None) -> None:
+        """Block the current stream until every source's rows of every run so far have arrived
+        (rows_from: see expected_signal)."""
         launch_wait_signals(
             self.transport.signal,
             self.expected_signal(rows_from),
@@ -255,6 +274,7 @@ class OverlapRunner:
         self.err.zero_()
         self.producer_runs = 0
         self.consumer_runs = 0
+        self.recv_expected.zero_()
 
 
 def residency_report(producer_kernel: Any, consumer_kernel: Any, device=None) -> dict:

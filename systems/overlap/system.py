@@ -163,9 +163,7 @@ class _Distributed:
         if self.handshake:
             dist.all_reduce(self.epoch, group=self.group)
         rk.step()
-        rows_from = rk.plan.recv_rows.clone()
-        rows_from[rk.plan.rank] = 0  # own rows arrive by the local copy, not a signal
-        rk.runner.wait_received(rows_from)
+        rk.runner.wait_received()  # every peer's rows of every step so far
         return rk.scale(rk.runner.transport.recv)
 
 
@@ -255,9 +253,7 @@ class _LayerRank:
         y = self._fc2_combine(plan, self.fc1(plan, x_pad))
         self.runner.local_copy(y)
         if self.spec.world_size > 1:
-            rows_from = plan.recv_rows.clone()
-            rows_from[self.rank] = 0  # own rows arrive by the local copy, not a signal
-            self.runner.wait_received(rows_from)
+            self.runner.wait_received()  # every peer's rows of every step so far
         return Scaler.on_device(d.pos, self.gate, self.rows)(self.runner.transport.recv)
 
     def compute_only(self) -> torch.Tensor:
