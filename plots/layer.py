@@ -12,6 +12,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from plots.common import cli, label, load, save, transport_note
 
@@ -64,12 +65,14 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
                 ax.set_ylabel(what, fontsize=8)
                 ax.tick_params(labelsize=7)
             axes[i][j].set_yscale("log")
+            axes[i][j].yaxis.set_major_formatter(ScalarFormatter())
+            axes[i][j].yaxis.set_minor_formatter(NullFormatter())
             axes[i][n_r + j].axhline(1.0, color="k", lw=0.8)
     for ax in axes[-1]:
         ax.set_xlabel("experts per rank", fontsize=8)
     handles, labels_ = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels_, fontsize=8, loc="upper center", ncol=min(len(lines), 7),
-               bbox_to_anchor=(0.5, 1.0))  # fmt: skip
+               bbox_to_anchor=(0.5, 1.01))  # fmt: skip
     fig.suptitle(
         f"The MoE layer (scope layer): latency and speedup against serial\n{transport_note(df)}",
         fontsize=9,
