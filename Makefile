@@ -6,7 +6,7 @@ HAS_GPU := $(if $(filter 0,$(N_GPU)),0,1)
 # Experiments of each preset (see README, "Experiments"); each resumes from its table
 REPRO_CPU ?= smoke baselines_smoke padding
 REPRO_GPU1 ?= smoke correctness_loopback operator overlap_ccta bandwidth
-REPRO_GPUN ?= smoke multigpu_smoke layer_smoke bandwidth bandwidth_nvshmem experts experts_operator ccta_mgb overlap_sweep correctness correctness_nvshmem operator layer
+REPRO_GPUN ?= smoke multigpu_smoke layer_smoke bandwidth bandwidth_nvshmem experts experts_operator models ccta_mgb overlap_sweep correctness correctness_nvshmem operator layer
 REPRO := $(if $(filter 0,$(N_GPU)),$(REPRO_CPU),$(if $(filter 1,$(N_GPU)),$(REPRO_GPU1),$(REPRO_GPUN)))
 HW := $(if $(filter 1,$(HAS_GPU)),h200,cpu)
 WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
