@@ -170,7 +170,8 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
                 f"models: system {cell['system']} has no layer scope (its MoE call would not "
                 "start from the tokens and routing); choose a layer-scope system"
             )
-        cls.validate(m.moe_spec(cell["world_size"], cell["seed"]), cell["params"], sm_count)
+        params = {**cls.PARAMS, **cell["params"]}
+        cls.validate(m.moe_spec(cell["world_size"], cell["seed"]), params, sm_count)
 
 
 # -- the reference model, once per model and process -----------------------------------------
@@ -248,7 +249,8 @@ def skip_reason(ctx: RunContext, cell: dict, m: ModelSpec) -> str | None:
         reason = f"the model runs one process per rank; cell W={cell['world_size']}"
     if reason is None:
         spec = m.moe_spec(cell["world_size"], cell["seed"])
-        reason = info.load().unsupported(spec, cell["params"])
+        cls = info.load()
+        reason = cls.unsupported(spec, {**cls.PARAMS, **cell["params"]})
     return reason
 
 

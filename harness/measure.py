@@ -79,7 +79,11 @@ def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
             raise ValueError(f"system {name!r}: sweep.{key} is empty")
         axes.append([(key, v) for v in values])
     base = {**cls.PARAMS, **params}
-    return [{**base, **dict(point)} for point in itertools.product(*axes)]
+    points = [{**base, **dict(point)} for point in itertools.product(*axes)]
+    return [
+        {k: v for k, v in p.items() if not (k in cls.HASH_OPTIONAL and v == cls.PARAMS[k])}
+        for p in points
+    ]
 
 
 def selected_systems(cfg: Any) -> dict[str, Any]:
@@ -177,7 +181,8 @@ def spec_of(cell: dict) -> WorkloadSpec:
 def validate_cells(cells: list[dict], sm_count: int) -> None:
     """Clear errors for bad cells before any GPU work: routing, shapes, each system's params."""
     for cell in cells:
-        get_system(cell["system"]).load().validate(spec_of(cell), cell["params"], sm_count)
+        cls = get_system(cell["system"]).load()
+        cls.validate(spec_of(cell), {**cls.PARAMS, **cell["params"]}, sm_count)
 
 
 def base_row(cell: dict, spec: WorkloadSpec) -> Row:
@@ -306,7 +311,7 @@ def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
         )
         return row
     cls = info.load()
-    reason = cls.unsupported(spec, cell["params"])
+    reason = cls.unsupported(spec, {**cls.PARAMS, **cell["params"]})
     if reason is not None:
         row.status, row.reason = "skipped", reason
         return row

@@ -78,3 +78,22 @@ def test_rows_write_params_as_p_columns():
     d = row_dict(row)
     assert d["p_degrees"] == "[1, 2]" and d["p_degree"] == 0 and d["p_scope"] == "layer"
     assert "params" not in d and "ccta" not in d
+
+
+def test_a_hash_optional_param_at_its_default_stays_out_of_the_cell():
+    # overlap's `local` came after tables were measured with what is now its default ("copy")
+    assert "local" not in system_points("overlap", {"params": {"transport": "p2p"}})[0]
+    pts = system_points("overlap", {"sweep": {"local": ["copy", "direct"]}})
+    assert [p.get("local") for p in pts] == [None, "direct"]
+
+
+def test_the_committed_layer_table_still_resumes():
+    # every overlap p2p row of the reference layer table is a cell of today's layer grid (same
+    # hash), so a resumed run does not measure them again
+    import pandas as pd
+
+    ref = ROOT / "results/reference/h200x2/layer.parquet"
+    df = pd.read_parquet(ref, columns=["system", "transport", "cell_hash"])
+    rows = set(df[(df["system"] == "overlap") & (df["transport"] == "p2p")]["cell_hash"])
+    cells = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
+    assert rows and rows <= cells

@@ -254,6 +254,38 @@ def test_runner_loopback_end_to_end_and_epochs():
 
 
 @needs_interpreter
+@pytest.mark.parametrize("mgb", [1, 2])
+def test_local_rows_stored_by_the_epilogue_equal_the_local_copy(mgb):
+    # local=direct: the producer stores local rows in the own receive buffer itself; every
+    # destination buffer must end up as with the producer + local copy, and Y's local rows
+    # are never written (the copy left the critical path)
+    plan, x, w = _problem(torch.float16, mgb=mgb)
+    assert plan.n_local > 0
+    bufs, ys = {}, {}
+    for direct in (False, True):
+        fabric = LoopbackFabric(plan.dst_rows, w.shape[2], x.dtype, "cpu")
+        runner = OverlapRunner(
+            plan,
+            w,
+            fabric.transport(plan.rank),
+            ccta=2,
+            tile=interpreter_config(TILE_M),
+            consumer=interpreter_consumer_config(),
+            num_programs=3,
+            local_direct=direct,
+        )
+        y = torch.zeros(plan.n_padded, w.shape[2], dtype=x.dtype)
+        runner.overlapped(x, y)
+        runner.check()
+        runner.local_copy(y)
+        bufs[direct], ys[direct] = fabric.buffer.clone(), y
+    assert torch.equal(bufs[True], bufs[False])
+    assert bufs[False].abs().sum() > 0
+    assert not ys[True][plan.local_src_row].any()  # never stored in Y
+    assert ys[False][plan.local_src_row].any()
+
+
+@needs_interpreter
 def test_receive_counts_follow_a_routing_that_changes_between_runs():
     # a model calls one layer with a new routing in every MoE block: the rows a receiver waits
     # for are the sum of every run's recv_rows, not this run's times the number of runs

@@ -40,7 +40,8 @@ def test_overlap_equals_reference_on_loopback_grid(tmp_path):
 @pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("mgb", [1, 2])
-def test_row_placement_equals_cpu_oracle(routing, world, mgb):
+@pytest.mark.parametrize("local", ["copy", "direct"])
+def test_row_placement_equals_cpu_oracle(routing, world, mgb, local):
     from systems.overlap.system import _Rank
     from systems.overlap.transport import LoopbackFabric
 
@@ -65,7 +66,8 @@ def test_row_placement_equals_cpu_oracle(routing, world, mgb):
         R = lay.recv_src.numel()
         x = torch.randint(-2, 3, (R, spec.hidden), generator=gen).half()
         w = torch.randint(-2, 3, (3, spec.hidden, spec.out), generator=gen).half()
-        rk = _Rank(spec, lay, x.to(dev), w.to(dev), 64, mgb, fabric.transport(r), ccta=4)
+        t = fabric.transport(r)
+        rk = _Rank(spec, lay, x.to(dev), w.to(dev), 64, mgb, t, 4, local_direct=local == "direct")
         ranks.append(rk)
         plan = plan_for_layout(
             lay,

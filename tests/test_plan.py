@@ -304,3 +304,27 @@ def test_synthetic_plans_come_from_build_plan():
     assert dst[src == 1].tolist() == list(range(7, 7 + 16 + 33))
     moved = plan.to("cpu")
     assert type(moved) is type(plan) and moved.dst_rows == plan.dst_rows
+
+
+def test_local_row_map_of_a_host_plan_and_of_worst_case_arrays():
+    from types import SimpleNamespace
+
+    from systems.overlap.plan import local_row_map, plan_for_layout
+
+    spec = WorkloadSpec(64, 16, 16, 4, 2, 4, "stress_skew", seed=1)
+    lay = rank_layout(spec, 2)
+    shape = dict(world_size=4, experts_per_rank=4, tile_m=8, mgb=1, out_cols=16, elem_bytes=2)
+    plan = plan_for_layout(lay, **shape)
+    row_dst = local_row_map(plan)
+    assert row_dst.shape == (plan.n_padded,)
+    want = torch.full((plan.n_padded,), -1, dtype=torch.int64)
+    want[plan.local_src_row] = plan.local_dst_index
+    assert torch.equal(row_dst, want) and plan.n_local > 0
+    # a DevicePlan's arrays: worst-case sized, -1 past the real counts
+    dev = SimpleNamespace(
+        counts_on_device=True,
+        max_padded=plan.n_padded + 5,
+        local_src_row=torch.cat([plan.local_src_row, torch.full((3,), -1)]),
+        local_dst_index=torch.cat([plan.local_dst_index, torch.full((3,), -1)]),
+    )
+    assert torch.equal(local_row_map(dev), torch.cat([want, torch.full((5,), -1)]))

@@ -37,6 +37,7 @@ local_dst_index. The scale step is harness.reference.scale over that full buffer
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -406,3 +407,18 @@ def plans_for_spec(
         for lay in lays
     ]
     return plans, lays
+
+
+def local_row_map(plan: Any) -> torch.Tensor:
+    """row_dst [P] int64 on the plan's device: the place in this rank's own receive buffer of
+    each local valid row of the padded layout, -1 at every other row (remote rows, padding).
+
+    P is n_padded (a CombinePlan) or the bound max_padded (a DevicePlan, whose local arrays
+    hold -1 past n_local). Three device ops, no host synchronisation. The producer's epilogue
+    uses it to store local rows where the local copy would put them (local=direct).
+    """
+    P = plan.max_padded if getattr(plan, "counts_on_device", False) else int(plan.n_padded)
+    src, dst = plan.local_src_row, plan.local_dst_index
+    row_dst = torch.full((P + 1,), -1, dtype=torch.int64, device=src.device)
+    row_dst.scatter_(0, torch.where(src >= 0, src, P), dst.to(torch.int64))
+    return row_dst[:P]

@@ -36,6 +36,7 @@ from systems.overlap.kernels import (
     producer_grid,
     vec_ok,
 )
+from systems.overlap.plan import local_row_map
 from systems.overlap.plan_device import local_copy_device
 
 _INT32_MAX = 2**31 - 1
@@ -61,6 +62,7 @@ class OverlapRunner:
         tile: TileConfig | None = None,
         consumer: ConsumerConfig | None = None,
         num_programs: int | None = None,
+        local_direct: bool = False,
     ) -> None:
         self.plan = plan
         self.weights = weights
@@ -93,6 +95,10 @@ class OverlapRunner:
             self.prod_stream = torch.cuda.Stream(dev, priority=0)
             self.cons_stream = torch.cuda.Stream(dev, priority=-3)
         self.last_kernels: dict[str, Any] = {}
+        #: local rows stored by the producer's epilogue into the own receive buffer (no local
+        #: copy); row_dst [P] is the plan's local_row_map, rebuilt by use_plan
+        self.local_direct = local_direct
+        self.row_dst = local_row_map(plan) if local_direct else None
 
     @property
     def device_plan(self) -> bool:
@@ -109,6 +115,8 @@ class OverlapRunner:
                 f"use_plan: {plan.schedule.numel()} bands > {self.band_ready.numel()} counters"
             )
         self.plan = plan
+        if self.local_direct:
+            self.row_dst = local_row_map(plan)
 
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
@@ -133,6 +141,7 @@ class OverlapRunner:
             num_programs=num_programs,
             config=self.tile,
             signal=signal,
+            local_to=(self.transport.recv, self.row_dst) if self.local_direct else None,
         )
 
     def _consume(self, y: torch.Tensor, target: int, wait: bool):
@@ -204,9 +213,12 @@ class OverlapRunner:
         self._count_run()
 
     def local_copy(self, y: torch.Tensor, recv: torch.Tensor | None = None) -> torch.Tensor:
-        """Local rows: recv[local_dst_index] = y[local_src_row] (recv: own receive buffer)."""
+        """Local rows: recv[local_dst_index] = y[local_src_row] (recv: own receive buffer).
+        With local_direct the producer stored them there already: nothing to do."""
         p = self.plan
         recv = self.transport.recv if recv is None else recv
+        if self.local_direct:
+            return recv
         if self.device_plan:
             return local_copy_device(y, recv, p)
         if p.n_local:
@@ -262,6 +274,8 @@ class OverlapRunner:
         if plan.tile_m != self.plan.tile_m or plan.rank != self.plan.rank:
             raise ValueError("replan: the new plan must keep tile_m and rank")
         self.plan = plan
+        if self.local_direct:
+            self.row_dst = local_row_map(plan)
         if self.band_ready.numel() < max(plan.n_bands, 1):
             self.band_ready = torch.zeros(plan.n_bands, dtype=torch.int32, device=self.device)
         else:

@@ -6,7 +6,10 @@ forward runs the persistent producer (SMs - cCTA programs) and the consumer (cCT
 priority stream) concurrently, copies the local rows into the own combine receive buffer, waits
 until every peer's rows arrived, and scales: out [T, N].
 
-Params (PARAMS): ccta (consumer SMs), mgb (bands per segment), tile_m (64 or 128), transport.
+Params (PARAMS): ccta (consumer SMs), mgb (bands per segment), tile_m (64 or 128), transport,
+local ("copy": the producer writes Y and a copy kernel moves the local rows into the own receive
+buffer; "direct": the producer's epilogue stores them there, no copy on the critical path; left
+out of the cell hash at its default, so tables measured before it existed still resume).
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -41,6 +44,9 @@ from systems.overlap.plan import padded_input, plan_for_layout
 
 TILE_MS = (64, 128)
 TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
+#: local rows: "copy" (the producer writes Y, then a copy kernel into the own receive buffer) or
+#: "direct" (the producer's epilogue stores them there; no copy on the critical path)
+LOCAL_MODES = ("copy", "direct")
 
 
 def _knob(name: str, value: Any) -> int | str:
@@ -56,7 +62,9 @@ def _knob(name: str, value: Any) -> int | str:
 class _Rank:
     """One (possibly simulated) rank's state: layout, plan, padded operands, runner."""
 
-    def __init__(self, spec: WorkloadSpec, lay, x_recv, weights, tile_m, mgb, transport, ccta):
+    def __init__(
+        self, spec: WorkloadSpec, lay, x_recv, weights, tile_m, mgb, transport, ccta, local_direct
+    ):
         from systems.overlap.runner import OverlapRunner
 
         self.lay = lay
@@ -72,7 +80,9 @@ class _Rank:
         )
         self.x = padded_input(x_recv, self.plan.gather_index)
         self.y = torch.empty(self.x.shape[0], spec.out, dtype=x_recv.dtype, device=x_recv.device)
-        self.runner = OverlapRunner(self.plan, weights, transport, ccta=ccta)
+        self.runner = OverlapRunner(
+            self.plan, weights, transport, ccta=ccta, local_direct=local_direct
+        )
         self.tokens = spec.tokens_per_rank
         self.scale = Scaler.for_layout(lay, x_recv.device)  # step 5, indices on the device
 
@@ -87,7 +97,9 @@ class _Loopback:
 
     name = "loopback"
 
-    def __init__(self, ranks: list[CellInputs], tile_m: int, mgb: int, ccta: int) -> None:
+    def __init__(
+        self, ranks: list[CellInputs], tile_m: int, mgb: int, ccta: int, local_direct: bool
+    ) -> None:
         from systems.overlap.transport import LoopbackFabric
 
         spec = ranks[0].spec
@@ -105,6 +117,7 @@ class _Loopback:
                 mgb,
                 self.fabric.transport(r),
                 ccta,
+                local_direct,
             )
             for r, inp in enumerate(ranks)
         ]
@@ -130,7 +143,16 @@ class _Loopback:
 class _Distributed:
     """One process per rank over a real transport (p2p or nvshmem symmetric memory)."""
 
-    def __init__(self, inp: CellInputs, group, name: str, tile_m: int, mgb: int, ccta: int):
+    def __init__(
+        self,
+        inp: CellInputs,
+        group,
+        name: str,
+        tile_m: int,
+        mgb: int,
+        ccta: int,
+        local_direct: bool,
+    ):
         from systems.overlap.transport import nvshmem_transport, p2p_transport
 
         spec = inp.spec
@@ -139,7 +161,9 @@ class _Distributed:
         t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
         self.name = name
         self.group = group
-        self.ranks = [_Rank(spec, inp.layout, inp.x_recv, inp.weights, tile_m, mgb, t, ccta)]
+        self.ranks = [
+            _Rank(spec, inp.layout, inp.x_recv, inp.weights, tile_m, mgb, t, ccta, local_direct)
+        ]
         self.busy = 0
         self.epoch = torch.zeros(1, dtype=torch.int32, device=inp.x.device)
         #: the epoch handshake before every step (off only in the test that shows the race)
@@ -180,7 +204,16 @@ class _LayerRank:
     still being read.
     """
 
-    def __init__(self, inp: CellInputs, transport, group, tile_m: int, mgb: int, ccta: int):
+    def __init__(
+        self,
+        inp: CellInputs,
+        transport,
+        group,
+        tile_m: int,
+        mgb: int,
+        ccta: int,
+        local_direct: bool,
+    ):
         from systems.overlap.plan_device import plan_bounds
         from systems.overlap.runner import OverlapRunner
 
@@ -193,7 +226,9 @@ class _LayerRank:
         self.rows = spec.tokens_per_rank * spec.top_k
         self.held = self.stage_a()  # one untimed step's state (bounds, plan facts)
         self.plan = self.held[1].to_host_plan()  # host view of the plan, for the row's facts
-        self.runner = OverlapRunner(self.held[1], self.w2, transport, ccta=ccta)
+        self.runner = OverlapRunner(
+            self.held[1], self.w2, transport, ccta=ccta, local_direct=local_direct
+        )
         # band counters for the worst case of any step: every row of every rank comes here
         most = plan_bounds(
             spec.world_size * self.rows,
@@ -280,7 +315,16 @@ class _Layer:
     """The layer scope (FFN cells) on one process per rank (p2p / nvshmem), or W=1 (loopback
     with one rank)."""
 
-    def __init__(self, inp: CellInputs, group, name: str, tile_m: int, mgb: int, ccta: int):
+    def __init__(
+        self,
+        inp: CellInputs,
+        group,
+        name: str,
+        tile_m: int,
+        mgb: int,
+        ccta: int,
+        local_direct: bool,
+    ):
         spec = inp.spec
         rows = spec.tokens_per_rank * spec.top_k
         if name == "loopback":
@@ -294,7 +338,7 @@ class _Layer:
             make = p2p_transport if name == "p2p" else nvshmem_transport
             t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
         self.name = name
-        self.layer = _LayerRank(inp, t, group, tile_m, mgb, ccta)
+        self.layer = _LayerRank(inp, t, group, tile_m, mgb, ccta, local_direct)
         self.ranks = [self.layer]
         self.busy = 0
 
@@ -309,7 +353,14 @@ class _Layer:
 
 class OverlapSystem(System):
     name = "overlap"
-    PARAMS: ClassVar[dict[str, Any]] = {"ccta": 16, "mgb": 1, "tile_m": 128, "transport": ""}
+    PARAMS: ClassVar[dict[str, Any]] = {
+        "ccta": 16,
+        "mgb": 1,
+        "tile_m": 128,
+        "transport": "",
+        "local": "copy",
+    }
+    HASH_OPTIONAL = frozenset({"local"})
     simulates_ranks = True
     layer_scope = True
 
@@ -326,6 +377,10 @@ class OverlapSystem(System):
             raise ValueError(f"overlap: dtype must be float16 or bfloat16, got {spec.dtype}")
         if spec.hidden % 8 or spec.out % 8:
             raise ValueError("overlap: K and N must be multiples of 8 (16-byte rows)")
+        if params["local"] not in LOCAL_MODES:
+            raise ValueError(
+                f"overlap: local must be one of {', '.join(LOCAL_MODES)}, got {params['local']!r}"
+            )
         if params["transport"] not in TRANSPORTS:
             raise ValueError(
                 f"overlap: unknown transport {params['transport']!r}; "
@@ -352,7 +407,12 @@ class OverlapSystem(System):
             ccta, mgb, why = pick(spec, spec.world_size, name, ctx.sm_count, ccta=ccta, mgb=mgb)
             self.extra["auto"] = why
         self.used = {"ccta_used": int(ccta), "mgb_used": int(mgb)}
-        knobs = dict(tile_m=int(p["tile_m"]), mgb=int(mgb), ccta=int(ccta))
+        knobs = dict(
+            tile_m=int(p["tile_m"]),
+            mgb=int(mgb),
+            ccta=int(ccta),
+            local_direct=p["local"] == "direct",
+        )
         if ranks[0].spec.ffn:
             if len(ranks) != 1:
                 raise ValueError("the layer scope needs one process per rank (or W=1)")

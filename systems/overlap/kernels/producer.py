@@ -151,6 +151,8 @@ def _producer_kernel(
     x_ptr,
     w_ptr,
     y_ptr,
+    recv_ptr,
+    row_dst,
     schedule,
     band_expert,
     band_row,
@@ -170,6 +172,7 @@ def _producer_kernel(
     USE_TMA: tl.constexpr,
     FLATTEN: tl.constexpr,
     DEV_COUNTS: tl.constexpr,
+    LOCAL_DIRECT: tl.constexpr,
 ):
     # the schedule length and the signalled prefix: host ints, or (DEV_COUNTS) device counts
     n_sched = count_arg(n_sched_arg, DEV_COUNTS)
@@ -220,11 +223,18 @@ def _producer_kernel(
         rows = row0 + rm
         cols = col0 + rn
         mask = (rm[:, None] < nrows) & (cols[None, :] < N)
-        tl.store(
-            y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :],
-            acc.to(y_ptr.dtype.element_ty),
-            mask=mask,
-        )
+        ptrs = y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
+        if LOCAL_DIRECT:
+            # a local band's rows go straight to their places in this rank's own receive
+            # buffer (row_dst >= 0); its padding rows (row_dst = -1) are not stored at all
+            local = s >= n_signal
+            dst = tl.load(row_dst + rows, mask=(rm < nrows) & local, other=-1)
+            mine = dst >= 0
+            ptrs = tl.where(
+                mine[:, None], recv_ptr + dst.to(tl.int64)[:, None] * N + cols[None, :], ptrs
+            )
+            mask = mask & (mine[:, None] | (s < n_signal))
+        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
         if FLAG == _FLAG_CTA:
             # one release per CTA: the barrier orders every thread's stores before it
             if s < n_signal:
@@ -265,6 +275,7 @@ def launch_producer(
     num_programs: int,
     config: TileConfig,
     signal: bool = True,
+    local_to: tuple[torch.Tensor, torch.Tensor] | None = None,
 ):
     """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
 
@@ -278,7 +289,11 @@ def launch_producer(
     band_ready [B] int32 counters (grown by config.band_increment(N) per signalled band per run);
     n_signal: schedule positions [0, n_signal) are signalled (None: plan.n_remote_bands; an int
     or, with a DevicePlan, a device tensor);
-    num_programs: persistent grid (producer_grid: SMs - cCTA); signal=False: no flags (FLAG=0).
+    num_programs: persistent grid (producer_grid: SMs - cCTA); signal=False: no flags (FLAG=0);
+    local_to = (recv [S, N], row_dst [P] int32/int64): the local bands (schedule positions >=
+    n_signal) store each valid row p at recv[row_dst[p]] instead of y[p] (rows with row_dst -1
+    are not stored): the local copy happens in the epilogue (systems/overlap/plan.py
+    local_row_map builds row_dst).
     """
     P, K = x.shape
     E, K2, N = weights.shape
@@ -308,6 +323,14 @@ def launch_producer(
         w_desc = TensorDescriptor(w2, [E * K, N], [N, 1], [cfg.block_k, cfg.block_n])
     else:
         x_desc = w_desc = None
+    if local_to is not None:
+        recv, row_dst = local_to
+        if recv.dtype != y.dtype or recv.shape[1] != N or not recv.is_contiguous():
+            raise ValueError(f"producer local_to: recv {tuple(recv.shape)} {recv.dtype}")
+        if row_dst.numel() < P:
+            raise ValueError(f"producer local_to: row_dst has {row_dst.numel()} < {P} rows")
+    else:
+        recv, row_dst = y, plan.schedule  # unused (LOCAL_DIRECT=False)
     grid = (max(1, min(num_programs, n_sched * cfg.tiles_n(N))),)
     return _producer_kernel[grid](
         x_desc,
@@ -315,6 +338,8 @@ def launch_producer(
         x,
         weights,
         y,
+        recv,
+        row_dst,
         plan.schedule,
         plan.band_expert,
         plan.band_row,
@@ -334,6 +359,7 @@ def launch_producer(
         USE_TMA=use_tma,
         FLATTEN=cfg.flatten,
         DEV_COUNTS=dev_counts,
+        LOCAL_DIRECT=local_to is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
