@@ -36,9 +36,9 @@ import torch
 
 from harness.check import CheckResult, check
 from harness.measure import (
-    _agree,
-    _guarded,
+    agree,
     cell_inputs,
+    guarded,
     hash_cell,
     selected_systems,
     system_points,
@@ -207,7 +207,7 @@ def reference(ctx: RunContext, m: ModelSpec, seed: int) -> Reference:
     max_rows = 0
     for b in m.moe_blocks:  # the global routing's imbalance, from every rank's counts
         counts = torch.bincount(ids[b].reshape(-1), minlength=m.experts).double()
-        max_rows = max(max_rows, int(_agree(ctx, float(counts.max()))))
+        max_rows = max(max_rows, int(agree(ctx, float(counts.max()))))
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(counts)
         per_rank = counts.view(ctx.world_size, -1).sum(1)
@@ -286,10 +286,10 @@ class _Checked:
 
 def _agreed(ctx: RunContext, res: CheckResult) -> tuple[bool, float, float]:
     """(ok on every rank, worst whole error, worst row error) over the ranks."""
-    ok = _agree(ctx, 0.0 if res.ok else 1.0) == 0.0
+    ok = agree(ctx, 0.0 if res.ok else 1.0) == 0.0
 
     def worst(v: float) -> float:
-        return _agree(ctx, v if v == v else 1e30)
+        return agree(ctx, v if v == v else 1e30)
 
     return ok, worst(res.max_rel_err), worst(res.max_row_rel_err)
 
@@ -322,7 +322,7 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
     if reason is not None:
         row.status, row.reason = "skipped", reason
         return [row]
-    _guarded(ctx, row, lambda: _measure(ctx, cfg, cell, m, row))
+    guarded(ctx, row, lambda: _measure(ctx, cfg, cell, m, row))
     return [row]
 
 

@@ -244,7 +244,8 @@ def cell_inputs(
     return _InputCache.value  # type: ignore[return-value]
 
 
-def _agree(ctx: RunContext, value: float, op=dist.ReduceOp.MAX) -> float:
+def agree(ctx: RunContext, value: float, op=dist.ReduceOp.MAX) -> float:
+    """value reduced over the ranks of the run (the max by default; the value itself alone)."""
     t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
     if dist.is_initialized():
         dist.all_reduce(t, op=op, group=ctx.group)
@@ -256,12 +257,12 @@ def _checked(ctx: RunContext, row: Row, res: Any, when: str = "") -> bool:
     failure set status fail with the reason. True when the check passed on every rank."""
 
     def worst(prev: float, new: float) -> float:
-        new = _agree(ctx, new if new == new else 1e30)  # NaN (not measured) counts as worst
+        new = agree(ctx, new if new == new else 1e30)  # NaN (not measured) counts as worst
         return new if prev != prev else max(prev, new)
 
     row.max_rel_err = worst(row.max_rel_err, res.max_rel_err)
     row.max_row_rel_err = worst(row.max_row_rel_err, res.max_row_rel_err)
-    if _agree(ctx, 0.0 if res.ok else 1.0) == 0.0:
+    if agree(ctx, 0.0 if res.ok else 1.0) == 0.0:
         return True
     reason = res.message or "check failed on another rank"
     row.status, row.reason = "fail", f"{when}: {reason}" if when else reason
@@ -276,7 +277,7 @@ class _Prepared:
         self.samples: list[float] = []
 
 
-def _guarded(ctx: RunContext, row: Row, fn) -> Any:
+def guarded(ctx: RunContext, row: Row, fn) -> Any:
     """Run fn(); a failure becomes the row's `error` (a broken process group stops the run).
     Returns fn's result, or None after a failure."""
     try:
@@ -338,7 +339,7 @@ def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
             return None
         return _Prepared(row, system, ref, spec)
 
-    prepared = _guarded(ctx, row, setup)
+    prepared = guarded(ctx, row, setup)
     return row if prepared is None else prepared
 
 
@@ -349,7 +350,7 @@ def _timing_kw(ctx: RunContext, cfg: Any, iters: int, warmup: int) -> dict:
 def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: int) -> bool:
     """Add `iters` timed iterations of the cell to its samples; False after a failure."""
     kw = _timing_kw(ctx, cfg, iters, warmup)
-    t = _guarded(ctx, p.row, lambda: time_fn(p.system.timed, **kw))
+    t = guarded(ctx, p.row, lambda: time_fn(p.system.timed, **kw))
     if t is None:
         return False
     p.samples.extend(t.samples)
@@ -386,7 +387,7 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
             row.extra = json.dumps(system.extra, sort_keys=True, default=str)
         row.metrics.update(system.metrics)
 
-    _guarded(ctx, row, finish)
+    guarded(ctx, row, finish)
     return row
 
 
