@@ -4,7 +4,8 @@ What the GPU producer and consumer do, in plain torch and in the same order:
   1 pad     X [P, K] = x_recv rows at row_pos, zero padding rows elsewhere (plan.padded_input)
   2 produce walk the schedule band by band: Y[rows of b] = X[rows of b] @ B_{band_expert[b]}
   3 send    as soon as the last band of a segment is computed, send its valid rows
-            Y[seg_src_row : + seg_rows] to seg_dst at seg_offset (one message per segment)
+            Y[seg_src_row : + seg_rows] to seg_dst at seg_offset (one message per segment;
+            either layout: in a packed plan a segment is made of pieces, plan_pieces)
   4 local   after the schedule, copy the local rows Y[local_src_row] -> own buffer
   5 scale   harness.reference.scale over the combine receive buffer [S_rows, N]
 
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 from harness.layout import RankLayout
 from harness.reference import scale
-from systems.overlap.plan import CombinePlan, padded_input
+from systems.overlap.plan import CombinePlan, padded_input, plan_pieces
 
 #: send(segment index, destination rank, destination row offset, rows [n, N])
 SendFn = Callable[[int, int, int, torch.Tensor], None]
@@ -34,20 +35,25 @@ def produce(
     plan: CombinePlan, x: torch.Tensor, weights: torch.Tensor, send: SendFn
 ) -> torch.Tensor:
     """Walk the schedule: compute each band of X [P, K] with weights [E, K, N] into Y [P, N],
-    send each segment once its last band is done. Returns Y (padding rows are zero)."""
+    send each segment once the band of its last unit is done (a unit: a remote band, or a
+    piece of a packed plan, plan_pieces). Returns Y (padding rows are zero)."""
     y = x.new_zeros(plan.n_padded, weights.shape[2])
     sched = plan.schedule.tolist()
-    b_exp, b_row = plan.band_expert.tolist(), plan.band_row.tolist()
-    b_rows, b_seg = plan.band_rows.tolist(), plan.band_segment.tolist()
-    seg_end = (plan.seg_start + plan.seg_count - 1).tolist()
+    b_exp, b_row, b_rows = (t.tolist() for t in (plan.band_expert, plan.band_row, plan.band_rows))
+    pos = torch.empty_like(plan.schedule)
+    pos[plan.schedule] = torch.arange(plan.n_bands)
+    units = plan_pieces(plan)
+    # schedule position after which each segment can go (segments come in that order)
+    seg_ready = pos[units.band[plan.seg_start + plan.seg_count - 1]].tolist()
     seg_dst, seg_rows = plan.seg_dst.tolist(), plan.seg_rows.tolist()
     seg_src, seg_off = plan.seg_src_row.tolist(), plan.seg_offset.tolist()
+    s = 0
     for i, b in enumerate(sched):
         r0, n = b_row[b], b_rows[b]
         torch.matmul(x[r0 : r0 + n], weights[b_exp[b]], out=y[r0 : r0 + n])
-        s = b_seg[b]
-        if s >= 0 and i == seg_end[s]:
+        while s < len(seg_ready) and seg_ready[s] == i:
             send(s, seg_dst[s], seg_off[s], y[seg_src[s] : seg_src[s] + seg_rows[s]])
+            s += 1
     return y
 
 

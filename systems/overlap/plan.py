@@ -32,6 +32,18 @@ Terms (W ranks, E local experts, tile height tile_m, this rank = `rank`):
 
 Local rows are never sent: they are copied from Y into this rank's own receive buffer at
 local_dst_index. The scale step is harness.reference.scale over that full buffer [S_rows, N].
+
+layout="packed" (beyond the paper; build_plan(..., layout="packed")): per expert e,
+X_e = [ALL remote groups back to back, owners ascending, padded ONCE with zero rows to a
+multiple of tile_m][local group last, NOT padded], so an expert pads at most tile_m - 1 rows
+(packed_padding_rows counts them). A remote band may then hold rows of several owners; a
+*piece* is the rows of one owner in one band (contiguous in Y and, since an owner's rows of an
+expert are consecutive in its buffer, contiguous at the destination). Pieces are ordered like
+the send: remote bands in schedule order, owners ascending inside a band; the pieces of one
+group are consecutive in that order. Segments are built over pieces exactly as over bands in
+the aligned layout (first / last single, middle mgb, cut where the group changes), so a segment
+is still one contiguous range of Y and of one destination. Local bands never mix with remote
+rows (the remote part is padded before the local group), so the local copy is unchanged.
 """
 
 from __future__ import annotations
@@ -85,6 +97,22 @@ class CombinePlan:
       recv_row_start [W]  rank s's rows land at recv_row_start[s] .. + recv_rows[s] - 1
       local_src_row   [L]  padded GEMM row of each local row
       local_dst_index [L]  its position in this rank's own receive buffer
+    Layout (host str) "aligned" (the paper's, above) or "packed" (module docstring). In a
+    packed plan these fields change meaning:
+      group_padded  = group_rows (no per-group padding; expert e pads once, to
+                      expert_row_start[e+1] - expert_row_start[e] - group_rows[e].sum())
+      band_dst      owner of the band's FIRST valid row (a remote band may hold several owners)
+      band_offset   destination row of that first valid row (in band_dst's buffer)
+      band_segment  segment of the band's first piece (-1 for a local band)
+      seg_start     index into the PIECES (not into schedule) of the segment's first piece;
+      seg_count     pieces in the segment (each piece in its own band)
+      n_remote_bands bands holding any remote row (all full tile_m bands)
+    and the pieces (None in an aligned plan; plan_pieces() gives them for either layout):
+      piece_band   [Q]  band of the piece (whose ready counter the consumer waits for)
+      piece_row    [Q]  padded GEMM row of its first row
+      piece_rows   [Q]  its rows (all valid, one owner)
+      piece_offset [Q]  row of its first row in the destination's receive buffer
+      piece_dst    [Q]  destination (owner) rank
     """
 
     world_size: int
@@ -126,6 +154,12 @@ class CombinePlan:
     recv_row_start: torch.Tensor | None
     local_src_row: torch.Tensor
     local_dst_index: torch.Tensor
+    layout: str = "aligned"
+    piece_band: torch.Tensor | None = None
+    piece_row: torch.Tensor | None = None
+    piece_rows: torch.Tensor | None = None
+    piece_offset: torch.Tensor | None = None
+    piece_dst: torch.Tensor | None = None
 
     @property
     def n_padding(self) -> int:
@@ -143,6 +177,10 @@ class CombinePlan:
 
 def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, 0) - x
+
+
+#: row layouts of stage A: the paper's remote-aligned one, and the packed one (beyond the paper)
+LAYOUTS = ("aligned", "packed")
 
 
 def slot_ranks(world_size: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
@@ -164,19 +202,37 @@ def build_plan(
     out_cols: int,
     elem_bytes: int,
     send_counts: torch.Tensor | None = None,
+    layout: str = "aligned",
 ) -> CombinePlan:
     """The combine plan of `rank` from its expert-side rows (harness.layout.RankLayout).
 
     recv_src [R] owner rank, recv_expert [R] local expert, recv_dst_index [R] position in the
     owner's combine receive buffer (consecutive within each (owner, expert) group), any order.
     send_counts [W] (optional): rows this rank sent to each rank in the dispatch, for the
-    receive-side fields. One host sync (see the module docstring).
+    receive-side fields. layout: "aligned" (the paper's) or "packed" (module docstring).
+    One host sync (see the module docstring).
     """
     W, E, tm = world_size, experts_per_rank, tile_m
     if not 0 <= rank < W:
         raise ValueError(f"rank {rank} not in [0, {W})")
     if E < 1 or tm < 1 or mgb < 1:
         raise ValueError(f"experts_per_rank, tile_m, mgb must be >= 1; got {E}, {tm}, {mgb}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout == "packed":
+        return _build_packed(
+            recv_src,
+            recv_expert,
+            recv_dst_index,
+            world_size=W,
+            rank=rank,
+            experts_per_rank=E,
+            tile_m=tm,
+            mgb=mgb,
+            out_cols=out_cols,
+            elem_bytes=elem_bytes,
+            send_counts=send_counts,
+        )
     dev = recv_src.device
     i64 = {"dtype": torch.int64, "device": dev}
     src = recv_src.to(torch.int64)
@@ -308,6 +364,203 @@ def build_plan(
     )
 
 
+def _build_packed(
+    recv_src: torch.Tensor,
+    recv_expert: torch.Tensor,
+    recv_dst_index: torch.Tensor,
+    *,
+    world_size: int,
+    rank: int,
+    experts_per_rank: int,
+    tile_m: int,
+    mgb: int,
+    out_cols: int,
+    elem_bytes: int,
+    send_counts: torch.Tensor | None,
+) -> CombinePlan:
+    """build_plan with layout="packed": per expert [remote rows of all owners back to back,
+    padded once to tile_m][local rows]; pieces = (band, owner) runs; segments over the pieces.
+    Inputs as build_plan's; one host sync (six sizes)."""
+    W, E, tm = world_size, experts_per_rank, tile_m
+    dev = recv_src.device
+    i64 = {"dtype": torch.int64, "device": dev}
+    src = recv_src.to(torch.int64)
+    expert = recv_expert.to(**i64)
+    dst = recv_dst_index.to(**i64)
+    R, G = src.numel(), E * W
+
+    # Groups as in the aligned layout: g = e * W + slot (remote owners ascending, self last).
+    slot = torch.where(src == rank, W - 1, src - (src > rank).long())
+    grp = expert * W + slot  # [R]
+    order = torch.sort(dst, stable=True).indices
+    order = order[torch.sort(grp[order], stable=True).indices]
+    cnt = torch.zeros(G, **i64).index_add_(0, grp, torch.ones_like(grp))  # [G]
+    cnt2 = cnt.view(E, W)
+    rem, loc = cnt2[:, : W - 1].sum(1), cnt2[:, W - 1]  # [E] remote / local rows per expert
+    nbr, nbl = (rem + tm - 1) // tm, (loc + tm - 1) // tm  # [E] remote / local bands
+    rpad = nbr * tm  # [E] GEMM rows of the packed remote part
+    exp_start = _excl_cumsum(rpad + loc)  # [E]
+    within = torch.cumsum(cnt2, 1) - cnt2  # [E, W] group start inside its expert
+    within[:, W - 1] = rpad  # the local group after the padded remote part
+    grp_row = (exp_start[:, None] + within).reshape(-1)  # [G] first padded row of each group
+    grp_dst = torch.zeros(G, **i64).scatter_reduce_(0, grp, dst, "amin", include_self=False)
+
+    # Sections: (expert, remote part | local part); their bands tile the layout in order.
+    sec_nb = torch.stack([nbr, nbl], 1).reshape(-1)  # [2E]
+    sec_valid = torch.stack([rem, loc], 1).reshape(-1)
+    sec_row = torch.stack([exp_start, exp_start + rpad], 1).reshape(-1)
+    sec_first = _excl_cumsum(sec_nb)  # first band id of each section
+    exp_order = torch.sort(-nbr * E + torch.arange(E, device=dev)).indices  # rule (ii)
+    sched_secs = torch.cat([exp_order * 2, torch.arange(E, device=dev) * 2 + 1])  # [2E]
+    nb_sched = sec_nb[sched_secs]
+
+    # Pieces: remote groups in send order (experts by rule (ii), owners ascending); a group
+    # starting at row ws of its expert's remote part spans bands ws // tm .. (ws + c - 1) // tm.
+    rg = (exp_order[:, None] * W + torch.arange(W - 1, device=dev)).reshape(-1)  # [E(W-1)]
+    ws, c = within.reshape(-1)[rg], cnt[rg]
+    fb = ws // tm
+    npc = torch.where(c > 0, (ws + c - 1) // tm - fb + 1, 0)  # pieces per remote group
+    a = _excl_cumsum(npc)  # first piece of each remote group
+    n_pieces = npc.sum()
+    lo = a.clamp(min=1)
+    hi = torch.minimum(a + npc - 1, n_pieces - 2)
+    mid = (hi - lo + 1).clamp(min=0)
+    n_seg = (n_pieces >= 1).long() + (n_pieces >= 2).long() + ((mid + mgb - 1) // mgb).sum()
+    sizes = torch.stack([(rpad + loc).sum(), sec_nb.sum(), nbr.sum(), n_pieces, n_seg, loc.sum()])
+    P, B, NR, Q, S, L = sizes.tolist()  # THE one host synchronisation
+
+    # Rows -> padded positions.
+    k = torch.arange(R, **i64)
+    g_sorted = grp[order]
+    row_pos = torch.empty(R, **i64)
+    row_pos[order] = grp_row[g_sorted] + (k - _excl_cumsum(cnt)[g_sorted])
+    gather_index = torch.full((P,), -1, **i64).scatter_(0, row_pos, k)
+    expert_row_start = torch.cat([torch.zeros(1, **i64), torch.cumsum(rpad + loc, 0)])
+
+    # Bands in layout order.
+    band_sec = torch.repeat_interleave(torch.arange(2 * E, device=dev), sec_nb, output_size=B)
+    q = torch.arange(B, **i64) - sec_first[band_sec]
+    band_row = sec_row[band_sec] + q * tm
+    band_valid = (sec_valid[band_sec] - q * tm).clamp(max=tm)
+    is_local = band_sec % 2 == 1
+    band_rows = torch.where(is_local, band_valid, tm)
+    first_row = gather_index[band_row]  # x_recv row of each band's first row (always valid)
+    band_dst = torch.where(is_local, rank, src[first_row])
+    band_offset = dst[first_row]
+
+    # Schedule of bands: remote sections by rule (ii), then local sections, experts ascending.
+    sb = torch.repeat_interleave(sched_secs, nb_sched, output_size=B)
+    q_s = torch.arange(B, **i64) - torch.repeat_interleave(
+        _excl_cumsum(nb_sched), nb_sched, output_size=B
+    )
+    schedule = sec_first[sb] + q_s
+
+    # Pieces in send order.
+    pg = torch.repeat_interleave(torch.arange(rg.numel(), device=dev), npc, output_size=Q)
+    j = torch.arange(Q, **i64) - a[pg]
+    g = rg[pg]
+    e = g // W
+    piece_band = sec_first[e * 2] + fb[pg] + j
+    gs = grp_row[g]
+    piece_row = torch.maximum(gs, band_row[piece_band])
+    piece_end = torch.minimum(gs + cnt[g], band_row[piece_band] + tm)
+    piece_rows = piece_end - piece_row
+    piece_offset = grp_dst[g] + (piece_row - gs)
+    piece_dst = slot_ranks(W, rank, dev)[g % W]
+
+    # Segments over the pieces (the aligned rule, with pieces in place of bands).
+    p = torch.arange(Q, **i64)
+    q_mid = p - a[pg].clamp(min=1)
+    is_start = (p == 0) | (p == Q - 1) | (q_mid % mgb == 0)
+    seg_id = torch.cumsum(is_start.long(), 0) - 1  # [Q]
+    seg_start = torch.full((S,), Q, **i64).scatter_reduce_(0, seg_id, p, "amin")
+    seg_count = torch.zeros(S, **i64).index_add_(0, seg_id, torch.ones_like(p))
+    seg_rows = torch.zeros(S, **i64).index_add_(0, seg_id, piece_rows)
+    seg_dst = piece_dst[seg_start]
+    band_segment = torch.full((B,), -1, **i64).scatter_reduce_(
+        0, piece_band, seg_id, "amin", include_self=False
+    )
+
+    # Local rows (never sent) and the receive side.
+    loc_rows = torch.sort((slot != W - 1).long(), stable=True).indices[:L]
+    recv_rows = recv_start = None
+    if send_counts is not None:
+        recv_rows = send_counts.to(**i64)
+        recv_start = _excl_cumsum(recv_rows)
+    return CombinePlan(
+        world_size=W,
+        rank=rank,
+        experts_per_rank=E,
+        tile_m=tm,
+        mgb=mgb,
+        out_cols=out_cols,
+        elem_bytes=elem_bytes,
+        n_rows=R,
+        n_padded=P,
+        n_bands=B,
+        n_remote_bands=NR,
+        n_segments=S,
+        n_local=L,
+        row_pos=row_pos,
+        gather_index=gather_index,
+        expert_row_start=expert_row_start,
+        group_rows=_by_owner(cnt2, W, rank),
+        group_padded=_by_owner(cnt2, W, rank),
+        band_expert=band_sec // 2,
+        band_row=band_row,
+        band_rows=band_rows,
+        band_dst=band_dst,
+        band_valid=band_valid,
+        band_offset=band_offset,
+        band_segment=band_segment,
+        schedule=schedule,
+        seg_start=seg_start,
+        seg_count=seg_count,
+        seg_dst=seg_dst,
+        seg_rows=seg_rows,
+        seg_bytes=seg_rows * (out_cols * elem_bytes),
+        seg_src_row=piece_row[seg_start],
+        seg_offset=piece_offset[seg_start],
+        sent_rows=torch.zeros(W, **i64).index_add_(0, seg_dst, seg_rows),
+        sent_segments=torch.zeros(W, **i64).index_add_(0, seg_dst, torch.ones_like(seg_dst)),
+        recv_rows=recv_rows,
+        recv_row_start=recv_start,
+        local_src_row=row_pos[loc_rows],
+        local_dst_index=dst[loc_rows],
+        layout="packed",
+        piece_band=piece_band,
+        piece_row=piece_row,
+        piece_rows=piece_rows,
+        piece_offset=piece_offset,
+        piece_dst=piece_dst,
+    )
+
+
+@dataclass
+class Pieces:
+    """The consumer's units of one plan, in send order [Q]: band (its ready counter), row
+    (first padded GEMM row), rows, offset (destination row), dst. Segment s covers units
+    seg_start[s] .. + seg_count[s]."""
+
+    band: torch.Tensor
+    row: torch.Tensor
+    rows: torch.Tensor
+    offset: torch.Tensor
+    dst: torch.Tensor
+
+
+def plan_pieces(plan: CombinePlan) -> Pieces:
+    """Pieces of a packed plan; of an aligned plan, its remote bands in schedule order (one
+    piece per band: schedule[:n_remote_bands] with their band_row, band_valid, band_offset,
+    band_dst). Either way segment s sends units seg_start[s] .. + seg_count[s]."""
+    if plan.piece_band is not None:
+        return Pieces(
+            plan.piece_band, plan.piece_row, plan.piece_rows, plan.piece_offset, plan.piece_dst
+        )
+    b = plan.schedule[: plan.n_remote_bands]
+    return Pieces(b, plan.band_row[b], plan.band_valid[b], plan.band_offset[b], plan.band_dst[b])
+
+
 def _by_owner(per_slot: torch.Tensor, world_size: int, rank: int) -> torch.Tensor:
     """[E, W] indexed by group slot -> [E, W] indexed by owner rank."""
     out = torch.empty_like(per_slot)
@@ -325,8 +578,9 @@ def plan_for_layout(
     out_cols: int,
     elem_bytes: int,
     device: torch.device | None = None,
+    layout: str = "aligned",
 ) -> CombinePlan:
-    """build_plan on a harness.layout.RankLayout (moved to `device` first)."""
+    """build_plan on a harness.layout.RankLayout (moved to `device` first), in `layout`."""
     dev = device or lay.recv_src.device
     return build_plan(
         lay.recv_src.to(dev),
@@ -340,6 +594,7 @@ def plan_for_layout(
         out_cols=out_cols,
         elem_bytes=elem_bytes,
         send_counts=lay.send_counts.to(dev),
+        layout=layout,
     )
 
 
@@ -380,7 +635,7 @@ def packed_padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int
     """Zero rows of every rank [W] if the remote rows of an expert were PACKED: all remote owners'
     rows of expert g back to back, padded once to a multiple of tile_m (a band may then hold rows
     of several owners). Rank r: sum over its experts g of (-sum_{s != r} C[s, g]) mod tile_m.
-    A study of the layout the method-speed issue proposes; no plan builds it yet."""
+    Equals build_plan(..., layout="packed").n_padding (the local rows stay unpadded)."""
     W = counts.shape[0]
     c = counts.view(W, W, experts_per_rank)  # [s, r, e]
     remote = (c * (1 - torch.eye(W, dtype=c.dtype, device=c.device))[:, :, None]).sum(0)  # [r, e]
@@ -388,7 +643,12 @@ def packed_padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int
 
 
 def plans_for_spec(
-    spec: WorkloadSpec, *, tile_m: int, mgb: int, device: torch.device | None = None
+    spec: WorkloadSpec,
+    *,
+    tile_m: int,
+    mgb: int,
+    device: torch.device | None = None,
+    layout: str = "aligned",
 ) -> tuple[list[CombinePlan], list[RankLayout]]:
     """Plans and RankLayouts of all W ranks of a spec (every rank can build every plan)."""
     lays = [rank_layout(spec, r) for r in range(spec.world_size)]
@@ -403,6 +663,7 @@ def plans_for_spec(
             out_cols=spec.out,
             elem_bytes=elem,
             device=device,
+            layout=layout,
         )
         for lay in lays
     ]

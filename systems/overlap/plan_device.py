@@ -134,6 +134,8 @@ class DevicePlan:
             if f.name in COUNT_NAMES:
                 kw[f.name] = n[f.name]
                 continue
+            if not hasattr(self, f.name):  # layout, piece_*: a DevicePlan is always aligned
+                continue
             v = getattr(self, f.name)
             key = next((k for k in cut if f.name.startswith(k)), None)
             kw[f.name] = v[: cut[key]] if key is not None else v

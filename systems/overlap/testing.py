@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from systems.overlap.plan import CombinePlan, build_plan, slot_ranks
+from systems.overlap.plan import CombinePlan, build_plan, plan_pieces, slot_ranks
 
 
 @dataclass
@@ -66,13 +66,14 @@ def synthetic_plan(
     dst_base: list[int] | None = None,
     out_cols: int = 0,
     elem_bytes: int = 0,
+    layout: str = "aligned",
 ) -> SyntheticPlan:
     """A combine plan of `rank` from group sizes rows[e][s] (valid rows of local expert e owned
     by rank s), built by systems.overlap.plan.build_plan on `device`.
 
     x_recv row i is the i-th valid row in layout order (experts ascending, remote owners
     ascending, then the local group), so plan.n_rows rows of any x_recv fit. out_cols and
-    elem_bytes only size seg_bytes. dst_rows: see SyntheticPlan.
+    elem_bytes only size seg_bytes. layout: build_plan's. dst_rows: see SyntheticPlan.
     """
     src, expert, dst, dst_rows = synthetic_rows(rows, rank=rank, dst_base=dst_base)
     plan = build_plan(
@@ -86,27 +87,26 @@ def synthetic_plan(
         mgb=mgb,
         out_cols=out_cols,
         elem_bytes=elem_bytes,
+        layout=layout,
     )
     return SyntheticPlan(**{f.name: getattr(plan, f.name) for f in fields(plan)}, dst_rows=dst_rows)
 
 
 def expected_sends(plan, y: torch.Tensor, recv: list[torch.Tensor]) -> list[torch.Tensor]:
-    """What the consumer must leave in each destination buffer: copies of recv with every remote
-    band's valid rows of y [P, N] written at band_offset (pure torch)."""
+    """What the consumer must leave in each destination buffer: copies of recv with every
+    unit's rows of y [P, N] written at its offset (units: remote bands of an aligned plan,
+    pieces of a packed one; plan_pieces). Pure torch."""
     out = [r.clone() for r in recv]
-    rows, valid = plan.band_row.tolist(), plan.band_valid.tolist()
-    dst, off = plan.band_dst.tolist(), plan.band_offset.tolist()
-    for b in plan.schedule[: plan.n_remote_bands].tolist():
-        out[dst[b]][off[b] : off[b] + valid[b]] = y[rows[b] : rows[b] + valid[b]]
+    u = plan_pieces(plan)
+    for r0, n, off, d in zip(*(t.tolist() for t in (u.row, u.rows, u.offset, u.dst))):
+        out[d][off : off + n] = y[r0 : r0 + n]
     return out
 
 
 def rows_sent(plan) -> list[int]:
     """Valid rows this plan sends to each rank [W]."""
-    sent = [0] * plan.world_size
-    for b in plan.schedule[: plan.n_remote_bands].tolist():
-        sent[int(plan.band_dst[b])] += int(plan.band_valid[b])
-    return sent
+    u = plan_pieces(plan)
+    return torch.zeros(plan.world_size, dtype=torch.int64).index_add_(0, u.dst, u.rows).tolist()
 
 
 def reference_y(plan, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

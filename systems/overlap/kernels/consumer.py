@@ -6,6 +6,9 @@ band of a segment (schedule[seg_start .. seg_start + seg_count)), in order:
     `tl.atomic_add(counter, 0, sem="acquire")` polls; time-out -> error record, see below);
   2 copy the band's VALID rows Y[band_row .. + band_valid) (contiguous, all N columns) to the
     destination's combine receive buffer at row band_offset (contiguous there too).
+A packed plan (plan.py, layout="packed") walks PIECES instead of bands (constexpr PIECES): the
+entries seg_start .. + seg_count are piece ids, step 1 waits for piece_band's counter, step 2
+copies the piece's rows Y[piece_row .. + piece_rows) to piece_offset. Same loop, same signal.
 Bands are copied as they become ready (a segment's copy is pipelined with the producer), and once
 every band of the segment is copied, the receiver is signalled ONCE per segment:
 `tl.atomic_add(signal[dst][rank], rows of the segment, sem="release", scope=SCOPE)` after a CTA
@@ -115,6 +118,7 @@ def _consumer_kernel(
     band_row,
     band_valid,
     band_offset,
+    piece_band,
     band_ready,
     seg_start,
     seg_count,
@@ -139,10 +143,14 @@ def _consumer_kernel(
     STREAM: tl.constexpr,
     PUT_MODE: tl.constexpr,
     DEV_COUNTS: tl.constexpr,
+    PIECES: tl.constexpr,
 ):
     """All put modes in one kernel: PUT_MODE (constexpr) picks the data path at compile time,
     so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library).
-    n_segments_arg: a host int, or (DEV_COUNTS) a device int tensor holding the count."""
+    n_segments_arg: a host int, or (DEV_COUNTS) a device int tensor holding the count.
+    PIECES (a packed plan): a segment's entries seg_start .. + seg_count are piece ids u
+    (band_row / band_valid / band_offset hold the pieces' row / rows / offset), and the ready
+    counter waited for is piece_band[u]; otherwise entry i is the band schedule[i]."""
     n_segments = count_arg(n_segments_arg, DEV_COUNTS)
     pid = tl.program_id(0)
     clock_p = clock + pid
@@ -157,7 +165,12 @@ def _consumer_kernel(
             rows = tl.zeros((), dtype=tl.int64)
             for i in range(cnt):
                 if status == 0:
-                    band = tl.load(schedule + s0 + i)
+                    if PIECES:
+                        u = s0 + i
+                        band = tl.load(piece_band + u)
+                    else:
+                        u = tl.load(schedule + s0 + i)
+                        band = u
                     if WAIT:
                         status, seen = spin_until(
                             band_ready + band,
@@ -174,9 +187,9 @@ def _consumer_kernel(
                                 err, _BAND_TIMEOUT, seg, band, rank, pid, seen, ready_target, -1
                             )
                     if status == 0:
-                        r0 = tl.load(band_row + band).to(tl.int64)
-                        nv = tl.load(band_valid + band).to(tl.int64)
-                        off = tl.load(band_offset + band).to(tl.int64)
+                        r0 = tl.load(band_row + u).to(tl.int64)
+                        nv = tl.load(band_valid + u).to(tl.int64)
+                        off = tl.load(band_offset + u).to(tl.int64)
                         src = y_ptr + r0 * N
                         if PUT_MODE == _PUT_STORE:
                             dst = base.to(tl.pointer_type(elem_ty)) + off * N
@@ -311,12 +324,13 @@ def launch_consumer(
 
     y [P, N] producer output; plan: a systems.overlap.plan.CombinePlan on the device, or
     anything with its schedule, band_row, band_valid, band_offset, seg_start, seg_count, seg_dst
-    (int32/int64) and rank, or a systems.overlap.plan_device.DevicePlan (counts_on_device: the
-    segment count is read on the device; segments past it are skipped); band_ready [B] int32
-    producer counters; recv_ptrs [W] int64 receive-buffer addresses and signal_ptrs [W] int64
-    receive-counter addresses per destination, as the put mode needs them
-    (transport.Transport.tables); err [ERR_SLOTS] int64;
-    clock [>= ccta] int64 scratch; ready_target: counter value of a complete band this run;
+    (int32/int64) and rank (a packed plan also with piece_band, piece_row, piece_rows,
+    piece_offset: its segments walk pieces), or a systems.overlap.plan_device.DevicePlan
+    (counts_on_device: the segment count is read on the device; segments past it are skipped);
+    band_ready [B] int32 producer counters; recv_ptrs [W] int64 receive-buffer addresses and
+    signal_ptrs [W] int64 receive-counter addresses per destination, as the put mode needs them
+    (transport.Transport.tables); err [ERR_SLOTS] int64; clock [>= ccta] int64 scratch;
+    ready_target: counter value of a complete band this run;
     rank: the source slot this rank signals in the receivers' counters (None: plan.rank);
     wait=False skips the spins (flags taken as set: the comm-only bound); vec: 16-byte vector
     hints (None: checked, with a host synchronisation; pass vec_ok(y, transport.aligned, ...)
@@ -324,6 +338,7 @@ def launch_consumer(
     """
     n_seg = plan.seg_start.numel()  # S, or the bound S' of a DevicePlan
     dev_counts = getattr(plan, "counts_on_device", False)
+    pieces = getattr(plan, "piece_band", None) is not None  # a packed plan
     if rank is None:
         rank = plan.rank
     if err.numel() < ERR_SLOTS or err.dtype != torch.int64:
@@ -343,9 +358,10 @@ def launch_consumer(
     args = (
         y,
         plan.schedule,
-        plan.band_row,
-        plan.band_valid,
-        plan.band_offset,
+        plan.piece_row if pieces else plan.band_row,
+        plan.piece_rows if pieces else plan.band_valid,
+        plan.piece_offset if pieces else plan.band_offset,
+        plan.piece_band if pieces else plan.schedule,  # unused unless PIECES
         band_ready,
         plan.seg_start,
         plan.seg_count,
@@ -371,6 +387,7 @@ def launch_consumer(
         STAGES=cfg.stages,
         STREAM=cfg.streaming,
         DEV_COUNTS=dev_counts,
+        PIECES=pieces,
         num_warps=cfg.num_warps,
     )
     if put_mode == PUT_STORE:
