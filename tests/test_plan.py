@@ -328,3 +328,200 @@ def test_local_row_map_of_a_host_plan_and_of_worst_case_arrays():
         local_dst_index=torch.cat([plan.local_dst_index, torch.full((3,), -1)]),
     )
     assert torch.equal(local_row_map(dev), torch.cat([want, torch.full((5,), -1)]))
+
+
+# -- layout=packed -------------------------------------------------------------------------
+
+
+def check_packed_plan(plan, src, expert, dst, buf_rows):
+    """Properties of a packed plan (build_plan(..., layout="packed"))."""
+    from systems.overlap.plan import plan_pieces
+
+    W, E, tm, rank = plan.world_size, plan.experts_per_rank, plan.tile_m, plan.rank
+    R, P, B, NR = plan.n_rows, plan.n_padded, plan.n_bands, plan.n_remote_bands
+    gi = plan.gather_index
+    assert plan.layout == "packed"
+    # Layout: every x_recv row once; per expert remote rows (owners ascending) then local rows.
+    assert torch.equal(gi[plan.row_pos], torch.arange(R))
+    assert int(plan.expert_row_start[-1]) == P
+    rows, b, within = _band_rows(plan)
+    assert torch.equal(rows, torch.arange(P))
+    valid = within < plan.band_valid[b]
+    assert torch.equal(valid, gi >= 0)  # padding = the trailing rows of a band
+    x = gi[valid]
+    assert torch.equal(expert[x], plan.band_expert[b[valid]])
+    slot = torch.where(src[x] == rank, W, src[x])
+    key = expert[x] * (W + 1) + slot
+    assert bool((key[1:] >= key[:-1]).all())  # experts ascending, owners ascending, local last
+    # Padding: once per expert, after its remote rows: < tile_m per expert.
+    rem = torch.bincount(expert[src != rank], minlength=E)
+    assert plan.n_padding == int((-rem).remainder(tm).sum()) <= E * (tm - 1)
+    assert torch.equal(plan.group_padded, plan.group_rows)
+    # Bands: remote bands hold only remote rows, full tile_m; local bands only local, unpadded.
+    is_remote = torch.zeros(B, dtype=torch.bool).index_fill_(0, plan.schedule[:NR], True)
+    assert torch.equal(src[x] != rank, is_remote[b[valid]])
+    assert bool((plan.band_rows[is_remote] == tm).all())
+    assert torch.equal(plan.band_valid[~is_remote], plan.band_rows[~is_remote])
+    assert bool((plan.band_dst[~is_remote] == rank).all())
+    first = gi[plan.band_row]
+    assert torch.equal(plan.band_dst[is_remote], src[first[is_remote]])
+    assert torch.equal(plan.band_offset, dst[first])
+    # Schedule: a permutation; bands with remote rows first, by rule (ii); local ascending.
+    sched = plan.schedule
+    assert torch.equal(torch.sort(sched).values, torch.arange(B))
+    assert bool((sched[NR:].diff() > 0).all())
+    rexp = plan.band_expert[sched[:NR]]
+    rb = torch.bincount(plan.band_expert[is_remote], minlength=E)
+    assert torch.unique_consecutive(rexp).tolist() == [
+        e for e in sorted(range(E), key=lambda e: (-int(rb[e]), e)) if rb[e] > 0
+    ]
+    assert bool((sched[:NR].diff()[rexp.diff() == 0] > 0).all())
+    # Pieces: every remote row exactly once, each piece one owner inside its band, contiguous
+    # in Y and at its destination; in send order (schedule position, then row).
+    u = plan_pieces(plan)
+    Q = u.band.numel()
+    assert bool((u.rows >= 1).all())
+    assert bool((u.row >= plan.band_row[u.band]).all())
+    assert bool((u.row + u.rows <= plan.band_row[u.band] + plan.band_valid[u.band]).all())
+    q = torch.repeat_interleave(torch.arange(Q), u.rows)
+    inner = torch.arange(q.numel()) - (torch.cumsum(u.rows, 0) - u.rows)[q]
+    px = gi[u.row[q] + inner]
+    assert bool((px >= 0).all())
+    assert torch.equal(src[px], u.dst[q]) and torch.equal(dst[px], u.offset[q] + inner)
+    assert torch.equal(torch.sort(px).values, torch.nonzero(src != rank).squeeze(1))
+    pos = torch.empty(B, dtype=torch.int64)
+    pos[sched] = torch.arange(B)
+    okey = pos[u.band] * (P + 1) + u.row
+    assert bool((okey.diff() > 0).all())
+    # a band with rows of k remote owners has k pieces (so a mixed band is split by owner)
+    owners = torch.unique(torch.stack([b[valid], src[x]], 1)[src[x] != rank], dim=0)
+    assert torch.equal(
+        torch.bincount(owners[:, 0], minlength=B), torch.bincount(u.band, minlength=B)
+    )
+    # Segments: cover the pieces once, in order; first/last single; middle <= mgb; one
+    # (expert, destination) group each; one contiguous range of Y and of the destination.
+    S = plan.n_segments
+    if Q == 0:
+        assert S == 0 and NR == 0
+    else:
+        assert int(plan.seg_start[0]) == 0
+        assert torch.equal(plan.seg_start[1:], (plan.seg_start + plan.seg_count)[:-1])
+        assert int(plan.seg_start[-1] + plan.seg_count[-1]) == Q
+        assert int(plan.seg_count[0]) == 1 and int(plan.seg_count[-1]) == 1
+        assert bool((plan.seg_count >= 1).all() & (plan.seg_count <= plan.mgb).all())
+        seg_of = torch.repeat_interleave(torch.arange(S), plan.seg_count)
+        group = plan.band_expert[u.band] * W + u.dst
+        assert torch.equal(group, group[plan.seg_start[seg_of]])  # the cut rule
+        assert torch.equal(u.dst, plan.seg_dst[seg_of])
+        assert torch.equal(
+            plan.seg_rows, torch.zeros(S, dtype=torch.int64).index_add_(0, seg_of, u.rows)
+        )
+        assert torch.equal(plan.seg_src_row, u.row[plan.seg_start])
+        assert torch.equal(plan.seg_offset, u.offset[plan.seg_start])
+        nxt = u.row[1:] == u.row[:-1] + u.rows[:-1]  # contiguous inside a segment
+        assert bool(nxt[(seg_of[1:] == seg_of[:-1])].all())
+    srow, sdst, soff = _segment_rows(plan)
+    sx = gi[srow]
+    assert bool((sx >= 0).all())
+    assert torch.equal(src[sx], sdst) and torch.equal(dst[sx], soff)
+    assert torch.equal(torch.sort(sx).values, torch.nonzero(src != rank).squeeze(1))
+    assert bool((soff < buf_rows[sdst]).all())
+    assert torch.equal(plan.sent_rows, torch.bincount(src[src != rank], minlength=W))
+    # Local rows: copied, never sent, as in the aligned layout.
+    lx = gi[plan.local_src_row]
+    assert torch.equal(torch.sort(lx).values, torch.nonzero(src == rank).squeeze(1))
+    assert torch.equal(dst[lx], plan.local_dst_index)
+    return plan
+
+
+@SETTINGS
+@given(
+    W=st.sampled_from([1, 2, 3, 4, 8]),
+    E=st.integers(1, 16),
+    tm=st.sampled_from([16, 64, 128]),
+    mgb=st.integers(1, 3),
+    rank_frac=st.floats(0, 0.999),
+    rows_mult=st.sampled_from([0.0, 0.3, 1.0, 2.5]),
+    p_empty=st.sampled_from([0.0, 0.3, 0.8, 1.0]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_packed_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p_empty, seed):
+    rank = int(rank_frac * W)
+    src, expert, dst, buf_rows = _synthetic(W, E, rank, int(rows_mult * tm), p_empty, seed)
+    kw = dict(world_size=W, rank=rank, experts_per_rank=E, tile_m=tm, mgb=mgb, out_cols=24)
+    plan = build_plan(src, expert, dst, elem_bytes=2, layout="packed", **kw)
+    check_packed_plan(plan, src, expert, dst, buf_rows)
+    aligned = build_plan(src, expert, dst, elem_bytes=2, **kw)
+    assert plan.n_padding <= aligned.n_padding
+    assert torch.equal(plan.sent_rows, aligned.sent_rows)
+    assert torch.equal(plan.local_dst_index, aligned.local_dst_index)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    W=st.sampled_from([1, 2, 3, 4, 8]),
+    E=st.integers(1, 6),
+    tm=st.sampled_from([8, 16, 64]),
+    mgb=st.integers(1, 3),
+    routing=st.sampled_from(["balanced", "moderate_skew", "stress_skew"]),
+    tokens=st.integers(1, 120),
+    seed=st.integers(0, 1000),
+)
+def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
+    W, E, tm, mgb, routing, tokens, seed
+):
+    """Real routings: packed plans write every row of every receive buffer exactly once with the
+    right token, and each rank's padding equals packed_padding_rows (the padding study)."""
+    from harness.workload import routing_of
+    from systems.overlap.plan import owner_expert_counts, packed_padding_rows
+
+    if 2 > W * E:
+        return
+    spec = WorkloadSpec(tokens, 8, 8, E, 2, W, routing, seed=seed)
+    plans, lays = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout="packed")
+    C = owner_expert_counts(routing_of(spec).expert_ids, E)
+    assert packed_padding_rows(C, E, tm).tolist() == [p.n_padding for p in plans]
+    assert all(p.n_padding <= E * (tm - 1) for p in plans)
+    S_rows = torch.stack([lay.send_counts.sum() for lay in lays])
+    hits = [torch.zeros(int(n), dtype=torch.int64) for n in S_rows]
+    for plan, lay in zip(plans, lays):
+        check_packed_plan(plan, lay.recv_src, lay.recv_expert, lay.recv_dst_index, S_rows)
+        srow, sdst, soff = _segment_rows(plan)
+        x = plan.gather_index[srow]
+        for d in range(W):
+            sel = sdst == d
+            hits[d].index_add_(0, soff[sel], torch.ones_like(soff[sel]))
+            assert torch.equal(lays[d].send_token[soff[sel]], lay.recv_token[x[sel]])
+        hits[plan.rank].index_add_(0, plan.local_dst_index, torch.ones_like(plan.local_dst_index))
+    for d in range(W):
+        assert bool((hits[d] == 1).all())
+
+
+def test_packed_plan_splits_a_mixed_band_by_owner():
+    """rows[e][s], this rank 2, tile_m 16: expert 0's remote rows 20 (owner 0) + 7 (owner 1)
+    pack into 32 rows (5 zero rows, the aligned layout pads 12 + 9); band 1 holds owner 0's
+    rows 16..19 and owner 1's 7 rows: two pieces, to two destinations."""
+    rows = [[20, 7, 5], [3, 33, 18]]
+    src, expert, dst, dst_rows = synthetic_rows(rows, rank=2, dst_base=[3, 7, 0])
+    plan = synthetic_plan(rows, rank=2, tile_m=16, mgb=1, dst_base=[3, 7, 0], layout="packed")
+    check_packed_plan(plan, src, expert, dst, torch.tensor(dst_rows))
+    aligned = synthetic_plan(rows, rank=2, tile_m=16, mgb=1, dst_base=[3, 7, 0])
+    assert (plan.n_padding, aligned.n_padding) == (5 + 12, 12 + 9 + 13 + 15)
+    from systems.overlap.plan import plan_pieces
+
+    u = plan_pieces(plan)
+    # expert 1 (3 remote bands) before expert 0 (2): rule (ii)
+    got = list(zip(*(t.tolist() for t in (u.band, u.row, u.rows, u.dst, u.offset))))
+    e1 = int(plan.expert_row_start[1])
+    assert got == [
+        (3, e1, 3, 0, 3 + 20),  # expert 1, band 0: owner 0's 3 rows (after its 20 of expert 0)
+        (3, e1 + 3, 13, 1, 7 + 7),  # ... and owner 1's first 13 (after its 7 of expert 0)
+        (4, e1 + 16, 16, 1, 7 + 7 + 13),
+        (5, e1 + 32, 4, 1, 7 + 7 + 29),  # the last 4 of owner 1's 33; 12 zero rows follow
+        (0, 0, 16, 0, 3),
+        (1, 16, 4, 0, 3 + 16),  # the mixed band: owner 0's last 4 rows ...
+        (1, 20, 7, 1, 7),  # ... and owner 1's 7
+    ]
+    assert plan.n_segments == 7 and plan.seg_dst.tolist() == [0, 1, 1, 1, 0, 0, 1]
+    with pytest.raises(ValueError, match="layout must be one of"):
+        synthetic_plan(rows, rank=2, tile_m=16, layout="dense")
