@@ -356,3 +356,72 @@ def test_nvshmem_module_init_follows_the_put_mode(monkeypatch):
     assert Registry.names == {name}
     consumer_mod._nvshmem_module_init(False)
     assert Registry.names == set()
+
+
+# rows[e][s] with mixed bands in the packed layout (tile_m 16, this rank 2): expert 0's remote
+# rows 20 + 7 pack into 2 bands, the second holding both owners; expert 1's 3 + 33 into 3.
+MIXED_ROWS = [[20, 7, 5], [3, 33, 18]]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("mgb,ccta,local", [(1, 2, "copy"), (2, 3, "copy"), (1, 2, "direct")])
+def test_runner_packed_delivers_what_aligned_delivers(mgb, ccta, local):
+    # producer + consumer on loopback, packed vs aligned plans of the same rows: every
+    # destination buffer and the receive counters must end up the same, over two runs
+    g = torch.Generator().manual_seed(1)
+    K, N = 40, 48
+    rows = sum(map(sum, MIXED_ROWS))
+    x_recv = torch.randint(-2, 3, (rows, K), generator=g).half()
+    w = torch.randint(-2, 3, (2, K, N), generator=g).half()
+    bufs, counters = {}, {}
+    for layout in ("aligned", "packed"):
+        plan = synthetic_plan(MIXED_ROWS, rank=2, tile_m=TILE_M, mgb=mgb, layout=layout)
+        fabric = LoopbackFabric(plan.dst_rows, N, torch.float16, "cpu")
+        runner = OverlapRunner(
+            plan,
+            w,
+            fabric.transport(plan.rank),
+            ccta=ccta,
+            tile=interpreter_config(TILE_M),
+            consumer=interpreter_consumer_config(),
+            num_programs=3,
+            local_direct=local == "direct",
+        )
+        x = padded_input(x_recv, plan.gather_index)
+        y = torch.zeros(plan.n_padded, N, dtype=torch.float16)
+        for _ in range(2):
+            fabric.buffer.fill_(float("nan"))  # poison: every row must be written again
+            runner.overlapped(x, y)
+            runner.check()
+            runner.local_copy(y)
+        bufs[layout], counters[layout] = fabric.buffer.clone(), fabric.counters.clone()
+        want = expected_sends(
+            plan, y, [torch.full_like(fabric.recv(d), float("nan")) for d in range(3)]
+        )
+        ref = reference_y(plan, x, w).half()  # exact: small integers
+        want[2][plan.local_dst_index] = ref[plan.local_src_row]  # local=direct leaves Y's
+        for d in range(3):
+            assert not fabric.recv(d).isnan().any(), (layout, d)  # every row delivered
+            assert torch.equal(fabric.recv(d), want[d]), (layout, d)
+    packed = synthetic_plan(MIXED_ROWS, rank=2, tile_m=TILE_M, layout="packed")
+    assert packed.n_padding < synthetic_plan(MIXED_ROWS, rank=2, tile_m=TILE_M).n_padding
+    assert packed.piece_band.unique().numel() < packed.piece_band.numel()  # mixed bands
+    assert torch.equal(bufs["packed"], bufs["aligned"])
+    assert torch.equal(counters["packed"], counters["aligned"])
+    assert counters["aligned"][:, 2].tolist() == [2 * 23, 2 * 40, 0]  # per run: 20 + 3, 7 + 33
+
+
+@needs_interpreter
+def test_packed_consumer_timeout_names_the_band_of_the_piece():
+    plan = synthetic_plan(MIXED_ROWS, rank=2, tile_m=TILE_M, mgb=1, layout="packed")
+    y = torch.randn(plan.n_padded, 16)
+    fabric = LoopbackFabric(plan.dst_rows, 16, y.dtype, "cpu")
+    ready = torch.full((plan.n_bands,), 4, dtype=torch.int32)
+    seg = 6  # the mixed band's second piece (owner 1): band 1
+    band = int(plan.piece_band[int(plan.seg_start[seg])])
+    assert band == 1 and int(plan.piece_band[int(plan.seg_start[seg - 1])]) == 1
+    ready[band] = 3
+    err = _consume(plan, y, fabric, ready, 4, interpreter_consumer_config(), ccta=1)
+    rec = read_error(err)
+    assert rec is not None and rec.code == CODE_BAND_TIMEOUT
+    assert (rec.segment, rec.band, rec.seen, rec.want) == (5, band, 3, 4)  # the first to wait
