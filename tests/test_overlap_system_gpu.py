@@ -41,7 +41,10 @@ def test_overlap_equals_reference_on_loopback_grid(tmp_path):
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("mgb", [1, 2])
 @pytest.mark.parametrize("local", ["copy", "direct"])
-def test_row_placement_equals_cpu_oracle(routing, world, mgb, local):
+@pytest.mark.parametrize("layout", ["aligned", "packed"])
+def test_row_placement_equals_cpu_oracle(routing, world, mgb, local, layout):
+    """Every destination buffer of the loopback system equals the CPU oracle's (packed: also
+    equal to the aligned layout's, since the oracle delivers the same rows in both)."""
     from systems.overlap.system import _Rank
     from systems.overlap.transport import LoopbackFabric
 
@@ -67,7 +70,9 @@ def test_row_placement_equals_cpu_oracle(routing, world, mgb, local):
         x = torch.randint(-2, 3, (R, spec.hidden), generator=gen).half()
         w = torch.randint(-2, 3, (3, spec.hidden, spec.out), generator=gen).half()
         t = fabric.transport(r)
-        rk = _Rank(spec, lay, x.to(dev), w.to(dev), 64, mgb, t, 4, local_direct=local == "direct")
+        direct = local == "direct"
+        rk = _Rank(spec, lay, x.to(dev), w.to(dev), 64, mgb, t, 4, direct, layout=layout)
+        assert rk.plan.layout == layout
         ranks.append(rk)
         plan = plan_for_layout(
             lay,
@@ -77,6 +82,7 @@ def test_row_placement_equals_cpu_oracle(routing, world, mgb, local):
             mgb=mgb,
             out_cols=spec.out,
             elem_bytes=2,
+            layout=layout,
         )
         xp = padded_input(x.float(), plan.gather_index)
 

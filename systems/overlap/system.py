@@ -9,7 +9,10 @@ until every peer's rows arrived, and scales: out [T, N].
 Params (PARAMS): ccta (consumer SMs), mgb (bands per segment), tile_m (64 or 128), transport,
 local ("copy": the producer writes Y and a copy kernel moves the local rows into the own receive
 buffer; "direct": the producer's epilogue stores them there, no copy on the critical path; left
-out of the cell hash at its default, so tables measured before it existed still resume).
+out of the cell hash at its default, so tables measured before it existed still resume),
+layout ("aligned": the paper's remote-aligned rows; "packed": an expert's remote rows of all
+owners back to back, padded once, plan.py; operator scope only, FFN cells skip it; also out of
+the cell hash at its default).
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -40,7 +43,7 @@ from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
 from systems.overlap.autotune import AUTO
-from systems.overlap.plan import padded_input, plan_for_layout
+from systems.overlap.plan import LAYOUTS, padded_input, plan_for_layout
 
 TILE_MS = (64, 128)
 TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
@@ -63,7 +66,17 @@ class _Rank:
     """One (possibly simulated) rank's state: layout, plan, padded operands, runner."""
 
     def __init__(
-        self, spec: WorkloadSpec, lay, x_recv, weights, tile_m, mgb, transport, ccta, local_direct
+        self,
+        spec: WorkloadSpec,
+        lay,
+        x_recv,
+        weights,
+        tile_m,
+        mgb,
+        transport,
+        ccta,
+        local_direct,
+        layout: str = "aligned",
     ):
         from systems.overlap.runner import OverlapRunner
 
@@ -77,6 +90,7 @@ class _Rank:
             out_cols=spec.out,
             elem_bytes=x_recv.element_size(),
             device=x_recv.device,
+            layout=layout,
         )
         self.x = padded_input(x_recv, self.plan.gather_index)
         self.y = torch.empty(self.x.shape[0], spec.out, dtype=x_recv.dtype, device=x_recv.device)
@@ -98,7 +112,13 @@ class _Loopback:
     name = "loopback"
 
     def __init__(
-        self, ranks: list[CellInputs], tile_m: int, mgb: int, ccta: int, local_direct: bool
+        self,
+        ranks: list[CellInputs],
+        tile_m: int,
+        mgb: int,
+        ccta: int,
+        local_direct: bool,
+        layout: str = "aligned",
     ) -> None:
         from systems.overlap.transport import LoopbackFabric
 
@@ -118,6 +138,7 @@ class _Loopback:
                 self.fabric.transport(r),
                 ccta,
                 local_direct,
+                layout,
             )
             for r, inp in enumerate(ranks)
         ]
@@ -152,6 +173,7 @@ class _Distributed:
         mgb: int,
         ccta: int,
         local_direct: bool,
+        layout: str = "aligned",
     ):
         from systems.overlap.transport import nvshmem_transport, p2p_transport
 
@@ -161,9 +183,8 @@ class _Distributed:
         t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
         self.name = name
         self.group = group
-        self.ranks = [
-            _Rank(spec, inp.layout, inp.x_recv, inp.weights, tile_m, mgb, t, ccta, local_direct)
-        ]
+        args = (inp.x_recv, inp.weights, tile_m, mgb, t, ccta, local_direct, layout)
+        self.ranks = [_Rank(spec, inp.layout, *args)]
         self.busy = 0
         self.epoch = torch.zeros(1, dtype=torch.int32, device=inp.x.device)
         #: the epoch handshake before every step (off only in the test that shows the race)
@@ -359,8 +380,9 @@ class OverlapSystem(System):
         "tile_m": 128,
         "transport": "",
         "local": "copy",
+        "layout": "aligned",
     }
-    HASH_OPTIONAL = frozenset({"local"})
+    HASH_OPTIONAL = frozenset({"local", "layout"})
     simulates_ranks = True
     layer_scope = True
 
@@ -381,6 +403,10 @@ class OverlapSystem(System):
             raise ValueError(
                 f"overlap: local must be one of {', '.join(LOCAL_MODES)}, got {params['local']!r}"
             )
+        if params["layout"] not in LAYOUTS:
+            raise ValueError(
+                f"overlap: layout must be one of {', '.join(LAYOUTS)}, got {params['layout']!r}"
+            )
         if params["transport"] not in TRANSPORTS:
             raise ValueError(
                 f"overlap: unknown transport {params['transport']!r}; "
@@ -389,6 +415,11 @@ class OverlapSystem(System):
 
     @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
+        if spec.ffn and params["layout"] != "aligned":
+            return (
+                f"overlap: layout={params['layout']} is built by the host plan only (operator "
+                "scope); the layer scope's device plan (plan_device.py) is aligned only"
+            )
         if spec.ffn and spec.world_size > 1 and params["transport"] == "loopback":
             return (
                 "overlap's layer scope plays one rank per process: loopback only at W=1; run "
@@ -413,9 +444,12 @@ class OverlapSystem(System):
             ccta=int(ccta),
             local_direct=p["local"] == "direct",
         )
+        layout = p["layout"]
         if ranks[0].spec.ffn:
             if len(ranks) != 1:
                 raise ValueError("the layer scope needs one process per rank (or W=1)")
+            if layout != "aligned":  # unsupported() skips these cells before setup
+                raise ValueError("overlap: the layer scope runs layout=aligned only")
             self.mode = _Layer(ranks[0], ctx.group, name, **knobs)
             self.layer = True
             self._describe(ranks[0])
@@ -424,11 +458,11 @@ class OverlapSystem(System):
         if name == "loopback":
             if ctx.world_size != 1:
                 raise ValueError("loopback plays every rank in one process: run with 1 process")
-            self.mode = _Loopback(ranks, **knobs)
+            self.mode = _Loopback(ranks, layout=layout, **knobs)
         else:
             if len(ranks) != 1 or ctx.world_size < 2:
                 raise ValueError(f"{name} needs one process per rank and at least 2 ranks")
-            self.mode = _Distributed(ranks[0], ctx.group, name, **knobs)
+            self.mode = _Distributed(ranks[0], ctx.group, name, layout=layout, **knobs)
         self._describe(ranks[self.mode.busy])
 
     def _describe(self, inp: CellInputs) -> None:
@@ -438,6 +472,7 @@ class OverlapSystem(System):
         plan = rk.plan
         self.extra |= {
             "timed_rank": self.mode.busy,
+            "layout": getattr(plan, "layout", "aligned"),
             "padded_rows": int(plan.n_padded),
             "valid_rows": int(plan.n_rows),
             "bands": int(plan.n_bands),
@@ -479,15 +514,19 @@ class OverlapSystem(System):
             return padded_input_device(inp.x_recv, plan)
 
         def host_stage_a():
-            plan = plan_for_layout(lay, device=dev, **shape)
+            plan = plan_for_layout(lay, device=dev, layout=rk.plan.layout, **shape)
             return padded_input(inp.x_recv, plan.gather_index)
 
         # outside the timed region: built in setup
-        self.metrics = {"plan_ms": t(host_stage_a), "plan_device_ms": t(device_stage_a)}
+        self.metrics = {"plan_ms": t(host_stage_a)}
         self.extra["plan_ms_scope"] = (
             "outside the timed region (built in setup): host-synchronised build_plan + "
             "padded gather (plan_ms), the device plan + gather (plan_device_ms)"
         )
+        if rk.plan.layout == "aligned":  # the device plan builds the aligned layout only
+            self.metrics["plan_device_ms"] = t(device_stage_a)
+        else:
+            self.extra["plan_ms_scope"] += "; no device plan builds this layout"
 
     # -- runs ----------------------------------------------------------------------------
     def forward(self) -> torch.Tensor:

@@ -1,0 +1,64 @@
+"""The overlap system's `layout` param (aligned | packed) on the CPU: validation, the skip of
+FFN cells, the cell hash at the default, and setup handing the layout to the played ranks."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.measure import system_points
+from harness.system import RunContext
+from harness.workload import WorkloadSpec
+from systems.overlap import system as osys
+
+P = osys.OverlapSystem.PARAMS
+
+
+def _spec(ffn=0):
+    return WorkloadSpec(256, 64, 64, 4, 2, 4, "balanced", dtype="bfloat16", ffn=ffn)
+
+
+def test_validate_rejects_an_unknown_layout_in_one_line():
+    osys.OverlapSystem.validate(_spec(), {**P, "layout": "packed"}, 132)
+    with pytest.raises(ValueError) as exc:
+        osys.OverlapSystem.validate(_spec(), {**P, "layout": "dense"}, 132)
+    assert str(exc.value) == "overlap: layout must be one of aligned, packed, got 'dense'"
+
+
+def test_packed_skips_ffn_cells_with_a_reason_and_runs_operator_cells():
+    reason = osys.OverlapSystem.unsupported(_spec(ffn=128), {**P, "layout": "packed"})
+    assert reason is not None and "layout=packed" in reason and "layer scope" in reason
+    assert osys.OverlapSystem.unsupported(_spec(ffn=128), {**P, "transport": "p2p"}) is None
+    assert osys.OverlapSystem.unsupported(_spec(), {**P, "layout": "packed"}) is None
+
+
+def test_layout_at_its_default_stays_out_of_the_cell():
+    assert P["layout"] == "aligned" and "layout" in osys.OverlapSystem.HASH_OPTIONAL
+    assert "layout" not in system_points("overlap", {"params": {"transport": "p2p"}})[0]
+    pts = system_points("overlap", {"sweep": {"layout": ["aligned", "packed"]}})
+    assert [p.get("layout") for p in pts] == [None, "packed"]
+
+
+def test_setup_hands_the_layout_to_the_played_ranks(monkeypatch):
+    seen = {}
+
+    class FakeLoopback:
+        name = "loopback"
+
+        def __init__(self, ranks, tile_m, mgb, ccta, local_direct, layout):
+            seen["layout"] = layout
+            plan = SimpleNamespace(n_padded=1, n_rows=1, n_bands=1, n_remote_bands=0, n_segments=1)
+            tile = SimpleNamespace(block_n=256, block_k=64)
+            runner = SimpleNamespace(num_programs=100, tile=tile)
+            self.ranks, self.busy = [SimpleNamespace(plan=plan, runner=runner)], 0
+
+    monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
+    monkeypatch.setattr(osys.OverlapSystem, "_describe", lambda self, inp: None)  # GPU timing
+    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
+    for layout in ("aligned", "packed"):
+        sysm = osys.OverlapSystem(ctx, {"layout": layout, "transport": "loopback"})
+        sysm.setup([SimpleNamespace(spec=_spec())])
+        assert seen["layout"] == layout
+    layer = osys.OverlapSystem(ctx, {"layout": "packed", "transport": "loopback"})
+    with pytest.raises(ValueError, match="layout=aligned only"):
+        layer.setup([SimpleNamespace(spec=_spec(ffn=128))])
