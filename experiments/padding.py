@@ -7,7 +7,8 @@ global routing, for EVERY rank of the logical W (no plan is built, nothing is ti
   gemm[r]      rows rank r's experts compute after padding = valid[r] + pad[r]
   packed[r]    the same if r's remote rows of an expert were packed, all owners back to back and
                padded once: sum over r's experts g of (-sum_{s != r} C[s, g]) mod tile_m
-               (the `packed` layout proposed beyond the paper; counted here, not yet built)
+               (the `packed` layout beyond the paper; build_plan(..., layout="packed") pads
+               exactly this, tests/test_plan.py)
 Bounds drawn next to the data, per rank: the paper's (W-1)(tile_m-1) and the true worst case
 E(W-1)(tile_m-1) (every (remote owner, expert) group can need tile_m-1 zero rows).
 The routing is drawn once per (W, E, routing, tokens, top_k, seed) and reused for every tile_m.
