@@ -99,13 +99,14 @@ class CombinePlan:
       local_dst_index [L]  its position in this rank's own receive buffer
     Layout (host str) "aligned" (the paper's, above) or "packed" (module docstring). In a
     packed plan these fields change meaning:
-      group_padded  = group_rows (no per-group padding; expert e pads once, to
-                      expert_row_start[e+1] - expert_row_start[e] - group_rows[e].sum())
+      group_padded  = group_rows (no per-group padding: expert e pads once, with
+                      expert_row_start[e+1] - expert_row_start[e] - group_rows[e].sum() zero rows)
       band_dst      owner of the band's FIRST valid row (a remote band may hold several owners)
       band_offset   destination row of that first valid row (in band_dst's buffer)
       band_segment  segment of the band's first piece (-1 for a local band)
       seg_start     index into the PIECES (not into schedule) of the segment's first piece;
-      seg_count     pieces in the segment (each piece in its own band)
+      seg_count     pieces in the segment (each piece in its own band; at mgb=1 one segment
+                    per (band, owner) piece)
       n_remote_bands bands holding any remote row (all full tile_m bands)
     and the pieces (None in an aligned plan; plan_pieces() gives them for either layout):
       piece_band   [Q]  band of the piece (whose ready counter the consumer waits for)
