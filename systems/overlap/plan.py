@@ -184,6 +184,34 @@ def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
 LAYOUTS = ("aligned", "packed")
 
 
+def _segments(unit_start: torch.Tensor, mgb: int, n_segments: int):
+    """The segment rule over n units in send order (remote bands, or packed pieces).
+
+    unit_start [n] int64: position of the first unit of each unit's group. A segment starts at
+    the first and the last unit and every mgb units of the middle ones (so the first and last
+    segments hold one unit). Returns seg_id [n], seg_start [S], seg_count [S].
+    """
+    n = unit_start.numel()
+    p = torch.arange(n, dtype=torch.int64, device=unit_start.device)
+    q_mid = p - unit_start.clamp(min=1)
+    is_start = (p == 0) | (p == n - 1) | (q_mid % mgb == 0)
+    seg_id = torch.cumsum(is_start.long(), 0) - 1
+    seg_start = torch.full((n_segments,), n, dtype=torch.int64, device=p.device)
+    seg_start.scatter_reduce_(0, seg_id, p, "amin")
+    seg_count = torch.zeros(n_segments, dtype=torch.int64, device=p.device)
+    seg_count.index_add_(0, seg_id, torch.ones_like(p))
+    return seg_id, seg_start, seg_count
+
+
+def _receive_side(send_counts: torch.Tensor | None, device: torch.device):
+    """recv_rows [W] (rows coming back from each rank) and recv_row_start [W] on `device`, or
+    (None, None) without send_counts."""
+    if send_counts is None:
+        return None, None
+    recv_rows = send_counts.to(dtype=torch.int64, device=device)
+    return recv_rows, _excl_cumsum(recv_rows)
+
+
 def slot_ranks(world_size: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
     """Owner rank of each group slot [W]: the remote ranks ascending, then `rank` last."""
     j = torch.arange(world_size, dtype=torch.int64, device=device)
@@ -301,12 +329,8 @@ def build_plan(
     schedule = band_first[sg] + q_s
 
     # Segments over the remote schedule.
-    p = torch.arange(NR, **i64)
-    q_mid = p - torch.repeat_interleave(a, nb_r, output_size=NR).clamp(min=1)
-    is_start = (p == 0) | (p == NR - 1) | (q_mid % mgb == 0)
-    seg_id = torch.cumsum(is_start.long(), 0) - 1  # [NR]
-    seg_start = torch.full((S,), NR, **i64).scatter_reduce_(0, seg_id, p, "amin")
-    seg_count = torch.zeros(S, **i64).index_add_(0, seg_id, torch.ones_like(p))
+    unit_start = torch.repeat_interleave(a, nb_r, output_size=NR)
+    seg_id, seg_start, seg_count = _segments(unit_start, mgb, S)
     remote_sched = schedule[:NR]
     band_dst = slot_ranks(W, rank, dev)[band_slot]
     band_row = grp_row[band_group] + q * tm
@@ -318,10 +342,7 @@ def build_plan(
 
     # Local rows (never sent) and the receive side.
     loc = torch.sort((slot != W - 1).long(), stable=True).indices[:L]
-    recv_rows = recv_start = None
-    if send_counts is not None:
-        recv_rows = send_counts.to(**i64)
-        recv_start = _excl_cumsum(recv_rows)
+    recv_rows, recv_start = _receive_side(send_counts, dev)
     return CombinePlan(
         world_size=W,
         rank=rank,
@@ -470,12 +491,7 @@ def _build_packed(
     piece_dst = slot_ranks(W, rank, dev)[g % W]
 
     # Segments over the pieces (the aligned rule, with pieces in place of bands).
-    p = torch.arange(Q, **i64)
-    q_mid = p - a[pg].clamp(min=1)
-    is_start = (p == 0) | (p == Q - 1) | (q_mid % mgb == 0)
-    seg_id = torch.cumsum(is_start.long(), 0) - 1  # [Q]
-    seg_start = torch.full((S,), Q, **i64).scatter_reduce_(0, seg_id, p, "amin")
-    seg_count = torch.zeros(S, **i64).index_add_(0, seg_id, torch.ones_like(p))
+    seg_id, seg_start, seg_count = _segments(a[pg], mgb, S)
     seg_rows = torch.zeros(S, **i64).index_add_(0, seg_id, piece_rows)
     seg_dst = piece_dst[seg_start]
     band_segment = torch.full((B,), -1, **i64).scatter_reduce_(
@@ -484,10 +500,7 @@ def _build_packed(
 
     # Local rows (never sent) and the receive side.
     loc_rows = torch.sort((slot != W - 1).long(), stable=True).indices[:L]
-    recv_rows = recv_start = None
-    if send_counts is not None:
-        recv_rows = send_counts.to(**i64)
-        recv_start = _excl_cumsum(recv_rows)
+    recv_rows, recv_start = _receive_side(send_counts, dev)
     return CombinePlan(
         world_size=W,
         rank=rank,
