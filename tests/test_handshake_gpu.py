@@ -10,23 +10,16 @@ step: the same check fails. The second run shows the test can fail.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.multigpu import init_nccl, run_ranks
 
 pytestmark = pytest.mark.gpu
 
 STEPS = 6
 SLEEP_CYCLES = 40_000_000  # ~20 ms at the H200's ~2 GHz
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, handshake: bool, errs) -> None:
@@ -35,11 +28,7 @@ def _worker(rank: int, world: int, port: int, handshake: bool, errs) -> None:
     from harness.workload import WorkloadSpec
     from systems.overlap.system import OverlapSystem
 
-    dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
-    dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev
-    )
+    dev = init_nccl(rank, world, port)
     try:
         spec = WorkloadSpec(
             tokens_per_rank=2048,
@@ -83,12 +72,7 @@ def _worker(rank: int, world: int, port: int, handshake: bool, errs) -> None:
 
 
 def _run(handshake: bool) -> list[list[float]]:
-    world = 2
-    errs = mp.get_context("spawn").Array("d", [float("nan")] * (world * STEPS))
-    mp.start_processes(
-        _worker, args=(world, _free_port(), handshake, errs), nprocs=world, start_method="spawn"
-    )
-    return [list(errs[r * STEPS : (r + 1) * STEPS]) for r in range(world)]
+    return run_ranks(_worker, 2, STEPS, handshake)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one process per GPU)")

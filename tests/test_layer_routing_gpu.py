@@ -12,22 +12,16 @@ changed and the layer read stale rows: the models experiment measured 0.18 and 0
 from __future__ import annotations
 
 import dataclasses
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.multigpu import init_nccl, run_ranks
 
 pytestmark = pytest.mark.gpu
 
 CALLS = 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, errs) -> None:
@@ -37,11 +31,7 @@ def _worker(rank: int, world: int, port: int, errs) -> None:
     from harness.workload import WorkloadSpec
     from systems.overlap.system import OverlapSystem
 
-    dev = torch.device("cuda", rank)
-    torch.cuda.set_device(dev)
-    dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=dev
-    )
+    dev = init_nccl(rank, world, port)
     try:
         spec = WorkloadSpec(
             tokens_per_rank=2048,
@@ -81,10 +71,5 @@ def _worker(rank: int, world: int, port: int, errs) -> None:
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one process per GPU)")
 def test_layer_follows_a_routing_that_changes_between_calls():
-    world = 2
-    errs = mp.get_context("spawn").Array("d", [float("nan")] * (world * CALLS))
-    mp.start_processes(
-        _worker, args=(world, _free_port(), errs), nprocs=world, start_method="spawn"
-    )
-    got = [list(errs[r * CALLS : (r + 1) * CALLS]) for r in range(world)]
+    got = run_ranks(_worker, 2, CALLS)
     assert max(max(e) for e in got) < 8e-3, got
