@@ -9,7 +9,8 @@
 #        the same tables; LAYER_T picks the layer's tokens per rank) exps (the harness experiments
 #        named in EXPS, each bounded by EXP_S seconds, tables copied to $OUT) variants (the overlap
 #        operator rows, local copy|direct x layout aligned|packed, with serial, side by side) verify (the 2-GPU and
-#        overlap GPU tests of the latest fixes)
+#        overlap GPU tests of the latest fixes) one_gpu (the experiments in EXPS1 on
+#        one GPU, CUDA_VISIBLE_DEVICES=0: the loopback tables)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -49,6 +50,8 @@ for step in $steps; do
     exps) for e in ${EXPS:-models experts experts_operator}; do  # each resumes from results/<its table>
         echo "--- $e $(date +%T)"; timeout "${EXP_S:-300}" python3 -m harness.run experiment=$e progress=false 2>&1 | tail -${EXP_TAIL:-8}; done
       cp results/*.parquet "$OUT/" ;;
+    one_gpu) for e in ${EXPS1:-correctness_loopback}; do  # one GPU of the host: loopback rows
+        echo "--- $e (one GPU) $(date +%T)"; CUDA_VISIBLE_DEVICES=0 timeout "${EXP_S:-300}" python3 -m harness.run experiment=$e progress=false table="$OUT/$e.parquet" 2>&1 | tail -${EXP_TAIL:-8}; done ;;
     variants) timeout "${VARIANTS_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/variants.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.local=[copy,direct]' '+experiment.systems.overlap.sweep.layout=[aligned,packed]' 2>&1 | tail -3
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/variants.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_local',pd.Series('',index=d.index)).fillna('').astype(str)+'/'+d.get('p_layout',pd.Series('',index=d.index)).fillna('').astype(str); print(d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values='latency_ms').round(3).to_string())" ;;
     verify) timeout "${VERIFY_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_handshake_gpu.py tests/test_layer_routing_gpu.py tests/test_overlap_system_gpu.py tests/test_layer_gpu.py 2>&1 | tail -6 ;;

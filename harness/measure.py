@@ -27,7 +27,7 @@ from harness.errors import CommFailure, is_comm_failure
 from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
 from harness.reference import dispatch, dispatch_local, reference_local
-from harness.system import CellInputs, RunContext, get_system
+from harness.system import CellInputs, RunContext, get_system, registry
 from harness.timing import summarize, time_fn
 from harness.workload import (
     WorkloadSpec,
@@ -79,11 +79,16 @@ def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
             raise ValueError(f"system {name!r}: sweep.{key} is empty")
         axes.append([(key, v) for v in values])
     base = {**cls.PARAMS, **params}
-    points = [{**base, **dict(point)} for point in itertools.product(*axes)]
-    return [
-        {k: v for k, v in p.items() if not (k in cls.HASH_OPTIONAL and v == cls.PARAMS[k])}
-        for p in points
-    ]
+    return [{**base, **dict(point)} for point in itertools.product(*axes)]
+
+
+def hashed_params(system: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The params that enter a cell's hash: all but the system's HASH_OPTIONAL knobs at the
+    value tables were measured with before the knob existed (so those tables still resume).
+    A cell that is no registered system (e.g. bandwidth's NCCL reference) hashes them all."""
+    info = registry().get(system)
+    optional = info.load().HASH_OPTIONAL if info else {}
+    return {k: v for k, v in params.items() if not (k in optional and v == optional[k])}
 
 
 def selected_systems(cfg: Any) -> dict[str, Any]:
@@ -122,6 +127,8 @@ def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
 
 def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
     """The cell hash: the cell (workload, system, params, seed) and the run settings."""
+    if "params" in cell and "system" in cell:
+        cell = {**cell, "params": hashed_params(cell["system"], cell["params"])}
     return cell_hash({**cell, "run": run_settings(cfg, process_world)})
 
 

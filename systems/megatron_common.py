@@ -66,6 +66,7 @@ with the same world size are no-ops.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -87,6 +88,41 @@ def mcore_version() -> str:
         return version("megatron-core")
     except Exception:  # noqa: BLE001
         return "unknown"
+
+
+def loaded_library_dir(prefix: str, maps: str | None = None) -> str | None:
+    """The folder of the first shared object mapped into this process whose file name starts
+    with `prefix` (e.g. "libcudnn.so"), read from /proc/self/maps (or the text `maps`)."""
+    if maps is None:
+        try:
+            with open("/proc/self/maps") as f:
+                maps = f.read()
+        except OSError:
+            return None
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if path.startswith("/") and os.path.basename(path).startswith(prefix):
+            return os.path.dirname(path)
+    return None
+
+
+def pin_cudnn_to_torch() -> str | None:
+    """Make Transformer Engine load the cuDNN that torch loaded: CUDNN_HOME = its folder.
+
+    TE's loader prefers a system cuDNN to the Python package. Where both exist (the H200 image:
+    /lib/x86_64-linux-gnu and torch's nvidia-cudnn wheel), the sub-libraries of the two copies mix
+    once torch has used cuDNN, and TE's import fails ("libcudnn_heuristic.so.9: undefined symbol
+    ..., version libcudnn_graph.so.9"). A CUDNN_HOME or CUDNN_PATH already set wins. Call before
+    megatron imports TE. Returns the folder set, or None."""
+    if os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH"):
+        return None
+    if not torch.backends.cudnn.is_available():
+        return None
+    torch.backends.cudnn.version()  # maps torch's libcudnn into the process
+    folder = loaded_library_dir("libcudnn.so")
+    if folder:
+        os.environ["CUDNN_HOME"] = folder
+    return folder
 
 
 def ensure_parallel_state(world_size: int) -> None:

@@ -54,6 +54,7 @@ class MegatronCutlassSystem(System):
     def setup(self, ranks: list[CellInputs]) -> None:
         from systems import megatron_common as mc
 
+        mc.pin_cudnn_to_torch()  # before megatron imports Transformer Engine
         (inputs,) = ranks
         self.fusion = mc.resolve_permute_fusion(self.params["permute_fusion"])
         self.layer = bool(inputs.spec.ffn)

@@ -37,7 +37,10 @@ def test_a_system_without_a_sweep_runs_once_per_workload():
 
 def test_params_fill_defaults_and_the_hash_covers_them():
     (point,) = system_points("overlap", {"params": {"ccta": 8}})
-    assert point == {"ccta": 8, "mgb": 1, "tile_m": 128, "transport": ""}
+    assert point == {
+        **{"ccta": 8, "mgb": 1, "tile_m": 128, "transport": ""},
+        **{"local": "direct", "layout": "aligned"},
+    }
     cfg = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=8")
     cfg2 = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=4")
     h1 = {c["cell_hash"] for c in expand_grid(cfg, 4) if c["system"] == "overlap"}
@@ -80,20 +83,31 @@ def test_rows_write_params_as_p_columns():
     assert "params" not in d and "ccta" not in d
 
 
-def test_a_hash_optional_param_at_its_default_stays_out_of_the_cell():
-    # overlap's `local` came after tables were measured with what is now its default ("copy")
-    assert "local" not in system_points("overlap", {"params": {"transport": "p2p"}})[0]
+def test_a_hash_optional_param_stays_out_of_the_hash_only_at_its_old_value():
+    # overlap's `local` came after tables were measured with "copy"; its default is "direct"
+    from harness.measure import hashed_params
+
+    (default,) = system_points("overlap", {"params": {"transport": "p2p"}})
+    assert default["local"] == "direct" and hashed_params("overlap", default)["local"] == "direct"
     pts = system_points("overlap", {"sweep": {"local": ["copy", "direct"]}})
-    assert [p.get("local") for p in pts] == [None, "direct"]
+    assert [p["local"] for p in pts] == ["copy", "direct"]
+    assert "local" not in hashed_params("overlap", pts[0])
+    cfg = _compose("experiment=operator", "+experiment.systems.overlap.sweep.local=[copy,direct]")
+    cells = [c for c in expand_grid(cfg, 2) if c["system"] == "overlap"]
+    by_local = {c["params"]["local"]: c["cell_hash"] for c in cells[:2]}
+    assert len(set(by_local.values())) == 2  # copy and direct are different cells
 
 
 def test_the_committed_layer_table_still_resumes():
-    # every overlap p2p row of the reference layer table is a cell of today's layer grid (same
-    # hash), so a resumed run does not measure them again
+    # every overlap p2p row of the reference layer table (measured with local=copy, before the
+    # knob existed) is a cell of today's layer grid with local=copy (same hash), so a resumed
+    # run does not measure them again; the default (direct) is a new cell
     import pandas as pd
 
     ref = ROOT / "results/reference/h200x2/layer.parquet"
     df = pd.read_parquet(ref, columns=["system", "transport", "cell_hash"])
     rows = set(df[(df["system"] == "overlap") & (df["transport"] == "p2p")]["cell_hash"])
-    cells = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
-    assert rows and rows <= cells
+    copy = _compose("experiment=layer", "+experiment.systems.overlap.params.local=copy")
+    assert rows and rows <= {c["cell_hash"] for c in expand_grid(copy, 2)}
+    direct = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
+    assert not rows & direct

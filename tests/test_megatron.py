@@ -672,3 +672,27 @@ def test_megatron_te_layer_on_gpu_matches_reference(tmp_path: Path) -> None:
         assert r["status"] == "ok", r
         assert r["err"] < 8e-3 and r["scope"] == "layer", r
     assert all("TEGroupedMLP" in r["impl"] for r in rows), rows
+
+
+def test_loaded_library_dir_reads_the_first_match_of_a_maps_text():
+    from systems.megatron_common import loaded_library_dir
+
+    maps = (
+        "7f00-7f01 r-xp 00000000 08:01 12 /usr/lib/libc.so.6\n"
+        "7f02-7f03 r--p 00000000 00:00 0 \n"
+        "7f04-7f05 r-xp 00000000 08:01 13 /site/nvidia/cudnn/lib/libcudnn.so.9\n"
+        "7f06-7f07 r-xp 00000000 08:01 14 /lib/x86_64-linux-gnu/libcudnn.so.9\n"
+    )
+    assert loaded_library_dir("libcudnn.so", maps) == "/site/nvidia/cudnn/lib"
+    assert loaded_library_dir("libcudnn_graph", maps) is None
+
+
+def test_pin_cudnn_leaves_a_user_setting_alone(monkeypatch):
+    from systems.megatron_common import pin_cudnn_to_torch
+
+    monkeypatch.setenv("CUDNN_PATH", "/opt/cudnn")
+    monkeypatch.delenv("CUDNN_HOME", raising=False)
+    assert pin_cudnn_to_torch() is None
+    import os
+
+    assert "CUDNN_HOME" not in os.environ

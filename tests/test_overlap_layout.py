@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.measure import system_points
+from harness.measure import hashed_params, system_points
 from harness.system import RunContext
 from harness.workload import WorkloadSpec
 from systems.overlap import system as osys
@@ -32,11 +32,12 @@ def test_packed_skips_ffn_cells_with_a_reason_and_runs_operator_cells():
     assert osys.OverlapSystem.unsupported(_spec(), {**P, "layout": "packed"}) is None
 
 
-def test_layout_at_its_default_stays_out_of_the_cell():
-    assert P["layout"] == "aligned" and "layout" in osys.OverlapSystem.HASH_OPTIONAL
-    assert "layout" not in system_points("overlap", {"params": {"transport": "p2p"}})[0]
+def test_layout_at_its_default_stays_out_of_the_cell_hash():
+    assert P["layout"] == "aligned" and osys.OverlapSystem.HASH_OPTIONAL["layout"] == "aligned"
     pts = system_points("overlap", {"sweep": {"layout": ["aligned", "packed"]}})
-    assert [p.get("layout") for p in pts] == [None, "packed"]
+    assert [p["layout"] for p in pts] == ["aligned", "packed"]  # the row records both
+    assert "layout" not in hashed_params("overlap", pts[0])
+    assert hashed_params("overlap", pts[1])["layout"] == "packed"
 
 
 def test_setup_hands_the_layout_to_the_played_ranks(monkeypatch):

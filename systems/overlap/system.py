@@ -3,16 +3,17 @@
 Per rank: the plan (systems/overlap/plan.py) lays the dispatched rows out remote-aligned
 (X [P, K], zero rows where gather_index == -1; built in setup, like every system's permute);
 forward runs the persistent producer (SMs - cCTA programs) and the consumer (cCTA programs, high
-priority stream) concurrently, copies the local rows into the own combine receive buffer, waits
+priority stream) concurrently, places the local rows in the own combine receive buffer, waits
 until every peer's rows arrived, and scales: out [T, N].
 
 Params (PARAMS): ccta (consumer SMs), mgb (bands per segment), tile_m (64 or 128), transport,
-local ("copy": the producer writes Y and a copy kernel moves the local rows into the own receive
-buffer; "direct": the producer's epilogue stores them there, no copy on the critical path; left
-out of the cell hash at its default, so tables measured before it existed still resume),
+local ("direct", the default: the producer's epilogue stores the local rows in the own receive
+buffer, no copy on the critical path; "copy": the producer writes Y and a copy kernel moves them
+there, what tables measured before the knob ran; "copy" stays out of the cell hash, so those
+tables still resume),
 layout ("aligned": the paper's remote-aligned rows; "packed": an expert's remote rows of all
 owners back to back, padded once, plan.py; operator scope only, FFN cells skip it; also out of
-the cell hash at its default).
+the cell hash at "aligned").
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -379,10 +380,11 @@ class OverlapSystem(System):
         "mgb": 1,
         "tile_m": 128,
         "transport": "",
-        "local": "copy",
+        "local": "direct",
         "layout": "aligned",
     }
-    HASH_OPTIONAL = frozenset({"local", "layout"})
+    #: the tables before these knobs ran local=copy (then the only way) and the aligned layout
+    HASH_OPTIONAL: ClassVar[dict[str, Any]] = {"local": "copy", "layout": "aligned"}
     simulates_ranks = True
     layer_scope = True
 
