@@ -66,6 +66,7 @@ with the same world size are no-ops.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import warnings
 from collections.abc import Iterator
@@ -106,22 +107,46 @@ def loaded_library_dir(prefix: str, maps: str | None = None) -> str | None:
     return None
 
 
-def pin_cudnn_to_torch() -> str | None:
-    """Make Transformer Engine load the cuDNN that torch loaded: CUDNN_HOME = its folder.
+#: cuDNN 9's libraries in load order (each may need those before it)
+CUDNN_LIBS = (
+    "libcudnn.so",
+    "libcudnn_graph.so",
+    "libcudnn_engines_precompiled.so",
+    "libcudnn_engines_runtime_compiled.so",
+    "libcudnn_heuristic.so",
+    "libcudnn_ops.so",
+    "libcudnn_cnn.so",
+    "libcudnn_adv.so",
+)
 
-    TE's loader prefers a system cuDNN to the Python package. Where both exist (the H200 image:
-    /lib/x86_64-linux-gnu and torch's nvidia-cudnn wheel), the sub-libraries of the two copies mix
-    once torch has used cuDNN, and TE's import fails ("libcudnn_heuristic.so.9: undefined symbol
-    ..., version libcudnn_graph.so.9"). A CUDNN_HOME or CUDNN_PATH already set wins. Call before
-    megatron imports TE. Returns the folder set, or None."""
+
+def pin_cudnn_to_torch() -> str | None:
+    """Load every cuDNN library from the folder of the one torch loaded, before Transformer
+    Engine looks for cuDNN; point TE's loader there too (CUDNN_HOME).
+
+    Where a machine has two cuDNN copies (the H200 image: /lib/x86_64-linux-gnu and torch's
+    nvidia-cudnn wheel), torch maps some libraries of its copy (libcudnn_graph.so.9 among them)
+    and a later load by name picks the other copy's (libcudnn_heuristic.so.9), which fails:
+    "undefined symbol ..., version libcudnn_graph.so.9". With all of them mapped from one folder
+    first, every later load by name finds them already there. A CUDNN_HOME or CUDNN_PATH already
+    set wins. Returns the folder, or None."""
+    import ctypes
+
     if os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH"):
         return None
     if not torch.backends.cudnn.is_available():
         return None
     torch.backends.cudnn.version()  # maps torch's libcudnn into the process
-    folder = loaded_library_dir("libcudnn.so")
-    if folder:
-        os.environ["CUDNN_HOME"] = folder
+    folder = loaded_library_dir("libcudnn_graph.so") or loaded_library_dir("libcudnn.so")
+    if not folder:
+        return None
+    for name in CUDNN_LIBS:
+        for path in sorted(glob.glob(os.path.join(folder, name + ".[0-9]*")))[:1]:
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError as e:  # a library this cuDNN build lacks or cannot load here
+                warnings.warn(f"pin_cudnn_to_torch: {path}: {e}", stacklevel=2)
+    os.environ["CUDNN_HOME"] = folder
     return folder
 
 
