@@ -35,6 +35,8 @@ FIGURES: dict[str, str] = {
     "experts": "plots.experts",
     "ccta_mgb": "plots.ccta_mgb",
     "correctness": "plots.correctness",
+    "correctness_loopback": "plots.correctness",
+    "variants": "plots.variants",
     "models": "plots.models",
 }
 

@@ -22,6 +22,39 @@ def label(system: str) -> str:
     return info.label if info else system
 
 
+def overlap_variant(df: pd.DataFrame) -> pd.Series:
+    """Per row, the overlap system's knobs that make it another line: the transport, then
+    `local copy` (p_local copy, or missing: tables from before the knob ran copy) and `packed`
+    (p_layout) where they differ from today's defaults; "" for every other system."""
+    n = len(df)
+    tr = df["transport"].fillna("").astype(str) if "transport" in df else pd.Series([""] * n)
+    local = df["p_local"] if "p_local" in df else pd.Series([None] * n, index=df.index)
+    layout = df["p_layout"] if "p_layout" in df else pd.Series([None] * n, index=df.index)
+    out = []
+    for s, t, lo, la in zip(df["system"], tr, local, layout):
+        if s != "overlap":
+            out.append("")
+            continue
+        parts = [t] if t else []
+        if pd.isna(lo) or lo == "copy":
+            parts.append("local copy")
+        if isinstance(la, str) and la != "aligned":
+            parts.append(la)
+        out.append(", ".join(parts))
+    return pd.Series(out, index=df.index, dtype=object)
+
+
+def line_label(df: pd.DataFrame) -> pd.Series:
+    """Per row, the plotted line: the system's label, the overlap system with its variant
+    ("Overlap (ours) (p2p, local copy)"); never a best-of over variants."""
+    var = overlap_variant(df)
+    return pd.Series(
+        [f"{label(s)} ({v})" if v else label(s) for s, v in zip(df["system"], var)],
+        index=df.index,
+        dtype=object,
+    )
+
+
 def load(table: str | Path, status: str | None = "ok") -> pd.DataFrame:
     df = pd.read_parquet(table)
     if status is not None:

@@ -3,7 +3,8 @@ panel row per shape (T, H).
 
 Left block: latency (ms) of every system against experts per rank, one column per routing.
 Right block: latency(serial) / latency(system) on the same workload (same table). The overlap
-system's rows are split by transport (p2p, nvshmem): each is its own line, never a best-of.
+system's rows are split by variant (transport; local copy where rows ran it): each its own
+line, never a best-of.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from plots.common import cli, label, load, save, transport_note
+from plots.common import cli, line_label, load, save, transport_note
 
 SHAPE = ["tokens_per_rank", "hidden"]
 WORKLOAD = ["world_size", *SHAPE, "ffn", "experts_per_rank", "top_k", "routing", "dtype"]
@@ -22,12 +23,9 @@ WORKLOAD = ["world_size", *SHAPE, "ffn", "experts_per_rank", "top_k", "routing",
 
 def series(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (workload, line): latency_ms and speedup against serial. A line is a system,
-    the overlap system per transport ("overlap (p2p)")."""
+    the overlap system per variant: transport and non-default knobs ("... (p2p, local copy)")."""
     df = df.copy()
-    df["line"] = [
-        f"{label(s)} ({t})" if s == "overlap" else label(s)
-        for s, t in zip(df["system"], df["transport"])
-    ]
+    df["line"] = line_label(df)
     lat = df.groupby(WORKLOAD + ["system", "line"], as_index=False)["latency_ms"].median()
     serial = lat[lat["system"] == "serial"][WORKLOAD + ["latency_ms"]]
     out = lat.merge(serial, on=WORKLOAD, suffixes=("", "_serial"))

@@ -176,7 +176,9 @@ def _operator(d):
     ser = o[o["system"] == "serial"].dropna(subset=["compute_ms", "comm_ms"])
     b = (ser["compute_ms"] + ser["comm_ms"]) / ser[["compute_ms", "comm_ms"]].max(axis=1)
     s = (
-        "2 H200s over NVLink (W=2, T=8192, K=2048, N 4096/8192, E 4-64): "
+        "2 H200s over NVLink (W=2, T=8192, K=2048, N 4096/8192, E 4-64; the overlap system "
+        "with local=copy, measured before direct became the default, `h200x2/variants` has "
+        "both): "
         + ", ".join(f"{k} {v.min():.2f}-{v.max():.2f}x" for k, v in sp)
         + f"; ahead of every baseline in {ahead} of {len(lat)} cells (serial is the fastest "
         f"baseline); serial's own compute C and combine M there give (C + M) / max(C, M) = "
@@ -335,14 +337,8 @@ def unmeasured_section() -> list[str]:
         "with one process per GPU: `python -m harness.run experiment=operator hardware=h200`, "
         "`experiment=layer`, `experiment=overlap_sweep`, `experiment=bandwidth`, "
         "`experiment=multigpu_smoke`.",
-        "- Fig 4 on M-BERT and M-Trans-xl for the overlap system and both Megatron systems: "
-        "their rows in `h200x2/models` are `fail` (a bug in the overlap system's receive "
-        "counts when the routing changes between calls) and `error` (a cuDNN clash of torch's "
-        "attention with Transformer Engine); both are fixed, not yet re-measured: "
-        "`python -m harness.run experiment=models table=results/models.parquet` (a fresh table: "
-        "kept `fail` rows are not run again).",
-        "- The `auto` cCTA/mgb pick lands 1.01-1.19x of the best measured cell at W=2 (the "
-        "issue asks for 3%): its table was fitted on loopback. Calibrate at W=2: "
+        "- The `auto` cCTA/mgb rule is fitted on one shape family (T=8192, K=2048, E=16) per "
+        "transport; other E and W fall back to the nearest calibrated cell. Calibrate more: "
         "`python -m harness.run experiment=ccta_auto`, then "
         "`python -m benchmarks.fit_autotune results/ccta_auto.parquet`.",
         "",
@@ -404,6 +400,64 @@ def _correctness_fig(df: pd.DataFrame) -> str:
     )
 
 
+def _layer_fig(df: pd.DataFrame) -> str:
+    """Per overlap variant (plots/common.py): its speedup against serial and against the best
+    other baseline (the fastest of megatron_cutlass, megatron_te, tutel, fastermoe) per T."""
+    from plots.common import overlap_variant
+
+    o = _ok(df)
+    o = o[o["ffn"].fillna(0) > 0].copy()
+    o["line"] = o["system"].where(o["system"] != "overlap", "overlap/" + overlap_variant(o))
+    keys = ["tokens_per_rank", "hidden", "experts_per_rank", "routing"]
+    lat = o.pivot_table(index=keys, columns="line", values="latency_ms")
+    others = [c for c in ("megatron_cutlass", "megatron_te", "tutel", "fastermoe") if c in lat]
+    if "serial" not in lat or not others:
+        return "no layer workload with serial and a baseline"
+    base = lat[others].min(axis=1)
+    parts = []
+    for line in sorted(c for c in lat if c.startswith("overlap/")):
+        v = lat[line].dropna()
+        if v.empty:
+            continue
+        per_t = []
+        for t, g in v.groupby(level="tokens_per_rank"):
+            sp, bp = lat.loc[g.index, "serial"] / g, base.loc[g.index] / g
+            per_t.append(f"T={t}: {_range(sp, unit='x')} vs serial, {_range(bp, unit='x')} vs best")
+        ahead = int((v < lat.loc[v.index, ["serial", *others]].min(axis=1)).sum())
+        parts.append(f"{line} ({'; '.join(per_t)}; fastest system in {ahead}/{len(v)} cells)")
+    return (
+        "whole MoE layer at W=2 (H 4096/8192, F=2048, E 4-64, three routings; best baseline = "
+        f"fastest of {', '.join(others)}): " + " | ".join(parts)
+    )
+
+
+def _variants_fig(df: pd.DataFrame) -> str:
+    from plots.variants import speedups
+
+    sp = speedups(_ok(df))
+    parts = [
+        f"{v} {_range(g['speedup'], unit='x')} (N=8192: "
+        f"{_range(g[g['out'] == 8192]['speedup'], unit='x')})"
+        for v, g in sp.groupby("variant")
+    ]
+    return "operator scope at W=2 (T=8192, K=2048, N 4096/8192, E 4-64), speedup vs serial " + (
+        "per local/layout: " + "; ".join(parts)
+    )
+
+
+def _heldout_fig(df: pd.DataFrame) -> str:
+    r = df["pick_ratio"].dropna()
+    within = int((r <= 1.03).sum())
+    per = "; ".join(
+        f"{t} W={w}: worst {g['pick_ratio'].max():.3f}x, default {g['default_ratio'].max():.3f}x"
+        for (t, w), g in df.groupby(["transport", "world_size"])
+    )
+    return (
+        f"the auto rule's pick, each workload left out of its table: within 3% of the best "
+        f"measured cell in {within}/{len(r)} workloads ({per})"
+    )
+
+
 @dataclass
 class FigureTable:
     title: str
@@ -411,9 +465,23 @@ class FigureTable:
     name: str
     command: str
     summarise: Callable[[pd.DataFrame], str]
+    #: machine folder under results/reference/
+    machine: str = "h200x2"
 
 
 FIGURE_TABLES = [
+    FigureTable(
+        "The MoE layer (scope layer), every system",
+        "layer",
+        "`python -m harness.run experiment=layer`, one process per GPU",
+        _layer_fig,
+    ),
+    FigureTable(
+        "The overlap system's variants (local copy | direct x layout aligned | packed)",
+        "variants",
+        "`bash benchmarks/h200_session.sh variants` on 2 GPUs",
+        _variants_fig,
+    ),
     FigureTable(
         "Fig 5: experts per rank 4-64 (whole layer, overlap ratio from the operator pass)",
         "experts",
@@ -434,18 +502,36 @@ FIGURE_TABLES = [
         "experiment=correctness_nvshmem`, one process per GPU",
         _correctness_fig,
     ),
+    FigureTable(
+        "Correctness matrix on one GPU (loopback, W=4, both layouts)",
+        "correctness_loopback",
+        "`python -m harness.run experiment=correctness_loopback` on one GPU",
+        _correctness_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "Adaptive cCTA/mgb: the pick on held-out workloads",
+        "autotune_heldout",
+        "`python -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet "
+        "results/reference/h200x2/ccta_mgb.parquet --heldout ...`",
+        _heldout_fig,
+    ),
 ]
 
 
 def figures_section(dfs: dict[str, pd.DataFrame]) -> list[str]:
-    """One line per figure of the figures issue: its summary, or the command that measures it."""
-    out = ["## Figures 5-8 and the correctness matrix (2 GPUs)", ""]
+    """One line per figure and study: its summary, or the command that measures it."""
+    from plots.all import FIGURES as SCRIPTS
+
+    out = ["## Figures and studies", ""]
     for f in FIGURE_TABLES:
-        df = dfs.get(f"h200x2/{f.name}")
+        key = f"{f.machine}/{f.name}"
+        df = dfs.get(key)
+        script = f"`{SCRIPTS[f.name].replace('.', '/')}.py`" if f.name in SCRIPTS else "none"
         if df is None:
-            text = f"not measured yet (no `h200x2/{f.name}`): {f.command}"
+            text = f"not measured yet (no `{key}`): {f.command}"
         else:
-            text = f"`h200x2/{f.name}`: {f.summarise(df)}; figure: `plots/{f.name}.py`"
+            text = f"`{key}`: {f.summarise(df)}; figure: {script}"
         out.append(f"- **{f.title}**: {text}")
     return out + [""]
 

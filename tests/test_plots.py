@@ -69,3 +69,42 @@ def test_latency_figure_reads_tables_older_than_the_scope_column(tmp_path):
     pd.read_parquet(t).drop(columns=["scope"]).to_parquet(t)
     paths = latency_vs_experts.plot(t, tmp_path / "figs", "old")
     assert all(p.exists() for p in paths)
+
+
+def test_overlap_variant_names_transport_and_non_default_knobs():
+    import pandas as pd
+
+    from plots.common import overlap_variant
+
+    df = pd.DataFrame(
+        {
+            "system": ["overlap", "overlap", "overlap", "serial"],
+            "transport": ["p2p", "p2p", "nvshmem", "nccl"],
+            "p_local": [None, "direct", "direct", None],
+            "p_layout": [None, "aligned", "packed", None],
+        }
+    )
+    assert list(overlap_variant(df)) == ["p2p, local copy", "p2p", "nvshmem, packed", ""]
+
+
+def test_variants_speedups_pair_each_variant_with_serial():
+    import pandas as pd
+
+    from plots.variants import speedups
+
+    w = {"world_size": 2, "tokens_per_rank": 8, "hidden": 4, "out": 4, "experts_per_rank": 2}
+    df = pd.DataFrame(
+        [
+            {**w, "routing": "balanced", "system": "serial", "latency_ms": 2.0},
+            {**w, "routing": "balanced", "system": "overlap", "latency_ms": 1.0, "p_local": None},
+            {
+                **w,
+                "routing": "balanced",
+                "system": "overlap",
+                "latency_ms": 0.5,
+                "p_local": "direct",
+            },  # fmt: skip
+        ]
+    )
+    sp = speedups(df).set_index("variant")["speedup"]
+    assert sp["copy/aligned"] == 2.0 and sp["direct/aligned"] == 4.0
