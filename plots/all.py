@@ -37,6 +37,7 @@ FIGURES: dict[str, str] = {
     "correctness": "plots.correctness",
     "correctness_loopback": "plots.correctness",
     "variants": "plots.variants",
+    "operator_auto": "plots.variants",
     "models": "plots.models",
 }
 

@@ -440,8 +440,13 @@ def _variants_fig(df: pd.DataFrame) -> str:
         f"{_range(g[g['out'] == 8192]['speedup'], unit='x')})"
         for v, g in sp.groupby("variant")
     ]
-    return "operator scope at W=2 (T=8192, K=2048, N 4096/8192, E 4-64), speedup vs serial " + (
-        "per local/layout: " + "; ".join(parts)
+    at = sp.groupby("variant")["speedup"].apply(lambda v: f"{int((v >= 1.35).sum())}/{len(v)}")
+    return (
+        "operator scope at W=2 (T=8192, K=2048, N 4096/8192, E 4-64), speedup vs serial per "
+        "variant: "
+        + "; ".join(parts)
+        + "; cells at >= 1.35x (the method-speed target): "
+        + ", ".join(f"{v} {n}" for v, n in at.items())
     )
 
 
@@ -480,6 +485,13 @@ FIGURE_TABLES = [
         "The overlap system's variants (local copy | direct x layout aligned | packed)",
         "variants",
         "`bash benchmarks/h200_session.sh variants` on 2 GPUs",
+        _variants_fig,
+    ),
+    FigureTable(
+        "The overlap system at local=direct with the auto cCTA/mgb, against serial (operator)",
+        "operator_auto",
+        "`python -m harness.run experiment=operator 'experiment.select=[serial,overlap]' "
+        "+experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto`",
         _variants_fig,
     ),
     FigureTable(

@@ -18,15 +18,30 @@ from plots.common import cli, load, save, transport_note
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
 
 
+def _knob(v) -> str:
+    """A knob as asked, for a label: 16.0 -> "16" (parquet may store ints as floats), "auto"."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return str(int(f)) if f.is_integer() else str(v)
+
+
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (workload, variant): latency_ms, serial_ms and speedup; variant is
-    "local/layout" (e.g. "direct/aligned")."""
+    "local/layout" (e.g. "direct/aligned"), plus the cCTA and mgb asked where they are not the
+    defaults ("direct/aligned, cCTA auto, mgb auto")."""
     o = df[df["system"] == "overlap"].copy()
     if o.empty or "serial" not in set(df["system"]):
         raise ValueError("a variants table needs ok overlap and serial rows")
     local = o["p_local"] if "p_local" in o else pd.Series(None, index=o.index, dtype=object)
     layout = o["p_layout"] if "p_layout" in o else pd.Series(None, index=o.index, dtype=object)
     o["variant"] = local.fillna("copy").astype(str) + "/" + layout.fillna("aligned").astype(str)
+    if "p_ccta" in o and "p_mgb" in o:  # cCTA and mgb as asked, where not the defaults (16, 1)
+        ccta, mgb = o["p_ccta"].map(_knob), o["p_mgb"].map(_knob)
+        knobs = "cCTA " + ccta + ", mgb " + mgb
+        other = (ccta != "16") | (mgb != "1")
+        o.loc[other, "variant"] = o.loc[other, "variant"] + ", " + knobs[other]
     lat = o.groupby(WORKLOAD + ["variant"], as_index=False)["latency_ms"].median()
     ser = df[df["system"] == "serial"].groupby(WORKLOAD, as_index=False)["latency_ms"].median()
     out = lat.merge(ser.rename(columns={"latency_ms": "serial_ms"}), on=WORKLOAD)

@@ -108,3 +108,23 @@ def test_variants_speedups_pair_each_variant_with_serial():
     )
     sp = speedups(df).set_index("variant")["speedup"]
     assert sp["copy/aligned"] == 2.0 and sp["direct/aligned"] == 4.0
+
+
+def test_variants_name_a_ccta_or_mgb_other_than_the_default():
+    import pandas as pd
+
+    from plots.variants import speedups
+
+    w = {"world_size": 2, "tokens_per_rank": 8, "hidden": 4, "out": 4, "experts_per_rank": 2}
+    o = {**w, "routing": "balanced", "system": "overlap", "p_local": "direct"}
+    df = pd.DataFrame(
+        [
+            {**w, "routing": "balanced", "system": "serial", "latency_ms": 2.0},
+            {**o, "latency_ms": 1.0, "p_ccta": 16.0, "p_mgb": 1.0},
+            {**o, "latency_ms": 0.8, "p_ccta": "auto", "p_mgb": "auto"},
+        ]
+    )
+    assert sorted(speedups(df)["variant"]) == [
+        "direct/aligned",
+        "direct/aligned, cCTA auto, mgb auto",
+    ]
