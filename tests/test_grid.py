@@ -99,15 +99,17 @@ def test_a_hash_optional_param_stays_out_of_the_hash_only_at_its_old_value():
 
 
 def test_the_committed_layer_table_still_resumes():
-    # every overlap p2p row of the reference layer table (measured with local=copy, before the
-    # knob existed) is a cell of today's layer grid with local=copy (same hash), so a resumed
-    # run does not measure them again; the default (direct) is a new cell
+    # the overlap p2p rows of the reference layer table measured before the `local` knob (no
+    # p_local: they ran copy) are cells of today's layer grid with local=copy (same hash), the
+    # rows at local=direct cells of the default grid, so a resumed run measures neither again
     import pandas as pd
 
     ref = ROOT / "results/reference/h200x2/layer.parquet"
-    df = pd.read_parquet(ref, columns=["system", "transport", "cell_hash"])
-    rows = set(df[(df["system"] == "overlap") & (df["transport"] == "p2p")]["cell_hash"])
+    df = pd.read_parquet(ref, columns=["system", "transport", "cell_hash", "p_local"])
+    p2p = df[(df["system"] == "overlap") & (df["transport"] == "p2p")]
+    old = set(p2p[p2p["p_local"].isna()]["cell_hash"])
+    new = set(p2p[p2p["p_local"] == "direct"]["cell_hash"])
     copy = _compose("experiment=layer", "+experiment.systems.overlap.params.local=copy")
-    assert rows and rows <= {c["cell_hash"] for c in expand_grid(copy, 2)}
+    assert old and old <= {c["cell_hash"] for c in expand_grid(copy, 2)}
     direct = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
-    assert not rows & direct
+    assert new and new <= direct and not old & direct
