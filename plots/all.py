@@ -38,6 +38,7 @@ FIGURES: dict[str, str] = {
     "correctness_loopback": "plots.correctness",
     "variants": "plots.variants",
     "operator_auto": "plots.variants",
+    "producer": "plots.producer",
     "models": "plots.models",
 }
 

@@ -450,6 +450,19 @@ def _variants_fig(df: pd.DataFrame) -> str:
     )
 
 
+def _producer_fig(df: pd.DataFrame) -> str:
+    from plots.producer import ratios
+
+    r = ratios(df)
+    parts = [
+        f"{v}: vs torch._grouped_mm {_range(g['vs_grouped_mm'], unit='x')} "
+        f"(>= 1.00 in {int((g['vs_grouped_mm'] >= 1.0).sum())}/{len(g)}), vs dense cuBLAS "
+        f"{_range(g['vs_cublas'], unit='x')}"
+        for v, g in r.groupby("variant")
+    ]
+    return "the producer alone on all SMs, time(reference) / time(producer): " + "; ".join(parts)
+
+
 def _heldout_fig(df: pd.DataFrame) -> str:
     r = df["pick_ratio"].dropna()
     within = int((r <= 1.03).sum())
@@ -493,6 +506,13 @@ FIGURE_TABLES = [
         "`python -m harness.run experiment=operator 'experiment.select=[serial,overlap]' "
         "+experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto`",
         _variants_fig,
+    ),
+    FigureTable(
+        "The producer against torch._grouped_mm (CUTLASS) and cuBLAS, one GPU",
+        "producer",
+        "`python -m harness.run experiment=producer` on one GPU",
+        _producer_fig,
+        machine="h200",
     ),
     FigureTable(
         "Fig 5: experts per rank 4-64 (whole layer, overlap ratio from the operator pass)",

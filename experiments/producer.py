@@ -1,0 +1,248 @@
+"""The producer against CUTLASS and cuBLAS: the overlap system's expert GEMM alone, on one GPU.
+
+One workload = (T, K, N, E, top_k, routing, W, dtype): the routing of W ranks is drawn as in
+every experiment (harness.workload.routing_of) and rank 0's expert problem is built from it:
+rows[e][s] = rows owner s sends to rank 0's expert e, laid out by the real stage-A builder
+(systems.overlap.testing.synthetic_plan -> build_plan), X [P, K] (zero padding rows included),
+weights [E, K, N]. Per workload, side by side in one run:
+
+  overlap           the persistent Triton producer, alone on all SMs, with its ready flags
+                    (option `flags`), per point of the overlap system's sweep (tile_m, layout)
+  torch_grouped_mm  torch._grouped_mm (CUTLASS) on the valid rows only, grouped by expert
+  cublas            one dense torch.matmul [R, K] x [K, N] with R = the valid rows: the same
+                    useful FLOPs as one GEMM
+
+Every kernel is checked against the float32 reference of its rows (harness/check.py) before it
+is timed; a failing one records `fail`. Timed: one launch (CUDA events, torch.cuda). Metrics:
+m_tflops (useful FLOPs 2 R K N / time), m_valid_rows, m_gemm_rows (rows the kernel computes,
+padding included), m_flags. The ratios the method-speed issue asks for (producer against
+torch._grouped_mm and cuBLAS) are read across the rows of one workload (plots/producer.py).
+Options (experiment.options): flags (list of bool, default [true]).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from harness.check import check
+from harness.measure import hash_cell, selected_systems, system_points
+from harness.records import Row, command_line, provenance
+from harness.routing import imbalance
+from harness.system import RunContext
+from harness.timing import time_fn
+from harness.workload import DTYPES, WorkloadSpec, routing_of
+from systems.overlap.plan import owner_expert_counts
+
+AXES = (
+    "world_size",
+    "tokens_per_rank",
+    "hidden",
+    "out",
+    "experts_per_rank",
+    "top_k",
+    "routing",
+    "dtype",
+)
+REFERENCES = ("torch_grouped_mm", "cublas")
+OPTIONS = {"flags": [True]}
+#: the overlap system's knobs that shape its producer (the rest belong to the consumer)
+PRODUCER_KNOBS = ("tile_m", "layout")
+
+
+def options(cfg: Any) -> dict[str, Any]:
+    """OPTIONS overridden by experiment.options; unknown keys are an error."""
+    given = dict(cfg.experiment.get("options") or {})
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"producer: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
+    return {**OPTIONS, **given}
+
+
+def cells(cfg: Any, process_world: int) -> list[dict]:
+    """Per workload: the two references, then the overlap producer per (sweep point, flags)."""
+    g = cfg.experiment.grid
+    axes = [list(g.world_size) or [process_world]] + [list(getattr(g, k)) for k in AXES[1:]]
+    systems = selected_systems(cfg)
+    points = {name: system_points(name, conf) for name, conf in systems.items()}
+    flags = [bool(f) for f in options(cfg)["flags"]]
+    out = []
+    for values in itertools.product(*axes):
+        base = {"experiment": cfg.experiment.name, "seed": cfg.seed, **dict(zip(AXES, values))}
+        todo = [(ref, {}) for ref in REFERENCES]
+        for system in systems:
+            seen = []
+            for p in points[system]:
+                knobs = {k: p[k] for k in PRODUCER_KNOBS}
+                if knobs not in seen:  # consumer knobs do not change the producer
+                    seen.append(knobs)
+                    todo += [(system, {**knobs, "flags": f}) for f in flags]
+        for system, params in todo:
+            cell = {**base, "system": system, "params": params}
+            cell["cell_hash"] = hash_cell(cfg, process_world, cell)
+            out.append(cell)
+    return out
+
+
+def spec_of(cell: dict) -> WorkloadSpec:
+    return WorkloadSpec(**{k: cell[k] for k in AXES}, seed=cell["seed"])
+
+
+def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
+    """Clear errors before any GPU work: the workload, the systems, the dtype, the tile."""
+    options(cfg)
+    for cell in cells:
+        spec = spec_of(cell)  # a bad routing, a non-positive size
+        if cell["system"] not in (*REFERENCES, "overlap"):
+            raise ValueError(f"producer times the overlap system's producer, not {cell['system']}")
+        if spec.dtype not in ("float16", "bfloat16"):
+            raise ValueError(f"producer: dtype must be float16 or bfloat16, got {spec.dtype}")
+        if spec.top_k > spec.world_size * spec.experts_per_rank:
+            raise ValueError(f"producer: top_k {spec.top_k} > W x E")
+        if cell["system"] == "overlap" and cell["params"]["tile_m"] not in (64, 128):
+            raise ValueError(f"producer: tile_m must be 64 or 128, got {cell['params']['tile_m']}")
+
+
+def rank0_rows(spec: WorkloadSpec) -> tuple[list[list[int]], dict]:
+    """rows[e][s]: rows owner s sends to rank 0's local expert e, from the spec's routing."""
+    ids = routing_of(spec).expert_ids
+    counts = owner_expert_counts(ids, spec.experts_per_rank)  # [W, W*E]
+    rows = counts[:, : spec.experts_per_rank].t().tolist()
+    return rows, imbalance(ids, spec.world_size, spec.experts_per_rank)
+
+
+def problem(spec: WorkloadSpec, tile_m: int, layout: str, device: torch.device):
+    """Rank 0's expert problem: plan, X [P, K] padded, weights [E, K, N], the valid rows grouped
+    by expert x_valid [R, K] with their expert offsets, and the float32 references."""
+    from systems.overlap.plan import padded_input
+    from systems.overlap.testing import reference_y, synthetic_plan
+
+    rows, imb = rank0_rows(spec)
+    dt = DTYPES[spec.dtype]
+    plan = synthetic_plan(rows, rank=0, tile_m=tile_m, device=device, layout=layout)
+    g = torch.Generator(device="cpu").manual_seed(spec.seed)
+    x_recv = (torch.randn(plan.n_rows, spec.hidden, generator=g) * 0.5).to(device, dt)
+    w = torch.randn(spec.experts_per_rank, spec.hidden, spec.out, generator=g)
+    w = (w / math.sqrt(spec.hidden)).to(device, dt)
+    x = padded_input(x_recv, plan.gather_index)
+    valid = plan.gather_index >= 0
+    per_expert = [sum(r) for r in rows]
+    # the valid rows of the padded layout in order are grouped by expert (each expert's band
+    # range holds only its own rows)
+    return SimpleNamespace(
+        plan=plan,
+        x=x,
+        w=w,
+        valid=valid,
+        x_valid=x[valid],
+        offsets=torch.tensor(per_expert, device=device).cumsum(0).to(torch.int32),
+        per_expert=per_expert,
+        ref_y=lambda: reference_y(plan, x, w),
+        imbalance=imb,
+    )
+
+
+def _row(cell: dict, spec: WorkloadSpec) -> Row:
+    return Row(
+        experiment=cell["experiment"],
+        system=cell["system"],
+        cell_hash=cell["cell_hash"],
+        scope="expert gemm",
+        world_size=spec.world_size,
+        transport="none",
+        tokens_per_rank=spec.tokens_per_rank,
+        hidden=spec.hidden,
+        out=spec.out,
+        experts_per_rank=spec.experts_per_rank,
+        top_k=spec.top_k,
+        routing=spec.routing,
+        dtype=spec.dtype,
+        params=dict(cell["params"]),
+        command=command_line(),
+        timestamp=time.time(),
+        **provenance(),
+    )
+
+
+def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
+    """(launch, output, its float32 reference, metrics) of one cell's kernel."""
+    valid_rows = int(pb.x_valid.shape[0])
+    if cell["system"] == "torch_grouped_mm":
+        out = torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets)
+        ref = pb.ref_y()[pb.valid]
+
+        def go():
+            torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets)
+
+        return go, out, ref, {"gemm_rows": float(valid_rows), "impl": "torch._grouped_mm"}
+    if cell["system"] == "cublas":
+        w0 = pb.w[0]
+        out = torch.matmul(pb.x_valid, w0)
+        ref = pb.x_valid.float() @ w0.float()
+
+        def go():
+            torch.matmul(pb.x_valid, w0)
+
+        return go, out, ref, {"gemm_rows": float(valid_rows), "impl": "torch.matmul (cuBLAS)"}
+    from systems.overlap.kernels import launch_producer, pick_config
+
+    p, flags = pb.plan, bool(cell["params"]["flags"])
+    cfg = pick_config(int(cell["params"]["tile_m"]), pb.x.shape[1], pb.w.shape[2], pb.x.dtype)
+    y = torch.zeros(p.n_padded, pb.w.shape[2], dtype=pb.x.dtype, device=pb.x.device)
+    ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+
+    def go():
+        launch_producer(pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, signal=flags)
+
+    go()
+    if flags:  # one run: every remote band's counter holds one run's increment
+        got = ready[p.schedule[: p.n_remote_bands]]
+        if not bool((got == cfg.band_increment(pb.w.shape[2])).all()):
+            raise RuntimeError("producer: a ready flag is wrong after one run")
+    metrics = {"gemm_rows": float(p.n_padded), "impl": "overlap producer (triton)"}
+    metrics["config"] = json.dumps(cfg.__dict__, default=str)
+    return go, y[pb.valid], pb.ref_y()[pb.valid], metrics
+
+
+def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
+    spec = spec_of(cell)
+    row = _row(cell, spec)
+    if ctx.device.type != "cuda":
+        row.status = "skipped"
+        row.reason = f"the producer and its references need a CUDA GPU, not {ctx.device.type}"
+        return [row]
+    try:
+        p = cell["params"]
+        pb = problem(spec, int(p.get("tile_m", 128)), p.get("layout", "aligned"), ctx.device)
+        row.imbalance_rank = pb.imbalance["imbalance_rank"]
+        row.imbalance_expert = pb.imbalance["imbalance_expert"]
+        go, out, ref, m = _kernel(ctx, cell, pb)
+        torch.cuda.synchronize(ctx.device)
+        row.impl = m.pop("impl")
+        extra = {"config": m.pop("config")} if "config" in m else {}
+        row.extra = json.dumps({**extra, "per_expert_rows": pb.per_expert})
+        res = check(out, ref, tol=float(cfg.measure.tol))
+        row.max_rel_err, row.max_row_rel_err = res.max_rel_err, res.max_row_rel_err
+        valid = float(pb.x_valid.shape[0])
+        row.metrics.update(valid_rows=valid, flags=float(bool(p.get("flags", False))), **m)
+        if not res.ok:
+            row.status, row.reason = "fail", res.message
+            return [row]
+        t = time_fn(go, device=ctx.device, warmup=cfg.measure.warmup, iters=cfg.measure.iters)
+        row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
+        row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
+        row.compute_ms = t.median_ms
+        flops = 2.0 * valid * spec.hidden * spec.out
+        row.metrics["tflops"] = flops / t.median_ms / 1e9
+    except torch.cuda.OutOfMemoryError as exc:
+        row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
+    except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep
+        row.status, row.reason = "error", f"{type(exc).__name__}: {exc}"[:500]
+    return [row]

@@ -1,0 +1,105 @@
+"""The producer kernel experiment (experiments/producer.py): its grid, its input checks, the
+expert problem it hands torch._grouped_mm, and the skipped row off a GPU."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+from experiments import producer
+from harness.config import register_configs
+from harness.workload import WorkloadSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cfg(*overrides):
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=["experiment=producer", *overrides])
+
+
+def test_grid_has_both_references_and_one_producer_per_tile_and_layout():
+    cfg = _cfg()
+    cells = producer.cells(cfg, 1)
+    per_workload = 2 + 2 * 2  # references + tile_m x layout (flags on)
+    assert len(cells) == 2 * 5 * 3 * per_workload  # N x E x routings
+    assert {c["system"] for c in cells} == {"torch_grouped_mm", "cublas", "overlap"}
+    knobs = {tuple(sorted(c["params"].items())) for c in cells if c["system"] == "overlap"}
+    assert len(knobs) == 4 and all(dict(k)["flags"] is True for k in knobs)
+    assert len({c["cell_hash"] for c in cells}) == len(cells)
+    producer.validate(cfg, cells, 132)
+
+
+def test_a_ccta_sweep_does_not_multiply_the_producer_cells():
+    cfg = _cfg("+experiment.systems.overlap.params.ccta=8")
+    base = producer.cells(_cfg(), 1)
+    assert len(producer.cells(cfg, 1)) == len(base)
+    cfg = _cfg("experiment.options.flags=[true,false]")
+    assert len(producer.cells(cfg, 1)) == len(base) + 2 * 5 * 3 * 4
+
+
+def test_bad_input_is_one_line_before_any_gpu_work():
+    cfg = _cfg()
+    cells = producer.cells(cfg, 1)
+    bad = [dict(cells[-1], params={**cells[-1]["params"], "tile_m": 32})]
+    with pytest.raises(ValueError, match="tile_m must be 64 or 128"):
+        producer.validate(cfg, bad, 132)
+    with pytest.raises(ValueError, match="dtype must be float16 or bfloat16"):
+        producer.validate(cfg, [dict(cells[0], dtype="float32")], 132)
+    with open_dict(cfg):
+        cfg.experiment.options = {"flag": [True]}
+    with pytest.raises(ValueError, match="unknown option"):
+        producer.validate(cfg, cells, 132)
+
+
+@pytest.mark.parametrize("layout", ["aligned", "packed"])
+def test_valid_rows_are_grouped_by_expert_as_grouped_mm_reads_them(layout):
+    spec = WorkloadSpec(256, 32, 16, 4, 2, 2, "stress_skew", dtype="float32", seed=3)
+    pb = producer.problem(spec, 64, layout, torch.device("cpu"))
+    ref = pb.ref_y()[pb.valid]
+    starts = [0, *pb.offsets.tolist()[:-1]]
+    assert pb.offsets.tolist()[-1] == pb.x_valid.shape[0] == sum(pb.per_expert)
+    assert pb.plan.n_padded > pb.x_valid.shape[0] or layout == "packed"
+    for e, (a, b) in enumerate(zip(starts, pb.offsets.tolist())):
+        got = pb.x_valid[a:b].float() @ pb.w[e].float()
+        torch.testing.assert_close(got, ref[a:b], rtol=1e-5, atol=1e-5)
+
+
+def test_off_a_gpu_every_cell_is_skipped_with_the_reason():
+    from harness.system import RunContext
+
+    cfg = _cfg()
+    cell = producer.cells(cfg, 1)[0]
+    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"), group=None, backend="gloo")
+    (row,) = producer.run_cell(ctx, cfg, cell)
+    assert row.status == "skipped" and "CUDA GPU" in row.reason
+
+
+def test_the_plot_ratios_pair_each_producer_with_its_references(tmp_path):
+    import pandas as pd
+
+    from plots.producer import plot, ratios
+
+    w = dict(world_size=2, tokens_per_rank=8, hidden=4, out=4, experts_per_rank=2)
+    rows = [
+        {**w, "routing": "balanced", "system": "torch_grouped_mm", "latency_ms": 1.2},
+        {**w, "routing": "balanced", "system": "cublas", "latency_ms": 0.9},
+        {
+            **w,
+            "routing": "balanced",
+            "system": "overlap",
+            "latency_ms": 1.0,
+            "p_tile_m": 128,
+            "p_layout": "aligned",
+            "p_flags": True,
+        },  # fmt: skip
+    ]
+    df = pd.DataFrame([{**r, "status": "ok"} for r in rows])
+    (r,) = ratios(df).itertuples()
+    assert r.variant == "tile_m 128, aligned"
+    assert r.vs_grouped_mm == pytest.approx(1.2) and r.vs_cublas == pytest.approx(0.9)
+    df.to_parquet(tmp_path / "producer.parquet")
+    assert all(p.exists() for p in plot(tmp_path / "producer.parquet", tmp_path, "p"))
