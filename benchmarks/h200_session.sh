@@ -10,7 +10,8 @@
 #        named in EXPS, each bounded by EXP_S seconds, tables copied to $OUT) variants (the overlap
 #        operator rows, local copy|direct x layout aligned|packed, with serial, side by side) verify (the 2-GPU and
 #        overlap GPU tests of the latest fixes) one_gpu (the experiments in EXPS1 on
-#        one GPU, CUDA_VISIBLE_DEVICES=0: the loopback tables)
+#        one GPU, CUDA_VISIBLE_DEVICES=0: the loopback tables) producer (experiment=producer on
+#        one GPU) ccta_auto (the W=2 auto calibration sweep, then the refit into $OUT)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -52,6 +53,10 @@ for step in $steps; do
       cp results/*.parquet "$OUT/" ;;
     one_gpu) for e in ${EXPS1:-correctness_loopback}; do  # one GPU of the host: loopback rows
         echo "--- $e (one GPU) $(date +%T)"; CUDA_VISIBLE_DEVICES=0 timeout "${EXP_S:-300}" python3 -m harness.run experiment=$e progress=false table="$OUT/$e.parquet" 2>&1 | tail -${EXP_TAIL:-8}; done ;;
+    producer) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-240}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer.parquet" 2>&1 | tail -4
+      python3 -c "from plots.producer import ratios; import pandas as pd; r=ratios(pd.read_parquet('$OUT/producer.parquet')); print(r.pivot_table(index=['out','experts_per_rank','routing'],columns='variant',values='vs_grouped_mm').round(3).to_string())" ;;
+    ccta_auto) timeout "${AUTO_S:-300}" python3 -m harness.run experiment=ccta_auto progress=false table="$OUT/ccta_auto.parquet" 2>&1 | tail -3
+      python3 -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet results/reference/h200x2/ccta_mgb.parquet "$OUT/ccta_auto.parquet" --table "$OUT/autotune_table.csv" --heldout "$OUT/autotune_heldout.parquet" 2>&1 | tail -4 ;;
     variants) timeout "${VARIANTS_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/variants.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.local=[copy,direct]' '+experiment.systems.overlap.sweep.layout=[aligned,packed]' 2>&1 | tail -3
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/variants.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_local',pd.Series('',index=d.index)).fillna('').astype(str)+'/'+d.get('p_layout',pd.Series('',index=d.index)).fillna('').astype(str); print(d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values='latency_ms').round(3).to_string())" ;;
     verify) timeout "${VERIFY_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_handshake_gpu.py tests/test_layer_routing_gpu.py tests/test_overlap_system_gpu.py tests/test_layer_gpu.py 2>&1 | tail -6 ;;
