@@ -76,7 +76,7 @@ class System:
     layer_scope: ClassVar[bool] = False
     #: the system's own knobs and their defaults; an experiment may set only these keys
     PARAMS: ClassVar[dict[str, Any]] = {}
-    #: PARAMS keys left out of a cell (its hash, its row) while at the value given here: knobs
+    #: PARAMS keys left out of a cell's hash (rows still carry them) at the value given here: knobs
     #: added after tables were measured with that value (what the system did before the knob),
     #: so those tables still resume; at any other value, the default included, the knob enters
     HASH_OPTIONAL: ClassVar[dict[str, Any]] = {}

@@ -338,7 +338,9 @@ def unmeasured_section() -> list[str]:
         "`experiment=layer`, `experiment=overlap_sweep`, `experiment=bandwidth`, "
         "`experiment=multigpu_smoke`.",
         "- The `auto` cCTA/mgb rule is fitted on one shape family (T=8192, K=2048, E=16) per "
-        "transport; other E and W fall back to the nearest calibrated cell. Calibrate more: "
+        "transport; a workload farther than 1.5 (log2 distance) from every calibrated cell gets "
+        "the default (16, 1), as E=4 and E=64 at W=2 did in `h200x2/operator_auto`. Calibrate "
+        "more: "
         "`python -m harness.run experiment=ccta_auto`, then "
         "`python -m benchmarks.fit_autotune results/ccta_auto.parquet`.",
         "",
@@ -503,7 +505,8 @@ FIGURE_TABLES = [
     FigureTable(
         "The overlap system at local=direct with the auto cCTA/mgb, against serial (operator)",
         "operator_auto",
-        "`python -m harness.run experiment=operator 'experiment.select=[serial,overlap]' "
+        "`python -m harness.run experiment=operator 'experiment.grid.tokens_per_rank=[8192]' "
+        "'experiment.select=[serial,overlap]' "
         "+experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto`",
         _variants_fig,
     ),
