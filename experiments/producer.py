@@ -7,7 +7,8 @@ rows[e][s] = rows owner s sends to rank 0's expert e, laid out by the real stage
 weights [E, K, N]. Per workload, side by side in one run:
 
   overlap           the persistent Triton producer, alone on all SMs, with its ready flags
-                    (option `flags`), per point of the overlap system's sweep (tile_m, layout)
+                    (option `flags`), per point of the overlap system's sweep (tile_m, layout,
+                    order) and per tile-configuration variant (option `configs`, CONFIGS)
   torch_grouped_mm  torch._grouped_mm (CUTLASS) on the valid rows only, grouped by expert
   cublas            one dense torch.matmul [R, K] x [K, N] with R = the valid rows: the same
                     useful FLOPs as one GEMM
@@ -17,7 +18,9 @@ is timed; a failing one records `fail`. Timed: one launch (CUDA events, torch.cu
 m_tflops (useful FLOPs 2 R K N / time), m_valid_rows, m_gemm_rows (rows the kernel computes,
 padding included), m_flags. The ratios the method-speed issue asks for (producer against
 torch._grouped_mm and cuBLAS) are read across the rows of one workload (plots/producer.py).
-Options (experiment.options): flags (list of bool, default [true]).
+Options (experiment.options): flags (list of bool, default [true]); configs (list of CONFIGS
+names, default ["table"]: the shape table the overlap system runs; the others are the variants
+tried against it, recorded whether they win or lose, or `error` where Triton cannot build them).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import itertools
 import json
 import math
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -38,7 +42,7 @@ from harness.routing import imbalance
 from harness.system import RunContext
 from harness.timing import time_fn
 from harness.workload import DTYPES, WorkloadSpec, routing_of
-from systems.overlap.plan import owner_expert_counts
+from systems.overlap.plan import ORDERS, owner_expert_counts
 
 AXES = (
     "world_size",
@@ -51,9 +55,18 @@ AXES = (
     "dtype",
 )
 REFERENCES = ("torch_grouped_mm", "cublas")
-OPTIONS = {"flags": [True]}
+OPTIONS = {"flags": [True], "configs": ["table"]}
 #: the overlap system's knobs that shape its producer (the rest belong to the consumer)
-PRODUCER_KNOBS = ("tile_m", "layout")
+PRODUCER_KNOBS = ("tile_m", "layout", "order")
+#: tile-configuration variants of the producer: name -> change to the table's TileConfig
+#: (kernels/producer.py pick_config); "table" is what the overlap system runs
+CONFIGS: dict[str, dict[str, Any]] = {
+    "table": {},
+    "stages4": {"num_stages": 4},
+    "group8": {"group_m": 8},
+    # Triton 3.6's Hopper warp specialisation of the tile loop (add_hopper_warpspec), unflattened
+    "ws": {"warp_specialize": True, "flatten": False},
+}
 
 
 def options(cfg: Any) -> dict[str, Any]:
@@ -66,12 +79,14 @@ def options(cfg: Any) -> dict[str, Any]:
 
 
 def cells(cfg: Any, process_world: int) -> list[dict]:
-    """Per workload: the two references, then the overlap producer per (sweep point, flags)."""
+    """Per workload: the two references, then the overlap producer per (sweep point, flags,
+    tile-configuration variant)."""
     g = cfg.experiment.grid
     axes = [list(g.world_size) or [process_world]] + [list(getattr(g, k)) for k in AXES[1:]]
     systems = selected_systems(cfg)
     points = {name: system_points(name, conf) for name, conf in systems.items()}
     flags = [bool(f) for f in options(cfg)["flags"]]
+    configs = [str(c) for c in options(cfg)["configs"]]
     out = []
     for values in itertools.product(*axes):
         base = {"experiment": cfg.experiment.name, "seed": cfg.seed, **dict(zip(AXES, values))}
@@ -82,7 +97,9 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
                 knobs = {k: p[k] for k in PRODUCER_KNOBS}
                 if knobs not in seen:  # consumer knobs do not change the producer
                     seen.append(knobs)
-                    todo += [(system, {**knobs, "flags": f}) for f in flags]
+                    todo += [
+                        (system, {**knobs, "flags": f, "config": c}) for c in configs for f in flags
+                    ]
         for system, params in todo:
             cell = {**base, "system": system, "params": params}
             cell["cell_hash"] = hash_cell(cfg, process_world, cell)
@@ -96,7 +113,9 @@ def spec_of(cell: dict) -> WorkloadSpec:
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
     """Clear errors before any GPU work: the workload, the systems, the dtype, the tile."""
-    options(cfg)
+    bad = sorted(set(map(str, options(cfg)["configs"])) - set(CONFIGS))
+    if bad:
+        raise ValueError(f"producer: unknown config(s) {bad}; accepted: {sorted(CONFIGS)}")
     for cell in cells:
         spec = spec_of(cell)  # a bad routing, a non-positive size
         if cell["system"] not in (*REFERENCES, "overlap"):
@@ -107,6 +126,8 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
             raise ValueError(f"producer: top_k {spec.top_k} > W x E")
         if cell["system"] == "overlap" and cell["params"]["tile_m"] not in (64, 128):
             raise ValueError(f"producer: tile_m must be 64 or 128, got {cell['params']['tile_m']}")
+        if cell["system"] == "overlap" and cell["params"].get("order") not in ORDERS:
+            raise ValueError(f"producer: order must be one of {ORDERS}, got {cell['params']}")
 
 
 def rank0_rows(spec: WorkloadSpec) -> tuple[list[list[int]], dict]:
@@ -117,6 +138,24 @@ def rank0_rows(spec: WorkloadSpec) -> tuple[list[list[int]], dict]:
     return rows, imbalance(ids, spec.world_size, spec.experts_per_rank)
 
 
+#: the last workload's operands (x_recv, weights): cells run workload by workload, and drawing
+#: E x K x N weights again per cell would cost seconds at E=64
+_OPERANDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _operands(spec: WorkloadSpec, n_rows: int, device: torch.device):
+    """x_recv [R, K] and weights [E, K, N] of a workload, drawn on the device from the seed."""
+    key = (spec, n_rows, str(device))
+    if key not in _OPERANDS:
+        _OPERANDS.clear()  # one workload at a time
+        dt = DTYPES[spec.dtype]
+        g = torch.Generator(device=device).manual_seed(spec.seed)
+        x_recv = (torch.randn(n_rows, spec.hidden, generator=g, device=device) * 0.5).to(dt)
+        w = torch.randn(spec.experts_per_rank, spec.hidden, spec.out, generator=g, device=device)
+        _OPERANDS[key] = (x_recv, (w / math.sqrt(spec.hidden)).to(dt))
+    return _OPERANDS[key]
+
+
 def problem(spec: WorkloadSpec, tile_m: int, layout: str, device: torch.device):
     """Rank 0's expert problem: plan, X [P, K] padded, weights [E, K, N], the valid rows grouped
     by expert x_valid [R, K] with their expert offsets, and the float32 references."""
@@ -124,12 +163,8 @@ def problem(spec: WorkloadSpec, tile_m: int, layout: str, device: torch.device):
     from systems.overlap.testing import reference_y, synthetic_plan
 
     rows, imb = rank0_rows(spec)
-    dt = DTYPES[spec.dtype]
     plan = synthetic_plan(rows, rank=0, tile_m=tile_m, device=device, layout=layout)
-    g = torch.Generator(device="cpu").manual_seed(spec.seed)
-    x_recv = (torch.randn(plan.n_rows, spec.hidden, generator=g) * 0.5).to(device, dt)
-    w = torch.randn(spec.experts_per_rank, spec.hidden, spec.out, generator=g)
-    w = (w / math.sqrt(spec.hidden)).to(device, dt)
+    x_recv, w = _operands(spec, plan.n_rows, device)
     x = padded_input(x_recv, plan.gather_index)
     valid = plan.gather_index >= 0
     per_expert = [sum(r) for r in rows]
@@ -191,15 +226,20 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
 
         return go, out, ref, {"gemm_rows": float(valid_rows), "impl": "torch.matmul (cuBLAS)"}
     from systems.overlap.kernels import launch_producer, pick_config
+    from systems.overlap.plan import producer_order
 
     p, flags = pb.plan, bool(cell["params"]["flags"])
     cfg = pick_config(int(cell["params"]["tile_m"]), pb.x.shape[1], pb.w.shape[2], pb.x.dtype)
+    cfg = replace(cfg, **CONFIGS[cell["params"].get("config", "table")])
+    order = producer_order(p) if cell["params"].get("order") == "expert" else None
     y = torch.zeros(p.n_padded, pb.w.shape[2], dtype=pb.x.dtype, device=pb.x.device)
     ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
 
     def go():
-        launch_producer(pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, signal=flags)
+        launch_producer(
+            pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, signal=flags, order=order
+        )
 
     go()
     if flags:  # one run: every remote band's counter holds one run's increment

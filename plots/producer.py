@@ -1,8 +1,9 @@
 """The producer against torch._grouped_mm (CUTLASS) and cuBLAS, from an experiment=producer
 table: per (N, routing) panel, time(reference) / time(producer) against experts per rank, one
-line per producer variant (tile_m, layout, flags). Above 1: the producer is faster. Solid:
-against torch._grouped_mm on the same valid rows; dashed: against one dense cuBLAS GEMM of the
-same useful FLOPs (the method-speed issue asks for >= 1.00 and >= 1/1.05).
+line per producer variant (tile_m, layout, visiting order, tile-configuration variant, flags).
+Above 1: the producer is faster. Solid: against torch._grouped_mm on the same valid rows;
+dashed: against one dense cuBLAS GEMM of the same useful FLOPs (the method-speed issue asks
+for >= 1.00 and >= 1/1.05).
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
     prod["variant"] = (
         "tile_m " + prod["p_tile_m"].astype(int).astype(str) + ", " + prod["p_layout"].astype(str)
     )
+    if "p_order" in prod:  # the visiting order, where not the paper's
+        other = prod["p_order"].fillna("remote_first") != "remote_first"
+        prod.loc[other, "variant"] += ", " + prod.loc[other, "p_order"].astype(str) + " order"
+    if "p_config" in prod:  # a tile-configuration variant, where not the table's
+        other = prod["p_config"].fillna("table") != "table"
+        prod.loc[other, "variant"] += ", " + prod.loc[other, "p_config"].astype(str)
     if "p_flags" in prod:
         prod.loc[~prod["p_flags"].astype(bool), "variant"] += ", no flags"
     out = prod[WORKLOAD + ["variant", "latency_ms"]].rename(columns={"latency_ms": "producer_ms"})
@@ -51,7 +58,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
             sub = r[(r["out"] == n) & (r["routing"] == routing)]
             for k, v in enumerate(variants):
                 s = sub[sub["variant"] == v].sort_values("experts_per_rank")
-                kw = dict(marker="o", ms=3, color=f"C{k}")
+                kw = dict(marker="o", ms=3, color=plt.cm.tab20(k % 20))
                 ax.plot(s["experts_per_rank"], s["vs_grouped_mm"], label=v, **kw)
                 ax.plot(s["experts_per_rank"], s["vs_cublas"], ls="--", **kw)
             ax.axhline(1.0, color="k", lw=0.8)
@@ -62,7 +69,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     for ax in axes[-1]:
         ax.set_xlabel("experts per rank", fontsize=8)
     handles, labels_ = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels_, fontsize=8, loc="upper center", ncol=len(variants),
+    fig.legend(handles, labels_, fontsize=7, loc="upper center", ncol=min(len(variants), 4),
                bbox_to_anchor=(0.5, 1.01))  # fmt: skip
     gpu = ", ".join(sorted(set(df.get("gpu_name", pd.Series(dtype=str)).dropna().astype(str))))
     fig.suptitle(

@@ -1,9 +1,10 @@
 """The overlap system's variants at operator scope (gemm+combine): speedup against serial per
 experts per rank, one panel per (N, routing), one line per variant (local copy | direct x layout
-aligned | packed), serial measured in the same table.
+aligned | packed, order remote_first | expert), serial measured in the same table.
 
 speedup = latency(serial) / latency(variant) on the same workload. Rows without p_local ran
-`copy` (tables from before the knob); without p_layout, `aligned`.
+`copy` (tables from before the knob); without p_layout, `aligned`; without p_order,
+`remote_first`.
 """
 
 from __future__ import annotations
@@ -29,14 +30,17 @@ def _knob(v) -> str:
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (workload, variant): latency_ms, serial_ms and speedup; variant is
-    "local/layout" (e.g. "direct/aligned"), plus the cCTA and mgb asked where they are not the
-    defaults ("direct/aligned, cCTA auto, mgb auto")."""
+    "local/layout" (e.g. "direct/aligned"), "/expert" after it for order=expert, plus the
+    cCTA and mgb asked where they are not the defaults ("direct/aligned, cCTA auto, mgb auto")."""
     o = df[df["system"] == "overlap"].copy()
     if o.empty or "serial" not in set(df["system"]):
         raise ValueError("a variants table needs ok overlap and serial rows")
     local = o["p_local"] if "p_local" in o else pd.Series(None, index=o.index, dtype=object)
     layout = o["p_layout"] if "p_layout" in o else pd.Series(None, index=o.index, dtype=object)
     o["variant"] = local.fillna("copy").astype(str) + "/" + layout.fillna("aligned").astype(str)
+    if "p_order" in o:  # the producer's visiting order, where not the paper's
+        other = o["p_order"].fillna("remote_first") != "remote_first"
+        o.loc[other, "variant"] = o.loc[other, "variant"] + "/" + o.loc[other, "p_order"]
     if "p_ccta" in o and "p_mgb" in o:  # cCTA and mgb as asked, where not the defaults (16, 1)
         ccta, mgb = o["p_ccta"].map(_knob), o["p_mgb"].map(_knob)
         knobs = "cCTA " + ccta + ", mgb " + mgb

@@ -286,6 +286,41 @@ def test_local_rows_stored_by_the_epilogue_equal_the_local_copy(mgb):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("direct", [False, True])
+def test_expert_order_delivers_what_the_remote_first_order_delivers(direct):
+    # order="expert" only changes the order the producer visits the bands: every destination
+    # buffer, Y and the band counters must end up the same
+    plan, x, w = _problem(torch.float16, mgb=2)
+    out = {}
+    for order in ("remote_first", "expert"):
+        fabric = LoopbackFabric(plan.dst_rows, w.shape[2], x.dtype, "cpu")
+        runner = OverlapRunner(
+            plan,
+            w,
+            fabric.transport(plan.rank),
+            ccta=2,
+            tile=interpreter_config(TILE_M),
+            consumer=interpreter_consumer_config(),
+            num_programs=3,
+            local_direct=direct,
+            order=order,
+        )
+        assert (runner.visit is None) == (order == "remote_first")
+        if runner.visit is not None:  # this plan's order differs from the schedule's
+            assert not torch.equal(runner.visit.long(), torch.arange(plan.n_bands))
+        y = torch.zeros(plan.n_padded, w.shape[2], dtype=x.dtype)
+        runner.overlapped(x, y)
+        runner.check()
+        runner.local_copy(y)
+        out[order] = (fabric.buffer.clone(), y, runner.band_ready.clone())
+    for a, b in zip(out["remote_first"], out["expert"]):
+        assert torch.equal(a, b)
+    assert out["expert"][0].abs().sum() > 0
+    with pytest.raises(ValueError, match="order must be one of"):
+        OverlapRunner(plan, w, fabric.transport(plan.rank), ccta=2, num_programs=3, order="x")
+
+
+@needs_interpreter
 def test_receive_counts_follow_a_routing_that_changes_between_runs():
     # a model calls one layer with a new routing in every MoE block: the rows a receiver waits
     # for are the sum of every run's recv_rows, not this run's times the number of runs

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from harness.layout import rank_layout
 from harness.workload import WorkloadSpec
-from systems.overlap.plan import build_plan, padded_input, plans_for_spec
+from systems.overlap.plan import build_plan, padded_input, plans_for_spec, producer_order
 from systems.overlap.testing import synthetic_plan, synthetic_rows
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -525,3 +525,28 @@ def test_packed_plan_splits_a_mixed_band_by_owner():
     assert plan.n_segments == 7 and plan.seg_dst.tolist() == [0, 1, 1, 1, 0, 0, 1]
     with pytest.raises(ValueError, match="layout must be one of"):
         synthetic_plan(rows, rank=2, tile_m=16, layout="dense")
+
+
+@pytest.mark.parametrize("layout", ["aligned", "packed"])
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
+def test_producer_order_groups_each_experts_bands_and_keeps_the_remote_order(W, routing, layout):
+    spec = WorkloadSpec(512, 8, 16, 6, 2, W, routing, seed=W, dtype="float16")
+    plan = plans_for_spec(spec, tile_m=16, mgb=2, layout=layout)[0][0]
+    order = producer_order(plan)
+    B, NR = plan.n_bands, plan.n_remote_bands
+    assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(B))
+    visit = order.tolist()
+    # the remote bands keep their schedule order (the consumer waits on them in that order)
+    assert [s for s in visit if s < NR] == list(range(NR))
+    experts = plan.band_expert[plan.schedule[order.long()]].tolist()
+    remote_experts = set(plan.band_expert[plan.schedule[:NR]].tolist())
+    # every expert with a remote band: all its bands visited back to back, remote ones first
+    for e in remote_experts:
+        at = [i for i, x in enumerate(experts) if x == e]
+        assert at == list(range(at[0], at[-1] + 1)), f"expert {e} split: {at}"
+        kinds = [visit[i] < NR for i in at]
+        assert kinds == sorted(kinds, reverse=True)
+    # experts without remote bands come last
+    n_tail = sum(1 for x in experts if x not in remote_experts)
+    assert all(x not in remote_experts for x in experts[B - n_tail :])

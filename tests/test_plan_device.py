@@ -53,7 +53,12 @@ if INTERPRETED and not isinstance(kplan_mod._rows_kernel, InterpretedFunction):
 import systems.overlap.plan_device as plan_device  # noqa: E402
 from harness.workload import WorkloadSpec  # noqa: E402
 from systems.overlap.kernels import interpreter_config, interpreter_consumer_config  # noqa: E402
-from systems.overlap.plan import CombinePlan, build_plan, plans_for_spec  # noqa: E402
+from systems.overlap.plan import (  # noqa: E402
+    CombinePlan,
+    build_plan,
+    plans_for_spec,
+    producer_order,
+)
 from systems.overlap.plan_device import (  # noqa: E402
     COUNT_NAMES,
     DevicePlan,
@@ -138,6 +143,9 @@ def test_device_plan_equals_build_plan(W, E, tm, mgb, routing):
         **_kw(W, rank, E, tm, mgb),
     )
     assert_same_plan(dev, ref)
+    # order="expert": the same visiting order of the valid positions, the unused ones last
+    order = producer_order(dev)
+    assert torch.equal(order[: ref.n_bands], producer_order(ref))
 
 
 def _shuffled(W, E, max_rows, seed):
@@ -280,7 +288,8 @@ def _device_problem(rows, K, N, seed, mgb=2):
 
 
 @needs_interpreter
-def test_runner_from_device_plans_on_loopback():
+@pytest.mark.parametrize("order", ["remote_first", "expert"])
+def test_runner_from_device_plans_on_loopback(order):
     """Producer (worst-case grid, device band counts) + consumer (device segment count) + the
     local copy kernel from DevicePlans; the plan changes between runs (use_plan), so the band
     counters must be re-armed every run. Y past n_padded and the counters past n_bands stay
@@ -309,6 +318,7 @@ def test_runner_from_device_plans_on_loopback():
                 tile=interpreter_config(TILE_M),
                 consumer=interpreter_consumer_config(),
                 num_programs=3,
+                order=order,
             )
         else:
             runner.use_plan(dev)

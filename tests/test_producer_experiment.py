@@ -21,14 +21,15 @@ def _cfg(*overrides):
         return compose("config", overrides=["experiment=producer", *overrides])
 
 
-def test_grid_has_both_references_and_one_producer_per_tile_and_layout():
+def test_grid_has_both_references_and_one_producer_per_tile_layout_and_order():
     cfg = _cfg()
     cells = producer.cells(cfg, 1)
-    per_workload = 2 + 2 * 2  # references + tile_m x layout (flags on)
+    per_workload = 2 + 2 * 2 * 2  # references + tile_m x layout x order (flags on, table)
     assert len(cells) == 2 * 5 * 3 * per_workload  # N x E x routings
     assert {c["system"] for c in cells} == {"torch_grouped_mm", "cublas", "overlap"}
     knobs = {tuple(sorted(c["params"].items())) for c in cells if c["system"] == "overlap"}
-    assert len(knobs) == 4 and all(dict(k)["flags"] is True for k in knobs)
+    assert len(knobs) == 8 and all(dict(k)["flags"] is True for k in knobs)
+    assert {dict(k)["config"] for k in knobs} == {"table"}
     assert len({c["cell_hash"] for c in cells}) == len(cells)
     producer.validate(cfg, cells, 132)
 
@@ -38,7 +39,11 @@ def test_a_ccta_sweep_does_not_multiply_the_producer_cells():
     base = producer.cells(_cfg(), 1)
     assert len(producer.cells(cfg, 1)) == len(base)
     cfg = _cfg("experiment.options.flags=[true,false]")
-    assert len(producer.cells(cfg, 1)) == len(base) + 2 * 5 * 3 * 4
+    assert len(producer.cells(cfg, 1)) == len(base) + 2 * 5 * 3 * 8
+    cfg = _cfg("experiment.options.configs=[table,ws]")
+    cells = producer.cells(cfg, 1)
+    assert len(cells) == len(base) + 2 * 5 * 3 * 8
+    producer.validate(cfg, cells, 132)
 
 
 def test_bad_input_is_one_line_before_any_gpu_work():
@@ -52,6 +57,10 @@ def test_bad_input_is_one_line_before_any_gpu_work():
     with open_dict(cfg):
         cfg.experiment.options = {"flag": [True]}
     with pytest.raises(ValueError, match="unknown option"):
+        producer.validate(cfg, cells, 132)
+    with open_dict(cfg):
+        cfg.experiment.options = {"configs": ["table", "fast"]}
+    with pytest.raises(ValueError, match="unknown config"):
         producer.validate(cfg, cells, 132)
 
 

@@ -697,3 +697,31 @@ def local_row_map(plan: Any) -> torch.Tensor:
     row_dst = torch.full((P + 1,), -1, dtype=torch.int64, device=src.device)
     row_dst.scatter_(0, torch.where(src >= 0, src, P), dst.to(torch.int64))
     return row_dst[:P]
+
+
+#: the producer's visiting orders of the schedule (OverlapSystem's `order` knob)
+ORDERS = ("remote_first", "expert")
+
+
+def producer_order(plan: Any) -> torch.Tensor:
+    """order [B] int32 on the plan's device: the schedule positions in the order the producer
+    visits them for order="expert" (the default "remote_first" visits them 0, 1, ..., B-1).
+
+    Each expert's remote bands (consecutive in the schedule) are directly followed by its local
+    bands, experts in the order of their first remote band, experts without remote bands last;
+    a DevicePlan's unused positions (>= n_bands) stay at the end. So the bands that read one
+    expert's weights run together (concurrent tiles of the producer's swizzle share each
+    weight strip in L2), while the remote bands keep their schedule order (the consumer never
+    waits on a later band first). B is n_bands (a CombinePlan) or the bound B' (a DevicePlan);
+    a handful of device ops, no host synchronisation.
+    """
+    sched = plan.schedule
+    B, dev = sched.numel(), sched.device
+    pos = torch.arange(B, dtype=torch.int64, device=dev)
+    exp = plan.band_expert.to(torch.int64)[sched.to(torch.int64).clamp(0, max(B - 1, 0))]
+    exp = exp.clamp(0, plan.experts_per_rank - 1)  # a DevicePlan's unused entries
+    remote = pos < plan.n_remote_bands
+    first = torch.full((plan.experts_per_rank,), B, dtype=torch.int64, device=dev)
+    first.scatter_reduce_(0, exp, torch.where(remote, pos, B), "amin")
+    key = torch.where(pos < plan.n_bands, first[exp], B + 1) * (B + 1) + pos
+    return torch.sort(key).indices.to(torch.int32)

@@ -36,7 +36,7 @@ from systems.overlap.kernels import (
     producer_grid,
     vec_ok,
 )
-from systems.overlap.plan import local_row_map
+from systems.overlap.plan import ORDERS, local_row_map, producer_order
 from systems.overlap.plan_device import local_copy_device
 
 _INT32_MAX = 2**31 - 1
@@ -63,6 +63,7 @@ class OverlapRunner:
         consumer: ConsumerConfig | None = None,
         num_programs: int | None = None,
         local_direct: bool = False,
+        order: str = "remote_first",
     ) -> None:
         self.plan = plan
         self.weights = weights
@@ -99,6 +100,12 @@ class OverlapRunner:
         #: copy); row_dst [P] is the plan's local_row_map, rebuilt by use_plan
         self.local_direct = local_direct
         self.row_dst = local_row_map(plan) if local_direct else None
+        #: the producer's visiting order of the schedule ("expert": plan.producer_order, rebuilt
+        #: by use_plan; "remote_first": the schedule itself, no array)
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+        self.order = order
+        self.visit = producer_order(plan) if order == "expert" else None
 
     @property
     def device_plan(self) -> bool:
@@ -117,6 +124,8 @@ class OverlapRunner:
         self.plan = plan
         if self.local_direct:
             self.row_dst = local_row_map(plan)
+        if self.order == "expert":
+            self.visit = producer_order(plan)
 
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
@@ -142,6 +151,7 @@ class OverlapRunner:
             config=self.tile,
             signal=signal,
             local_to=(self.transport.recv, self.row_dst) if self.local_direct else None,
+            order=self.visit,
         )
 
     def _consume(self, y: torch.Tensor, target: int, wait: bool):
@@ -276,6 +286,8 @@ class OverlapRunner:
         self.plan = plan
         if self.local_direct:
             self.row_dst = local_row_map(plan)
+        if self.order == "expert":
+            self.visit = producer_order(plan)
         if self.band_ready.numel() < max(plan.n_bands, 1):
             self.band_ready = torch.zeros(plan.n_bands, dtype=torch.int32, device=self.device)
         else:

@@ -13,7 +13,10 @@ there, what tables measured before the knob ran; "copy" stays out of the cell ha
 tables still resume),
 layout ("aligned": the paper's remote-aligned rows; "packed": an expert's remote rows of all
 owners back to back, padded once, plan.py; operator scope only, FFN cells skip it; also out of
-the cell hash at "aligned").
+the cell hash at "aligned"),
+order (the producer's visiting order of the schedule: "remote_first", the paper's, or "expert":
+each expert's local bands right after its remote bands, so tiles reading one expert's weights
+run together; plan.producer_order; out of the cell hash at "remote_first").
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -44,7 +47,7 @@ from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
 from systems.overlap.autotune import AUTO
-from systems.overlap.plan import LAYOUTS, padded_input, plan_for_layout
+from systems.overlap.plan import LAYOUTS, ORDERS, padded_input, plan_for_layout
 
 TILE_MS = (64, 128)
 TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
@@ -76,7 +79,7 @@ class _Rank:
         mgb,
         transport,
         ccta,
-        local_direct,
+        runner_kw: dict,
         layout: str = "aligned",
     ):
         from systems.overlap.runner import OverlapRunner
@@ -95,9 +98,7 @@ class _Rank:
         )
         self.x = padded_input(x_recv, self.plan.gather_index)
         self.y = torch.empty(self.x.shape[0], spec.out, dtype=x_recv.dtype, device=x_recv.device)
-        self.runner = OverlapRunner(
-            self.plan, weights, transport, ccta=ccta, local_direct=local_direct
-        )
+        self.runner = OverlapRunner(self.plan, weights, transport, ccta=ccta, **runner_kw)
         self.tokens = spec.tokens_per_rank
         self.scale = Scaler.for_layout(lay, x_recv.device)  # step 5, indices on the device
 
@@ -118,7 +119,7 @@ class _Loopback:
         tile_m: int,
         mgb: int,
         ccta: int,
-        local_direct: bool,
+        runner_kw: dict,
         layout: str = "aligned",
     ) -> None:
         from systems.overlap.transport import LoopbackFabric
@@ -138,7 +139,7 @@ class _Loopback:
                 mgb,
                 self.fabric.transport(r),
                 ccta,
-                local_direct,
+                runner_kw,
                 layout,
             )
             for r, inp in enumerate(ranks)
@@ -173,7 +174,7 @@ class _Distributed:
         tile_m: int,
         mgb: int,
         ccta: int,
-        local_direct: bool,
+        runner_kw: dict,
         layout: str = "aligned",
     ):
         from systems.overlap.transport import nvshmem_transport, p2p_transport
@@ -184,7 +185,7 @@ class _Distributed:
         t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
         self.name = name
         self.group = group
-        args = (inp.x_recv, inp.weights, tile_m, mgb, t, ccta, local_direct, layout)
+        args = (inp.x_recv, inp.weights, tile_m, mgb, t, ccta, runner_kw, layout)
         self.ranks = [_Rank(spec, inp.layout, *args)]
         self.busy = 0
         self.epoch = torch.zeros(1, dtype=torch.int32, device=inp.x.device)
@@ -234,7 +235,7 @@ class _LayerRank:
         tile_m: int,
         mgb: int,
         ccta: int,
-        local_direct: bool,
+        runner_kw: dict,
     ):
         from systems.overlap.plan_device import plan_bounds
         from systems.overlap.runner import OverlapRunner
@@ -248,9 +249,7 @@ class _LayerRank:
         self.rows = spec.tokens_per_rank * spec.top_k
         self.held = self.stage_a()  # one untimed step's state (bounds, plan facts)
         self.plan = self.held[1].to_host_plan()  # host view of the plan, for the row's facts
-        self.runner = OverlapRunner(
-            self.held[1], self.w2, transport, ccta=ccta, local_direct=local_direct
-        )
+        self.runner = OverlapRunner(self.held[1], self.w2, transport, ccta=ccta, **runner_kw)
         # band counters for the worst case of any step: every row of every rank comes here
         most = plan_bounds(
             spec.world_size * self.rows,
@@ -345,7 +344,7 @@ class _Layer:
         tile_m: int,
         mgb: int,
         ccta: int,
-        local_direct: bool,
+        runner_kw: dict,
     ):
         spec = inp.spec
         rows = spec.tokens_per_rank * spec.top_k
@@ -360,7 +359,7 @@ class _Layer:
             make = p2p_transport if name == "p2p" else nvshmem_transport
             t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
         self.name = name
-        self.layer = _LayerRank(inp, t, group, tile_m, mgb, ccta, local_direct)
+        self.layer = _LayerRank(inp, t, group, tile_m, mgb, ccta, runner_kw)
         self.ranks = [self.layer]
         self.busy = 0
 
@@ -382,9 +381,15 @@ class OverlapSystem(System):
         "transport": "",
         "local": "direct",
         "layout": "aligned",
+        "order": "remote_first",
     }
-    #: the tables before these knobs ran local=copy (then the only way) and the aligned layout
-    HASH_OPTIONAL: ClassVar[dict[str, Any]] = {"local": "copy", "layout": "aligned"}
+    #: the tables before these knobs ran local=copy (then the only way), the aligned layout and
+    #: the remote-first visiting order
+    HASH_OPTIONAL: ClassVar[dict[str, Any]] = {
+        "local": "copy",
+        "layout": "aligned",
+        "order": "remote_first",
+    }
     simulates_ranks = True
     layer_scope = True
 
@@ -408,6 +413,10 @@ class OverlapSystem(System):
         if params["layout"] not in LAYOUTS:
             raise ValueError(
                 f"overlap: layout must be one of {', '.join(LAYOUTS)}, got {params['layout']!r}"
+            )
+        if params["order"] not in ORDERS:
+            raise ValueError(
+                f"overlap: order must be one of {', '.join(ORDERS)}, got {params['order']!r}"
             )
         if params["transport"] not in TRANSPORTS:
             raise ValueError(
@@ -444,7 +453,7 @@ class OverlapSystem(System):
             tile_m=int(p["tile_m"]),
             mgb=int(mgb),
             ccta=int(ccta),
-            local_direct=p["local"] == "direct",
+            runner_kw={"local_direct": p["local"] == "direct", "order": p["order"]},
         )
         layout = p["layout"]
         if ranks[0].spec.ffn:

@@ -9,6 +9,11 @@ Work: the schedule lists bands (tile_m rows of one expert, all N columns). A TIL
 tiles of the first band in the schedule finish first), optionally swizzled in groups of
 `group_m` consecutive schedule positions (column-major inside a group, for L2 reuse of B strips).
 Program i of the persistent grid takes tiles i, i + G, i + 2G, ... (G = grid size = SMs - cCTA).
+With an `order` array (order="expert", plan.producer_order) the tile numbering runs over the
+visiting order order[0], order[1], ... of the schedule positions instead of 0, 1, ...: one
+expert's remote and local bands then sit side by side, so a swizzle group's concurrent tiles
+share that expert's weight strips in L2 (at W=2 the default order puts an expert's one remote
+band and its local band half a schedule apart, and every weight strip is read from HBM twice).
 Switching expert is pointer arithmetic: the band's expert e selects rows e*K .. e*K+K-1 of the
 weights viewed as [E*K, N]; the band's rows are masked at the store (a band never writes past
 band_rows, so a partial local band cannot touch the next expert's rows). Nothing is relaunched.
@@ -78,6 +83,7 @@ class TileConfig:
     use_tma: bool = True
     flatten: bool = True  # tl.range(flatten=True): one pipelined loop over tiles x K steps
     flag: str = "thread"  # "thread" / "deferred" (per-thread release atomics), "cta" (barrier)
+    warp_specialize: bool = False  # tl.range(warp_specialize=True): Triton's Hopper warpspec
 
     def tiles_n(self, n: int) -> int:
         """Column tiles per band."""
@@ -154,6 +160,7 @@ def _producer_kernel(
     recv_ptr,
     row_dst,
     schedule,
+    order,
     band_expert,
     band_row,
     band_rows,
@@ -173,6 +180,8 @@ def _producer_kernel(
     FLATTEN: tl.constexpr,
     DEV_COUNTS: tl.constexpr,
     LOCAL_DIRECT: tl.constexpr,
+    ORDERED: tl.constexpr,
+    WS: tl.constexpr,
 ):
     # the schedule length and the signalled prefix: host ints, or (DEV_COUNTS) device counts
     n_sched = count_arg(n_sched_arg, DEV_COUNTS)
@@ -186,8 +195,10 @@ def _producer_kernel(
     rk = tl.arange(0, BK)
     lane = tl.arange(0, NT)
     pending = tl.full((), -1, tl.int32)  # FLAG 3: band of the previous tile still to publish
-    for t in tl.range(pid, num_tiles, num_progs, flatten=FLATTEN):
+    for t in tl.range(pid, num_tiles, num_progs, flatten=FLATTEN, warp_specialize=WS):
         s, pn = _tile_coords(t, n_sched, tiles_n, GROUP_M)
+        if ORDERED:  # the producer's visiting order of the schedule (plan.producer_order)
+            s = tl.load(order + s)
         band = tl.load(schedule + s)
         e = tl.load(band_expert + band)
         row0 = tl.load(band_row + band).to(tl.int32)
@@ -276,6 +287,7 @@ def launch_producer(
     config: TileConfig,
     signal: bool = True,
     local_to: tuple[torch.Tensor, torch.Tensor] | None = None,
+    order: torch.Tensor | None = None,
 ):
     """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
 
@@ -293,7 +305,10 @@ def launch_producer(
     local_to = (recv [S, N], row_dst [P] int32/int64): the local bands (schedule positions >=
     n_signal) store each valid row p at recv[row_dst[p]] instead of y[p] (rows with row_dst -1
     are not stored): the local copy happens in the epilogue (systems/overlap/plan.py
-    local_row_map builds row_dst).
+    local_row_map builds row_dst);
+    order [B] int32 (optional): the visiting order of the schedule positions
+    (systems/overlap/plan.py producer_order); tiles are swizzled over the visiting order, and
+    a band is signalled iff its schedule position is < n_signal, as without it.
     """
     P, K = x.shape
     E, K2, N = weights.shape
@@ -331,6 +346,8 @@ def launch_producer(
             raise ValueError(f"producer local_to: row_dst has {row_dst.numel()} < {P} rows")
     else:
         recv, row_dst = y, plan.schedule  # unused (LOCAL_DIRECT=False)
+    if order is not None and (order.numel() < n_sched or order.dtype != torch.int32):
+        raise ValueError(f"producer order: {order.numel()} {order.dtype}, need >= {n_sched} int32")
     grid = (max(1, min(num_programs, n_sched * cfg.tiles_n(N))),)
     return _producer_kernel[grid](
         x_desc,
@@ -341,6 +358,7 @@ def launch_producer(
         recv,
         row_dst,
         plan.schedule,
+        plan.schedule if order is None else order,  # unused unless ORDERED
         plan.band_expert,
         plan.band_row,
         plan.band_rows,
@@ -360,6 +378,8 @@ def launch_producer(
         FLATTEN=cfg.flatten,
         DEV_COUNTS=dev_counts,
         LOCAL_DIRECT=local_to is not None,
+        ORDERED=order is not None,
+        WS=cfg.warp_specialize,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
