@@ -11,7 +11,9 @@
 #        operator rows, local copy|direct x layout aligned|packed, with serial, side by side) verify (the 2-GPU and
 #        overlap GPU tests of the latest fixes) one_gpu (the experiments in EXPS1 on
 #        one GPU, CUDA_VISIBLE_DEVICES=0: the loopback tables) producer (experiment=producer on
-#        one GPU) ccta_auto (the W=2 auto calibration sweep, then the refit into $OUT)
+#        one GPU) producer_configs (its tile-configuration variants on a few workloads) order
+#        (serial + overlap with auto cCTA/mgb, order remote_first|expert, operator scope, one run)
+#        ccta_auto (the W=2 auto calibration sweep, then the refit into $OUT)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -55,6 +57,10 @@ for step in $steps; do
         echo "--- $e (one GPU) $(date +%T)"; CUDA_VISIBLE_DEVICES=0 timeout "${EXP_S:-300}" python3 -m harness.run experiment=$e progress=false table="$OUT/$e.parquet" 2>&1 | tail -${EXP_TAIL:-8}; done ;;
     producer) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-240}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer.parquet" 2>&1 | tail -4
       python3 -c "from plots.producer import ratios; import pandas as pd; r=ratios(pd.read_parquet('$OUT/producer.parquet')); print(r.pivot_table(index=['out','experts_per_rank','routing'],columns='variant',values='vs_grouped_mm').round(3).to_string())" ;;
+    producer_configs) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-150}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer.parquet" 'experiment.options.configs=[ws,stages4,group8]' 'experiment.grid.out=[8192]' 'experiment.grid.experts_per_rank=[16,64]' 'experiment.grid.routing=[balanced]' 2>&1 | tail -4
+      python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/producer.parquet'); d=d[d.p_config.fillna('')!='']; print(d.groupby(['experts_per_rank','p_tile_m','p_order','p_config','status'])['m_tflops'].median().round(0).to_string())" ;;
+    order) timeout "${ORDER_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator_order.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.order=[remote_first,expert]' 2>&1 | tail -3
+      python3 -c "from plots.variants import speedups; import pandas as pd; s=speedups(pd.read_parquet('$OUT/operator_order.parquet').query('status==\"ok\"')); print(s.pivot_table(index=['out','experts_per_rank','routing'],columns='variant',values='speedup').round(3).to_string())" ;;
     ccta_auto) timeout "${AUTO_S:-300}" python3 -m harness.run experiment=ccta_auto progress=false table="$OUT/ccta_auto.parquet" 2>&1 | tail -3
       python3 -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet results/reference/h200x2/ccta_mgb.parquet "$OUT/ccta_auto.parquet" --table "$OUT/autotune_table.csv" --heldout "$OUT/autotune_heldout.parquet" 2>&1 | tail -4 ;;
     variants) timeout "${VARIANTS_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/variants.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.local=[copy,direct]' '+experiment.systems.overlap.sweep.layout=[aligned,packed]' 2>&1 | tail -3
