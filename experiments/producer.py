@@ -64,6 +64,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "table": {},
     "stages4": {"num_stages": 4},
     "group8": {"group_m": 8},
+    "g8s4": {"group_m": 8, "num_stages": 4},
     # Triton 3.6's Hopper warp specialisation of the tile loop (add_hopper_warpspec), unflattened
     "ws": {"warp_specialize": True, "flatten": False},
 }
