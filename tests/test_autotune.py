@@ -89,8 +89,8 @@ def test_setup_resolves_auto_on_the_host(monkeypatch):
     class FakeLoopback:
         name = "loopback"
 
-        def __init__(self, ranks, tile_m, mgb, ccta, local_direct, layout):
-            seen.update(tile_m=tile_m, mgb=mgb, ccta=ccta, local_direct=local_direct)
+        def __init__(self, ranks, tile_m, mgb, ccta, runner_kw, layout):
+            seen.update(tile_m=tile_m, mgb=mgb, ccta=ccta, **runner_kw)
             plan = SimpleNamespace(n_padded=1, n_rows=1, n_bands=1, n_remote_bands=0, n_segments=1)
             tile = SimpleNamespace(block_n=256, block_k=64)
             runner = SimpleNamespace(num_programs=100, tile=tile)
@@ -107,10 +107,15 @@ def test_setup_resolves_auto_on_the_host(monkeypatch):
     r = sysm.resolved_params()
     assert r["ccta_used"] == want[0] and r["mgb_used"] == want[1]
     assert sysm.params["ccta"] == "auto" and sysm.extra["auto"] == want[2]
-    fixed = osys.OverlapSystem(ctx, {"ccta": 4, "transport": "loopback"})
+    # order: "auto" by default, resolved in setup and reported next to what was asked
+    want_order = autotune.pick_order(s, 128)
+    assert seen["order"] == want_order[0] == r["order_used"]
+    assert sysm.extra["auto_order"] == want_order[1]
+    fixed = osys.OverlapSystem(ctx, {"ccta": 4, "transport": "loopback", "order": "expert"})
     fixed.setup([SimpleNamespace(spec=s)])
     assert (seen["ccta"], seen["mgb"]) == (4, 1) and "auto" not in fixed.extra
     assert fixed.resolved_params()["ccta_used"] == 4
+    assert seen["order"] == "expert" and "auto_order" not in fixed.extra
 
 
 def test_a_table_holds_auto_next_to_integer_params(tmp_path):
@@ -190,3 +195,18 @@ def test_fit_reports_measured_auto_rows_and_runs_as_a_script(tmp_path):
     assert (res.loc["balanced", "auto_ccta"], res.loc["balanced", "auto_mgb"]) == (8, 1)
     assert pd.isna(res.loc["stress_skew", "auto_ratio"])
     assert len(autotune.load_table(table)) == 4
+
+
+def test_auto_order_picks_expert_only_where_an_expert_has_few_bands():
+    from systems.overlap.autotune import ORDER_EXPERT_BANDS, pick_order
+
+    def spec(E):
+        return WorkloadSpec(8192, 2048, 8192, E, 2, 2, "balanced", dtype="bfloat16")
+
+    # T * top_k / (E * tile_m) bands an expert: 16384 / (E * 128)
+    assert pick_order(spec(64), 128)[0] == "expert"  # 2 bands
+    assert pick_order(spec(32), 128)[0] == "expert"  # 4 bands: the threshold
+    assert pick_order(spec(16), 128)[0] == "remote_first"  # 8 bands
+    assert pick_order(spec(32), 64)[0] == "remote_first"  # 8 bands of 64 rows
+    order, why = pick_order(spec(64), 128)
+    assert "2 bands" in why and f"{ORDER_EXPERT_BANDS:g}" in why

@@ -42,9 +42,11 @@ def test_overlap_equals_reference_on_loopback_grid(tmp_path):
 @pytest.mark.parametrize("mgb", [1, 2])
 @pytest.mark.parametrize("local", ["copy", "direct"])
 @pytest.mark.parametrize("layout", ["aligned", "packed"])
-def test_row_placement_equals_cpu_oracle(routing, world, mgb, local, layout):
+@pytest.mark.parametrize("order", ["remote_first", "expert"])
+def test_row_placement_equals_cpu_oracle(routing, world, mgb, local, layout, order):
     """Every destination buffer of the loopback system equals the CPU oracle's (packed: also
-    equal to the aligned layout's, since the oracle delivers the same rows in both)."""
+    equal to the aligned layout's, since the oracle delivers the same rows in both; order
+    expert: the producer visits the bands in another order, the rows delivered are the same)."""
     from systems.overlap.system import _Rank
     from systems.overlap.transport import LoopbackFabric
 
@@ -70,8 +72,8 @@ def test_row_placement_equals_cpu_oracle(routing, world, mgb, local, layout):
         x = torch.randint(-2, 3, (R, spec.hidden), generator=gen).half()
         w = torch.randint(-2, 3, (3, spec.hidden, spec.out), generator=gen).half()
         t = fabric.transport(r)
-        direct = local == "direct"
-        rk = _Rank(spec, lay, x.to(dev), w.to(dev), 64, mgb, t, 4, direct, layout=layout)
+        kw = {"local_direct": local == "direct", "order": order}
+        rk = _Rank(spec, lay, x.to(dev), w.to(dev), 64, mgb, t, 4, kw, layout=layout)
         assert rk.plan.layout == layout
         ranks.append(rk)
         plan = plan_for_layout(

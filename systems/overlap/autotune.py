@@ -154,3 +154,21 @@ def pick(
     table = load_table() if table is None else table
     p = pick_from(table, values, transport_class(transport, W), sm_count, ccta, mgb)
     return p.ccta, p.mgb, p.why
+
+
+#: order="auto" visits each expert's bands together (order="expert") when a local expert holds at
+#: most this many tile_m bands on average (T * top_k / (E * tile_m)); fitted on the W=2 operator
+#: sweep of both orders (results/reference/h200x2/operator_order.parquet): "expert" won or tied
+#: at 2-4 bands an expert (E 32-64 at T=8192, top-2), "remote_first" at 8+ bands (E 8-16, N=8192)
+ORDER_EXPERT_BANDS = 4.0
+
+
+def pick_order(spec: WorkloadSpec, tile_m: int) -> tuple[str, str]:
+    """(order, why) for order="auto": "expert" where an expert's weights are reused by few bands
+    (the remote-first order then reads each weight strip twice from HBM), else "remote_first"."""
+    bands = spec.tokens_per_rank * spec.top_k / (spec.experts_per_rank * tile_m)
+    order = "expert" if bands <= ORDER_EXPERT_BANDS else "remote_first"
+    rel = "<=" if order == "expert" else ">"
+    why = f"order {order}: {bands:.3g} bands of {tile_m} rows per expert {rel} "
+    why += f"{ORDER_EXPERT_BANDS:g}"
+    return order, why

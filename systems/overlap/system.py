@@ -16,7 +16,8 @@ owners back to back, padded once, plan.py; operator scope only, FFN cells skip i
 the cell hash at "aligned"),
 order (the producer's visiting order of the schedule: "remote_first", the paper's, or "expert":
 each expert's local bands right after its remote bands, so tiles reading one expert's weights
-run together; plan.producer_order; out of the cell hash at "remote_first").
+run together; plan.producer_order; "auto", the default, picks "expert" where an expert has few
+bands, autotune.pick_order; rows carry p_order_used; out of the cell hash at "remote_first").
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -381,7 +382,7 @@ class OverlapSystem(System):
         "transport": "",
         "local": "direct",
         "layout": "aligned",
-        "order": "remote_first",
+        "order": AUTO,
     }
     #: the tables before these knobs ran local=copy (then the only way), the aligned layout and
     #: the remote-first visiting order
@@ -414,9 +415,9 @@ class OverlapSystem(System):
             raise ValueError(
                 f"overlap: layout must be one of {', '.join(LAYOUTS)}, got {params['layout']!r}"
             )
-        if params["order"] not in ORDERS:
+        if params["order"] not in (*ORDERS, AUTO):
             raise ValueError(
-                f"overlap: order must be one of {', '.join(ORDERS)}, got {params['order']!r}"
+                f"overlap: order must be one of {', '.join(ORDERS)}, auto; got {params['order']!r}"
             )
         if params["transport"] not in TRANSPORTS:
             raise ValueError(
@@ -449,11 +450,18 @@ class OverlapSystem(System):
             ccta, mgb, why = pick(spec, spec.world_size, name, ctx.sm_count, ccta=ccta, mgb=mgb)
             self.extra["auto"] = why
         self.used = {"ccta_used": int(ccta), "mgb_used": int(mgb)}
+        order = p["order"]
+        if order == AUTO:
+            from systems.overlap.autotune import pick_order
+
+            order, why = pick_order(ranks[0].spec, int(p["tile_m"]))
+            self.extra["auto_order"] = why
+        self.used["order_used"] = order
         knobs = dict(
             tile_m=int(p["tile_m"]),
             mgb=int(mgb),
             ccta=int(ccta),
-            runner_kw={"local_direct": p["local"] == "direct", "order": p["order"]},
+            runner_kw={"local_direct": p["local"] == "direct", "order": order},
         )
         layout = p["layout"]
         if ranks[0].spec.ffn:

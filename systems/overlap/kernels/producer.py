@@ -98,28 +98,38 @@ class TileConfig:
         return self.tiles_n(n) * self.tile_increment()
 
 
-# Tile configurations per shape for Hopper (H200), bf16/fp16. Keyed by (tile_m, N >= 4096).
-# Chosen by benchmarks/kernels_h200.py on one H200 (its TFLOP/s per variant, against
-# torch._grouped_mm and dense cuBLAS: results/reference/h200/README.md, "Kernel design notes and
-# measurements"). A shape not in the table falls back to the generic entry of its tile_m; the CPU
-# interpreter gets `interpreter_config`.
-#   tile_m  wide N (>= 4096)                          narrow N (< 4096)
-#   128     128x256x64, 8 warps, 3 stages, group 4,    128x128x64, 8 warps, 4 stages, group 1,
-#           deferred flags                             thread flags
-#   64      64x256x64,  4 warps, 4 stages, group 4     64x128x64,  4 warps, 4 stages, group 1
+# Tile configurations per shape for Hopper (H200), bf16/fp16. Keyed by (tile_m, N class):
+# N class 0 = narrow (N < 4096), 1 = wide (4096 <= N < 8192), 2 = widest (N >= 8192).
+# Chosen on one H200 by benchmarks/kernels_h200.py and experiment=producer (TFLOP/s per variant
+# against torch._grouped_mm and dense cuBLAS on the same rows: results/reference/h200/README.md,
+# "Kernel design notes and measurements", and producer_variants.parquet). A shape not in the
+# table falls back to the generic entry of its tile_m; the CPU interpreter gets
+# `interpreter_config`.
+#   tile_m  narrow N                  wide N                      widest N
+#   128     128x128x64, 8 warps,      128x256x64, 8 warps,        as wide, but group 8 (1-2.5%
+#           4 stages, group 1,        3 stages, group 4,          faster than group 4 at N=8192
+#           thread flags              deferred flags              and E 4-64; 0-1% slower at 4096)
+#   64      64x128x64, 4 warps,       64x256x64, 4 warps,         as wide
+#           4 stages, group 1         4 stages, group 4
 # all with TMA loads and the flattened tile loop.
-TILE_TABLE: dict[tuple[int, bool], TileConfig] = {
-    (128, True): TileConfig(128, 256, 64, 8, 3, group_m=4, flag="deferred"),
-    (128, False): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
-    (64, True): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred"),
-    (64, False): TileConfig(64, 128, 64, 4, 4, group_m=1, flag="thread"),
+TILE_TABLE: dict[tuple[int, int], TileConfig] = {
+    (128, 0): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
+    (128, 1): TileConfig(128, 256, 64, 8, 3, group_m=4, flag="deferred"),
+    (128, 2): TileConfig(128, 256, 64, 8, 3, group_m=8, flag="deferred"),
+    (64, 0): TileConfig(64, 128, 64, 4, 4, group_m=1, flag="thread"),
+    (64, 1): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred"),
+    (64, 2): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred"),
 }
+
+
+def n_class(n: int) -> int:
+    """TILE_TABLE's N class: 0 (N < 4096), 1 (N < 8192), 2 (N >= 8192)."""
+    return 0 if n < 4096 else 1 if n < 8192 else 2
 
 
 def pick_config(tile_m: int, k: int, n: int, dtype: torch.dtype) -> TileConfig:
     """The table's tile configuration for a (tile_m, K, N) problem in fp16/bf16."""
-    key = (tile_m, n >= 4096)
-    cfg = TILE_TABLE.get(key)
+    cfg = TILE_TABLE.get((tile_m, n_class(n)))
     if cfg is None:
         cfg = TileConfig(tile_m, 128, 64, 4, 3, group_m=4, flag="deferred")
     if k % cfg.block_k != 0:  # no TMA: pointer loads pipeline best without flattening
