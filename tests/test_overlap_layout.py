@@ -46,7 +46,7 @@ def test_setup_hands_the_layout_to_the_played_ranks(monkeypatch):
     class FakeLoopback:
         name = "loopback"
 
-        def __init__(self, ranks, tile_m, mgb, ccta, local_direct, layout):
+        def __init__(self, ranks, tile_m, mgb, ccta, runner_kw, layout):
             seen["layout"] = layout
             plan = SimpleNamespace(n_padded=1, n_rows=1, n_bands=1, n_remote_bands=0, n_segments=1)
             tile = SimpleNamespace(block_n=256, block_k=64)
