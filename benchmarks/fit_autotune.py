@@ -4,8 +4,10 @@
         [--table systems/overlap/autotune_table.csv] [--heldout results/autotune_heldout.parquet]
 
 Input: any results tables (Rows) holding overlap cells swept over ccta and mgb (ok rows with
-integer p_ccta / p_mgb); rows run with ccta="auto" or mgb="auto" (experiment ccta_auto) are not
-fitted on but reported: their measured latency next to the sweep's optimum.
+integer p_ccta / p_mgb) at the producer order the system runs that workload with (order="auto":
+autotune.auto_order; rows of the other order are left out); rows run with ccta="auto" or
+mgb="auto" (experiment ccta_auto) are not fitted on but reported: their measured latency next
+to the sweep's optimum.
 Output: the calibration table (systems/overlap/autotune.py reads it) and the held-out table, one
 row per workload: the rule's pick when that workload is left out of the table, latency(pick) /
 latency(best measured), and the same ratio for the fixed default.
@@ -18,7 +20,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from systems.overlap.autotune import COLUMNS, DEFAULT, FEATURES, TABLE, pick_from, transport_class
+from systems.overlap.autotune import (
+    COLUMNS,
+    DEFAULT,
+    FEATURES,
+    TABLE,
+    auto_order,
+    pick_from,
+    transport_class,
+)
 
 #: columns that identify one workload of a sweep
 WORKLOAD = [
@@ -34,10 +44,29 @@ WORKLOAD = [
 ]
 
 
+def order_ran(df: pd.DataFrame) -> pd.Series:
+    """The producer order each overlap row ran: p_order_used, else p_order, else remote_first
+    (the tables from before the knob)."""
+    ran = pd.Series("remote_first", index=df.index, dtype=object)
+    for col in ("p_order", "p_order_used"):  # the later one wins
+        if col in df:
+            v = df[col].astype(object)
+            ran = ran.where(v.isna() | (v == "auto"), v)
+    return ran
+
+
 def split_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(sweep rows, auto rows) among the ok overlap rows: sweep rows have integer ccta and mgb;
-    auto rows asked for "auto" in either (their used values: p_ccta_used / p_mgb_used)."""
+    auto rows asked for "auto" in either (their used values: p_ccta_used / p_mgb_used).
+    Only rows that ran the producer order the system runs by default (order="auto",
+    autotune.auto_order) are kept: a workload is calibrated at the order it will run."""
     df = df[(df["system"] == "overlap") & (df["status"] == "ok")].copy()
+    tile = pd.to_numeric(df["p_tile_m"]) if "p_tile_m" in df else pd.Series(128, index=df.index)
+    want = [
+        auto_order(int(t), int(k), int(e), int(m))
+        for t, k, e, m in zip(df["tokens_per_rank"], df["top_k"], df["experts_per_rank"], tile)
+    ]
+    df = df[order_ran(df).to_numpy() == pd.Series(want, index=df.index).to_numpy()]
     req_c = df["p_ccta"].astype(str)
     req_m = df["p_mgb"].astype(str)
     is_auto = (req_c == "auto") | (req_m == "auto")

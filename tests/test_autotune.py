@@ -210,3 +210,19 @@ def test_auto_order_picks_expert_only_where_an_expert_has_few_bands():
     assert pick_order(spec(32), 64)[0] == "remote_first"  # 8 bands of 64 rows
     order, why = pick_order(spec(64), 128)
     assert "2 bands" in why and f"{ORDER_EXPERT_BANDS:g}" in why
+
+
+def test_fit_keeps_only_rows_at_the_order_auto_runs():
+    # E=16 at T=8192, top-2, tile 128: 8 bands an expert -> auto runs remote_first; E=64: expert
+    lat = {"balanced": {(4, 1): 2.0, (8, 1): 1.0}}
+    rows = synthetic(lat, {"balanced": 1.0})
+    old = rows.copy()  # a table from before the knob: no p_order column, ran remote_first
+    assert len(fit.split_rows(old)[0]) == 2
+    both = pd.concat([rows.assign(p_order="remote_first"), rows.assign(p_order="expert")])
+    assert set(fit.split_rows(both)[0]["p_order"]) == {"remote_first"}
+    e64 = both.assign(experts_per_rank=64)
+    assert set(fit.split_rows(e64)[0]["p_order"]) == {"expert"}
+    # order "auto" rows are judged by what they ran (p_order_used)
+    ran = rows.assign(experts_per_rank=64, p_order="auto", p_order_used=["expert", "remote_first"])
+    kept = fit.split_rows(ran)[0]
+    assert list(kept["p_order_used"]) == ["expert"]

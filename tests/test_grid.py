@@ -39,7 +39,7 @@ def test_params_fill_defaults_and_the_hash_covers_them():
     (point,) = system_points("overlap", {"params": {"ccta": 8}})
     assert point == {
         **{"ccta": 8, "mgb": 1, "tile_m": 128, "transport": ""},
-        **{"local": "direct", "layout": "aligned"},
+        **{"local": "direct", "layout": "aligned", "order": "auto"},
     }
     cfg = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=8")
     cfg2 = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=4")
@@ -101,7 +101,9 @@ def test_a_hash_optional_param_stays_out_of_the_hash_only_at_its_old_value():
 def test_the_committed_layer_table_still_resumes():
     # the overlap p2p rows of the reference layer table measured before the `local` knob (no
     # p_local: they ran copy) are cells of today's layer grid with local=copy (same hash), the
-    # rows at local=direct cells of the default grid, so a resumed run measures neither again
+    # rows at local=direct cells of the grid at order=remote_first (the order before the
+    # `order` knob), so a resumed run measures neither again; the default order ("auto") is a
+    # new cell
     import pandas as pd
 
     ref = ROOT / "results/reference/h200x2/layer.parquet"
@@ -109,7 +111,14 @@ def test_the_committed_layer_table_still_resumes():
     p2p = df[(df["system"] == "overlap") & (df["transport"] == "p2p")]
     old = set(p2p[p2p["p_local"].isna()]["cell_hash"])
     new = set(p2p[p2p["p_local"] == "direct"]["cell_hash"])
-    copy = _compose("experiment=layer", "+experiment.systems.overlap.params.local=copy")
+    copy = _compose(
+        "experiment=layer",
+        "+experiment.systems.overlap.params.local=copy",
+        "+experiment.systems.overlap.params.order=remote_first",
+    )
     assert old and old <= {c["cell_hash"] for c in expand_grid(copy, 2)}
-    direct = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
+    first = _compose("experiment=layer", "+experiment.systems.overlap.params.order=remote_first")
+    direct = {c["cell_hash"] for c in expand_grid(first, 2)}
     assert new and new <= direct and not old & direct
+    auto = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
+    assert not (old | new) & auto
