@@ -39,6 +39,13 @@ FIGURES: dict[str, str] = {
     "variants": "plots.variants",
     "operator_auto": "plots.variants",
     "producer": "plots.producer",
+    "producer_variants": "plots.producer",
+    "producer_ws": "plots.producer",
+    "operator_order": "plots.variants",
+    "operator_baselines_auto": "plots.latency_vs_experts",
+    "correctness_auto": "plots.correctness",
+    "ccta_auto": "plots.ccta_mgb",
+    "ccta_auto_expert": "plots.ccta_mgb",
     "models": "plots.models",
 }
 

@@ -465,6 +465,24 @@ def _producer_fig(df: pd.DataFrame) -> str:
     return "the producer alone on all SMs, time(reference) / time(producer): " + "; ".join(parts)
 
 
+def _baselines_fig(df: pd.DataFrame) -> str:
+    """The overlap system against serial and against the fastest baseline, cell by cell."""
+    ok = _ok(df)
+    work = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
+    lat = ok.pivot_table(index=work, columns="system", values="latency_ms", aggfunc="median")
+    if "overlap" not in lat or "serial" not in lat:
+        return "no ok overlap and serial rows"
+    base = lat.drop(columns=["overlap", "serial"])
+    vs_serial = lat["serial"] / lat["overlap"]
+    vs_best = base.min(axis=1) / lat["overlap"]
+    return (
+        f"{len(lat)} workloads at W=2, every system in one run: overlap vs serial "
+        f"{_range(vs_serial, unit='x')} (>= 1.35x in {int((vs_serial >= 1.35).sum())}/"
+        f"{len(lat)}), vs the fastest baseline of the cell {_range(vs_best, unit='x')} "
+        f"(ahead in {int((vs_best > 1).sum())}/{len(lat)})"
+    )
+
+
 def _heldout_fig(df: pd.DataFrame) -> str:
     r = df["pick_ratio"].dropna()
     within = int((r <= 1.03).sum())
@@ -511,9 +529,31 @@ FIGURE_TABLES = [
         _variants_fig,
     ),
     FigureTable(
+        "Every baseline and the overlap system at auto cCTA/mgb/order (operator, one run)",
+        "operator_baselines_auto",
+        "`python -m harness.run experiment=operator 'experiment.grid.tokens_per_rank=[8192]' "
+        "+experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto`"
+        " (before the last refit of the auto table)",
+        _baselines_fig,
+    ),
+    FigureTable(
+        "The producer's visiting order, remote_first | expert, against serial (operator)",
+        "operator_order",
+        "`bash benchmarks/h200_session.sh order` on 2 GPUs",
+        _variants_fig,
+    ),
+    FigureTable(
         "The producer against torch._grouped_mm (CUTLASS) and cuBLAS, one GPU",
         "producer",
         "`python -m harness.run experiment=producer` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The producer's tile-configuration variants (group 8, 4 stages, both), one GPU",
+        "producer_variants",
+        "`python -m harness.run experiment=producer 'experiment.options.configs=[table,group8,"
+        "stages4,g8s4]' 'experiment.systems.overlap.sweep.layout=[aligned]'` on one GPU",
         _producer_fig,
         machine="h200",
     ),
@@ -535,6 +575,12 @@ FIGURE_TABLES = [
         "correctness",
         "`python -m harness.run experiment=correctness` then `python -m harness.run "
         "experiment=correctness_nvshmem`, one process per GPU",
+        _correctness_fig,
+    ),
+    FigureTable(
+        "Correctness matrix at the default order (auto: expert at E=64), p2p, both layouts",
+        "correctness_auto",
+        "`python -m harness.run experiment=correctness`, one process per GPU",
         _correctness_fig,
     ),
     FigureTable(

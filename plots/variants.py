@@ -78,7 +78,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         ax.set_xlabel("experts per rank", fontsize=8)
     handles, labels_ = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels_, fontsize=8, loc="upper center", ncol=len(variants),
-               bbox_to_anchor=(0.5, 1.01), title="local/layout", title_fontsize=8)  # fmt: skip
+               bbox_to_anchor=(0.5, 1.01), title="local/layout[/order]",
+               title_fontsize=8)  # fmt: skip
     fig.suptitle(
         f"The overlap system's variants (scope gemm+combine) against serial\n{transport_note(df)}",
         fontsize=9,
