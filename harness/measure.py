@@ -384,6 +384,8 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
                 row.overlap_ratio = overlap_ratio(row.compute_ms, row.comm_ms, row.latency_ms)
             else:  # nothing to hide: a ratio of local copies would read as overlap
                 system.extra["overlap_ratio"] = "undefined at W=1: no bytes leave the rank"
+        for name, fn in system.extra_bounds().items():
+            row.metrics[f"{name}_ms"] = time_fn(fn, **kw).median_ms
         # the output must still be right after every timed run (no reused buffer overwritten)
         res = check(system.forward(), p.ref, cfg.measure.tol)
         if not _checked(ctx, row, res, "after timing"):

@@ -140,6 +140,11 @@ class System:
     def has_bounds(self) -> bool:
         return type(self).compute_only is not System.compute_only
 
+    def extra_bounds(self) -> dict[str, Any]:
+        """Further parts timed alone after the bounds, name -> callable; the harness stores
+        each median as the metric `<name>_ms` (column m_<name>_ms). None by default."""
+        return {}
+
     @property
     def impl(self) -> str:
         return "native"

@@ -96,3 +96,41 @@ def test_median_interval_brackets_the_median_and_narrows_with_samples():
     assert hi - lo < hi8 - lo8  # more iterations, a tighter interval
     assert median_interval(few) == (lo8, hi8)  # seeded: reproducible
     assert all(v != v for v in median_interval(torch.ones(1, dtype=torch.float64)))  # n=1: NaN
+
+
+def test_extra_bounds_are_timed_into_metrics():
+    # a system's extra_bounds() parts are timed after the bounds and land as m_<name>_ms
+    from types import SimpleNamespace
+
+    from harness import measure
+    from harness.system import RunContext, System
+    from harness.workload import WorkloadSpec
+
+    calls = []
+
+    class Fake(System):
+        name = "fake"
+
+        def forward(self):
+            return torch.ones(4, 2)
+
+        def compute_only(self):
+            calls.append("compute")
+
+        def comm_only(self):
+            calls.append("comm")
+
+        def extra_bounds(self):
+            return {"shared": lambda: calls.append("shared")}
+
+    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
+    spec = WorkloadSpec(4, 8, 2, 2, 1, 2, "balanced", dtype="float32")
+    row = Row(experiment="e", system="fake", cell_hash="h")
+    p = measure._Prepared(row, Fake(ctx, {}), torch.ones(4, 2), spec)
+    p.samples = [1.0, 1.1, 0.9]
+    cfg = SimpleNamespace(measure=SimpleNamespace(iters=3, warmup=1, tol=1e-3))
+    out = measure.finish_cell(ctx, cfg, p)
+    assert out.status == "ok", out.reason
+    assert calls.count("shared") == 4  # warmup 1 + iters 3
+    assert out.metrics["shared_ms"] >= 0 and out.compute_ms >= 0
+    assert System.extra_bounds(Fake(ctx, {})) == {}

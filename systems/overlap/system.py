@@ -32,7 +32,8 @@ a small class chosen once in setup:
   nvshmem   (_Distributed) one process per GPU, torch symmetric memory on NVSHMEM
 compute_only(): everything but the communication: the producer alone on ALL SMs without flags,
 the local copy and scale; comm_only(): the consumer alone on cCTA SMs with the flags taken as
-set. The harness derives the overlap ratio from these.
+set. The harness derives the overlap ratio from these. extra_bounds() adds compute_shared
+(operator scope): compute_only on SMs - cCTA, the producer's share of the GPU while it overlaps.
 """
 
 from __future__ import annotations
@@ -562,6 +563,22 @@ class OverlapSystem(System):
         rk = self.mode.ranks[self.mode.busy]
         sms = torch.cuda.get_device_properties(rk.x.device).multi_processor_count
         rk.runner.compute_only(rk.x, rk.y, num_programs=sms)
+        rk.runner.local_copy(rk.y)
+        return rk.scale(rk.runner.transport.recv)
+
+    def extra_bounds(self) -> dict[str, Any]:
+        """compute_shared (operator scope): compute_only with the producer on the SMs the
+        overlapped step leaves it (SMs - cCTA) and no consumer running; the row's
+        m_compute_shared_ms. latency / max(compute_shared, comm) is then what the consumer's
+        concurrent run costs the step (L2/HBM contention, scheduling), and compute_shared /
+        compute_ms what giving cCTA SMs to the consumer costs."""
+        if self.layer:
+            return {}
+        return {"compute_shared": self._compute_shared}
+
+    def _compute_shared(self) -> torch.Tensor:
+        rk = self.mode.ranks[self.mode.busy]
+        rk.runner.compute_only(rk.x, rk.y)  # its grid: SMs - cCTA
         rk.runner.local_copy(rk.y)
         return rk.scale(rk.runner.transport.recv)
 
