@@ -106,7 +106,8 @@ def expected_sends(plan, y: torch.Tensor, recv: list[torch.Tensor]) -> list[torc
 def rows_sent(plan) -> list[int]:
     """Valid rows this plan sends to each rank [W]."""
     u = plan_pieces(plan)
-    return torch.zeros(plan.world_size, dtype=torch.int64).index_add_(0, u.dst, u.rows).tolist()
+    sent = torch.zeros(plan.world_size, dtype=torch.int64, device=u.dst.device)
+    return sent.index_add_(0, u.dst, u.rows.to(torch.int64)).tolist()
 
 
 def reference_y(plan, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
