@@ -13,7 +13,12 @@
 #        one GPU, CUDA_VISIBLE_DEVICES=0: the loopback tables) producer (experiment=producer on
 #        one GPU) producer_configs (its tile-configuration variants on a few workloads) order
 #        (serial + overlap with auto cCTA/mgb, order remote_first|expert, operator scope, one run)
-#        ccta_auto (the W=2 auto calibration sweep, then the refit into $OUT)
+#        ccta_auto (the W=2 auto calibration sweep, then the refit into $OUT) producer_variants
+#        (the tile-configuration variants on the full grid) operator_auto (serial + overlap at
+#        auto cCTA/mgb/order) operator_baselines_auto (every system, overlap at auto) recalibrate
+#        (the E 32/64 ccta x mgb sweep at order expert, the refit, copied into the tree for the
+#        later steps) shared_loopback (compute on SMs - cCTA next to the step, one GPU) repeat
+#        (N=4096 balanced cells in three processes: the run-to-run spread)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -61,6 +66,18 @@ for step in $steps; do
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/producer.parquet'); d=d[d.p_config.fillna('')!='']; print(d.groupby(['experts_per_rank','p_tile_m','p_order','p_config','status'])['m_tflops'].median().round(0).to_string())" ;;
     order) timeout "${ORDER_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator_order.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.order=[remote_first,expert]' 2>&1 | tail -3
       python3 -c "from plots.variants import speedups; import pandas as pd; s=speedups(pd.read_parquet('$OUT/operator_order.parquet').query('status==\"ok\"')); print(s.pivot_table(index=['out','experts_per_rank','routing'],columns='variant',values='speedup').round(3).to_string())" ;;
+    producer_variants) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-270}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_variants.parquet" 'experiment.options.configs=[table,group8,stages4,g8s4]' 'experiment.systems.overlap.sweep.layout=[aligned]' 2>&1 | tail -2 ;;
+    operator_auto) timeout "${ORDER_S:-150}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto 2>&1 | tail -1
+      python3 -m benchmarks.table_summary "$OUT/operator_auto.parquet" 2>&1 | tail -31 ;;
+    operator_baselines_auto) timeout "${OPERATOR_S:-330}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator_baselines_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto 2>&1 | tail -1
+      python3 -m benchmarks.table_summary "$OUT/operator_baselines_auto.parquet" 2>&1 | tail -31 ;;
+    recalibrate) timeout "${AUTO_S:-150}" python3 -m harness.run experiment=ccta_auto progress=false table="$OUT/ccta_auto_expert.parquet" 'experiment.grid.experts_per_rank=[32,64]' 'experiment.systems.overlap.sweep.ccta=[4,6,8,12,16,24,auto]' 2>&1 | tail -1
+      python3 -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet results/reference/h200x2/ccta_mgb.parquet results/reference/h200x2/ccta_auto.parquet "$OUT/ccta_auto_expert.parquet" --table "$OUT/autotune_table.csv" --heldout "$OUT/autotune_heldout.parquet" 2>&1 | tail -2
+      cp "$OUT/autotune_table.csv" systems/overlap/autotune_table.csv ;;  # later steps of this call use the refit
+    shared_loopback) CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 hardware.timeout_s=120 progress=false 'experiment.grid.tokens_per_rank=[8192]' 'experiment.grid.world_size=[2]' 'experiment.select=[overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto +experiment.systems.overlap.params.transport=loopback table="$OUT/operator_shared_loopback.parquet" 2>&1 | tail -1 ;;
+    repeat) for i in 1 2 3; do  # the same N=4096 balanced cells in three processes: run-to-run spread
+        timeout 60 python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=60 progress=false 'experiment.grid.tokens_per_rank=[8192]' 'experiment.grid.out=[4096]' 'experiment.grid.routing=[balanced]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto table="$OUT/repeat_$i.parquet" 2>&1 | tail -1; done
+      python3 -c "import pandas as pd; d=pd.concat([pd.read_parquet('$OUT/repeat_%d.parquet' % i).assign(run=i) for i in (1,2,3)]); print(d.pivot_table(index=['experts_per_rank','system'],columns='run',values=['latency_ms','latency_p90_ms']).round(3).to_string())" ;;
     ccta_auto) timeout "${AUTO_S:-300}" python3 -m harness.run experiment=ccta_auto progress=false table="$OUT/ccta_auto.parquet" 2>&1 | tail -3
       python3 -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet results/reference/h200x2/ccta_mgb.parquet "$OUT/ccta_auto.parquet" --table "$OUT/autotune_table.csv" --heldout "$OUT/autotune_heldout.parquet" 2>&1 | tail -4 ;;
     variants) timeout "${VARIANTS_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/variants.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.local=[copy,direct]' '+experiment.systems.overlap.sweep.layout=[aligned,packed]' 2>&1 | tail -3
