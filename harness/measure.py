@@ -392,8 +392,9 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
             row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
             row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
             return
-        if system.extra:
-            row.extra = json.dumps(system.extra, sort_keys=True, default=str)
+        # every timed iteration (ms, the max over ranks), so a bimodal cell shows in its row
+        samples = {"samples_ms": [round(v, 4) for v in p.samples]}
+        row.extra = json.dumps({**system.extra, **samples}, sort_keys=True, default=str)
         row.metrics.update(system.metrics)
 
     guarded(ctx, row, finish)

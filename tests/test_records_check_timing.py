@@ -133,4 +133,7 @@ def test_extra_bounds_are_timed_into_metrics():
     assert out.status == "ok", out.reason
     assert calls.count("shared") == 4  # warmup 1 + iters 3
     assert out.metrics["shared_ms"] >= 0 and out.compute_ms >= 0
+    import json
+
+    assert json.loads(out.extra)["samples_ms"] == [1.0, 1.1, 0.9]  # every timed iteration
     assert System.extra_bounds(Fake(ctx, {})) == {}
