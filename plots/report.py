@@ -483,6 +483,26 @@ def _baselines_fig(df: pd.DataFrame) -> str:
     )
 
 
+def _shared_fig(df: pd.DataFrame) -> str:
+    """The overlapped step against both compute bounds: all SMs and SMs - cCTA."""
+    o = _ok(df)
+    o = o[(o["system"] == "overlap") & o["m_compute_shared_ms"].notna()]
+    if o.empty:
+        return "no ok overlap rows with m_compute_shared_ms"
+    lat, comm = o["latency_ms"], o["comm_ms"]
+    all_sms = lat / pd.concat([o["compute_ms"], comm], axis=1).max(axis=1)
+    shared = lat / pd.concat([o["m_compute_shared_ms"], comm], axis=1).max(axis=1)
+    share = o["m_compute_shared_ms"] / o["compute_ms"]
+    return (
+        f"{len(o)} overlap cells: the step / max(compute on all SMs, combine) "
+        f"{_range(all_sms, unit='x')} (median {all_sms.median():.3f}, <= 1.05 in "
+        f"{int((all_sms <= 1.05).sum())}); / max(compute on SMs - cCTA, combine) "
+        f"{_range(shared, unit='x')} (median {shared.median():.3f}, <= 1.05 in "
+        f"{int((shared <= 1.05).sum())}); compute on SMs - cCTA / on all SMs median "
+        f"{share.median():.3f}"
+    )
+
+
 def _heldout_fig(df: pd.DataFrame) -> str:
     r = df["pick_ratio"].dropna()
     within = int((r <= 1.03).sum())
@@ -547,6 +567,13 @@ FIGURE_TABLES = [
         "producer",
         "`python -m harness.run experiment=producer` on one GPU",
         _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The overlapped step against compute on all SMs and on SMs - cCTA (loopback W=2)",
+        "operator_shared_loopback",
+        "`bash benchmarks/h200_session.sh shared_loopback` on one GPU",
+        _shared_fig,
         machine="h200",
     ),
     FigureTable(
