@@ -75,7 +75,7 @@ BOUNDED = {
     "n_rows": ["row_pos"],
     "n_padded": ["gather_index"],
     "n_bands": ["band_expert", "band_row", "band_rows", "band_dst", "band_valid"]
-    + ["band_offset", "band_segment", "schedule"],
+    + ["band_offset", "band_segment", "schedule", "visit"],
     "n_segments": ["seg_start", "seg_count", "seg_dst", "seg_rows", "seg_bytes"]
     + ["seg_src_row", "seg_offset"],
     "n_local": ["local_src_row", "local_dst_index"],
@@ -95,6 +95,8 @@ def assert_same_plan(dev: DevicePlan, ref: CombinePlan) -> None:
             assert torch.equal(a, b), f.name
         else:
             assert a == b, f.name
+    # the fill kernel's visiting order for order="expert" == plan.producer_order's
+    assert torch.equal(dev.visit[: ref.n_bands], producer_order(ref).long()), "visit"
     for count, names in BOUNDED.items():
         for name in names:
             rest = getattr(dev, name)[n[count] :]

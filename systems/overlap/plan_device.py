@@ -78,6 +78,9 @@ class DevicePlan:
     band_offset: torch.Tensor
     band_segment: torch.Tensor
     schedule: torch.Tensor
+    #: [B'] the schedule positions in order="expert"'s visiting order (plan.producer_order's
+    #: valid prefix, built by the fill kernel: no extra launch); -1 past n_bands
+    visit: torch.Tensor
     seg_start: torch.Tensor
     seg_count: torch.Tensor
     seg_dst: torch.Tensor
@@ -199,7 +202,7 @@ def build_plan_device(
         "group_rows": G,
         "group_padded": G,
         **{k: Bm for k in ("band_expert", "band_row", "band_rows", "band_dst", "band_valid")},
-        **{k: Bm for k in ("band_offset", "band_segment", "schedule")},
+        **{k: Bm for k in ("band_offset", "band_segment", "schedule", "visit")},
         **{k: Sm for k in ("seg_start", "seg_count", "seg_dst", "seg_rows", "seg_bytes")},
         **{k: Sm for k in ("seg_src_row", "seg_offset")},
         "sent_rows": W,
@@ -217,10 +220,10 @@ def build_plan_device(
         out[k] = buf[o : o + n]
         o += n
     n_blocks = triton.cdiv(R, ROW_BLOCK)
-    work = torch.empty(7 * G + 2 * n_blocks, dtype=torch.int64, device=dev)
-    gw = work[: 7 * G]
-    blk_local = work[7 * G : 7 * G + n_blocks]
-    blk_off = work[7 * G + n_blocks :]
+    work = torch.empty(8 * G + 2 * n_blocks, dtype=torch.int64, device=dev)
+    gw = work[: 8 * G]
+    blk_local = work[8 * G : 8 * G + n_blocks]
+    blk_off = work[8 * G + n_blocks :]
     has_n = n_rows is not None
     n_ptr = n_rows.reshape(-1) if has_n else out["counts"]  # unused without HAS_N
     if n_blocks:
@@ -287,6 +290,7 @@ def build_plan_device(
         out["band_offset"],
         out["band_segment"],
         out["schedule"],
+        out["visit"],
         *(out[k] for k in ("seg_start", "seg_count", "seg_dst", "seg_rows", "seg_bytes")),
         out["seg_src_row"],
         out["seg_offset"],

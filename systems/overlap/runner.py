@@ -42,6 +42,13 @@ from systems.overlap.plan_device import local_copy_device
 _INT32_MAX = 2**31 - 1
 
 
+def _visit(plan: Any) -> torch.Tensor:
+    """The order="expert" visiting order of a plan: a DevicePlan's `visit` (built by its fill
+    kernel, no launch), else plan.producer_order (a few torch ops)."""
+    visit = getattr(plan, "visit", None)
+    return visit if visit is not None else producer_order(plan)
+
+
 class OverlapRunner:
     """Producer + consumer of ONE rank's plan on one device.
 
@@ -105,7 +112,7 @@ class OverlapRunner:
         if order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.order = order
-        self.visit = producer_order(plan) if order == "expert" else None
+        self.visit = _visit(plan) if order == "expert" else None
 
     @property
     def device_plan(self) -> bool:
@@ -125,7 +132,7 @@ class OverlapRunner:
         if self.local_direct:
             self.row_dst = local_row_map(plan)
         if self.order == "expert":
-            self.visit = producer_order(plan)
+            self.visit = _visit(plan)
 
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
@@ -287,7 +294,7 @@ class OverlapRunner:
         if self.local_direct:
             self.row_dst = local_row_map(plan)
         if self.order == "expert":
-            self.visit = producer_order(plan)
+            self.visit = _visit(plan)
         if self.band_ready.numel() < max(plan.n_bands, 1):
             self.band_ready = torch.zeros(plan.n_bands, dtype=torch.int32, device=self.device)
         else:

@@ -10,8 +10,9 @@ groups g = e * W + slot, slot = the owner's position: remote owners ascending, t
                   groups, the remote-first expert order by pairwise comparison of the experts'
                   remote band counts, segments per group with the cut rule), the counts, and the
                   prefix over the blocks' local rows
-  _fill_kernel    programs [0, G): one group each, writes its bands, schedule entries and
-                  segments; programs [G, G + n_blocks): one row block each, writes row_pos,
+  _fill_kernel    programs [0, G): one group each, writes its bands, schedule entries, their
+                  places in the order="expert" visiting order (`visit`) and segments;
+                  programs [G, G + n_blocks): one row block each, writes row_pos,
                   gather_index and the local rows (in row order, like build_plan)
 Two copy kernels use the device counts: `_gather_rows_kernel` (the padded GEMM input X and the
 local copy of stage B).
@@ -103,7 +104,7 @@ def _groups_kernel(
     n_rows_ptr,
     R,
     send_counts,
-    gw,  # [7, G] work: cnt, row, nb, band_first, sched_start, seg_before, min dst
+    gw,  # [8, G] work: cnt, row, nb, band_first, sched_start, seg_before, min dst, visit base
     counts,  # [6] n_rows, n_padded, n_bands, n_remote_bands, n_segments, n_local
     expert_row_start,
     group_rows,
@@ -156,6 +157,12 @@ def _groups_kernel(
     lb = tl.sum(tl.where(loc & inb, nb, 0), 1)
     lstart = NR + tl.cumsum(lb, 0) - lb
     sched = tl.where(loc, lstart[:, None], a)
+    # order="expert" (plan.producer_order): experts in the remote-first order (those without
+    # remote bands last, e ascending), each expert's remote bands then its local bands; a
+    # group's first entry in that visiting order
+    tot_j = tl.reshape(rb + lb, (1, EP))
+    vstart = tl.sum(tl.where(before, tot_j, 0), 1)
+    vbase = tl.where(loc, (vstart + rb)[:, None], vstart[:, None] + a - rb_before[:, None])
     # segments per remote group: the first / last band alone, middle chunks of mgb (cut rule)
     lo = tl.maximum(a, 1)
     hi = tl.minimum(a + nb - 1, NR - 2)
@@ -174,6 +181,7 @@ def _groups_kernel(
     tl.store(gw + 4 * G + g2, sched, mask=inb)
     tl.store(gw + 5 * G + g2, segb, mask=inb)
     tl.store(gw + 6 * G + g2, dmin, mask=inb)
+    tl.store(gw + 7 * G + g2, vbase, mask=inb)
     # per-expert and per-owner fields
     P = tl.sum(tot_p, 0)
     tl.store(expert_row_start + e1, e_row, mask=e1 < E)
@@ -228,6 +236,7 @@ def _fill_kernel(
     band_offset,
     band_segment,
     schedule,
+    visit,
     seg_start,
     seg_count,
     seg_dst,
@@ -276,6 +285,7 @@ def _fill_kernel(
                 tl.store(band_valid + band, valid, mask=m)
                 tl.store(band_offset + band, dmin + q * tm, mask=m)
                 tl.store(schedule + a + q, band, mask=m)
+                tl.store(visit + tl.load(gw + 7 * G + g) + q, a + q, mask=m)
                 if s != W - 1:
                     p = a + q  # schedule position
                     mid_ok = (p >= lo) & (hi >= lo)

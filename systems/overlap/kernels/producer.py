@@ -316,9 +316,10 @@ def launch_producer(
     n_signal) store each valid row p at recv[row_dst[p]] instead of y[p] (rows with row_dst -1
     are not stored): the local copy happens in the epilogue (systems/overlap/plan.py
     local_row_map builds row_dst);
-    order [B] int32 (optional): the visiting order of the schedule positions
-    (systems/overlap/plan.py producer_order); tiles are swizzled over the visiting order, and
-    a band is signalled iff its schedule position is < n_signal, as without it.
+    order [B] int32 or int64 (optional): the visiting order of the schedule positions
+    (systems/overlap/plan.py producer_order, or a DevicePlan's `visit`); tiles are swizzled
+    over the visiting order, and a band is signalled iff its schedule position is < n_signal,
+    as without it.
     """
     P, K = x.shape
     E, K2, N = weights.shape
@@ -356,8 +357,10 @@ def launch_producer(
             raise ValueError(f"producer local_to: row_dst has {row_dst.numel()} < {P} rows")
     else:
         recv, row_dst = y, plan.schedule  # unused (LOCAL_DIRECT=False)
-    if order is not None and (order.numel() < n_sched or order.dtype != torch.int32):
-        raise ValueError(f"producer order: {order.numel()} {order.dtype}, need >= {n_sched} int32")
+    if order is not None and (
+        order.numel() < n_sched or order.dtype not in (torch.int32, torch.int64)
+    ):
+        raise ValueError(f"producer order: {order.numel()} {order.dtype}, need >= {n_sched} ints")
     grid = (max(1, min(num_programs, n_sched * cfg.tiles_n(N))),)
     return _producer_kernel[grid](
         x_desc,
