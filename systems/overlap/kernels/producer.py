@@ -208,7 +208,7 @@ def _producer_kernel(
     for t in tl.range(pid, num_tiles, num_progs, flatten=FLATTEN, warp_specialize=WS):
         s, pn = _tile_coords(t, n_sched, tiles_n, GROUP_M)
         if ORDERED:  # the producer's visiting order of the schedule (plan.producer_order)
-            s = tl.load(order + s)
+            s = tl.load(order + s).to(tl.int32)  # int32 or int64 arrays
         band = tl.load(schedule + s)
         e = tl.load(band_expert + band)
         row0 = tl.load(band_row + band).to(tl.int32)
