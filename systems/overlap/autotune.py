@@ -163,17 +163,22 @@ def pick(
 ORDER_EXPERT_BANDS = 4.0
 
 
+def _bands(tokens_per_rank: int, top_k: int, experts_per_rank: int, tile_m: int) -> float:
+    """Mean tile_m bands a local expert holds: T * top_k / (E * tile_m)."""
+    return tokens_per_rank * top_k / (experts_per_rank * tile_m)
+
+
 def auto_order(tokens_per_rank: int, top_k: int, experts_per_rank: int, tile_m: int) -> str:
     """The order "auto" runs: "expert" at <= ORDER_EXPERT_BANDS bands an expert."""
-    bands = tokens_per_rank * top_k / (experts_per_rank * tile_m)
+    bands = _bands(tokens_per_rank, top_k, experts_per_rank, tile_m)
     return "expert" if bands <= ORDER_EXPERT_BANDS else "remote_first"
 
 
 def pick_order(spec: WorkloadSpec, tile_m: int) -> tuple[str, str]:
     """(order, why) for order="auto": "expert" where an expert's weights are reused by few bands
     (the remote-first order then reads each weight strip twice from HBM), else "remote_first"."""
-    bands = spec.tokens_per_rank * spec.top_k / (spec.experts_per_rank * tile_m)
-    order = auto_order(spec.tokens_per_rank, spec.top_k, spec.experts_per_rank, tile_m)
+    shape = (spec.tokens_per_rank, spec.top_k, spec.experts_per_rank, tile_m)
+    bands, order = _bands(*shape), auto_order(*shape)
     rel = "<=" if order == "expert" else ">"
     why = f"order {order}: {bands:.3g} bands of {tile_m} rows per expert {rel} "
     why += f"{ORDER_EXPERT_BANDS:g}"
