@@ -68,6 +68,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # Triton 3.6's Hopper warp specialisation of the tile loop (add_hopper_warpspec), unflattened
     "ws": {"warp_specialize": True, "flatten": False},
 }
+#: the CUTLASS producer (kernels/cutlass_producer.cu, tile 128x256x64, flags in its epilogue):
+#: name -> cluster size along N
+CUTLASS_CONFIGS: dict[str, int] = {"cutlass": 1, "cutlass_c2": 2}
 
 
 def options(cfg: Any) -> dict[str, Any]:
@@ -114,9 +117,10 @@ def spec_of(cell: dict) -> WorkloadSpec:
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
     """Clear errors before any GPU work: the workload, the systems, the dtype, the tile."""
-    bad = sorted(set(map(str, options(cfg)["configs"])) - set(CONFIGS))
+    known = {*CONFIGS, *CUTLASS_CONFIGS}
+    bad = sorted(set(map(str, options(cfg)["configs"])) - known)
     if bad:
-        raise ValueError(f"producer: unknown config(s) {bad}; accepted: {sorted(CONFIGS)}")
+        raise ValueError(f"producer: unknown config(s) {bad}; accepted: {sorted(known)}")
     for cell in cells:
         spec = spec_of(cell)  # a bad routing, a non-positive size
         if cell["system"] not in (*REFERENCES, "overlap"):
@@ -230,6 +234,8 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
     from systems.overlap.plan import producer_order
 
     p, flags = pb.plan, bool(cell["params"]["flags"])
+    if cell["params"].get("config") in CUTLASS_CONFIGS:
+        return _cutlass_kernel(ctx, cell, pb)
     cfg = pick_config(int(cell["params"]["tile_m"]), pb.x.shape[1], pb.w.shape[2], pb.x.dtype)
     cfg = replace(cfg, **CONFIGS[cell["params"].get("config", "table")])
     order = producer_order(p) if cell["params"].get("order") == "expert" else None
@@ -249,6 +255,46 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
             raise RuntimeError("producer: a ready flag is wrong after one run")
     metrics = {"gemm_rows": float(p.n_padded), "impl": "overlap producer (triton)"}
     metrics["config"] = json.dumps(cfg.__dict__, default=str)
+    return go, y[pb.valid], pb.ref_y()[pb.valid], metrics
+
+
+def _cutlass_kernel(
+    ctx: RunContext, cell: dict, pb
+) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
+    """The CUTLASS producer's cell (always with its flags: they sit in its epilogue)."""
+    from systems.overlap import cutlass_producer as cp
+    from systems.overlap.plan import producer_order
+
+    p, params = pb.plan, cell["params"]
+    if int(params["tile_m"]) != cp.BLOCK_M:
+        raise ValueError(f"the CUTLASS producer has tile_m {cp.BLOCK_M} only")
+    if not params["flags"]:
+        raise ValueError("the CUTLASS producer always signals (its flags are in the epilogue)")
+    prod = cp.CutlassProducer(CUTLASS_CONFIGS[params["config"]])
+    order = producer_order(p) if params.get("order") == "expert" else None
+    n = pb.w.shape[2]
+    y = torch.zeros(p.n_padded, n, dtype=pb.x.dtype, device=pb.x.device)
+    ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+
+    def go():
+        prod.launch(pb.x, pb.w, y, p, ready, num_programs=sms, order=order)
+
+    go()
+    torch.cuda.synchronize(ctx.device)
+    got = ready[p.schedule[: p.n_remote_bands]]
+    if not bool((got == cp.band_increment(n)).all()):
+        vals = sorted(set(got.tolist()))[:8]
+        raise RuntimeError(
+            f"cutlass producer: ready flags {vals} after one run, want {cp.band_increment(n)}"
+        )
+    local = ready[p.schedule[p.n_remote_bands :]]
+    if bool((local != 0).any()):
+        raise RuntimeError("cutlass producer: a local band was signalled")
+    metrics = {"gemm_rows": float(p.n_padded), "impl": "overlap producer (cutlass)"}
+    metrics["config"] = json.dumps(
+        {"impl": "cutlass", "tile": [128, 256, 64], "cluster_n": prod.cluster_n}
+    )
     return go, y[pb.valid], pb.ref_y()[pb.valid], metrics
 
 

@@ -1,0 +1,204 @@
+"""Host glue of the CUTLASS producer (kernels/cutlass_producer.cu): build, load, launch.
+
+The kernel is a CUTLASS 3.x Hopper grouped GEMM (sm_90a; tile 128x256x64, cooperative warp
+specialisation, one group per band in the producer's visiting order) whose epilogue releases
+the per-band ready counters after the tile's TMA stores have completed. It is built once with
+nvcc from the C++ headers of the `nvidia-cutlass` wheel (`make cutlass`, or `build()`), as a
+shared library with a C ABI loaded through ctypes: no torch extension build, so it compiles on
+a machine without a GPU. The library is looked up at $MOE_CUTLASS_LIB, else
+build/libmoe_cutlass_sm90.so under the repository root.
+
+Readiness: a signalled band's counter grows by band_increment(N) = ceil(N / 256) per run (one
+per finished tile), epoch values as for the Triton producer. Local bands can only be written to
+Y (no epilogue scatter into the receive buffer): the runner keeps local="copy" with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "systems" / "overlap" / "kernels" / "cutlass_producer.cu"
+DEFAULT_LIB = ROOT / "build" / "libmoe_cutlass_sm90.so"
+BLOCK_M, BLOCK_N = 128, 256
+DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
+CLUSTERS = (1, 2)
+
+
+class CutlassUnavailable(RuntimeError):
+    """The CUTLASS producer cannot run here (no library, no sm_90 GPU)."""
+
+
+def band_increment(n: int) -> int:
+    """What one run adds to a signalled band's counter: one per 256-column tile."""
+    return -(-n // BLOCK_N)
+
+
+def library_path() -> Path:
+    return Path(os.environ.get("MOE_CUTLASS_LIB", str(DEFAULT_LIB)))
+
+
+def nvcc_command(out: Path) -> list[str]:
+    """The nvcc line that builds the library from the nvidia-cutlass wheel's headers."""
+    try:
+        import cutlass_library
+    except ImportError as exc:
+        raise CutlassUnavailable("pip install nvidia-cutlass (its C++ headers)") from exc
+    src = Path(cutlass_library.__file__).parent / "source"
+    return [
+        os.environ.get("NVCC", "nvcc"),
+        "-std=c++17",
+        "-O3",
+        "-DNDEBUG",
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "--expt-relaxed-constexpr",
+        "-Xcompiler",
+        "-fPIC",
+        "-shared",
+        f"-I{src / 'include'}",
+        f"-I{src / 'tools' / 'util' / 'include'}",
+        "-o",
+        str(out),
+        str(SOURCE),
+    ]
+
+
+def build(out: Path | None = None) -> Path:
+    """Compile the library (about a minute: four instances, bf16/fp16 x cluster 1/2)."""
+    out = out or library_path()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(nvcc_command(out), check=True)
+    return out
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+def load() -> ctypes.CDLL:
+    """The loaded library; CutlassUnavailable (with the reason) where it cannot run."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    path = library_path()
+    if not path.exists():
+        raise CutlassUnavailable(f"no {path}: build it with `make cutlass` (nvcc + nvidia-cutlass)")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        raise CutlassUnavailable("the CUTLASS producer is built for sm_90a (H100/H200) only")
+    lib = ctypes.CDLL(str(path))
+    i, i64, p, sz = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t
+    lib.moe_cutlass_args_bytes.argtypes = [i, i, i]
+    lib.moe_cutlass_args_bytes.restype = sz
+    lib.moe_cutlass_workspace_bytes.argtypes = [i, i, i, i, ctypes.POINTER(sz)]
+    lib.moe_cutlass_run.argtypes = [i, i, p, p, p, i, i, i] + [p] * 6 + [i64, p, p, p, p, i, p]
+    lib.moe_cutlass_error.argtypes = [i]
+    lib.moe_cutlass_error.restype = ctypes.c_char_p
+    _LIB = lib
+    return lib
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _i64(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int64 and t.is_contiguous() else t.to(torch.int64).contiguous()
+
+
+class CutlassProducer:
+    """One rank's CUTLASS producer with its argument and workspace buffers (grown on demand).
+
+    launch(x [P, K], weights [E, K, N], y [P, N], plan, band_ready [B] int32, ...) runs the
+    group-preparation kernel and the grouped GEMM on the current stream; same plan contract as
+    kernels/producer.py launch_producer (CombinePlan or DevicePlan, n_signal, order)."""
+
+    def __init__(self, cluster_n: int = 1):
+        if cluster_n not in CLUSTERS:
+            raise ValueError(f"cluster_n must be one of {CLUSTERS}, got {cluster_n}")
+        self.cluster_n = cluster_n
+        self._bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _buffers(self, code: int, groups: int, sms: int, device) -> tuple[torch.Tensor, ...]:
+        key = (code, groups, sms, str(device))
+        if key not in self._bufs:
+            lib = load()
+            size = ctypes.c_size_t(0)
+            rc = lib.moe_cutlass_workspace_bytes(code, self.cluster_n, groups, sms, size)
+            if rc != 0:
+                raise RuntimeError(f"cutlass producer: {lib.moe_cutlass_error(rc).decode()}")
+            nargs = lib.moe_cutlass_args_bytes(code, self.cluster_n, groups)
+            u8 = {"dtype": torch.uint8, "device": device}
+            self._bufs[key] = (torch.empty(nargs, **u8), torch.empty(max(size.value, 16), **u8))
+        return self._bufs[key]
+
+    def launch(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        y: torch.Tensor,
+        plan: Any,
+        band_ready: torch.Tensor,
+        *,
+        num_programs: int,
+        n_signal: int | torch.Tensor | None = None,
+        order: torch.Tensor | None = None,
+    ) -> None:
+        P, K = x.shape
+        E, K2, N = weights.shape
+        if K2 != K or y.shape != (P, N) or x.dtype != weights.dtype or y.dtype != x.dtype:
+            raise ValueError(
+                f"cutlass producer shapes: x {tuple(x.shape)} {x.dtype}, weights "
+                f"{tuple(weights.shape)} {weights.dtype}, y {tuple(y.shape)} {y.dtype}"
+            )
+        if x.dtype not in DTYPE_CODES:
+            raise ValueError(f"cutlass producer: dtype must be bf16/fp16, got {x.dtype}")
+        if K % 8 or N % 8:
+            raise ValueError(f"cutlass producer: K={K} and N={N} must be multiples of 8")
+        if not (x.is_contiguous() and weights.is_contiguous() and y.is_contiguous()):
+            raise ValueError("cutlass producer operands must be contiguous")
+        if band_ready.dtype != torch.int32:
+            raise ValueError("band_ready must be int32")
+        groups = plan.schedule.numel()
+        if groups == 0:
+            return
+        n_signal = plan.n_remote_bands if n_signal is None else n_signal
+        dev_counts = getattr(plan, "counts_on_device", False)
+        n_bands_dev = plan.n_bands.reshape(1) if dev_counts else None
+        sig_dev = _i64(n_signal.reshape(1)) if isinstance(n_signal, torch.Tensor) else None
+        sig_host = 0 if sig_dev is not None else int(n_signal)
+        code = DTYPE_CODES[x.dtype]
+        args, ws = self._buffers(code, groups, num_programs, x.device)
+        keep = [_i64(a) for a in (plan.schedule, plan.band_expert, plan.band_row, plan.band_rows)]
+        order64 = None if order is None else _i64(order)
+        nb = None if n_bands_dev is None else _i64(n_bands_dev)
+        lib = load()
+        rc = lib.moe_cutlass_run(
+            code,
+            self.cluster_n,
+            x.data_ptr(),
+            weights.data_ptr(),
+            y.data_ptr(),
+            N,
+            K,
+            groups,
+            keep[0].data_ptr(),
+            _ptr(order64),
+            keep[1].data_ptr(),
+            keep[2].data_ptr(),
+            keep[3].data_ptr(),
+            _ptr(nb),
+            sig_host,
+            _ptr(sig_dev),
+            band_ready.data_ptr(),
+            args.data_ptr(),
+            ws.data_ptr(),
+            num_programs,
+            torch.cuda.current_stream(x.device).cuda_stream,
+        )
+        if rc != 0:
+            raise RuntimeError(f"cutlass producer: {lib.moe_cutlass_error(rc).decode()}")
