@@ -69,8 +69,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "ws": {"warp_specialize": True, "flatten": False},
 }
 #: the CUTLASS producer (kernels/cutlass_producer.cu, tile 128x256x64, flags in its epilogue):
-#: name -> cluster size along N
-CUTLASS_CONFIGS: dict[str, int] = {"cutlass": 1, "cutlass_c2": 2}
+#: name -> (grouping, cluster M x N); grouping "band" follows the cell's visiting order, "expert"
+#: groups each expert's rows (torch._grouped_mm's structure) whatever the cell's order
+CUTLASS_CONFIGS: dict[str, tuple[str, tuple[int, int]]] = {
+    "cutlass": ("band", (1, 2)),
+    "cutlass_expert": ("expert", (2, 1)),
+    "cutlass_expert_c12": ("expert", (1, 2)),
+}
 
 
 def options(cfg: Any) -> dict[str, Any]:
@@ -270,7 +275,8 @@ def _cutlass_kernel(
         raise ValueError(f"the CUTLASS producer has tile_m {cp.BLOCK_M} only")
     if not params["flags"]:
         raise ValueError("the CUTLASS producer always signals (its flags are in the epilogue)")
-    prod = cp.CutlassProducer(CUTLASS_CONFIGS[params["config"]])
+    grouping, cluster = CUTLASS_CONFIGS[params["config"]]
+    prod = cp.CutlassProducer(cluster, grouping)
     order = producer_order(p) if params.get("order") == "expert" else None
     n = pb.w.shape[2]
     y = torch.zeros(p.n_padded, n, dtype=pb.x.dtype, device=pb.x.device)
@@ -293,7 +299,7 @@ def _cutlass_kernel(
         raise RuntimeError("cutlass producer: a local band was signalled")
     metrics = {"gemm_rows": float(p.n_padded), "impl": "overlap producer (cutlass)"}
     metrics["config"] = json.dumps(
-        {"impl": "cutlass", "tile": [128, 256, 64], "cluster_n": prod.cluster_n}
+        {"impl": "cutlass", "tile": [128, 256, 64], "cluster": cluster, "grouping": grouping}
     )
     return go, y[pb.valid], pb.ref_y()[pb.valid], metrics
 

@@ -28,7 +28,12 @@ SOURCE = ROOT / "systems" / "overlap" / "kernels" / "cutlass_producer.cu"
 DEFAULT_LIB = ROOT / "build" / "libmoe_cutlass_sm90.so"
 BLOCK_M, BLOCK_N = 128, 256
 DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
-CLUSTERS = (1, 2)
+#: cluster shapes (M x N CTAs) built into the library: 1x1; 1x2 (two N tiles share the A tile);
+#: 2x1 (two M tiles share the weight tile: the per-expert grouping, as torch._grouped_mm)
+CLUSTERS = {(1, 1): 11, (1, 2): 12, (2, 1): 21}
+#: group = one band in the visiting order, or one expert's row range (experts in the order of
+#: their first remote band)
+GROUPINGS = {"band": 0, "expert": 1}
 
 
 class CutlassUnavailable(RuntimeError):
@@ -70,7 +75,7 @@ def nvcc_command(out: Path) -> list[str]:
 
 
 def build(out: Path | None = None) -> Path:
-    """Compile the library (about a minute: four instances, bf16/fp16 x cluster 1/2)."""
+    """Compile the library (about a minute: six instances, bf16/fp16 x three clusters)."""
     out = out or library_path()
     out.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(nvcc_command(out), check=True)
@@ -92,10 +97,11 @@ def load() -> ctypes.CDLL:
         raise CutlassUnavailable("the CUTLASS producer is built for sm_90a (H100/H200) only")
     lib = ctypes.CDLL(str(path))
     i, i64, p, sz = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t
-    lib.moe_cutlass_args_bytes.argtypes = [i, i, i]
+    lib.moe_cutlass_args_bytes.argtypes = [i, i]
     lib.moe_cutlass_args_bytes.restype = sz
     lib.moe_cutlass_workspace_bytes.argtypes = [i, i, i, i, ctypes.POINTER(sz)]
-    lib.moe_cutlass_run.argtypes = [i, i, p, p, p, i, i, i] + [p] * 6 + [i64, p, p, p, p, i, p]
+    lib.moe_cutlass_run.argtypes = [i, i, p, p, p, i, i, i, i, i] + [p] * 6 + [i64] + [p] * 4
+    lib.moe_cutlass_run.argtypes += [i, p]
     lib.moe_cutlass_error.argtypes = [i]
     lib.moe_cutlass_error.restype = ctypes.c_char_p
     _LIB = lib
@@ -115,23 +121,29 @@ class CutlassProducer:
 
     launch(x [P, K], weights [E, K, N], y [P, N], plan, band_ready [B] int32, ...) runs the
     group-preparation kernel and the grouped GEMM on the current stream; same plan contract as
-    kernels/producer.py launch_producer (CombinePlan or DevicePlan, n_signal, order)."""
+    kernels/producer.py launch_producer (CombinePlan or DevicePlan, n_signal, order; `order`
+    only applies to the per-band grouping)."""
 
-    def __init__(self, cluster_n: int = 1):
-        if cluster_n not in CLUSTERS:
-            raise ValueError(f"cluster_n must be one of {CLUSTERS}, got {cluster_n}")
-        self.cluster_n = cluster_n
+    def __init__(self, cluster: tuple[int, int] = (1, 2), grouping: str = "band"):
+        if tuple(cluster) not in CLUSTERS:
+            raise ValueError(f"cluster must be one of {sorted(CLUSTERS)}, got {cluster}")
+        if grouping not in GROUPINGS:
+            raise ValueError(f"grouping must be one of {sorted(GROUPINGS)}, got {grouping}")
+        self.cluster, self.grouping = tuple(cluster), grouping
+        self._code = CLUSTERS[self.cluster]
         self._bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _buffers(self, code: int, groups: int, sms: int, device) -> tuple[torch.Tensor, ...]:
-        key = (code, groups, sms, str(device))
+    def _buffers(
+        self, code: int, groups: int, rows: int, sms: int, device
+    ) -> tuple[torch.Tensor, ...]:
+        key = (code, groups, rows, sms, str(device))
         if key not in self._bufs:
             lib = load()
             size = ctypes.c_size_t(0)
-            rc = lib.moe_cutlass_workspace_bytes(code, self.cluster_n, groups, sms, size)
+            rc = lib.moe_cutlass_workspace_bytes(code, self._code, groups, sms, size)
             if rc != 0:
                 raise RuntimeError(f"cutlass producer: {lib.moe_cutlass_error(rc).decode()}")
-            nargs = lib.moe_cutlass_args_bytes(code, self.cluster_n, groups)
+            nargs = lib.moe_cutlass_args_bytes(groups, rows)
             u8 = {"dtype": torch.uint8, "device": device}
             self._bufs[key] = (torch.empty(nargs, **u8), torch.empty(max(size.value, 16), **u8))
         return self._bufs[key]
@@ -163,29 +175,31 @@ class CutlassProducer:
             raise ValueError("cutlass producer operands must be contiguous")
         if band_ready.dtype != torch.int32:
             raise ValueError("band_ready must be int32")
-        groups = plan.schedule.numel()
-        if groups == 0:
+        if plan.schedule.numel() == 0:
             return
+        groups = plan.schedule.numel() if self.grouping == "band" else E
         n_signal = plan.n_remote_bands if n_signal is None else n_signal
         dev_counts = getattr(plan, "counts_on_device", False)
         n_bands_dev = plan.n_bands.reshape(1) if dev_counts else None
         sig_dev = _i64(n_signal.reshape(1)) if isinstance(n_signal, torch.Tensor) else None
         sig_host = 0 if sig_dev is not None else int(n_signal)
         code = DTYPE_CODES[x.dtype]
-        args, ws = self._buffers(code, groups, num_programs, x.device)
+        args, ws = self._buffers(code, groups, P, num_programs, x.device)
         keep = [_i64(a) for a in (plan.schedule, plan.band_expert, plan.band_row, plan.band_rows)]
         order64 = None if order is None else _i64(order)
         nb = None if n_bands_dev is None else _i64(n_bands_dev)
         lib = load()
         rc = lib.moe_cutlass_run(
             code,
-            self.cluster_n,
+            self._code,
             x.data_ptr(),
             weights.data_ptr(),
             y.data_ptr(),
+            P,
             N,
             K,
             groups,
+            GROUPINGS[self.grouping],
             keep[0].data_ptr(),
             _ptr(order64),
             keep[1].data_ptr(),

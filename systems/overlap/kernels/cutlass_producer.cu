@@ -5,13 +5,18 @@
 //   x       [P, K]     padded GEMM input X, row-major
 //   weights [E, K, N]  this rank's expert weights, row-major
 //   y       [P, N]     padded GEMM output Y, row-major
-// Work: ONE GROUP PER BAND, in the producer's visiting order: group g is the band at schedule
-// position s = order[g] (or g), i.e. the (band_rows[band] x N x K) GEMM of rows band_row[band]..
-// of X with weights[band_expert[band]]. CUTLASS's persistent group tile scheduler walks the
-// groups in order (tiles of one group along N), so the bands finish in the visiting order.
+// Work, two groupings (CUTLASS's persistent group tile scheduler walks the groups in order):
+//   per band   (grouping 0): group g is the band at schedule position s = order[g] (or g), the
+//              (band_rows x N x K) GEMM of rows band_row.. of X with weights[band_expert]: the
+//              bands finish in the producer's visiting order (the paper's remote-first order).
+//   per expert (grouping 1): group g is one expert's whole row range (all its bands, padding
+//              rows included), experts in the order of their first remote band (as
+//              order="expert"): the structure of torch._grouped_mm, which lets a cluster of
+//              two M tiles share each weight tile (TMA multicast of B).
 // Kernel: KernelPtrArrayTmaWarpSpecializedCooperative, tile 128x256x64 (what torch._grouped_mm
-// runs on sm90 for large problems), cluster 1 x CLUSTER_N x 1 (a band holds a single M tile, so
-// a cluster pairs N tiles that share the A tile), persistent grid of sm_count CTAs (SMs - cCTA).
+// runs on sm90 for large problems), cluster CLUSTER_M x CLUSTER_N x 1, persistent grid of
+// sm_count CTAs (SMs - cCTA). Bands start at multiples of 128 rows (the plan's layouts), so a
+// tile's band is rowtile_flag[tile0[group] + m] (m: the tile's M index in its group).
 //
 // Readiness flag (the custom EVT node BandReady): the thread that issued a tile's TMA stores
 // waits, after the tile's last store, until ALL its bulk stores have completed
@@ -46,8 +51,9 @@ namespace fusion = cutlass::epilogue::fusion;
 struct BandReady {
   struct SharedStorage {};
   struct Arguments {
-    int32_t* ready = nullptr;             // [B] per-band counters
-    int32_t const* group_flag = nullptr;  // [G] band to signal for group g, or -1
+    int32_t* ready = nullptr;               // [B] per-band counters
+    int32_t const* tile0 = nullptr;         // [G] first 128-row tile of group g
+    int32_t const* rowtile_flag = nullptr;  // [P/128] band to signal for a row tile, or -1
   };
   using Params = Arguments;
 
@@ -112,18 +118,19 @@ struct BandReady {
   CUTLASS_DEVICE auto get_consumer_store_callbacks(
       fusion::detail::ConsumerStoreArgs<Args...> const& args) {
     int const group = static_cast<int>(get<3>(args.tile_coord_mnkl));
-    int32_t const band = params_ptr->group_flag[group];
+    int const m = static_cast<int>(get<0>(args.tile_coord_mnkl));
+    int32_t const band = params_ptr->rowtile_flag[params_ptr->tile0[group] + m];
     return ConsumerStoreCallbacks(band >= 0 ? params_ptr->ready + band : nullptr);
   }
 };
 
-template <class Element, int ClusterN>
+template <class Element, int ClusterM, int ClusterN>
 struct Producer {
   using Acc = float;
   using Layout = cutlass::layout::RowMajor;
   static constexpr int kAlign = 16 / sizeof(Element);
   using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_1, Int<ClusterN>, _1>;
+  using ClusterShape = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
   using Fusion = fusion::Sm90EVT<BandReady, fusion::Sm90AccFetch>;
 
@@ -159,12 +166,13 @@ struct ArgArrays {
   typename P::StrideB* sb;
   typename P::StrideD* sd;
   typename P::Shape3* shape;
-  int32_t* flag;
+  int32_t* tile0;
+  int32_t* rowtile_flag;
   size_t bytes;
 
   static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
-  ArgArrays(void* base, int groups) {
+  ArgArrays(void* base, int groups, int row_tiles) {
     char* p = static_cast<char*>(base);
     size_t off = 0;
     auto take = [&](size_t n) {
@@ -179,41 +187,89 @@ struct ArgArrays {
     sb = reinterpret_cast<typename P::StrideB*>(take(groups * sizeof(typename P::StrideB)));
     sd = reinterpret_cast<typename P::StrideD*>(take(groups * sizeof(typename P::StrideD)));
     shape = reinterpret_cast<typename P::Shape3*>(take(groups * sizeof(typename P::Shape3)));
-    flag = reinterpret_cast<int32_t*>(take(groups * sizeof(int32_t)));
+    tile0 = reinterpret_cast<int32_t*>(take(groups * sizeof(int32_t)));
+    rowtile_flag = reinterpret_cast<int32_t*>(take(row_tiles * sizeof(int32_t)));
     bytes = off;
   }
 };
 
-// One thread per group: the group's pointers, shape, strides and flag from the plan arrays.
+struct PlanArrays {
+  int64_t const* schedule;     // [B] band at each schedule position
+  int64_t const* order;        // [B] visiting order of the schedule positions, or nullptr
+  int64_t const* band_expert;  // [B]
+  int64_t const* band_row;     // [B] first padded row (a multiple of 128)
+  int64_t const* band_rows;    // [B] valid rows
+  int64_t const* n_bands_dev;  // [1] bands in use (a DevicePlan), or nullptr: all B
+  int64_t n_signal_host;       // schedule positions < n_signal are signalled ...
+  int64_t const* n_signal_dev;  // ... or read from the device
+};
+
+constexpr int kMaxExperts = 1024;
+constexpr int kPrepThreads = 1024;
+
+// ONE block: the row-tile flags, then the groups (per band or per expert).
 template <class P, class Element>
-__global__ void prepare_groups(ArgArrays<P> args, int groups, Element const* x, Element const* w,
-                               Element* y, int n, int k, int64_t const* schedule,
-                               int64_t const* order, int64_t const* band_expert,
-                               int64_t const* band_row, int64_t const* band_rows,
-                               int64_t const* n_bands_dev, int64_t n_signal_host,
-                               int64_t const* n_signal_dev, typename P::StrideA sa,
-                               typename P::StrideB sb, typename P::StrideD sd) {
-  int g = blockIdx.x * blockDim.x + threadIdx.x;
-  if (g >= groups) return;
-  int64_t const n_bands = n_bands_dev ? *n_bands_dev : groups;
-  int64_t const n_signal = n_signal_dev ? *n_signal_dev : n_signal_host;
-  int rows = 0;
-  int64_t row0 = 0, expert = 0, band = -1, s = g;
-  if (g < n_bands) {
-    s = order ? order[g] : g;
-    band = schedule[s];
-    expert = band_expert[band];
-    row0 = band_row[band];
-    rows = static_cast<int>(band_rows[band]);
+__global__ void __launch_bounds__(kPrepThreads)
+prepare_groups(ArgArrays<P> args, int groups, int grouping, int row_tiles, Element const* x,
+               Element const* w, Element* y, int n, int k, PlanArrays plan,
+               typename P::StrideA sa, typename P::StrideB sb, typename P::StrideD sd) {
+  __shared__ int64_t lo[kMaxExperts], hi[kMaxExperts], first[kMaxExperts];
+  int const tid = threadIdx.x;
+  int64_t const n_bands = plan.n_bands_dev ? *plan.n_bands_dev : groups;
+  int64_t const n_signal = plan.n_signal_dev ? *plan.n_signal_dev : plan.n_signal_host;
+  int64_t const far = INT64_MAX / 4;
+  for (int t = tid; t < row_tiles; t += blockDim.x) args.rowtile_flag[t] = -1;
+  if (grouping == 1) {
+    for (int e = tid; e < groups; e += blockDim.x) {
+      lo[e] = far;
+      hi[e] = 0;
+      first[e] = far;
+    }
   }
-  args.a[g] = x + row0 * k;
-  args.b[g] = w + expert * k * n;
-  args.d[g] = y + row0 * n;
-  args.sa[g] = sa;
-  args.sb[g] = sb;
-  args.sd[g] = sd;
-  args.shape[g] = typename P::Shape3(rows, n, k);
-  args.flag[g] = (band >= 0 && s < n_signal) ? static_cast<int32_t>(band) : -1;
+  __syncthreads();
+  for (int64_t s = tid; s < n_bands; s += blockDim.x) {
+    int64_t const band = plan.schedule[s];
+    int64_t const row = plan.band_row[band];
+    args.rowtile_flag[row / 128] = s < n_signal ? static_cast<int32_t>(band) : -1;
+    if (grouping == 1) {
+      int64_t const e = plan.band_expert[band];
+      atomicMin(reinterpret_cast<unsigned long long*>(&lo[e]), row);
+      atomicMax(reinterpret_cast<unsigned long long*>(&hi[e]), row + plan.band_rows[band]);
+      // experts with remote bands first, by their first remote band; then by first local band
+      atomicMin(reinterpret_cast<unsigned long long*>(&first[e]), s < n_signal ? s : n_bands + s);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < groups; idx += blockDim.x) {
+    int64_t row0 = 0, rows = 0, expert = 0;
+    int g = idx;
+    if (grouping == 0) {
+      if (g < n_bands) {
+        int64_t const band = plan.schedule[plan.order ? plan.order[g] : g];
+        expert = plan.band_expert[band];
+        row0 = plan.band_row[band];
+        rows = plan.band_rows[band];
+      }
+    } else {
+      // expert idx goes to group g = its rank in the order of `first` (ties by expert index)
+      expert = idx;
+      g = 0;
+      for (int f = 0; f < groups; ++f)
+        g += first[f] < first[idx] || (first[f] == first[idx] && f < idx);
+      if (lo[idx] < far) {
+        row0 = lo[idx];
+        rows = hi[idx] - lo[idx];
+      }
+    }
+    args.a[g] = x + row0 * k;
+    args.b[g] = w + expert * k * n;
+    args.d[g] = y + row0 * n;
+    args.sa[g] = sa;
+    args.sb[g] = sb;
+    args.sd[g] = sd;
+    args.shape[g] = typename P::Shape3(static_cast<int>(rows), n, k);
+    args.tile0[g] = static_cast<int32_t>(row0 / 128);
+  }
 }
 
 template <class P>
@@ -227,16 +283,17 @@ typename P::Gemm::Arguments make_arguments(ArgArrays<P> const& args, int groups,
       {{}, nullptr, args.sd, reinterpret_cast<typename P::Kernel::ElementD**>(args.d), args.sd}};
   auto& band_ready = arguments.epilogue.thread.op_1;
   band_ready.ready = ready;
-  band_ready.group_flag = args.flag;
+  band_ready.tile0 = args.tile0;
+  band_ready.rowtile_flag = args.rowtile_flag;
   arguments.hw_info.device_id = device;
   arguments.hw_info.sm_count = sm_count;
   return arguments;
 }
 
-template <class Element, int ClusterN>
+template <class Element, int ClusterM, int ClusterN>
 int workspace_bytes(int groups, int sm_count, size_t* out) {
-  using P = Producer<Element, ClusterN>;
-  ArgArrays<P> args(nullptr, groups);
+  using P = Producer<Element, ClusterM, ClusterN>;
+  ArgArrays<P> args(nullptr, groups, 1);
   int device = 0;
   cudaGetDevice(&device);
   auto arguments = make_arguments<P>(args, groups, nullptr, sm_count, device);
@@ -244,22 +301,20 @@ int workspace_bytes(int groups, int sm_count, size_t* out) {
   return 0;
 }
 
-template <class Element, int ClusterN>
-int run(void const* x, void const* w, void* y, int n, int k, int groups,
-        int64_t const* schedule, int64_t const* order, int64_t const* band_expert,
-        int64_t const* band_row, int64_t const* band_rows, int64_t const* n_bands_dev,
-        int64_t n_signal_host, int64_t const* n_signal_dev, int32_t* ready, void* args_buf,
-        void* workspace, int sm_count, cudaStream_t stream) {
-  using P = Producer<Element, ClusterN>;
-  ArgArrays<P> args(args_buf, groups);
+template <class Element, int ClusterM, int ClusterN>
+int run(void const* x, void const* w, void* y, int rows_total, int n, int k, int groups,
+        int grouping, PlanArrays const& plan, int32_t* ready, void* args_buf, void* workspace,
+        int sm_count, cudaStream_t stream) {
+  using P = Producer<Element, ClusterM, ClusterN>;
+  if (grouping == 1 && groups > kMaxExperts) return -6;
+  int const row_tiles = (rows_total + 127) / 128;
+  ArgArrays<P> args(args_buf, groups, row_tiles);
   auto sa = cutlass::make_cute_packed_stride(typename P::StrideA{}, make_shape(1, k, 1));
   auto sb = cutlass::make_cute_packed_stride(typename P::StrideB{}, make_shape(n, k, 1));
   auto sd = cutlass::make_cute_packed_stride(typename P::StrideD{}, make_shape(1, n, 1));
-  int threads = 128;
-  prepare_groups<P, Element><<<(groups + threads - 1) / threads, threads, 0, stream>>>(
-      args, groups, static_cast<Element const*>(x), static_cast<Element const*>(w),
-      static_cast<Element*>(y), n, k, schedule, order, band_expert, band_row, band_rows,
-      n_bands_dev, n_signal_host, n_signal_dev, sa, sb, sd);
+  prepare_groups<P, Element><<<1, kPrepThreads, 0, stream>>>(
+      args, groups, grouping, row_tiles, static_cast<Element const*>(x),
+      static_cast<Element const*>(w), static_cast<Element*>(y), n, k, plan, sa, sb, sd);
   if (cudaPeekAtLastError() != cudaSuccess) return -5;
   int device = 0;
   cudaGetDevice(&device);
@@ -273,52 +328,54 @@ int run(void const* x, void const* w, void* y, int n, int k, int groups,
 
 }  // namespace moe_cutlass
 
-// dtype: 0 = bfloat16, 1 = float16; cluster_n: 1 or 2.
-#define MOE_DISPATCH(dtype, cluster_n, CALL)                                          \
-  if (dtype == 0 && cluster_n == 1) return CALL(cutlass::bfloat16_t, 1);            \
-  if (dtype == 0 && cluster_n == 2) return CALL(cutlass::bfloat16_t, 2);            \
-  if (dtype == 1 && cluster_n == 1) return CALL(cutlass::half_t, 1);                \
-  if (dtype == 1 && cluster_n == 2) return CALL(cutlass::half_t, 2);                \
+// dtype: 0 = bfloat16, 1 = float16; cluster: 11 (1x1), 12 (1x2: pairs of N tiles share A),
+// 21 (2x1: pairs of M tiles share B, for the per-expert grouping).
+#define MOE_DISPATCH(dtype, cluster, CALL)                                       \
+  if (dtype == 0 && cluster == 11) return CALL(cutlass::bfloat16_t, 1, 1);     \
+  if (dtype == 0 && cluster == 12) return CALL(cutlass::bfloat16_t, 1, 2);     \
+  if (dtype == 0 && cluster == 21) return CALL(cutlass::bfloat16_t, 2, 1);     \
+  if (dtype == 1 && cluster == 11) return CALL(cutlass::half_t, 1, 1);         \
+  if (dtype == 1 && cluster == 12) return CALL(cutlass::half_t, 1, 2);         \
+  if (dtype == 1 && cluster == 21) return CALL(cutlass::half_t, 2, 1);         \
   return -1;
 
 extern "C" {
 
-size_t moe_cutlass_args_bytes(int dtype, int cluster_n, int groups) {
-  (void)dtype;
-  (void)cluster_n;
-  using P = moe_cutlass::Producer<cutlass::bfloat16_t, 1>;  // same layout for every instance
-  return moe_cutlass::ArgArrays<P>(nullptr, groups).bytes;
+size_t moe_cutlass_args_bytes(int groups, int rows_total) {
+  using P = moe_cutlass::Producer<cutlass::bfloat16_t, 1, 1>;  // same layout for every instance
+  return moe_cutlass::ArgArrays<P>(nullptr, groups, (rows_total + 127) / 128).bytes;
 }
 
-int moe_cutlass_workspace_bytes(int dtype, int cluster_n, int groups, int sm_count,
-                                size_t* out) {
-#define MOE_WS(E, C) moe_cutlass::workspace_bytes<E, C>(groups, sm_count, out)
-  MOE_DISPATCH(dtype, cluster_n, MOE_WS)
+int moe_cutlass_workspace_bytes(int dtype, int cluster, int groups, int sm_count, size_t* out) {
+#define MOE_WS(E, CM, CN) moe_cutlass::workspace_bytes<E, CM, CN>(groups, sm_count, out)
+  MOE_DISPATCH(dtype, cluster, MOE_WS)
 #undef MOE_WS
 }
 
-int moe_cutlass_run(int dtype, int cluster_n, void const* x, void const* w, void* y, int n, int k,
-                    int groups, int64_t const* schedule, int64_t const* order,
-                    int64_t const* band_expert, int64_t const* band_row,
+int moe_cutlass_run(int dtype, int cluster, void const* x, void const* w, void* y, int rows_total,
+                    int n, int k, int groups, int grouping, int64_t const* schedule,
+                    int64_t const* order, int64_t const* band_expert, int64_t const* band_row,
                     int64_t const* band_rows, int64_t const* n_bands_dev, int64_t n_signal_host,
                     int64_t const* n_signal_dev, int32_t* ready, void* args_buf, void* workspace,
                     int sm_count, void* stream) {
-#define MOE_RUN(E, C)                                                                         \
-  moe_cutlass::run<E, C>(x, w, y, n, k, groups, schedule, order, band_expert, band_row,       \
-                         band_rows, n_bands_dev, n_signal_host, n_signal_dev, ready, args_buf, \
-                         workspace, sm_count, static_cast<cudaStream_t>(stream))
-  MOE_DISPATCH(dtype, cluster_n, MOE_RUN)
+  moe_cutlass::PlanArrays plan{schedule, order,         band_expert,  band_row,
+                               band_rows, n_bands_dev, n_signal_host, n_signal_dev};
+#define MOE_RUN(E, CM, CN)                                                                    \
+  moe_cutlass::run<E, CM, CN>(x, w, y, rows_total, n, k, groups, grouping, plan, ready,      \
+                              args_buf, workspace, sm_count, static_cast<cudaStream_t>(stream))
+  MOE_DISPATCH(dtype, cluster, MOE_RUN)
 #undef MOE_RUN
 }
 
 char const* moe_cutlass_error(int code) {
   switch (code) {
     case 0: return "ok";
-    case -1: return "unsupported dtype or cluster (bfloat16/float16, cluster_n 1 or 2)";
+    case -1: return "unsupported dtype or cluster (bfloat16/float16; cluster 11, 12 or 21)";
     case -2: return "CUTLASS cannot implement this problem (alignment: K and N % 8)";
     case -3: return "CUTLASS initialize failed";
     case -4: return "CUTLASS launch failed";
     case -5: return "the group-preparation kernel failed to launch";
+    case -6: return "more than 1024 experts per rank";
     default: return "unknown error";
   }
 }
