@@ -134,16 +134,16 @@ class CutlassProducer:
         self._bufs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _buffers(
-        self, code: int, groups: int, rows: int, sms: int, device
+        self, code: int, groups: int, bands: int, sms: int, device
     ) -> tuple[torch.Tensor, ...]:
-        key = (code, groups, rows, sms, str(device))
+        key = (code, groups, bands, sms, str(device))
         if key not in self._bufs:
             lib = load()
             size = ctypes.c_size_t(0)
             rc = lib.moe_cutlass_workspace_bytes(code, self._code, groups, sms, size)
             if rc != 0:
                 raise RuntimeError(f"cutlass producer: {lib.moe_cutlass_error(rc).decode()}")
-            nargs = lib.moe_cutlass_args_bytes(groups, rows)
+            nargs = lib.moe_cutlass_args_bytes(groups, bands)
             u8 = {"dtype": torch.uint8, "device": device}
             self._bufs[key] = (torch.empty(nargs, **u8), torch.empty(max(size.value, 16), **u8))
         return self._bufs[key]
@@ -184,7 +184,8 @@ class CutlassProducer:
         sig_dev = _i64(n_signal.reshape(1)) if isinstance(n_signal, torch.Tensor) else None
         sig_host = 0 if sig_dev is not None else int(n_signal)
         code = DTYPE_CODES[x.dtype]
-        args, ws = self._buffers(code, groups, P, num_programs, x.device)
+        bands = plan.schedule.numel()
+        args, ws = self._buffers(code, groups, bands, num_programs, x.device)
         keep = [_i64(a) for a in (plan.schedule, plan.band_expert, plan.band_row, plan.band_rows)]
         order64 = None if order is None else _i64(order)
         nb = None if n_bands_dev is None else _i64(n_bands_dev)
@@ -195,7 +196,7 @@ class CutlassProducer:
             x.data_ptr(),
             weights.data_ptr(),
             y.data_ptr(),
-            P,
+            bands,
             N,
             K,
             groups,

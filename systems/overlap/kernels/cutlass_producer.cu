@@ -15,8 +15,10 @@
 //              two M tiles share each weight tile (TMA multicast of B).
 // Kernel: KernelPtrArrayTmaWarpSpecializedCooperative, tile 128x256x64 (what torch._grouped_mm
 // runs on sm90 for large problems), cluster CLUSTER_M x CLUSTER_N x 1, persistent grid of
-// sm_count CTAs (SMs - cCTA). Bands start at multiples of 128 rows (the plan's layouts), so a
-// tile's band is rowtile_flag[tile0[group] + m] (m: the tile's M index in its group).
+// sm_count CTAs (SMs - cCTA). Band ids run in row order and, inside one expert's range, every
+// band but the expert's last holds 128 rows (remote groups are padded to 128, the local rows
+// come last), so a tile's band is band0[group] + m (m: the tile's M index in its group) and
+// its flag band_flag[band0[group] + m] (the band, or -1 where the band is not signalled).
 //
 // Readiness flag (the custom EVT node BandReady): the thread that issued a tile's TMA stores
 // waits, after the tile's last store, until ALL its bulk stores have completed
@@ -52,8 +54,8 @@ struct BandReady {
   struct SharedStorage {};
   struct Arguments {
     int32_t* ready = nullptr;               // [B] per-band counters
-    int32_t const* tile0 = nullptr;         // [G] first 128-row tile of group g
-    int32_t const* rowtile_flag = nullptr;  // [P/128] band to signal for a row tile, or -1
+    int32_t const* band0 = nullptr;      // [G] first band of group g
+    int32_t const* band_flag = nullptr;  // [B] the band to signal, or -1 (not signalled)
   };
   using Params = Arguments;
 
@@ -119,7 +121,7 @@ struct BandReady {
       fusion::detail::ConsumerStoreArgs<Args...> const& args) {
     int const group = static_cast<int>(get<3>(args.tile_coord_mnkl));
     int const m = static_cast<int>(get<0>(args.tile_coord_mnkl));
-    int32_t const band = params_ptr->rowtile_flag[params_ptr->tile0[group] + m];
+    int32_t const band = params_ptr->band_flag[params_ptr->band0[group] + m];
     return ConsumerStoreCallbacks(band >= 0 ? params_ptr->ready + band : nullptr);
   }
 };
@@ -166,13 +168,13 @@ struct ArgArrays {
   typename P::StrideB* sb;
   typename P::StrideD* sd;
   typename P::Shape3* shape;
-  int32_t* tile0;
-  int32_t* rowtile_flag;
+  int32_t* band0;
+  int32_t* band_flag;
   size_t bytes;
 
   static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
-  ArgArrays(void* base, int groups, int row_tiles) {
+  ArgArrays(void* base, int groups, int bands) {
     char* p = static_cast<char*>(base);
     size_t off = 0;
     auto take = [&](size_t n) {
@@ -187,8 +189,8 @@ struct ArgArrays {
     sb = reinterpret_cast<typename P::StrideB*>(take(groups * sizeof(typename P::StrideB)));
     sd = reinterpret_cast<typename P::StrideD*>(take(groups * sizeof(typename P::StrideD)));
     shape = reinterpret_cast<typename P::Shape3*>(take(groups * sizeof(typename P::Shape3)));
-    tile0 = reinterpret_cast<int32_t*>(take(groups * sizeof(int32_t)));
-    rowtile_flag = reinterpret_cast<int32_t*>(take(row_tiles * sizeof(int32_t)));
+    band0 = reinterpret_cast<int32_t*>(take(groups * sizeof(int32_t)));
+    band_flag = reinterpret_cast<int32_t*>(take(bands * sizeof(int32_t)));
     bytes = off;
   }
 };
@@ -207,33 +209,36 @@ struct PlanArrays {
 constexpr int kMaxExperts = 1024;
 constexpr int kPrepThreads = 1024;
 
-// ONE block: the row-tile flags, then the groups (per band or per expert).
+// ONE block: the band flags, then the groups (per band or per expert). bands = B (schedule
+// length; a DevicePlan's bound), groups = B (per band) or E (per expert).
 template <class P, class Element>
 __global__ void __launch_bounds__(kPrepThreads)
-prepare_groups(ArgArrays<P> args, int groups, int grouping, int row_tiles, Element const* x,
+prepare_groups(ArgArrays<P> args, int groups, int grouping, int bands, Element const* x,
                Element const* w, Element* y, int n, int k, PlanArrays plan,
                typename P::StrideA sa, typename P::StrideB sb, typename P::StrideD sd) {
-  __shared__ int64_t lo[kMaxExperts], hi[kMaxExperts], first[kMaxExperts];
+  __shared__ int64_t lo[kMaxExperts], hi[kMaxExperts], first[kMaxExperts], b0[kMaxExperts];
   int const tid = threadIdx.x;
-  int64_t const n_bands = plan.n_bands_dev ? *plan.n_bands_dev : groups;
+  int64_t const n_bands = plan.n_bands_dev ? *plan.n_bands_dev : bands;
   int64_t const n_signal = plan.n_signal_dev ? *plan.n_signal_dev : plan.n_signal_host;
   int64_t const far = INT64_MAX / 4;
-  for (int t = tid; t < row_tiles; t += blockDim.x) args.rowtile_flag[t] = -1;
+  for (int t = tid; t < bands; t += blockDim.x) args.band_flag[t] = -1;
   if (grouping == 1) {
     for (int e = tid; e < groups; e += blockDim.x) {
       lo[e] = far;
       hi[e] = 0;
       first[e] = far;
+      b0[e] = far;
     }
   }
   __syncthreads();
   for (int64_t s = tid; s < n_bands; s += blockDim.x) {
     int64_t const band = plan.schedule[s];
     int64_t const row = plan.band_row[band];
-    args.rowtile_flag[row / 128] = s < n_signal ? static_cast<int32_t>(band) : -1;
+    if (s < n_signal) args.band_flag[band] = static_cast<int32_t>(band);
     if (grouping == 1) {
       int64_t const e = plan.band_expert[band];
       atomicMin(reinterpret_cast<unsigned long long*>(&lo[e]), row);
+      atomicMin(reinterpret_cast<unsigned long long*>(&b0[e]), band);
       atomicMax(reinterpret_cast<unsigned long long*>(&hi[e]), row + plan.band_rows[band]);
       // experts with remote bands first, by their first remote band; then by first local band
       atomicMin(reinterpret_cast<unsigned long long*>(&first[e]), s < n_signal ? s : n_bands + s);
@@ -241,7 +246,7 @@ prepare_groups(ArgArrays<P> args, int groups, int grouping, int row_tiles, Eleme
   }
   __syncthreads();
   for (int idx = tid; idx < groups; idx += blockDim.x) {
-    int64_t row0 = 0, rows = 0, expert = 0;
+    int64_t row0 = 0, rows = 0, expert = 0, first_band = 0;
     int g = idx;
     if (grouping == 0) {
       if (g < n_bands) {
@@ -249,6 +254,7 @@ prepare_groups(ArgArrays<P> args, int groups, int grouping, int row_tiles, Eleme
         expert = plan.band_expert[band];
         row0 = plan.band_row[band];
         rows = plan.band_rows[band];
+        first_band = band;
       }
     } else {
       // expert idx goes to group g = its rank in the order of `first` (ties by expert index)
@@ -259,6 +265,7 @@ prepare_groups(ArgArrays<P> args, int groups, int grouping, int row_tiles, Eleme
       if (lo[idx] < far) {
         row0 = lo[idx];
         rows = hi[idx] - lo[idx];
+        first_band = b0[idx];
       }
     }
     args.a[g] = x + row0 * k;
@@ -268,7 +275,7 @@ prepare_groups(ArgArrays<P> args, int groups, int grouping, int row_tiles, Eleme
     args.sb[g] = sb;
     args.sd[g] = sd;
     args.shape[g] = typename P::Shape3(static_cast<int>(rows), n, k);
-    args.tile0[g] = static_cast<int32_t>(row0 / 128);
+    args.band0[g] = static_cast<int32_t>(first_band);
   }
 }
 
@@ -283,8 +290,8 @@ typename P::Gemm::Arguments make_arguments(ArgArrays<P> const& args, int groups,
       {{}, nullptr, args.sd, reinterpret_cast<typename P::Kernel::ElementD**>(args.d), args.sd}};
   auto& band_ready = arguments.epilogue.thread.op_1;
   band_ready.ready = ready;
-  band_ready.tile0 = args.tile0;
-  band_ready.rowtile_flag = args.rowtile_flag;
+  band_ready.band0 = args.band0;
+  band_ready.band_flag = args.band_flag;
   arguments.hw_info.device_id = device;
   arguments.hw_info.sm_count = sm_count;
   return arguments;
@@ -302,18 +309,17 @@ int workspace_bytes(int groups, int sm_count, size_t* out) {
 }
 
 template <class Element, int ClusterM, int ClusterN>
-int run(void const* x, void const* w, void* y, int rows_total, int n, int k, int groups,
+int run(void const* x, void const* w, void* y, int bands, int n, int k, int groups,
         int grouping, PlanArrays const& plan, int32_t* ready, void* args_buf, void* workspace,
         int sm_count, cudaStream_t stream) {
   using P = Producer<Element, ClusterM, ClusterN>;
   if (grouping == 1 && groups > kMaxExperts) return -6;
-  int const row_tiles = (rows_total + 127) / 128;
-  ArgArrays<P> args(args_buf, groups, row_tiles);
+  ArgArrays<P> args(args_buf, groups, bands);
   auto sa = cutlass::make_cute_packed_stride(typename P::StrideA{}, make_shape(1, k, 1));
   auto sb = cutlass::make_cute_packed_stride(typename P::StrideB{}, make_shape(n, k, 1));
   auto sd = cutlass::make_cute_packed_stride(typename P::StrideD{}, make_shape(1, n, 1));
   prepare_groups<P, Element><<<1, kPrepThreads, 0, stream>>>(
-      args, groups, grouping, row_tiles, static_cast<Element const*>(x),
+      args, groups, grouping, bands, static_cast<Element const*>(x),
       static_cast<Element const*>(w), static_cast<Element*>(y), n, k, plan, sa, sb, sd);
   if (cudaPeekAtLastError() != cudaSuccess) return -5;
   int device = 0;
@@ -341,9 +347,9 @@ int run(void const* x, void const* w, void* y, int rows_total, int n, int k, int
 
 extern "C" {
 
-size_t moe_cutlass_args_bytes(int groups, int rows_total) {
+size_t moe_cutlass_args_bytes(int groups, int bands) {
   using P = moe_cutlass::Producer<cutlass::bfloat16_t, 1, 1>;  // same layout for every instance
-  return moe_cutlass::ArgArrays<P>(nullptr, groups, (rows_total + 127) / 128).bytes;
+  return moe_cutlass::ArgArrays<P>(nullptr, groups, bands).bytes;
 }
 
 int moe_cutlass_workspace_bytes(int dtype, int cluster, int groups, int sm_count, size_t* out) {
@@ -352,7 +358,7 @@ int moe_cutlass_workspace_bytes(int dtype, int cluster, int groups, int sm_count
 #undef MOE_WS
 }
 
-int moe_cutlass_run(int dtype, int cluster, void const* x, void const* w, void* y, int rows_total,
+int moe_cutlass_run(int dtype, int cluster, void const* x, void const* w, void* y, int bands,
                     int n, int k, int groups, int grouping, int64_t const* schedule,
                     int64_t const* order, int64_t const* band_expert, int64_t const* band_row,
                     int64_t const* band_rows, int64_t const* n_bands_dev, int64_t n_signal_host,
@@ -361,7 +367,7 @@ int moe_cutlass_run(int dtype, int cluster, void const* x, void const* w, void* 
   moe_cutlass::PlanArrays plan{schedule, order,         band_expert,  band_row,
                                band_rows, n_bands_dev, n_signal_host, n_signal_dev};
 #define MOE_RUN(E, CM, CN)                                                                    \
-  moe_cutlass::run<E, CM, CN>(x, w, y, rows_total, n, k, groups, grouping, plan, ready,      \
+  moe_cutlass::run<E, CM, CN>(x, w, y, bands, n, k, groups, grouping, plan, ready,      \
                               args_buf, workspace, sm_count, static_cast<cudaStream_t>(stream))
   MOE_DISPATCH(dtype, cluster, MOE_RUN)
 #undef MOE_RUN
