@@ -121,6 +121,10 @@ struct BandReady {
       fusion::detail::ConsumerStoreArgs<Args...> const& args) {
     int const group = static_cast<int>(get<3>(args.tile_coord_mnkl));
     int const m = static_cast<int>(get<0>(args.tile_coord_mnkl));
+    // a cluster of two M tiles may run past its group's rows: that tile stores nothing
+    if (m * 128 >= static_cast<int>(get<0>(args.problem_shape_mnkl))) {
+      return ConsumerStoreCallbacks(nullptr);
+    }
     int32_t const band = params_ptr->band_flag[params_ptr->band0[group] + m];
     return ConsumerStoreCallbacks(band >= 0 ? params_ptr->ready + band : nullptr);
   }
