@@ -16,6 +16,7 @@ Y (no epilogue scatter into the receive buffer): the runner keeps local="copy" w
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import subprocess
 from pathlib import Path
@@ -51,11 +52,10 @@ def library_path() -> Path:
 
 def nvcc_command(out: Path) -> list[str]:
     """The nvcc line that builds the library from the nvidia-cutlass wheel's headers."""
-    try:
-        import cutlass_library
-    except ImportError as exc:
-        raise CutlassUnavailable("pip install nvidia-cutlass (its C++ headers)") from exc
-    src = Path(cutlass_library.__file__).parent / "source"
+    spec = importlib.util.find_spec("cutlass_library")  # the headers only: no module import
+    if spec is None or not spec.submodule_search_locations:
+        raise CutlassUnavailable("pip install --no-deps nvidia-cutlass==4.2.0.0 (its C++ headers)")
+    src = Path(spec.submodule_search_locations[0]) / "source"
     return [
         os.environ.get("NVCC", "nvcc"),
         "-std=c++17",
@@ -217,3 +217,7 @@ class CutlassProducer:
         )
         if rc != 0:
             raise RuntimeError(f"cutlass producer: {lib.moe_cutlass_error(rc).decode()}")
+
+
+if __name__ == "__main__":  # make cutlass
+    print(build())
