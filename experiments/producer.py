@@ -20,7 +20,9 @@ padding included), m_flags. The ratios the method-speed issue asks for (producer
 torch._grouped_mm and cuBLAS) are read across the rows of one workload (plots/producer.py).
 Options (experiment.options): flags (list of bool, default [true]); configs (list of CONFIGS
 names, default ["table"]: the shape table the overlap system runs; the others are the variants
-tried against it, recorded whether they win or lose, or `error` where Triton cannot build them).
+tried against it, recorded whether they win or lose, or `error` where Triton cannot build them;
+CUTLASS_CONFIGS name the CUTLASS producer, systems/overlap/cutlass_producer.py, `skipped` where
+its library is not built: `make cutlass`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from harness.routing import imbalance
 from harness.system import RunContext
 from harness.timing import time_fn
 from harness.workload import DTYPES, WorkloadSpec, routing_of
+from systems.overlap.cutlass_producer import CutlassUnavailable
 from systems.overlap.plan import ORDERS, owner_expert_counts
 
 AXES = (
@@ -334,6 +337,8 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
         row.compute_ms = t.median_ms
         flops = 2.0 * valid * spec.hidden * spec.out
         row.metrics["tflops"] = flops / t.median_ms / 1e9
+    except CutlassUnavailable as exc:
+        row.status, row.reason = "skipped", str(exc)
     except torch.cuda.OutOfMemoryError as exc:
         row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
     except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep

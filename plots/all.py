@@ -41,6 +41,8 @@ FIGURES: dict[str, str] = {
     "producer": "plots.producer",
     "producer_variants": "plots.producer",
     "producer_ws": "plots.producer",
+    "producer_cutlass": "plots.producer",
+    "producer_cutlass_expert": "plots.producer",
     "operator_order": "plots.variants",
     "operator_baselines_auto": "plots.latency_vs_experts",
     "correctness_auto": "plots.correctness",

@@ -585,6 +585,15 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The CUTLASS producer (flags in its epilogue) against the Triton producer, one GPU",
+        "producer_cutlass",
+        "`make cutlass`, then `python -m harness.run experiment=producer 'experiment.options."
+        "configs=[table,cutlass,cutlass_expert,cutlass_expert_c12]' 'experiment.systems.overlap."
+        "sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[aligned]'` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
         "Fig 5: experts per rank 4-64 (whole layer, overlap ratio from the operator pass)",
         "experts",
         "`python -m harness.run experiment=experts` then `python -m harness.run "

@@ -1,8 +1,11 @@
 """Host glue of the CUTLASS producer (kernels/cutlass_producer.cu): build, load, launch.
 
 The kernel is a CUTLASS 3.x Hopper grouped GEMM (sm_90a; tile 128x256x64, cooperative warp
-specialisation, one group per band in the producer's visiting order) whose epilogue releases
-the per-band ready counters after the tile's TMA stores have completed. It is built once with
+specialisation; groups = one band each in the producer's visiting order, or one expert's row
+range each) whose epilogue releases the per-band ready counters after the tile's TMA stores
+have completed. It is a kernel-benchmark variant (experiment=producer): it ties the Triton
+producer there (results/reference/h200/producer_cutlass.parquet), so the overlap system keeps
+the Triton one. It is built once with
 nvcc from the C++ headers of the `nvidia-cutlass` wheel (`make cutlass`, or `build()`), as a
 shared library with a C ABI loaded through ctypes: no torch extension build, so it compiles on
 a machine without a GPU. The library is looked up at $MOE_CUTLASS_LIB, else
