@@ -1,0 +1,99 @@
+"""Kernel times of the expert GEMM per implementation, from torch.profiler: where the producers'
+gap to torch._grouped_mm sits (main GEMM kernel, preparation kernels), on rank 0's problem of the
+W=2 Table 2 operator (experiments/producer.py problem()), one GPU.
+
+Implementations: torch._grouped_mm on the valid rows; the Triton producer (tile table, order
+expert, flags); the CUTLASS producer per expert, cluster 2x1 and 1x2 (needs `make cutlass`).
+Usage: python -m benchmarks.profile_producer [--out DIR] [--reps 10]; prints one table per
+workload (implementation, kernel, calls, us per step) and writes producer_profile.parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from experiments.producer import problem
+from harness.workload import WorkloadSpec
+
+
+def _impls(pb, sms: int) -> dict:
+    """name -> launch of one step."""
+    from systems.overlap import cutlass_producer as cp
+    from systems.overlap.kernels import launch_producer, pick_config
+    from systems.overlap.plan import producer_order
+
+    p, n = pb.plan, pb.w.shape[2]
+    y = torch.empty(p.n_padded, n, dtype=pb.x.dtype, device=pb.x.device)
+    ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
+    cfg = pick_config(128, pb.x.shape[1], n, pb.x.dtype)
+    order = producer_order(p)
+    out = {
+        "torch_grouped_mm": lambda: torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets),
+        "triton (expert order)": lambda: launch_producer(
+            pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order
+        ),
+    }
+    try:
+        cp.load()
+    except cp.CutlassUnavailable as exc:
+        print(f"cutlass producer skipped: {exc}")
+        return out
+    for name, cluster in (("cutlass_expert (2x1)", (2, 1)), ("cutlass_expert (1x2)", (1, 2))):
+        prod = cp.CutlassProducer(cluster, "expert")
+        out[name] = lambda prod=prod: prod.launch(pb.x, pb.w, y, p, ready, num_programs=sms)
+    return out
+
+
+def run(spec: WorkloadSpec, reps: int) -> pd.DataFrame:
+    dev = torch.device("cuda")
+    pb = problem(spec, 128, "aligned", dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rows = []
+    for name, step in _impls(pb, sms).items():
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                step()
+            torch.cuda.synchronize()
+        for e in prof.key_averages():
+            us = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0))
+            if us > 0:
+                rows.append(
+                    {"impl": name, "kernel": e.key[:70], "calls": e.count / reps, "us": us / reps}
+                )
+    df = pd.DataFrame(rows)
+    for k in ("out", "experts_per_rank", "routing"):
+        df[k] = getattr(spec, k)
+    df["valid_rows"] = int(pb.x_valid.shape[0])
+    df["gemm_rows"] = int(pb.plan.n_padded)
+    return df
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "results"))
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    frames = []
+    for E, routing in ((16, "balanced"), (64, "balanced"), (64, "stress_skew"), (32, "balanced")):
+        spec = WorkloadSpec(8192, 2048, 8192, E, 2, 2, routing, "bfloat16")
+        df = run(spec, args.reps)
+        frames.append(df)
+        tot = df.groupby("impl")["us"].sum().round(1).to_dict()
+        print(f"== T=8192 K=2048 N=8192 E={E} W=2 {routing}: us per step {tot}")
+        print(df[["impl", "kernel", "calls", "us"]].round(1).to_string(index=False))
+    path = Path(args.out) / "producer_profile.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.concat(frames).to_parquet(path, index=False)
+
+
+if __name__ == "__main__":
+    main()
