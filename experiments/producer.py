@@ -269,13 +269,13 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
 def _cutlass_kernel(
     ctx: RunContext, cell: dict, pb
 ) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
-    """The CUTLASS producer's cell (always with its flags: they sit in its epilogue)."""
+    """The CUTLASS producer's cell; flags off = no band signalled (n_signal 0, no store wait)."""
     from systems.overlap import cutlass_producer as cp
     from systems.overlap.plan import producer_order
 
     p, params = pb.plan, cell["params"]
     flags = bool(params["flags"])
-    n_signal = None if flags else 0  # flags off: no band is signalled (no store wait)
+    n_signal = None if flags else 0
     if int(params["tile_m"]) != cp.BLOCK_M:
         raise ValueError(f"the CUTLASS producer has tile_m {cp.BLOCK_M} only")
     grouping, cluster = CUTLASS_CONFIGS[params["config"]]
@@ -291,12 +291,10 @@ def _cutlass_kernel(
 
     go()
     torch.cuda.synchronize(ctx.device)
-    got = ready[p.schedule[: p.n_remote_bands]]
-    if not bool((got == (cp.band_increment(n) if flags else 0)).all()):
+    got, want = ready[p.schedule[: p.n_remote_bands]], cp.band_increment(n) if flags else 0
+    if not bool((got == want).all()):
         vals = sorted(set(got.tolist()))[:8]
-        raise RuntimeError(
-            f"cutlass producer: ready flags {vals} after one run, want {cp.band_increment(n)}"
-        )
+        raise RuntimeError(f"cutlass producer: ready flags {vals} after one run, want {want}")
     local = ready[p.schedule[p.n_remote_bands :]]
     if bool((local != 0).any()):
         raise RuntimeError("cutlass producer: a local band was signalled")
