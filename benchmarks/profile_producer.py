@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.profiling import kernel_times
 from experiments.producer import problem
 from harness.workload import WorkloadSpec
 
@@ -56,19 +56,7 @@ def run(spec: WorkloadSpec, reps: int) -> pd.DataFrame:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows = []
     for name, step in _impls(pb, sms).items():
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                step()
-            torch.cuda.synchronize()
-        for e in prof.key_averages():
-            us = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0))
-            if us > 0:
-                rows.append(
-                    {"impl": name, "kernel": e.key[:70], "calls": e.count / reps, "us": us / reps}
-                )
+        rows += [{"impl": name, **r, "kernel": r["kernel"][:70]} for r in kernel_times(step, reps)]
     df = pd.DataFrame(rows)
     for k in ("out", "experts_per_rank", "routing"):
         df[k] = getattr(spec, k)

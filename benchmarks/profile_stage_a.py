@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.profiling import kernel_times
 from harness.layout import rank_layout
 from harness.workload import WorkloadSpec
 from systems.overlap.plan_device import build_plan_device, padded_input_device
@@ -43,18 +43,10 @@ def run(spec: WorkloadSpec, reps: int) -> pd.DataFrame:
         )
         return padded_input_device(x, plan)
 
-    for _ in range(3):
-        stage_a()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            stage_a()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        us = getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0))
-        if us > 0:
-            rows.append({"kernel": e.key[:60], "calls": e.count // reps, "us_per_plan": us / reps})
+    rows = [
+        {"kernel": r["kernel"][:60], "calls": int(r["calls"]), "us_per_plan": r["us"]}
+        for r in kernel_times(stage_a, reps)
+    ]
     df = pd.DataFrame(rows).sort_values("us_per_plan", ascending=False)
     for k in ("tokens_per_rank", "out", "experts_per_rank", "world_size", "routing"):
         df[k] = getattr(spec, k)
