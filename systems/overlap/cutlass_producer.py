@@ -178,16 +178,16 @@ class CutlassProducer:
             raise ValueError("cutlass producer operands must be contiguous")
         if band_ready.dtype != torch.int32:
             raise ValueError("band_ready must be int32")
-        if plan.schedule.numel() == 0:
+        bands = plan.schedule.numel()  # B, or the bound B' of a DevicePlan
+        if bands == 0:
             return
-        groups = plan.schedule.numel() if self.grouping == "band" else E
+        groups = bands if self.grouping == "band" else E
         n_signal = plan.n_remote_bands if n_signal is None else n_signal
         dev_counts = getattr(plan, "counts_on_device", False)
         n_bands_dev = plan.n_bands.reshape(1) if dev_counts else None
         sig_dev = _i64(n_signal.reshape(1)) if isinstance(n_signal, torch.Tensor) else None
         sig_host = 0 if sig_dev is not None else int(n_signal)
         code = DTYPE_CODES[x.dtype]
-        bands = plan.schedule.numel()
         args, ws = self._buffers(code, groups, bands, num_programs, x.device)
         keep = [_i64(a) for a in (plan.schedule, plan.band_expert, plan.band_row, plan.band_rows)]
         order64 = None if order is None else _i64(order)
