@@ -20,6 +20,8 @@
 #        later steps) shared_loopback (compute on SMs - cCTA next to the step, one GPU) repeat
 #        (N=4096 balanced cells in three processes: the run-to-run spread) producer_cutlass (the
 #        CUTLASS producer against the Triton one and the references; needs build/ carried)
+#        producer_layouts (the producer per layout aligned|packed|compact, order expert, Triton
+#        and CUTLASS, next to the references)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -71,6 +73,8 @@ for step in $steps; do
       eval "extra=(${CUTLASS_ARGS:-})"  # Hydra overrides, quoted as on a command line
       CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-300}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_cutlass.parquet" 'experiment.options.configs=[table,cutlass,cutlass_expert,cutlass_expert_c12]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[aligned]' "${extra[@]}" 2>&1 | tail -4
       python3 -c "from plots.producer import ratios; import pandas as pd; d=pd.read_parquet('$OUT/producer_cutlass.parquet'); print(d.groupby(['system','p_config','status'],dropna=False).size().to_string()); print(d[d.status!='ok'][['experts_per_rank','p_config','reason']].drop_duplicates('p_config').to_string()[:1500]); r=ratios(d); print(r.pivot_table(index=['out','experts_per_rank','routing'],columns='variant',values='vs_grouped_mm').round(3).to_string())" ;;
+    producer_layouts) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-240}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_layouts.parquet" 'experiment.options.configs=[table,cutlass_expert_c12]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -4
+      python3 -c "from plots.producer import ratios; import pandas as pd; d=pd.read_parquet('$OUT/producer_layouts.parquet'); print(d.groupby(['system','p_layout','p_config','status'],dropna=False).size().to_string()); r=ratios(d); print(r.pivot_table(index=['out','experts_per_rank','routing'],columns='variant',values='vs_grouped_mm').round(3).to_string()); print(r.groupby('variant')['vs_grouped_mm'].describe().round(3).to_string())" ;;
     producer_variants) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-270}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_variants.parquet" 'experiment.options.configs=[table,group8,stages4,g8s4]' 'experiment.systems.overlap.sweep.layout=[aligned]' 2>&1 | tail -2 ;;
     operator_auto) timeout "${ORDER_S:-150}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto 2>&1 | tail -1
       python3 -m benchmarks.table_summary "$OUT/operator_auto.parquet" 2>&1 | tail -31 ;;

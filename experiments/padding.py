@@ -8,7 +8,9 @@ global routing, for EVERY rank of the logical W (no plan is built, nothing is ti
   packed[r]    the same if r's remote rows of an expert were packed, all owners back to back and
                padded once: sum over r's experts g of (-sum_{s != r} C[s, g]) mod tile_m
                (the `packed` layout beyond the paper; build_plan(..., layout="packed") pads
-               exactly this, tests/test_plan.py)
+               exactly this, tests/test_plan.py); the `compact` layout pads nothing
+  tiles_<layout>[r]  row tiles (bands) r's producer computes in each layout (plan.row_tiles):
+               what padding costs in GEMM work; compact's equal torch._grouped_mm's
 Bounds drawn next to the data, per rank: the paper's (W-1)(tile_m-1) and the true worst case
 E(W-1)(tile_m-1) (every (remote owner, expert) group can need tile_m-1 zero rows).
 The routing is drawn once per (W, E, routing, tokens, top_k, seed) and reused for every tile_m.
@@ -28,7 +30,13 @@ from harness.records import Row, command_line, provenance
 from harness.routing import imbalance
 from harness.system import RunContext
 from harness.workload import WorkloadSpec, routing_of
-from systems.overlap.plan import owner_expert_counts, packed_padding_rows, padding_rows
+from systems.overlap.plan import (
+    LAYOUTS,
+    owner_expert_counts,
+    packed_padding_rows,
+    padding_rows,
+    row_tiles,
+)
 
 AXES = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
 _CACHE: dict[tuple, tuple[torch.Tensor, dict]] = {}
@@ -111,7 +119,10 @@ def padding_metrics(counts: torch.Tensor, experts_per_rank: int, tile_m: int) ->
     b_paper = (W - 1) * (tm - 1)
     b_expert = E * b_paper
     nan = float("nan")
+    tiles = {lay: row_tiles(counts, E, tm, lay).double() for lay in LAYOUTS}  # [W] each
     return {
+        **{f"tiles_{lay}_max": float(t.max()) for lay, t in tiles.items()},
+        **{f"tiles_{lay}_total": float(t.sum()) for lay, t in tiles.items()},
         "pad_rows_max": float(pad.max()),
         "pad_rows_mean": float(pad.mean()),
         "pad_rows_min": float(pad.min()),

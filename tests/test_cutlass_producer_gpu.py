@@ -34,9 +34,11 @@ CASES = {
     "grouping,cluster", [("band", (1, 2)), ("band", (1, 1)), ("expert", (2, 1)), ("expert", (1, 2))]
 )
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_cutlass_producer_rows_and_flags(dtype, grouping, cluster, case):
+@pytest.mark.parametrize("layout", ["aligned", "compact"])
+def test_cutlass_producer_rows_and_flags(dtype, grouping, cluster, case, layout):
+    # compact: no zero rows, mixed bands (remote rows, then local rows) are signalled
     rows, rank = CASES[case]
-    plan = synthetic_plan(rows, rank=rank, tile_m=128, device=DEV)
+    plan = synthetic_plan(rows, rank=rank, tile_m=128, device=DEV, layout=layout)
     k, n = 256, 512
     g = torch.Generator(device=DEV).manual_seed(0)
     x = torch.randn(plan.n_padded, k, generator=g, device=DEV).to(dtype)

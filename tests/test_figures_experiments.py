@@ -75,8 +75,8 @@ def test_ccta_mgb_grid_has_twelve_cctas_two_mgbs_auto_and_serial_once():
 def test_correctness_grid_mirrors_the_paper_per_transport(experiment, transport, world):
     cfg, cells = _cells(experiment)
     assert cfg.experiment.name == "correctness"  # every pass into one table
-    assert len(cells) == 3 * 12 * 2 * 2 * 3 * 2  # routings x cCTA x mgb x N x E x layout
-    assert {c["params"]["layout"] for c in cells} == {"aligned", "packed"}
+    assert len(cells) == 3 * 12 * 2 * 2 * 3 * 3  # routings x cCTA x mgb x N x E x layout
+    assert {c["params"]["layout"] for c in cells} == {"aligned", "packed", "compact"}
     assert {c["params"]["transport"] for c in cells} == {transport}
     assert {c["params"]["ccta"] for c in cells} == set(CCTAS)
     assert {c["world_size"] for c in cells} == {world}
@@ -91,7 +91,7 @@ def test_correctness_passes_are_distinct_cells():
     assert cfg.hardware.world_size == 1
     assert {c["world_size"] for c in loop} == {4}
     assert {c["params"]["transport"] for c in loop} == {"loopback"}
-    assert len(loop) == 864
+    assert len(loop) == 1296
     assert not hashes[0] & hashes[1] and not hashes[0] & {c["cell_hash"] for c in loop}
 
 

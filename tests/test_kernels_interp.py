@@ -401,15 +401,16 @@ MIXED_ROWS = [[20, 7, 5], [3, 33, 18]]
 @needs_interpreter
 @pytest.mark.parametrize("mgb,ccta,local", [(1, 2, "copy"), (2, 3, "copy"), (1, 2, "direct")])
 def test_runner_packed_delivers_what_aligned_delivers(mgb, ccta, local):
-    # producer + consumer on loopback, packed vs aligned plans of the same rows: every
-    # destination buffer and the receive counters must end up the same, over two runs
+    # producer + consumer on loopback, packed and compact vs aligned plans of the same rows:
+    # every destination buffer and the receive counters must end up the same, over two runs
+    # (compact: mixed bands, whose local rows the producer's epilogue stores at local=direct)
     g = torch.Generator().manual_seed(1)
     K, N = 40, 48
     rows = sum(map(sum, MIXED_ROWS))
     x_recv = torch.randint(-2, 3, (rows, K), generator=g).half()
     w = torch.randint(-2, 3, (2, K, N), generator=g).half()
     bufs, counters = {}, {}
-    for layout in ("aligned", "packed"):
+    for layout in ("aligned", "packed", "compact"):
         plan = synthetic_plan(MIXED_ROWS, rank=2, tile_m=TILE_M, mgb=mgb, layout=layout)
         fabric = LoopbackFabric(plan.dst_rows, N, torch.float16, "cpu")
         runner = OverlapRunner(
@@ -441,8 +442,11 @@ def test_runner_packed_delivers_what_aligned_delivers(mgb, ccta, local):
     packed = synthetic_plan(MIXED_ROWS, rank=2, tile_m=TILE_M, layout="packed")
     assert packed.n_padding < synthetic_plan(MIXED_ROWS, rank=2, tile_m=TILE_M).n_padding
     assert packed.piece_band.unique().numel() < packed.piece_band.numel()  # mixed bands
-    assert torch.equal(bufs["packed"], bufs["aligned"])
-    assert torch.equal(counters["packed"], counters["aligned"])
+    compact = synthetic_plan(MIXED_ROWS, rank=2, tile_m=TILE_M, layout="compact")
+    assert compact.n_padding == 0 and compact.n_bands < packed.n_bands
+    for layout in ("packed", "compact"):
+        assert torch.equal(bufs[layout], bufs["aligned"]), layout
+        assert torch.equal(counters[layout], counters["aligned"]), layout
     assert counters["aligned"][:, 2].tolist() == [2 * 23, 2 * 40, 0]  # per run: 20 + 3, 7 + 33
 
 

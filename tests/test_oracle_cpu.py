@@ -114,11 +114,12 @@ def test_packed_layout_delivers_what_the_aligned_one_delivers(routing, W, E, tm,
     ]
     weights = [torch.randint(-3, 4, (E, 32, 48), generator=g).float() for _ in range(W)]
     backs = {}
-    for layout in ("aligned", "packed"):
+    for layout in ("aligned", "packed", "compact"):
         plans = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout=layout)[0]
         backs[layout] = _receive_buffers(plans, x_recvs, weights, 48)
     for d in range(W):
         assert torch.equal(backs["packed"][d], backs["aligned"][d]), d
+        assert torch.equal(backs["compact"][d], backs["aligned"][d]), d
         assert backs["aligned"][d].abs().sum() > 0
     packed = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout="packed")[0]
     assert any(p.piece_band.unique().numel() < p.piece_band.numel() for p in packed), (
@@ -126,10 +127,11 @@ def test_packed_layout_delivers_what_the_aligned_one_delivers(routing, W, E, tm,
     )
 
 
+@pytest.mark.parametrize("layout", ["packed", "compact"])
 @pytest.mark.parametrize("routing", ROUTINGS)
-def test_packed_overlap_loopback_equals_reference(routing):
+def test_packed_overlap_loopback_equals_reference(routing, layout):
     spec = _spec(routing, W=4, E=3)
-    plans, lays = plans_for_spec(spec, tile_m=16, mgb=2, layout="packed")
+    plans, lays = plans_for_spec(spec, tile_m=16, mgb=2, layout=layout)
     x_recvs = [dispatch_local(spec, lay, CPU) for lay in lays]
     weights = [make_rank_weights(spec, r, CPU) for r in range(4)]
     outs = overlap_loopback(plans, x_recvs, weights, lays, spec.tokens_per_rank)

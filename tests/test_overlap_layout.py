@@ -1,5 +1,6 @@
-"""The overlap system's `layout` param (aligned | packed) on the CPU: validation, the skip of
-FFN cells, the cell hash at the default, and setup handing the layout to the played ranks."""
+"""The overlap system's `layout` param (aligned | packed | compact) on the CPU: validation, the
+skip of FFN cells, the cell hash at the default, and setup handing the layout to the played
+ranks."""
 
 from types import SimpleNamespace
 
@@ -20,9 +21,10 @@ def _spec(ffn=0):
 
 def test_validate_rejects_an_unknown_layout_in_one_line():
     osys.OverlapSystem.validate(_spec(), {**P, "layout": "packed"}, 132)
+    osys.OverlapSystem.validate(_spec(), {**P, "layout": "compact"}, 132)
     with pytest.raises(ValueError) as exc:
         osys.OverlapSystem.validate(_spec(), {**P, "layout": "dense"}, 132)
-    assert str(exc.value) == "overlap: layout must be one of aligned, packed, got 'dense'"
+    assert str(exc.value) == "overlap: layout must be one of aligned, packed, compact, got 'dense'"
 
 
 def test_packed_skips_ffn_cells_with_a_reason_and_runs_operator_cells():
@@ -56,7 +58,7 @@ def test_setup_hands_the_layout_to_the_played_ranks(monkeypatch):
     monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
     monkeypatch.setattr(osys.OverlapSystem, "_describe", lambda self, inp: None)  # GPU timing
     ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
-    for layout in ("aligned", "packed"):
+    for layout in ("aligned", "packed", "compact"):
         sysm = osys.OverlapSystem(ctx, {"layout": layout, "transport": "loopback"})
         sysm.setup([SimpleNamespace(spec=_spec())])
         assert seen["layout"] == layout

@@ -41,7 +41,7 @@ def test_overlap_equals_reference_on_loopback_grid(tmp_path):
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("mgb", [1, 2])
 @pytest.mark.parametrize("local", ["copy", "direct"])
-@pytest.mark.parametrize("layout", ["aligned", "packed"])
+@pytest.mark.parametrize("layout", ["aligned", "packed", "compact"])
 @pytest.mark.parametrize("order", ["remote_first", "expert"])
 def test_row_placement_equals_cpu_oracle(routing, world, mgb, local, layout, order):
     """Every destination buffer of the loopback system equals the CPU oracle's (packed: also

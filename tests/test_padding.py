@@ -17,6 +17,7 @@ from systems.overlap.plan import (
     packed_padding_rows,
     padding_rows,
     plans_for_spec,
+    row_tiles,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,23 @@ def test_exact_count_equals_the_plans_padding(routing, W, E, T, tm):
     assert m["gemm_rows_total"] == sum(p.n_padded for p in plans)
     assert m["pad_rows_max"] <= m["bound_expert_rows"]
     assert 0 <= m["pad_share"] < 1
+    for layout in ("aligned", "packed", "compact"):
+        bands = [p.n_bands for p in plans_for_spec(spec, tile_m=tm, mgb=1, layout=layout)[0]]
+        assert m[f"tiles_{layout}_total"] == sum(bands) and m[f"tiles_{layout}_max"] == max(bands)
+    assert m["tiles_compact_total"] <= m["tiles_packed_total"] <= m["tiles_aligned_total"]
+
+
+def test_row_tiles_hand_example():
+    # W=2, E=1, tile_m=4; rank 0 holds 1 local row and 2 from rank 1: aligned and packed tile
+    # them in 2 bands, compact in 1 (the local row fills the remote band's padding)
+    C = torch.tensor([[1, 0], [2, 0]])
+    assert [row_tiles(C, 1, 4, lay)[0].item() for lay in ("aligned", "packed", "compact")] == [
+        2,
+        2,
+        1,
+    ]
+    with pytest.raises(ValueError, match="layout must be one of"):
+        row_tiles(C, 1, 4, "dense")
 
 
 def test_packed_padding_pads_each_expert_once():

@@ -334,13 +334,14 @@ def test_local_row_map_of_a_host_plan_and_of_worst_case_arrays():
 
 
 def check_packed_plan(plan, src, expert, dst, buf_rows):
-    """Properties of a packed plan (build_plan(..., layout="packed"))."""
+    """Properties of a packed or compact plan (build_plan(..., layout="packed" / "compact"))."""
     from systems.overlap.plan import plan_pieces
 
     W, E, tm, rank = plan.world_size, plan.experts_per_rank, plan.tile_m, plan.rank
     R, P, B, NR = plan.n_rows, plan.n_padded, plan.n_bands, plan.n_remote_bands
     gi = plan.gather_index
-    assert plan.layout == "packed"
+    compact = plan.layout == "compact"
+    assert plan.layout in ("packed", "compact")
     # Layout: every x_recv row once; per expert remote rows (owners ascending) then local rows.
     assert torch.equal(gi[plan.row_pos], torch.arange(R))
     assert int(plan.expert_row_start[-1]) == P
@@ -353,14 +354,32 @@ def check_packed_plan(plan, src, expert, dst, buf_rows):
     slot = torch.where(src[x] == rank, W, src[x])
     key = expert[x] * (W + 1) + slot
     assert bool((key[1:] >= key[:-1]).all())  # experts ascending, owners ascending, local last
-    # Padding: once per expert, after its remote rows: < tile_m per expert.
+    # Padding: packed once per expert, after its remote rows (< tile_m per expert); compact none.
     rem = torch.bincount(expert[src != rank], minlength=E)
-    assert plan.n_padding == int((-rem).remainder(tm).sum()) <= E * (tm - 1)
+    if compact:
+        assert plan.n_padding == 0
+    else:
+        assert plan.n_padding == int((-rem).remainder(tm).sum()) <= E * (tm - 1)
     assert torch.equal(plan.group_padded, plan.group_rows)
-    # Bands: remote bands hold only remote rows, full tile_m; local bands only local, unpadded.
+    # Bands: remote bands hold remote rows, full tile_m (compact: all but an expert's last; then
+    # the expert's first local rows may follow in the same, mixed, band); local bands hold only
+    # local rows, unpadded.
     is_remote = torch.zeros(B, dtype=torch.bool).index_fill_(0, plan.schedule[:NR], True)
-    assert torch.equal(src[x] != rank, is_remote[b[valid]])
-    assert bool((plan.band_rows[is_remote] == tm).all())
+    rr = src[x] != rank
+    assert bool(is_remote[b[valid]][rr].all())
+    assert bool((~is_remote[b[valid]][~rr]).all()) or compact
+    if compact:
+        n_e = torch.bincount(expert, minlength=E)
+        assert torch.equal(torch.bincount(plan.band_expert, minlength=E), (n_e + tm - 1) // tm)
+        assert torch.equal(plan.band_valid, plan.band_rows)
+        last = torch.ones(B, dtype=torch.bool)
+        last[:-1] = plan.band_expert[1:] != plan.band_expert[:-1]
+        assert bool((plan.band_rows[~last] == tm).all())
+        # a mixed band's local rows follow its remote rows
+        mixed_local = (~rr) & is_remote[b[valid]]
+        assert bool((within[valid][mixed_local] >= 1).all())
+    else:
+        assert bool((plan.band_rows[is_remote] == tm).all())
     assert torch.equal(plan.band_valid[~is_remote], plan.band_rows[~is_remote])
     assert bool((plan.band_dst[~is_remote] == rank).all())
     first = gi[plan.band_row]
@@ -449,12 +468,14 @@ def test_packed_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p
     rank = int(rank_frac * W)
     src, expert, dst, buf_rows = _synthetic(W, E, rank, int(rows_mult * tm), p_empty, seed)
     kw = dict(world_size=W, rank=rank, experts_per_rank=E, tile_m=tm, mgb=mgb, out_cols=24)
-    plan = build_plan(src, expert, dst, elem_bytes=2, layout="packed", **kw)
-    check_packed_plan(plan, src, expert, dst, buf_rows)
     aligned = build_plan(src, expert, dst, elem_bytes=2, **kw)
-    assert plan.n_padding <= aligned.n_padding
-    assert torch.equal(plan.sent_rows, aligned.sent_rows)
-    assert torch.equal(plan.local_dst_index, aligned.local_dst_index)
+    for layout in ("packed", "compact"):
+        plan = build_plan(src, expert, dst, elem_bytes=2, layout=layout, **kw)
+        check_packed_plan(plan, src, expert, dst, buf_rows)
+        assert plan.n_padding <= aligned.n_padding
+        assert plan.n_bands <= aligned.n_bands
+        assert torch.equal(plan.sent_rows, aligned.sent_rows)
+        assert torch.equal(plan.local_dst_index, aligned.local_dst_index)
 
 
 @settings(max_examples=60, deadline=None)
@@ -466,22 +487,30 @@ def test_packed_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p
     routing=st.sampled_from(["balanced", "moderate_skew", "stress_skew"]),
     tokens=st.integers(1, 120),
     seed=st.integers(0, 1000),
+    layout=st.sampled_from(["packed", "compact"]),
 )
 def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
-    W, E, tm, mgb, routing, tokens, seed
+    W, E, tm, mgb, routing, tokens, seed, layout
 ):
-    """Real routings: packed plans write every row of every receive buffer exactly once with the
-    right token, and each rank's padding equals packed_padding_rows (the padding study)."""
+    """Real routings: packed (and compact) plans write every row of every receive buffer exactly
+    once with the right token, each rank's padding equals packed_padding_rows (the padding
+    study) and its bands row_tiles."""
     from harness.workload import routing_of
-    from systems.overlap.plan import owner_expert_counts, packed_padding_rows
+    from systems.overlap.plan import owner_expert_counts, packed_padding_rows, row_tiles
 
     if 2 > W * E:
         return
     spec = WorkloadSpec(tokens, 8, 8, E, 2, W, routing, seed=seed)
-    plans, lays = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout="packed")
+    plans, lays = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout=layout)
     C = owner_expert_counts(routing_of(spec).expert_ids, E)
-    assert packed_padding_rows(C, E, tm).tolist() == [p.n_padding for p in plans]
-    assert all(p.n_padding <= E * (tm - 1) for p in plans)
+    assert row_tiles(C, E, tm, layout).tolist() == [p.n_bands for p in plans]
+    aligned = plans_for_spec(spec, tile_m=tm, mgb=mgb)[0]
+    assert row_tiles(C, E, tm).tolist() == [p.n_bands for p in aligned]
+    if layout == "packed":
+        assert packed_padding_rows(C, E, tm).tolist() == [p.n_padding for p in plans]
+        assert all(p.n_padding <= E * (tm - 1) for p in plans)
+    else:
+        assert all(p.n_padding == 0 for p in plans)
     S_rows = torch.stack([lay.send_counts.sum() for lay in lays])
     hits = [torch.zeros(int(n), dtype=torch.int64) for n in S_rows]
     for plan, lay in zip(plans, lays):
@@ -527,7 +556,42 @@ def test_packed_plan_splits_a_mixed_band_by_owner():
         synthetic_plan(rows, rank=2, tile_m=16, layout="dense")
 
 
-@pytest.mark.parametrize("layout", ["aligned", "packed"])
+def test_compact_plan_fills_the_padding_with_local_rows():
+    """The rows of test_packed_plan_splits_a_mixed_band_by_owner, layout compact: expert 0 =
+    27 remote + 5 local rows = 2 bands (band 1: owner 0's last 4, owner 1's 7, then the 5 local
+    rows), expert 1 = 36 remote + 18 local = 4 bands (band 4: owner 1's last 4 and 12 local
+    rows; band 5: the last 6 local rows). No zero rows; 6 bands = grouped_mm's tiles, where the
+    packed layout has 8 and the aligned one 10."""
+    from systems.overlap.plan import plan_pieces
+
+    rows = [[20, 7, 5], [3, 33, 18]]
+    src, expert, dst, dst_rows = synthetic_rows(rows, rank=2, dst_base=[3, 7, 0])
+    kw = dict(rank=2, tile_m=16, mgb=1, dst_base=[3, 7, 0])
+    plan = synthetic_plan(rows, layout="compact", **kw)
+    check_packed_plan(plan, src, expert, dst, torch.tensor(dst_rows))
+    packed, aligned = synthetic_plan(rows, layout="packed", **kw), synthetic_plan(rows, **kw)
+    assert (plan.n_bands, packed.n_bands, aligned.n_bands) == (6, 8, 10)
+    assert (plan.n_padded, plan.n_padding) == (86, 0)
+    assert plan.expert_row_start.tolist() == [0, 32, 86]
+    assert plan.band_rows.tolist() == [16, 16, 16, 16, 16, 6]
+    assert plan.schedule.tolist() == [2, 3, 4, 0, 1, 5] and plan.n_remote_bands == 5
+    assert plan.band_dst.tolist() == [0, 0, 0, 1, 1, 2]  # owner of each band's first row
+    u = plan_pieces(plan)
+    got = list(zip(*(t.tolist() for t in (u.band, u.row, u.rows, u.dst, u.offset))))
+    assert got == [
+        (2, 32, 3, 0, 23),
+        (2, 35, 13, 1, 14),
+        (3, 48, 16, 1, 27),
+        (4, 64, 4, 1, 43),  # the mixed band of expert 1: its remote rows only
+        (0, 0, 16, 0, 3),
+        (1, 16, 4, 0, 19),
+        (1, 20, 7, 1, 7),  # the mixed band of expert 0: rows 27..31 are local
+    ]
+    assert plan.local_src_row.tolist() == [*range(27, 32), *range(68, 86)]
+    assert torch.equal(plan.local_dst_index, aligned.local_dst_index)
+
+
+@pytest.mark.parametrize("layout", ["aligned", "packed", "compact"])
 @pytest.mark.parametrize("W", [2, 4])
 @pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
 def test_producer_order_groups_each_experts_bands_and_keeps_the_remote_order(W, routing, layout):

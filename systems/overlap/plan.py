@@ -44,6 +44,15 @@ group are consecutive in that order. Segments are built over pieces exactly as o
 the aligned layout (first / last single, middle mgb, cut where the group changes), so a segment
 is still one contiguous range of Y and of one destination. Local bands never mix with remote
 rows (the remote part is padded before the local group), so the local copy is unchanged.
+
+layout="compact" (beyond the paper): per expert e, X_e = [ALL remote groups back to back, owners
+ascending][local group], with NO zero rows at all (P = R): the local rows fill what the packed
+layout pads. The expert's bands are then exactly torch._grouped_mm's row tiles of that expert
+(ceil((remote + local) / tile_m) of them; only the expert's last band can be short). The band
+that holds an expert's last remote rows may hold its first local rows too: such a *mixed* band
+is a remote band (in the remote schedule, signalled); its pieces cover its remote rows only,
+and its local rows are copied (or stored by the producer's epilogue, local=direct) like every
+other local row. Pieces, segments and the local-row arrays are built as in the packed layout.
 """
 
 from __future__ import annotations
@@ -97,8 +106,8 @@ class CombinePlan:
       recv_row_start [W]  rank s's rows land at recv_row_start[s] .. + recv_rows[s] - 1
       local_src_row   [L]  padded GEMM row of each local row
       local_dst_index [L]  its position in this rank's own receive buffer
-    Layout (host str) "aligned" (the paper's, above) or "packed" (module docstring). In a
-    packed plan these fields change meaning:
+    Layout (host str) "aligned" (the paper's, above), "packed" or "compact" (module docstring).
+    In a packed or compact plan these fields change meaning:
       group_padded  = group_rows (no per-group padding: expert e pads once, with
                       expert_row_start[e+1] - expert_row_start[e] - group_rows[e].sum() zero rows)
       band_dst      owner of the band's FIRST valid row (a remote band may hold several owners)
@@ -107,8 +116,10 @@ class CombinePlan:
       seg_start     index into the PIECES (not into schedule) of the segment's first piece;
       seg_count     pieces in the segment (each piece in its own band; at mgb=1 one segment
                     per (band, owner) piece)
-      n_remote_bands bands holding any remote row (all full tile_m bands)
-    and the pieces (None in an aligned plan; plan_pieces() gives them for either layout):
+      n_remote_bands bands holding any remote row (packed: all full tile_m bands; compact:
+                    an expert's last one may be short, or hold local rows after its remote rows)
+      band_valid    packed: rows before the padding; compact: = band_rows (no padding)
+    and the pieces (None in an aligned plan; plan_pieces() gives them for any layout):
       piece_band   [Q]  band of the piece (whose ready counter the consumer waits for)
       piece_row    [Q]  padded GEMM row of its first row
       piece_rows   [Q]  its rows (all valid, one owner)
@@ -180,8 +191,9 @@ def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, 0) - x
 
 
-#: row layouts of stage A: the paper's remote-aligned one, and the packed one (beyond the paper)
-LAYOUTS = ("aligned", "packed")
+#: row layouts of stage A: the paper's remote-aligned one, and the packed and compact ones
+#: (beyond the paper; module docstring)
+LAYOUTS = ("aligned", "packed", "compact")
 
 
 def _segments(unit_start: torch.Tensor, mgb: int, n_segments: int):
@@ -248,7 +260,7 @@ def build_plan(
         raise ValueError(f"experts_per_rank, tile_m, mgb must be >= 1; got {E}, {tm}, {mgb}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if layout == "packed":
+    if layout in ("packed", "compact"):
         return _build_packed(
             recv_src,
             recv_expert,
@@ -261,6 +273,7 @@ def build_plan(
             out_cols=out_cols,
             elem_bytes=elem_bytes,
             send_counts=send_counts,
+            compact=layout == "compact",
         )
     dev = recv_src.device
     i64 = {"dtype": torch.int64, "device": dev}
@@ -399,9 +412,13 @@ def _build_packed(
     out_cols: int,
     elem_bytes: int,
     send_counts: torch.Tensor | None,
+    compact: bool = False,
 ) -> CombinePlan:
     """build_plan with layout="packed": per expert [remote rows of all owners back to back,
     padded once to tile_m][local rows]; pieces = (band, owner) runs; segments over the pieces.
+    compact=True (layout="compact"): no padding at all, the local rows follow the remote rows
+    directly, so the expert's band that holds its last remote rows holds local rows too (a
+    *mixed* band: remote, signalled, its pieces cover its remote rows only).
     Inputs as build_plan's; one host sync (six sizes)."""
     W, E, tm = world_size, experts_per_rank, tile_m
     dev = recv_src.device
@@ -419,18 +436,26 @@ def _build_packed(
     cnt = torch.zeros(G, **i64).index_add_(0, grp, torch.ones_like(grp))  # [G]
     cnt2 = cnt.view(E, W)
     rem, loc = cnt2[:, : W - 1].sum(1), cnt2[:, W - 1]  # [E] remote / local rows per expert
-    nbr, nbl = (rem + tm - 1) // tm, (loc + tm - 1) // tm  # [E] remote / local bands
-    rpad = nbr * tm  # [E] GEMM rows of the packed remote part
-    exp_start = _excl_cumsum(rpad + loc)  # [E]
+    nbr = (rem + tm - 1) // tm  # [E] bands holding remote rows
     within = torch.cumsum(cnt2, 1) - cnt2  # [E, W] group start inside its expert
-    within[:, W - 1] = rpad  # the local group after the padded remote part
+    if compact:  # [E] GEMM rows of the remote section (its bands) and of the local section
+        rsec = torch.minimum(nbr * tm, rem + loc)  # the mixed band's local rows included
+        lsec = rem + loc - rsec
+        rvalid = rsec  # no zero rows
+    else:
+        rsec, lsec, rvalid = nbr * tm, loc, rem
+        within[:, W - 1] = rsec  # the local group after the padded remote part
+    nbl = (lsec + tm - 1) // tm  # [E] local-only bands
+    exp_start = _excl_cumsum(rsec + lsec)  # [E]
     grp_row = (exp_start[:, None] + within).reshape(-1)  # [G] first padded row of each group
     grp_dst = torch.zeros(G, **i64).scatter_reduce_(0, grp, dst, "amin", include_self=False)
 
-    # Sections: (expert, remote part | local part); their bands tile the layout in order.
+    # Sections: (expert, remote part | local part); their bands tile the layout in order. A
+    # band holds min(tile_m, section rows left) GEMM rows, the first band_valid of them valid.
     sec_nb = torch.stack([nbr, nbl], 1).reshape(-1)  # [2E]
-    sec_valid = torch.stack([rem, loc], 1).reshape(-1)
-    sec_row = torch.stack([exp_start, exp_start + rpad], 1).reshape(-1)
+    sec_rows = torch.stack([rsec, lsec], 1).reshape(-1)
+    sec_valid = torch.stack([rvalid, lsec], 1).reshape(-1)
+    sec_row = torch.stack([exp_start, exp_start + rsec], 1).reshape(-1)
     sec_first = _excl_cumsum(sec_nb)  # first band id of each section
     exp_order = torch.sort(-nbr * E + torch.arange(E, device=dev)).indices  # rule (ii)
     sched_secs = torch.cat([exp_order * 2, torch.arange(E, device=dev) * 2 + 1])  # [2E]
@@ -448,7 +473,7 @@ def _build_packed(
     hi = torch.minimum(a + npc - 1, n_pieces - 2)
     mid = (hi - lo + 1).clamp(min=0)
     n_seg = (n_pieces >= 1).long() + (n_pieces >= 2).long() + ((mid + mgb - 1) // mgb).sum()
-    sizes = torch.stack([(rpad + loc).sum(), sec_nb.sum(), nbr.sum(), n_pieces, n_seg, loc.sum()])
+    sizes = torch.stack([(rsec + lsec).sum(), sec_nb.sum(), nbr.sum(), n_pieces, n_seg, loc.sum()])
     P, B, NR, Q, S, L = sizes.tolist()  # THE one host synchronisation
 
     # Rows -> padded positions.
@@ -457,7 +482,7 @@ def _build_packed(
     row_pos = torch.empty(R, **i64)
     row_pos[order] = grp_row[g_sorted] + (k - _excl_cumsum(cnt)[g_sorted])
     gather_index = torch.full((P,), -1, **i64).scatter_(0, row_pos, k)
-    expert_row_start = torch.cat([torch.zeros(1, **i64), torch.cumsum(rpad + loc, 0)])
+    expert_row_start = torch.cat([torch.zeros(1, **i64), torch.cumsum(rsec + lsec, 0)])
 
     # Bands in layout order.
     band_sec = torch.repeat_interleave(torch.arange(2 * E, device=dev), sec_nb, output_size=B)
@@ -465,7 +490,7 @@ def _build_packed(
     band_row = sec_row[band_sec] + q * tm
     band_valid = (sec_valid[band_sec] - q * tm).clamp(max=tm)
     is_local = band_sec % 2 == 1
-    band_rows = torch.where(is_local, band_valid, tm)
+    band_rows = (sec_rows[band_sec] - q * tm).clamp(max=tm)
     first_row = gather_index[band_row]  # x_recv row of each band's first row (always valid)
     band_dst = torch.where(is_local, rank, src[first_row])
     band_offset = dst[first_row]
@@ -541,7 +566,7 @@ def _build_packed(
         recv_row_start=recv_start,
         local_src_row=row_pos[loc_rows],
         local_dst_index=dst[loc_rows],
-        layout="packed",
+        layout="compact" if compact else "packed",
         piece_band=piece_band,
         piece_row=piece_row,
         piece_rows=piece_rows,
@@ -654,6 +679,29 @@ def packed_padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int
     c = counts.view(W, W, experts_per_rank)  # [s, r, e]
     remote = (c * (1 - torch.eye(W, dtype=c.dtype, device=c.device))[:, :, None]).sum(0)  # [r, e]
     return (-remote).remainder(tile_m).sum(1)
+
+
+def row_tiles(
+    counts: torch.Tensor, experts_per_rank: int, tile_m: int, layout: str = "aligned"
+) -> torch.Tensor:
+    """Row tiles (bands) the producer of every rank computes [W], from C [W, W*E]
+    (owner_expert_counts), in `layout`: aligned sum over r's experts g of (sum over remote owners
+    s of ceil(C[s, g] / tile_m)) + ceil(C[r, g] / tile_m); packed ceil(remote / tile_m) +
+    ceil(local / tile_m); compact ceil((remote + local) / tile_m), which is what
+    torch._grouped_mm tiles. Equals build_plan(..., layout=layout).n_bands."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    W, tm = counts.shape[0], tile_m
+    c = counts.view(W, W, experts_per_rank)  # [s, r, e]
+    eye = torch.eye(W, dtype=torch.bool, device=c.device)[:, :, None]
+    local = c.diagonal(dim1=0, dim2=1).t()  # [r, e]
+    ceil = lambda n: (n + tm - 1) // tm  # noqa: E731
+    if layout == "aligned":
+        return (ceil(c) * ~eye).sum((0, 2)) + ceil(local).sum(1)
+    remote = (c * ~eye).sum(0)  # [r, e]
+    if layout == "packed":
+        return (ceil(remote) + ceil(local)).sum(1)
+    return ceil(remote + local).sum(1)
 
 
 def plans_for_spec(

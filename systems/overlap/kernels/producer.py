@@ -246,10 +246,11 @@ def _producer_kernel(
         mask = (rm[:, None] < nrows) & (cols[None, :] < N)
         ptrs = y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
         if LOCAL_DIRECT:
-            # a local band's rows go straight to their places in this rank's own receive
-            # buffer (row_dst >= 0); its padding rows (row_dst = -1) are not stored at all
-            local = s >= n_signal
-            dst = tl.load(row_dst + rows, mask=(rm < nrows) & local, other=-1)
+            # local rows go straight to their places in this rank's own receive buffer
+            # (row_dst >= 0): every row of a local band, and the local rows of a compact
+            # layout's mixed band (signalled, its remote rows go to Y); a local band's rows
+            # with row_dst = -1 are not stored at all
+            dst = tl.load(row_dst + rows, mask=rm < nrows, other=-1)
             mine = dst >= 0
             ptrs = tl.where(
                 mine[:, None], recv_ptr + dst.to(tl.int64)[:, None] * N + cols[None, :], ptrs
@@ -312,10 +313,11 @@ def launch_producer(
     n_signal: schedule positions [0, n_signal) are signalled (None: plan.n_remote_bands; an int
     or, with a DevicePlan, a device tensor);
     num_programs: persistent grid (producer_grid: SMs - cCTA); signal=False: no flags (FLAG=0);
-    local_to = (recv [S, N], row_dst [P] int32/int64): the local bands (schedule positions >=
-    n_signal) store each valid row p at recv[row_dst[p]] instead of y[p] (rows with row_dst -1
-    are not stored): the local copy happens in the epilogue (systems/overlap/plan.py
-    local_row_map builds row_dst);
+    local_to = (recv [S, N], row_dst [P] int32/int64): every row p with row_dst[p] >= 0 (a
+    local row, in a local band or in a compact layout's mixed band) is stored at
+    recv[row_dst[p]] instead of y[p]; the other rows of a local band (row_dst -1) are not
+    stored: the local copy happens in the epilogue (systems/overlap/plan.py local_row_map
+    builds row_dst);
     order [B] int32 or int64 (optional): the visiting order of the schedule positions
     (systems/overlap/plan.py producer_order, or a DevicePlan's `visit`); tiles are swizzled
     over the visiting order, and a band is signalled iff its schedule position is < n_signal,
