@@ -8,7 +8,7 @@
 #        Hydra overrides) operator_x2_nvshmem layer_x2_nvshmem (the overlap rows over nvshmem into
 #        the same tables; LAYER_T picks the layer's tokens per rank) exps (the harness experiments
 #        named in EXPS, each bounded by EXP_S seconds, tables copied to $OUT) variants (the overlap
-#        operator rows, local copy|direct x layout aligned|packed, with serial, side by side) verify (the 2-GPU and
+#        operator rows, local copy|direct x layout aligned|packed|compact, with serial, side by side) verify (the 2-GPU and
 #        overlap GPU tests of the latest fixes) one_gpu (the experiments in EXPS1 on
 #        one GPU, CUDA_VISIBLE_DEVICES=0: the loopback tables) producer (experiment=producer on
 #        one GPU) producer_configs (its tile-configuration variants on a few workloads) order
@@ -21,7 +21,9 @@
 #        (N=4096 balanced cells in three processes: the run-to-run spread) producer_cutlass (the
 #        CUTLASS producer against the Triton one and the references; needs build/ carried)
 #        producer_layouts (the producer per layout aligned|packed|compact, order expert, Triton
-#        and CUTLASS, next to the references)
+#        and CUTLASS, next to the references) layouts_loopback (the overlap step per layout on
+#        one GPU playing W=2) operator_layouts (serial + overlap at auto cCTA/mgb/order per
+#        layout aligned|compact, one process per GPU)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -89,7 +91,10 @@ for step in $steps; do
       python3 -c "import pandas as pd; d=pd.concat([pd.read_parquet('$OUT/repeat_%d.parquet' % i).assign(run=i) for i in (1,2,3)]); print(d.pivot_table(index=['experts_per_rank','system'],columns='run',values=['latency_ms','latency_p90_ms']).round(3).to_string())" ;;
     ccta_auto) timeout "${AUTO_S:-300}" python3 -m harness.run experiment=ccta_auto progress=false table="$OUT/ccta_auto.parquet" 2>&1 | tail -3
       python3 -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet results/reference/h200x2/ccta_mgb.parquet "$OUT/ccta_auto.parquet" --table "$OUT/autotune_table.csv" --heldout "$OUT/autotune_heldout.parquet" 2>&1 | tail -4 ;;
-    variants) timeout "${VARIANTS_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/variants.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.local=[copy,direct]' '+experiment.systems.overlap.sweep.layout=[aligned,packed]' 2>&1 | tail -3
+    layouts_loopback) CUDA_VISIBLE_DEVICES=0 timeout "${LAYOUTS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_layouts_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 2>&1 | tail -1 ;;
+    operator_layouts) timeout "${LAYOUTS_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_layouts.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[aligned,compact]' 2>&1 | tail -1
+      python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_layouts.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_layout',pd.Series('',index=d.index)).fillna('').astype(str); p=d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values='latency_ms'); [p.insert(len(p.columns),'x_'+c,p['serial/']/p[c]) for c in list(p.columns) if c.startswith('overlap')]; print(p.round(3).to_string())" ;;
+    variants) timeout "${VARIANTS_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/variants.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.local=[copy,direct]' '+experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 2>&1 | tail -3
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/variants.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_local',pd.Series('',index=d.index)).fillna('').astype(str)+'/'+d.get('p_layout',pd.Series('',index=d.index)).fillna('').astype(str); print(d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values='latency_ms').round(3).to_string())" ;;
     verify) timeout "${VERIFY_S:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_handshake_gpu.py tests/test_layer_routing_gpu.py tests/test_overlap_system_gpu.py tests/test_layer_gpu.py 2>&1 | tail -6 ;;
     megatron_gpu) timeout 150 python3 -m pytest -q -m gpu tests/test_megatron.py -p no:cacheprovider 2>&1 | tail -8 ;;

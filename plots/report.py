@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from plots.all import FIGURES as DRAWN
+
 REF = Path("results/reference")
 FIGURES = Path("plots/figures")
 
@@ -52,7 +54,8 @@ def table_section(dfs: dict[str, pd.DataFrame], figures: Path = FIGURES) -> list
         )
         rev = _join(df["git_rev"]) if "git_rev" in df else "?"
         fig = figures / f"reference_{key.replace('/', '_')}.png"
-        link = f"[png]({Path('..') / fig})" if "status" in df else "none"
+        drawn = "status" in df and key.split("/")[-1] in DRAWN  # plots/all.py draws it
+        link = f"[png]({Path('..') / fig})" if drawn else "none"
         out.append(f"| `{key}` | {rows} | {gpu} | {w} | {tr} | {sw} | {rev} | {link} |")
     out += [
         "",
@@ -594,6 +597,13 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The producer per layout (aligned | packed | compact), Triton and CUTLASS, one GPU",
+        "producer_layouts",
+        "`make cutlass`, then `bash benchmarks/h200_session.sh producer_layouts` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
         "Fig 5: experts per rank 4-64 (whole layer, overlap ratio from the operator pass)",
         "experts",
         "`python -m harness.run experiment=experts` then `python -m harness.run "
@@ -620,7 +630,7 @@ FIGURE_TABLES = [
         _correctness_fig,
     ),
     FigureTable(
-        "Correctness matrix on one GPU (loopback, W=4, both layouts)",
+        "Correctness matrix on one GPU (loopback, W=4, layouts aligned, packed, compact)",
         "correctness_loopback",
         "`python -m harness.run experiment=correctness_loopback` on one GPU",
         _correctness_fig,

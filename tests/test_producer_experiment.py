@@ -24,11 +24,11 @@ def _cfg(*overrides):
 def test_grid_has_both_references_and_one_producer_per_tile_layout_and_order():
     cfg = _cfg()
     cells = producer.cells(cfg, 1)
-    per_workload = 2 + 2 * 2 * 2  # references + tile_m x layout x order (flags on, table)
+    per_workload = 2 + 2 * 3 * 2  # references + tile_m x layout x order (flags on, table)
     assert len(cells) == 2 * 5 * 3 * per_workload  # N x E x routings
     assert {c["system"] for c in cells} == {"torch_grouped_mm", "cublas", "overlap"}
     knobs = {tuple(sorted(c["params"].items())) for c in cells if c["system"] == "overlap"}
-    assert len(knobs) == 8 and all(dict(k)["flags"] is True for k in knobs)
+    assert len(knobs) == 12 and all(dict(k)["flags"] is True for k in knobs)
     assert {dict(k)["config"] for k in knobs} == {"table"}
     assert len({c["cell_hash"] for c in cells}) == len(cells)
     producer.validate(cfg, cells, 132)
@@ -39,10 +39,10 @@ def test_a_ccta_sweep_does_not_multiply_the_producer_cells():
     base = producer.cells(_cfg(), 1)
     assert len(producer.cells(cfg, 1)) == len(base)
     cfg = _cfg("experiment.options.flags=[true,false]")
-    assert len(producer.cells(cfg, 1)) == len(base) + 2 * 5 * 3 * 8
+    assert len(producer.cells(cfg, 1)) == len(base) + 2 * 5 * 3 * 12
     cfg = _cfg("experiment.options.configs=[table,ws]")
     cells = producer.cells(cfg, 1)
-    assert len(cells) == len(base) + 2 * 5 * 3 * 8
+    assert len(cells) == len(base) + 2 * 5 * 3 * 12
     producer.validate(cfg, cells, 132)
 
 
