@@ -190,6 +190,7 @@ def _producer_kernel(
     FLATTEN: tl.constexpr,
     DEV_COUNTS: tl.constexpr,
     LOCAL_DIRECT: tl.constexpr,
+    MIXED: tl.constexpr,
     ORDERED: tl.constexpr,
     WS: tl.constexpr,
 ):
@@ -247,10 +248,13 @@ def _producer_kernel(
         ptrs = y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
         if LOCAL_DIRECT:
             # local rows go straight to their places in this rank's own receive buffer
-            # (row_dst >= 0): every row of a local band, and the local rows of a compact
-            # layout's mixed band (signalled, its remote rows go to Y); a local band's rows
-            # with row_dst = -1 are not stored at all
-            dst = tl.load(row_dst + rows, mask=rm < nrows, other=-1)
+            # (row_dst >= 0): every row of a local band, and (MIXED: a compact plan) the
+            # local rows of a mixed band (signalled, its remote rows go to Y); a local band's
+            # rows with row_dst = -1 are not stored at all
+            if MIXED:
+                dst = tl.load(row_dst + rows, mask=rm < nrows, other=-1)
+            else:
+                dst = tl.load(row_dst + rows, mask=(rm < nrows) & (s >= n_signal), other=-1)
             mine = dst >= 0
             ptrs = tl.where(
                 mine[:, None], recv_ptr + dst.to(tl.int64)[:, None] * N + cols[None, :], ptrs
@@ -313,11 +317,11 @@ def launch_producer(
     n_signal: schedule positions [0, n_signal) are signalled (None: plan.n_remote_bands; an int
     or, with a DevicePlan, a device tensor);
     num_programs: persistent grid (producer_grid: SMs - cCTA); signal=False: no flags (FLAG=0);
-    local_to = (recv [S, N], row_dst [P] int32/int64): every row p with row_dst[p] >= 0 (a
-    local row, in a local band or in a compact layout's mixed band) is stored at
-    recv[row_dst[p]] instead of y[p]; the other rows of a local band (row_dst -1) are not
-    stored: the local copy happens in the epilogue (systems/overlap/plan.py local_row_map
-    builds row_dst);
+    local_to = (recv [S, N], row_dst [P] int32/int64): every row p of a local band (schedule
+    position >= n_signal) with row_dst[p] >= 0 is stored at recv[row_dst[p]] instead of y[p],
+    and so is every such row of a signalled band where the plan's layout is "compact" (the
+    local rows of a mixed band); a local band's other rows (row_dst -1) are not stored: the
+    local copy happens in the epilogue (systems/overlap/plan.py local_row_map builds row_dst);
     order [B] int32 or int64 (optional): the visiting order of the schedule positions
     (systems/overlap/plan.py producer_order, or a DevicePlan's `visit`); tiles are swizzled
     over the visiting order, and a band is signalled iff its schedule position is < n_signal,
@@ -393,6 +397,7 @@ def launch_producer(
         FLATTEN=cfg.flatten,
         DEV_COUNTS=dev_counts,
         LOCAL_DIRECT=local_to is not None,
+        MIXED=getattr(plan, "layout", "aligned") == "compact",
         ORDERED=order is not None,
         WS=cfg.warp_specialize,
         num_warps=cfg.num_warps,
