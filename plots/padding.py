@@ -7,6 +7,8 @@ Columns (one per routing):
   row 2  padding share of all GEMM rows (solid) and on the busiest rank (dashed), per E, and
          (dash-dot) what it would be with remote groups packed per expert (padded once)
   row 3  padding share of all GEMM rows per tile_m at one E
+  row 4  (tables with m_tiles_*) the row tiles the producers compute, aligned (solid) and packed
+         (dash-dot), over the compact layout's (= torch._grouped_mm's), per E
 """
 
 from __future__ import annotations
@@ -50,10 +52,37 @@ def plot(
     es = sorted(set(int(v) for v in d["experts_per_rank"]))
     cmap = plt.get_cmap("viridis")
     colour = {e: cmap(i / max(1, len(es) - 1)) for i, e in enumerate(es)}
-    fig, axes = plt.subplots(3, len(routings), figsize=(4.6 * len(routings), 11), squeeze=False)
+    tiles = "m_tiles_compact_total" in d  # tables before the compact layout lack it
+    n_rows = 4 if tiles else 3
+    fig, axes = plt.subplots(
+        n_rows, len(routings), figsize=(4.6 * len(routings), 3.7 * n_rows), squeeze=False
+    )
     for col, routing in enumerate(routings):
         sub = d[(d["routing"] == routing) & (d["p_tile_m"] == tm)]
         ax_rows, ax_share, ax_tile = axes[0, col], axes[1, col], axes[2, col]
+        if tiles:
+            ax_tiles = axes[3, col]
+            for e in es:
+                s = sub[sub["experts_per_rank"] == e].sort_values("world_size")
+                ref = s["m_tiles_compact_total"]
+                ax_tiles.plot(
+                    s["world_size"],
+                    s["m_tiles_aligned_total"] / ref,
+                    "o-",
+                    color=colour[e],
+                    label=f"E={e}",
+                )
+                ax_tiles.plot(
+                    s["world_size"], s["m_tiles_packed_total"] / ref, "s-.", ms=3, color=colour[e]
+                )
+            ax_tiles.plot([], [], "k-", label="aligned")
+            ax_tiles.plot([], [], "ks-.", ms=3, label="packed")
+            ax_tiles.set_ylabel("row tiles / compact's (grouped_mm's)")
+            ax_tiles.set_xscale("log", base=2)
+            ax_tiles.set_yscale("log", base=2)
+            ax_tiles.set_xlabel("ranks W (logical)")
+            ax_tiles.grid(alpha=0.3)
+            ax_tiles.legend(fontsize=6)
         for e in es:
             s = sub[sub["experts_per_rank"] == e].sort_values("world_size")
             if s.empty:
