@@ -23,7 +23,8 @@
 #        producer_layouts (the producer per layout aligned|packed|compact, order expert, Triton
 #        and CUTLASS, next to the references) layouts_loopback (the overlap step per layout on
 #        one GPU playing W=2) operator_layouts (serial + overlap at auto cCTA/mgb/order per
-#        layout aligned|compact, one process per GPU)
+#        layout aligned|compact, one process per GPU) producer_flags (the producer at compact
+#        with each flag mode, flags on and off)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -91,6 +92,8 @@ for step in $steps; do
       python3 -c "import pandas as pd; d=pd.concat([pd.read_parquet('$OUT/repeat_%d.parquet' % i).assign(run=i) for i in (1,2,3)]); print(d.pivot_table(index=['experts_per_rank','system'],columns='run',values=['latency_ms','latency_p90_ms']).round(3).to_string())" ;;
     ccta_auto) timeout "${AUTO_S:-300}" python3 -m harness.run experiment=ccta_auto progress=false table="$OUT/ccta_auto.parquet" 2>&1 | tail -3
       python3 -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet results/reference/h200x2/ccta_mgb.parquet "$OUT/ccta_auto.parquet" --table "$OUT/autotune_table.csv" --heldout "$OUT/autotune_heldout.parquet" 2>&1 | tail -4 ;;
+    producer_flags) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-200}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_flags.parquet" 'experiment.options.configs=[table,warp,thread]' 'experiment.options.flags=[true,false]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2
+      python3 -c "from plots.producer import ratios; import pandas as pd; d=pd.read_parquet('$OUT/producer_flags.parquet'); print(d.groupby(['system','p_config','p_flags','status'],dropna=False).size().to_string()); r=ratios(d); print(r.pivot_table(index=['out','experts_per_rank','routing'],columns='variant',values='vs_grouped_mm').round(3).to_string()); g=r.groupby('variant')['vs_grouped_mm']; print(pd.DataFrame({'min':g.min(),'med':g.median(),'max':g.max(),'ge1':g.apply(lambda s:(s>=1).sum())}).round(3).to_string())" ;;
     layouts_loopback) CUDA_VISIBLE_DEVICES=0 timeout "${LAYOUTS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_layouts_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 2>&1 | tail -1 ;;
     operator_layouts) timeout "${LAYOUTS_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_layouts.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[aligned,compact]' 2>&1 | tail -1
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_layouts.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_layout',pd.Series('',index=d.index)).fillna('').astype(str); p=d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values='latency_ms'); [p.insert(len(p.columns),'x_'+c,p['serial/']/p[c]) for c in list(p.columns) if c.startswith('overlap')]; print(p.round(3).to_string())" ;;

@@ -70,6 +70,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "g8s4": {"group_m": 8, "num_stages": 4},
     # Triton 3.6's Hopper warp specialisation of the tile loop (add_hopper_warpspec), unflattened
     "ws": {"warp_specialize": True, "flatten": False},
+    # the flag variants (kernels/producer.py): per-warp deferred releases, per-thread immediate
+    "warp": {"flag": "warp"},
+    "thread": {"flag": "thread"},
 }
 #: the CUTLASS producer (kernels/cutlass_producer.cu, tile 128x256x64, flags in its epilogue):
 #: name -> (grouping, cluster M x N); grouping "band" follows the cell's visiting order, "expert"
