@@ -44,6 +44,7 @@ FIGURES: dict[str, str] = {
     "producer_cutlass": "plots.producer",
     "producer_cutlass_expert": "plots.producer",
     "producer_layouts": "plots.producer",
+    "producer_flags": "plots.producer",
     "operator_order": "plots.variants",
     "operator_baselines_auto": "plots.latency_vs_experts",
     "correctness_auto": "plots.correctness",

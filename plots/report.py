@@ -604,6 +604,13 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The producer's flag modes (deferred | warp | thread, on and off) at compact, one GPU",
+        "producer_flags",
+        "`bash benchmarks/h200_session.sh producer_flags` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
         "Fig 5: experts per rank 4-64 (whole layer, overlap ratio from the operator pass)",
         "experts",
         "`python -m harness.run experiment=experts` then `python -m harness.run "
