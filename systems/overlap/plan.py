@@ -589,9 +589,9 @@ class Pieces:
 
 
 def plan_pieces(plan: CombinePlan) -> Pieces:
-    """Pieces of a packed plan; of an aligned plan, its remote bands in schedule order (one
-    piece per band: schedule[:n_remote_bands] with their band_row, band_valid, band_offset,
-    band_dst). Either way segment s sends units seg_start[s] .. + seg_count[s]."""
+    """Pieces of a packed or compact plan; of an aligned plan, its remote bands in schedule
+    order (one piece per band: schedule[:n_remote_bands] with their band_row, band_valid,
+    band_offset, band_dst). Either way segment s sends units seg_start[s] .. + seg_count[s]."""
     if plan.piece_band is not None:
         return Pieces(
             plan.piece_band, plan.piece_row, plan.piece_rows, plan.piece_offset, plan.piece_dst

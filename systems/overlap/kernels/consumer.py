@@ -6,7 +6,7 @@ band of a segment (schedule[seg_start .. seg_start + seg_count)), in order:
     `tl.atomic_add(counter, 0, sem="acquire")` polls; time-out -> error record, see below);
   2 copy the band's VALID rows Y[band_row .. + band_valid) (contiguous, all N columns) to the
     destination's combine receive buffer at row band_offset (contiguous there too).
-A packed plan (plan.py, layout="packed") walks PIECES instead of bands (constexpr PIECES): the
+A packed or compact plan (plan.py) walks PIECES instead of bands (constexpr PIECES): the
 entries seg_start .. + seg_count are piece ids, step 1 waits for piece_band's counter, step 2
 copies the piece's rows Y[piece_row .. + piece_rows) to piece_offset. Same loop, same signal.
 Bands are copied as they become ready (a segment's copy is pipelined with the producer), and once
@@ -148,7 +148,7 @@ def _consumer_kernel(
     """All put modes in one kernel: PUT_MODE (constexpr) picks the data path at compile time,
     so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library).
     n_segments_arg: a host int, or (DEV_COUNTS) a device int tensor holding the count.
-    PIECES (a packed plan): a segment's entries seg_start .. + seg_count are piece ids u
+    PIECES (a packed or compact plan): a segment's entries seg_start .. + seg_count are piece ids u
     (band_row / band_valid / band_offset hold the pieces' row / rows / offset), and the ready
     counter waited for is piece_band[u]; otherwise entry i is the band schedule[i]."""
     n_segments = count_arg(n_segments_arg, DEV_COUNTS)
@@ -324,7 +324,7 @@ def launch_consumer(
 
     y [P, N] producer output; plan: a systems.overlap.plan.CombinePlan on the device, or
     anything with its schedule, band_row, band_valid, band_offset, seg_start, seg_count, seg_dst
-    (int32/int64) and rank (a packed plan also with piece_band, piece_row, piece_rows,
+    (int32/int64) and rank (a packed or compact plan also with piece_band, piece_row, piece_rows,
     piece_offset: its segments walk pieces), or a systems.overlap.plan_device.DevicePlan
     (counts_on_device: the segment count is read on the device; segments past it are skipped);
     band_ready [B] int32 producer counters; recv_ptrs [W] int64 receive-buffer addresses and
@@ -338,7 +338,7 @@ def launch_consumer(
     """
     n_seg = plan.seg_start.numel()  # S, or the bound S' of a DevicePlan
     dev_counts = getattr(plan, "counts_on_device", False)
-    pieces = getattr(plan, "piece_band", None) is not None  # a packed plan
+    pieces = getattr(plan, "piece_band", None) is not None  # a packed or compact plan
     if rank is None:
         rank = plan.rank
     if err.numel() < ERR_SLOTS or err.dtype != torch.int64:
