@@ -3,9 +3,12 @@ gap to torch._grouped_mm sits (main GEMM kernel, preparation kernels), on rank 0
 W=2 Table 2 operator (experiments/producer.py problem()), one GPU.
 
 Implementations: torch._grouped_mm on the valid rows; the Triton producer (tile table, order
-expert, flags); the CUTLASS producer per expert, cluster 2x1 and 1x2 (needs `make cutlass`).
-Usage: python -m benchmarks.profile_producer [--out DIR] [--reps 10]; prints one table per
-workload (implementation, kernel, calls, us per step) and writes producer_profile.parquet.
+expert, with and without flags); the CUTLASS producer per expert, cluster 2x1 and 1x2 (needs
+`make cutlass`).
+Usage: python -m benchmarks.profile_producer [--out DIR] [--reps 10] [--layout compact]
+[--workloads 16:balanced,64:stress_skew]; prints one table per workload (implementation,
+kernel, calls, us per step) and writes producer_profile.parquet (another layout:
+producer_profile_<layout>.parquet).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ import torch
 from benchmarks.profiling import kernel_times
 from experiments.producer import problem
 from harness.workload import WorkloadSpec
+from systems.overlap.plan import LAYOUTS
+
+ROUTINGS = ("balanced", "moderate_skew", "stress_skew")
 
 
 def _impls(pb, sms: int) -> dict:
@@ -38,6 +44,9 @@ def _impls(pb, sms: int) -> dict:
         "triton (expert order)": lambda: launch_producer(
             pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order
         ),
+        "triton (expert order, no flags)": lambda: launch_producer(
+            pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order, signal=False
+        ),
     }
     try:
         cp.load()
@@ -50,9 +59,9 @@ def _impls(pb, sms: int) -> dict:
     return out
 
 
-def run(spec: WorkloadSpec, reps: int) -> pd.DataFrame:
+def run(spec: WorkloadSpec, reps: int, layout: str = "aligned") -> pd.DataFrame:
     dev = torch.device("cuda")
-    pb = problem(spec, 128, "aligned", dev)
+    pb = problem(spec, 128, layout, dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows = []
     for name, step in _impls(pb, sms).items():
@@ -62,6 +71,7 @@ def run(spec: WorkloadSpec, reps: int) -> pd.DataFrame:
         df[k] = getattr(spec, k)
     df["valid_rows"] = int(pb.x_valid.shape[0])
     df["gemm_rows"] = int(pb.plan.n_padded)
+    df["layout"] = layout
     return df
 
 
@@ -69,16 +79,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--layout", default="aligned", choices=LAYOUTS)
+    ap.add_argument(
+        "--workloads",
+        default="16:balanced,64:balanced,64:stress_skew,32:balanced",
+        help="comma-separated E:routing at T=8192, K=2048, N=8192, W=2",
+    )
     args = ap.parse_args()
+    work = [w.split(":") for w in args.workloads.split(",")]
+    if any(len(w) != 2 or not w[0].isdigit() or w[1] not in ROUTINGS for w in work):
+        ap.error(f"--workloads: E:routing pairs with routing in {ROUTINGS}, got {args.workloads}")
     frames = []
-    for E, routing in ((16, "balanced"), (64, "balanced"), (64, "stress_skew"), (32, "balanced")):
+    for E, routing in ((int(e), r) for e, r in work):
         spec = WorkloadSpec(8192, 2048, 8192, E, 2, 2, routing, "bfloat16")
-        df = run(spec, args.reps)
+        df = run(spec, args.reps, args.layout)
         frames.append(df)
         tot = df.groupby("impl")["us"].sum().round(1).to_dict()
         print(f"== T=8192 K=2048 N=8192 E={E} W=2 {routing}: us per step {tot}")
         print(df[["impl", "kernel", "calls", "us"]].round(1).to_string(index=False))
-    path = Path(args.out) / "producer_profile.parquet"
+    suffix = "" if args.layout == "aligned" else f"_{args.layout}"
+    path = Path(args.out) / f"producer_profile{suffix}.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.concat(frames).to_parquet(path, index=False)
 
