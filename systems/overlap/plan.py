@@ -118,6 +118,7 @@ class CombinePlan:
                     per (band, owner) piece)
       n_remote_bands bands holding any remote row (packed: all full tile_m bands; compact:
                     an expert's last one may be short, or hold local rows after its remote rows)
+      band_rows     compact: tile_m but for an expert's last band (remote or local)
       band_valid    packed: rows before the padding; compact: = band_rows (no padding)
     and the pieces (None in an aligned plan; plan_pieces() gives them for any layout):
       piece_band   [Q]  band of the piece (whose ready counter the consumer waits for)

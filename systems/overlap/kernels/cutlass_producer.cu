@@ -16,8 +16,9 @@
 // Kernel: KernelPtrArrayTmaWarpSpecializedCooperative, tile 128x256x64 (what torch._grouped_mm
 // runs on sm90 for large problems), cluster CLUSTER_M x CLUSTER_N x 1, persistent grid of
 // sm_count CTAs (SMs - cCTA). Band ids run in row order and, inside one expert's range, every
-// band but the expert's last holds 128 rows (remote groups are padded to 128, the local rows
-// come last), so a tile's band is band0[group] + m (m: the tile's M index in its group) and
+// band but the expert's last holds 128 rows (aligned and packed layouts: remote rows are padded
+// to 128, the local rows come last; compact: no padding, only the expert's last band is
+// short), so a tile's band is band0[group] + m (m: the tile's M index in its group) and
 // its flag band_flag[band0[group] + m] (the band, or -1 where the band is not signalled).
 //
 // Readiness flag (the custom EVT node BandReady): the thread that issued a tile's TMA stores
