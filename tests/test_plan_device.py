@@ -101,6 +101,14 @@ def assert_same_plan(dev: DevicePlan, ref: CombinePlan) -> None:
         for name in names:
             rest = getattr(dev, name)[n[count] :]
             assert bool((rest == -1).all()), f"{name} past {count}"
+    assert dev.layout == ref.layout
+    if dev.layout == "compact":
+        q = int(dev.n_pieces.item())
+        assert q == ref.piece_band.numel() <= dev.max_pieces
+        for name in ("piece_band", "piece_row", "piece_rows", "piece_offset", "piece_dst"):
+            assert bool((getattr(dev, name)[q:] == -1).all()), f"{name} past n_pieces"
+    else:
+        assert dev.n_pieces is None and dev.piece_band is None
     bound = {"n_padded": dev.max_padded, "n_bands": dev.max_bands, "n_local": dev.max_local}
     bound |= {"n_remote_bands": dev.max_remote_bands, "n_segments": dev.max_segments}
     for name, b in bound.items():
@@ -114,12 +122,13 @@ def _kw(W, rank, E, tm, mgb):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("layout", ["aligned", "compact"])
 @pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
 @pytest.mark.parametrize("mgb", [1, 2])
 @pytest.mark.parametrize("tm", [64, 128])
 @pytest.mark.parametrize("E", [1, 4, 16])
 @pytest.mark.parametrize("W", [1, 2, 4, 8])
-def test_device_plan_equals_build_plan(W, E, tm, mgb, routing):
+def test_device_plan_equals_build_plan(W, E, tm, mgb, routing, layout):
     if W * E < 2:
         pytest.skip("top-2 needs two experts")
     seed = W * 1000 + E * 10 + tm + mgb
@@ -134,7 +143,7 @@ def test_device_plan_equals_build_plan(W, E, tm, mgb, routing):
         seed=seed,
         dtype="float16",
     )
-    plans, lays = plans_for_spec(spec, tile_m=tm, mgb=mgb)
+    plans, lays = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout=layout)
     rank = seed % W  # one rank per case (the stress routing's hot rank 0 is among them)
     lay, ref = lays[rank], plans[rank]
     dev = build_plan_device(
@@ -142,6 +151,7 @@ def test_device_plan_equals_build_plan(W, E, tm, mgb, routing):
         lay.recv_expert,
         lay.recv_dst_index,
         send_counts=lay.send_counts,
+        layout=layout,
         **_kw(W, rank, E, tm, mgb),
     )
     assert_same_plan(dev, ref)
@@ -166,18 +176,19 @@ def _shuffled(W, E, max_rows, seed):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("layout", ["aligned", "compact"])
 @pytest.mark.parametrize(
     "W,E,tm,mgb,seed",
     [(3, 5, 16, 2, 1), (4, 3, 8, 3, 2), (2, 7, 16, 1, 3), (8, 2, 4, 2, 4), (1, 3, 16, 2, 5)],
 )
-def test_device_plan_any_row_order_and_worst_case_inputs(W, E, tm, mgb, seed):
+def test_device_plan_any_row_order_and_worst_case_inputs(W, E, tm, mgb, seed, layout):
     """Shuffled rows (runs of one group are short), int32 inputs, and the same rows at the
     front of a longer receive buffer whose first n_rows rows are real: all give build_plan's
     plan."""
     src, expert, dst = _shuffled(W, E, 3 * tm, seed)
     rank = seed % W
-    ref = build_plan(src, expert, dst, **_kw(W, rank, E, tm, mgb))
-    kw = _kw(W, rank, E, tm, mgb)
+    kw = {**_kw(W, rank, E, tm, mgb), "layout": layout}
+    ref = build_plan(src, expert, dst, **kw)
     assert_same_plan(build_plan_device(src.int(), expert.int(), dst.int(), **kw), ref)
     R, extra = src.numel(), 37
     junk = torch.randint(0, W, (extra,))
@@ -188,17 +199,22 @@ def test_device_plan_any_row_order_and_worst_case_inputs(W, E, tm, mgb, seed):
 
 
 @needs_interpreter
-def test_device_plan_of_empty_and_all_local_ranks():
+@pytest.mark.parametrize("layout", ["aligned", "compact"])
+def test_device_plan_of_empty_and_all_local_ranks(layout):
     e = torch.empty(0, dtype=torch.int64)
-    dev = build_plan_device(e, e, e, **_kw(3, 1, 4, 64, 2))
+    kw = {**_kw(3, 1, 4, 64, 2), "layout": layout}
+    dev = build_plan_device(e, e, e, **kw)
     assert dev.counts.tolist() == [0] * 6
-    assert_same_plan(dev, build_plan(e, e, e, **_kw(3, 1, 4, 64, 2)))
+    assert_same_plan(dev, build_plan(e, e, e, **kw))
     src = torch.full((70,), 2)
     expert = torch.arange(70) % 3
     dst = torch.argsort(torch.argsort(expert, stable=True))  # consecutive within an expert
-    ref = build_plan(src, expert, dst, **_kw(4, 2, 3, 16, 2))
+    kw = {**_kw(4, 2, 3, 16, 2), "layout": layout}
+    ref = build_plan(src, expert, dst, **kw)
     assert ref.n_remote_bands == 0 and ref.n_local == 70
-    assert_same_plan(build_plan_device(src, expert, dst, **_kw(4, 2, 3, 16, 2)), ref)
+    assert_same_plan(build_plan_device(src, expert, dst, **kw), ref)
+    with pytest.raises(ValueError, match="the device plan builds layout aligned or compact"):
+        build_plan_device(src, expert, dst, **{**kw, "layout": "packed"})
 
 
 def test_plan_bounds_cover_the_worst_case():
@@ -209,6 +225,21 @@ def test_plan_bounds_cover_the_worst_case():
     bd = plan_bounds(1000, world_size=W, experts_per_rank=E, tile_m=tm)
     assert bd["max_padded"] == 1000 + E * (W - 1) * (tm - 1)
     assert bd["max_bands"] == (1000 + E * W * (tm - 1)) // tm
+
+
+def test_compact_plan_bounds_are_reached():
+    """Compact: no padding; one row per owner of one expert gives one band of W-1 pieces."""
+    from systems.overlap.testing import synthetic_plan
+
+    W, tm = 4, 16
+    plan = synthetic_plan([[1, 1, 1, 0]], rank=3, tile_m=tm, layout="compact")
+    bd = plan_bounds(3, world_size=W, experts_per_rank=1, tile_m=tm, layout="compact")
+    assert (plan.n_padded, plan.n_bands, plan.piece_band.numel()) == (3, 1, 3)
+    assert bd["max_padded"] == 3 and bd["max_bands"] == 1 and bd["max_pieces"] == 3
+    assert bd["max_segments"] == 3 == plan.n_segments
+    bd = plan_bounds(1000, world_size=W, experts_per_rank=5, tile_m=tm, layout="compact")
+    assert bd["max_bands"] == (1000 + 5 * (tm - 1)) // tm == bd["max_remote_bands"]
+    assert bd["max_pieces"] == bd["max_bands"] + 5 * (W - 1)
 
 
 class _FakeKernel:
@@ -224,7 +255,8 @@ class _FakeKernel:
         return launch
 
 
-def test_build_plan_device_reads_nothing_back(monkeypatch):
+@pytest.mark.parametrize("layout", ["aligned", "compact"])
+def test_build_plan_device_reads_nothing_back(monkeypatch, layout):
     """No host synchronisation and few launches: with the kernels stubbed, the host glue runs no
     aten op that reads a tensor's value on the host (_local_scalar_dense is behind item(),
     int(), bool(), tolist() of device tensors), no copy, and only the fill + the work
@@ -232,7 +264,11 @@ def test_build_plan_device_reads_nothing_back(monkeypatch):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     log = []
-    for name in ("_rows_kernel", "_groups_kernel", "_fill_kernel"):
+    groups, fill = (
+        ("_groups", "_fill") if layout == "aligned" else ("_groups_compact", "_fill_compact")
+    )
+    kernels = ["_rows_kernel", f"{groups}_kernel", f"{fill}_kernel"]
+    for name in kernels:
         monkeypatch.setattr(plan_device.kplan, name, _FakeKernel(log, name))
 
     class Ops(TorchDispatchMode):
@@ -257,9 +293,15 @@ def test_build_plan_device_reads_nothing_back(monkeypatch):
             m.setattr(torch.Tensor, meth, boom)
         with Ops() as mode:
             plan = build_plan_device(
-                src, expert, dst, send_counts=send_counts, n_rows=n_rows, **_kw(W, 1, E, tm, 2)
+                src,
+                expert,
+                dst,
+                send_counts=send_counts,
+                n_rows=n_rows,
+                layout=layout,
+                **_kw(W, 1, E, tm, 2),
             )
-    assert [x[0] for x in log] == ["_rows_kernel", "_groups_kernel", "_fill_kernel"]
+    assert [x[0] for x in log] == kernels
     views = {"aten.slice", "aten.view", "aten.reshape", "aten.alias", "aten.select"}
     compute = [op for op in mode.ops if op not in views]
     assert sorted(compute) == ["aten.empty", "aten.full"], mode.ops
@@ -267,21 +309,18 @@ def test_build_plan_device_reads_nothing_back(monkeypatch):
     # the launch grids are host ints from the bounds
     grids = {x[0]: x[1] for x in log}
     n_blocks = triton.cdiv(src.numel(), plan_device.ROW_BLOCK)
-    assert grids == {
-        "_rows_kernel": (n_blocks,),
-        "_groups_kernel": (1,),
-        "_fill_kernel": (E * W + n_blocks,),
-    }
+    fill_programs = E * W + n_blocks + (E if layout == "compact" else 0)
+    assert grids == dict(zip(kernels, [(n_blocks,), (1,), (fill_programs,)]))
 
 
 # -- stage B from a device plan (interpreter) ----------------------------------------------
 TILE_M = 16
 
 
-def _device_problem(rows, K, N, seed, mgb=2):
+def _device_problem(rows, K, N, seed, mgb=2, layout="aligned"):
     """A DevicePlan, its host twin, and operands for group sizes rows[e][s] (this rank = 2)."""
     src, expert, dst, dst_rows = synthetic_rows(rows, rank=2)
-    kw = dict(_kw(3, 2, len(rows), TILE_M, mgb), out_cols=N, elem_bytes=4)
+    kw = dict(_kw(3, 2, len(rows), TILE_M, mgb), out_cols=N, elem_bytes=4, layout=layout)
     ref = build_plan(src, expert, dst, **kw)
     dev = build_plan_device(src, expert, dst, **kw)
     g = torch.Generator().manual_seed(seed)
@@ -290,13 +329,24 @@ def _device_problem(rows, K, N, seed, mgb=2):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("order", ["remote_first", "expert"])
-def test_runner_from_device_plans_on_loopback(order):
+@pytest.mark.parametrize(
+    "order,layout,local",
+    [
+        ("remote_first", "aligned", "copy"),
+        ("expert", "aligned", "copy"),
+        ("expert", "compact", "copy"),
+        ("remote_first", "compact", "direct"),
+    ],
+)
+def test_runner_from_device_plans_on_loopback(order, layout, local):
     """Producer (worst-case grid, device band counts) + consumer (device segment count) + the
     local copy kernel from DevicePlans; the plan changes between runs (use_plan), so the band
     counters must be re-armed every run. Y past n_padded and the counters past n_bands stay
     untouched. (On the CPU the kernels run one after the other, so a stale counter cannot
-    change the copies here: the counters are checked directly.)"""
+    change the copies here: the counters are checked directly.) compact: mixed bands, pieces
+    walked with device counts; local=direct: the epilogue stores the local rows."""
+    from systems.overlap.plan import local_row_map
+
     K, N = 24, 40
     g = torch.Generator().manual_seed(0)
     w = torch.randn(2, K, N, generator=g) / K**0.5
@@ -304,7 +354,7 @@ def test_runner_from_device_plans_on_loopback(order):
     fabric = LoopbackFabric([200] * 3, N, torch.float32, "cpu")
     runner = None
     for i, rows in enumerate(cases):
-        dev, ref, x_recv, _ = _device_problem(rows, K, N, seed=i)
+        dev, ref, x_recv, _ = _device_problem(rows, K, N, seed=i, layout=layout)
         x = padded_input_device(x_recv, dev)
         P = ref.n_padded
         assert torch.equal(x[:P], plan_device.padded_input_device(x_recv, dev)[:P])
@@ -321,6 +371,7 @@ def test_runner_from_device_plans_on_loopback(order):
                 consumer=interpreter_consumer_config(),
                 num_programs=3,
                 order=order,
+                local_direct=local == "direct",
             )
         else:
             runner.use_plan(dev)
@@ -329,12 +380,17 @@ def test_runner_from_device_plans_on_loopback(order):
         runner.overlapped(x, y)
         runner.check()
         runner.local_copy(y)
-        torch.testing.assert_close(y[:P], reference_y(ref, x[:P], w), rtol=1e-4, atol=1e-4)
+        ref_y = reference_y(ref, x[:P], w)
+        in_y = local_row_map(ref) < 0 if local == "direct" else torch.ones(P, dtype=torch.bool)
+        torch.testing.assert_close(y[:P][in_y], ref_y[in_y], rtol=1e-4, atol=1e-4)
+        assert bool(torch.isnan(y[:P][~in_y]).all()), "local=direct: local rows skip Y"
         assert bool(torch.isnan(y[P:]).all()), "rows past n_padded must stay untouched"
         want = expected_sends(ref, y, [torch.zeros_like(fabric.recv(d)) for d in range(3)])
-        want[2][ref.local_dst_index] = y[ref.local_src_row]
+        want[2][ref.local_dst_index] = ref_y[ref.local_src_row]
+        if layout == "compact":
+            assert dev.layout == "compact" and ref.n_padding == 0
         for d in range(3):
-            assert torch.equal(fabric.recv(d), want[d]), f"run {i}, destination {d}"
+            torch.testing.assert_close(fabric.recv(d), want[d], rtol=1e-4, atol=1e-4)
         # re-armed every run: this plan's remote bands hold one run's increment, nothing else
         # (a stale count from an earlier plan would let the consumer copy a band too early)
         ready = torch.zeros_like(runner.band_ready)

@@ -17,6 +17,14 @@ inputs can be a worst-case-sized receive buffer whose first n_rows rows are real
   max_remote_bands  (R + min(E*(W-1), R) * (tile_m - 1)) // tile_m
   max_segments      max_remote_bands                          (a segment holds >= 1 band)
   max_local         R
+layout="compact" (plan.py: no padding, the local rows fill the remote rows' last band) builds
+with its own group and fill kernels (`_groups_compact_kernel`, `_fill_compact_kernel`) and adds
+the pieces [max_pieces] with their count `n_pieces` [1]. Its worst cases:
+  max_padded        R                                          (no zero row)
+  max_bands         (R + min(E, R) * (tile_m - 1)) // tile_m   (an expert's last band is short)
+  max_remote_bands  max_bands
+  max_pieces        min(R, max_bands + min(E*(W-1), R))        (a band: one piece per owner)
+  max_segments      max_pieces
 Input contract (as build_plan's): the rows of one (expert, owner) group occupy consecutive
 positions of the owner's receive buffer.
 """
@@ -32,6 +40,7 @@ from systems.overlap.kernels import plan as kplan
 from systems.overlap.plan import CombinePlan
 
 ROW_BLOCK = 1024  # rows per program of the row kernels
+DEVICE_LAYOUTS = ("aligned", "compact")  # the layouts build_plan_device builds
 COUNT_NAMES = ("n_rows", "n_padded", "n_bands", "n_remote_bands", "n_segments", "n_local")
 
 
@@ -94,6 +103,16 @@ class DevicePlan:
     recv_row_start: torch.Tensor | None
     local_src_row: torch.Tensor
     local_dst_index: torch.Tensor
+    #: "aligned" or "compact" (plan.py); a compact plan also has its pieces, worst-case sized
+    #: [max_pieces], -1 past n_pieces (a [1] device tensor)
+    layout: str = "aligned"
+    max_pieces: int = 0
+    n_pieces: torch.Tensor | None = None
+    piece_band: torch.Tensor | None = None
+    piece_row: torch.Tensor | None = None
+    piece_rows: torch.Tensor | None = None
+    piece_offset: torch.Tensor | None = None
+    piece_dst: torch.Tensor | None = None
 
     counts_on_device = True  # the kernels' launchers read the counts from `counts`
 
@@ -124,7 +143,10 @@ class DevicePlan:
     def to_host_plan(self) -> CombinePlan:
         """The CombinePlan of the valid prefixes (synchronises: tests and reports only)."""
         n = dict(zip(COUNT_NAMES, self.counts.tolist()))
+        if self.n_pieces is not None:
+            n["piece"] = int(self.n_pieces.item())
         cut = {
+            "piece": n.get("piece"),
             "row_pos": n["n_rows"],
             "gather_index": n["n_padded"],
             "seg": n["n_segments"],
@@ -137,18 +159,30 @@ class DevicePlan:
             if f.name in COUNT_NAMES:
                 kw[f.name] = n[f.name]
                 continue
-            if not hasattr(self, f.name):  # layout, piece_*: a DevicePlan is always aligned
-                continue
             v = getattr(self, f.name)
             key = next((k for k in cut if f.name.startswith(k)), None)
-            kw[f.name] = v[: cut[key]] if key is not None else v
+            kw[f.name] = v[: cut[key]] if key is not None and v is not None else v
         return CombinePlan(**kw)
 
 
-def plan_bounds(n_rows: int, *, world_size: int, experts_per_rank: int, tile_m: int) -> dict:
+def plan_bounds(
+    n_rows: int, *, world_size: int, experts_per_rank: int, tile_m: int, layout: str = "aligned"
+) -> dict:
     """The worst-case sizes of a DevicePlan (host ints; the module docstring's formulas)."""
     R, W, E, tm = n_rows, world_size, experts_per_rank, tile_m
     rg = min(E * (W - 1), R)
+    if layout == "compact":
+        nb = (R + min(E, R) * (tm - 1)) // tm  # an expert's last band is its only short one
+        q = min(R, nb + rg)  # a band holds one piece per owner: <= its first + the group starts
+        return {
+            "max_rows": R,
+            "max_padded": R,
+            "max_bands": nb,
+            "max_remote_bands": nb,
+            "max_segments": q,
+            "max_local": R,
+            "max_pieces": q,
+        }
     nr = (R + rg * (tm - 1)) // tm
     return {
         "max_rows": R,
@@ -174,6 +208,7 @@ def build_plan_device(
     elem_bytes: int,
     send_counts: torch.Tensor | None = None,
     n_rows: torch.Tensor | None = None,
+    layout: str = "aligned",
 ) -> DevicePlan:
     """build_plan's plan of `rank` on the inputs' device without a host synchronisation.
 
@@ -181,17 +216,24 @@ def build_plan_device(
     n_rows (optional, 0-dim/1-element int device tensor): only rows [0, n_rows) are real (the
     inputs may be a worst-case-sized receive buffer); send_counts [W] (optional): as in
     build_plan. The valid prefixes of the result equal build_plan's tensors, its counts
-    build_plan's ints. Triton kernels: on the GPU, or the CPU under TRITON_INTERPRET=1.
+    build_plan's ints. layout: "aligned" (the paper's) or "compact" (plan.py; the pieces are
+    worst-case sized too). Triton kernels: on the GPU, or the CPU under TRITON_INTERPRET=1.
     """
     W, E, tm = world_size, experts_per_rank, tile_m
     if not 0 <= rank < W:
         raise ValueError(f"rank {rank} not in [0, {W})")
     if E < 1 or tm < 1 or mgb < 1:
         raise ValueError(f"experts_per_rank, tile_m, mgb must be >= 1; got {E}, {tm}, {mgb}")
+    if layout not in DEVICE_LAYOUTS:
+        raise ValueError(
+            f"the device plan builds layout {' or '.join(DEVICE_LAYOUTS)}, not {layout!r}"
+        )
+    compact = layout == "compact"
     dev = recv_src.device
     R, G = recv_src.numel(), E * W
     src, exp, dst = (t.contiguous() for t in (recv_src, recv_expert, recv_dst_index))
-    bd = plan_bounds(R, world_size=W, experts_per_rank=E, tile_m=tm)
+    bd = plan_bounds(R, world_size=W, experts_per_rank=E, tile_m=tm, layout=layout)
+    Qm = bd.pop("max_pieces", 0)
     Bm, Sm, Pm = bd["max_bands"], bd["max_segments"], bd["max_padded"]
     has_send = send_counts is not None
     sizes = {
@@ -211,6 +253,8 @@ def build_plan_device(
         "recv_row_start": W if has_send else 0,
         "local_src_row": R,
         "local_dst_index": R,
+        **{k: Qm for k in ("piece_band", "piece_row", "piece_rows", "piece_offset", "piece_dst")},
+        "n_pieces": 1 if compact else 0,
         "_cnt_enc": G,
         "_dmin_enc": G,
     }
@@ -220,10 +264,12 @@ def build_plan_device(
         out[k] = buf[o : o + n]
         o += n
     n_blocks = triton.cdiv(R, ROW_BLOCK)
-    work = torch.empty(8 * G + 2 * n_blocks, dtype=torch.int64, device=dev)
+    n_ge = 10 * E if compact else 0
+    work = torch.empty(8 * G + n_ge + 2 * n_blocks, dtype=torch.int64, device=dev)
     gw = work[: 8 * G]
-    blk_local = work[8 * G : 8 * G + n_blocks]
-    blk_off = work[8 * G + n_blocks :]
+    ge = work[8 * G : 8 * G + n_ge]
+    blk_local = work[8 * G + n_ge : 8 * G + n_ge + n_blocks]
+    blk_off = work[8 * G + n_ge + n_blocks :]
     has_n = n_rows is not None
     n_ptr = n_rows.reshape(-1) if has_n else out["counts"]  # unused without HAS_N
     if n_blocks:
@@ -243,17 +289,9 @@ def build_plan_device(
             num_warps=4,
         )
     sc = send_counts.reshape(-1) if has_send else out["counts"]
-    kplan._groups_kernel[(1,)](
-        out["_cnt_enc"],
-        out["_dmin_enc"],
-        blk_local,
-        blk_off,
-        n_blocks,
-        n_ptr,
-        R,
-        sc,
-        gw,
+    groups_common = (
         out["counts"],
+        *([out["n_pieces"]] if compact else []),
         out["expert_row_start"],
         out["group_rows"],
         out["group_padded"],
@@ -266,6 +304,8 @@ def build_plan_device(
         W,
         tm,
         mgb,
+    )
+    groups_kw = dict(
         EP=triton.next_power_of_2(E),
         WP=triton.next_power_of_2(W),
         BLK=1024,
@@ -273,38 +313,40 @@ def build_plan_device(
         HAS_SEND=has_send,
         num_warps=4,
     )
-    kplan._fill_kernel[(G + n_blocks,)](
-        src,
-        exp,
-        dst,
-        n_ptr,
-        R,
-        gw,
-        out["counts"],
-        blk_off,
-        out["row_pos"],
-        out["gather_index"],
-        out["local_src_row"],
-        out["local_dst_index"],
-        *(out[k] for k in ("band_expert", "band_row", "band_rows", "band_dst", "band_valid")),
-        out["band_offset"],
-        out["band_segment"],
-        out["schedule"],
-        out["visit"],
-        *(out[k] for k in ("seg_start", "seg_count", "seg_dst", "seg_rows", "seg_bytes")),
-        out["seg_src_row"],
-        out["seg_offset"],
-        rank,
-        W,
-        G,
-        tm,
-        mgb,
-        out_cols * elem_bytes,
-        HAS_N=has_n,
-        QB=64,
-        BLOCK=ROW_BLOCK,
-        num_warps=4,
+    head = (out["_cnt_enc"], out["_dmin_enc"], blk_local, blk_off, n_blocks, n_ptr, R, sc, gw)
+    rows_out = (out["row_pos"], out["gather_index"], out["local_src_row"], out["local_dst_index"])
+    bands_out = tuple(
+        out[k]
+        for k in ("band_expert", "band_row", "band_rows", "band_dst", "band_valid")
+        + ("band_offset", "band_segment", "schedule", "visit")
     )
+    segs_out = tuple(
+        out[k]
+        for k in ("seg_start", "seg_count", "seg_dst", "seg_rows", "seg_bytes")
+        + ("seg_src_row", "seg_offset")
+    )
+    fill_kw = dict(HAS_N=has_n, QB=64, BLOCK=ROW_BLOCK, num_warps=4)
+    if compact:
+        kplan._groups_compact_kernel[(1,)](*head, ge, *groups_common, **groups_kw)
+        pieces_out = tuple(
+            out[k] for k in ("piece_band", "piece_row", "piece_rows", "piece_offset", "piece_dst")
+        )
+        kplan._fill_compact_kernel[(E + G + n_blocks,)](
+            src, exp, dst, n_ptr, R, gw, ge, out["n_pieces"], blk_off,
+            *rows_out, *bands_out, *pieces_out, *segs_out,
+            rank, E, W, tm, mgb, out_cols * elem_bytes,
+            **fill_kw,
+        )  # fmt: skip
+    else:
+        kplan._groups_kernel[(1,)](*head, *groups_common, **groups_kw)
+        kplan._fill_kernel[(G + n_blocks,)](
+            src, exp, dst, n_ptr, R, gw, out["counts"], blk_off,
+            *rows_out, *bands_out, *segs_out,
+            rank, W, G, tm, mgb, out_cols * elem_bytes,
+            **fill_kw,
+        )  # fmt: skip
+        for k in ("n_pieces", "piece_band", "piece_row", "piece_rows", "piece_offset", "piece_dst"):
+            out[k] = None
     for k in ("group_rows", "group_padded"):
         out[k] = out[k].view(E, W)
     if not has_send:
@@ -318,6 +360,8 @@ def build_plan_device(
         mgb=mgb,
         out_cols=out_cols,
         elem_bytes=elem_bytes,
+        layout=layout,
+        max_pieces=Qm,
         **bd,
         **out,
     )

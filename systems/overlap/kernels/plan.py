@@ -14,6 +14,10 @@ groups g = e * W + slot, slot = the owner's position: remote owners ascending, t
                   places in the order="expert" visiting order (`visit`) and segments;
                   programs [G, G + n_blocks): one row block each, writes row_pos,
                   gather_index and the local rows (in row order, like build_plan)
+layout="compact" has its own pair in place of the last two: `_groups_compact_kernel` (sections
+per expert, pieces per remote group, segments over pieces) and `_fill_compact_kernel` (programs
+[0, E) one expert's bands, [E, E + G) one remote group's pieces and segments, then the row
+blocks); `_segment_of` is the segment rule both fill kernels share.
 Two copy kernels use the device counts: `_gather_rows_kernel` (the padded GEMM input X and the
 local copy of stage B).
 
@@ -215,6 +219,23 @@ def _groups_kernel(
 
 
 @triton.jit
+def _segment_of(p, a, n, segb, NU, mgb):
+    """The segment rule at send position p (int64 vector) of a group whose n units (bands, or
+    pieces) sit at a .. a + n - 1 of NU units, its segments numbered from segb: (segment of
+    p, whether p starts it, its unit count where it does)."""
+    lo = tl.maximum(a, 1)
+    hi = tl.minimum(a + n - 1, NU - 2)
+    mid_ok = (p >= lo) & (hi >= lo)
+    n_mid = tl.where(mid_ok, (tl.minimum(p, hi) - lo) // mgb + 1, 0)
+    n_last = ((NU - 1 > 0) & (p >= NU - 1)).to(tl.int64)
+    seg = segb + (a == 0).to(tl.int64) + n_mid + n_last - 1
+    ends = (p == 0) | (p == NU - 1)
+    is_start = ends | (mid_ok & (p <= hi) & ((p - lo) % mgb == 0))
+    c = tl.where(ends, 1, tl.minimum(p + mgb, hi + 1) - p)
+    return seg, is_start, c
+
+
+@triton.jit
 def _fill_kernel(
     src_ptr,
     exp_ptr,
@@ -271,8 +292,6 @@ def _fill_kernel(
             segb = tl.load(gw + 5 * G + g)
             dmin = tl.load(gw + 6 * G + g)
             NR = tl.load(counts + 3)
-            lo = tl.maximum(a, 1)
-            hi = tl.minimum(a + nb - 1, NR - 2)
             for q0 in range(0, nb, QB):
                 q = q0 + tl.arange(0, QB).to(tl.int64)
                 m = q < nb
@@ -288,14 +307,8 @@ def _fill_kernel(
                 tl.store(visit + tl.load(gw + 7 * G + g) + q, a + q, mask=m)
                 if s != W - 1:
                     p = a + q  # schedule position
-                    mid_ok = (p >= lo) & (hi >= lo)
-                    n_mid = tl.where(mid_ok, (tl.minimum(p, hi) - lo) // mgb + 1, 0)
-                    n_last = ((NR - 1 > 0) & (p >= NR - 1)).to(tl.int64)
-                    seg = segb + (a == 0).to(tl.int64) + n_mid + n_last - 1
+                    seg, is_start, c = _segment_of(p, a, nb, segb, NR, mgb)
                     tl.store(band_segment + band, seg, mask=m)
-                    ends = (p == 0) | (p == NR - 1)
-                    is_start = ends | (mid_ok & (p <= hi) & ((p - lo) % mgb == 0))
-                    c = tl.where(ends, 1, tl.minimum(p + mgb, hi + 1) - p)
                     rows = tl.minimum(cnt, (q + c) * tm) - q * tm
                     ms = m & is_start
                     tl.store(seg_start + seg, p, mask=ms)
@@ -306,20 +319,61 @@ def _fill_kernel(
                     tl.store(seg_src_row + seg, row + q * tm, mask=ms)
                     tl.store(seg_offset + seg, dmin + q * tm, mask=ms)
     else:
-        # one block of rows: padded position, gather index, local rows in row order
-        blk = pid - G
-        j = tl.arange(0, BLOCK)
-        i = blk.to(tl.int64) * BLOCK + j
-        valid = i < _n_valid(n_rows_ptr, R, HAS_N)
-        gr, slot, d = _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W)
-        gr = tl.where(valid, gr, 0)
-        rp = tl.load(gw + G + gr, mask=valid, other=0) + d - tl.load(gw + 6 * G + gr, mask=valid)
-        tl.store(row_pos + i, rp, mask=valid)
-        tl.store(gather_index + rp, i, mask=valid)
-        isl = (valid & (slot == W - 1)).to(tl.int64)
-        li = tl.load(blk_off + blk) + tl.cumsum(isl, 0) - isl
-        tl.store(local_src_row + li, rp, mask=isl > 0)
-        tl.store(local_dst_index + li, d, mask=isl > 0)
+        _fill_rows(
+            pid - G,
+            src_ptr,
+            exp_ptr,
+            dst_ptr,
+            n_rows_ptr,
+            R,
+            gw,
+            G,
+            blk_off,
+            row_pos,
+            gather_index,
+            local_src_row,
+            local_dst_index,
+            rank,
+            W,
+            HAS_N,
+            BLOCK,
+        )
+
+
+@triton.jit
+def _fill_rows(
+    blk,
+    src_ptr,
+    exp_ptr,
+    dst_ptr,
+    n_rows_ptr,
+    R,
+    gw,
+    G,
+    blk_off,
+    row_pos,
+    gather_index,
+    local_src_row,
+    local_dst_index,
+    rank,
+    W,
+    HAS_N: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One block of rows: padded position (the group's first row gw[1] + dst - its minimum dst
+    gw[6]), gather index, and the local rows in row order."""
+    j = tl.arange(0, BLOCK)
+    i = blk.to(tl.int64) * BLOCK + j
+    valid = i < _n_valid(n_rows_ptr, R, HAS_N)
+    gr, slot, d = _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W)
+    gr = tl.where(valid, gr, 0)
+    rp = tl.load(gw + G + gr, mask=valid, other=0) + d - tl.load(gw + 6 * G + gr, mask=valid)
+    tl.store(row_pos + i, rp, mask=valid)
+    tl.store(gather_index + rp, i, mask=valid)
+    isl = (valid & (slot == W - 1)).to(tl.int64)
+    li = tl.load(blk_off + blk) + tl.cumsum(isl, 0) - isl
+    tl.store(local_src_row + li, rp, mask=isl > 0)
+    tl.store(local_dst_index + li, d, mask=isl > 0)
 
 
 @triton.jit
@@ -353,3 +407,305 @@ def _gather_rows_kernel(
             mk = kk[None, :] < K
             v = tl.load(src + si[:, None] * K + kk[None, :], mask=ok[:, None] & mk, other=0.0)
             tl.store(dst + di[:, None] * K + kk[None, :], v, mask=m[:, None] & mk)
+
+
+# -- layout="compact" (plan.py): per expert [remote rows of all owners][local rows], no padding --
+
+
+@triton.jit
+def _groups_compact_kernel(
+    cnt_enc,
+    dmin_enc,
+    blk_local,
+    blk_off,
+    n_blocks,
+    n_rows_ptr,
+    R,
+    send_counts,
+    gw,  # [8, G] work: cnt, first row, pieces, first band, piece base, seg base, dmin, within
+    ge,  # [10, E] work: expert start, remote bands, local bands, remote section rows, first band,
+    #      remote schedule start, local schedule start, visit start, remote rows, rows
+    counts,  # [6] as _groups_kernel's
+    n_pieces,  # [1]
+    expert_row_start,
+    group_rows,
+    group_padded,
+    sent_rows,
+    sent_segments,
+    recv_rows,
+    recv_row_start,
+    rank,
+    E,
+    W,
+    tm,
+    mgb,
+    EP: tl.constexpr,
+    WP: tl.constexpr,
+    BLK: tl.constexpr,
+    HAS_N: tl.constexpr,
+    HAS_SEND: tl.constexpr,
+):
+    """_groups_kernel for the compact layout: per-expert sections (remote bands, then local-only
+    bands), the rule (ii) expert order on remote bands, and the pieces (band, owner) of each
+    remote group with their segments (the cut rule over pieces, as plan._build_packed)."""
+    G = E * W
+    e1 = tl.arange(0, EP)
+    s1 = tl.arange(0, WP)
+    e2 = e1[:, None] + s1[None, :] * 0  # [EP, WP]
+    s2 = s1[None, :] + e1[:, None] * 0
+    inb = (e2 < E) & (s2 < W)
+    g2 = e2 * W + s2
+    cnt = tl.load(cnt_enc + g2, mask=inb, other=-1) + 1
+    dmin = tl.where(cnt > 0, BIG - tl.load(dmin_enc + g2, mask=inb, other=0), 0)
+    loc = inb & (s2 == W - 1)
+    rem = inb & (s2 < W - 1)
+    # sections per expert: remote bands hold the remote rows (and the first local rows of the
+    # last one, a mixed band); the local-only bands hold the rest
+    rem_e = tl.sum(tl.where(rem, cnt, 0), 1)  # [EP]
+    n_e = rem_e + tl.sum(tl.where(loc, cnt, 0), 1)
+    nbr = (rem_e + tm - 1) // tm
+    rsec = tl.minimum(nbr * tm, n_e)
+    nbl = (n_e - rsec + tm - 1) // tm
+    e_row = tl.cumsum(n_e, 0) - n_e
+    cnt_in = tl.where(inb, cnt, 0)
+    within = tl.cumsum(cnt_in, 1) - cnt_in  # group start inside its expert (local: rem_e)
+    row = e_row[:, None] + within
+    tot_b = nbr + nbl
+    bfirst = tl.cumsum(tot_b, 0) - tot_b
+    # rule (ii) on the remote bands: expert j precedes expert i: before[i, j]
+    rb_i = nbr[:, None]
+    rb_j = tl.reshape(nbr, (1, EP))
+    ei = e1[:, None]
+    ej = tl.reshape(e1, (1, EP))
+    before = ((rb_j > rb_i) | ((rb_j == rb_i) & (ej < ei))) & (ej < E)
+    rstart = tl.sum(tl.where(before, rb_j, 0), 1)
+    NR = tl.sum(nbr, 0)
+    lstart = NR + tl.cumsum(nbl, 0) - nbl
+    vstart = tl.sum(tl.where(before, tl.reshape(tot_b, (1, EP)), 0), 1)
+    # pieces of each remote group: the bands it touches, in send order (experts by rule (ii),
+    # owners ascending)
+    fb = within // tm
+    npc = tl.where(rem & (cnt > 0), (within + cnt - 1) // tm - fb + 1, 0)
+    ptot = tl.sum(npc, 1)
+    pb = tl.sum(tl.where(before, tl.reshape(ptot, (1, EP)), 0), 1)
+    a = pb[:, None] + tl.cumsum(npc, 1) - npc
+    Q = tl.sum(ptot, 0)
+    # segments per remote group over its pieces: first / last piece alone, middle chunks of mgb
+    lo = tl.maximum(a, 1)
+    hi = tl.minimum(a + npc - 1, Q - 2)
+    mid = tl.maximum(hi - lo + 1, 0)
+    first = ((a == 0) & (npc > 0)).to(tl.int64)
+    last = ((Q - 1 > 0) & (a <= Q - 1) & (Q - 1 < a + npc)).to(tl.int64)
+    nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
+    segtot = tl.sum(nseg, 1)
+    seg_e = tl.sum(tl.where(before, tl.reshape(segtot, (1, EP)), 0), 1)
+    segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
+    tl.store(gw + g2, cnt, mask=inb)
+    tl.store(gw + G + g2, row, mask=inb)
+    tl.store(gw + 2 * G + g2, npc, mask=inb)
+    tl.store(gw + 3 * G + g2, fb, mask=inb)
+    tl.store(gw + 4 * G + g2, a, mask=inb)
+    tl.store(gw + 5 * G + g2, segb, mask=inb)
+    tl.store(gw + 6 * G + g2, dmin, mask=inb)
+    tl.store(gw + 7 * G + g2, within, mask=inb)
+    me = e1 < E
+    tl.store(ge + e1, e_row, mask=me)
+    tl.store(ge + E + e1, nbr, mask=me)
+    tl.store(ge + 2 * E + e1, nbl, mask=me)
+    tl.store(ge + 3 * E + e1, rsec, mask=me)
+    tl.store(ge + 4 * E + e1, bfirst, mask=me)
+    tl.store(ge + 5 * E + e1, rstart, mask=me)
+    tl.store(ge + 6 * E + e1, lstart, mask=me)
+    tl.store(ge + 7 * E + e1, vstart, mask=me)
+    tl.store(ge + 8 * E + e1, rem_e, mask=me)
+    tl.store(ge + 9 * E + e1, n_e, mask=me)
+    # per-expert and per-owner fields (no padding: group_padded = group_rows)
+    P = tl.sum(n_e, 0)
+    tl.store(expert_row_start + e1, e_row, mask=me)
+    tl.store(expert_row_start + E, P)
+    owner2 = tl.where(loc, rank, s2 + (s2 >= rank).to(s2.dtype))
+    tl.store(group_rows + e2 * W + owner2, cnt, mask=inb)
+    tl.store(group_padded + e2 * W + owner2, cnt, mask=inb)
+    owner1 = tl.where(s1 == W - 1, rank, s1 + (s1 >= rank).to(s1.dtype))
+    tl.store(sent_rows + owner1, tl.sum(tl.where(rem, cnt, 0), 0), mask=s1 < W)
+    tl.store(sent_segments + owner1, tl.sum(nseg, 0), mask=s1 < W)
+    if HAS_SEND:
+        sc = tl.load(send_counts + s1, mask=s1 < W, other=0).to(tl.int64)
+        tl.store(recv_rows + s1, sc, mask=s1 < W)
+        tl.store(recv_row_start + s1, tl.cumsum(sc, 0) - sc, mask=s1 < W)
+    n_rows = _n_valid(n_rows_ptr, R, HAS_N)
+    tl.store(counts, n_rows)
+    tl.store(counts + 1, P)
+    tl.store(counts + 2, tl.sum(tot_b, 0))
+    tl.store(counts + 3, NR)
+    tl.store(counts + 4, tl.sum(segtot, 0))
+    tl.store(counts + 5, tl.sum(tl.where(loc, cnt, 0)))
+    tl.store(n_pieces, Q)
+    carry = tl.zeros((), dtype=tl.int64)
+    c = tl.arange(0, BLK)
+    for b0 in range(0, n_blocks, BLK):
+        m = b0 + c < n_blocks
+        v = tl.load(blk_local + b0 + c, mask=m, other=0)
+        tl.store(blk_off + b0 + c, carry + tl.cumsum(v, 0) - v, mask=m)
+        carry += tl.sum(v, 0)
+
+
+@triton.jit
+def _fill_compact_kernel(
+    src_ptr,
+    exp_ptr,
+    dst_ptr,
+    n_rows_ptr,
+    R,
+    gw,
+    ge,
+    n_pieces,
+    blk_off,
+    row_pos,
+    gather_index,
+    local_src_row,
+    local_dst_index,
+    band_expert,
+    band_row,
+    band_rows,
+    band_dst,
+    band_valid,
+    band_offset,
+    band_segment,
+    schedule,
+    visit,
+    piece_band,
+    piece_row,
+    piece_rows,
+    piece_offset,
+    piece_dst,
+    seg_start,
+    seg_count,
+    seg_dst,
+    seg_rows,
+    seg_bytes,
+    seg_src_row,
+    seg_offset,
+    rank,
+    E,
+    W,
+    tm,
+    mgb,
+    row_bytes,
+    HAS_N: tl.constexpr,
+    QB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """_fill_kernel for the compact layout: programs [0, E) one expert's bands (layout order),
+    their schedule entries and visiting positions; [E, E + G) one remote group's pieces and
+    the segments that start there; then one row block each (_fill_rows)."""
+    pid = tl.program_id(0)
+    G = E * W
+    if pid < E:
+        e = pid
+        nbr = tl.load(ge + E + e)
+        nb = nbr + tl.load(ge + 2 * E + e)
+        e_row = tl.load(ge + e)
+        rsec = tl.load(ge + 3 * E + e)
+        bfirst = tl.load(ge + 4 * E + e)
+        rstart = tl.load(ge + 5 * E + e)
+        lstart = tl.load(ge + 6 * E + e)
+        vstart = tl.load(ge + 7 * E + e)
+        rem_e = tl.load(ge + 8 * E + e)
+        n_e = tl.load(ge + 9 * E + e)
+        NQ = tl.load(n_pieces)
+        for q0 in range(0, nb, QB):
+            q = q0 + tl.arange(0, QB).to(tl.int64)
+            m = q < nb
+            is_r = q < nbr
+            qq = tl.where(is_r, q, q - nbr)
+            o = tl.where(is_r, 0, rsec) + qq * tm  # first row of the band inside the expert
+            rows = tl.minimum(tl.where(is_r, rsec, n_e) - o, tm)
+            band = bfirst + q
+            tl.store(band_expert + band, e + q * 0, mask=m)
+            tl.store(band_row + band, e_row + o, mask=m)
+            tl.store(band_rows + band, rows, mask=m)
+            tl.store(band_valid + band, rows, mask=m)
+            # owner and destination row of the band's first row; a remote band's first piece
+            # and its segment
+            loc_g = e * W + W - 1
+            dst = rank + q * 0
+            off = tl.load(gw + 6 * G + loc_g) + o - rem_e
+            seg = q * 0 - 1
+            for s in range(0, W - 1):
+                g = e * W + s
+                c = tl.load(gw + g)
+                ws = tl.load(gw + 7 * G + g)
+                hit = is_r & (c > 0) & (ws <= o) & (o < ws + c)
+                dst = tl.where(hit, s + (s >= rank).to(tl.int64), dst)
+                off = tl.where(hit, tl.load(gw + 6 * G + g) + o - ws, off)
+                a = tl.load(gw + 4 * G + g)
+                p = a + q - tl.load(gw + 3 * G + g)  # the piece of owner s in band q
+                npc = tl.load(gw + 2 * G + g)
+                sg, _, _ = _segment_of(p, a, npc, tl.load(gw + 5 * G + g), NQ, mgb)
+                seg = tl.where(hit, sg, seg)
+            tl.store(band_dst + band, dst, mask=m)
+            tl.store(band_offset + band, off, mask=m)
+            tl.store(band_segment + band, seg, mask=m & is_r)
+            pos = tl.where(is_r, rstart + q, lstart + qq)
+            tl.store(schedule + pos, band, mask=m)
+            tl.store(visit + vstart + q, pos, mask=m)
+    elif pid < E + G:
+        g = pid - E
+        npc = tl.load(gw + 2 * G + g)
+        if npc > 0:  # a remote group with rows
+            e = g // W
+            s = g % W
+            owner = s + (s >= rank).to(tl.int32)
+            c = tl.load(gw + g)
+            gs = tl.load(gw + G + g)
+            fb = tl.load(gw + 3 * G + g)
+            a = tl.load(gw + 4 * G + g)
+            segb = tl.load(gw + 5 * G + g)
+            dmin = tl.load(gw + 6 * G + g)
+            e_row = tl.load(ge + e)
+            bfirst = tl.load(ge + 4 * E + e)
+            NQ = tl.load(n_pieces)
+            for j0 in range(0, npc, QB):
+                j = j0 + tl.arange(0, QB).to(tl.int64)
+                m = j < npc
+                brow = e_row + (fb + j) * tm
+                prow = tl.maximum(gs, brow)
+                prows = tl.minimum(gs + c, brow + tm) - prow
+                off = dmin + prow - gs
+                u = a + j  # piece position in send order
+                tl.store(piece_band + u, bfirst + fb + j, mask=m)
+                tl.store(piece_row + u, prow, mask=m)
+                tl.store(piece_rows + u, prows, mask=m)
+                tl.store(piece_offset + u, off, mask=m)
+                tl.store(piece_dst + u, owner + j * 0, mask=m)
+                seg, is_start, k = _segment_of(u, a, npc, segb, NQ, mgb)
+                srows = tl.minimum(gs + c, e_row + (fb + j + k) * tm) - prow
+                ms = m & is_start
+                tl.store(seg_start + seg, u, mask=ms)
+                tl.store(seg_count + seg, k, mask=ms)
+                tl.store(seg_dst + seg, owner + j * 0, mask=ms)
+                tl.store(seg_rows + seg, srows, mask=ms)
+                tl.store(seg_bytes + seg, srows * row_bytes, mask=ms)
+                tl.store(seg_src_row + seg, prow, mask=ms)
+                tl.store(seg_offset + seg, off, mask=ms)
+    else:
+        _fill_rows(
+            pid - E - G,
+            src_ptr,
+            exp_ptr,
+            dst_ptr,
+            n_rows_ptr,
+            R,
+            gw,
+            G,
+            blk_off,
+            row_pos,
+            gather_index,
+            local_src_row,
+            local_dst_index,
+            rank,
+            W,
+            HAS_N,
+            BLOCK,
+        )
