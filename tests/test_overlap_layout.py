@@ -32,6 +32,9 @@ def test_packed_skips_ffn_cells_with_a_reason_and_runs_operator_cells():
     assert reason is not None and "layout=packed" in reason and "layer scope" in reason
     assert osys.OverlapSystem.unsupported(_spec(ffn=128), {**P, "transport": "p2p"}) is None
     assert osys.OverlapSystem.unsupported(_spec(), {**P, "layout": "packed"}) is None
+    # the device plan builds compact: FFN cells run it
+    compact = {**P, "layout": "compact", "transport": "p2p"}
+    assert osys.OverlapSystem.unsupported(_spec(ffn=128), compact) is None
 
 
 def test_layout_at_its_default_stays_out_of_the_cell_hash():
@@ -63,5 +66,5 @@ def test_setup_hands_the_layout_to_the_played_ranks(monkeypatch):
         sysm.setup([SimpleNamespace(spec=_spec())])
         assert seen["layout"] == layout
     layer = osys.OverlapSystem(ctx, {"layout": "packed", "transport": "loopback"})
-    with pytest.raises(ValueError, match="layout=aligned only"):
+    with pytest.raises(ValueError, match="layout aligned or compact only"):
         layer.setup([SimpleNamespace(spec=_spec(ffn=128))])

@@ -195,6 +195,8 @@ def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
 #: row layouts of stage A: the paper's remote-aligned one, and the packed and compact ones
 #: (beyond the paper; module docstring)
 LAYOUTS = ("aligned", "packed", "compact")
+#: the layouts plan_device.build_plan_device builds (the layer scope's stage A)
+DEVICE_LAYOUTS = ("aligned", "compact")
 
 
 def _segments(unit_start: torch.Tensor, mgb: int, n_segments: int):

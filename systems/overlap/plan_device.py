@@ -37,10 +37,9 @@ import torch
 import triton
 
 from systems.overlap.kernels import plan as kplan
-from systems.overlap.plan import CombinePlan
+from systems.overlap.plan import DEVICE_LAYOUTS, CombinePlan
 
 ROW_BLOCK = 1024  # rows per program of the row kernels
-DEVICE_LAYOUTS = ("aligned", "compact")  # the layouts build_plan_device builds
 COUNT_NAMES = ("n_rows", "n_padded", "n_bands", "n_remote_bands", "n_segments", "n_local")
 
 

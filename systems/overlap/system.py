@@ -50,7 +50,13 @@ from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
 from systems.overlap.autotune import AUTO
-from systems.overlap.plan import LAYOUTS, ORDERS, padded_input, plan_for_layout
+from systems.overlap.plan import (
+    DEVICE_LAYOUTS,
+    LAYOUTS,
+    ORDERS,
+    padded_input,
+    plan_for_layout,
+)
 
 TILE_MS = (64, 128)
 TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
@@ -239,12 +245,14 @@ class _LayerRank:
         mgb: int,
         ccta: int,
         runner_kw: dict,
+        layout: str = "aligned",
     ):
         from systems.overlap.plan_device import plan_bounds
         from systems.overlap.runner import OverlapRunner
 
         spec = inp.spec
         self.spec, self.group, self.tile_m, self.mgb = spec, group, tile_m, mgb
+        self.layout = layout
         self.x, self.ids, self.gate = inp.x, inp.expert_ids, inp.gate
         self.w1, self.w2 = inp.w1, inp.weights
         self.rank = inp.layout.rank
@@ -259,6 +267,7 @@ class _LayerRank:
             world_size=spec.world_size,
             experts_per_rank=spec.experts_per_rank,
             tile_m=tile_m,
+            layout=layout,
         )["max_bands"]
         self.runner.band_ready = torch.zeros(most, dtype=torch.int32, device=self.x.device)
 
@@ -279,6 +288,7 @@ class _LayerRank:
             out_cols=self.spec.out,
             elem_bytes=self.x.element_size(),
             send_counts=d.send_counts,
+            layout=self.layout,
         )
         return plan, padded_input_device(d.x_recv, plan)
 
@@ -348,6 +358,7 @@ class _Layer:
         mgb: int,
         ccta: int,
         runner_kw: dict,
+        layout: str = "aligned",
     ):
         spec = inp.spec
         rows = spec.tokens_per_rank * spec.top_k
@@ -362,7 +373,7 @@ class _Layer:
             make = p2p_transport if name == "p2p" else nvshmem_transport
             t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
         self.name = name
-        self.layer = _LayerRank(inp, t, group, tile_m, mgb, ccta, runner_kw)
+        self.layer = _LayerRank(inp, t, group, tile_m, mgb, ccta, runner_kw, layout)
         self.ranks = [self.layer]
         self.busy = 0
 
@@ -429,10 +440,11 @@ class OverlapSystem(System):
 
     @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
-        if spec.ffn and params["layout"] != "aligned":
+        if spec.ffn and params["layout"] not in DEVICE_LAYOUTS:
             return (
                 f"overlap: layout={params['layout']} is built by the host plan only (operator "
-                "scope); the layer scope's device plan (plan_device.py) is aligned only"
+                "scope); the layer scope's device plan (plan_device.py) builds "
+                f"{' and '.join(DEVICE_LAYOUTS)}"
             )
         if spec.ffn and spec.world_size > 1 and params["transport"] == "loopback":
             return (
@@ -469,9 +481,11 @@ class OverlapSystem(System):
         if ranks[0].spec.ffn:
             if len(ranks) != 1:
                 raise ValueError("the layer scope needs one process per rank (or W=1)")
-            if layout != "aligned":  # unsupported() skips these cells before setup
-                raise ValueError("overlap: the layer scope runs layout=aligned only")
-            self.mode = _Layer(ranks[0], ctx.group, name, **knobs)
+            if layout not in DEVICE_LAYOUTS:  # unsupported() skips these cells before setup
+                raise ValueError(
+                    f"overlap: the layer scope runs layout {' or '.join(DEVICE_LAYOUTS)} only"
+                )
+            self.mode = _Layer(ranks[0], ctx.group, name, layout=layout, **knobs)
             self.layer = True
             self._describe(ranks[0])
             return
@@ -531,7 +545,9 @@ class OverlapSystem(System):
         send = lay.send_counts.to(dev)
 
         def device_stage_a():
-            plan = build_plan_device(src, exp, dst, rank=lay.rank, send_counts=send, **shape)
+            plan = build_plan_device(
+                src, exp, dst, rank=lay.rank, send_counts=send, layout=rk.plan.layout, **shape
+            )
             return padded_input_device(inp.x_recv, plan)
 
         def host_stage_a():
@@ -544,7 +560,7 @@ class OverlapSystem(System):
             "outside the timed region (built in setup): host-synchronised build_plan + "
             "padded gather (plan_ms), the device plan + gather (plan_device_ms)"
         )
-        if rk.plan.layout == "aligned":  # the device plan builds the aligned layout only
+        if rk.plan.layout in DEVICE_LAYOUTS:
             self.metrics["plan_device_ms"] = t(device_stage_a)
         else:
             self.extra["plan_ms_scope"] += "; no device plan builds this layout"
