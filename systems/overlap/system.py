@@ -13,8 +13,9 @@ there, what tables measured before the knob ran; "copy" stays out of the cell ha
 tables still resume),
 layout ("aligned": the paper's remote-aligned rows; "packed": an expert's remote rows of all
 owners back to back, padded once; "compact": as packed, with the local rows filling the padding,
-so no zero rows and grouped_mm's row tiles; plan.py; packed and compact run at operator scope
-only, FFN cells skip them; out of the cell hash at "aligned"),
+so no zero rows and grouped_mm's row tiles; plan.py; packed runs at operator scope only, FFN
+cells skip it, the layer scope's device plan builds aligned and compact; out of the cell hash
+at "aligned"),
 order (the producer's visiting order of the schedule: "remote_first", the paper's, or "expert":
 each expert's local bands right after its remote bands, so tiles reading one expert's weights
 run together; plan.producer_order; "auto", the default, picks "expert" where an expert has few
