@@ -1,10 +1,11 @@
 """Stage A on the device with NO host synchronisation: build_plan's plan, worst-case sized.
 
 `build_plan_device` returns the plan systems.overlap.plan.build_plan returns (same inputs, same
-semantics: remote-aligned layout, remote-first schedule, segments with the cut rule, local rows)
-as a DevicePlan: every tensor is sized at its WORST CASE from host ints alone, the real sizes
-are int64 device tensors, and entries past them hold the sentinel -1. Nothing waits for the
-device, so the plan can be rebuilt inside a timed step from this step's routing.
+semantics: the remote-aligned or the compact layout, remote-first schedule, segments with the
+cut rule, local rows) as a DevicePlan: every tensor is sized at its WORST CASE from host ints
+alone, the real sizes are int64 device tensors, and entries past them hold the sentinel -1.
+Nothing waits for the device, so the plan can be rebuilt inside a timed step from this step's
+routing.
 
 Launches: one fill (-1) of the output buffer and three Triton kernels (kernels/plan.py); the
 padded GEMM input is one more kernel (`padded_input_device`), the local copy of stage B one
