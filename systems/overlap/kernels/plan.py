@@ -99,6 +99,89 @@ def _rows_kernel(
 
 
 @triton.jit
+def _group_tiles(cnt_enc, dmin_enc, E, W, EP: tl.constexpr, WP: tl.constexpr):
+    """The groups as [EP, WP] tiles (expert x slot): e1 [EP], s1 [WP], e2, s2, inb (a real
+    group), g2 (group id), cnt (rows), dmin (minimum dst; 0 for an empty group)."""
+    e1 = tl.arange(0, EP)
+    s1 = tl.arange(0, WP)
+    e2 = e1[:, None] + s1[None, :] * 0  # [EP, WP]
+    s2 = s1[None, :] + e1[:, None] * 0
+    inb = (e2 < E) & (s2 < W)
+    g2 = e2 * W + s2
+    cnt = tl.load(cnt_enc + g2, mask=inb, other=-1) + 1
+    dmin = tl.where(cnt > 0, BIG - tl.load(dmin_enc + g2, mask=inb, other=0), 0)
+    return e1, s1, e2, s2, inb, g2, cnt, dmin
+
+
+@triton.jit
+def _plan_fields(
+    e1,
+    s1,
+    e2,
+    s2,
+    inb,
+    cnt,
+    padded,
+    nseg,
+    e_row,
+    P,
+    n_bands,
+    NR,
+    n_segments,
+    rank,
+    E,
+    W,
+    expert_row_start,
+    group_rows,
+    group_padded,
+    sent_rows,
+    sent_segments,
+    send_counts,
+    recv_rows,
+    recv_row_start,
+    counts,
+    n_rows_ptr,
+    R,
+    blk_local,
+    blk_off,
+    n_blocks,
+    HAS_N: tl.constexpr,
+    HAS_SEND: tl.constexpr,
+    BLK: tl.constexpr,
+):
+    """What both group kernels write alike from their [EP, WP] tiles (_group_tiles): the
+    per-expert and per-owner fields, the receive side, the six counts, and the first local-row
+    slot of each row block (exclusive prefix over the blocks)."""
+    tl.store(expert_row_start + e1, e_row, mask=e1 < E)
+    tl.store(expert_row_start + E, P)
+    loc = inb & (s2 == W - 1)
+    rem = inb & (s2 < W - 1)
+    owner2 = tl.where(loc, rank, s2 + (s2 >= rank).to(s2.dtype))
+    tl.store(group_rows + e2 * W + owner2, cnt, mask=inb)
+    tl.store(group_padded + e2 * W + owner2, padded, mask=inb)
+    owner1 = tl.where(s1 == W - 1, rank, s1 + (s1 >= rank).to(s1.dtype))
+    tl.store(sent_rows + owner1, tl.sum(tl.where(rem, cnt, 0), 0), mask=s1 < W)
+    tl.store(sent_segments + owner1, tl.sum(nseg, 0), mask=s1 < W)
+    if HAS_SEND:
+        sc = tl.load(send_counts + s1, mask=s1 < W, other=0).to(tl.int64)
+        tl.store(recv_rows + s1, sc, mask=s1 < W)
+        tl.store(recv_row_start + s1, tl.cumsum(sc, 0) - sc, mask=s1 < W)
+    tl.store(counts, _n_valid(n_rows_ptr, R, HAS_N))
+    tl.store(counts + 1, P)
+    tl.store(counts + 2, n_bands)
+    tl.store(counts + 3, NR)
+    tl.store(counts + 4, n_segments)
+    tl.store(counts + 5, tl.sum(tl.where(loc, cnt, 0)))
+    carry = tl.zeros((), dtype=tl.int64)
+    c = tl.arange(0, BLK)
+    for b0 in range(0, n_blocks, BLK):
+        m = b0 + c < n_blocks
+        v = tl.load(blk_local + b0 + c, mask=m, other=0)
+        tl.store(blk_off + b0 + c, carry + tl.cumsum(v, 0) - v, mask=m)
+        carry += tl.sum(v, 0)
+
+
+@triton.jit
 def _groups_kernel(
     cnt_enc,
     dmin_enc,
@@ -129,14 +212,7 @@ def _groups_kernel(
     HAS_SEND: tl.constexpr,
 ):
     G = E * W
-    e1 = tl.arange(0, EP)
-    s1 = tl.arange(0, WP)
-    e2 = e1[:, None] + s1[None, :] * 0  # [EP, WP]
-    s2 = s1[None, :] + e1[:, None] * 0
-    inb = (e2 < E) & (s2 < W)
-    g2 = e2 * W + s2
-    cnt = tl.load(cnt_enc + g2, mask=inb, other=-1) + 1
-    dmin = tl.where(cnt > 0, BIG - tl.load(dmin_enc + g2, mask=inb, other=0), 0)
+    e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
     loc = s2 == W - 1
     rem = inb & (s2 < W - 1)
     nb = (cnt + tm - 1) // tm
@@ -186,36 +262,13 @@ def _groups_kernel(
     tl.store(gw + 5 * G + g2, segb, mask=inb)
     tl.store(gw + 6 * G + g2, dmin, mask=inb)
     tl.store(gw + 7 * G + g2, vbase, mask=inb)
-    # per-expert and per-owner fields
-    P = tl.sum(tot_p, 0)
-    tl.store(expert_row_start + e1, e_row, mask=e1 < E)
-    tl.store(expert_row_start + E, P)
-    owner2 = tl.where(loc, rank, s2 + (s2 >= rank).to(s2.dtype))
-    tl.store(group_rows + e2 * W + owner2, cnt, mask=inb)
-    tl.store(group_padded + e2 * W + owner2, padded, mask=inb)
-    owner1 = tl.where(s1 == W - 1, rank, s1 + (s1 >= rank).to(s1.dtype))
-    tl.store(sent_rows + owner1, tl.sum(tl.where(rem, cnt, 0), 0), mask=s1 < W)
-    tl.store(sent_segments + owner1, tl.sum(nseg, 0), mask=s1 < W)
-    if HAS_SEND:
-        sc = tl.load(send_counts + s1, mask=s1 < W, other=0).to(tl.int64)
-        tl.store(recv_rows + s1, sc, mask=s1 < W)
-        tl.store(recv_row_start + s1, tl.cumsum(sc, 0) - sc, mask=s1 < W)
-    # counts
-    n_rows = _n_valid(n_rows_ptr, R, HAS_N)
-    tl.store(counts, n_rows)
-    tl.store(counts + 1, P)
-    tl.store(counts + 2, tl.sum(tot_b, 0))
-    tl.store(counts + 3, NR)
-    tl.store(counts + 4, tl.sum(segtot, 0))
-    tl.store(counts + 5, tl.sum(tl.where(loc & inb, cnt, 0)))
-    # first local-row slot of each row block (exclusive prefix over the blocks)
-    carry = tl.zeros((), dtype=tl.int64)
-    c = tl.arange(0, BLK)
-    for b0 in range(0, n_blocks, BLK):
-        m = b0 + c < n_blocks
-        v = tl.load(blk_local + b0 + c, mask=m, other=0)
-        tl.store(blk_off + b0 + c, carry + tl.cumsum(v, 0) - v, mask=m)
-        carry += tl.sum(v, 0)
+    _plan_fields(
+        e1, s1, e2, s2, inb, cnt, padded, nseg, e_row,
+        tl.sum(tot_p, 0), tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
+        rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
+        send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
+        blk_local, blk_off, n_blocks, HAS_N, HAS_SEND, BLK,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -449,14 +502,7 @@ def _groups_compact_kernel(
     bands), the rule (ii) expert order on remote bands, and the pieces (band, owner) of each
     remote group with their segments (the cut rule over pieces, as plan._build_packed)."""
     G = E * W
-    e1 = tl.arange(0, EP)
-    s1 = tl.arange(0, WP)
-    e2 = e1[:, None] + s1[None, :] * 0  # [EP, WP]
-    s2 = s1[None, :] + e1[:, None] * 0
-    inb = (e2 < E) & (s2 < W)
-    g2 = e2 * W + s2
-    cnt = tl.load(cnt_enc + g2, mask=inb, other=-1) + 1
-    dmin = tl.where(cnt > 0, BIG - tl.load(dmin_enc + g2, mask=inb, other=0), 0)
+    e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
     loc = inb & (s2 == W - 1)
     rem = inb & (s2 < W - 1)
     # sections per expert: remote bands hold the remote rows (and the first local rows of the
@@ -519,35 +565,15 @@ def _groups_compact_kernel(
     tl.store(ge + 7 * E + e1, vstart, mask=me)
     tl.store(ge + 8 * E + e1, rem_e, mask=me)
     tl.store(ge + 9 * E + e1, n_e, mask=me)
-    # per-expert and per-owner fields (no padding: group_padded = group_rows)
-    P = tl.sum(n_e, 0)
-    tl.store(expert_row_start + e1, e_row, mask=me)
-    tl.store(expert_row_start + E, P)
-    owner2 = tl.where(loc, rank, s2 + (s2 >= rank).to(s2.dtype))
-    tl.store(group_rows + e2 * W + owner2, cnt, mask=inb)
-    tl.store(group_padded + e2 * W + owner2, cnt, mask=inb)
-    owner1 = tl.where(s1 == W - 1, rank, s1 + (s1 >= rank).to(s1.dtype))
-    tl.store(sent_rows + owner1, tl.sum(tl.where(rem, cnt, 0), 0), mask=s1 < W)
-    tl.store(sent_segments + owner1, tl.sum(nseg, 0), mask=s1 < W)
-    if HAS_SEND:
-        sc = tl.load(send_counts + s1, mask=s1 < W, other=0).to(tl.int64)
-        tl.store(recv_rows + s1, sc, mask=s1 < W)
-        tl.store(recv_row_start + s1, tl.cumsum(sc, 0) - sc, mask=s1 < W)
-    n_rows = _n_valid(n_rows_ptr, R, HAS_N)
-    tl.store(counts, n_rows)
-    tl.store(counts + 1, P)
-    tl.store(counts + 2, tl.sum(tot_b, 0))
-    tl.store(counts + 3, NR)
-    tl.store(counts + 4, tl.sum(segtot, 0))
-    tl.store(counts + 5, tl.sum(tl.where(loc, cnt, 0)))
     tl.store(n_pieces, Q)
-    carry = tl.zeros((), dtype=tl.int64)
-    c = tl.arange(0, BLK)
-    for b0 in range(0, n_blocks, BLK):
-        m = b0 + c < n_blocks
-        v = tl.load(blk_local + b0 + c, mask=m, other=0)
-        tl.store(blk_off + b0 + c, carry + tl.cumsum(v, 0) - v, mask=m)
-        carry += tl.sum(v, 0)
+    # no padding: group_padded = group_rows
+    _plan_fields(
+        e1, s1, e2, s2, inb, cnt, cnt, nseg, e_row,
+        tl.sum(n_e, 0), tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
+        rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
+        send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
+        blk_local, blk_off, n_blocks, HAS_N, HAS_SEND, BLK,
+    )  # fmt: skip
 
 
 @triton.jit
