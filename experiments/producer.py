@@ -22,7 +22,9 @@ Options (experiment.options): flags (list of bool, default [true]); configs (lis
 names, default ["table"]: the shape table the overlap system runs; the others are the variants
 tried against it, recorded whether they win or lose, or `error` where Triton cannot build them;
 CUTLASS_CONFIGS name the CUTLASS producer, systems/overlap/cutlass_producer.py, `skipped` where
-its library is not built: `make cutlass`).
+its library is not built: `make cutlass`); local (list of LOCALS, default ["copy"]: the local
+rows stored in Y; "direct" stores them in a receive buffer through row_dst, the overlap system's
+default path, and is checked by reading each local row back from there; `skipped` for CUTLASS).
 """
 
 from __future__ import annotations
@@ -58,7 +60,11 @@ AXES = (
     "dtype",
 )
 REFERENCES = ("torch_grouped_mm", "cublas")
-OPTIONS = {"flags": [True], "configs": ["table"]}
+OPTIONS = {"flags": [True], "configs": ["table"], "local": ["copy"]}
+#: where the producer stores the local rows: "copy" (in Y, as the tables before this option) or
+#: "direct" (in the own receive buffer through row_dst, as the overlap system runs by default);
+#: a cell's params name `local` only when it is "direct", so the older cells keep their hashes
+LOCALS = ("copy", "direct")
 #: the overlap system's knobs that shape its producer (the rest belong to the consumer)
 PRODUCER_KNOBS = ("tile_m", "layout", "order")
 #: tile-configuration variants of the producer: name -> change to the table's TileConfig
@@ -70,9 +76,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "g8s4": {"group_m": 8, "num_stages": 4},
     # Triton 3.6's Hopper warp specialisation of the tile loop (add_hopper_warpspec), unflattened
     "ws": {"warp_specialize": True, "flatten": False},
-    # the flag variants (kernels/producer.py): per-warp deferred releases, per-thread immediate
+    # the flag variants (kernels/producer.py): per-warp deferred releases, per-thread immediate,
+    # per-thread in the middle of the next tile's main loop (its MMAs in flight)
     "warp": {"flag": "warp"},
     "thread": {"flag": "thread"},
+    "mid": {"flag": "mid"},
+    # the epilogue's store in column halves or quarters (fewer live registers)
+    "split2": {"epi_split": 2},
+    "split4": {"epi_split": 4},
+    "mid4": {"flag": "mid", "epi_split": 4},
 }
 #: the CUTLASS producer (kernels/cutlass_producer.cu, tile 128x256x64, flags in its epilogue):
 #: name -> (grouping, cluster M x N); grouping "band" follows the cell's visiting order, "expert"
@@ -102,6 +114,7 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
     points = {name: system_points(name, conf) for name, conf in systems.items()}
     flags = [bool(f) for f in options(cfg)["flags"]]
     configs = [str(c) for c in options(cfg)["configs"]]
+    locals_ = [{} if str(v) == "copy" else {"local": str(v)} for v in options(cfg)["local"]]
     out = []
     for values in itertools.product(*axes):
         base = {"experiment": cfg.experiment.name, "seed": cfg.seed, **dict(zip(AXES, values))}
@@ -113,7 +126,10 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
                 if knobs not in seen:  # consumer knobs do not change the producer
                     seen.append(knobs)
                     todo += [
-                        (system, {**knobs, "flags": f, "config": c}) for c in configs for f in flags
+                        (system, {**knobs, "flags": f, "config": c, **lo})
+                        for c in configs
+                        for f in flags
+                        for lo in locals_
                     ]
         for system, params in todo:
             cell = {**base, "system": system, "params": params}
@@ -132,6 +148,9 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
     bad = sorted(set(map(str, options(cfg)["configs"])) - known)
     if bad:
         raise ValueError(f"producer: unknown config(s) {bad}; accepted: {sorted(known)}")
+    bad = sorted(set(map(str, options(cfg)["local"])) - set(LOCALS))
+    if bad:
+        raise ValueError(f"producer: unknown local mode(s) {bad}; accepted: {list(LOCALS)}")
     for cell in cells:
         spec = spec_of(cell)  # a bad routing, a non-positive size
         if cell["system"] not in (*REFERENCES, "overlap"):
@@ -242,10 +261,13 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
 
         return go, out, ref, {"gemm_rows": float(valid_rows), "impl": "torch.matmul (cuBLAS)"}
     from systems.overlap.kernels import launch_producer, pick_config
-    from systems.overlap.plan import producer_order
+    from systems.overlap.plan import local_row_map, producer_order
 
     p, flags = pb.plan, bool(cell["params"]["flags"])
+    direct = cell["params"].get("local", "copy") == "direct"
     if cell["params"].get("config") in CUTLASS_CONFIGS:
+        if direct:
+            raise CutlassUnavailable("the CUTLASS producer has no local=direct epilogue")
         return _cutlass_kernel(ctx, cell, pb)
     cfg = pick_config(int(cell["params"]["tile_m"]), pb.x.shape[1], pb.w.shape[2], pb.x.dtype)
     cfg = replace(cfg, **CONFIGS[cell["params"].get("config", "table")])
@@ -253,10 +275,24 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
     y = torch.zeros(p.n_padded, pb.w.shape[2], dtype=pb.x.dtype, device=pb.x.device)
     ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    local_to = None
+    if direct:  # the local rows go to a receive buffer [S, N] through row_dst [P]
+        row_dst = local_row_map(p)
+        recv = torch.zeros(int(row_dst.max()) + 1, pb.w.shape[2], dtype=y.dtype, device=y.device)
+        local_to = (recv, row_dst)
 
     def go():
         launch_producer(
-            pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, signal=flags, order=order
+            pb.x,
+            pb.w,
+            y,
+            p,
+            ready,
+            num_programs=sms,
+            config=cfg,
+            signal=flags,
+            order=order,
+            local_to=local_to,
         )
 
     go()
@@ -266,7 +302,12 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
             raise RuntimeError("producer: a ready flag is wrong after one run")
     metrics = {"gemm_rows": float(p.n_padded), "impl": "overlap producer (triton)"}
     metrics["config"] = json.dumps(cfg.__dict__, default=str)
-    return go, y[pb.valid], pb.ref_y()[pb.valid], metrics
+    out = y
+    if direct:  # each local row read back from where the epilogue put it
+        mine = row_dst >= 0
+        out = y.clone()
+        out[mine] = recv[row_dst[mine]]
+    return go, out[pb.valid], pb.ref_y()[pb.valid], metrics
 
 
 def _cutlass_kernel(

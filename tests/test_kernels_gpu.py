@@ -60,7 +60,16 @@ def _rel(a, ref):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     "variant",
-    ["table", "thread_flags", "warp_flags", "cta_noflatten", "pointer_loads", "k_tail"],
+    [
+        "table",
+        "thread_flags",
+        "warp_flags",
+        "mid_flags",
+        "split4",
+        "cta_noflatten",
+        "pointer_loads",
+        "k_tail",
+    ],
 )
 def test_producer_matches_torch(dtype, variant):
     K = 200 if variant == "k_tail" else 256
@@ -70,6 +79,10 @@ def test_producer_matches_torch(dtype, variant):
         cfg = replace(cfg, flag="thread", group_m=1)
     elif variant == "warp_flags":
         cfg = replace(cfg, flag="warp", group_m=2)
+    elif variant == "mid_flags":
+        cfg = replace(cfg, flag="mid", group_m=2)
+    elif variant == "split4":
+        cfg = replace(cfg, epi_split=4)
     elif variant == "cta_noflatten":
         cfg = replace(cfg, flatten=False, flag="cta")
     elif variant == "pointer_loads":

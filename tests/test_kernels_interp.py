@@ -113,12 +113,14 @@ def _run_producer(plan, x, w, cfg, signal=True):
         (torch.float32, "cta"),
         (torch.float16, "cta"),
         (torch.float16, "deferred"),
+        (torch.float16, "mid"),
     ],
 )
-def test_producer_matches_torch_and_counts_tiles(dtype, flag):
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_producer_matches_torch_and_counts_tiles(dtype, flag, split):
     plan, x, w = _problem(dtype)
     cfg = interpreter_config(TILE_M)
-    cfg = type(cfg)(**{**cfg.__dict__, "flag": flag})
+    cfg = type(cfg)(**{**cfg.__dict__, "flag": flag, "epi_split": split})
     y, ready = _run_producer(plan, x, w, cfg)
     ref = reference_y(plan, x, w)
     assert not torch.isnan(y).any(), "every padded row must be written"

@@ -46,6 +46,18 @@ def test_a_ccta_sweep_does_not_multiply_the_producer_cells():
     producer.validate(cfg, cells, 132)
 
 
+def test_local_direct_adds_cells_and_keeps_the_copy_cells_hashes():
+    base = producer.cells(_cfg(), 1)
+    cfg = _cfg("experiment.options.local=[copy,direct]")
+    cells = producer.cells(cfg, 1)
+    assert len(cells) == len(base) + 2 * 5 * 3 * 12
+    direct = [c for c in cells if c["params"].get("local") == "direct"]
+    assert len(direct) == 2 * 5 * 3 * 12 and all(c["system"] == "overlap" for c in direct)
+    # a copy cell names no `local`: the same hash as before the option
+    assert {c["cell_hash"] for c in base} <= {c["cell_hash"] for c in cells}
+    producer.validate(cfg, cells, 132)
+
+
 def test_bad_input_is_one_line_before_any_gpu_work():
     cfg = _cfg()
     cells = producer.cells(cfg, 1)
@@ -61,6 +73,10 @@ def test_bad_input_is_one_line_before_any_gpu_work():
     with open_dict(cfg):
         cfg.experiment.options = {"configs": ["table", "fast"]}
     with pytest.raises(ValueError, match="unknown config"):
+        producer.validate(cfg, cells, 132)
+    with open_dict(cfg):
+        cfg.experiment.options = {"local": ["direct", "scatter"]}
+    with pytest.raises(ValueError, match="unknown local mode"):
         producer.validate(cfg, cells, 132)
 
 

@@ -9,7 +9,7 @@ NVSHMEM_SIGNAL_ADD: NVSHMEM 3.x's NVSHMEM_SIGNAL_ADD (torch's docstrings say 5: 
 
 Producer flag modes (kernels/producer.py, the constexpr FLAG; TileConfig.flag names them):
   FLAG_NONE (0) no flags (signal=False): the compute-only bound; FLAG_CODES maps the names
-  "cta" (1), "thread" (2), "deferred" (3), "warp" (4) to the codes.
+  "cta" (1), "thread" (2), "deferred" (3), "warp" (4), "mid" (5) to the codes.
 Error codes of the device error record are in errors.py.
 """
 
@@ -26,4 +26,11 @@ FLAG_CTA = 1
 FLAG_THREAD = 2
 FLAG_DEFERRED = 3
 FLAG_WARP = 4
-FLAG_CODES = {"cta": FLAG_CTA, "thread": FLAG_THREAD, "deferred": FLAG_DEFERRED, "warp": FLAG_WARP}
+FLAG_MID = 5
+FLAG_CODES = {
+    "cta": FLAG_CTA,
+    "thread": FLAG_THREAD,
+    "deferred": FLAG_DEFERRED,
+    "warp": FLAG_WARP,
+    "mid": FLAG_MID,
+}

@@ -36,11 +36,18 @@ are signalled; local bands need no flag. Two ways to publish (TileConfig.flag):
   "warp"   (FLAG=4, GPU only: inline PTX): deferred like "deferred", but per WARP: bar.warp.sync
            (orders the warp's lanes' stores) and lane 0 adds 32 with release: 32x fewer
            same-address atomics per tile than "thread" (they queue at L2 when tiles are short).
+  "mid"    (FLAG=5): like "deferred", but tile t is published in the MIDDLE of the next tile's
+           main loop (at K step k_tiles // 2), while that step's MMAs are in flight. A release
+           compiles to MEMBAR.ALL.GPU before the atomic (sm_90 SASS); in "deferred" it runs after
+           the last MMA has drained, so the warp idles through it; here the tensor cores keep
+           working. Half a main loop less extra latency per band than "deferred".
   "cta"    (FLAG=1): tl.debug_barrier() (all the CTA's stores issued, CTA-scope ordering), then
            ONE scalar release atomic (Triton runs a scalar atomic once per CTA; release is
            cumulative, so the whole tile is visible to whoever acquires); tile_increment = 1.
 FLAG=0 (signal=False) is the same kernel without any flag: the compute-only bound and the
-reference for the flag cost. The main loop (loads + tl.dot) is identical in all three.
+reference for the flag cost. The main loop (loads + tl.dot) is identical in all of them.
+Epilogue: TileConfig.epi_split (EPI_SPLIT) stores the tile in 1, 2 or 4 column slices; each row's
+destination (Y, or the receive buffer at local=direct) is chosen once per row.
 
 Loads: USE_TMA=True takes host-side TMA descriptors (triton.tools.tensor_descriptor) for X and
 the [E*K, N] weight view (needs K % block_k == 0 so a K tile never crosses into the next
@@ -68,6 +75,7 @@ _FLAG_CTA = tl.constexpr(modes.FLAG_CTA)
 _FLAG_THREAD = tl.constexpr(modes.FLAG_THREAD)
 _FLAG_DEFERRED = tl.constexpr(modes.FLAG_DEFERRED)
 _FLAG_WARP = tl.constexpr(modes.FLAG_WARP)
+_FLAG_MID = tl.constexpr(modes.FLAG_MID)
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,7 @@ class TileConfig:
     flatten: bool = True  # tl.range(flatten=True): one pipelined loop over tiles x K steps
     flag: str = "thread"  # "thread" / "deferred" (per-thread release atomics), "cta" (barrier)
     warp_specialize: bool = False  # tl.range(warp_specialize=True): Triton's Hopper warpspec
+    epi_split: int = 1  # the epilogue stores the tile in 1, 2 or 4 column slices (register use)
 
     def tiles_n(self, n: int) -> int:
         """Column tiles per band."""
@@ -161,6 +170,13 @@ def _tile_coords(t, n_sched, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _store_cols(vals, row_ptr, row_ok, c0, N, W: tl.constexpr):
+    """vals [BM, W] to row_ptr[i] + c0 + j for the rows with row_ok [BM] and columns < N."""
+    cols = c0 + tl.arange(0, W)
+    tl.store(row_ptr[:, None] + cols[None, :], vals, mask=row_ok[:, None] & (cols[None, :] < N))
+
+
+@triton.jit
 def _producer_kernel(
     x_desc,
     w_desc,
@@ -193,6 +209,7 @@ def _producer_kernel(
     MIXED: tl.constexpr,
     ORDERED: tl.constexpr,
     WS: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
 ):
     # the schedule length and the signalled prefix: host ints, or (DEV_COUNTS) device counts
     n_sched = count_arg(n_sched_arg, DEV_COUNTS)
@@ -236,6 +253,10 @@ def _producer_kernel(
                     other=0.0,
                 )
             acc = tl.dot(a, b, acc)
+            if FLAG == _FLAG_MID:
+                if kk == k_tiles // 2:  # the MMAs in flight hide the release's fence
+                    publish_threads(band_ready, pending, lane)
+                    pending = -1
         if FLAG == _FLAG_DEFERRED:
             # publish the PREVIOUS tile: its stores were issued a whole main loop ago, so the
             # release (which waits for this thread's earlier stores) costs next to nothing
@@ -243,24 +264,36 @@ def _producer_kernel(
         elif FLAG == _FLAG_WARP:
             publish_warps(band_ready, pending, lane)
         rows = row0 + rm
-        cols = col0 + rn
-        mask = (rm[:, None] < nrows) & (cols[None, :] < N)
-        ptrs = y_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :]
+        # per row: where it goes (a pointer to its first column) and whether it is stored
+        row_ptr = y_ptr + rows.to(tl.int64) * N
+        row_ok = rm < nrows
         if LOCAL_DIRECT:
             # local rows go straight to their places in this rank's own receive buffer
             # (row_dst >= 0): every row of a local band, and (MIXED: a compact plan) the
             # local rows of a mixed band (signalled, its remote rows go to Y); a local band's
             # rows with row_dst = -1 are not stored at all
             if MIXED:
-                dst = tl.load(row_dst + rows, mask=rm < nrows, other=-1)
+                dst = tl.load(row_dst + rows, mask=row_ok, other=-1)
             else:
-                dst = tl.load(row_dst + rows, mask=(rm < nrows) & (s >= n_signal), other=-1)
+                dst = tl.load(row_dst + rows, mask=row_ok & (s >= n_signal), other=-1)
             mine = dst >= 0
-            ptrs = tl.where(
-                mine[:, None], recv_ptr + dst.to(tl.int64)[:, None] * N + cols[None, :], ptrs
-            )
-            mask = mask & (mine[:, None] | (s < n_signal))
-        tl.store(ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+            row_ptr = tl.where(mine, recv_ptr + dst.to(tl.int64) * N, row_ptr)
+            row_ok = row_ok & (mine | (s < n_signal))
+        out = acc.to(y_ptr.dtype.element_ty)
+        if EPI_SPLIT == 1:
+            _store_cols(out, row_ptr, row_ok, col0, N, BN)
+        else:  # the store in column halves (or quarters): fewer live pointers per thread
+            h0, h1 = out.reshape(BM, 2, BN // 2).permute(0, 2, 1).split()
+            if EPI_SPLIT == 2:
+                _store_cols(h0, row_ptr, row_ok, col0, N, BN // 2)
+                _store_cols(h1, row_ptr, row_ok, col0 + BN // 2, N, BN // 2)
+            else:
+                q0, q1 = h0.reshape(BM, 2, BN // 4).permute(0, 2, 1).split()
+                _store_cols(q0, row_ptr, row_ok, col0, N, BN // 4)
+                _store_cols(q1, row_ptr, row_ok, col0 + BN // 4, N, BN // 4)
+                q2, q3 = h1.reshape(BM, 2, BN // 4).permute(0, 2, 1).split()
+                _store_cols(q2, row_ptr, row_ok, col0 + BN // 2, N, BN // 4)
+                _store_cols(q3, row_ptr, row_ok, col0 + 3 * (BN // 4), N, BN // 4)
         if FLAG == _FLAG_CTA:
             # one release per CTA: the barrier orders every thread's stores before it
             if s < n_signal:
@@ -277,7 +310,7 @@ def _producer_kernel(
             )
         elif FLAG >= _FLAG_DEFERRED:
             pending = tl.where(s < n_signal, band.to(tl.int32), -1)
-    if FLAG == _FLAG_DEFERRED:
+    if FLAG == _FLAG_DEFERRED or FLAG == _FLAG_MID:
         publish_threads(band_ready, pending, lane)
     elif FLAG == _FLAG_WARP:
         publish_warps(band_ready, pending, lane)
@@ -400,6 +433,7 @@ def launch_producer(
         MIXED=getattr(plan, "layout", "aligned") == "compact",
         ORDERED=order is not None,
         WS=cfg.warp_specialize,
+        EPI_SPLIT=cfg.epi_split,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
