@@ -82,9 +82,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "thread": {"flag": "thread"},
     "mid": {"flag": "mid"},
     # the epilogue's store in column halves or quarters (fewer live registers)
-    "split2": {"epi_split": 2},
     "split4": {"epi_split": 4},
     "mid4": {"flag": "mid", "epi_split": 4},
+    "split2": {"epi_split": 2},
+    # with the quarter-slice epilogue (16 KB of layout scratch, not 64): a deeper pipeline,
+    # other swizzle groups, K steps of 128
+    "s4st4": {"epi_split": 4, "num_stages": 4},
+    "s4g4": {"epi_split": 4, "group_m": 4},
+    "s4g16": {"epi_split": 4, "group_m": 16},
+    "s4k128": {"epi_split": 4, "block_k": 128, "num_stages": 2},
 }
 #: the CUTLASS producer (kernels/cutlass_producer.cu, tile 128x256x64, flags in its epilogue):
 #: name -> (grouping, cluster M x N); grouping "band" follows the cell's visiting order, "expert"
