@@ -66,6 +66,7 @@ def _rel(a, ref):
         "warp_flags",
         "mid_flags",
         "split4",
+        "wide_table",
         "cta_noflatten",
         "pointer_loads",
         "k_tail",
@@ -83,6 +84,8 @@ def test_producer_matches_torch(dtype, variant):
         cfg = replace(cfg, flag="mid", group_m=2)
     elif variant == "split4":
         cfg = replace(cfg, epi_split=4)
+    elif variant == "wide_table":  # the N >= 4096 entry (256 wide, 4 slices) on a masked N
+        cfg = pick_config(128, K, 8192, dtype)
     elif variant == "cta_noflatten":
         cfg = replace(cfg, flatten=False, flag="cta")
     elif variant == "pointer_loads":

@@ -111,23 +111,27 @@ class TileConfig:
 # N class 0 = narrow (N < 4096), 1 = wide (4096 <= N < 8192), 2 = widest (N >= 8192).
 # Chosen on one H200 by benchmarks/kernels_h200.py and experiment=producer (TFLOP/s per variant
 # against torch._grouped_mm and dense cuBLAS on the same rows: results/reference/h200/README.md,
-# "Kernel design notes and measurements", and producer_variants.parquet). A shape not in the
-# table falls back to the generic entry of its tile_m; the CPU interpreter gets
-# `interpreter_config`.
+# "Kernel design notes and measurements", producer_variants.parquet, producer_mid.parquet and
+# producer_split.parquet). A shape not in the table falls back to the generic entry of its
+# tile_m; the CPU interpreter gets `interpreter_config`.
 #   tile_m  narrow N                  wide N                      widest N
 #   128     128x128x64, 8 warps,      128x256x64, 8 warps,        as wide, but group 8 (1-2.5%
 #           4 stages, group 1,        3 stages, group 4,          faster than group 4 at N=8192
-#           thread flags              deferred flags              and E 4-64; 0-1% slower at 4096)
+#           thread flags              deferred flags,             and E 4-64; 0-1% slower at 4096)
+#                                     epilogue in 4 slices
 #   64      64x128x64, 4 warps,       64x256x64, 4 warps,         as wide
-#           4 stages, group 1         4 stages, group 4
-# all with TMA loads and the flattened tile loop.
+#           4 stages, group 1         4 stages, group 4,
+#                                     epilogue in 4 slices
+# all with TMA loads and the flattened tile loop. The 4-slice epilogue (epi_split=4) of the
+# 256-wide tiles: +1.5% median against 1 slice at local=direct, and the flags' cost drops
+# from about 1.3% to 0 (producer_mid.parquet, producer_split.parquet).
 TILE_TABLE: dict[tuple[int, int], TileConfig] = {
     (128, 0): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
-    (128, 1): TileConfig(128, 256, 64, 8, 3, group_m=4, flag="deferred"),
-    (128, 2): TileConfig(128, 256, 64, 8, 3, group_m=8, flag="deferred"),
+    (128, 1): TileConfig(128, 256, 64, 8, 3, group_m=4, flag="deferred", epi_split=4),
+    (128, 2): TileConfig(128, 256, 64, 8, 3, group_m=8, flag="deferred", epi_split=4),
     (64, 0): TileConfig(64, 128, 64, 4, 4, group_m=1, flag="thread"),
-    (64, 1): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred"),
-    (64, 2): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred"),
+    (64, 1): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred", epi_split=4),
+    (64, 2): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred", epi_split=4),
 }
 
 
