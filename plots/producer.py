@@ -1,6 +1,7 @@
 """The producer against torch._grouped_mm (CUTLASS) and cuBLAS, from an experiment=producer
 table: per (N, routing) panel, time(reference) / time(producer) against experts per rank, one
-line per producer variant (tile_m, layout, visiting order, tile-configuration variant, flags).
+line per producer variant (tile_m, layout, visiting order, tile-configuration variant, flags,
+where the local rows go).
 Above 1: the producer is faster. Solid: against torch._grouped_mm on the same valid rows;
 dashed: against one dense cuBLAS GEMM of the same useful FLOPs (the method-speed issue asks
 for >= 1.00 and >= 1/1.05).
@@ -36,6 +37,9 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
         prod.loc[other, "variant"] += ", " + prod.loc[other, "p_config"].astype(str)
     if "p_flags" in prod:
         prod.loc[~prod["p_flags"].astype(bool), "variant"] += ", no flags"
+    if "p_local" in prod:  # local rows stored in the receive buffer (the system's default)
+        direct = prod["p_local"].fillna("copy") == "direct"
+        prod.loc[direct, "variant"] += ", local direct"
     out = prod[WORKLOAD + ["variant", "latency_ms"]].rename(columns={"latency_ms": "producer_ms"})
     for ref, col in (("torch_grouped_mm", "vs_grouped_mm"), ("cublas", "vs_cublas")):
         r = ok[ok["system"] == ref].groupby(WORKLOAD, as_index=False)["latency_ms"].median()

@@ -611,6 +611,27 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The producer's flag released mid main loop and its epilogue in column slices, one GPU",
+        "producer_mid",
+        "`bash benchmarks/h200_session.sh producer_mid` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The 4-slice epilogue with other tile settings, local=direct, one GPU",
+        "producer_split",
+        "`bash benchmarks/h200_session.sh producer_split` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The producer as shipped (4-slice epilogue) per layout and local mode, and CUTLASS",
+        "producer_default",
+        "`make cutlass`, then `bash benchmarks/h200_session.sh producer_default` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
         "Fig 5: experts per rank 4-64 (whole layer, overlap ratio from the operator pass)",
         "experts",
         "`python -m harness.run experiment=experts` then `python -m harness.run "

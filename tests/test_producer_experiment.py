@@ -126,6 +126,8 @@ def test_the_plot_ratios_pair_each_producer_with_its_references(tmp_path):
     df = pd.DataFrame([{**r, "status": "ok"} for r in rows])
     (r,) = ratios(df).itertuples()
     assert r.variant == "tile_m 128, aligned"
+    direct = df.assign(p_local=[None, None, "direct"])
+    assert ratios(direct)["variant"].tolist() == ["tile_m 128, aligned, local direct"]
     assert r.vs_grouped_mm == pytest.approx(1.2) and r.vs_cublas == pytest.approx(0.9)
     df.to_parquet(tmp_path / "producer.parquet")
     assert all(p.exists() for p in plot(tmp_path / "producer.parquet", tmp_path, "p"))
