@@ -24,6 +24,7 @@ from systems.overlap.autotune import (
     COLUMNS,
     DEFAULT,
     FEATURES,
+    K_NEAREST,
     TABLE,
     auto_order,
     pick_from,
@@ -100,17 +101,20 @@ def _latency(grid: pd.DataFrame, ccta: int, mgb: int) -> float:
     return float(hit.median()) if len(hit) else float("nan")
 
 
-def heldout(sweep: pd.DataFrame, auto: pd.DataFrame, sm_count: int) -> pd.DataFrame:
-    """Leave-one-workload-out: per workload, the rule's pick from a table fitted on the OTHER
-    workloads, latency(pick) / latency(best measured) and latency(default) / latency(best);
-    where the sweep ran auto cells of that workload, their measured ratio too."""
+def heldout(
+    sweep: pd.DataFrame, auto: pd.DataFrame, sm_count: int, k: int = K_NEAREST
+) -> pd.DataFrame:
+    """Leave-one-workload-out: per workload, the rule's pick (over the k nearest calibrated
+    workloads) from a table fitted on the OTHER workloads, latency(pick) / latency(best
+    measured) and latency(default) / latency(best); where the sweep ran auto cells of that
+    workload, their measured ratio too (those ran the rule of their own revision)."""
     out = []
     for key, grid in sweep.groupby(WORKLOAD, sort=True):
         w = dict(zip(WORKLOAD, key))
         rest = sweep.drop(index=grid.index)
         table = calibration_table(rest, sm_count) if len(rest) else pd.DataFrame(columns=COLUMNS)
         values = {col: grid[col].iloc[0] for col in FEATURES.values()}
-        p = pick_from(table, values, w["transport"], sm_count)
+        p = pick_from(table, values, w["transport"], sm_count, k=k)
         per = grid.groupby(["ccta", "mgb"])["latency_ms"].median()
         (bc, bm), best = per.idxmin(), float(per.min())
         row = {
@@ -131,8 +135,8 @@ def heldout(sweep: pd.DataFrame, auto: pd.DataFrame, sm_count: int) -> pd.DataFr
         row["auto_ms"] = float("nan")
         if not auto.empty:
             mask = pd.Series(True, index=auto.index)
-            for k, v in w.items():
-                mask &= auto[k] == v
+            for col, v in w.items():
+                mask &= auto[col] == v
             both = auto[mask & (auto["p_ccta"].astype(str) == "auto")]
             both = both[both["p_mgb"].astype(str) == "auto"]
             if len(both):
@@ -181,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", default="results/autotune_heldout.parquet")
     ap.add_argument("--sm-count", type=int, default=132, help="SMs of the measured GPU")
     ap.add_argument("--no-table", action="store_true", help="evaluate only; write no table")
+    ap.add_argument("--k", type=int, default=K_NEAREST, help="calibrated workloads averaged")
     args = ap.parse_args(argv)
     df = pd.concat([pd.read_parquet(p) for p in args.tables], ignore_index=True)
     sweep, auto = split_rows(df)
@@ -189,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_table:
         calibration_table(sweep, args.sm_count).to_csv(args.table, index=False)
         print(f"[fit_autotune] wrote {args.table}")
-    res = heldout(sweep, auto, args.sm_count)
+    res = heldout(sweep, auto, args.sm_count, args.k)
     Path(args.heldout).parent.mkdir(parents=True, exist_ok=True)
     res.to_parquet(args.heldout, index=False)
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(res[SHOW].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print(summary(res))
+    print(f"k={args.k}: " + summary(res))
     print(f"[fit_autotune] wrote {args.heldout}")
     return 0
 

@@ -54,12 +54,16 @@ def test_pick_is_in_range_with_a_reason(s, W, transport, sm):
 
 
 def test_pick_near_and_far():
-    # the calibrated shape itself: its own measured best
+    # the calibrated shape itself, nearest cell only (k=1): its own measured best
     table = autotune.load_table()
-    c, m, why = autotune.pick(spec(routing="stress_skew"), 4, "loopback", 132)
+    s = spec(routing="stress_skew")
+    values = {**autotune.spec_values(s), "world_size": 4}
+    p = autotune.pick_from(table, values, "loopback", 132, k=1)
     loop = table[(table.transport == "loopback") & (table.routing == "stress_skew")]
     best = loop.sort_values("rel_latency").iloc[0]
-    assert (c, m) == (int(best.ccta), int(best.mgb)) and "nearest calibrated" in why
+    assert (p.ccta, p.mgb) == (int(best.ccta), int(best.mgb)) and "mean of the 1 nearest" in p.why
+    c, m, why = autotune.pick(s, 4, "loopback", 132)  # the default k: a mean over neighbours
+    assert f"mean of the {autotune.K_NEAREST} nearest" in why or "mean of the" in why
     # far from every calibrated cell: the documented default
     c, m, why = autotune.pick(spec(T=256, K=256, N=512, E=2, W=2), 2, "p2p", 132)
     assert (c, m) == autotune.DEFAULT and why.startswith("default")
@@ -167,7 +171,7 @@ def test_fit_heldout_ratios_are_computed_against_the_measured_best():
     table = fit.calibration_table(sweep, 132)
     assert set(table.columns) == set(autotune.COLUMNS)
     assert table[table.routing == "moderate_skew"].set_index("ccta")["rel_latency"][8] == 1.1
-    res = fit.heldout(sweep, auto, 132).set_index("routing")
+    res = fit.heldout(sweep, auto, 132, k=1).set_index("routing")
     # balanced held out: nearest is moderate_skew (log2 1.2 vs 1.0), whose best is 16
     assert (res.loc["balanced", "pick_ccta"], res.loc["balanced", "best_ccta"]) == (16, 8)
     assert res.loc["balanced", "pick_ratio"] == pytest.approx(1.5)
@@ -177,6 +181,31 @@ def test_fit_heldout_ratios_are_computed_against_the_measured_best():
     assert res.loc["stress_skew", "pick_ratio"] == pytest.approx(4.0 / 3.0)
     assert res.loc["stress_skew", "default_ratio"] == pytest.approx(4.0 / 3.0)
     assert "0/3 workloads; worst ratio 1.5000" in fit.summary(res.reset_index())
+
+
+def test_the_mean_of_the_nearest_cells_outvotes_one_noisy_cell():
+    # four calibrated workloads near each other: in the nearest one (16, 1) came out best by
+    # noise, the three others measured (8, 1) best; the held-out workload's own best is 8
+    lat = {
+        "balanced": {(8, 1): 1.0, (16, 1): 1.4},  # held out
+        "moderate_skew": {(8, 1): 1.05, (16, 1): 1.0},  # nearest: the noisy one
+        "stress_skew": {(8, 1): 1.0, (16, 1): 1.3},
+        "uniform": {(8, 1): 1.0, (16, 1): 1.3},
+        "skewed": {(8, 1): 1.0, (16, 1): 1.2},
+    }
+    imb = {
+        "balanced": 1.0,
+        "moderate_skew": 1.05,
+        "stress_skew": 1.3,
+        "uniform": 1.2,
+        "skewed": 1.4,
+    }
+    sweep, auto = fit.split_rows(synthetic(lat, imb))
+    one = fit.heldout(sweep, auto, 132, k=1).set_index("routing").loc["balanced"]
+    four = fit.heldout(sweep, auto, 132, k=4).set_index("routing").loc["balanced"]
+    assert (one["pick_ccta"], one["pick_ratio"]) == (16, pytest.approx(1.4))
+    assert (four["pick_ccta"], four["pick_ratio"]) == (8, pytest.approx(1.0))
+    assert "mean of the 4 nearest" in four["why"]
 
 
 def test_fit_reports_measured_auto_rows_and_runs_as_a_script(tmp_path):
