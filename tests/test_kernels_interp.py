@@ -136,6 +136,15 @@ def test_producer_matches_torch_and_counts_tiles(dtype, flag, split):
 
 
 @needs_interpreter
+def test_producer_refuses_an_epilogue_split_it_cannot_run():
+    plan, x, w = _problem(torch.float16)
+    cfg = interpreter_config(TILE_M)
+    for bad in (3, 8):
+        with pytest.raises(ValueError, match="epi_split must be 1, 2 or 4"):
+            _run_producer(plan, x, w, type(cfg)(**{**cfg.__dict__, "epi_split": bad}))
+
+
+@needs_interpreter
 def test_producer_without_flags_leaves_counters():
     plan, x, w = _problem(torch.float16)
     y, ready = _run_producer(plan, x, w, interpreter_config(TILE_M), signal=False)

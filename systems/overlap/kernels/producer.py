@@ -375,6 +375,11 @@ def launch_producer(
         raise ValueError("producer operands must be contiguous")
     if band_ready.dtype != torch.int32:
         raise ValueError("band_ready must be int32")
+    if config.epi_split not in (1, 2, 4) or config.block_n % (2 * config.epi_split):
+        raise ValueError(
+            f"producer: epi_split must be 1, 2 or 4 and split block_n={config.block_n} "
+            f"into even slices, got {config.epi_split}"
+        )
     if n_signal is None:
         n_signal = plan.n_remote_bands
     n_sched = plan.schedule.numel()  # B, or the bound B' of a DevicePlan
