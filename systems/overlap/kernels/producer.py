@@ -22,7 +22,7 @@ Readiness signal, per band: a counter band_ready[band] (int32) that grows by `ti
 per finished tile, so a band is complete in run r (1-based) when its counter reaches
 r * tiles_n * tile_increment. Counters are never reset between runs (epoch values; the runner
 zeroes them only before an int32 overflow). Only remote bands (schedule positions < n_signal)
-are signalled; local bands need no flag. Two ways to publish (TileConfig.flag):
+are signalled; local bands need no flag. The ways to publish (TileConfig.flag):
   "thread" (FLAG=2): after its part of the tile's tl.store, EVERY thread does one
            tl.atomic_add(counter, 1, sem="release", scope="gpu"): each release orders that
            thread's own stores, so tile_increment = 32 * num_warps. No CTA barrier, which keeps
