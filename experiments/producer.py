@@ -81,7 +81,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "warp": {"flag": "warp"},
     "thread": {"flag": "thread"},
     "mid": {"flag": "mid"},
-    # the epilogue's store in column halves or quarters (fewer live registers)
+    # the epilogue's store in column halves or quarters (a smaller layout-conversion scratch)
     "split4": {"epi_split": 4},
     "mid4": {"flag": "mid", "epi_split": 4},
     "split2": {"epi_split": 2},
