@@ -30,7 +30,8 @@
 #        then without flags) producer_split (the epilogue's column slices with other tile
 #        settings, local=direct, tile_m 128 and 64) producer_default (the table's producer and
 #        CUTLASS at aligned|compact, local copy|direct) layouts_loopback2 (the overlap step
-#        per layout aligned|compact on one GPU playing W=2)
+#        per layout aligned|compact on one GPU playing W=2) producer_ncu (Nsight Compute on the
+#        expert GEMMs of NCU_WORK: benchmarks/ncu_producer.py, ncu_summary.py)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -73,6 +74,12 @@ for step in $steps; do
       python3 -m benchmarks.table_summary "$OUT/layer.parquet" ;;
     operator_plan) timeout "${PLAN_S:-120}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_plan.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' 2>&1 | tail -3
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_plan.parquet'); print(d.groupby(['out','experts_per_rank'])[['latency_ms','m_plan_ms','m_plan_device_ms']].median().round(4).to_string())" ;;
+    producer_ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)  # kernel counters
+      for w in ${NCU_WORK:-16:moderate_skew 8:balanced 64:balanced}; do f=ncu_${w/:/_}; echo "--- $w"
+        timeout "${NCU_S:-200}" "$NCU" --clock-control none --profile-from-start off --set full -f -o "/tmp/$f" python3 -m benchmarks.ncu_producer --workload "$w" 2>&1 | grep -v "^==PROF==" | tail -4
+        "$NCU" -i "/tmp/$f.ncu-rep" --page raw --csv > "$OUT/${f}_raw.csv"
+        "$NCU" -i "/tmp/$f.ncu-rep" --page source --csv --print-source sass --kernel-name regex:_producer_kernel > "$OUT/${f}_sass.csv" 2> >(tail -3); done
+      python3 -m benchmarks.ncu_summary "$OUT"/ncu_*_raw.csv --out "$OUT/producer_ncu.parquet" ;;
     devplan_tests) timeout 150 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k "device_plan or device_plans" tests/test_layer_gpu.py -p no:cacheprovider 2>&1 | tail -6 ;;
     profile_stage_a) timeout 60 python3 -m benchmarks.profile_stage_a --out "$OUT" 2>&1 | tail -44 ;;
     exps) for e in ${EXPS:-models experts experts_operator}; do  # each resumes from results/<its table>

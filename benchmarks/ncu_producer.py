@@ -1,0 +1,123 @@
+"""The expert GEMMs of one workload, each launched once inside cudaProfilerStart/Stop: the target
+that Nsight Compute profiles (`ncu --profile-from-start off`) to find where the Triton producer
+loses to torch._grouped_mm (stall reasons, tensor-pipe activity, L2 and DRAM traffic).
+
+Rank 0's problem of the W=2 operator (experiments/producer.py problem()), T=8192, K=2048, bf16,
+one GPU. Implementations, in launch order: torch._grouped_mm on the valid rows; one dense cuBLAS
+matmul on the same rows; the Triton producer (tile table, order expert, flags) with local=direct
+and local=copy; the CUTLASS producer per expert, cluster 1x2 (where `make cutlass` built it).
+Each is checked against the float32 reference before it is profiled.
+Usage: ncu ... python -m benchmarks.ncu_producer --workload 16:moderate_skew [--out-n 8192]
+[--layout compact]; benchmarks/ncu_summary.py reads ncu's raw CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from experiments.producer import problem
+from harness.check import check
+from harness.workload import WorkloadSpec
+from systems.overlap.plan import LAYOUTS
+
+ROUTINGS = ("balanced", "moderate_skew", "stress_skew")
+
+
+def impls(pb, sms: int) -> dict:
+    """name -> (launch of one step, its output rows in valid order [R, N])."""
+    from systems.overlap import cutlass_producer as cp
+    from systems.overlap.kernels import launch_producer, pick_config
+    from systems.overlap.plan import local_row_map, producer_order
+
+    p, n = pb.plan, pb.w.shape[2]
+    dev = pb.x.device
+    y = torch.zeros(p.n_padded, n, dtype=pb.x.dtype, device=dev)
+    ready = torch.zeros(p.n_bands, dtype=torch.int32, device=dev)
+    cfg = pick_config(128, pb.x.shape[1], n, pb.x.dtype)
+    order = producer_order(p)
+    row_dst = local_row_map(p)
+    recv = torch.zeros(int(row_dst.max()) + 1, n, dtype=y.dtype, device=dev)
+    gm_out: list[torch.Tensor] = []
+    w0 = pb.w[0]
+
+    def direct_out():
+        mine = row_dst >= 0
+        out = y.clone()
+        out[mine] = recv[row_dst[mine]]
+        return out[pb.valid]
+
+    out = {
+        "torch_grouped_mm": (
+            lambda: gm_out.append(torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets)),
+            lambda: gm_out[-1],
+        ),
+        "cublas (dense, same rows)": (lambda: torch.matmul(pb.x_valid, w0), None),
+        "triton (table, direct)": (
+            lambda: launch_producer(
+                pb.x,
+                pb.w,
+                y,
+                p,
+                ready,
+                num_programs=sms,
+                config=cfg,
+                order=order,
+                local_to=(recv, row_dst),
+            ),
+            direct_out,
+        ),
+        "triton (table, copy)": (
+            lambda: launch_producer(
+                pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order
+            ),
+            lambda: y[pb.valid],
+        ),
+    }
+    try:
+        cp.load()
+    except cp.CutlassUnavailable as exc:
+        print(f"cutlass producer skipped: {exc}")
+        return out
+    prod = cp.CutlassProducer((1, 2), "expert")
+    out["cutlass_expert (1x2)"] = (
+        lambda: prod.launch(pb.x, pb.w, y, p, ready, num_programs=sms),
+        lambda: y[pb.valid],
+    )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="16:moderate_skew", help="E:routing")
+    ap.add_argument("--out-n", type=int, default=8192)
+    ap.add_argument("--layout", default="compact", choices=LAYOUTS)
+    args = ap.parse_args()
+    e, routing = args.workload.split(":")
+    if not e.isdigit() or routing not in ROUTINGS:
+        ap.error(f"--workload: E:routing with routing in {ROUTINGS}, got {args.workload}")
+    spec = WorkloadSpec(8192, 2048, args.out_n, int(e), 2, 2, routing, "bfloat16")
+    dev = torch.device("cuda")
+    pb = problem(spec, 128, args.layout, dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    ref = pb.ref_y()[pb.valid]
+    steps = impls(pb, sms)
+    for name, (step, result) in steps.items():
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        if result is not None:
+            res = check(result().float(), ref, tol=8e-3)
+            if not res.ok:
+                raise SystemExit(f"{name}: wrong result, {res}")
+    torch.cuda.cudart().cudaProfilerStart()
+    for step, _ in steps.values():
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"profiled {args.workload} N={args.out_n} {args.layout}: " + " | ".join(steps))
+
+
+if __name__ == "__main__":
+    main()
