@@ -31,7 +31,8 @@
 #        settings, local=direct, tile_m 128 and 64) producer_default (the table's producer and
 #        CUTLASS at aligned|compact, local copy|direct) layouts_loopback2 (the overlap step
 #        per layout aligned|compact on one GPU playing W=2) producer_ncu (Nsight Compute on the
-#        expert GEMMs of NCU_WORK: benchmarks/ncu_producer.py, ncu_summary.py)
+#        expert GEMMs of NCU_WORK, with the Triton CONFIGS in NCU_CONFIGS: benchmarks/ncu_producer.py,
+#        ncu_summary.py) producer_groups (the swizzle groups of one expert's bands, caps 8-64)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -76,7 +77,7 @@ for step in $steps; do
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_plan.parquet'); print(d.groupby(['out','experts_per_rank'])[['latency_ms','m_plan_ms','m_plan_device_ms']].median().round(4).to_string())" ;;
     producer_ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)  # kernel counters
       for w in ${NCU_WORK:-16:moderate_skew 8:balanced 64:balanced}; do f=ncu_${w/:/_}; echo "--- $w"
-        timeout "${NCU_S:-200}" "$NCU" --clock-control none --profile-from-start off --set full -f -o "/tmp/$f" python3 -m benchmarks.ncu_producer --workload "$w" 2>&1 | grep -v "^==PROF==" | tail -4
+        timeout "${NCU_S:-200}" "$NCU" --clock-control none --profile-from-start off --set full -f -o "/tmp/$f" python3 -m benchmarks.ncu_producer --workload "$w" --configs "${NCU_CONFIGS:-}" 2>&1 | grep -v "^==PROF==" | tail -4
         "$NCU" -i "/tmp/$f.ncu-rep" --page raw --csv > "$OUT/${f}_raw.csv"
         "$NCU" -i "/tmp/$f.ncu-rep" --page source --csv --print-source sass --kernel-name regex:_producer_kernel > "$OUT/${f}_sass.csv" 2> >(tail -3); done
       python3 -m benchmarks.ncu_summary "$OUT"/ncu_*_raw.csv --out "$OUT/producer_ncu.parquet" ;;
@@ -120,6 +121,8 @@ for step in $steps; do
     producer_split) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-200}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_split.parquet" 'experiment.options.configs=[table,split2,split4,s4st4,s4g4,s4g16,s4k128]' 'experiment.options.local=[direct]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2
       CUDA_VISIBLE_DEVICES=0 timeout 90 python3 -m harness.run experiment=producer progress=false table="$OUT/producer_split.parquet" 'experiment.options.configs=[table,split4]' 'experiment.options.local=[direct]' 'experiment.systems.overlap.sweep.tile_m=[64]' 'experiment.systems.overlap.sweep.layout=[compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2 ;;
     producer_default) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-200}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_default.parquet" 'experiment.options.configs=[table,cutlass_expert_c12]' 'experiment.options.local=[copy,direct]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[aligned,compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2 ;;
+    producer_groups) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-200}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_groups.parquet" 'experiment.options.configs=[table,eg8,eg16,eg32,eg64]' 'experiment.options.local=[direct]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2
+      python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/producer_groups.parquet'); d=d[d.status=='ok']; k=['out','experts_per_rank','routing']; g=d[d.system=='torch_grouped_mm'].set_index(k).latency_ms; o=d[d.system=='overlap'].copy(); o['r']=[g.get(tuple(x)) / l for x, l in zip(o[k].values, o.latency_ms)]; print(o.pivot_table(index=k, columns='p_config', values='r').round(3).to_string()); print(o.groupby('p_config').r.agg(['min','median',lambda s: int((s >= 1).sum()),'count']).round(3))" ;;
     layouts_loopback2) CUDA_VISIBLE_DEVICES=0 timeout "${LAYOUTS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_layouts_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' '+experiment.systems.overlap.sweep.layout=[aligned,compact]' 2>&1 | tail -1 ;;
     layouts_loopback) CUDA_VISIBLE_DEVICES=0 timeout "${LAYOUTS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_layouts_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 2>&1 | tail -1 ;;
     operator_layouts) timeout "${LAYOUTS_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_layouts.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[aligned,compact]' 2>&1 | tail -1

@@ -5,19 +5,21 @@ loses to torch._grouped_mm (stall reasons, tensor-pipe activity, L2 and DRAM tra
 Rank 0's problem of the W=2 operator (experiments/producer.py problem()), T=8192, K=2048, bf16,
 one GPU. Implementations, in launch order: torch._grouped_mm on the valid rows; one dense cuBLAS
 matmul on the same rows; the Triton producer (tile table, order expert, flags) with local=direct
-and local=copy; the CUTLASS producer per expert, cluster 1x2 (where `make cutlass` built it).
-Each is checked against the float32 reference before it is profiled.
+and local=copy, then the CONFIGS named by --configs at local=direct; the CUTLASS producer per
+expert, cluster 1x2 (where `make cutlass` built it). Each is checked against the float32
+reference before it is profiled.
 Usage: ncu ... python -m benchmarks.ncu_producer --workload 16:moderate_skew [--out-n 8192]
-[--layout compact]; benchmarks/ncu_summary.py reads ncu's raw CSV.
+[--layout compact] [--configs eg16,eg32]; benchmarks/ncu_summary.py reads ncu's raw CSV.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import torch
 
-from experiments.producer import problem
+from experiments.producer import CONFIGS, problem
 from harness.check import check
 from harness.workload import WorkloadSpec
 from systems.overlap.plan import LAYOUTS
@@ -25,11 +27,12 @@ from systems.overlap.plan import LAYOUTS
 ROUTINGS = ("balanced", "moderate_skew", "stress_skew")
 
 
-def impls(pb, sms: int) -> dict:
-    """name -> (launch of one step, its output rows in valid order [R, N])."""
+def impls(pb, sms: int, configs: list[str]) -> dict:
+    """name -> (launch of one step, its output rows in valid order [R, N]); configs: names of
+    experiments/producer.py CONFIGS run as more Triton variants at local=direct."""
     from systems.overlap import cutlass_producer as cp
     from systems.overlap.kernels import launch_producer, pick_config
-    from systems.overlap.plan import local_row_map, producer_order
+    from systems.overlap.plan import local_row_map, producer_groups, producer_order
 
     p, n = pb.plan, pb.w.shape[2]
     dev = pb.x.device
@@ -75,6 +78,24 @@ def impls(pb, sms: int) -> dict:
             lambda: y[pb.valid],
         ),
     }
+    for name in configs:
+        c = replace(cfg, **CONFIGS[name])
+        g = producer_groups(p, order, c.group_m) if c.expert_groups else None
+        out[f"triton ({name}, direct)"] = (
+            lambda c=c, g=g: launch_producer(
+                pb.x,
+                pb.w,
+                y,
+                p,
+                ready,
+                num_programs=sms,
+                config=c,
+                order=order,
+                groups=g,
+                local_to=(recv, row_dst),
+            ),
+            direct_out,
+        )
     try:
         cp.load()
     except cp.CutlassUnavailable as exc:
@@ -93,7 +114,11 @@ def main() -> None:
     ap.add_argument("--workload", default="16:moderate_skew", help="E:routing")
     ap.add_argument("--out-n", type=int, default=8192)
     ap.add_argument("--layout", default="compact", choices=LAYOUTS)
+    ap.add_argument("--configs", default="", help="comma-separated CONFIGS names")
     args = ap.parse_args()
+    configs = [c for c in args.configs.split(",") if c]
+    if any(c not in CONFIGS for c in configs):
+        ap.error(f"--configs: names from {sorted(CONFIGS)}, got {args.configs}")
     e, routing = args.workload.split(":")
     if not e.isdigit() or routing not in ROUTINGS:
         ap.error(f"--workload: E:routing with routing in {ROUTINGS}, got {args.workload}")
@@ -102,7 +127,7 @@ def main() -> None:
     pb = problem(spec, 128, args.layout, dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     ref = pb.ref_y()[pb.valid]
-    steps = impls(pb, sms)
+    steps = impls(pb, sms, configs)
     for name, (step, result) in steps.items():
         for _ in range(3):
             step()

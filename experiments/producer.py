@@ -91,6 +91,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "s4g4": {"epi_split": 4, "group_m": 4},
     "s4g16": {"epi_split": 4, "group_m": 16},
     "s4k128": {"epi_split": 4, "block_k": 128, "num_stages": 2},
+    # swizzle groups = one expert's run of bands, cut into groups of at most 8 / 16 / 32 / 64
+    # (plan.producer_groups): each weight strip read from HBM once per group
+    "eg8": {"epi_split": 4, "expert_groups": True, "group_m": 8},
+    "eg16": {"epi_split": 4, "expert_groups": True, "group_m": 16},
+    "eg32": {"epi_split": 4, "expert_groups": True, "group_m": 32},
+    "eg64": {"epi_split": 4, "expert_groups": True, "group_m": 64},
 }
 #: the CUTLASS producer (kernels/cutlass_producer.cu, tile 128x256x64, flags in its epilogue):
 #: name -> (grouping, cluster M x N); grouping "band" follows the cell's visiting order, "expert"
@@ -267,7 +273,7 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
 
         return go, out, ref, {"gemm_rows": float(valid_rows), "impl": "torch.matmul (cuBLAS)"}
     from systems.overlap.kernels import launch_producer, pick_config
-    from systems.overlap.plan import local_row_map, producer_order
+    from systems.overlap.plan import local_row_map, producer_groups, producer_order
 
     p, flags = pb.plan, bool(cell["params"]["flags"])
     direct = cell["params"].get("local", "copy") == "direct"
@@ -278,6 +284,8 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
     cfg = pick_config(int(cell["params"]["tile_m"]), pb.x.shape[1], pb.w.shape[2], pb.x.dtype)
     cfg = replace(cfg, **CONFIGS[cell["params"].get("config", "table")])
     order = producer_order(p) if cell["params"].get("order") == "expert" else None
+    # per plan, like the order (the overlap runner builds both once per plan)
+    groups = producer_groups(p, order, cfg.group_m) if cfg.expert_groups else None
     y = torch.zeros(p.n_padded, pb.w.shape[2], dtype=pb.x.dtype, device=pb.x.device)
     ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -298,6 +306,7 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
             config=cfg,
             signal=flags,
             order=order,
+            groups=groups,
             local_to=local_to,
         )
 

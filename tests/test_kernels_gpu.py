@@ -67,6 +67,7 @@ def _rel(a, ref):
         "mid_flags",
         "split4",
         "wide_table",
+        "expert_groups",
         "cta_noflatten",
         "pointer_loads",
         "k_tail",
@@ -86,6 +87,8 @@ def test_producer_matches_torch(dtype, variant):
         cfg = replace(cfg, epi_split=4)
     elif variant == "wide_table":  # the N >= 4096 entry (256 wide, 4 slices) on a masked N
         cfg = pick_config(128, K, 8192, dtype)
+    elif variant == "expert_groups":  # groups of one expert's bands, at most 2 long
+        cfg = replace(cfg, expert_groups=True, group_m=2)
     elif variant == "cta_noflatten":
         cfg = replace(cfg, flatten=False, flag="cta")
     elif variant == "pointer_loads":

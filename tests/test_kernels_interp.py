@@ -19,6 +19,7 @@ import importlib
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -64,7 +65,7 @@ from systems.overlap.kernels import (  # noqa: E402
     launch_producer,
     launch_wait_signals,
 )
-from systems.overlap.plan import padded_input  # noqa: E402
+from systems.overlap.plan import padded_input, producer_order  # noqa: E402
 from systems.overlap.runner import OverlapRunner  # noqa: E402
 from systems.overlap.testing import (  # noqa: E402
     expected_sends,
@@ -133,6 +134,25 @@ def test_producer_matches_torch_and_counts_tiles(dtype, flag, split):
     local = plan.schedule[plan.n_remote_bands :]
     assert torch.all(ready[remote] == cfg.band_increment(w.shape[2]))
     assert torch.all(ready[local] == 0)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("cap", [1, 2, 8])
+@pytest.mark.parametrize("ordered", [False, True])
+def test_producer_expert_groups_match_torch(cap, ordered):
+    """Swizzle groups = runs of one expert (plan.producer_groups): every tile once, flags too."""
+    plan, x, w = _problem(torch.float16)
+    cfg = interpreter_config(TILE_M)
+    cfg = type(cfg)(**{**cfg.__dict__, "flag": "deferred", "expert_groups": True, "group_m": cap})
+    y = torch.full((plan.n_padded, w.shape[2]), float("nan"), dtype=x.dtype)
+    ready = torch.zeros(plan.n_bands, dtype=torch.int32)
+    order = producer_order(plan) if ordered else None
+    launch_producer(x, w, y, plan, ready, num_programs=3, config=cfg, order=order)
+    assert not torch.isnan(y).any(), "every padded row must be written"
+    torch.testing.assert_close(y.float(), reference_y(plan, x, w), rtol=2e-2, atol=2e-2)
+    remote = plan.schedule[: plan.n_remote_bands]
+    assert torch.all(ready[remote] == cfg.band_increment(w.shape[2]))
+    assert torch.all(ready[plan.schedule[plan.n_remote_bands :]] == 0)
 
 
 @needs_interpreter
@@ -301,21 +321,25 @@ def test_local_rows_stored_by_the_epilogue_equal_the_local_copy(mgb):
 def test_expert_order_delivers_what_the_remote_first_order_delivers(direct):
     # order="expert" only changes the order the producer visits the bands: every destination
     # buffer, Y and the band counters must end up the same
+    # (and "expert+groups": that order with the swizzle groups of one expert, at most 2 long)
     plan, x, w = _problem(torch.float16, mgb=2)
     out = {}
-    for order in ("remote_first", "expert"):
+    grouped = replace(interpreter_config(TILE_M), expert_groups=True, group_m=2)
+    for name in ("remote_first", "expert", "expert+groups"):
+        order = name.split("+")[0]
         fabric = LoopbackFabric(plan.dst_rows, w.shape[2], x.dtype, "cpu")
         runner = OverlapRunner(
             plan,
             w,
             fabric.transport(plan.rank),
             ccta=2,
-            tile=interpreter_config(TILE_M),
+            tile=grouped if name.endswith("groups") else interpreter_config(TILE_M),
             consumer=interpreter_consumer_config(),
             num_programs=3,
             local_direct=direct,
             order=order,
         )
+        assert (runner.groups is None) == (name != "expert+groups")
         assert (runner.visit is None) == (order == "remote_first")
         if runner.visit is not None:  # this plan's order differs from the schedule's
             assert not torch.equal(runner.visit.long(), torch.arange(plan.n_bands))
@@ -323,9 +347,10 @@ def test_expert_order_delivers_what_the_remote_first_order_delivers(direct):
         runner.overlapped(x, y)
         runner.check()
         runner.local_copy(y)
-        out[order] = (fabric.buffer.clone(), y, runner.band_ready.clone())
-    for a, b in zip(out["remote_first"], out["expert"]):
-        assert torch.equal(a, b)
+        out[name] = (fabric.buffer.clone(), y, runner.band_ready.clone())
+    for name in ("expert", "expert+groups"):
+        for a, b in zip(out["remote_first"], out[name]):
+            assert torch.equal(a, b), name
     assert out["expert"][0].abs().sum() > 0
     with pytest.raises(ValueError, match="order must be one of"):
         OverlapRunner(plan, w, fabric.transport(plan.rank), ccta=2, num_programs=3, order="x")

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from harness.layout import rank_layout
 from harness.workload import WorkloadSpec
-from systems.overlap.plan import build_plan, padded_input, plans_for_spec, producer_order
+from systems.overlap.plan import (
+    GROUP_CODE,
+    build_plan,
+    padded_input,
+    plans_for_spec,
+    producer_groups,
+    producer_order,
+)
 from systems.overlap.testing import synthetic_plan, synthetic_rows
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -614,3 +621,43 @@ def test_producer_order_groups_each_experts_bands_and_keeps_the_remote_order(W, 
     # experts without remote bands come last
     n_tail = sum(1 for x in experts if x not in remote_experts)
     assert all(x not in remote_experts for x in experts[B - n_tail :])
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("cap", [1, 3, 8, 64])
+@pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
+def test_producer_groups_split_each_experts_run_into_near_equal_groups(routing, cap, ordered):
+    spec = WorkloadSpec(512, 8, 16, 6, 2, 2, routing, seed=3, dtype="float16")
+    plan = plans_for_spec(spec, tile_m=16, mgb=2, layout="compact")[0][0]
+    order = producer_order(plan) if ordered else None
+    g = producer_groups(plan, order, cap)
+    B = plan.n_bands
+    assert g.dtype == torch.int32 and g.numel() == B
+    first, size = (g // GROUP_CODE).tolist(), (g % GROUP_CODE).tolist()
+    visit = order.long() if ordered else torch.arange(B)
+    experts = plan.band_expert[plan.schedule[visit]].tolist()
+    v = 0
+    while v < B:  # the groups tile [0, B): each one names itself at every position it holds
+        f, n = first[v], size[v]
+        assert f == v and 1 <= n <= cap and v + n <= B
+        assert first[v : v + n] == [f] * n and size[v : v + n] == [n] * n
+        assert len(set(experts[v : v + n])) == 1, "a group holds one expert"
+        v += n
+    # one expert's run: ceil(run / cap) groups, sizes differing by at most one
+    runs, start = [], 0
+    for i in range(1, B + 1):
+        if i == B or experts[i] != experts[i - 1]:
+            runs.append((start, i - start))
+            start = i
+    for r0, n in runs:
+        sizes = sorted({size[i] for i in range(r0, r0 + n)})
+        assert len({first[i] for i in range(r0, r0 + n)}) == -(-n // cap)
+        assert sizes[-1] - sizes[0] <= 1
+
+
+def test_producer_groups_refuse_a_cap_out_of_range():
+    spec = WorkloadSpec(64, 8, 16, 2, 2, 2, "balanced", seed=0, dtype="float16")
+    plan = plans_for_spec(spec, tile_m=16, mgb=1)[0][0]
+    for bad in (0, GROUP_CODE):
+        with pytest.raises(ValueError, match="cap must be in"):
+            producer_groups(plan, None, bad)

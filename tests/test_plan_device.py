@@ -54,9 +54,11 @@ import systems.overlap.plan_device as plan_device  # noqa: E402
 from harness.workload import WorkloadSpec  # noqa: E402
 from systems.overlap.kernels import interpreter_config, interpreter_consumer_config  # noqa: E402
 from systems.overlap.plan import (  # noqa: E402
+    GROUP_CODE,
     CombinePlan,
     build_plan,
     plans_for_spec,
+    producer_groups,
     producer_order,
 )
 from systems.overlap.plan_device import (  # noqa: E402
@@ -97,6 +99,15 @@ def assert_same_plan(dev: DevicePlan, ref: CombinePlan) -> None:
             assert a == b, f.name
     # the fill kernel's visiting order for order="expert" == plan.producer_order's
     assert torch.equal(dev.visit[: ref.n_bands], producer_order(ref).long()), "visit"
+    # the swizzle groups from the device plan's arrays == from the host plan's; the unused
+    # positions past n_bands are groups of one
+    for cap in (2, 5):
+        g_dev = producer_groups(dev, dev.visit, cap)
+        g_ref = producer_groups(ref, producer_order(ref), cap)
+        assert torch.equal(g_dev[: ref.n_bands], g_ref), f"groups, cap {cap}"
+        tail = g_dev[ref.n_bands :].long()
+        assert torch.equal(tail // GROUP_CODE, torch.arange(ref.n_bands, g_dev.numel()))
+        assert bool((tail % GROUP_CODE == 1).all())
     for count, names in BOUNDED.items():
         for name in names:
             rest = getattr(dev, name)[n[count] :]

@@ -776,3 +776,44 @@ def producer_order(plan: Any) -> torch.Tensor:
     first.scatter_reduce_(0, exp, torch.where(remote, pos, B), "amin")
     key = torch.where(pos < plan.n_bands, first[exp], B + 1) * (B + 1) + pos
     return torch.sort(key).indices.to(torch.int32)
+
+
+#: the producer's swizzle groups are encoded as first * GROUP_CODE + size (producer_groups)
+GROUP_CODE = 1024
+
+
+def producer_groups(plan: Any, visit: torch.Tensor | None, cap: int) -> torch.Tensor:
+    """groups [B] int32 on the plan's device: the producer's swizzle group of each visiting
+    position v (TileConfig.expert_groups), encoded first * GROUP_CODE + size.
+
+    A group is a run of consecutive visiting positions [first, first + size) whose bands all
+    belong to one expert, at most `cap` long: each run of one expert is cut into
+    ceil(run / cap) groups of near-equal size. The producer walks a group column tile by
+    column tile, so each of that expert's weight strips is read from HBM once per group (a
+    group that straddled two experts would read both experts' strips). visit [B]: the
+    visiting order (producer_order; None: the schedule's own order). A DevicePlan's unused
+    positions (>= n_bands) are groups of one. A handful of device ops, no host synchronisation.
+    """
+    if not 1 <= cap < GROUP_CODE:
+        raise ValueError(f"producer_groups: cap must be in [1, {GROUP_CODE}), got {cap}")
+    sched = plan.schedule
+    B, dev = sched.numel(), sched.device
+    v = torch.arange(B, dtype=torch.int64, device=dev)
+    pos = v if visit is None else visit.to(torch.int64).clamp(0, max(B - 1, 0))
+    exp = plan.band_expert.to(torch.int64)[sched.to(torch.int64)[pos].clamp(0, max(B - 1, 0))]
+    key = torch.where(v < plan.n_bands, exp, -1 - v)  # unused positions: runs of one
+    start = torch.ones(B, dtype=torch.bool, device=dev)
+    start[1:] = key[1:] != key[:-1]
+    run = torch.cumsum(start, 0) - 1  # run id of each position
+    run_first = torch.cummax(torch.where(start, v, 0), 0).values
+    run_len = torch.zeros(B, dtype=torch.int64, device=dev).scatter_add_(0, run, torch.ones_like(v))
+    n = run_len[run]
+    chunks = (n + cap - 1) // cap
+    base, extra = n // chunks, n % chunks  # `extra` groups of base + 1, then groups of base
+    o = v - run_first
+    big = extra * (base + 1)
+    first = torch.where(
+        o < big, o - o % (base + 1), big + (o - big) - (o - big) % base.clamp(min=1)
+    )
+    size = torch.where(o < big, base + 1, base)
+    return ((run_first + first) * GROUP_CODE + size).to(torch.int32)

@@ -36,7 +36,7 @@ from systems.overlap.kernels import (
     producer_grid,
     vec_ok,
 )
-from systems.overlap.plan import ORDERS, local_row_map, producer_order
+from systems.overlap.plan import ORDERS, local_row_map, producer_groups, producer_order
 from systems.overlap.plan_device import local_copy_device
 
 _INT32_MAX = 2**31 - 1
@@ -113,6 +113,14 @@ class OverlapRunner:
             raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
         self.order = order
         self.visit = _visit(plan) if order == "expert" else None
+        self.groups = self._groups(plan)
+
+    def _groups(self, plan: Any) -> torch.Tensor | None:
+        """The producer's swizzle groups of the plan's visiting order (TileConfig.expert_groups:
+        plan.producer_groups, a few device ops), else None."""
+        if not self.tile.expert_groups:
+            return None
+        return producer_groups(plan, self.visit, self.tile.group_m)
 
     @property
     def device_plan(self) -> bool:
@@ -133,6 +141,7 @@ class OverlapRunner:
             self.row_dst = local_row_map(plan)
         if self.order == "expert":
             self.visit = _visit(plan)
+        self.groups = self._groups(plan)
 
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
@@ -159,6 +168,7 @@ class OverlapRunner:
             signal=signal,
             local_to=(self.transport.recv, self.row_dst) if self.local_direct else None,
             order=self.visit,
+            groups=self.groups,
         )
 
     def _consume(self, y: torch.Tensor, target: int, wait: bool):
@@ -295,6 +305,7 @@ class OverlapRunner:
             self.row_dst = local_row_map(plan)
         if self.order == "expert":
             self.visit = _visit(plan)
+        self.groups = self._groups(plan)
         if self.band_ready.numel() < max(plan.n_bands, 1):
             self.band_ready = torch.zeros(plan.n_bands, dtype=torch.int32, device=self.device)
         else:

@@ -72,6 +72,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from systems.overlap import modes
 from systems.overlap.kernels.primitives import count_arg, publish_threads, publish_warps
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE
+from systems.overlap.plan import GROUP_CODE, producer_groups
 
 # constexpr globals for the kernel (the FLAG modes, modes.py)
 _FLAG_CTA = tl.constexpr(modes.FLAG_CTA)
@@ -96,6 +97,9 @@ class TileConfig:
     flag: str = "thread"  # "thread" / "deferred" (per-thread release atomics), "cta" (barrier)
     warp_specialize: bool = False  # tl.range(warp_specialize=True): Triton's Hopper warpspec
     epi_split: int = 1  # the epilogue stores the tile in 1, 2 or 4 column slices
+    #: swizzle groups = runs of one expert's bands in the visiting order, at most group_m long
+    #: (plan.producer_groups), instead of fixed groups of group_m positions
+    expert_groups: bool = False
 
     def tiles_n(self, n: int) -> int:
         """Column tiles per band."""
@@ -177,6 +181,18 @@ def _tile_coords(t, n_sched, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _group_coords(t, tiles_n, groups, CODE: tl.constexpr):
+    """Tile id t -> (visiting position s, column tile pn) with the swizzle groups of
+    plan.producer_groups: group [first, first + size) owns tiles first * tiles_n ..
+    (first + size) * tiles_n - 1, walked column-major."""
+    g = tl.load(groups + t // tiles_n)
+    first = g // CODE
+    size = g % CODE
+    local = t - first * tiles_n
+    return first + local % size, local // size
+
+
+@triton.jit
 def _store_cols(vals, row_ptr, row_ok, c0, N, W: tl.constexpr):
     """vals [BM, W] to row_ptr[i] + c0 + j for the rows with row_ok [BM] and columns < N."""
     cols = c0 + tl.arange(0, W)
@@ -194,6 +210,7 @@ def _producer_kernel(
     row_dst,
     schedule,
     order,
+    groups,
     band_expert,
     band_row,
     band_rows,
@@ -217,6 +234,8 @@ def _producer_kernel(
     ORDERED: tl.constexpr,
     WS: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
+    EXPERT_GROUPS: tl.constexpr,
+    GROUP_CODE: tl.constexpr,
 ):
     # the schedule length and the signalled prefix: host ints, or (DEV_COUNTS) device counts
     n_sched = count_arg(n_sched_arg, DEV_COUNTS)
@@ -231,7 +250,10 @@ def _producer_kernel(
     lane = tl.arange(0, NT)
     pending = tl.full((), -1, tl.int32)  # FLAG 3: band of the previous tile still to publish
     for t in tl.range(pid, num_tiles, num_progs, flatten=FLATTEN, warp_specialize=WS):
-        s, pn = _tile_coords(t, n_sched, tiles_n, GROUP_M)
+        if EXPERT_GROUPS:
+            s, pn = _group_coords(t, tiles_n, groups, GROUP_CODE)
+        else:
+            s, pn = _tile_coords(t, n_sched, tiles_n, GROUP_M)
         if ORDERED:  # the producer's visiting order of the schedule (plan.producer_order)
             s = tl.load(order + s).to(tl.int32)  # int32 or int64 arrays
         band = tl.load(schedule + s)
@@ -343,6 +365,7 @@ def launch_producer(
     signal: bool = True,
     local_to: tuple[torch.Tensor, torch.Tensor] | None = None,
     order: torch.Tensor | None = None,
+    groups: torch.Tensor | None = None,
 ):
     """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
 
@@ -365,7 +388,9 @@ def launch_producer(
     order [B] int32 or int64 (optional): the visiting order of the schedule positions
     (systems/overlap/plan.py producer_order, or a DevicePlan's `visit`); tiles are swizzled
     over the visiting order, and a band is signalled iff its schedule position is < n_signal,
-    as without it.
+    as without it;
+    groups [B] int32 (config.expert_groups; None: built here by plan.producer_groups from
+    `order`, a few device ops): the swizzle groups of the visiting positions.
     """
     P, K = x.shape
     E, K2, N = weights.shape
@@ -412,6 +437,13 @@ def launch_producer(
         order.numel() < n_sched or order.dtype not in (torch.int32, torch.int64)
     ):
         raise ValueError(f"producer order: {order.numel()} {order.dtype}, need >= {n_sched} ints")
+    if cfg.expert_groups:
+        if groups is None:
+            groups = producer_groups(plan, order, cfg.group_m)
+        if groups.numel() < n_sched or groups.dtype != torch.int32:
+            raise ValueError(
+                f"producer groups: {groups.numel()} {groups.dtype}, need >= {n_sched} int32"
+            )
     grid = (max(1, min(num_programs, n_sched * cfg.tiles_n(N))),)
     return _producer_kernel[grid](
         x_desc,
@@ -423,6 +455,7 @@ def launch_producer(
         row_dst,
         plan.schedule,
         plan.schedule if order is None else order,  # unused unless ORDERED
+        groups if cfg.expert_groups else plan.schedule,  # unused unless EXPERT_GROUPS
         plan.band_expert,
         plan.band_row,
         plan.band_rows,
@@ -446,6 +479,8 @@ def launch_producer(
         ORDERED=order is not None,
         WS=cfg.warp_specialize,
         EPI_SPLIT=cfg.epi_split,
+        EXPERT_GROUPS=cfg.expert_groups,
+        GROUP_CODE=GROUP_CODE,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
