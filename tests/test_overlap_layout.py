@@ -1,6 +1,6 @@
-"""The overlap system's `layout` param (aligned | packed | compact) on the CPU: validation, the
-skip of FFN cells, the cell hash at the default, and setup handing the layout to the played
-ranks."""
+"""The overlap system's `layout` (aligned | packed | compact) and `swizzle` params on the CPU:
+validation, the skip of FFN cells, the cell hash at the default, and setup handing them to the
+played ranks."""
 
 from types import SimpleNamespace
 
@@ -68,3 +68,37 @@ def test_setup_hands_the_layout_to_the_played_ranks(monkeypatch):
     layer = osys.OverlapSystem(ctx, {"layout": "packed", "transport": "loopback"})
     with pytest.raises(ValueError, match="layout aligned or compact only"):
         layer.setup([SimpleNamespace(spec=_spec(ffn=128))])
+
+
+def test_swizzle_is_checked_in_one_line_stays_out_of_the_hash_at_table_and_reaches_the_runner(
+    monkeypatch,
+):
+    for ok in ("table", "fixed8", "expert32"):
+        osys.OverlapSystem.validate(_spec(), {**P, "swizzle": ok}, 132)
+    with pytest.raises(ValueError, match=r"^swizzle must be one of table, fixed<m>, expert<cap>"):
+        osys.OverlapSystem.validate(_spec(), {**P, "swizzle": "expert0"}, 132)
+    pts = system_points("overlap", {"sweep": {"swizzle": ["table", "expert32"]}})
+    assert "swizzle" not in hashed_params("overlap", pts[0])
+    assert hashed_params("overlap", pts[1])["swizzle"] == "expert32"
+    seen = {}
+
+    class FakeLoopback:
+        def __init__(self, ranks, tile_m, mgb, ccta, runner_kw, layout):
+            seen.update(runner_kw)
+            raise RuntimeError("stop")
+
+    monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
+    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
+    sysm = osys.OverlapSystem(ctx, {"swizzle": "expert16", "transport": "loopback"})
+    with pytest.raises(RuntimeError, match="stop"):
+        sysm.setup([SimpleNamespace(spec=_spec())])
+    assert seen["swizzle"] == "expert16"
+
+
+def test_with_swizzle_sets_the_tile_configs_groups():
+    from systems.overlap.kernels import TileConfig, with_swizzle
+
+    cfg = TileConfig(group_m=8)
+    assert with_swizzle(cfg, "table") == cfg
+    assert with_swizzle(cfg, "expert32") == TileConfig(group_m=32, expert_groups=True)
+    assert with_swizzle(TileConfig(expert_groups=True), "fixed4") == TileConfig(group_m=4)

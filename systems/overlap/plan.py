@@ -64,6 +64,7 @@ import torch
 
 from harness.layout import RankLayout, rank_layout
 from harness.workload import WorkloadSpec
+from systems.overlap.modes import GROUP_CODE
 
 
 @dataclass
@@ -776,10 +777,6 @@ def producer_order(plan: Any) -> torch.Tensor:
     first.scatter_reduce_(0, exp, torch.where(remote, pos, B), "amin")
     key = torch.where(pos < plan.n_bands, first[exp], B + 1) * (B + 1) + pos
     return torch.sort(key).indices.to(torch.int32)
-
-
-#: the producer's swizzle groups are encoded as first * GROUP_CODE + size (producer_groups)
-GROUP_CODE = 1024
 
 
 def producer_groups(plan: Any, visit: torch.Tensor | None, cap: int) -> torch.Tensor:

@@ -35,6 +35,7 @@ from systems.overlap.kernels import (
     pick_config,
     producer_grid,
     vec_ok,
+    with_swizzle,
 )
 from systems.overlap.plan import ORDERS, local_row_map, producer_groups, producer_order
 from systems.overlap.plan_device import local_copy_device
@@ -56,7 +57,9 @@ class OverlapRunner:
       n_remote_bands, local_* fields) with tensors on the device, or a DevicePlan;
     weights [E, K, N]; transport: systems.overlap.transport.Transport of this rank;
     ccta: consumer programs; the producer gets SMs - ccta (num_programs overrides, e.g. for
-      the CPU interpreter where there are no SMs).
+      the CPU interpreter where there are no SMs);
+    swizzle: the producer's swizzle groups (kernels/producer.py with_swizzle: "table",
+      "fixed<m>" or "expert<cap>") applied to `tile` (or the tile table's pick).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class OverlapRunner:
         num_programs: int | None = None,
         local_direct: bool = False,
         order: str = "remote_first",
+        swizzle: str = "table",
     ) -> None:
         self.plan = plan
         self.weights = weights
@@ -80,7 +84,7 @@ class OverlapRunner:
         self.device = dev
         E, K, N = weights.shape
         self.n = N
-        self.tile = tile or pick_config(plan.tile_m, K, N, weights.dtype)
+        self.tile = with_swizzle(tile or pick_config(plan.tile_m, K, N, weights.dtype), swizzle)
         if self.tile.block_m != plan.tile_m:
             raise ValueError(f"tile block_m {self.tile.block_m} != plan tile_m {plan.tile_m}")
         self.consumer = consumer or ConsumerConfig()

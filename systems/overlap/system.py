@@ -19,7 +19,11 @@ at "aligned"),
 order (the producer's visiting order of the schedule: "remote_first", the paper's, or "expert":
 each expert's local bands right after its remote bands, so tiles reading one expert's weights
 run together; plan.producer_order; "auto", the default, picks "expert" where an expert has few
-bands, autotune.pick_order; rows carry p_order_used; out of the cell hash at "remote_first").
+bands, autotune.pick_order; rows carry p_order_used; out of the cell hash at "remote_first"),
+swizzle (the producer's swizzle groups: "table", the tile table's; "fixed<m>", m consecutive
+visiting positions; "expert<cap>", runs of one expert's bands at most cap long, so each weight
+strip is read from HBM once per group; kernels/producer.py with_swizzle; out of the cell hash at
+"table").
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -51,6 +55,7 @@ from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
 from systems.overlap.autotune import AUTO
+from systems.overlap.modes import parse_swizzle
 from systems.overlap.plan import (
     DEVICE_LAYOUTS,
     LAYOUTS,
@@ -397,6 +402,7 @@ class OverlapSystem(System):
         "local": "direct",
         "layout": "aligned",
         "order": AUTO,
+        "swizzle": "table",
     }
     #: the tables before these knobs ran local=copy (then the only way), the aligned layout and
     #: the remote-first visiting order
@@ -404,6 +410,7 @@ class OverlapSystem(System):
         "local": "copy",
         "layout": "aligned",
         "order": "remote_first",
+        "swizzle": "table",
     }
     simulates_ranks = True
     layer_scope = True
@@ -433,6 +440,7 @@ class OverlapSystem(System):
             raise ValueError(
                 f"overlap: order must be one of {', '.join(ORDERS)}, auto; got {params['order']!r}"
             )
+        parse_swizzle(params["swizzle"])  # a one-line ValueError
         if params["transport"] not in TRANSPORTS:
             raise ValueError(
                 f"overlap: unknown transport {params['transport']!r}; "
@@ -476,7 +484,11 @@ class OverlapSystem(System):
             tile_m=int(p["tile_m"]),
             mgb=int(mgb),
             ccta=int(ccta),
-            runner_kw={"local_direct": p["local"] == "direct", "order": order},
+            runner_kw={
+                "local_direct": p["local"] == "direct",
+                "order": order,
+                "swizzle": p["swizzle"],
+            },
         )
         layout = p["layout"]
         if ranks[0].spec.ffn:

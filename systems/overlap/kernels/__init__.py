@@ -23,6 +23,7 @@ from systems.overlap.kernels.producer import (
     launch_producer,
     pick_config,
     producer_grid,
+    with_swizzle,
 )
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "pick_config",
     "producer_grid",
     "vec_ok",
+    "with_swizzle",
 ]

@@ -159,6 +159,16 @@ def pick_config(tile_m: int, k: int, n: int, dtype: torch.dtype) -> TileConfig:
     return cfg
 
 
+def with_swizzle(cfg: TileConfig, swizzle: str) -> TileConfig:
+    """cfg with the producer's swizzle groups named by `swizzle` (modes.parse_swizzle): "table"
+    (cfg's own), "fixed<m>" (groups of m visiting positions), "expert<cap>" (runs of one
+    expert's bands, at most cap long)."""
+    parsed = modes.parse_swizzle(swizzle)
+    if parsed is None:
+        return cfg
+    return replace(cfg, expert_groups=parsed[0], group_m=parsed[1])
+
+
 def interpreter_config(tile_m: int) -> TileConfig:
     """Small tiles for the CPU interpreter (TRITON_INTERPRET=1)."""
     return TileConfig(tile_m, 32, 16, 4, 1, 1, use_tma=False, flatten=False)
