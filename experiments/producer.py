@@ -97,6 +97,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "eg16": {"epi_split": 4, "expert_groups": True, "group_m": 16},
     "eg32": {"epi_split": 4, "expert_groups": True, "group_m": 32},
     "eg64": {"epi_split": 4, "expert_groups": True, "group_m": 64},
+    # Triton 3.6's Hopper warp specialisation with the expert groups of 32: the tile loop
+    # unflattened (as "ws") and flattened
+    "ws_eg32": {
+        "epi_split": 4,
+        "expert_groups": True,
+        "group_m": 32,
+        "warp_specialize": True,
+        "flatten": False,
+    },
+    "wsf_eg32": {"epi_split": 4, "expert_groups": True, "group_m": 32, "warp_specialize": True},
 }
 #: the CUTLASS producer (kernels/cutlass_producer.cu, tile 128x256x64, flags in its epilogue):
 #: name -> (grouping, cluster M x N); grouping "band" follows the cell's visiting order, "expert"
