@@ -72,8 +72,8 @@ PRODUCER_KNOBS = ("tile_m", "layout", "order")
 CONFIGS: dict[str, dict[str, Any]] = {
     "table": {},
     "stages4": {"num_stages": 4},
-    "group8": {"group_m": 8},
-    "g8s4": {"group_m": 8, "num_stages": 4},
+    "group8": {"group_m": 8, "expert_groups": False},
+    "g8s4": {"group_m": 8, "num_stages": 4, "expert_groups": False},
     # Triton 3.6's Hopper warp specialisation of the tile loop (add_hopper_warpspec), unflattened
     "ws": {"warp_specialize": True, "flatten": False},
     # the flag variants (kernels/producer.py): per-warp deferred releases, per-thread immediate,
@@ -88,11 +88,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # with the quarter-slice epilogue (16 KB of layout scratch, not 64): a deeper pipeline,
     # other swizzle groups, K steps of 128
     "s4st4": {"epi_split": 4, "num_stages": 4},
-    "s4g4": {"epi_split": 4, "group_m": 4},
-    "s4g16": {"epi_split": 4, "group_m": 16},
+    "s4g4": {"epi_split": 4, "group_m": 4, "expert_groups": False},
+    "s4g16": {"epi_split": 4, "group_m": 16, "expert_groups": False},
     "s4k128": {"epi_split": 4, "block_k": 128, "num_stages": 2},
     # swizzle groups = one expert's run of bands, cut into groups of at most 8 / 16 / 32 / 64
     # (plan.producer_groups): each weight strip read from HBM once per group
+    # the table before the expert groups (rev 5476e40 to c17c39e): fixed groups of 8 (N >= 8192)
+    "fixed8": {"epi_split": 4, "expert_groups": False, "group_m": 8},
     "eg8": {"epi_split": 4, "expert_groups": True, "group_m": 8},
     "eg16": {"epi_split": 4, "expert_groups": True, "group_m": 16},
     "eg32": {"epi_split": 4, "expert_groups": True, "group_m": 32},

@@ -101,6 +101,7 @@ def assert_same_plan(dev: DevicePlan, ref: CombinePlan) -> None:
     assert torch.equal(dev.visit[: ref.n_bands], producer_order(ref).long()), "visit"
     # the swizzle groups from the device plan's arrays == from the host plan's; the unused
     # positions past n_bands are groups of one
+    # positions past n_bands are groups of one; the one-launch kernel gives the same groups
     for cap in (2, 5):
         g_dev = producer_groups(dev, dev.visit, cap)
         g_ref = producer_groups(ref, producer_order(ref), cap)
@@ -108,6 +109,10 @@ def assert_same_plan(dev: DevicePlan, ref: CombinePlan) -> None:
         tail = g_dev[ref.n_bands :].long()
         assert torch.equal(tail // GROUP_CODE, torch.arange(ref.n_bands, g_dev.numel()))
         assert bool((tail % GROUP_CODE == 1).all())
+        assert torch.equal(plan_device.producer_groups_device(dev, dev.visit, cap), g_dev)
+        assert torch.equal(
+            plan_device.producer_groups_device(ref, None, cap), producer_groups(ref, None, cap)
+        )
     for count, names in BOUNDED.items():
         for name in names:
             rest = getattr(dev, name)[n[count] :]
@@ -423,3 +428,23 @@ def test_interpreter_in_subprocess():
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("block", [2, 4, 64])
+@pytest.mark.parametrize("cap", [1, 3, 8])
+def test_producer_groups_kernel_carries_runs_across_its_blocks(block, cap):
+    # runs of 7, 1, 12, 2 bands in a shuffled visiting order, over blocks of 2-64 positions
+    from types import SimpleNamespace
+
+    experts = [3] * 7 + [0] + [2] * 12 + [1] * 2
+    B = len(experts)
+    g = torch.Generator().manual_seed(cap)
+    sched = torch.randperm(B, generator=g)
+    band_expert = torch.empty(B, dtype=torch.int64)
+    band_expert[sched] = torch.tensor(experts)  # visiting position v reads expert experts[v]
+    plan = SimpleNamespace(schedule=sched, band_expert=band_expert, n_bands=B)
+    visit = torch.arange(B, dtype=torch.int32)
+    want = producer_groups(plan, visit, cap)
+    assert torch.equal(plan_device.producer_groups_device(plan, visit, cap, block=block), want)
+    assert torch.equal(plan_device.producer_groups_device(plan, None, cap, block=block), want)

@@ -38,6 +38,7 @@ import torch
 import triton
 
 from systems.overlap.kernels import plan as kplan
+from systems.overlap.modes import GROUP_CODE
 from systems.overlap.plan import DEVICE_LAYOUTS, CombinePlan
 
 ROW_BLOCK = 1024  # rows per program of the row kernels
@@ -408,3 +409,35 @@ def _gather_rows(src, dst, src_index, dst_index, n, bound, br: int = 16) -> None
         BK=bk,
         num_warps=4,
     )
+
+
+def producer_groups_device(
+    plan, visit: torch.Tensor | None, cap: int, block: int = 1024
+) -> torch.Tensor:
+    """plan.producer_groups in ONE kernel launch (no host synchronisation): groups [B] int32,
+    first * GROUP_CODE + size per visiting position. plan: a DevicePlan (its n_bands read on
+    the device) or a CombinePlan on the device; visit [B] or None (the schedule's order);
+    block: positions per step of the kernel's two passes (a power of two)."""
+    if not 1 <= cap < GROUP_CODE:
+        raise ValueError(f"producer_groups: cap must be in [1, {GROUP_CODE}), got {cap}")
+    sched = plan.schedule
+    B = sched.numel()
+    groups = torch.empty(B, dtype=torch.int32, device=sched.device)
+    if B == 0:
+        return groups
+    dev_count = getattr(plan, "counts_on_device", False)
+    kplan._producer_groups_kernel[(1,)](
+        sched if visit is None else visit,
+        sched,
+        plan.band_expert,
+        plan.n_bands.reshape(1) if dev_count else B,
+        groups,
+        B,
+        cap,
+        CODE=GROUP_CODE,
+        ORDERED=visit is not None,
+        DEV_COUNT=dev_count,
+        BLOCK=min(block, triton.next_power_of_2(B)),
+        num_warps=4,
+    )
+    return groups

@@ -38,7 +38,7 @@ from systems.overlap.kernels import (
     with_swizzle,
 )
 from systems.overlap.plan import ORDERS, local_row_map, producer_groups, producer_order
-from systems.overlap.plan_device import local_copy_device
+from systems.overlap.plan_device import local_copy_device, producer_groups_device
 
 _INT32_MAX = 2**31 - 1
 
@@ -121,9 +121,11 @@ class OverlapRunner:
 
     def _groups(self, plan: Any) -> torch.Tensor | None:
         """The producer's swizzle groups of the plan's visiting order (TileConfig.expert_groups:
-        plan.producer_groups, a few device ops), else None."""
+        plan.producer_groups; on a GPU its one-kernel twin), else None."""
         if not self.tile.expert_groups:
             return None
+        if self.device.type == "cuda":  # one launch (plan_device.producer_groups_device)
+            return producer_groups_device(plan, self.visit, self.tile.group_m)
         return producer_groups(plan, self.visit, self.tile.group_m)
 
     @property

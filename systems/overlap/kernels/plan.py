@@ -735,3 +735,82 @@ def _fill_compact_kernel(
             HAS_N,
             BLOCK,
         )
+
+
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min_combine(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _visit_key(v, visit, schedule, band_expert, B, n_bands, ORDERED: tl.constexpr):
+    """The expert of the band at visiting positions v, or -1 - v past n_bands (groups of one)."""
+    vc = tl.minimum(tl.maximum(v, 0), B - 1)
+    pos = vc
+    if ORDERED:
+        pos = tl.minimum(tl.maximum(tl.load(visit + vc).to(tl.int64), 0), B - 1)
+    band = tl.minimum(tl.maximum(tl.load(schedule + pos).to(tl.int64), 0), B - 1)
+    e = tl.load(band_expert + band).to(tl.int64)
+    return tl.where(v < n_bands, e, -1 - v)
+
+
+@triton.jit
+def _producer_groups_kernel(
+    visit,
+    schedule,
+    band_expert,
+    n_bands_arg,
+    groups,
+    B,
+    cap,
+    CODE: tl.constexpr,
+    ORDERED: tl.constexpr,
+    DEV_COUNT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """ONE program: plan.producer_groups on the device (the same groups, one launch).
+
+    Pass 1 (blocks forward): each visiting position's run start (a running max of the
+    positions where the expert changes), kept in `groups`; pass 2 (blocks backward): the run's
+    end (a reverse running min), then the run cut into ceil(run / cap) near-equal groups,
+    stored as first * CODE + size."""
+    n_bands = B
+    if DEV_COUNT:
+        n_bands = tl.load(n_bands_arg).to(tl.int64)
+    lane = tl.arange(0, BLOCK).to(tl.int64)
+    carry = tl.zeros((), tl.int64)
+    for b0 in range(0, B, BLOCK):
+        v = b0 + lane
+        key = _visit_key(v, visit, schedule, band_expert, B, n_bands, ORDERED)
+        prev = _visit_key(v - 1, visit, schedule, band_expert, B, n_bands, ORDERED)
+        start = (v == 0) | (key != prev)
+        first = tl.maximum(tl.associative_scan(tl.where(start, v, 0), 0, _max_combine), carry)
+        tl.store(groups + v, first.to(tl.int32), mask=v < B)
+        carry = tl.max(tl.where(v < B, first, 0), 0)
+    carry = tl.zeros((), tl.int64) + B
+    n_blk = tl.cdiv(B, BLOCK)
+    for i in range(0, n_blk):
+        v = (n_blk - 1 - i) * BLOCK + lane
+        m = v < B
+        key = _visit_key(v, visit, schedule, band_expert, B, n_bands, ORDERED)
+        nxt = _visit_key(v + 1, visit, schedule, band_expert, B, n_bands, ORDERED)
+        last = (v == B - 1) | (key != nxt)
+        end = tl.where(m & last, v + 1, B)
+        end = tl.minimum(tl.associative_scan(end, 0, _min_combine, reverse=True), carry)
+        carry = tl.min(tl.where(m, end, B), 0)
+        first = tl.load(groups + v, mask=m, other=0).to(tl.int64)
+        n = end - first
+        chunks = (n + cap - 1) // cap
+        base = n // chunks
+        extra = n % chunks
+        o = v - first
+        big = extra * (base + 1)
+        ob = o - big
+        g0 = tl.where(o < big, o - o % (base + 1), big + ob - ob % tl.maximum(base, 1))
+        size = tl.where(o < big, base + 1, base)
+        tl.store(groups + v, ((first + g0) * CODE + size).to(tl.int32), mask=m)

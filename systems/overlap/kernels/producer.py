@@ -7,7 +7,12 @@ Operands (the remote-aligned layout of systems/overlap/plan.py):
 Work: the schedule lists bands (tile_m rows of one expert, all N columns). A TILE is a pair
 (schedule position s, column tile n); tiles are numbered t = s * tiles_n + n (band-major, so the
 tiles of the first band in the schedule finish first), optionally swizzled in groups of
-`group_m` consecutive schedule positions (column-major inside a group, for L2 reuse of B strips).
+`group_m` consecutive schedule positions (column-major inside a group, for L2 reuse of B strips)
+or (TileConfig.expert_groups, EXPERT_GROUPS) in the groups of plan.producer_groups: each run of
+one expert's bands in the visiting order, cut into groups of at most group_m; group
+[first, first + size) owns tiles first * tiles_n .. (first + size) * tiles_n - 1, so the tile's
+group is read from groups[t // tiles_n]. A fixed group that straddles two experts reads both
+experts' weight strips; with the expert groups each strip is read from HBM once per group.
 Program i of the persistent grid takes tiles i, i + G, i + 2G, ... (G = grid size = SMs - cCTA).
 With an `order` array (order="expert", plan.producer_order) the tile numbering runs over the
 visiting order order[0], order[1], ... of the schedule positions instead of 0, 1, ...: one
@@ -122,20 +127,26 @@ class TileConfig:
 # producer_split.parquet). A shape not in the table falls back to the generic entry of its
 # tile_m; the CPU interpreter gets `interpreter_config`.
 #   tile_m  narrow N                  wide N                      widest N
-#   128     128x128x64, 8 warps,      128x256x64, 8 warps,        as wide, but group 8 (1-2.5%
-#           4 stages, group 1,        3 stages, group 4,          faster than group 4 at N=8192
-#           thread flags              deferred flags,             and E 4-64; 0-1% slower at 4096)
-#                                     epilogue in 4 slices
+#   128     128x128x64, 8 warps,      128x256x64, 8 warps,        as wide
+#           4 stages, group 1,        3 stages, expert groups
+#           thread flags              of <= 16 bands, deferred
+#                                     flags, epilogue in 4 slices
 #   64      64x128x64, 4 warps,       64x256x64, 4 warps,         as wide
 #           4 stages, group 1         4 stages, group 4,
 #                                     epilogue in 4 slices
 # all with TMA loads and the flattened tile loop. The 4-slice epilogue (epi_split=4) of the
 # 256-wide tiles: +1.5% median against 1 slice at local=direct, and the flags' cost drops
-# from about 1.3% to 0 (producer_mid.parquet, producer_split.parquet).
+# from about 1.3% to 0 (producer_mid.parquet, producer_split.parquet). The expert groups
+# (before them: fixed groups of 4 at wide N, 8 at widest N): Nsight Compute showed the fixed
+# groups reading 2.1-2.5x grouped_mm's HBM bytes (E=8: 923 MB against 375 MB) at the same SM
+# cycles; groups of <= 32 read what grouped_mm reads (371 MB). Caps 16 and 32 tie on the
+# producer alone; on the loopback overlap step 16 is faster than the fixed groups in every
+# N=8192 cell (median 1.7%) and 32 loses two stress_skew cells (producer_groups.parquet,
+# producer_ncu.parquet, operator_swizzle_loopback.parquet).
 TILE_TABLE: dict[tuple[int, int], TileConfig] = {
     (128, 0): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
-    (128, 1): TileConfig(128, 256, 64, 8, 3, group_m=4, flag="deferred", epi_split=4),
-    (128, 2): TileConfig(128, 256, 64, 8, 3, group_m=8, flag="deferred", epi_split=4),
+    (128, 1): TileConfig(128, 256, 64, 8, 3, 16, flag="deferred", epi_split=4, expert_groups=True),
+    (128, 2): TileConfig(128, 256, 64, 8, 3, 16, flag="deferred", epi_split=4, expert_groups=True),
     (64, 0): TileConfig(64, 128, 64, 4, 4, group_m=1, flag="thread"),
     (64, 1): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred", epi_split=4),
     (64, 2): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred", epi_split=4),
