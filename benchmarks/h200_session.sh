@@ -82,7 +82,7 @@ for step in $steps; do
         timeout "${NCU_S:-200}" "$NCU" --clock-control none --profile-from-start off --set full -f -o "/tmp/$f" python3 -m benchmarks.ncu_producer --workload "$w" --configs "${NCU_CONFIGS:-}" 2>&1 | grep -v "^==PROF==" | tail -4
         "$NCU" -i "/tmp/$f.ncu-rep" --page raw --csv > "$OUT/${f}_raw.csv"
         "$NCU" -i "/tmp/$f.ncu-rep" --page source --csv --print-source sass --kernel-name regex:_producer_kernel > "$OUT/${f}_sass.csv" 2> >(tail -3); done
-      python3 -m benchmarks.ncu_summary "$OUT"/ncu_*_raw.csv --out "$OUT/producer_ncu.parquet" ;;
+      python3 -m benchmarks.ncu_summary "$OUT"/ncu_*_raw.csv --out "$OUT/producer_ncu.parquet" --impls "grouped_mm,cublas,triton_table_direct,triton_table_copy${NCU_CONFIGS:+,$NCU_CONFIGS},cutlass_1x2" ;;
     devplan_tests) timeout 150 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k "device_plan or device_plans" tests/test_layer_gpu.py -p no:cacheprovider 2>&1 | tail -6 ;;
     profile_stage_a) timeout 60 python3 -m benchmarks.profile_stage_a --out "$OUT" 2>&1 | tail -44 ;;
     exps) for e in ${EXPS:-models experts experts_operator}; do  # each resumes from results/<its table>

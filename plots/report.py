@@ -632,6 +632,39 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The producer's swizzle groups of one expert's bands (caps 8-64), local=direct, one GPU",
+        "producer_groups",
+        "`bash benchmarks/h200_session.sh producer_groups` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "Warp specialisation with the expert groups, N=8192, local=direct, one GPU",
+        "producer_ws_groups",
+        "`PRODUCER_CONFIGS=table,eg32,ws_eg32,wsf_eg32 PRODUCER_TABLE=producer_ws_groups "
+        'PRODUCER_ARGS="experiment.grid.out=[8192]" bash benchmarks/h200_session.sh '
+        "producer_groups` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The producer as shipped (expert groups of 16) against the fixed groups of 8, one GPU",
+        "producer_expert_groups",
+        "`PRODUCER_CONFIGS=table,fixed8 PRODUCER_TABLE=producer_expert_groups bash "
+        "benchmarks/h200_session.sh producer_groups` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The swizzle groups at N=4096: expert groups of 4, 8, 16 and fixed groups of 4, one GPU",
+        "producer_groups_n4096",
+        "`PRODUCER_CONFIGS=table,eg4,eg8,fixed4 PRODUCER_TABLE=producer_groups_n4096 "
+        'PRODUCER_ARGS="experiment.grid.out=[4096]" bash benchmarks/h200_session.sh '
+        "producer_groups` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
         "Fig 5: experts per rank 4-64 (whole layer, overlap ratio from the operator pass)",
         "experts",
         "`python -m harness.run experiment=experts` then `python -m harness.run "
