@@ -32,18 +32,20 @@ def test_missing_library_names_the_build_step(monkeypatch, tmp_path):
 
 
 def test_shape_and_dtype_errors_before_launch():
+    # the operand contract (systems/overlap/operands.py), then the CUTLASS kernel's own limits
     prod = cp.CutlassProducer()
     x = torch.zeros(128, 64, dtype=torch.bfloat16)
     w = torch.zeros(2, 64, 256, dtype=torch.bfloat16)
+    ready = torch.zeros(1, dtype=torch.int32)
     with pytest.raises(ValueError, match="shapes"):
-        prod.launch(x, w, torch.zeros(128, 128, dtype=torch.bfloat16), None, None, num_programs=1)
+        prod.launch(x, w, torch.zeros(128, 128, dtype=torch.bfloat16), None, ready, num_programs=1)
     with pytest.raises(ValueError, match="bf16/fp16"):
-        prod.launch(x.float(), w.float(), torch.zeros(128, 256), None, None, num_programs=1)
+        prod.launch(x.float(), w.float(), torch.zeros(128, 256), None, ready, num_programs=1)
     with pytest.raises(ValueError, match="multiples of 8"):
         x3 = torch.zeros(128, 60, dtype=torch.bfloat16)
         w3 = torch.zeros(2, 60, 256, dtype=torch.bfloat16)
         y3 = torch.zeros(128, 256, dtype=torch.bfloat16)
-        prod.launch(x3, w3, y3, None, None, num_programs=1)
+        prod.launch(x3, w3, y3, None, ready, num_programs=1)
 
 
 def test_nvcc_command_targets_sm90a_with_the_wheel_headers():
@@ -59,3 +61,19 @@ def test_producer_experiment_accepts_the_cutlass_configs():
     assert set(producer.CUTLASS_CONFIGS) == {"cutlass", "cutlass_expert", "cutlass_expert_c12"}
     for grouping, cluster in producer.CUTLASS_CONFIGS.values():
         assert grouping in cp.GROUPINGS and cluster in cp.CLUSTERS
+
+
+def test_both_producers_refuse_the_same_operands_in_one_line():
+    from systems.overlap.operands import check_producer_operands
+
+    x = torch.zeros(128, 64, dtype=torch.bfloat16)
+    w = torch.zeros(2, 64, 256, dtype=torch.bfloat16)
+    y = torch.zeros(128, 256, dtype=torch.bfloat16)
+    ready = torch.zeros(1, dtype=torch.int32)
+    assert check_producer_operands("p", x, w, y, ready) == (128, 64, 2, 256)
+    with pytest.raises(ValueError, match=r"^p operands must be contiguous$"):
+        check_producer_operands("p", x.t().contiguous().t(), w, y, ready)
+    with pytest.raises(ValueError, match=r"^band_ready must be int32$"):
+        check_producer_operands("p", x, w, y, ready.long())
+    with pytest.raises(ValueError, match=r"^cutlass producer operands must be contiguous$"):
+        cp.CutlassProducer().launch(x, w, y.t().contiguous().t(), None, ready, num_programs=1)

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from systems.overlap.operands import check_producer_operands
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "systems" / "overlap" / "kernels" / "cutlass_producer.cu"
 DEFAULT_LIB = ROOT / "build" / "libmoe_cutlass_sm90.so"
@@ -163,21 +165,11 @@ class CutlassProducer:
         n_signal: int | torch.Tensor | None = None,
         order: torch.Tensor | None = None,
     ) -> None:
-        P, K = x.shape
-        E, K2, N = weights.shape
-        if K2 != K or y.shape != (P, N) or x.dtype != weights.dtype or y.dtype != x.dtype:
-            raise ValueError(
-                f"cutlass producer shapes: x {tuple(x.shape)} {x.dtype}, weights "
-                f"{tuple(weights.shape)} {weights.dtype}, y {tuple(y.shape)} {y.dtype}"
-            )
+        P, K, E, N = check_producer_operands("cutlass producer", x, weights, y, band_ready)
         if x.dtype not in DTYPE_CODES:
             raise ValueError(f"cutlass producer: dtype must be bf16/fp16, got {x.dtype}")
         if K % 8 or N % 8:
             raise ValueError(f"cutlass producer: K={K} and N={N} must be multiples of 8")
-        if not (x.is_contiguous() and weights.is_contiguous() and y.is_contiguous()):
-            raise ValueError("cutlass producer operands must be contiguous")
-        if band_ready.dtype != torch.int32:
-            raise ValueError("band_ready must be int32")
         bands = plan.schedule.numel()  # B, or the bound B' of a DevicePlan
         if bands == 0:
             return

@@ -77,6 +77,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from systems.overlap import modes
 from systems.overlap.kernels.primitives import count_arg, publish_threads, publish_warps
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE
+from systems.overlap.operands import check_producer_operands
 from systems.overlap.plan import GROUP_CODE, producer_groups
 
 # constexpr globals for the kernel (the FLAG modes, modes.py)
@@ -413,17 +414,7 @@ def launch_producer(
     groups [B] int32 (config.expert_groups; None: built here by plan.producer_groups from
     `order`, a few device ops): the swizzle groups of the visiting positions.
     """
-    P, K = x.shape
-    E, K2, N = weights.shape
-    if K2 != K or y.shape != (P, N) or x.dtype != weights.dtype or y.dtype != x.dtype:
-        raise ValueError(
-            f"producer shapes: x {tuple(x.shape)} {x.dtype}, weights {tuple(weights.shape)} "
-            f"{weights.dtype}, y {tuple(y.shape)} {y.dtype}"
-        )
-    if not (x.is_contiguous() and weights.is_contiguous() and y.is_contiguous()):
-        raise ValueError("producer operands must be contiguous")
-    if band_ready.dtype != torch.int32:
-        raise ValueError("band_ready must be int32")
+    P, K, E, N = check_producer_operands("producer", x, weights, y, band_ready)
     if config.epi_split not in (1, 2, 4) or config.block_n % (2 * config.epi_split):
         raise ValueError(
             f"producer: epi_split must be 1, 2 or 4 and split block_n={config.block_n} "
