@@ -16,7 +16,8 @@
 #        (serial + overlap with auto cCTA/mgb, order remote_first|expert, operator scope, one run)
 #        ccta_auto (the W=2 auto calibration sweep, then the refit into $OUT) producer_variants
 #        (the tile-configuration variants on the full grid) operator_auto (serial + overlap at
-#        auto cCTA/mgb/order) operator_baselines_auto (every system, overlap at auto) recalibrate
+#        auto cCTA/mgb/order) operator_baselines_auto (every system, overlap at auto; OVERLAP_ARGS)
+#        recalibrate
 #        (the E 32/64 ccta x mgb sweep at order expert, the refit, copied into the tree for the
 #        later steps) shared_loopback (compute on SMs - cCTA next to the step, one GPU) repeat
 #        (N=4096 balanced cells in three processes: the run-to-run spread) producer_cutlass (the
@@ -47,6 +48,9 @@ tests_a() {
 tests_b() {
   timeout "${TESTS2_S:-180}" python3 -m pytest -q -m gpu -x -p no:cacheprovider tests/test_overlap_system_gpu.py 2>&1 | tee -a "$OUT/pytest_gpu.log" | tail -6
 }
+# extra Hydra overrides, written as on a command line (quotes allowed): LAYER_ARGS (layer_x2),
+# PRODUCER_ARGS (producer_groups), OVERLAP_ARGS (operator_baselines_auto)
+eval "layer_args=(${LAYER_ARGS:-}) producer_args=(${PRODUCER_ARGS:-}) overlap_args=(${OVERLAP_ARGS:-})"
 steps=${*:-tests overlap_ccta plan operator}
 for step in $steps; do
   echo "=== $step $(date +%T)"
@@ -73,7 +77,7 @@ for step in $steps; do
         timeout 200 python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" "experiment.grid.tokens_per_rank=[$t]" "experiment.grid.hidden=[$h]" 'experiment.select=[overlap]' +experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -4; done; done ;;
     scale) timeout 120 python3 -m benchmarks.scale_bound --out "$OUT" 2>&1 | tail -10 ;;
     layer_x2) [ -f "$OUT/layer.parquet" ] || cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
-      timeout "${LAYER_S:-480}" python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" ${LAYER_ARGS:-} 2>&1 | tail -8
+      timeout "${LAYER_S:-480}" python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" "${layer_args[@]}" 2>&1 | tail -8
       python3 -m benchmarks.table_summary "$OUT/layer.parquet" ;;
     operator_plan) timeout "${PLAN_S:-120}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_plan.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' 2>&1 | tail -3
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_plan.parquet'); print(d.groupby(['out','experts_per_rank'])[['latency_ms','m_plan_ms','m_plan_device_ms']].median().round(4).to_string())" ;;
@@ -105,7 +109,7 @@ for step in $steps; do
     producer_variants) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-270}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_variants.parquet" 'experiment.options.configs=[table,group8,stages4,g8s4]' 'experiment.systems.overlap.sweep.layout=[aligned]' 2>&1 | tail -2 ;;
     operator_auto) timeout "${ORDER_S:-150}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto 2>&1 | tail -1
       python3 -m benchmarks.table_summary "$OUT/operator_auto.parquet" 2>&1 | tail -31 ;;
-    operator_baselines_auto) timeout "${OPERATOR_S:-330}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator_baselines_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto 2>&1 | tail -1
+    operator_baselines_auto) timeout "${OPERATOR_S:-330}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator_baselines_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto "${overlap_args[@]}" 2>&1 | tail -1
       python3 -m benchmarks.table_summary "$OUT/operator_baselines_auto.parquet" 2>&1 | tail -31 ;;
     recalibrate) timeout "${AUTO_S:-150}" python3 -m harness.run experiment=ccta_auto progress=false table="$OUT/ccta_auto_expert.parquet" 'experiment.grid.experts_per_rank=[32,64]' 'experiment.systems.overlap.sweep.ccta=[4,6,8,12,16,24,auto]' 2>&1 | tail -1
       python3 -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet results/reference/h200x2/ccta_mgb.parquet results/reference/h200x2/ccta_auto.parquet "$OUT/ccta_auto_expert.parquet" --table "$OUT/autotune_table.csv" --heldout "$OUT/autotune_heldout.parquet" 2>&1 | tail -2
@@ -123,7 +127,7 @@ for step in $steps; do
     producer_split) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-200}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_split.parquet" 'experiment.options.configs=[table,split2,split4,s4st4,s4g4,s4g16,s4k128]' 'experiment.options.local=[direct]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2
       CUDA_VISIBLE_DEVICES=0 timeout 90 python3 -m harness.run experiment=producer progress=false table="$OUT/producer_split.parquet" 'experiment.options.configs=[table,split4]' 'experiment.options.local=[direct]' 'experiment.systems.overlap.sweep.tile_m=[64]' 'experiment.systems.overlap.sweep.layout=[compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2 ;;
     producer_default) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-200}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_default.parquet" 'experiment.options.configs=[table,cutlass_expert_c12]' 'experiment.options.local=[copy,direct]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[aligned,compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2 ;;
-    producer_groups) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-200}" python3 -m harness.run experiment=producer progress=false table="$OUT/${PRODUCER_TABLE:-producer_groups}.parquet" "experiment.options.configs=[${PRODUCER_CONFIGS:-table,eg8,eg16,eg32,eg64}]" ${PRODUCER_ARGS:-} 'experiment.options.local=[direct]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2
+    producer_groups) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-200}" python3 -m harness.run experiment=producer progress=false table="$OUT/${PRODUCER_TABLE:-producer_groups}.parquet" "experiment.options.configs=[${PRODUCER_CONFIGS:-table,eg8,eg16,eg32,eg64}]" "${producer_args[@]}" 'experiment.options.local=[direct]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -2
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/${PRODUCER_TABLE:-producer_groups}.parquet'); d=d[d.status=='ok']; k=['out','experts_per_rank','routing']; g=d[d.system=='torch_grouped_mm'].set_index(k).latency_ms; o=d[d.system=='overlap'].copy(); o['r']=[g.get(tuple(x)) / l for x, l in zip(o[k].values, o.latency_ms)]; print(o.pivot_table(index=k, columns='p_config', values='r').round(3).to_string()); print(o.groupby('p_config').r.agg(['min','median',lambda s: int((s >= 1).sum()),'count']).round(3))" ;;
     swizzle_loopback) CUDA_VISIBLE_DEVICES=0 timeout "${LAYOUTS_S:-400}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_swizzle_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[${SWIZZLE_N:-8192}]" 'experiment.select=[overlap]' '+experiment.systems.overlap.sweep.layout=[compact]' "+experiment.systems.overlap.sweep.swizzle=[${SWIZZLES:-table,expert32,expert16}]" 2>&1 | tail -1
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_swizzle_loopback.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_swizzle',pd.Series('',index=d.index)).fillna('').astype(str); p=d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values='latency_ms'); c0=p.columns[0]; [p.insert(len(p.columns),'x_'+c,p[c]/p[c0]) for c in list(p.columns)[1:]]; print(p.round(3).to_string())" ;;
