@@ -106,10 +106,13 @@ def producer_problem(name, experts, rows_per_expert, K, N, world=4, dtype=torch.
 
 def run_producer_variant(pb, cfg, *, flag: bool, grid: int, label: str, ref: torch.Tensor):
     from systems.overlap.kernels import launch_producer
+    from systems.overlap.plan_device import producer_groups_device
 
     p = pb.plan
     y = torch.full((p.n_padded, pb.N), float("nan"), dtype=pb.x.dtype, device=pb.x.device)
     ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
+    # the swizzle groups once per plan, as the runner builds them (not inside the timed launch)
+    groups = producer_groups_device(p, None, cfg.group_m) if cfg.expert_groups else None
 
     def go():
         return launch_producer(
@@ -121,6 +124,7 @@ def run_producer_variant(pb, cfg, *, flag: bool, grid: int, label: str, ref: tor
             num_programs=grid,
             config=cfg,
             signal=flag,
+            groups=groups,
         )
 
     row = dict(

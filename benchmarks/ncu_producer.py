@@ -40,6 +40,7 @@ def impls(pb, sms: int, configs: list[str]) -> dict:
     ready = torch.zeros(p.n_bands, dtype=torch.int32, device=dev)
     cfg = pick_config(128, pb.x.shape[1], n, pb.x.dtype)
     order = producer_order(p)
+    groups = producer_groups(p, order, cfg.group_m) if cfg.expert_groups else None  # per plan
     row_dst = local_row_map(p)
     recv = torch.zeros(int(row_dst.max()) + 1, n, dtype=y.dtype, device=dev)
     gm_out: list[torch.Tensor] = []
@@ -67,13 +68,14 @@ def impls(pb, sms: int, configs: list[str]) -> dict:
                 num_programs=sms,
                 config=cfg,
                 order=order,
+                groups=groups,
                 local_to=(recv, row_dst),
             ),
             direct_out,
         ),
         "triton (table, copy)": (
             lambda: launch_producer(
-                pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order
+                pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order, groups=groups
             ),
             lambda: y[pb.valid],
         ),

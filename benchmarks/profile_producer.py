@@ -32,20 +32,30 @@ def _impls(pb, sms: int) -> dict:
     """name -> launch of one step."""
     from systems.overlap import cutlass_producer as cp
     from systems.overlap.kernels import launch_producer, pick_config
-    from systems.overlap.plan import producer_order
+    from systems.overlap.plan import producer_groups, producer_order
 
     p, n = pb.plan, pb.w.shape[2]
     y = torch.empty(p.n_padded, n, dtype=pb.x.dtype, device=pb.x.device)
     ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
     cfg = pick_config(128, pb.x.shape[1], n, pb.x.dtype)
     order = producer_order(p)
+    groups = producer_groups(p, order, cfg.group_m) if cfg.expert_groups else None  # per plan
     out = {
         "torch_grouped_mm": lambda: torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets),
         "triton (expert order)": lambda: launch_producer(
-            pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order
+            pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order, groups=groups
         ),
         "triton (expert order, no flags)": lambda: launch_producer(
-            pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order, signal=False
+            pb.x,
+            pb.w,
+            y,
+            p,
+            ready,
+            num_programs=sms,
+            config=cfg,
+            order=order,
+            groups=groups,
+            signal=False,
         ),
     }
     try:

@@ -411,8 +411,9 @@ def launch_producer(
     (systems/overlap/plan.py producer_order, or a DevicePlan's `visit`); tiles are swizzled
     over the visiting order, and a band is signalled iff its schedule position is < n_signal,
     as without it;
-    groups [B] int32 (config.expert_groups; None: built here by plan.producer_groups from
-    `order`, a few device ops): the swizzle groups of the visiting positions.
+    groups [B] int32 (config.expert_groups): the swizzle groups of the visiting positions, built
+    once per plan by the caller (plan.producer_groups, or plan_device.producer_groups_device on
+    a GPU); None: built here on every launch (on a GPU one extra kernel launch).
     """
     P, K, E, N = check_producer_operands("producer", x, weights, y, band_ready)
     if config.epi_split not in (1, 2, 4) or config.block_n % (2 * config.epi_split):
@@ -451,7 +452,12 @@ def launch_producer(
         raise ValueError(f"producer order: {order.numel()} {order.dtype}, need >= {n_sched} ints")
     if cfg.expert_groups:
         if groups is None:
-            groups = producer_groups(plan, order, cfg.group_m)
+            if x.is_cuda:  # one launch (plan_device imports this package: imported here)
+                from systems.overlap.plan_device import producer_groups_device
+
+                groups = producer_groups_device(plan, order, cfg.group_m)
+            else:
+                groups = producer_groups(plan, order, cfg.group_m)
         if groups.numel() < n_sched or groups.dtype != torch.int32:
             raise ValueError(
                 f"producer groups: {groups.numel()} {groups.dtype}, need >= {n_sched} int32"
