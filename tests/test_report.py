@@ -32,3 +32,35 @@ def test_without_tables_every_claim_is_not_measured(tmp_path):
     claims = [r for r in rows if any(r.startswith(f"| {c.what} |") for c in CLAIMS)]
     assert len(claims) == len(CLAIMS)
     assert all(r.endswith("| not measured |") for r in claims)
+
+
+def test_baselines_summary_keeps_the_overlap_layouts_apart():
+    import pandas as pd
+
+    from plots.report import _baselines_fig
+
+    work = dict(world_size=2, tokens_per_rank=8, hidden=8, out=8, routing="balanced")
+    rows = []
+    for e in (4, 8):
+        for system, layout, ms in [
+            ("serial", None, 2.0),
+            ("tutel", None, 1.8),
+            ("overlap", "aligned", 1.9),  # 1.05x serial, ahead of tutel
+            ("overlap", "compact", 1.0),  # 2.0x serial
+        ]:
+            rows.append(
+                dict(
+                    work,
+                    experts_per_rank=e,
+                    system=system,
+                    p_layout=layout,
+                    latency_ms=ms,
+                    status="ok",
+                )
+            )
+    text = _baselines_fig(pd.DataFrame(rows))
+    assert "overlap/aligned vs serial 1.05-1.05x (>= 1.35x in 0/2)" in text
+    assert "overlap/compact vs serial 2.00-2.00x (>= 1.35x in 2/2)" in text
+    # one layout: named plainly
+    one = _baselines_fig(pd.DataFrame([r for r in rows if r["p_layout"] != "compact"]))
+    assert one.startswith("2 workloads") and "overlap vs serial 1.05-1.05x" in one
