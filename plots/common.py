@@ -25,15 +25,16 @@ def label(system: str) -> str:
 def overlap_variant(df: pd.DataFrame) -> pd.Series:
     """Per row, the overlap system's knobs that make it another line: the transport, then
     `local copy` (p_local copy, or missing: tables from before the knob ran copy) and `packed`
-    (p_layout) and `expert order` (p_order) where they differ from today's defaults; "" for
-    every other system."""
+    (p_layout) and `expert order` (p_order) and `swizzle <s>` (p_swizzle) where they differ from
+    today's defaults; "" for every other system."""
     n = len(df)
     tr = df["transport"].fillna("").astype(str) if "transport" in df else pd.Series([""] * n)
     local = df["p_local"] if "p_local" in df else pd.Series([None] * n, index=df.index)
     layout = df["p_layout"] if "p_layout" in df else pd.Series([None] * n, index=df.index)
     order = df["p_order"] if "p_order" in df else pd.Series([None] * n, index=df.index)
+    swz = df["p_swizzle"] if "p_swizzle" in df else pd.Series([None] * n, index=df.index)
     out = []
-    for s, t, lo, la, od in zip(df["system"], tr, local, layout, order):
+    for s, t, lo, la, od, sw in zip(df["system"], tr, local, layout, order, swz):
         if s != "overlap":
             out.append("")
             continue
@@ -44,6 +45,8 @@ def overlap_variant(df: pd.DataFrame) -> pd.Series:
             parts.append(la)
         if isinstance(od, str) and od != "remote_first":
             parts.append(f"{od} order")
+        if isinstance(sw, str) and sw != "table":
+            parts.append(f"swizzle {sw}")
         out.append(", ".join(parts))
     return pd.Series(out, index=df.index, dtype=object)
 

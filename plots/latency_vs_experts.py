@@ -1,4 +1,6 @@
-"""Latency against experts per rank, one line per (system, routing). Lower is better.
+"""Latency against experts per rank, one line per (system, routing); the overlap system's
+variants (plots.common.line_label: transport, local, layout, order, swizzle) are lines of their
+own, never a best-of. Lower is better.
 
 Each system's timed region (its `scope`) is named in the title, and in the legend wherever a
 system's scope differs from the rest (native Tutel and FasterMoE time the whole layer).
@@ -12,35 +14,36 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from plots.common import cli, label, load, save, transport_note
+from plots.common import cli, line_label, load, save, transport_note
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = load(table)
     if df.empty:
         raise ValueError(f"{table}: no rows with status ok to plot")
+    df = df.assign(line=line_label(df))  # the overlap system's variants are lines of their own
     shapes = df.groupby(["tokens_per_rank", "hidden", "out", "dtype"])
     fig, axes = plt.subplots(1, shapes.ngroups, figsize=(5 * shapes.ngroups, 3.8), squeeze=False)
-    systems = sorted(df["system"].unique())
-    colors = {sy: f"C{i}" for i, sy in enumerate(systems)}
+    lines = sorted(df["line"].unique())
+    colors = {ln: f"C{i % 10}" for i, ln in enumerate(lines)}
     styles = dict(zip(sorted(df["routing"].unique()), ["-", "--", ":", "-."]))
     scope = df["scope"].fillna("") if "scope" in df else df["system"].map(lambda _: "")
-    scopes = scope.groupby(df["system"]).first().to_dict()  # older tables have no scope
+    scopes = scope.groupby(df["line"]).first().to_dict()  # older tables have no scope
     common = scope.mode().iloc[0]
-    tag = {sy: f" [{sc}]" if sc and sc != common else "" for sy, sc in scopes.items()}
+    tag = {ln: f" [{sc}]" if sc and sc != common else "" for ln, sc in scopes.items()}
     for ax, ((tpr, k, n, dt), sub) in zip(axes[0], shapes):
-        for (system, routing), s in sub.groupby(["system", "routing"]):
+        for (line, routing), s in sub.groupby(["line", "routing"]):
             s = s.sort_values("experts_per_rank")
             ax.errorbar(
                 s["experts_per_rank"],
                 s["latency_ms"],
                 yerr=[s["latency_ms"] - s["latency_p10_ms"], s["latency_p90_ms"] - s["latency_ms"]],
-                color=colors[system],
+                color=colors[line],
                 linestyle=styles[routing],
                 marker="o",
                 ms=3,
                 capsize=2,
-                label=f"{label(system)}{tag[system]} / {routing}",
+                label=f"{line}{tag[line]} / {routing}",
             )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
