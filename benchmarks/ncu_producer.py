@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -40,7 +41,6 @@ def impls(pb, sms: int, configs: list[str]) -> dict:
     ready = torch.zeros(p.n_bands, dtype=torch.int32, device=dev)
     cfg = pick_config(128, pb.x.shape[1], n, pb.x.dtype)
     order = producer_order(p)
-    groups = producer_groups(p, order, cfg.group_m) if cfg.expert_groups else None  # per plan
     row_dst = local_row_map(p)
     recv = torch.zeros(int(row_dst.max()) + 1, n, dtype=y.dtype, device=dev)
     gm_out: list[torch.Tensor] = []
@@ -52,52 +52,35 @@ def impls(pb, sms: int, configs: list[str]) -> dict:
         out[mine] = recv[row_dst[mine]]
         return out[pb.valid]
 
+    def triton(c, direct: bool):
+        """One launch of the Triton producer with config c; its groups built once, here."""
+        g = producer_groups(p, order, c.group_m) if c.expert_groups else None
+        local_to = (recv, row_dst) if direct else None
+        return partial(
+            launch_producer,
+            pb.x,
+            pb.w,
+            y,
+            p,
+            ready,
+            num_programs=sms,
+            config=c,
+            order=order,
+            groups=g,
+            local_to=local_to,
+        )
+
     out = {
         "torch_grouped_mm": (
             lambda: gm_out.append(torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets)),
             lambda: gm_out[-1],
         ),
         "cublas (dense, same rows)": (lambda: torch.matmul(pb.x_valid, w0), None),
-        "triton (table, direct)": (
-            lambda: launch_producer(
-                pb.x,
-                pb.w,
-                y,
-                p,
-                ready,
-                num_programs=sms,
-                config=cfg,
-                order=order,
-                groups=groups,
-                local_to=(recv, row_dst),
-            ),
-            direct_out,
-        ),
-        "triton (table, copy)": (
-            lambda: launch_producer(
-                pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order, groups=groups
-            ),
-            lambda: y[pb.valid],
-        ),
+        "triton (table, direct)": (triton(cfg, True), direct_out),
+        "triton (table, copy)": (triton(cfg, False), lambda: y[pb.valid]),
     }
     for name in configs:
-        c = replace(cfg, **CONFIGS[name])
-        g = producer_groups(p, order, c.group_m) if c.expert_groups else None
-        out[f"triton ({name}, direct)"] = (
-            lambda c=c, g=g: launch_producer(
-                pb.x,
-                pb.w,
-                y,
-                p,
-                ready,
-                num_programs=sms,
-                config=c,
-                order=order,
-                groups=g,
-                local_to=(recv, row_dst),
-            ),
-            direct_out,
-        )
+        out[f"triton ({name}, direct)"] = (triton(replace(cfg, **CONFIGS[name]), True), direct_out)
     try:
         cp.load()
     except cp.CutlassUnavailable as exc:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -40,23 +41,22 @@ def _impls(pb, sms: int) -> dict:
     cfg = pick_config(128, pb.x.shape[1], n, pb.x.dtype)
     order = producer_order(p)
     groups = producer_groups(p, order, cfg.group_m) if cfg.expert_groups else None  # per plan
+    triton = partial(
+        launch_producer,
+        pb.x,
+        pb.w,
+        y,
+        p,
+        ready,
+        num_programs=sms,
+        config=cfg,
+        order=order,
+        groups=groups,
+    )
     out = {
         "torch_grouped_mm": lambda: torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets),
-        "triton (expert order)": lambda: launch_producer(
-            pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, order=order, groups=groups
-        ),
-        "triton (expert order, no flags)": lambda: launch_producer(
-            pb.x,
-            pb.w,
-            y,
-            p,
-            ready,
-            num_programs=sms,
-            config=cfg,
-            order=order,
-            groups=groups,
-            signal=False,
-        ),
+        "triton (expert order)": triton,
+        "triton (expert order, no flags)": partial(triton, signal=False),
     }
     try:
         cp.load()

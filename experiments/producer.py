@@ -91,12 +91,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "s4g4": {"epi_split": 4, "group_m": 4, "expert_groups": False},
     "s4g16": {"epi_split": 4, "group_m": 16, "expert_groups": False},
     "s4k128": {"epi_split": 4, "block_k": 128, "num_stages": 2},
-    # swizzle groups = one expert's run of bands, cut into groups of at most 8 / 16 / 32 / 64
-    # (plan.producer_groups): each weight strip read from HBM once per group
     # the table before the expert groups (rev 5476e40 to c17c39e): fixed groups of 8 (N >= 8192)
     # and of 4 (4096 <= N < 8192)
     "fixed8": {"epi_split": 4, "expert_groups": False, "group_m": 8},
-    "fixed4": {"epi_split": 4, "expert_groups": False, "group_m": 4},  # (N < 8192)
+    "fixed4": {"epi_split": 4, "expert_groups": False, "group_m": 4},
+    # swizzle groups = one expert's run of bands, cut into groups of at most 4 ... 64
+    # (plan.producer_groups): each weight strip read from HBM once per group
     "eg4": {"epi_split": 4, "expert_groups": True, "group_m": 4},
     "eg8": {"epi_split": 4, "expert_groups": True, "group_m": 8},
     "eg16": {"epi_split": 4, "expert_groups": True, "group_m": 16},

@@ -779,6 +779,12 @@ def producer_order(plan: Any) -> torch.Tensor:
     return torch.sort(key).indices.to(torch.int32)
 
 
+def check_group_cap(cap: int) -> None:
+    """A one-line ValueError unless 1 <= cap < GROUP_CODE (a group's size must fit its code)."""
+    if not 1 <= cap < GROUP_CODE:
+        raise ValueError(f"producer_groups: cap must be in [1, {GROUP_CODE}), got {cap}")
+
+
 def producer_groups(plan: Any, visit: torch.Tensor | None, cap: int) -> torch.Tensor:
     """groups [B] int32 on the plan's device: the producer's swizzle group of each visiting
     position v (TileConfig.expert_groups), encoded first * GROUP_CODE + size.
@@ -791,8 +797,7 @@ def producer_groups(plan: Any, visit: torch.Tensor | None, cap: int) -> torch.Te
     visiting order (producer_order; None: the schedule's own order). A DevicePlan's unused
     positions (>= n_bands) are groups of one. A handful of device ops, no host synchronisation.
     """
-    if not 1 <= cap < GROUP_CODE:
-        raise ValueError(f"producer_groups: cap must be in [1, {GROUP_CODE}), got {cap}")
+    check_group_cap(cap)
     sched = plan.schedule
     B, dev = sched.numel(), sched.device
     v = torch.arange(B, dtype=torch.int64, device=dev)

@@ -39,7 +39,7 @@ import triton
 
 from systems.overlap.kernels import plan as kplan
 from systems.overlap.modes import GROUP_CODE
-from systems.overlap.plan import DEVICE_LAYOUTS, CombinePlan
+from systems.overlap.plan import DEVICE_LAYOUTS, CombinePlan, check_group_cap
 
 ROW_BLOCK = 1024  # rows per program of the row kernels
 COUNT_NAMES = ("n_rows", "n_padded", "n_bands", "n_remote_bands", "n_segments", "n_local")
@@ -418,8 +418,7 @@ def producer_groups_device(
     first * GROUP_CODE + size per visiting position. plan: a DevicePlan (its n_bands read on
     the device) or a CombinePlan on the device; visit [B] or None (the schedule's order);
     block: positions per step of the kernel's two passes (a power of two)."""
-    if not 1 <= cap < GROUP_CODE:
-        raise ValueError(f"producer_groups: cap must be in [1, {GROUP_CODE}), got {cap}")
+    check_group_cap(cap)
     sched = plan.schedule
     B = sched.numel()
     groups = torch.empty(B, dtype=torch.int32, device=sched.device)

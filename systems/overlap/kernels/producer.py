@@ -143,7 +143,7 @@ class TileConfig:
 # cycles; groups of <= 32 read what grouped_mm reads (371 MB). Caps 16 and 32 tie on the
 # producer alone; on the loopback overlap step 16 is faster than the fixed groups in every
 # N=8192 cell (median 1.7%) and 32 loses two stress_skew cells (producer_groups.parquet,
-# producer_ncu.parquet, operator_swizzle_loopback.parquet).
+# producer_ncu_c17c39e.parquet, operator_swizzle_loopback_n8192.parquet).
 TILE_TABLE: dict[tuple[int, int], TileConfig] = {
     (128, 0): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
     (128, 1): TileConfig(128, 256, 64, 8, 3, 16, flag="deferred", epi_split=4, expert_groups=True),
@@ -413,7 +413,8 @@ def launch_producer(
     as without it;
     groups [B] int32 (config.expert_groups): the swizzle groups of the visiting positions, built
     once per plan by the caller (plan.producer_groups, or plan_device.producer_groups_device on
-    a GPU); None: built here on every launch (on a GPU one extra kernel launch).
+    a GPU, as the runner does); None: built here by plan.producer_groups on every launch (a few
+    device ops: for tests, not for timed loops).
     """
     P, K, E, N = check_producer_operands("producer", x, weights, y, band_ready)
     if config.epi_split not in (1, 2, 4) or config.block_n % (2 * config.epi_split):
@@ -452,12 +453,7 @@ def launch_producer(
         raise ValueError(f"producer order: {order.numel()} {order.dtype}, need >= {n_sched} ints")
     if cfg.expert_groups:
         if groups is None:
-            if x.is_cuda:  # one launch (plan_device imports this package: imported here)
-                from systems.overlap.plan_device import producer_groups_device
-
-                groups = producer_groups_device(plan, order, cfg.group_m)
-            else:
-                groups = producer_groups(plan, order, cfg.group_m)
+            groups = producer_groups(plan, order, cfg.group_m)
         if groups.numel() < n_sched or groups.dtype != torch.int32:
             raise ValueError(
                 f"producer groups: {groups.numel()} {groups.dtype}, need >= {n_sched} int32"
