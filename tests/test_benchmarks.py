@@ -14,3 +14,34 @@ def test_scale_bound_writes_its_ratio_row(tmp_path, monkeypatch):
     assert r["rel_err"] < 1e-2  # the timed scale is the right one
     assert abs(r["bound_ms"] * r["copy_gbps"] * 1e6 - 3 * 64 * 128 * 2) < 1e-3
     assert r["ratio"] == r["scale_ms"] / r["bound_ms"]
+
+
+def test_consumer_summary_pivots_placements_against_the_first_and_the_compute_bound():
+    import pandas as pd
+
+    from benchmarks.consumer_summary import summarize
+
+    base = dict(out=8192, routing="balanced", system="overlap", status="ok", compute_ms=1.0)
+    rows = [
+        {**base, "experts_per_rank": 4, "p_consumer": None, "p_ccta_used": 16, "latency_ms": 1.2},
+        {
+            **base,
+            "experts_per_rank": 4,
+            "p_consumer": "shared",
+            "p_ccta_used": 32,
+            "latency_ms": 0.9,
+        },
+        {
+            **base,
+            "experts_per_rank": 4,
+            "p_consumer": "shared",
+            "p_ccta_used": 64,
+            "latency_ms": 2.0,
+            "status": "error",
+        },
+    ]
+    text = summarize(pd.DataFrame(rows))
+    assert "own:16" in text and "shared:32" in text and "shared:64" not in text
+    assert "0.75" in text  # 0.9 / 1.2
+    per = text.split("per placement")[1]
+    assert "shared:32" in per and per.strip().splitlines()[-1].split()[-1] == "1"

@@ -329,6 +329,30 @@ def test_consumer_cta_owns_its_sm_on_hopper():
     assert rep["exclusive"], rep
 
 
+@pytest.mark.skipif(
+    torch.cuda.get_device_capability() != (9, 0), reason="the register argument is Hopper's"
+)
+def test_shared_consumer_sits_next_to_the_producer_on_all_sms_and_matches():
+    """consumer_sms="shared": the producer's grid is every SM, a small consumer CTA fits next to
+    a producer CTA (registers, shared memory, threads), and the result equals the own-SM run."""
+    plan, x, w = _problem(torch.bfloat16, K=2048, N=8192)
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    outs = {}
+    for where in ("own", "shared"):
+        fabric = LoopbackFabric(plan.dst_rows, 8192, torch.bfloat16, DEV)
+        runner = OverlapRunner(plan, w, fabric.transport(plan.rank), ccta=8, consumer_sms=where)
+        y = torch.empty(plan.n_padded, 8192, dtype=torch.bfloat16, device=DEV)
+        runner.overlapped(x, y)
+        torch.cuda.synchronize()
+        runner.check()
+        outs[where] = [fabric.recv(d).clone() for d in range(plan.world_size)]
+        if where == "shared":
+            assert runner.num_programs == sms
+            assert runner.residency is not None and runner.residency["consumer_with_producer"]
+    for a, b in zip(outs["own"], outs["shared"]):
+        assert torch.equal(a, b)
+
+
 _NVSHMEM_CHILD = r"""
 import os, sys, torch, torch.distributed as dist
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29573")

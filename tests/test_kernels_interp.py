@@ -500,3 +500,20 @@ def test_packed_consumer_timeout_names_the_band_of_the_piece():
     rec = read_error(err)
     assert rec is not None and rec.code == CODE_BAND_TIMEOUT
     assert (rec.segment, rec.band, rec.seen, rec.want) == (5, band, 3, 4)  # the first to wait
+
+
+@needs_interpreter
+def test_runner_consumer_sms_picks_the_small_consumer_and_checks_its_name():
+    from systems.overlap.kernels import ConsumerConfig, shared_consumer_config
+
+    plan, x, w = _problem(torch.float16)
+    fabric = LoopbackFabric(plan.dst_rows, w.shape[2], x.dtype, "cpu")
+    t = fabric.transport(plan.rank)
+    own = OverlapRunner(plan, w, t, ccta=2, num_programs=3)
+    shared = OverlapRunner(plan, w, t, ccta=2, num_programs=3, consumer_sms="shared")
+    assert own.consumer_sms == "own" and own.consumer == ConsumerConfig()
+    assert shared.consumer == shared_consumer_config()
+    # a consumer CTA that can sit next to a producer CTA: few warps, no shared memory
+    assert shared.consumer.num_warps <= 4 and shared.consumer.shared_bytes(2) == 0
+    with pytest.raises(ValueError, match="^consumer_sms must be one of own, shared, got 'all'$"):
+        OverlapRunner(plan, w, t, ccta=2, num_programs=3, consumer_sms="all")

@@ -102,3 +102,36 @@ def test_with_swizzle_sets_the_tile_configs_groups():
     assert with_swizzle(cfg, "table") == cfg
     assert with_swizzle(cfg, "expert32") == TileConfig(group_m=32, expert_groups=True)
     assert with_swizzle(TileConfig(expert_groups=True), "fixed4") == TileConfig(group_m=4)
+
+
+def test_consumer_is_checked_in_one_line_bounds_ccta_and_stays_out_of_the_hash_at_own(monkeypatch):
+    osys.OverlapSystem.validate(_spec(), {**P, "consumer": "shared", "ccta": 132}, 132)
+    with pytest.raises(ValueError) as exc:
+        osys.OverlapSystem.validate(_spec(), {**P, "consumer": "both"}, 132)
+    assert str(exc.value) == "overlap: consumer must be one of own, shared, got 'both'"
+    # own: the consumer's SMs come out of the producer's, so ccta < SMs; shared: ccta <= SMs
+    with pytest.raises(ValueError, match=r"ccta=132 must be in \[1, 132\) or 'auto'"):
+        osys.OverlapSystem.validate(_spec(), {**P, "ccta": 132}, 132)
+    with pytest.raises(ValueError, match=r"ccta=133 must be in \[1, 132\] with consumer=shared"):
+        osys.OverlapSystem.validate(_spec(), {**P, "consumer": "shared", "ccta": 133}, 132)
+    # the auto pick is calibrated for the own SMs: a shared cell with an auto knob is skipped
+    auto = {**P, "consumer": "shared", "ccta": "auto"}
+    assert "consumer=shared" in osys.OverlapSystem.unsupported(_spec(), auto)
+    assert osys.OverlapSystem.unsupported(_spec(), {**P, "consumer": "shared"}) is None
+    assert osys.OverlapSystem.unsupported(_spec(), {**P, "ccta": "auto"}) is None
+    pts = system_points("overlap", {"sweep": {"consumer": ["own", "shared"]}})
+    assert "consumer" not in hashed_params("overlap", pts[0])
+    assert hashed_params("overlap", pts[1])["consumer"] == "shared"
+    seen = {}
+
+    class FakeLoopback:
+        def __init__(self, ranks, tile_m, mgb, ccta, runner_kw, layout):
+            seen.update(runner_kw)
+            raise RuntimeError("stop")
+
+    monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
+    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
+    sysm = osys.OverlapSystem(ctx, {"consumer": "shared", "transport": "loopback"})
+    with pytest.raises(RuntimeError, match="stop"):
+        sysm.setup([SimpleNamespace(spec=_spec())])
+    assert seen["consumer_sms"] == "shared"

@@ -131,3 +131,35 @@ def test_auto_ccta_mgb_run_and_report_what_they_used(tmp_path):
     assert (df["p_ccta_used"] >= 1).all() and (df["p_mgb_used"] >= 1).all()
     assert df[df["p_ccta"] == "8"]["p_ccta_used"].tolist() == [8]
     assert df["extra"].str.contains('"auto"').all()
+
+
+def test_shared_consumer_equals_reference_on_loopback(tmp_path):
+    """consumer=shared (small consumer CTAs next to the producer on every SM): W 2 and 4, cCTA
+    4 and every SM, aligned and compact, fp16 and bf16, three routings: all ok."""
+    table = tmp_path / "shared.parquet"
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness.run",
+            "experiment=overlap_check",
+            f"table={table}",
+            f"experiment.systems.overlap.sweep.ccta=[4,{sms}]",
+            "experiment.systems.overlap.sweep.mgb=[2]",
+            "+experiment.systems.overlap.sweep.consumer=[shared]",
+            "+experiment.systems.overlap.sweep.layout=[aligned,compact]",
+            "experiment.grid.world_size=[2,4]",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = pd.read_parquet(table)
+    assert len(df) == 2 * 2 * 2 * 2 * 3
+    bad = df[df["status"] != "ok"]
+    assert bad.empty, bad[["world_size", "p_ccta", "p_layout", "routing", "reason"]].head()
+    assert (df["max_rel_err"] < 8e-3).all() and (df["p_consumer"] == "shared").all()
+    assert df["extra"].str.contains('"consumer_sms": "shared"').all()

@@ -14,6 +14,11 @@ Producer swizzle groups (TileConfig.group_m / expert_groups; the overlap system'
   "table" (the tile table's own), "fixed<m>" (groups of m consecutive visiting positions),
   "expert<cap>" (runs of one expert's bands, at most cap long: plan.producer_groups, which
   encodes a group as first * GROUP_CODE + size, so cap < GROUP_CODE).
+Where the consumer runs (the overlap system's `consumer`; runner.py):
+  "own"    the paper's: cCTA SMs of its own (one big consumer CTA per SM, which no producer CTA
+           can share), the producer on SMs - cCTA
+  "shared" cCTA small consumer CTAs (kernels/consumer.py shared_consumer_config) that fit next
+           to a producer CTA on one SM, the producer on ALL SMs
 Error codes of the device error record are in errors.py.
 """
 
@@ -44,6 +49,7 @@ FLAG_CODES = {
 
 GROUP_CODE = 1024
 SWIZZLES = ("table", "fixed<m>", "expert<cap>")
+CONSUMER_SMS = ("own", "shared")
 
 
 def parse_swizzle(swizzle: str) -> tuple[bool, int] | None:

@@ -3,7 +3,10 @@
 OverlapRunner owns the per-rank state of one plan: ready counters, error buffer, the two
 streams, the run counters (epochs), and launches
   overlapped()    producer (priority 0 stream, grid SMs - cCTA) then consumer (priority -3
-                  stream, cCTA programs), joined back into the current stream
+                  stream, cCTA programs), joined back into the current stream; with
+                  consumer_sms="shared" the producer's grid is ALL SMs and the cCTA small
+                  consumer CTAs sit next to its CTAs (checked from the compiled kernels on the
+                  first run, residency_report)
   sequential()    the same two kernels one after the other on the current stream (reference)
   compute_only()  producer without flags (FLAG=0): the compute bound / flag-cost reference
   comm_only()     consumer without waiting (flags taken as set): the communication bound
@@ -34,9 +37,11 @@ from systems.overlap.kernels import (
     launch_wait_signals,
     pick_config,
     producer_grid,
+    shared_consumer_config,
     vec_ok,
     with_swizzle,
 )
+from systems.overlap.modes import CONSUMER_SMS
 from systems.overlap.plan import ORDERS, local_row_map, producer_groups, producer_order
 from systems.overlap.plan_device import local_copy_device, producer_groups_device
 
@@ -59,7 +64,10 @@ class OverlapRunner:
     ccta: consumer programs; the producer gets SMs - ccta (num_programs overrides, e.g. for
       the CPU interpreter where there are no SMs);
     swizzle: the producer's swizzle groups (kernels/producer.py with_swizzle: "table",
-      "fixed<m>" or "expert<cap>") applied to `tile` (or the tile table's pick).
+      "fixed<m>" or "expert<cap>") applied to `tile` (or the tile table's pick);
+    consumer_sms: "own" (the paper's: the consumer's cCTA programs own their SMs, the producer
+      gets SMs - ccta) or "shared" (cCTA small consumer CTAs, `consumer` defaulting to
+      shared_consumer_config, next to the producer's CTAs on ALL SMs; ccta <= SMs).
     """
 
     def __init__(
@@ -75,6 +83,7 @@ class OverlapRunner:
         local_direct: bool = False,
         order: str = "remote_first",
         swizzle: str = "table",
+        consumer_sms: str = "own",
     ) -> None:
         self.plan = plan
         self.weights = weights
@@ -87,11 +96,21 @@ class OverlapRunner:
         self.tile = with_swizzle(tile or pick_config(plan.tile_m, K, N, weights.dtype), swizzle)
         if self.tile.block_m != plan.tile_m:
             raise ValueError(f"tile block_m {self.tile.block_m} != plan tile_m {plan.tile_m}")
-        self.consumer = consumer or ConsumerConfig()
+        if consumer_sms not in CONSUMER_SMS:
+            raise ValueError(
+                f"consumer_sms must be one of {', '.join(CONSUMER_SMS)}, got {consumer_sms!r}"
+            )
+        self.consumer_sms = consumer_sms
+        shared = consumer_sms == "shared"
+        self.consumer = consumer or (shared_consumer_config() if shared else ConsumerConfig())
         if num_programs is None:
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
-            num_programs = producer_grid(sms, ccta)
+            if shared and not 1 <= ccta <= sms:
+                raise ValueError(f"consumer_sms=shared: ccta={ccta} must be in [1, {sms}]")
+            num_programs = sms if shared else producer_grid(sms, ccta)
         self.num_programs = num_programs
+        #: consumer_sms="shared": residency_report of the first overlapped run's kernels
+        self.residency: dict | None = None
         # B bands (B' for a DevicePlan: its worst case)
         self.band_ready = torch.zeros(max(plan.schedule.numel(), 1), dtype=torch.int32, device=dev)
         self.err = new_error_buffer(dev)
@@ -222,7 +241,21 @@ class OverlapRunner:
         self.producer_runs += 1
         self._count_run()
         self.last_kernels = {"producer": kp, "consumer": kc}
+        if self.consumer_sms == "shared" and self.residency is None and None not in (kp, kc):
+            self._check_shared(kp, kc)
         return y
+
+    def _check_shared(self, kp: Any, kc: Any) -> None:
+        """consumer_sms="shared" needs a consumer CTA to fit next to a producer CTA: a one-line
+        error otherwise (then the consumer could only run after the producer, serially)."""
+        self.residency = residency_report(kp, kc, self.device)
+        if not self.residency["consumer_with_producer"]:
+            r = self.residency
+            raise ValueError(
+                "consumer_sms=shared: a consumer CTA does not fit next to a producer CTA "
+                f"(producer {r['producer']}, consumer {r['consumer']}, SM: "
+                f"{r['sm_smem']} B shared memory, {r['sm_regs']} registers)"
+            )
 
     def sequential(self, x: torch.Tensor, y: torch.Tensor, target: int | None = None):
         """The same kernels one after the other on the current stream (no overlap)."""

@@ -23,7 +23,11 @@ bands, autotune.pick_order; rows carry p_order_used; out of the cell hash at "re
 swizzle (the producer's swizzle groups: "table", the tile table's; "fixed<m>", m consecutive
 visiting positions; "expert<cap>", runs of one expert's bands at most cap long, so each weight
 strip is read from HBM once per group; kernels/producer.py with_swizzle; out of the cell hash at
-"table").
+"table"),
+consumer (where the consumer runs, beyond the paper: "own", the paper's, cCTA SMs of its own and
+the producer on SMs - cCTA; "shared", cCTA small consumer CTAs next to the producer's CTAs on
+ALL SMs, ccta <= SMs; modes.CONSUMER_SMS, runner.py; out of the cell hash at "own"; ccta=auto
+is calibrated for "own" only, so shared cells with an auto knob are skipped with a reason).
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -39,7 +43,8 @@ a small class chosen once in setup:
 compute_only(): everything but the communication: the producer alone on ALL SMs without flags,
 the local copy and scale; comm_only(): the consumer alone on cCTA SMs with the flags taken as
 set. The harness derives the overlap ratio from these. extra_bounds() adds compute_shared
-(operator scope): compute_only on SMs - cCTA, the producer's share of the GPU while it overlaps.
+(operator scope): compute_only on the producer's grid while it overlaps (SMs - cCTA; all SMs with
+consumer=shared).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
 from systems.overlap.autotune import AUTO
-from systems.overlap.modes import parse_swizzle
+from systems.overlap.modes import CONSUMER_SMS, parse_swizzle
 from systems.overlap.plan import (
     DEVICE_LAYOUTS,
     LAYOUTS,
@@ -403,6 +408,7 @@ class OverlapSystem(System):
         "layout": "aligned",
         "order": AUTO,
         "swizzle": "table",
+        "consumer": "own",
     }
     #: the tables before these knobs ran local=copy (then the only way), the aligned layout and
     #: the remote-first visiting order
@@ -411,6 +417,7 @@ class OverlapSystem(System):
         "layout": "aligned",
         "order": "remote_first",
         "swizzle": "table",
+        "consumer": "own",
     }
     simulates_ranks = True
     layer_scope = True
@@ -418,7 +425,17 @@ class OverlapSystem(System):
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
         ccta, mgb = _knob("ccta", params["ccta"]), _knob("mgb", params["mgb"])
-        if ccta != AUTO and (ccta < 1 or (sm_count and ccta >= sm_count)):
+        if params["consumer"] not in CONSUMER_SMS:
+            raise ValueError(
+                f"overlap: consumer must be one of {', '.join(CONSUMER_SMS)}, "
+                f"got {params['consumer']!r}"
+            )
+        if params["consumer"] == "shared":  # the producer keeps every SM
+            if ccta != AUTO and (ccta < 1 or (sm_count and ccta > sm_count)):
+                raise ValueError(
+                    f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'}] with consumer=shared"
+                )
+        elif ccta != AUTO and (ccta < 1 or (sm_count and ccta >= sm_count)):
             raise ValueError(f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'}) or 'auto'")
         if int(params["tile_m"]) not in TILE_MS:
             raise ValueError(f"overlap: tile_m must be one of {TILE_MS}, got {params['tile_m']}")
@@ -449,6 +466,11 @@ class OverlapSystem(System):
 
     @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
+        if params["consumer"] == "shared" and AUTO in (str(params["ccta"]), str(params["mgb"])):
+            return (
+                "overlap: ccta/mgb=auto are calibrated for consumer=own; give consumer=shared "
+                "integer ccta and mgb"
+            )
         if spec.ffn and params["layout"] not in DEVICE_LAYOUTS:
             return (
                 f"overlap: layout={params['layout']} is built by the host plan only (operator "
@@ -488,6 +510,7 @@ class OverlapSystem(System):
                 "local_direct": p["local"] == "direct",
                 "order": order,
                 "swizzle": p["swizzle"],
+                "consumer_sms": p["consumer"],
             },
         )
         layout = p["layout"]
@@ -527,6 +550,7 @@ class OverlapSystem(System):
             "remote_bands": int(plan.n_remote_bands),
             "segments": int(plan.n_segments),
             "producer_programs": rk.runner.num_programs,
+            "consumer_sms": rk.runner.consumer_sms,
         }
         dev = inp.x.device
 
@@ -598,17 +622,17 @@ class OverlapSystem(System):
 
     def extra_bounds(self) -> dict[str, Any]:
         """compute_shared (operator scope): compute_only with the producer on the SMs the
-        overlapped step leaves it (SMs - cCTA) and no consumer running; the row's
-        m_compute_shared_ms. latency / max(compute_shared, comm) is then what the consumer's
-        concurrent run costs the step (L2/HBM contention, scheduling), and compute_shared /
-        compute_ms what giving cCTA SMs to the consumer costs."""
+        overlapped step leaves it (SMs - cCTA; all SMs with consumer=shared) and no consumer
+        running; the row's m_compute_shared_ms. latency / max(compute_shared, comm) is then
+        what the consumer's concurrent run costs the step (L2/HBM contention, scheduling), and
+        compute_shared / compute_ms what giving cCTA SMs to the consumer costs."""
         if self.layer:
             return {}
         return {"compute_shared": self._compute_shared}
 
     def _compute_shared(self) -> torch.Tensor:
         rk = self.mode.ranks[self.mode.busy]
-        rk.runner.compute_only(rk.x, rk.y)  # its grid: SMs - cCTA
+        rk.runner.compute_only(rk.x, rk.y)  # its grid: SMs - cCTA (consumer=shared: all SMs)
         rk.runner.local_copy(rk.y)
         return rk.scale(rk.runner.transport.recv)
 

@@ -1,7 +1,8 @@
 """Stage B of the method, device side: the Triton kernels and their thin launchers.
 
 producer.py    ONE persistent Triton GEMM per rank over all local experts, per-band ready counters
-consumer.py    ONE persistent Triton kernel on cCTA SMs: wait for bands, copy valid rows, signal
+consumer.py    ONE persistent Triton kernel of cCTA programs: wait for bands, copy valid rows,
+               signal
 primitives.py  the device primitives both share (bounded spins, error record, timers, copies,
                flag publishing, NVSHMEM externs)
 The host state that pairs them (counters, streams, epochs) is systems/overlap/runner.py; the
@@ -15,6 +16,7 @@ from systems.overlap.kernels.consumer import (
     interpreter_consumer_config,
     launch_consumer,
     launch_wait_signals,
+    shared_consumer_config,
     vec_ok,
 )
 from systems.overlap.kernels.producer import (
@@ -36,6 +38,7 @@ __all__ = [
     "launch_wait_signals",
     "pick_config",
     "producer_grid",
+    "shared_consumer_config",
     "vec_ok",
     "with_swizzle",
 ]

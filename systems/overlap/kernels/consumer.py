@@ -46,6 +46,14 @@ A pipelined config (stages > 1) is exclusive through shared memory instead: (sta
 BLOCK * elem bytes + the producer's shared memory exceed the SM's. `residency_report`
 (runner.py) checks this from the compiled kernels (shared memory, registers, threads against the
 device limits); the GPU tests assert it on Hopper.
+The other placement (the overlap system's consumer="shared", beyond the paper): cCTA SMALL
+consumer CTAs (shared_consumer_config: 4 warps, an 8K-element block, no shared memory) that fit
+next to a producer CTA, so the producer keeps ALL SMs and the copies run in the gaps of its
+warps. One small CTA leaves room for a producer CTA (the runner checks this from the compiled
+kernels on the first run). The producer is launched first and never waits for the consumer, so
+a consumer CTA that must queue behind producer CTAs only delays its copies; should the block
+scheduler ever put two consumer CTAs on one SM before the producer's (no room left for it
+there), the consumer's spins time out into an error record: never a hang.
 
 Time-outs: every spin is bounded (primitives.spin_until). On the GPU (USE_TIMER) by %globaltimer
 nanoseconds: the timer is read through a scalar atomic exchange on a per-program scratch word,
@@ -104,6 +112,12 @@ class ConsumerConfig:
     def shared_bytes(self, elem_bytes: int) -> int:
         """Shared memory the copy pipeline asks for (what keeps other CTAs off the SM)."""
         return self.block * elem_bytes * (self.stages - 1) if self.stages > 1 else 0
+
+
+def shared_consumer_config() -> ConsumerConfig:
+    """A consumer CTA small enough to sit next to a producer CTA on one SM (consumer="shared"):
+    128 threads, 16 KiB in flight per step (bf16), no shared memory."""
+    return ConsumerConfig(block=8192, num_warps=4, stages=1)
 
 
 def interpreter_consumer_config() -> ConsumerConfig:
