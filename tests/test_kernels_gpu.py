@@ -349,6 +349,8 @@ def test_shared_consumer_sits_next_to_the_producer_on_all_sms_and_matches():
         if where == "shared":
             assert runner.num_programs == sms
             assert runner.residency is not None and runner.residency["consumer_with_producer"]
+            assert runner.residency["consumers_beside_producer"] >= 1, runner.residency
+            print("residency (shared)", runner.residency)
     for a, b in zip(outs["own"], outs["shared"]):
         assert torch.equal(a, b)
 

@@ -163,3 +163,4 @@ def test_shared_consumer_equals_reference_on_loopback(tmp_path):
     assert bad.empty, bad[["world_size", "p_ccta", "p_layout", "routing", "reason"]].head()
     assert (df["max_rel_err"] < 8e-3).all() and (df["p_consumer"] == "shared").all()
     assert df["extra"].str.contains('"consumer_sms": "shared"').all()
+    assert df["extra"].str.contains('"consumers_beside_producer": ').all()

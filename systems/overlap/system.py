@@ -604,7 +604,11 @@ class OverlapSystem(System):
 
     # -- runs ----------------------------------------------------------------------------
     def forward(self) -> torch.Tensor:
-        return self.mode.forward()
+        out = self.mode.forward()
+        res = self.mode.ranks[self.mode.busy].runner.residency  # consumer=shared: first run's
+        if res is not None:
+            self.extra["consumers_beside_producer"] = res["consumers_beside_producer"]
+        return out
 
     def timed(self) -> torch.Tensor:
         return self.mode.timed()
