@@ -21,6 +21,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
+import systems.overlap.kernels.consumer as consumer_mod  # noqa: E402
 from systems.overlap.errors import OverlapTimeoutError, new_error_buffer, read_error  # noqa: E402
 from systems.overlap.kernels import (  # noqa: E402
     ConsumerConfig,
@@ -351,6 +352,8 @@ def test_shared_consumer_sits_next_to_the_producer_on_all_sms_and_matches():
             assert runner.residency is not None and runner.residency["consumer_with_producer"]
             assert runner.residency["consumers_beside_producer"] >= 1, runner.residency
             print("residency (shared)", runner.residency)
+            # the consumer asked for the largest shared-memory carve-out before its launch
+            assert 100 in consumer_mod._carveout_done.values()
     for a, b in zip(outs["own"], outs["shared"]):
         assert torch.equal(a, b)
 

@@ -41,7 +41,7 @@ from systems.overlap.kernels import (
     vec_ok,
     with_swizzle,
 )
-from systems.overlap.modes import CONSUMER_SMS
+from systems.overlap.modes import CONSUMER_SMS, PUT_STORE
 from systems.overlap.plan import ORDERS, local_row_map, producer_groups, producer_order
 from systems.overlap.plan_device import local_copy_device, producer_groups_device
 
@@ -108,6 +108,8 @@ class OverlapRunner:
             if shared and not 1 <= ccta <= sms:
                 raise ValueError(f"consumer_sms=shared: ccta={ccta} must be in [1, {sms}]")
             num_programs = sms if shared else producer_grid(sms, ccta)
+        if shared and getattr(transport, "put_mode", PUT_STORE) != PUT_STORE:
+            raise ValueError("consumer_sms=shared runs the PUT_STORE consumer only")
         self.num_programs = num_programs
         #: consumer_sms="shared": residency_report of the first overlapped run's kernels
         self.residency: dict | None = None
@@ -220,6 +222,8 @@ class OverlapRunner:
             scope=t.scope,
             put_mode=t.put_mode,
             vec=vec_ok(y, getattr(t, "aligned", None), recv_tab),
+            # shared: an SM that took a consumer CTA first must keep room for a producer CTA
+            carveout=100 if self.consumer_sms == "shared" and wait else None,
         )
 
     def overlapped(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -50,10 +50,17 @@ The other placement (the overlap system's consumer="shared", beyond the paper): 
 consumer CTAs (shared_consumer_config: 4 warps, an 8K-element block, no shared memory) that fit
 next to a producer CTA, so the producer keeps ALL SMs and the copies run in the gaps of its
 warps. One small CTA leaves room for a producer CTA (the runner checks this from the compiled
-kernels on the first run). The producer is launched first and never waits for the consumer, so
-a consumer CTA that must queue behind producer CTAs only delays its copies; should the block
-scheduler ever put two consumer CTAs on one SM before the producer's (no room left for it
-there), the consumer's spins time out into an error record: never a hang.
+kernels on the first run). Two things keep a consumer CTA from taking a producer CTA's SM:
+  - the shared-memory carve-out: an SM runs with the L1 / shared-memory split of the kernels
+    it holds, and the driver gives a kernel that needs no shared memory a small one; an SM
+    that took a consumer CTA first could then not take a producer CTA (165 KiB) until it
+    drained. launch_consumer(carveout=100) asks for the largest split for the consumer
+    (prefer_shared_carveout). Measured on one H200 before it: 0.5 ms stalls in more than half
+    of the steps of some cells, and one 5 s time-out in 20 cells at cCTA 132;
+  - the order: the producer is launched first on the higher-priority stream (runner.py).
+The producer never waits for the consumer, so a consumer CTA that must queue behind producer
+CTAs only delays its copies; were a producer CTA ever kept off its SM by consumer CTAs
+spinning for its bands, the spins time out into an error record: never a hang.
 
 Time-outs: every spin is bounded (primitives.spin_until). On the GPU (USE_TIMER) by %globaltimer
 nanoseconds: the timer is read through a scalar atomic exchange on a per-program scratch word,
@@ -112,6 +119,34 @@ class ConsumerConfig:
     def shared_bytes(self, elem_bytes: int) -> int:
         """Shared memory the copy pipeline asks for (what keeps other CTAs off the SM)."""
         return self.block * elem_bytes * (self.stages - 1) if self.stages > 1 else 0
+
+
+#: cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (CUDA driver API)
+_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+_carveout_done: dict[int, int] = {}  # CUfunction handle -> percent set
+
+
+def prefer_shared_carveout(compiled: Any, percent: int) -> None:
+    """Ask the driver to run SMs holding this compiled Triton kernel with `percent` of the
+    unified L1 / shared memory as shared memory (once per CUfunction). consumer="shared" sets
+    100 so that an SM that took a consumer CTA first still has room for a producer CTA."""
+    import ctypes
+
+    if not 0 <= percent <= 100:
+        raise ValueError(f"carveout must be a percentage in [0, 100], got {percent}")
+    compiled._init_handles()  # loads the module (what the first launch would do)
+    fn = int(compiled.function)
+    if _carveout_done.get(fn) == percent:
+        return
+    lib = ctypes.CDLL("libcuda.so.1")
+    rc = lib.cuFuncSetAttribute(
+        ctypes.c_void_p(fn),
+        ctypes.c_int(_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT),
+        ctypes.c_int(percent),
+    )
+    if rc != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(shared-memory carve-out {percent}%): CUresult {rc}")
+    _carveout_done[fn] = percent
 
 
 def shared_consumer_config() -> ConsumerConfig:
@@ -333,6 +368,7 @@ def launch_consumer(
     scope: str = "gpu",
     put_mode: int = PUT_STORE,
     vec: bool | None = None,
+    carveout: int | None = None,
 ):
     """Launch the consumer on the current stream; returns Triton's compiled kernel.
 
@@ -348,7 +384,8 @@ def launch_consumer(
     rank: the source slot this rank signals in the receivers' counters (None: plan.rank);
     wait=False skips the spins (flags taken as set: the comm-only bound); vec: 16-byte vector
     hints (None: checked, with a host synchronisation; pass vec_ok(y, transport.aligned, ...)
-    on a timed path).
+    on a timed path); carveout: the shared-memory carve-out (percent) to ask for before the
+    launch (prefer_shared_carveout; PUT_STORE only; None: the driver's choice).
     """
     n_seg = plan.seg_start.numel()  # S, or the bound S' of a DevicePlan
     dev_counts = getattr(plan, "counts_on_device", False)
@@ -408,8 +445,13 @@ def launch_consumer(
         kernel = _consumer_kernel
         _nvshmem_module_init(False)
     else:
+        if carveout is not None:
+            raise ValueError("consumer carveout: the PUT_STORE kernel only")
         kernel = _nvshmem_kernel()
         _nvshmem_module_init(True)
+    if carveout is not None:  # compiled (or found) without a launch, then the attribute
+        compiled = kernel.warmup(*args, grid=(ccta,), PUT_MODE=put_mode, **meta)
+        prefer_shared_carveout(compiled, carveout)
     return kernel[(ccta,)](*args, PUT_MODE=put_mode, **meta)
 
 
