@@ -41,6 +41,7 @@ def test_params_fill_defaults_and_the_hash_covers_them():
         **{"ccta": 8, "mgb": 1, "tile_m": 128, "transport": ""},
         **{"local": "direct", "layout": "aligned", "order": "auto", "swizzle": "table"},
         "consumer": "own",
+        "backoff_ns": 0,
     }
     cfg = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=8")
     cfg2 = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=4")
@@ -55,7 +56,7 @@ def test_params_fill_defaults_and_the_hash_covers_them():
 @pytest.mark.parametrize(
     "conf, message",
     [
-        ({"params": {"cta": 8}}, "system 'overlap' has no parameter 'cta'; it accepts: ccta,"),
+        ({"params": {"cta": 8}}, "has no parameter 'cta'; it accepts: backoff_ns, ccta,"),
         ({"sweep": {"mgbb": [1]}}, "has no parameter 'mgbb'"),
         ({"params": {"ccta": 8}, "sweep": {"ccta": [2, 4]}}, "both fixed (params) and swept"),
         ({"sweep": {"ccta": []}}, "sweep.ccta is empty"),

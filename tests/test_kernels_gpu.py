@@ -335,13 +335,21 @@ def test_consumer_cta_owns_its_sm_on_hopper():
 )
 def test_shared_consumer_sits_next_to_the_producer_on_all_sms_and_matches():
     """consumer_sms="shared": the producer's grid is every SM, a small consumer CTA fits next to
-    a producer CTA (registers, shared memory, threads), and the result equals the own-SM run."""
+    a producer CTA (registers, shared memory, threads), and the result equals the own-SM run
+    (also with a sleep between the consumer's polls)."""
     plan, x, w = _problem(torch.bfloat16, K=2048, N=8192)
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     outs = {}
-    for where in ("own", "shared"):
+    for where, backoff in (("own", 0), ("shared", 0), ("shared_backoff", 500)):
         fabric = LoopbackFabric(plan.dst_rows, 8192, torch.bfloat16, DEV)
-        runner = OverlapRunner(plan, w, fabric.transport(plan.rank), ccta=8, consumer_sms=where)
+        runner = OverlapRunner(
+            plan,
+            w,
+            fabric.transport(plan.rank),
+            ccta=8,
+            consumer_sms=where.split("_")[0],
+            backoff_ns=backoff,
+        )
         y = torch.empty(plan.n_padded, 8192, dtype=torch.bfloat16, device=DEV)
         runner.overlapped(x, y)
         torch.cuda.synchronize()
@@ -354,8 +362,8 @@ def test_shared_consumer_sits_next_to_the_producer_on_all_sms_and_matches():
             print("residency (shared)", runner.residency)
             # the consumer asked for the largest shared-memory carve-out before its launch
             assert 100 in consumer_mod._carveout_done.values()
-    for a, b in zip(outs["own"], outs["shared"]):
-        assert torch.equal(a, b)
+    for a, b, c in zip(outs["own"], outs["shared"], outs["shared_backoff"]):
+        assert torch.equal(a, b) and torch.equal(a, c)
 
 
 _NVSHMEM_CHILD = r"""

@@ -517,3 +517,13 @@ def test_runner_consumer_sms_picks_the_small_consumer_and_checks_its_name():
     assert shared.consumer.num_warps <= 4 and shared.consumer.shared_bytes(2) == 0
     with pytest.raises(ValueError, match="^consumer_sms must be one of own, shared, got 'all'$"):
         OverlapRunner(plan, w, t, ccta=2, num_programs=3, consumer_sms="all")
+
+
+@needs_interpreter
+def test_runner_backoff_reaches_the_consumer_config():
+    plan, x, w = _problem(torch.float16)
+    fabric = LoopbackFabric(plan.dst_rows, w.shape[2], x.dtype, "cpu")
+    t = fabric.transport(plan.rank)
+    runner = OverlapRunner(plan, w, t, ccta=2, num_programs=3, backoff_ns=200)
+    assert runner.consumer.backoff_ns == 200
+    assert OverlapRunner(plan, w, t, ccta=2, num_programs=3).consumer.backoff_ns == 0

@@ -135,3 +135,13 @@ def test_consumer_is_checked_in_one_line_bounds_ccta_and_stays_out_of_the_hash_a
     with pytest.raises(RuntimeError, match="stop"):
         sysm.setup([SimpleNamespace(spec=_spec())])
     assert seen["consumer_sms"] == "shared"
+
+
+def test_backoff_ns_is_checked_in_one_line_and_stays_out_of_the_hash_at_zero():
+    osys.OverlapSystem.validate(_spec(), {**P, "backoff_ns": 500}, 132)
+    for bad in (-1, 2_000_000, "100", 1.5):
+        with pytest.raises(ValueError, match=r"^overlap: backoff_ns must be an integer in"):
+            osys.OverlapSystem.validate(_spec(), {**P, "backoff_ns": bad}, 132)
+    pts = system_points("overlap", {"sweep": {"backoff_ns": [0, 200]}})
+    assert "backoff_ns" not in hashed_params("overlap", pts[0])
+    assert hashed_params("overlap", pts[1])["backoff_ns"] == 200

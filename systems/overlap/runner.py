@@ -24,6 +24,7 @@ Importing this module imports triton (through kernels/), not the transports.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -67,7 +68,8 @@ class OverlapRunner:
       "fixed<m>" or "expert<cap>") applied to `tile` (or the tile table's pick);
     consumer_sms: "own" (the paper's: the consumer's cCTA programs own their SMs, the producer
       gets SMs - ccta) or "shared" (cCTA small consumer CTAs, `consumer` defaulting to
-      shared_consumer_config, next to the producer's CTAs on ALL SMs; ccta <= SMs).
+      shared_consumer_config, next to the producer's CTAs on ALL SMs; ccta <= SMs);
+    backoff_ns: the consumer sleeps this long between the polls of a band wait (0: none).
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class OverlapRunner:
         order: str = "remote_first",
         swizzle: str = "table",
         consumer_sms: str = "own",
+        backoff_ns: int = 0,
     ) -> None:
         self.plan = plan
         self.weights = weights
@@ -103,6 +106,8 @@ class OverlapRunner:
         self.consumer_sms = consumer_sms
         shared = consumer_sms == "shared"
         self.consumer = consumer or (shared_consumer_config() if shared else ConsumerConfig())
+        if backoff_ns:  # sleep between the polls of a band wait
+            self.consumer = replace(self.consumer, backoff_ns=int(backoff_ns))
         if num_programs is None:
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             if shared and not 1 <= ccta <= sms:

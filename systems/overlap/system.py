@@ -27,7 +27,9 @@ strip is read from HBM once per group; kernels/producer.py with_swizzle; out of 
 consumer (where the consumer runs, beyond the paper: "own", the paper's, cCTA SMs of its own and
 the producer on SMs - cCTA; "shared", cCTA small consumer CTAs next to the producer's CTAs on
 ALL SMs, ccta <= SMs; modes.CONSUMER_SMS, runner.py; out of the cell hash at "own"; ccta=auto
-is calibrated for "own" only, so shared cells with an auto knob are skipped with a reason).
+is calibrated for "own" only, so shared cells with an auto knob are skipped with a reason),
+backoff_ns (the consumer sleeps this many ns between the polls of a band wait, fewer atomics at
+L2 while it waits; 0, the default and out of the cell hash: polls back to back).
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -409,6 +411,7 @@ class OverlapSystem(System):
         "order": AUTO,
         "swizzle": "table",
         "consumer": "own",
+        "backoff_ns": 0,
     }
     #: the tables before these knobs ran local=copy (then the only way), the aligned layout and
     #: the remote-first visiting order
@@ -418,6 +421,7 @@ class OverlapSystem(System):
         "order": "remote_first",
         "swizzle": "table",
         "consumer": "own",
+        "backoff_ns": 0,
     }
     simulates_ranks = True
     layer_scope = True
@@ -429,6 +433,11 @@ class OverlapSystem(System):
             raise ValueError(
                 f"overlap: consumer must be one of {', '.join(CONSUMER_SMS)}, "
                 f"got {params['consumer']!r}"
+            )
+        backoff = params["backoff_ns"]
+        if not isinstance(backoff, int) or isinstance(backoff, bool) or not 0 <= backoff <= 10**6:
+            raise ValueError(
+                f"overlap: backoff_ns must be an integer in [0, 1000000], got {backoff!r}"
             )
         if params["consumer"] == "shared":  # the producer keeps every SM
             if ccta != AUTO and (ccta < 1 or (sm_count and ccta > sm_count)):
@@ -511,6 +520,7 @@ class OverlapSystem(System):
                 "order": order,
                 "swizzle": p["swizzle"],
                 "consumer_sms": p["consumer"],
+                "backoff_ns": int(p["backoff_ns"]),
             },
         )
         layout = p["layout"]

@@ -115,6 +115,7 @@ class ConsumerConfig:
     max_spins: int = 2000  # interpreter: iteration bound of every spin
     use_timer: bool = True  # False in the CPU interpreter
     streaming: bool = False  # evict-first loads, .cs stores
+    backoff_ns: int = 0  # GPU: nanosleep between the polls of a band wait (0: poll back to back)
 
     def shared_bytes(self, elem_bytes: int) -> int:
         """Shared memory the copy pipeline asks for (what keeps other CTAs off the SM)."""
@@ -193,6 +194,7 @@ def _consumer_kernel(
     PUT_MODE: tl.constexpr,
     DEV_COUNTS: tl.constexpr,
     PIECES: tl.constexpr,
+    BACKOFF: tl.constexpr,
 ):
     """All put modes in one kernel: PUT_MODE (constexpr) picks the data path at compile time,
     so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library).
@@ -230,6 +232,7 @@ def _consumer_kernel(
                             max_spins,
                             "gpu",
                             USE_TIMER,
+                            BACKOFF,
                         )
                         if status == 1:
                             record_error(
@@ -292,7 +295,7 @@ def _wait_signals_kernel(
         if status == 0:
             want = tl.load(expected + s)
             st, seen = spin_until(
-                signal + s, want, err, clock, timeout, max_spins, SCOPE, USE_TIMER
+                signal + s, want, err, clock, timeout, max_spins, SCOPE, USE_TIMER, 0
             )
             status = st
             if st == 1:
@@ -439,6 +442,7 @@ def launch_consumer(
         STREAM=cfg.streaming,
         DEV_COUNTS=dev_counts,
         PIECES=pieces,
+        BACKOFF=cfg.backoff_ns if cfg.use_timer else 0,
         num_warps=cfg.num_warps,
     )
     if put_mode == PUT_STORE:

@@ -42,6 +42,14 @@ def globaltimer():
 
 
 @triton.jit
+def nanosleep(ns):
+    """nanosleep.u32 ns (GPU only): the warp sleeps about ns nanoseconds (at most 1 ms)."""
+    return tl.inline_asm_elementwise(
+        "nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def uniform_now(clock):
     """%globaltimer of thread 0, the same value in every thread (scalar atomic + broadcast)."""
     tl.atomic_xchg(clock, globaltimer(), sem="relaxed")
@@ -50,9 +58,18 @@ def uniform_now(clock):
 
 @triton.jit
 def spin_until(
-    ptr, target, err, clock, timeout, max_spins, SCOPE: tl.constexpr, USE_TIMER: tl.constexpr
+    ptr,
+    target,
+    err,
+    clock,
+    timeout,
+    max_spins,
+    SCOPE: tl.constexpr,
+    USE_TIMER: tl.constexpr,
+    BACKOFF: tl.constexpr,
 ):
     """Poll *ptr (acquire) until >= target. Returns (status, last value seen).
+    BACKOFF > 0 (GPU only): sleep BACKOFF ns between polls (fewer atomics at L2 while waiting).
 
     status 0: reached; 1: timed out (timeout ns on the GPU, max_spins polls in the
     interpreter); 2: gave up because another program recorded an error (err[0] != 0).
@@ -64,6 +81,8 @@ def spin_until(
         t0 = uniform_now(clock)
     spins = tl.zeros((), dtype=tl.int32)
     while (seen < target) & (status == 0):
+        if USE_TIMER and BACKOFF > 0:
+            nanosleep(tl.full((), BACKOFF, tl.int32))
         seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
         spins += 1
         if USE_TIMER:
