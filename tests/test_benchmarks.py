@@ -42,6 +42,8 @@ def test_consumer_summary_pivots_placements_against_the_first_and_the_compute_bo
     ]
     text = summarize(pd.DataFrame(rows))
     assert "own:16" in text and "shared:32" in text and "shared:64" not in text
+    slept = summarize(pd.DataFrame([*rows, {**rows[1], "p_backoff_ns": 200}]))
+    assert "shared:32:b200" in slept
     assert "0.75" in text  # 0.9 / 1.2
     per = text.split("per placement")[1]
     assert "shared:32" in per and per.strip().splitlines()[-1].split()[-1] == "1"
