@@ -37,7 +37,9 @@
 #        PRODUCER_CONFIGS / PRODUCER_TABLE / PRODUCER_ARGS change it) swizzle_loopback (the
 #        overlap step per swizzle in SWIZZLES on one GPU playing W=2, compact, N in SWIZZLE_N)
 # consumer_loopback (the overlap step per consumer placement on one GPU playing W=2, compact:
-# own SMs at cCTA OWN_CCTA, shared at SHARED_CCTA; CONSUMER_N / _E / _ROUTING / _S)
+# own SMs at cCTA OWN_CCTA, shared at SHARED_CCTA; CONSUMER_N / _E / _ROUTING / _S) consumer_x2
+# (the same over NVLink, 2+ GPUs: serial and own at auto cCTA/mgb, then shared at SHARED_CCTA)
+# consumer_correctness_x2 (the correctness matrix at consumer=shared over p2p and nvshmem)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -136,6 +138,12 @@ for step in $steps; do
     consumer_loopback) for spec in "own:${OWN_CCTA:-16}" "shared:${SHARED_CCTA:-16,32,66,132}"; do  # one table, two grids
         CUDA_VISIBLE_DEVICES=0 timeout "${CONSUMER_S:-250}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_consumer_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[${CONSUMER_N:-8192}]" "experiment.grid.experts_per_rank=[${CONSUMER_E:-4,8,16,32,64}]" "experiment.grid.routing=[${CONSUMER_ROUTING:-balanced,moderate_skew,stress_skew}]" 'experiment.select=[overlap]' '+experiment.systems.overlap.sweep.layout=[compact]' "+experiment.systems.overlap.sweep.consumer=[${spec%%:*}]" "+experiment.systems.overlap.sweep.ccta=[${spec#*:}]" 2>&1 | tail -1; done
       python3 -m benchmarks.consumer_summary "$OUT/operator_consumer_loopback.parquet" ;;
+    consumer_x2) T="$OUT/operator_consumer_x2.parquet"  # 2+ GPUs: own SMs (auto cCTA/mgb) and serial, then shared
+      timeout "${CONSUMER_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$T" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.layout=[compact]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto 2>&1 | tail -1
+      timeout "${CONSUMER_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$T" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' '+experiment.systems.overlap.sweep.layout=[compact]' '+experiment.systems.overlap.sweep.consumer=[shared]' "+experiment.systems.overlap.sweep.ccta=[${SHARED_CCTA:-66,132}]" 2>&1 | tail -1
+      python3 -m benchmarks.consumer_summary "$T"; python3 -m benchmarks.table_summary "$T" | tail -18 ;;
+    consumer_correctness_x2) for e in correctness correctness_nvshmem; do  # shared over p2p, then nvshmem
+        timeout "${EXP_S:-240}" python3 -m harness.run experiment=$e progress=false table="$OUT/correctness_shared.parquet" 'experiment.systems.overlap.sweep.ccta=[16,132]' 'experiment.systems.overlap.sweep.mgb=[1]' 'experiment.systems.overlap.sweep.layout=[aligned,compact]' '+experiment.systems.overlap.sweep.consumer=[shared]' 2>&1 | tail -2; done ;;
     layouts_loopback2) CUDA_VISIBLE_DEVICES=0 timeout "${LAYOUTS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_layouts_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' '+experiment.systems.overlap.sweep.layout=[aligned,compact]' 2>&1 | tail -1 ;;
     layouts_loopback) CUDA_VISIBLE_DEVICES=0 timeout "${LAYOUTS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_layouts_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 2>&1 | tail -1 ;;
     operator_layouts) timeout "${LAYOUTS_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_layouts.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[aligned,compact]' 2>&1 | tail -1

@@ -44,6 +44,14 @@ def test_consumer_summary_pivots_placements_against_the_first_and_the_compute_bo
     assert "own:16" in text and "shared:32" in text and "shared:64" not in text
     slept = summarize(pd.DataFrame([*rows, {**rows[1], "p_backoff_ns": 200}]))
     assert "shared:32:b200" in slept
+    # an auto cCTA is one placement, whatever each cell picked
+    auto = [
+        {**rows[0], "p_ccta": "auto", "p_ccta_used": c, "experts_per_rank": e}
+        for e, c in ((4, 8), (8, 12))
+    ]
+    assert "own:auto" in summarize(pd.DataFrame(auto)) and "own:8" not in summarize(
+        pd.DataFrame(auto)
+    )
     assert "0.75" in text  # 0.9 / 1.2
     per = text.split("per placement")[1]
     assert "shared:32" in per and per.strip().splitlines()[-1].split()[-1] == "1"
