@@ -11,22 +11,7 @@ import sys
 import pandas as pd
 
 from harness.records import read_table
-
-
-def placements(df: pd.DataFrame) -> pd.DataFrame:
-    """The ok overlap rows with a `placement` column: "<consumer>:<ccta asked>" ("own:auto"
-    where the auto pick chose per cell), plus ":b<ns>" where the consumer slept between its
-    polls (backoff_ns)."""
-    ok = df[(df["status"] == "ok") & (df["system"] == "overlap")].copy()
-    consumer = ok["p_consumer"] if "p_consumer" in ok else pd.Series("own", index=ok.index)
-    ccta = ok["p_ccta_used"].astype(int).astype(str)
-    if "p_ccta" in ok:
-        ccta = ok["p_ccta"].where(ok["p_ccta"].astype(str) == "auto", ccta).astype(str)
-    ok["placement"] = consumer.fillna("own").astype(str) + ":" + ccta
-    if "p_backoff_ns" in ok:
-        ns = pd.to_numeric(ok["p_backoff_ns"], errors="coerce").fillna(0).astype(int)
-        ok["placement"] += ns.map(lambda v: f":b{v}" if v else "")
-    return ok
+from plots.common import placements
 
 
 def summarize(df: pd.DataFrame) -> str:

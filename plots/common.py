@@ -25,16 +25,22 @@ def label(system: str) -> str:
 def overlap_variant(df: pd.DataFrame) -> pd.Series:
     """Per row, the overlap system's knobs that make it another line: the transport, then
     `local copy` (p_local copy, or missing: tables from before the knob ran copy) and `packed`
-    (p_layout) and `expert order` (p_order) and `swizzle <s>` (p_swizzle) where they differ from
-    today's defaults; "" for every other system."""
+    (p_layout) and `expert order` (p_order) and `swizzle <s>` (p_swizzle) and `shared SMs, cCTA
+    <c>` (p_consumer shared) and `backoff <n> ns` (p_backoff_ns) where they differ from today's
+    defaults; "" for every other system."""
     n = len(df)
     tr = df["transport"].fillna("").astype(str) if "transport" in df else pd.Series([""] * n)
     local = df["p_local"] if "p_local" in df else pd.Series([None] * n, index=df.index)
     layout = df["p_layout"] if "p_layout" in df else pd.Series([None] * n, index=df.index)
     order = df["p_order"] if "p_order" in df else pd.Series([None] * n, index=df.index)
     swz = df["p_swizzle"] if "p_swizzle" in df else pd.Series([None] * n, index=df.index)
+    cons = df["p_consumer"] if "p_consumer" in df else pd.Series([None] * n, index=df.index)
+    ccta = df["p_ccta"] if "p_ccta" in df else pd.Series([None] * n, index=df.index)
+    back = df["p_backoff_ns"] if "p_backoff_ns" in df else pd.Series([None] * n, index=df.index)
     out = []
-    for s, t, lo, la, od, sw in zip(df["system"], tr, local, layout, order, swz):
+    for s, t, lo, la, od, sw, co, cc, bo in zip(
+        df["system"], tr, local, layout, order, swz, cons, ccta, back
+    ):
         if s != "overlap":
             out.append("")
             continue
@@ -47,6 +53,10 @@ def overlap_variant(df: pd.DataFrame) -> pd.Series:
             parts.append(f"{od} order")
         if isinstance(sw, str) and sw != "table":
             parts.append(f"swizzle {sw}")
+        if co == "shared":
+            parts.append(f"shared SMs, cCTA {cc}")
+        if not pd.isna(bo) and int(bo):
+            parts.append(f"backoff {int(bo)} ns")
         out.append(", ".join(parts))
     return pd.Series(out, index=df.index, dtype=object)
 
@@ -60,6 +70,22 @@ def line_label(df: pd.DataFrame) -> pd.Series:
         index=df.index,
         dtype=object,
     )
+
+
+def placements(df: pd.DataFrame) -> pd.DataFrame:
+    """The ok overlap rows with a `placement` column: "<consumer>:<ccta asked>" ("own:auto"
+    where the auto pick chose per cell), plus ":b<ns>" where the consumer slept between its
+    polls (p_backoff_ns); tables from before the `consumer` knob are "own"."""
+    ok = df[(df["status"] == "ok") & (df["system"] == "overlap")].copy()
+    consumer = ok["p_consumer"] if "p_consumer" in ok else pd.Series("own", index=ok.index)
+    ccta = ok["p_ccta_used"].astype(int).astype(str)
+    if "p_ccta" in ok:
+        ccta = ok["p_ccta"].where(ok["p_ccta"].astype(str) == "auto", ccta).astype(str)
+    ok["placement"] = consumer.fillna("own").astype(str) + ":" + ccta
+    if "p_backoff_ns" in ok:
+        ns = pd.to_numeric(ok["p_backoff_ns"], errors="coerce").fillna(0).astype(int)
+        ok["placement"] += ns.map(lambda v: f":b{v}" if v else "")
+    return ok
 
 
 def load(table: str | Path, status: str | None = "ok") -> pd.DataFrame:

@@ -516,6 +516,42 @@ def _shared_fig(df: pd.DataFrame) -> str:
     )
 
 
+def _placement_fig(df: pd.DataFrame) -> str:
+    """The overlapped step per consumer placement (own SMs | shared), against the first."""
+    from plots.common import placements
+
+    o = placements(df)
+    if o.empty:
+        return "no ok overlap rows"
+    keys = ["out", "experts_per_rank", "routing"]
+    lat = o.pivot_table(index=keys, columns="placement", values="latency_ms", aggfunc="min")
+    first = lat.columns[0]
+    parts = []
+    for c in lat.columns[1:]:
+        r = (lat[c] / lat[first]).dropna()
+        parts.append(
+            f"{c} / {first} {_range(r, '.3f', 'x')} (median {r.median():.3f}, faster in "
+            f"{int((r < 1).sum())} of {len(r)})"
+        )
+    bound = (o["latency_ms"] / o["compute_ms"]).groupby(o["placement"]).median()
+    parts.append(
+        "step / compute on all SMs, median: " + ", ".join(f"{k} {v:.3f}" for k, v in bound.items())
+    )
+    serial = _ok(df)
+    serial = serial[serial["system"] == "serial"].set_index(keys)["latency_ms"]
+    if len(serial):
+        sp = (1 / lat).mul(serial, axis=0)
+        parts.append(
+            "vs serial, median (cells >= 1.35x): "
+            + ", ".join(
+                f"{c} {sp[c].median():.2f} ({int((sp[c] >= 1.35).sum())} of "
+                f"{int(sp[c].notna().sum())})"
+                for c in sp.columns
+            )
+        )
+    return f"{len(lat)} workloads: " + "; ".join(parts)
+
+
 def _heldout_fig(df: pd.DataFrame) -> str:
     r = df["pick_ratio"].dropna()
     within = int((r <= 1.03).sum())
@@ -587,6 +623,34 @@ FIGURE_TABLES = [
         "operator_shared_loopback",
         "`bash benchmarks/h200_session.sh shared_loopback` on one GPU",
         _shared_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "Consumer on SMs of its own (the paper's) or sharing the producer's, over NVLink",
+        "operator_consumer_x2",
+        "`bash benchmarks/h200_session.sh consumer_x2` on 2 GPUs",
+        _placement_fig,
+    ),
+    FigureTable(
+        "Consumer on SMs of its own or sharing the producer's, N=8192 (loopback W=2)",
+        "operator_consumer_loopback_n8192",
+        "`SHARED_CCTA=66,132 bash benchmarks/h200_session.sh consumer_loopback` on one GPU",
+        _placement_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "Consumer on SMs of its own or sharing the producer's, N=4096 (loopback W=2)",
+        "operator_consumer_loopback_n4096",
+        "`SHARED_CCTA=132 CONSUMER_N=4096 bash benchmarks/h200_session.sh consumer_loopback` "
+        "on one GPU",
+        _placement_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The shared consumer's sleep between polls (backoff_ns 0 | 200 | 1000), loopback W=2",
+        "operator_backoff_loopback",
+        "the harness.run commands in results/reference/h200/README.md, on one GPU",
+        _placement_fig,
         machine="h200",
     ),
     FigureTable(

@@ -85,6 +85,14 @@ def test_overlap_variant_names_transport_and_non_default_knobs():
         }
     )
     assert list(overlap_variant(df)) == ["p2p, local copy", "p2p", "nvshmem, packed", ""]
+    df["p_consumer"] = [None, "shared", "own", None]
+    df["p_ccta"] = ["16", "132", "16", None]
+    df["p_backoff_ns"] = [None, 200, 0, None]
+    assert list(overlap_variant(df))[:3] == [
+        "p2p, local copy",
+        "p2p, shared SMs, cCTA 132, backoff 200 ns",
+        "nvshmem, packed",
+    ]
 
 
 def test_variants_speedups_pair_each_variant_with_serial():

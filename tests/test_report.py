@@ -64,3 +64,20 @@ def test_baselines_summary_keeps_the_overlap_layouts_apart():
     # one layout: named plainly
     one = _baselines_fig(pd.DataFrame([r for r in rows if r["p_layout"] != "compact"]))
     assert one.startswith("2 workloads") and "overlap vs serial 1.05-1.05x" in one
+
+
+def test_placement_summary_compares_with_the_first_placement_and_with_serial():
+    from plots.report import _placement_fig
+
+    w = dict(out=8192, experts_per_rank=4, routing="balanced", status="ok", compute_ms=1.0)
+    df = pd.DataFrame(
+        [
+            {**w, "system": "serial", "latency_ms": 2.0},
+            {**w, "system": "overlap", "p_ccta": "auto", "p_ccta_used": 8, "latency_ms": 1.6},
+            {**w, "system": "overlap", "p_consumer": "shared", "p_ccta": "132",
+             "p_ccta_used": 132, "latency_ms": 1.25},
+        ]
+    )  # fmt: skip
+    text = _placement_fig(df)
+    assert "shared:132 / own:auto 0.781-0.781x" in text and "faster in 1 of 1" in text
+    assert "own:auto 1.25 (0 of 1)" in text and "shared:132 1.60 (1 of 1)" in text
