@@ -527,3 +527,29 @@ def test_runner_backoff_reaches_the_consumer_config():
     runner = OverlapRunner(plan, w, t, ccta=2, num_programs=3, backoff_ns=200)
     assert runner.consumer.backoff_ns == 200
     assert OverlapRunner(plan, w, t, ccta=2, num_programs=3).consumer.backoff_ns == 0
+
+
+@needs_interpreter
+def test_shared_consumer_delivers_what_the_own_consumer_delivers():
+    # consumer_sms="shared" changes where the consumer runs (and, on a GPU, its carve-out
+    # request), not what it sends: every destination buffer ends up the same
+    plan, x, w = _problem(torch.float16, mgb=2)
+    bufs = {}
+    for where in ("own", "shared"):
+        fabric = LoopbackFabric(plan.dst_rows, w.shape[2], x.dtype, "cpu")
+        runner = OverlapRunner(
+            plan,
+            w,
+            fabric.transport(plan.rank),
+            ccta=2,
+            tile=interpreter_config(TILE_M),
+            consumer=interpreter_consumer_config(),
+            num_programs=3,
+            local_direct=True,
+            consumer_sms=where,
+        )
+        y = torch.zeros(plan.n_padded, w.shape[2], dtype=x.dtype)
+        runner.overlapped(x, y)
+        runner.check()
+        bufs[where] = fabric.buffer.clone()
+    assert torch.equal(bufs["own"], bufs["shared"]) and bufs["own"].abs().sum() > 0

@@ -105,6 +105,8 @@ class OverlapRunner:
             )
         self.consumer_sms = consumer_sms
         shared = consumer_sms == "shared"
+        #: the carve-out request needs the CUDA driver (the interpreter runs the same kernels)
+        self.shared_on_gpu = shared and dev.type == "cuda"
         self.consumer = consumer or (shared_consumer_config() if shared else ConsumerConfig())
         if backoff_ns:  # sleep between the polls of a band wait
             self.consumer = replace(self.consumer, backoff_ns=int(backoff_ns))
@@ -228,7 +230,7 @@ class OverlapRunner:
             put_mode=t.put_mode,
             vec=vec_ok(y, getattr(t, "aligned", None), recv_tab),
             # shared: an SM that took a consumer CTA first must keep room for a producer CTA
-            carveout=100 if self.consumer_sms == "shared" and wait else None,
+            carveout=100 if self.shared_on_gpu and wait else None,
         )
 
     def overlapped(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
