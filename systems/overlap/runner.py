@@ -133,9 +133,9 @@ class OverlapRunner:
         self.remote[plan.rank] = 0  # own rows arrive by the local copy, not a signal
         if dev.type == "cuda":
             # own: the consumer's stream has the higher priority; shared: the producer's, so the
-            # block scheduler places every producer CTA (one per SM) before any consumer CTA,
-            # and consumer CTAs cannot crowd a producer CTA off an SM (measured: with the
-            # consumer first, some steps stalled for 10-30 ms and one timed out)
+            # block scheduler prefers the producer's CTAs (one per SM). Alone this did not stop
+            # the stalls of shared runs (operator_consumer_loopback_ee91390.parquet); the
+            # consumer's carve-out request did (kernels/consumer.py)
             hi, lo = -3, 0
             self.prod_stream = torch.cuda.Stream(dev, priority=hi if shared else lo)
             self.cons_stream = torch.cuda.Stream(dev, priority=lo if shared else hi)
