@@ -59,6 +59,12 @@ FIGURES: dict[str, str] = {
     "ccta_auto": "plots.ccta_mgb",
     "ccta_auto_expert": "plots.ccta_mgb",
     "models": "plots.models",
+    "operator_consumer_loopback_n8192": "plots.placement",
+    "operator_consumer_loopback_n4096": "plots.placement",
+    "operator_consumer_loopback_6b40d20": "plots.placement",
+    "operator_consumer_loopback_ee91390": "plots.placement",
+    "operator_backoff_loopback": "plots.placement",
+    "operator_consumer_x2": "plots.placement",
 }
 
 

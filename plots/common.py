@@ -77,6 +77,8 @@ def placements(df: pd.DataFrame) -> pd.DataFrame:
     where the auto pick chose per cell), plus ":b<ns>" where the consumer slept between its
     polls (p_backoff_ns); tables from before the `consumer` knob are "own"."""
     ok = df[(df["status"] == "ok") & (df["system"] == "overlap")].copy()
+    if ok.empty:
+        return ok.assign(placement=pd.Series(dtype=object))
     consumer = ok["p_consumer"] if "p_consumer" in ok else pd.Series("own", index=ok.index)
     ccta = ok["p_ccta_used"].astype(int).astype(str)
     if "p_ccta" in ok:

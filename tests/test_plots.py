@@ -1,8 +1,12 @@
 """Every figure script draws from a fixture table (no GPU, no real results needed)."""
 
+from pathlib import Path
+
 import pandas as pd
 
 from harness.records import ResultsTable, Row
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fixture(path, experiment, systems):
@@ -136,3 +140,17 @@ def test_variants_name_a_ccta_or_mgb_other_than_the_default():
         "direct/aligned",
         "direct/aligned, cCTA auto, mgb auto",
     ]
+
+
+def test_placement_figure_draws_each_placement_from_the_committed_table(tmp_path):
+    import pytest
+
+    from plots import placement
+
+    table = ROOT / "results/reference/h200/operator_consumer_loopback_n8192.parquet"
+    paths = placement.plot(table, tmp_path, "placement")
+    assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+    bad = tmp_path / "bad.parquet"
+    pd.DataFrame([{"system": "serial", "status": "ok", "latency_ms": 1.0}]).to_parquet(bad)
+    with pytest.raises(ValueError, match="no ok overlap rows"):
+        placement.plot(bad, tmp_path, "bad")
