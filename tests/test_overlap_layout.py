@@ -19,6 +19,23 @@ def _spec(ffn=0):
     return WorkloadSpec(256, 64, 64, 4, 2, 4, "balanced", dtype="bfloat16", ffn=ffn)
 
 
+def _runner_kw(monkeypatch, params: dict) -> dict:
+    """The runner kwargs that setup hands a played rank for these params (loopback, CPU)."""
+    seen = {}
+
+    class FakeLoopback:
+        def __init__(self, ranks, tile_m, mgb, ccta, runner_kw, layout):
+            seen.update(runner_kw)
+            raise RuntimeError("stop")
+
+    monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
+    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
+    sysm = osys.OverlapSystem(ctx, {**params, "transport": "loopback"})
+    with pytest.raises(RuntimeError, match="stop"):
+        sysm.setup([SimpleNamespace(spec=_spec())])
+    return seen
+
+
 def test_validate_rejects_an_unknown_layout_in_one_line():
     osys.OverlapSystem.validate(_spec(), {**P, "layout": "packed"}, 132)
     osys.OverlapSystem.validate(_spec(), {**P, "layout": "compact"}, 132)
@@ -80,18 +97,7 @@ def test_swizzle_is_checked_in_one_line_stays_out_of_the_hash_at_table_and_reach
     pts = system_points("overlap", {"sweep": {"swizzle": ["table", "expert32"]}})
     assert "swizzle" not in hashed_params("overlap", pts[0])
     assert hashed_params("overlap", pts[1])["swizzle"] == "expert32"
-    seen = {}
-
-    class FakeLoopback:
-        def __init__(self, ranks, tile_m, mgb, ccta, runner_kw, layout):
-            seen.update(runner_kw)
-            raise RuntimeError("stop")
-
-    monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
-    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
-    sysm = osys.OverlapSystem(ctx, {"swizzle": "expert16", "transport": "loopback"})
-    with pytest.raises(RuntimeError, match="stop"):
-        sysm.setup([SimpleNamespace(spec=_spec())])
+    seen = _runner_kw(monkeypatch, {"swizzle": "expert16"})
     assert seen["swizzle"] == "expert16"
 
 
@@ -122,18 +128,7 @@ def test_consumer_is_checked_in_one_line_bounds_ccta_and_stays_out_of_the_hash_a
     pts = system_points("overlap", {"sweep": {"consumer": ["own", "shared"]}})
     assert "consumer" not in hashed_params("overlap", pts[0])
     assert hashed_params("overlap", pts[1])["consumer"] == "shared"
-    seen = {}
-
-    class FakeLoopback:
-        def __init__(self, ranks, tile_m, mgb, ccta, runner_kw, layout):
-            seen.update(runner_kw)
-            raise RuntimeError("stop")
-
-    monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
-    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
-    sysm = osys.OverlapSystem(ctx, {"consumer": "shared", "transport": "loopback"})
-    with pytest.raises(RuntimeError, match="stop"):
-        sysm.setup([SimpleNamespace(spec=_spec())])
+    seen = _runner_kw(monkeypatch, {"consumer": "shared"})
     assert seen["consumer_sms"] == "shared"
 
 
