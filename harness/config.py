@@ -34,6 +34,10 @@ class MeasureConf:
     #: iters / rounds iterations each (harness.measure.measure_workload); 1: one system after
     #: the other, each timed in one go
     rounds: int = 1
+    #: GPU: enqueue every timed iteration behind a sleep kernel first, so the events measure
+    #: device time back to back, not the host's launch time (harness/timing.py); the host's
+    #: enqueue time per iteration is reported either way (metric host_ms)
+    queue_ahead: bool = False
 
 
 @dataclass

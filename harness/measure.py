@@ -282,6 +282,9 @@ class _Prepared:
     def __init__(self, row: Row, system: Any, ref: torch.Tensor, spec: WorkloadSpec) -> None:
         self.row, self.system, self.ref, self.spec = row, system, ref, spec
         self.samples: list[float] = []
+        #: per timed call: the host's median enqueue time (ms) and whether it queued ahead
+        self.host_ms: list[float] = []
+        self.queued: list[bool | None] = []
 
 
 def guarded(ctx: RunContext, row: Row, fn) -> Any:
@@ -351,7 +354,13 @@ def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
 
 
 def _timing_kw(ctx: RunContext, cfg: Any, iters: int, warmup: int) -> dict:
-    return dict(device=ctx.device, group=ctx.group, warmup=warmup, iters=iters)
+    return dict(
+        device=ctx.device,
+        group=ctx.group,
+        warmup=warmup,
+        iters=iters,
+        queue_ahead=bool(getattr(cfg.measure, "queue_ahead", False)),
+    )
 
 
 def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: int) -> bool:
@@ -361,7 +370,23 @@ def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: i
     if t is None:
         return False
     p.samples.extend(t.samples)
+    p.host_ms.append(t.host_ms)
+    p.queued.append(t.queued)
     return True
+
+
+def _timing_note(kw: dict, p: _Prepared) -> dict:
+    """extra's `timing`: "queued" (device time, harness.timing) or "eager", and where a queued
+    run's host did not finish enqueueing before the device started, how often."""
+    if kw["device"].type != "cuda":
+        return {}
+    if not kw["queue_ahead"]:
+        return {"timing": "eager"}
+    late = sum(q is False for q in p.queued)
+    note = {"timing": "queued"}
+    if late:
+        note["timing_late"] = f"{late} of {len(p.queued)} timed calls were not queued ahead"
+    return note
 
 
 def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
@@ -393,9 +418,11 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
             row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
             return
         # every timed iteration (ms, the max over ranks), so a bimodal cell shows in its row
-        samples = {"samples_ms": [round(v, 4) for v in p.samples]}
+        samples = {"samples_ms": [round(v, 4) for v in p.samples], **_timing_note(kw, p)}
         row.extra = json.dumps({**system.extra, **samples}, sort_keys=True, default=str)
         row.metrics.update(system.metrics)
+        if p.host_ms and all(v == v for v in p.host_ms):  # GPU: the host's enqueue time
+            row.metrics["host_ms"] = float(torch.tensor(p.host_ms).median())
 
     guarded(ctx, row, finish)
     return row

@@ -1,6 +1,15 @@
 """The one timing primitive.
 
 GPU: a CUDA event pair around every iteration on the current stream (after a barrier and warm-up).
+  queue_ahead=False ("eager"): the iterations are enqueued as the host gets to them. When the
+    host needs longer to launch one iteration than the device needs to run it, the device
+    waits for the host between iterations and the event pairs measure the host's launch time.
+  queue_ahead=True ("queued"): a sleep kernel (torch.cuda._sleep) is enqueued first, long
+    enough that the host has enqueued every iteration before the device starts the first one:
+    the event pairs measure device time back to back, as in a model whose host runs ahead. If
+    the host still was not done when the sleep ended, Timing.queued is False.
+  Both modes measure the host's time to enqueue each iteration (Timing.host_ms, the median), so
+  a row says when a step is host-bound.
 CPU: a host clock around every iteration, each iteration started after a barrier.
 Each rank's per-iteration times are reduced with MAX over ranks (the slowest rank sets the
 layer's latency), then summarised as median, p10 and p90 in milliseconds.
@@ -10,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -30,6 +39,10 @@ class Timing:
     ci_hi_ms: float = float("nan")
     #: the per-iteration times (ms, MAX over ranks) behind the summary
     samples: tuple[float, ...] = ()
+    #: median host time to enqueue one iteration (ms, MAX over ranks; GPU only, else nan)
+    host_ms: float = float("nan")
+    #: queue_ahead: the sleep outlasted the host's enqueueing on every rank (None: not asked)
+    queued: bool | None = None
 
 
 def summarize(ms: list[float] | tuple[float, ...]) -> Timing:
@@ -62,6 +75,26 @@ def barrier(group: dist.ProcessGroup | None, device: torch.device) -> None:
             torch.cuda.synchronize(device)
 
 
+#: cycles of torch.cuda._sleep per millisecond, per device (measured once: _sleep_rate)
+_SLEEP_RATE: dict[int, float] = {}
+#: the queue-ahead sleep: this many times the host's enqueue time of the timed loop, plus a margin
+SLEEP_FACTOR, SLEEP_MARGIN_MS, SLEEP_MAX_MS = 2.0, 2.0, 2000.0
+
+
+def _sleep_rate(device: torch.device) -> float:
+    """Cycles of torch.cuda._sleep per millisecond on `device` (one 5e6-cycle sleep, timed)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SLEEP_RATE:
+        torch.cuda.synchronize(device)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(5_000_000)
+        b.record()
+        b.synchronize()
+        _SLEEP_RATE[idx] = 5_000_000 / max(a.elapsed_time(b), 1e-3)
+    return _SLEEP_RATE[idx]
+
+
 def time_fn(
     fn: Callable[[], object],
     *,
@@ -69,22 +102,53 @@ def time_fn(
     group: dist.ProcessGroup | None = None,
     warmup: int = 3,
     iters: int = 10,
+    queue_ahead: bool = False,
 ) -> Timing:
-    """Time fn() over `iters` iterations after `warmup` ones; max over ranks, then quantiles."""
+    """Time fn() over `iters` iterations after `warmup` ones; max over ranks, then quantiles.
+
+    queue_ahead (GPU): a sleep kernel first, so the device runs the iterations back to back
+    (device time, not the host's launch time); see the module docstring."""
     if iters < 1:
         raise ValueError("iters must be >= 1")
+    warm_host = []
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        warm_host.append(time.perf_counter() - t0)
     barrier(group, device)
     if device.type == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+        host = []
+        sleep_end = None
+        if queue_ahead:
+            # the fastest warm-up (the first may compile); 1 ms when there was none
+            per_iter_ms = 1e3 * min(warm_host, default=1e-3)
+            sleep_ms = min(SLEEP_FACTOR * per_iter_ms * iters + SLEEP_MARGIN_MS, SLEEP_MAX_MS)
+            rate = _sleep_rate(device)
+            barrier(group, device)
+            torch.cuda._sleep(int(sleep_ms * rate))
+            sleep_end = torch.cuda.Event()
+            sleep_end.record()
         for s, e in zip(starts, ends):
+            t0 = time.perf_counter()
             s.record()
             fn()
             e.record()
+            host.append(time.perf_counter() - t0)
+        # the device still sleeping now means every iteration was enqueued before it ran
+        queued = None if sleep_end is None else not sleep_end.query()
         torch.cuda.synchronize(device)
         ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        host_ms = 1e3 * float(torch.tensor(host, dtype=torch.float64).median())
+        stats = torch.tensor(
+            [host_ms, 0.0 if queued in (None, True) else 1.0], dtype=torch.float64, device=device
+        )
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=group)
+        host_ms = float(stats[0])
+        if queued is not None:
+            queued = bool(stats[1] == 0)
     else:
         ms = []
         for _ in range(iters):
@@ -95,4 +159,7 @@ def time_fn(
     t = torch.tensor(ms, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return summarize(t.cpu().tolist())
+    out = summarize(t.cpu().tolist())
+    if device.type != "cuda":
+        return out
+    return replace(out, host_ms=host_ms, queued=queued)

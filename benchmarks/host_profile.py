@@ -1,0 +1,90 @@
+"""Where the host's time per timed step goes: cProfile over harness cells' timed region.
+
+Every cell of the composed grid (the same Hydra overrides as harness.run; one process, so the
+ranks of W > 1 are played on one GPU: loopback) is set up and checked as harness.measure does,
+then its timed region runs `--steps` times while the device sleeps, so no launch ever waits for
+the device: the host's own time per step. Per cell it prints host ms per step, the device ms per
+step (the same steps back to back) and the functions with the most own time (cProfile).
+
+Usage: python -m benchmarks.host_profile [--steps 20] [--top 25] -- <harness.run overrides>
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from hydra import compose, initialize_config_dir
+
+from harness import measure
+from harness.config import register_configs
+from harness.records import Row
+from harness.system import RunContext
+from harness.timing import _sleep_rate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def profile_cell(p, steps: int, top: int) -> str:
+    """Host ms per step, device ms per step and the top functions of one prepared cell."""
+    fn = p.system.timed
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda._sleep(int(_sleep_rate(dev) * 3000))  # 3 s: every launch below is queued
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    a.record()
+    prof.enable()
+    for _ in range(steps):
+        fn()
+    prof.disable()
+    b.record()
+    host_ms = (time.perf_counter() - t0) * 1e3 / steps
+    late = a.query()  # the sleep ended before the host was done: host time includes waiting
+    torch.cuda.synchronize()
+    dev_ms = a.elapsed_time(b) / steps
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    head = f"host {host_ms:.3f} ms/step (profiled), device {dev_ms:.3f} ms/step"
+    return head + (" [LATE: not queued]" if late else "") + "\n" + out.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=args.overrides)
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    store = dist.HashStore()
+    dist.init_process_group(
+        "nccl", store=store, rank=0, world_size=1, timeout=timedelta(seconds=120), device_id=dev
+    )
+    ctx = RunContext(0, 1, dev, None, "nccl")
+    for cell in measure.expand_grid(cfg, 1):
+        shape = {k: cell[k] for k in ("world_size", "out", "experts_per_rank", "routing")}
+        name = f"{cell['system']} {cell['params']} {shape}"
+        p = measure.prepare_cell(ctx, cfg, cell)
+        if isinstance(p, Row):
+            print(f"== {name}: {p.status} {p.reason}", flush=True)
+            continue
+        print(f"== {name}\n{profile_cell(p, args.steps, args.top)}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
