@@ -6,7 +6,12 @@ then its timed region runs `--steps` times while the device sleeps, so no launch
 the device: the host's own time per step. Per cell it prints host ms per step, the device ms per
 step (the same steps back to back) and the functions with the most own time (cProfile).
 
-Usage: python -m benchmarks.host_profile [--steps 20] [--top 25] -- <harness.run overrides>
+With --launches (overlap cells) it also times, in microseconds per call, each launch of the
+step alone (the producer, the consumer without waiting, the scale) and, for each Triton kernel,
+the parts of one launch: Triton's whole launch path with the same arguments, its argument binder
+alone, and the compiled kernel's own launcher alone (what a launch would cost with no binder).
+
+Usage: python -m benchmarks.host_profile [--steps 20] [--top 25] [--launches] -- <overrides>
 """
 
 from __future__ import annotations
@@ -59,10 +64,81 @@ def profile_cell(p, steps: int, top: int) -> str:
     return head + (" [LATE: not queued]" if late else "") + "\n" + out.getvalue()
 
 
+def _queued_us(fn, calls: int) -> float:
+    """Host microseconds per fn() call, every call enqueued while the device sleeps."""
+    fn()
+    torch.cuda.synchronize()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda._sleep(int(_sleep_rate(dev) * 2000))
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) * 1e6 / calls
+    torch.cuda.synchronize()
+    return us
+
+
+def launch_table(p, calls: int) -> str:
+    """Host us per launch of an overlap cell's kernels, and per part of Triton's launch."""
+    from triton.runtime.jit import JITFunction
+
+    sysm = p.system
+    impl = getattr(sysm, "mode", None)
+    ranks = getattr(impl, "ranks", None)
+    if ranks is None:
+        return "(no overlap ranks in this cell)"
+    rk = ranks[getattr(impl, "busy", 0)]
+    run = rk.runner
+    recv = run.transport.recv
+    seen: dict[str, tuple] = {}
+    orig = JITFunction.run
+
+    def spy(self, *args, grid, warmup, **kwargs):  # the last arguments of every kernel
+        seen[self.fn.__name__] = (self, args, kwargs, grid)
+        return orig(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    JITFunction.run = spy
+    try:
+        rows = {
+            "step (overlapped + local + scale)": _queued_us(
+                lambda: (rk.step(), rk.scale(recv)), calls
+            ),
+            "producer launch": _queued_us(
+                lambda: run._produce(rk.x, rk.y, True, run.num_programs), calls
+            ),
+            "consumer launch (no wait)": _queued_us(lambda: run._consume(rk.y, 0, False), calls),
+            "scale": _queued_us(lambda: rk.scale(recv), calls),
+        }
+    finally:
+        JITFunction.run = orig
+    dev = torch.cuda.current_device()
+    stream = torch.cuda.current_stream().cuda_stream
+    for name, (fn, args, kwargs, grid) in seen.items():
+        binder = fn.device_caches[dev][4]
+        bound = list(binder(*args, **kwargs)[0].values())
+        c = fn.run(*args, grid=grid, warmup=True, **kwargs)
+        g3 = tuple(grid) + (1,) * (3 - len(grid))
+
+        def triton_launch(fn=fn, a=args, k=kwargs, grid=grid):
+            fn.run(*a, grid=grid, warmup=False, **k)
+
+        def binder_only(b=binder, a=args, k=kwargs):
+            b(*a, **k)
+
+        def launcher_only(c=c, b=bound, g=g3):
+            c.run(g[0], g[1], g[2], stream, c.function, c.packed_metadata, None, None, None, *b)
+
+        rows[f"{name}: triton launch"] = _queued_us(triton_launch, calls)
+        rows[f"{name}: binder only"] = _queued_us(binder_only, calls)
+        rows[f"{name}: compiled launcher only"] = _queued_us(launcher_only, calls)
+    return "\n".join(f"  {us:8.1f} us  {what}" for what, us in rows.items())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--launches", action="store_true", help="per-launch host times too")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     register_configs()
@@ -83,6 +159,8 @@ def main() -> None:
             print(f"== {name}: {p.status} {p.reason}", flush=True)
             continue
         print(f"== {name}\n{profile_cell(p, args.steps, args.top)}", flush=True)
+        if args.launches and cell["system"] == "overlap":
+            print(launch_table(p, 200), flush=True)
     dist.destroy_process_group()
 
 
