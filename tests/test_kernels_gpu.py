@@ -186,6 +186,65 @@ def test_overlapped_equals_sequential_on_loopback(dtype, ccta):
     assert _rel(y, reference_y(plan, x, w)) < 1e-2
 
 
+@pytest.mark.parametrize("consumer_sms", ["own", "shared"])
+def test_remembered_launches_equal_triton_launches(consumer_sms, monkeypatch):
+    """After its first overlapped run the runner re-runs its remembered launches
+    (kernels/relaunch.py) without Triton's launch path. Every later run still waits for this
+    run's bands (Y is NaN before each run, so a consumer that did not wait would send NaN), the
+    receive counters grow by one run each time, the receiver's wait is remembered too, and
+    another plan (use_plan) goes through Triton again."""
+    from triton.runtime.jit import JITFunction
+
+    dtype, N = torch.bfloat16, 1024
+    plan, x, w = _problem(dtype, K=512, N=N, mgb=2)
+    plan.recv_rows = torch.zeros(3, dtype=torch.int64, device=DEV)  # nothing comes back
+    fabric = LoopbackFabric(plan.dst_rows, N, dtype, DEV)
+    ccta = 4 if consumer_sms == "own" else 8
+    runner = OverlapRunner(
+        plan, w, fabric.transport(plan.rank), ccta=ccta, consumer_sms=consumer_sms
+    )
+    y_ref = torch.empty(plan.n_padded, N, dtype=dtype, device=DEV)
+    runner.sequential(x, y_ref)
+    torch.cuda.synchronize()
+    want = [fabric.recv(d).clone() for d in range(3)]
+    sent = torch.tensor(rows_sent(plan))
+    launched = []
+    real = JITFunction.run
+
+    def spy(self, *args, **kwargs):
+        if not kwargs.get("warmup"):  # shared: the carve-out's compile-only call is no launch
+            launched.append(self.fn.__name__)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", spy)
+    y = torch.empty_like(y_ref)
+    for run in range(2, 7):
+        y.fill_(float("nan"))
+        fabric.buffer.zero_()
+        runner.overlapped(x, y)
+        torch.cuda.synchronize()
+        runner.check()
+        assert torch.equal(y, y_ref), f"run {run}"
+        for d in range(3):
+            assert torch.equal(fabric.recv(d), want[d]), f"run {run}, destination {d}"
+        assert torch.equal(fabric.counters[:, plan.rank].cpu(), sent * run)
+    # another y than sequential's: the first overlapped run launched through Triton, no other
+    assert sorted(launched) == ["_consumer_kernel", "_producer_kernel"], launched
+    launched.clear()
+    for _ in range(2):
+        runner.wait_received()  # nothing to wait for: returns (the second is remembered)
+    torch.cuda.synchronize()
+    runner.check()
+    assert launched == ["_wait_signals_kernel"], launched
+    launched.clear()
+    runner.use_plan(synthetic_plan(ROWS, rank=2, tile_m=128, mgb=1, device=DEV))
+    runner.overlapped(x, y)
+    torch.cuda.synchronize()
+    runner.check()
+    assert sorted(launched) == ["_consumer_kernel", "_producer_kernel"], launched
+    assert torch.equal(y, y_ref)
+
+
 @pytest.mark.parametrize("layout", ["aligned", "compact"])
 @pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
 def test_device_plan_builds_without_sync_and_equals_build_plan(routing, layout):

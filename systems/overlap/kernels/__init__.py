@@ -5,6 +5,7 @@ consumer.py    ONE persistent Triton kernel of cCTA programs: wait for bands, co
                signal
 primitives.py  the device primitives both share (bounded spins, error record, timers, copies,
                flag publishing, NVSHMEM externs)
+relaunch.py    LaunchMemo: a remembered launch, re-run without Triton's per-call host work
 The host state that pairs them (counters, streams, epochs) is systems/overlap/runner.py; the
 named modes are systems/overlap/modes.py. Importing this package imports triton.
 """
@@ -27,9 +28,11 @@ from systems.overlap.kernels.producer import (
     producer_grid,
     with_swizzle,
 )
+from systems.overlap.kernels.relaunch import LaunchMemo
 
 __all__ = [
     "ConsumerConfig",
+    "LaunchMemo",
     "TileConfig",
     "interpreter_config",
     "interpreter_consumer_config",

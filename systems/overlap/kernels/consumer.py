@@ -92,6 +92,7 @@ from systems.overlap.kernels.primitives import (
     record_error,
     spin_until,
 )
+from systems.overlap.kernels.relaunch import LaunchMemo
 from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
 
 ERR_SLOTS = errors.ERR_SLOTS
@@ -161,7 +162,7 @@ def interpreter_consumer_config() -> ConsumerConfig:
     return ConsumerConfig(block=256, num_warps=4, stages=1, max_spins=200, use_timer=False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["ready_target"])  # an epoch value: one compile for all runs
 def _consumer_kernel(
     y_ptr,
     schedule,
@@ -372,6 +373,8 @@ def launch_consumer(
     put_mode: int = PUT_STORE,
     vec: bool | None = None,
     carveout: int | None = None,
+    memo: LaunchMemo | None = None,
+    memo_key: Any = None,
 ):
     """Launch the consumer on the current stream; returns Triton's compiled kernel.
 
@@ -388,7 +391,9 @@ def launch_consumer(
     wait=False skips the spins (flags taken as set: the comm-only bound); vec: 16-byte vector
     hints (None: checked, with a host synchronisation; pass vec_ok(y, transport.aligned, ...)
     on a timed path); carveout: the shared-memory carve-out (percent) to ask for before the
-    launch (prefer_shared_carveout; PUT_STORE only; None: the driver's choice).
+    launch (prefer_shared_carveout; PUT_STORE only; None: the driver's choice);
+    memo (GPU): remember this launch under memo_key (kernels/relaunch.py); memo.launch(
+    ready_target=...) then launches it again (the carve-out stays set on the compiled kernel).
     """
     n_seg = plan.seg_start.numel()  # S, or the bound S' of a DevicePlan
     dev_counts = getattr(plan, "counts_on_device", False)
@@ -456,7 +461,13 @@ def launch_consumer(
     if carveout is not None:  # compiled (or found) without a launch, then the attribute
         compiled = kernel.warmup(*args, grid=(ccta,), PUT_MODE=put_mode, **meta)
         prefer_shared_carveout(compiled, carveout)
-    return kernel[(ccta,)](*args, PUT_MODE=put_mode, **meta)
+    meta["PUT_MODE"] = put_mode
+    compiled = kernel[(ccta,)](*args, **meta)
+    if memo is not None and put_mode == PUT_STORE:  # the NVSHMEM launch is torch's wrapper
+        memo.remember(memo_key, kernel, (ccta,), args, meta, compiled)
+    elif memo is not None:
+        memo.forget()
+    return compiled
 
 
 def launch_wait_signals(
@@ -468,12 +479,15 @@ def launch_wait_signals(
     rank: int,
     config: ConsumerConfig,
     scope: str = "sys",
+    memo: LaunchMemo | None = None,
+    memo_key: Any = None,
 ):
     """Receiver side: block the stream until signal[s] >= expected[s] for all s (both int64 [W]).
 
     Bounded like the consumer's spins; a time-out records CODE_SIGNAL_TIMEOUT with the source.
+    memo: remember the launch under memo_key (kernels/relaunch.py).
     """
-    return _wait_signals_kernel[(1,)](
+    args = (
         signal,
         expected,
         err,
@@ -482,7 +496,9 @@ def launch_wait_signals(
         rank,
         int(config.timeout_s * 1e9),
         config.max_spins,
-        SCOPE=scope,
-        USE_TIMER=config.use_timer,
-        num_warps=1,
     )
+    meta = dict(SCOPE=scope, USE_TIMER=config.use_timer, num_warps=1)
+    compiled = _wait_signals_kernel[(1,)](*args, **meta)
+    if memo is not None:
+        memo.remember(memo_key, _wait_signals_kernel, (1,), args, meta, compiled)
+    return compiled

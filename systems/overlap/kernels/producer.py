@@ -76,6 +76,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from systems.overlap import modes
 from systems.overlap.kernels.primitives import count_arg, publish_threads, publish_warps
+from systems.overlap.kernels.relaunch import LaunchMemo
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE
 from systems.overlap.operands import check_producer_operands
 from systems.overlap.plan import GROUP_CODE, producer_groups
@@ -388,6 +389,8 @@ def launch_producer(
     local_to: tuple[torch.Tensor, torch.Tensor] | None = None,
     order: torch.Tensor | None = None,
     groups: torch.Tensor | None = None,
+    memo: LaunchMemo | None = None,
+    memo_key: Any = None,
 ):
     """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
 
@@ -414,7 +417,9 @@ def launch_producer(
     groups [B] int32 (config.expert_groups): the swizzle groups of the visiting positions, built
     once per plan by the caller (plan.producer_groups, or plan_device.producer_groups_device on
     a GPU, as the runner does); None: built here by plan.producer_groups on every launch (a few
-    device ops: for tests, not for timed loops).
+    device ops: for tests, not for timed loops);
+    memo (GPU): remember this launch under memo_key (kernels/relaunch.py), so the caller can
+    launch it again with memo.launch() while its key holds.
     """
     P, K, E, N = check_producer_operands("producer", x, weights, y, band_ready)
     if config.epi_split not in (1, 2, 4) or config.block_n % (2 * config.epi_split):
@@ -459,7 +464,7 @@ def launch_producer(
                 f"producer groups: {groups.numel()} {groups.dtype}, need >= {n_sched} int32"
             )
     grid = (max(1, min(num_programs, n_sched * cfg.tiles_n(N))),)
-    return _producer_kernel[grid](
+    args = (
         x_desc,
         w_desc,
         x,
@@ -479,6 +484,8 @@ def launch_producer(
         N,
         K,
         grid[0],
+    )
+    meta = dict(
         BM=cfg.block_m,
         BN=cfg.block_n,
         BK=cfg.block_k,
@@ -498,3 +505,7 @@ def launch_producer(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    compiled = _producer_kernel[grid](*args, **meta)
+    if memo is not None:
+        memo.remember(memo_key, _producer_kernel, grid, args, meta, compiled)
+    return compiled

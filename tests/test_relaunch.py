@@ -1,0 +1,82 @@
+"""LaunchMemo (systems/overlap/kernels/relaunch.py) with a fake kernel: what it remembers, when it
+hits, and the argument list it hands the compiled kernel's launcher. The real launches are in
+tests/test_kernels_gpu.py (test_remembered_launches_equal_triton_launches)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from systems.overlap.kernels import relaunch as rl
+
+
+class _Compiled:
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, *args):
+        self.calls.append(args)
+
+
+class _Kernel:
+    """A JIT function's surface: arg_names and the binder in device_caches[dev][4]."""
+
+    arg_names = ["x", "target", "N", "BLOCK"]
+
+    def __init__(self):
+        def binder(x, target, N=7, BLOCK=16, **options):
+            return {"x": x, "target": target, "N": N, "BLOCK": BLOCK}, None, options
+
+        self.device_caches = {0: (None, None, None, None, binder)}
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    active = SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda d: 99)
+    monkeypatch.setattr(rl, "driver", SimpleNamespace(active=active))
+    monkeypatch.setattr(rl.torch.cuda, "current_device", lambda: 0)
+
+
+def test_memo_relaunches_the_bound_arguments_with_the_volatile_ones(fake_device):
+    memo, c = rl.LaunchMemo(), _Compiled()
+    assert not memo.hit("k")  # nothing remembered
+    memo.remember("k", _Kernel(), (4,), ("X", 32), {"BLOCK": 64, "num_warps": 4}, c)
+    assert memo.hit("k") and not memo.hit("other")
+    assert memo.launch(target=48) is c
+    # grid padded to 3-D, the stream, no launch metadata or hooks, every argument in order
+    assert c.calls[-1] == (4, 1, 1, 99, "fn", "meta", None, None, None, "X", 48, 7, 64)
+    memo.launch()
+    assert c.calls[-1][-3] == 48  # a volatile value stays until the next one is given
+    with pytest.raises(ValueError, match="int32"):
+        memo.launch(target=2**31)
+    memo.forget()
+    assert not memo.hit("k")
+
+
+def test_memo_never_hits_with_a_launch_hook_or_without_a_compiled_kernel(fake_device, monkeypatch):
+    memo = rl.LaunchMemo()
+    memo.remember("k", _Kernel(), (2, 3), ("X", 1), {}, _Compiled())
+    assert memo.grid == (2, 3, 1) and memo.hit("k")
+    hooks = rl.knobs.runtime.launch_enter_hook
+    if hasattr(hooks, "calls"):  # Triton 3.6: a HookChain, empty unless a profiler adds one
+        monkeypatch.setattr(hooks, "calls", [lambda *a: None])
+    else:
+        monkeypatch.setattr(rl.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    assert rl.launch_hooked() and not memo.hit("k")
+    monkeypatch.undo()
+    memo.remember("k2", _Kernel(), (1,), ("X", 1), {}, None)  # e.g. the CPU interpreter
+    assert not memo.hit("k2") and not memo.hit("k")
+
+
+def test_the_consumer_target_is_not_specialised():
+    """The memo swaps ready_target between runs: it must never pick another compile."""
+    from systems.overlap.kernels.consumer import _consumer_kernel
+
+    params = getattr(_consumer_kernel, "params", None)
+    if params is None:  # the CPU interpreter's wrapper keeps the decorator's arguments
+        assert "ready_target" in _consumer_kernel.kwargs["do_not_specialize"]
+    else:
+        assert {p.name: p for p in params}["ready_target"].do_not_specialize
