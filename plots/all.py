@@ -65,6 +65,8 @@ FIGURES: dict[str, str] = {
     "operator_consumer_loopback_ee91390": "plots.placement",
     "operator_backoff_loopback": "plots.placement",
     "operator_consumer_x2": "plots.placement",
+    "operator_consumer_loopback_n8192_relaunch": "plots.placement",
+    "operator_consumer_loopback_n4096_relaunch": "plots.placement",
 }
 
 

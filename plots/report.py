@@ -9,6 +9,7 @@ number here is read from a table under results/reference/; a claim without a tab
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -552,6 +553,24 @@ def _placement_fig(df: pd.DataFrame) -> str:
     return f"{len(lat)} workloads: " + "; ".join(parts)
 
 
+def _host_fig(df: pd.DataFrame) -> str:
+    """The host's enqueue time per step (m_host_ms) against the step: a host-bound cell has
+    host / latency near or above 1 and, timed eager, a wide p90 / median."""
+    o = _ok(df)
+    o = o[o["system"] == "overlap"]
+    if o.empty or "m_host_ms" not in o:
+        return "no ok overlap rows with the host time"
+    host = o["m_host_ms"]
+    ratio = host / o["latency_ms"]
+    spread = o["latency_p90_ms"] / o["latency_ms"]
+    timing = sorted({json.loads(e).get("timing", "?") for e in o["extra"]})
+    return (
+        f"{len(o)} overlap cells, timed {'/'.join(timing)}: host per step "
+        f"{_range(host, unit=' ms')}, host / step {_range(ratio, '.2f', 'x')} (max "
+        f"{ratio.max():.2f}), p90 / median {_range(spread, '.3f', 'x')}"
+    )
+
+
 def _heldout_fig(df: pd.DataFrame) -> str:
     r = df["pick_ratio"].dropna()
     within = int((r <= 1.03).sum())
@@ -644,6 +663,43 @@ FIGURE_TABLES = [
         "`SHARED_CCTA=132 CONSUMER_N=4096 bash benchmarks/h200_session.sh consumer_loopback` "
         "on one GPU",
         _placement_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "Consumer placements after the remembered launches, N=4096 (loopback W=2)",
+        "operator_consumer_loopback_n4096_relaunch",
+        "`CONSUMER_N=4096 OWN_CCTA=16 SHARED_CCTA=66,132 bash benchmarks/h200_session.sh "
+        "consumer_loopback` on one GPU",
+        _placement_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "Consumer placements after the remembered launches, N=8192 (loopback W=2)",
+        "operator_consumer_loopback_n8192_relaunch",
+        "`CONSUMER_E=4,16,64 OWN_CCTA=16 SHARED_CCTA=132 bash benchmarks/h200_session.sh "
+        "consumer_loopback` on one GPU",
+        _placement_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The host's time per step before the remembered launches, eager timing (loopback W=2)",
+        "operator_host_eager_9c353f9",
+        "`bash benchmarks/h200_session.sh host_bound` on one GPU at rev 9c353f9",
+        _host_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The same cells queued ahead of the device (measure.queue_ahead=true), before the fix",
+        "operator_host_queued_9c353f9",
+        "`bash benchmarks/h200_session.sh host_bound` on one GPU at rev 9c353f9",
+        _host_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The host's time per step with the remembered launches, eager timing (loopback W=2)",
+        "operator_host_eager",
+        "`bash benchmarks/h200_session.sh host_bound` on one GPU",
+        _host_fig,
         machine="h200",
     ),
     FigureTable(
