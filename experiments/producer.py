@@ -102,6 +102,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "eg16": {"epi_split": 4, "expert_groups": True, "group_m": 16},
     "eg32": {"epi_split": 4, "expert_groups": True, "group_m": 32},
     "eg64": {"epi_split": 4, "expert_groups": True, "group_m": 64},
+    # the expert groups with a 4-deep pipeline (48 KB a stage; 208 KB with the epilogue scratch)
+    "eg16s4": {"epi_split": 4, "expert_groups": True, "group_m": 16, "num_stages": 4},
+    "eg32s4": {"epi_split": 4, "expert_groups": True, "group_m": 32, "num_stages": 4},
     # Triton 3.6's Hopper warp specialisation with the expert groups of 32: the tile loop
     # unflattened (as "ws") and flattened
     "ws_eg32": {
