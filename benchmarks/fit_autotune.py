@@ -7,7 +7,8 @@ Input: any results tables (Rows) holding overlap cells swept over ccta and mgb (
 integer p_ccta / p_mgb) at the producer order the system runs that workload with (order="auto":
 autotune.auto_order; rows of the other order are left out); rows run with ccta="auto" or
 mgb="auto" (experiment ccta_auto) are not fitted on but reported: their measured latency next
-to the sweep's optimum.
+to the sweep's optimum. The consumer placement (p_consumer; "own" where a row has none) is part
+of a workload, so own and shared sweeps calibrate separately in one table (column `consumer`).
 Output: the calibration table (systems/overlap/autotune.py reads it) and the held-out table, one
 row per workload: the rule's pick when that workload is left out of the table, latency(pick) /
 latency(best measured), and the same ratio for the fixed default.
@@ -25,14 +26,16 @@ from systems.overlap.autotune import (
     DEFAULT,
     FEATURES,
     K_NEAREST,
+    SHARED_DEFAULT,
     TABLE,
     auto_order,
     pick_from,
     transport_class,
 )
 
-#: columns that identify one workload of a sweep
+#: columns that identify one workload of a sweep (with its consumer placement)
 WORKLOAD = [
+    "consumer",
     "transport",
     "world_size",
     "tokens_per_rank",
@@ -68,6 +71,8 @@ def split_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         for t, k, e, m in zip(df["tokens_per_rank"], df["top_k"], df["experts_per_rank"], tile)
     ]
     df = df[order_ran(df).to_numpy() == pd.Series(want, index=df.index).to_numpy()]
+    placed = df["p_consumer"] if "p_consumer" in df else pd.Series("own", index=df.index)
+    df["consumer"] = placed.astype(object).where(placed.notna(), "own").astype(str)
     req_c = df["p_ccta"].astype(str)
     req_m = df["p_mgb"].astype(str)
     is_auto = (req_c == "auto") | (req_m == "auto")
@@ -93,7 +98,8 @@ def calibration_table(sweep: pd.DataFrame, sm_count: int) -> pd.DataFrame:
     g["sm_count"] = sm_count
     g["rel_latency"] = g["rel_latency"].round(4)
     g["imbalance_rank"] = g["imbalance_rank"].round(4)
-    return g[COLUMNS].sort_values(COLUMNS[:-1]).reset_index(drop=True)
+    cols = [*COLUMNS[:-1], "consumer", COLUMNS[-1]]
+    return g[cols].sort_values(cols[:-1]).reset_index(drop=True)
 
 
 def _latency(grid: pd.DataFrame, ccta: int, mgb: int) -> float:
@@ -114,7 +120,8 @@ def heldout(
         rest = sweep.drop(index=grid.index)
         table = calibration_table(rest, sm_count) if len(rest) else pd.DataFrame(columns=COLUMNS)
         values = {col: grid[col].iloc[0] for col in FEATURES.values()}
-        p = pick_from(table, values, w["transport"], sm_count, k=k)
+        p = pick_from(table, values, w["transport"], sm_count, k=k, consumer=w["consumer"])
+        default = (sm_count, SHARED_DEFAULT[1]) if w["consumer"] == "shared" else DEFAULT
         per = grid.groupby(["ccta", "mgb"])["latency_ms"].median()
         (bc, bm), best = per.idxmin(), float(per.min())
         row = {
@@ -126,7 +133,7 @@ def heldout(
             "pick_ccta": p.ccta,
             "pick_mgb": p.mgb,
             "pick_ms": _latency(grid, p.ccta, p.mgb),
-            "default_ms": _latency(grid, *DEFAULT),
+            "default_ms": _latency(grid, *default),
             "why": p.why,
         }
         row["pick_ratio"] = row["pick_ms"] / best
@@ -149,6 +156,7 @@ def heldout(
 
 
 SHOW = [
+    "consumer",
     "transport",
     "world_size",
     "tokens_per_rank",

@@ -30,7 +30,8 @@ def spec(T=8192, K=2048, N=8192, E=16, W=4, routing="balanced"):
 
 def test_committed_table_loads_and_is_small():
     df = autotune.load_table()
-    assert list(df.columns) == autotune.COLUMNS
+    assert set(autotune.COLUMNS) <= set(df.columns)
+    assert set(df["consumer"]) <= set(autotune.CONSUMERS)  # "own" where the csv has none
     assert len(df) > 0 and autotune.TABLE.stat().st_size < 32_000
     assert (df.groupby(["routing", "transport"])["rel_latency"].min() == 1.0).all()
 
@@ -70,6 +71,65 @@ def test_pick_near_and_far():
     # a fixed mgb is kept, only ccta picked
     c, m, _ = autotune.pick(spec(), 4, "loopback", 132, mgb=2)
     assert m == 2
+
+
+def test_shared_reads_only_its_own_rows_or_takes_every_sm():
+    """consumer="shared": the own rows never decide its pick; with none of its own near, the
+    documented default (every SM, mgb 1; 16 SMs where the count is unknown); its cCTA may be
+    every SM where own keeps one for the producer."""
+    s = spec(W=2)
+    values = {**autotune.spec_values(s), "world_size": 2}
+    own = autotune.load_table()
+    p = autotune.pick_from(own, values, "nvlink", 132, consumer="shared")
+    assert (p.ccta, p.mgb) == (132, 1) and p.why.startswith("shared default: every SM (132)")
+    assert "no calibrated shared cell" in p.why
+    assert (autotune.pick_from(own, values, "nvlink", 0, consumer="shared").ccta) == 16
+    c, m, why = autotune.pick(s, 2, "p2p", 132, consumer="shared")
+    assert (c, m) == (132, 1)
+    P = osys.OverlapSystem.PARAMS
+    osys.OverlapSystem.validate(s, {**P, "consumer": "shared", "ccta": c, "mgb": m}, 132)
+    # shared rows of one calibrated workload: (66, 2) best; own rows of it say (8, 1)
+    row = own[(own.transport == "nvlink") & (own.routing == "balanced")].iloc[0]
+    base = {k: row[k] for k in autotune.COLUMNS[:-3]}  # the features, transport, routing
+    shared = pd.DataFrame(
+        [
+            {**base, "sm_count": 132, "ccta": c, "mgb": m, "rel_latency": r, "consumer": "shared"}
+            for c, m, r in [(66, 2, 1.0), (132, 1, 1.04), (132, 2, 1.02)]
+        ]
+    )
+    both = pd.concat([own, shared], ignore_index=True)
+    cal = {col: row[col] for col in autotune.FEATURES.values()}
+    p = autotune.pick_from(both, cal, "nvlink", 132, k=1, consumer="shared")
+    assert (p.ccta, p.mgb) == (66, 2) and "mean of the 1 nearest" in p.why
+    assert autotune.pick_from(both, cal, "nvlink", 132, k=1) == autotune.pick_from(
+        own, cal, "nvlink", 132, k=1
+    )
+    p = autotune.pick_from(both, cal, "nvlink", 132, k=1, ccta=200, consumer="shared")
+    assert p.ccta == 132 and "clamped to 132" in p.why  # shared: at most every SM
+    with pytest.raises(ValueError, match="consumer must be one of"):
+        autotune.pick_from(own, cal, "nvlink", 132, consumer="both")
+
+
+def test_fit_calibrates_own_and_shared_apart():
+    lat = {"balanced": {(8, 1): 1.0, (16, 1): 1.2}, "stress_skew": {(8, 1): 2.0, (16, 1): 3.0}}
+    own = synthetic(lat, {"balanced": 1.0, "stress_skew": 1.5})
+    shared = synthetic(
+        {"balanced": {(66, 1): 0.9, (132, 1): 0.8}, "stress_skew": {(66, 1): 1.9, (132, 1): 1.7}},
+        {"balanced": 1.0, "stress_skew": 1.5},
+    ).assign(p_consumer="shared")
+    sweep, auto = fit.split_rows(pd.concat([own, shared], ignore_index=True))
+    table = fit.calibration_table(sweep, 132)
+    assert sorted(set(zip(table.consumer, table.ccta))) == [
+        ("own", 8),
+        ("own", 16),
+        ("shared", 66),
+        ("shared", 132),
+    ]
+    res = fit.heldout(sweep, auto, 132, k=1).set_index(["consumer", "routing"])
+    # each held-out workload is picked from its own placement's rows only
+    assert set(res.loc["shared", "pick_ccta"]) == {132}
+    assert set(res.loc["own", "pick_ccta"]) == {8}
+    assert (res.loc[("shared", "balanced"), "default_ratio"]) == pytest.approx(1.0)  # 132, mgb 1
 
 
 def test_validate_accepts_auto_and_rejects_bad_values():
@@ -169,7 +229,8 @@ def test_fit_heldout_ratios_are_computed_against_the_measured_best():
     sweep, auto = fit.split_rows(synthetic(lat, imb))
     assert auto.empty
     table = fit.calibration_table(sweep, 132)
-    assert set(table.columns) == set(autotune.COLUMNS)
+    assert set(table.columns) == {*autotune.COLUMNS, "consumer"}
+    assert set(table["consumer"]) == {"own"}  # rows without p_consumer ran the own SMs
     assert table[table.routing == "moderate_skew"].set_index("ccta")["rel_latency"][8] == 1.1
     res = fit.heldout(sweep, auto, 132, k=1).set_index("routing")
     # balanced held out: nearest is moderate_skew (log2 1.2 vs 1.0), whose best is 16

@@ -120,9 +120,9 @@ def test_consumer_is_checked_in_one_line_bounds_ccta_and_stays_out_of_the_hash_a
         osys.OverlapSystem.validate(_spec(), {**P, "ccta": 132}, 132)
     with pytest.raises(ValueError, match=r"ccta=133 must be in \[1, 132\] with consumer=shared"):
         osys.OverlapSystem.validate(_spec(), {**P, "consumer": "shared", "ccta": 133}, 132)
-    # the auto pick is calibrated for the own SMs: a shared cell with an auto knob is skipped
+    # a shared cell with an auto knob runs (autotune reads the shared rows, or its default)
     auto = {**P, "consumer": "shared", "ccta": "auto"}
-    assert "consumer=shared" in osys.OverlapSystem.unsupported(_spec(), auto)
+    assert osys.OverlapSystem.unsupported(_spec(), auto) is None
     assert osys.OverlapSystem.unsupported(_spec(), {**P, "consumer": "shared"}) is None
     assert osys.OverlapSystem.unsupported(_spec(), {**P, "ccta": "auto"}) is None
     pts = system_points("overlap", {"sweep": {"consumer": ["own", "shared"]}})

@@ -20,6 +20,14 @@ The rule (`pick`):
      the paper's setting);
   4. ccta clamped to [1, sm_count - 1] (sm_count 0: unknown, no clamp).
 Every pick returns a one-line `why`.
+
+The consumer placement (the system's `consumer`: "own" SMs, the paper's, or SMs "shared" with
+the producer) is a column of the table (`consumer`; a table without it is all "own"): the rule
+reads only the rows of the cell's placement. Where no "shared" workload is calibrated near,
+shared picks SHARED_DEFAULT: one consumer CTA on every SM (cCTA = sm_count; DEFAULT's 16 where
+the SM count is unknown) and mgb 1, the best of cCTA {66, 132} at mgb 1 in every loopback cell
+measured (results/reference/h200/operator_consumer_loopback_n4096_relaunch.parquet); shared
+cCTA is clamped to [1, sm_count].
 """
 
 from __future__ import annotations
@@ -42,6 +50,10 @@ MAX_DISTANCE = 1.5
 #: calibrated workloads whose measured surfaces are averaged (the nearest ones within
 #: MAX_DISTANCE): 1 = the nearest cell's own best; 4 and 6 do equally well held out
 K_NEAREST = 4
+#: consumer="shared" with no calibrated workload near: cCTA = every SM (None), mgb 1
+SHARED_DEFAULT = (None, 1)
+#: the consumer placements the table may hold (systems/overlap/modes.py CONSUMER_SMS)
+CONSUMERS = ("own", "shared")
 #: distance added when the calibrated transport class differs from the cell's
 TRANSPORT_PENALTY = 1.0
 #: feature name -> column of the table (all compared as log2)
@@ -80,7 +92,23 @@ def load_table(path: str | Path = TABLE) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"calibration table {path} lacks columns {missing}")
-    return df
+    return with_consumer(df)
+
+
+def with_consumer(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` with its `consumer` column ("own" where the table has none or a row is empty)."""
+    table = table.copy()
+    col = table["consumer"] if "consumer" in table else pd.Series("own", index=table.index)
+    table["consumer"] = col.fillna("own").astype(str)
+    return table
+
+
+def _default(consumer: str, sm_count: int) -> tuple[int, int, str]:
+    """(ccta, mgb, what it is) where no calibrated workload is near."""
+    if consumer == "shared":
+        c = sm_count or DEFAULT[0]
+        return c, SHARED_DEFAULT[1], f"shared default: every SM ({c}), mgb {SHARED_DEFAULT[1]}"
+    return DEFAULT[0], DEFAULT[1], "default"
 
 
 def _features(values: dict) -> dict[str, float]:
@@ -113,11 +141,17 @@ def pick_from(
     ccta: int | str = AUTO,
     mgb: int | str = AUTO,
     k: int = K_NEAREST,
+    consumer: str = "own",
 ) -> Pick:
     """The rule on feature `values` (FEATURES columns) and a transport class; a fixed ccta or
-    mgb (int) is kept and only the other is picked; k: calibrated workloads averaged."""
+    mgb (int) is kept and only the other is picked; k: calibrated workloads averaged; only the
+    table's rows of the `consumer` placement count."""
+    if consumer not in CONSUMERS:
+        raise ValueError(f"autotune: consumer must be one of {CONSUMERS}, got {consumer!r}")
     fixed_c = None if ccta == AUTO else int(ccta)
     fixed_m = None if mgb == AUTO else int(mgb)
+    table = with_consumer(table)
+    table = table[table["consumer"] == consumer]
     keys = [*FEATURES.values(), "transport", "routing"]
     near = []  # (distance, calibrated workload, its rows)
     for key, rows in table.groupby(keys, sort=True):
@@ -126,9 +160,10 @@ def pick_from(
     near.sort(key=lambda x: x[0])
     used = [n for n in near if n[0] <= MAX_DISTANCE][: max(1, k)]
     if not used:
-        c, m = fixed_c or DEFAULT[0], fixed_m or DEFAULT[1]
-        far = "empty table" if not near else f"nearest at distance {near[0][0]:.2f}"
-        why = f"default ({c}, {m}): no calibrated cell within {MAX_DISTANCE} ({far})"
+        dc, dm, what = _default(consumer, sm_count)
+        c, m = fixed_c or dc, fixed_m or dm
+        far = f"no {consumer} rows" if not near else f"nearest at distance {near[0][0]:.2f}"
+        why = f"{what} ({c}, {m}): no calibrated {consumer} cell within {MAX_DISTANCE} ({far})"
     else:
         rows = pd.concat([r for _, _, r in used], ignore_index=True)
         g = rows.groupby(["ccta", "mgb"])["rel_latency"]
@@ -147,9 +182,10 @@ def pick_from(
             f"best ccta={int(top['ccta'])} mgb={int(top['mgb'])} at {top['rel_latency']:.3f}x "
             "their best"
         )
-    if sm_count and c >= sm_count:
-        c = max(1, sm_count - 1)
-        why += f"; ccta clamped to {c} (sm_count {sm_count})"
+    limit = sm_count if consumer == "shared" else sm_count - 1  # own: the producer keeps one
+    if sm_count and c > limit:
+        c = max(1, limit)
+        why += f"; ccta clamped to {c} (sm_count {sm_count}, consumer {consumer})"
     return Pick(int(c), int(m), why)
 
 
@@ -161,12 +197,16 @@ def pick(
     ccta: int | str = AUTO,
     mgb: int | str = AUTO,
     table: pd.DataFrame | None = None,
+    consumer: str = "own",
 ) -> tuple[int, int, str]:
     """(ccta, mgb, why) for a cell of `spec` at W logical ranks over `transport` (the overlap
-    system's param: "", loopback, p2p or nvshmem) on a GPU of `sm_count` SMs (0: unknown)."""
+    system's param: "", loopback, p2p or nvshmem) on a GPU of `sm_count` SMs (0: unknown), with
+    the consumer placement `consumer` ("own" or "shared")."""
     values = {**spec_values(spec), "world_size": W}
     table = load_table() if table is None else table
-    p = pick_from(table, values, transport_class(transport, W), sm_count, ccta, mgb)
+    p = pick_from(
+        table, values, transport_class(transport, W), sm_count, ccta, mgb, consumer=consumer
+    )
     return p.ccta, p.mgb, p.why
 
 

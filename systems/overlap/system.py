@@ -27,7 +27,8 @@ strip is read from HBM once per group; kernels/producer.py with_swizzle; out of 
 consumer (where the consumer runs, beyond the paper: "own", the paper's, cCTA SMs of its own and
 the producer on SMs - cCTA; "shared", cCTA small consumer CTAs next to the producer's CTAs on
 ALL SMs, ccta <= SMs; modes.CONSUMER_SMS, runner.py; out of the cell hash at "own"; ccta=auto
-is calibrated for "own" only, so shared cells with an auto knob are skipped with a reason),
+reads the calibration rows of the cell's placement, and shared has a documented default where
+none is near: autotune.py),
 backoff_ns (the consumer sleeps this many ns between the polls of a band wait, fewer atomics at
 L2 while it waits; 0, the default and out of the cell hash: polls back to back).
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
@@ -475,11 +476,6 @@ class OverlapSystem(System):
 
     @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
-        if params["consumer"] == "shared" and AUTO in (str(params["ccta"]), str(params["mgb"])):
-            return (
-                "overlap: ccta/mgb=auto are calibrated for consumer=own; give consumer=shared "
-                "integer ccta and mgb"
-            )
         if spec.ffn and params["layout"] not in DEVICE_LAYOUTS:
             return (
                 f"overlap: layout={params['layout']} is built by the host plan only (operator "
@@ -501,7 +497,8 @@ class OverlapSystem(System):
             from systems.overlap.autotune import pick
 
             spec = ranks[0].spec
-            ccta, mgb, why = pick(spec, spec.world_size, name, ctx.sm_count, ccta=ccta, mgb=mgb)
+            kw = dict(ccta=ccta, mgb=mgb, consumer=p["consumer"])
+            ccta, mgb, why = pick(spec, spec.world_size, name, ctx.sm_count, **kw)
             self.extra["auto"] = why
         self.used = {"ccta_used": int(ccta), "mgb_used": int(mgb)}
         order = p["order"]
