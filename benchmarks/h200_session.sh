@@ -38,7 +38,8 @@
 #        overlap step per swizzle in SWIZZLES on one GPU playing W=2, compact, N in SWIZZLE_N)
 # consumer_loopback (the overlap step per consumer placement on one GPU playing W=2, compact:
 # own SMs at cCTA OWN_CCTA, shared at SHARED_CCTA; CONSUMER_N / _E / _ROUTING / _S) consumer_x2
-# (the same over NVLink, 2+ GPUs: serial and own at auto cCTA/mgb, then shared at SHARED_CCTA)
+# (the same over NVLink, 2+ GPUs: serial and own at auto cCTA/mgb, then shared at SHARED_CCTA x
+# SHARED_MGB: a sweep benchmarks/fit_autotune.py can calibrate shared from)
 # consumer_correctness_x2 (the correctness matrix at consumer=shared over p2p and nvshmem)
 # host_bound (one GPU playing W=2, N=HOST_N: serial and overlap own/shared, timed eager and
 # queued ahead (measure.queue_ahead) into two tables with the host's time per step, then
@@ -143,7 +144,7 @@ for step in $steps; do
       python3 -m benchmarks.consumer_summary "$OUT/operator_consumer_loopback.parquet" ;;
     consumer_x2) T="$OUT/operator_consumer_x2.parquet"  # 2+ GPUs: own SMs (auto cCTA/mgb) and serial, then shared
       timeout "${CONSUMER_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$T" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.layout=[compact]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto 2>&1 | tail -1
-      timeout "${CONSUMER_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$T" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' '+experiment.systems.overlap.sweep.layout=[compact]' '+experiment.systems.overlap.sweep.consumer=[shared]' "+experiment.systems.overlap.sweep.ccta=[${SHARED_CCTA:-66,132}]" 2>&1 | tail -1
+      timeout "${CONSUMER_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$T" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' '+experiment.systems.overlap.sweep.layout=[compact]' '+experiment.systems.overlap.sweep.consumer=[shared]' "+experiment.systems.overlap.sweep.ccta=[${SHARED_CCTA:-66,132}]" "+experiment.systems.overlap.sweep.mgb=[${SHARED_MGB:-1}]" 2>&1 | tail -1
       python3 -m benchmarks.consumer_summary "$T"; python3 -m benchmarks.table_summary "$T" | tail -18 ;;
     consumer_correctness_x2) for e in correctness correctness_nvshmem; do  # shared over p2p, then nvshmem
         timeout "${EXP_S:-240}" python3 -m harness.run experiment=$e progress=false table="$OUT/correctness_shared.parquet" 'experiment.systems.overlap.sweep.ccta=[16,132]' 'experiment.systems.overlap.sweep.mgb=[1]' 'experiment.systems.overlap.sweep.layout=[aligned,compact]' '+experiment.systems.overlap.sweep.consumer=[shared]' 2>&1 | tail -2; done ;;
