@@ -1,4 +1,5 @@
 import math
+import time
 
 import pandas as pd
 import pytest
@@ -82,6 +83,25 @@ def test_time_fn_on_cpu_gives_ordered_quantiles():
     assert len(calls) == 9 and t.iters == 7
     assert 0 < t.p10_ms <= t.median_ms <= t.p90_ms
     assert t.ci_lo_ms <= t.median_ms <= t.ci_hi_ms
+
+
+@pytest.mark.gpu
+def test_time_fn_queued_ahead_measures_the_device_and_reports_the_host():
+    """A step whose host work (2 ms of sleep) dwarfs its device work (a small add): timed eager,
+    the events measure the host; queued ahead of the device they measure the device, and both
+    report the host's 2 ms per step."""
+    dev = torch.device("cuda")
+    x = torch.ones(1024, device=dev)
+
+    def step():
+        time.sleep(0.002)
+        x.add_(1)
+
+    eager = time_fn(step, device=dev, warmup=2, iters=10)
+    queued = time_fn(step, device=dev, warmup=2, iters=10, queue_ahead=True)
+    assert eager.queued is None and queued.queued is True
+    assert eager.median_ms > 1.5 and queued.median_ms < 0.5
+    assert eager.host_ms > 1.9 and queued.host_ms > 1.9
 
 
 def test_median_interval_brackets_the_median_and_narrows_with_samples():
