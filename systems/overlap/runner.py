@@ -19,6 +19,10 @@ host synchronisation: the kernels read the counts from the device, the local cop
 Triton kernel, and the band counters are zeroed before every run (a band id means another band
 in the next step's plan, so epoch values cannot carry over; one memset per run).
 residency_report() says from the compiled kernels whether a consumer CTA owns its SM.
+On a GPU every launch is remembered (kernels/relaunch.py LaunchMemo, keyed on what the launch
+passes and on plan_version, which every plan change moves) and re-run from its compiled kernel
+while its key holds: a step's host time is then the kernels' own launchers, not Triton's
+argument binding and our operand checks (benchmarks/host_profile.py).
 Importing this module imports triton (through kernels/), not the transports.
 """
 
