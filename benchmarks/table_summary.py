@@ -1,5 +1,7 @@
 """Print a short summary of a results table: status counts per system, then the latency (ms) of
-every ok row pivoted by workload x system. Usage: python -m benchmarks.table_summary T.parquet"""
+every ok row pivoted by workload x system, and where the rows have it (GPU rows, harness.timing)
+the host's time per step as a share of the step, per system (near or above 1: host-bound).
+Usage: python -m benchmarks.table_summary T.parquet"""
 
 from __future__ import annotations
 
@@ -21,6 +23,16 @@ def summarize(df: pd.DataFrame) -> str:
         best = ok.groupby(keys + ["system"])["latency_ms"].min().unstack("system")
         with pd.option_context("display.width", 250, "display.max_columns", 20):
             lines.append(best.round(3).to_string())
+        if "m_host_ms" in ok and ok["m_host_ms"].notna().any():
+            share = (ok["m_host_ms"] / ok["latency_ms"]).groupby(ok["system"])
+            lines.append(
+                "host time / step (median, max): "
+                + ", ".join(
+                    f"{name} {g.median():.2f}, {g.max():.2f}"
+                    for name, g in share
+                    if g.notna().any()
+                )
+            )
     return "\n".join(lines)
 
 

@@ -55,3 +55,20 @@ def test_consumer_summary_pivots_placements_against_the_first_and_the_compute_bo
     assert "0.75" in text  # 0.9 / 1.2
     per = text.split("per placement")[1]
     assert "shared:32" in per and per.strip().splitlines()[-1].split()[-1] == "1"
+
+
+def test_table_summary_reports_the_host_share_of_a_step_where_rows_have_it():
+    import pandas as pd
+
+    from benchmarks.table_summary import summarize
+
+    base = dict(status="ok", reason="", cell_hash="h", tokens_per_rank=8, out=8, routing="b")
+    rows = [
+        dict(base, system="overlap", experts_per_rank=4, latency_ms=0.5, m_host_ms=0.6),
+        dict(base, system="overlap", experts_per_rank=8, latency_ms=1.0, m_host_ms=0.2),
+        dict(base, system="serial", experts_per_rank=4, latency_ms=1.0, m_host_ms=float("nan")),
+    ]
+    text = summarize(pd.DataFrame(rows))
+    assert "host time / step (median, max): overlap 0.70, 1.20" in text
+    assert "serial" not in text.splitlines()[-1]  # no host time, no entry
+    assert "host time" not in summarize(pd.DataFrame(rows).drop(columns="m_host_ms"))
