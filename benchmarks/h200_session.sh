@@ -48,6 +48,9 @@
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-results/h200_session}; mkdir -p "$OUT"
+# the device's copy of the tree may carry a stale .git (rows stamped with an old HEAD, seen on
+# 2026-12-01): name the revision that travelled
+[ -n "${HARNESS_GIT_REV:-}" ] || echo "warning: HARNESS_GIT_REV is not set; rows take this copy's git HEAD ($(git rev-parse --short HEAD 2>/dev/null || echo none)), which may not be the tree that travelled"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 tests_a() {
