@@ -26,9 +26,9 @@ from systems.overlap.autotune import (
     DEFAULT,
     FEATURES,
     K_NEAREST,
-    SHARED_DEFAULT,
     TABLE,
     auto_order,
+    default_pick,
     pick_from,
     transport_class,
 )
@@ -121,7 +121,7 @@ def heldout(
         table = calibration_table(rest, sm_count) if len(rest) else pd.DataFrame(columns=COLUMNS)
         values = {col: grid[col].iloc[0] for col in FEATURES.values()}
         p = pick_from(table, values, w["transport"], sm_count, k=k, consumer=w["consumer"])
-        default = (sm_count, SHARED_DEFAULT[1]) if w["consumer"] == "shared" else DEFAULT
+        default = default_pick(w["consumer"], sm_count)[:2]
         per = grid.groupby(["ccta", "mgb"])["latency_ms"].median()
         (bc, bm), best = per.idxmin(), float(per.min())
         row = {

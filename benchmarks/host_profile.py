@@ -32,7 +32,7 @@ from harness import measure
 from harness.config import register_configs
 from harness.records import Row
 from harness.system import RunContext
-from harness.timing import _sleep_rate
+from harness.timing import sleep_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def profile_cell(p, steps: int, top: int) -> str:
         fn()
     torch.cuda.synchronize()
     dev = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda._sleep(int(_sleep_rate(dev) * 3000))  # 3 s: every launch below is queued
+    sleep_device(dev, 3000)  # 3 s: every launch below is queued
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     prof = cProfile.Profile()
     t0 = time.perf_counter()
@@ -69,7 +69,7 @@ def _queued_us(fn, calls: int) -> float:
     fn()
     torch.cuda.synchronize()
     dev = torch.device("cuda", torch.cuda.current_device())
-    torch.cuda._sleep(int(_sleep_rate(dev) * 2000))
+    sleep_device(dev, 2000)
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()

@@ -100,6 +100,12 @@ def _sleep_rate(device: torch.device) -> float:
     return _SLEEP_RATE[idx]
 
 
+def sleep_device(device: torch.device, ms: float) -> None:
+    """Enqueue a kernel that keeps the current stream of `device` busy for about `ms` ms, so the
+    launches enqueued after it wait on the device, not on the host."""
+    torch.cuda._sleep(int(ms * _sleep_rate(device)))
+
+
 def time_fn(
     fn: Callable[[], object],
     *,
@@ -130,9 +136,9 @@ def time_fn(
             # the fastest warm-up (the first may compile); 1 ms when there was none
             per_iter_ms = 1e3 * min(warm_host, default=1e-3)
             sleep_ms = min(SLEEP_FACTOR * per_iter_ms * iters + SLEEP_MARGIN_MS, SLEEP_MAX_MS)
-            rate = _sleep_rate(device)
+            _sleep_rate(device)  # measured once, before the barrier
             barrier(group, device)
-            torch.cuda._sleep(int(sleep_ms * rate))
+            sleep_device(device, sleep_ms)
             sleep_end = torch.cuda.Event()
             sleep_end.record()
         for s, e in zip(starts, ends):

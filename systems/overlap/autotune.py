@@ -103,7 +103,7 @@ def with_consumer(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def _default(consumer: str, sm_count: int) -> tuple[int, int, str]:
+def default_pick(consumer: str, sm_count: int) -> tuple[int, int, str]:
     """(ccta, mgb, what it is) where no calibrated workload is near."""
     if consumer == "shared":
         c = sm_count or DEFAULT[0]
@@ -160,7 +160,7 @@ def pick_from(
     near.sort(key=lambda x: x[0])
     used = [n for n in near if n[0] <= MAX_DISTANCE][: max(1, k)]
     if not used:
-        dc, dm, what = _default(consumer, sm_count)
+        dc, dm, what = default_pick(consumer, sm_count)
         c, m = fixed_c or dc, fixed_m or dm
         far = f"no {consumer} rows" if not near else f"nearest at distance {near[0][0]:.2f}"
         why = f"{what} ({c}, {m}): no calibrated {consumer} cell within {MAX_DISTANCE} ({far})"
