@@ -43,7 +43,10 @@
 # consumer_correctness_x2 (the correctness matrix at consumer=shared over p2p and nvshmem)
 # host_bound (one GPU playing W=2, N=HOST_N: serial and overlap own/shared, timed eager and
 # queued ahead (measure.queue_ahead) into two tables with the host's time per step, then
-# benchmarks/host_profile.py on one cell: where the host's time goes)
+# benchmarks/host_profile.py on one cell: where the host's time goes) layer_host (one GPU, the
+# layer scope at W=1, serial and overlap, T=8192, H=LHOST_H, E=LHOST_E, balanced: the table,
+# then host_profile --idle (the device's idle time per eager step and its longest gaps) and
+# --launches (host us of the overlap step's parts after the dispatch) into layer_host.log)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -156,6 +159,10 @@ for step in $steps; do
         CUDA_VISIBLE_DEVICES=0 timeout "${HOST_S:-150}" python3 -m harness.run "${hb[@]}" hardware.world_size=1 progress=false table="$OUT/operator_host_$q.parquet" measure.queue_ahead=$q "experiment.grid.experts_per_rank=[${HOST_E:-4,16,32}]" 'experiment.grid.routing=[balanced,stress_skew]' "+experiment.systems.overlap.sweep.consumer=[${spec%%:*}]" "+experiment.systems.overlap.sweep.ccta=[${spec#*:}]" 2>&1 | tail -1; done
         python3 -c "import pandas as pd; pd.set_option('display.width',250); d=pd.read_parquet('$OUT/operator_host_$q.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_consumer',pd.Series('',index=d.index)).fillna('').astype(str); print('queue_ahead=$q'); print(d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values=['latency_ms','latency_p90_ms','m_host_ms']).round(3).to_string())"; done
       for spec in own:16 shared:132; do CUDA_VISIBLE_DEVICES=0 timeout 100 python3 -m benchmarks.host_profile --steps 20 --top 25 -- "${hb[@]}" 'experiment.grid.experts_per_rank=[16]' 'experiment.grid.routing=[balanced]' "+experiment.systems.overlap.sweep.consumer=[${spec%%:*}]" "+experiment.systems.overlap.sweep.ccta=[${spec#*:}]" 2>&1 | tee -a "$OUT/host_profile.log" | grep -v "^ *$" | cut -c1-150 | head -75; done ;;
+    layer_host) lh=(experiment=layer hardware.world_size=1 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.hidden=[${LHOST_H:-4096,8192}]" "experiment.grid.experts_per_rank=[${LHOST_E:-4,16,64}]" 'experiment.grid.routing=[balanced]' 'experiment.select=[serial,overlap]')
+      CUDA_VISIBLE_DEVICES=0 timeout "${LHOST_S:-200}" python3 -m harness.run "${lh[@]}" progress=false table="$OUT/layer_host${LHOST_TAG:-}.parquet" 2>&1 | tail -1
+      python3 -c "import pandas as pd; pd.set_option('display.width',250); d=pd.read_parquet('$OUT/layer_host${LHOST_TAG:-}.parquet'); d=d[d.status=='ok']; print(d.pivot_table(index=['hidden','experts_per_rank'],columns='system',values=['latency_ms','m_host_ms','m_plan_ms']).round(3).to_string())"
+      CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m benchmarks.host_profile --idle --launches --steps 10 -- "${lh[@]}" 2>&1 | tee -a "$OUT/layer_host${LHOST_TAG:-}.log" | grep -v "^ *$" | cut -c1-160 | head -120 ;;
     layouts_loopback2) CUDA_VISIBLE_DEVICES=0 timeout "${LAYOUTS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_layouts_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' '+experiment.systems.overlap.sweep.layout=[aligned,compact]' 2>&1 | tail -1 ;;
     layouts_loopback) CUDA_VISIBLE_DEVICES=0 timeout "${LAYOUTS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator_layouts_loopback.parquet" 'experiment.grid.world_size=[2]' 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 2>&1 | tail -1 ;;
     operator_layouts) timeout "${LAYOUTS_S:-300}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_layouts.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[aligned,compact]' 2>&1 | tail -1

@@ -10,8 +10,17 @@ With --launches (overlap cells) it also times, in microseconds per call, each la
 step alone (the producer, the consumer without waiting, the scale) and, for each Triton kernel,
 the parts of one launch: Triton's whole launch path with the same arguments, its argument binder
 alone, and the compiled kernel's own launcher alone (what a launch would cost with no binder).
+In the layer scope (overlap) it times the parts of a step after the dispatch instead: stage A
+(plan + padded gather), fc1, the plan swap, fc2 with the combine, the scale.
 
-Usage: python -m benchmarks.host_profile [--steps 20] [--top 25] [--launches] -- <overrides>
+With --idle it profiles the timed steps run eagerly, back to back (as harness.measure times
+them), and prints the device's idle time per step (span of the kernels minus their union over
+every stream) and the longest gaps with the kernels on either side: the host's share of a
+step that synchronises inside (the layer scope's dispatch), which the queued timing cannot
+show.
+
+Usage: python -m benchmarks.host_profile [--steps 20] [--top 25] [--launches] [--idle]
+       -- <overrides>
 """
 
 from __future__ import annotations
@@ -134,11 +143,53 @@ def launch_table(p, calls: int) -> str:
     return "\n".join(f"  {us:8.1f} us  {what}" for what, us in rows.items())
 
 
+def layer_table(p, calls: int) -> str:
+    """Host us per call of the parts of an overlap layer step after its dispatch (queued)."""
+    lr = getattr(p.system.mode, "layer", None)
+    if lr is None:
+        return "(no overlap layer in this cell)"
+    from harness.scale import Scaler
+
+    d = lr.held[0]
+    plan, x_pad = lr.plan_for(d)
+    h = lr.fc1(plan, x_pad)
+    y = lr._fc2_combine(plan, h)
+    rows = {
+        "stage A (device plan + padded gather)": _queued_us(lambda: lr.plan_for(d), calls),
+        "fc1 + activation": _queued_us(lambda: lr.fc1(plan, x_pad), calls),
+        "use_plan (a new plan)": _queued_us(lambda: lr.runner.use_plan(lr.plan_for(d)[0]), calls),
+        "  of which stage A": _queued_us(lambda: lr.plan_for(d)[0], calls),
+        "fc2 + combine (use_plan, overlapped)": _queued_us(lambda: lr._fc2_combine(plan, h), calls),
+        "local copy + wait + scale": _queued_us(
+            lambda: (
+                lr.runner.local_copy(y),
+                Scaler.on_device(d.pos, lr.gate, lr.rows)(lr.runner.transport.recv),
+            ),
+            calls,
+        ),
+    }
+    return "\n".join(f"  {us:8.1f} us  {what}" for what, us in rows.items())
+
+
+def idle_report(p, steps: int) -> str:
+    """The device's idle time per eager timed step and its longest gaps."""
+    from benchmarks.profiling import device_idle
+
+    r = device_idle(p.system.timed, steps)
+    head = (
+        f"device per step: span {r['span_us']:.1f} us, busy {r['busy_us']:.1f}, "
+        f"idle {r['idle_us']:.1f} ({r['idle_us'] / max(r['span_us'], 1e-9):.1%})"
+    )
+    gaps = [f"  gap {us:7.1f} us  {a[:60]} -> {b[:60]}" for us, a, b in r["gaps"]]
+    return "\n".join([head, *gaps])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--launches", action="store_true", help="per-launch host times too")
+    ap.add_argument("--idle", action="store_true", help="device idle time of eager steps")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     register_configs()
@@ -158,9 +209,13 @@ def main() -> None:
         if isinstance(p, Row):
             print(f"== {name}: {p.status} {p.reason}", flush=True)
             continue
-        print(f"== {name}\n{profile_cell(p, args.steps, args.top)}", flush=True)
+        if args.idle:
+            print(f"== {name}\n{idle_report(p, args.steps)}", flush=True)
+        else:
+            print(f"== {name}\n{profile_cell(p, args.steps, args.top)}", flush=True)
         if args.launches and cell["system"] == "overlap":
-            print(launch_table(p, 200), flush=True)
+            lay = getattr(p.system, "layer", False)
+            print((layer_table if lay else launch_table)(p, 200), flush=True)
     dist.destroy_process_group()
 
 
