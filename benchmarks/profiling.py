@@ -37,43 +37,74 @@ def busy_union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 6) -> dict:
-    """Device idle time of a kernel timeline [(start_us, end_us, name)] (every stream):
-    span (first start to last end), busy (union of the kernels), idle = span - busy, and the
-    `top` longest gaps as (us, kernel before, kernel after)."""
+def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 8) -> dict:
+    """Device idle time of one step's kernel timeline [(start_us, end_us, name)] (every
+    stream): span (first start to last end), busy (union of the kernels), idle = span - busy,
+    and `gaps`: {kernel name: idle us just before it}, longest first (the `top` longest)."""
     if not kernels:
-        return {"span_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "gaps": []}
+        return {"span_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "gaps": {}}
     ks = sorted(kernels)
     span = max(e for _, e, _ in ks) - ks[0][0]
     busy = busy_union([(s, e) for s, e, _ in ks])
-    gaps, end, before = [], ks[0][1], ks[0][2]
+    gaps: dict[str, float] = {}
+    end = ks[0][1]
     for s, e, name in ks[1:]:
         if s > end:
-            gaps.append((s - end, before, name))
-        if e > end:
-            end, before = e, name
-    gaps.sort(reverse=True)
-    return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "gaps": gaps[:top]}
+            gaps[name] = gaps.get(name, 0.0) + s - end
+        end = max(end, e)
+    top_gaps = dict(sorted(gaps.items(), key=lambda kv: -kv[1])[:top])
+    return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "gaps": top_gaps}
 
 
-def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int = 6) -> dict:
-    """idle_gaps over `reps` back-to-back steps (torch.profiler, device activity only), per
-    step: span_us, busy_us, idle_us divided by reps; gaps are the longest single gaps."""
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: the step boundaries of device_idle
+
+
+def split_steps(kernels: list[tuple[float, float, str]]) -> list[list[tuple[float, float, str]]]:
+    """One list per step: its MARKER kernel, the kernels up to the next marker, and that next
+    marker renamed "(next step)" (so the host's time between steps counts as idle there);
+    kernels before the first marker and after the last are dropped."""
+    steps: list[list] = []
+    for k in sorted(kernels):
+        if k[2] == MARKER:
+            if steps:
+                steps[-1].append((k[0], k[1], "(next step)"))
+            steps.append([k])
+        elif steps:
+            steps[-1].append(k)
+    return steps[:-1]
+
+
+def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int = 8) -> dict:
+    """idle_gaps of `reps` back-to-back steps (torch.profiler, device activity only; a 1-cycle
+    marker kernel starts each step): the median step's span_us, busy_us, idle_us, and gaps
+    summed over the steps and divided by reps (us per step before each kernel name)."""
     from torch.autograd import DeviceType
 
-    for _ in range(warmup):
+    def marked():
+        torch.cuda._sleep(1)
         step()
+
+    for _ in range(warmup):
+        marked()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            step()
+        for _ in range(reps + 1):  # the last marker closes the last step
+            marked()
         torch.cuda.synchronize()
     ks = [
         (e.time_range.start, e.time_range.end, e.name)
         for e in prof.events()
-        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+        if e.device_type == DeviceType.CUDA
     ]
-    out = idle_gaps(ks, top)
-    for k in ("span_us", "busy_us", "idle_us"):
-        out[k] /= reps
+    per = [idle_gaps(k, top=10**6) for k in split_steps(ks)[1:]]  # the 1st: profiler start
+    if not per:
+        return {"span_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "gaps": {}, "steps": 0}
+    mid = sorted(per, key=lambda r: r["idle_us"])[len(per) // 2]
+    gaps: dict[str, float] = {}
+    for r in per:
+        for name, us in r["gaps"].items():
+            gaps[name] = gaps.get(name, 0.0) + us / len(per)
+    out = {k: mid[k] for k in ("span_us", "busy_us", "idle_us")}
+    out["gaps"] = dict(sorted(gaps.items(), key=lambda kv: -kv[1])[:top])
+    out["steps"] = len(per)
     return out

@@ -414,6 +414,78 @@ def test_runner_from_device_plans_on_loopback(order, layout, local):
         assert torch.equal(runner.band_ready, ready), f"run {i}"
 
 
+@needs_interpreter
+@pytest.mark.parametrize(
+    "order,layout,local", [("expert", "aligned", "direct"), ("remote_first", "compact", "copy")]
+)
+def test_builder_rewrites_one_plan_and_the_runner_follows_it(order, layout, local):
+    """DevicePlanBuilder (a layer's stage A on every step): routings with the same row count
+    give the SAME plan object, each call's contents build_plan's (the -1 sentinels restored),
+    padded_input padded_input_device's rows in one buffer; a runner given that object again
+    rebuilds what it derives in place (plan_version stays) and runs each step's plan right;
+    another row count gives a new plan object (plan_version moves)."""
+    from systems.overlap.plan import local_row_map
+    from systems.overlap.plan_device import DevicePlanBuilder
+
+    K, N = 24, 40
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(2, K, N, generator=g) / K**0.5
+    cases = [  # [expert][owner] rows; 92 rows each but the last (78)
+        [[20, 16, 5], [0, 33, 18]],
+        [[30, 6, 5], [10, 23, 18]],
+        [[3, 40, 17], [18, 0, 14]],
+        [[3, 40, 17], [18, 0, 0]],
+    ]
+    kw = dict(_kw(3, 2, 2, TILE_M, 2), out_cols=N, elem_bytes=4, layout=layout)
+    fabric = LoopbackFabric([200] * 3, N, torch.float32, "cpu")
+    build = DevicePlanBuilder(**kw)
+    runner = first = prev_x = None
+    for i, rows in enumerate(cases):
+        src, expert, dst, _ = synthetic_rows(rows, rank=2)
+        send = torch.tensor([7 + i, 11, 5])
+        ref = build_plan(src, expert, dst, send_counts=send, **kw)
+        plan = build(src, expert, dst, send_counts=send)
+        assert_same_plan(plan, ref)
+        assert (plan is first) == (0 < i < 3), f"step {i}: one plan object per row count"
+        first = first or plan
+        x_recv = torch.randn(ref.n_rows, K, generator=g)
+        x = build.padded_input(x_recv)
+        P = ref.n_padded
+        assert torch.equal(x[:P], padded_input_device(x_recv, plan)[:P])
+        assert (x is prev_x) == (0 < i < 3), f"step {i}: one input buffer per row count"
+        prev_x = x
+        if runner is None:
+            runner = OverlapRunner(
+                plan,
+                w,
+                fabric.transport(2),
+                ccta=2,
+                tile=interpreter_config(TILE_M),
+                consumer=interpreter_consumer_config(),
+                num_programs=3,
+                order=order,
+                local_direct=local == "direct",
+            )
+        version = runner.plan_version
+        runner.use_plan(plan)
+        assert (runner.plan_version == version) == (i < 3), f"step {i}: a new plan object"
+        if local == "direct":
+            assert torch.equal(runner.row_dst[:P], local_row_map(ref))
+        assert torch.equal(runner.recv_step, send * torch.tensor([1, 1, 0]))
+        y = torch.full((plan.max_padded, N), float("nan"))
+        fabric.buffer.zero_()
+        runner.overlapped(x, y)
+        runner.check()
+        runner.local_copy(y)
+        ref_y = reference_y(ref, x[:P], w)
+        in_y = local_row_map(ref) < 0 if local == "direct" else torch.ones(P, dtype=torch.bool)
+        torch.testing.assert_close(y[:P][in_y], ref_y[in_y], rtol=1e-4, atol=1e-4)
+        want = expected_sends(ref, y, [torch.zeros_like(fabric.recv(d)) for d in range(3)])
+        want[2][ref.local_dst_index] = ref_y[ref.local_src_row]
+        for d in range(3):
+            torch.testing.assert_close(fabric.recv(d), want[d], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the interpreter tests itself")
 def test_interpreter_in_subprocess():
     """Fallback when triton was imported before this module: the same tests, fresh process."""

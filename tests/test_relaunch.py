@@ -80,3 +80,20 @@ def test_the_consumer_target_is_not_specialised():
         assert "ready_target" in _consumer_kernel.kwargs["do_not_specialize"]
     else:
         assert {p.name: p for p in params}["ready_target"].do_not_specialize
+
+
+def test_a_volatile_tensor_replaces_the_remembered_one_if_triton_would_bind_it_alike(fake_device):
+    """Inputs made anew every step (a layer's dispatch) relaunch with their new tensors; a
+    tensor Triton would specialise differently (dtype, 16-byte alignment) is refused."""
+    import torch
+
+    memo, c = rl.LaunchMemo(), _Compiled()
+    base = torch.zeros(64, dtype=torch.int64)
+    memo.remember("k", _Kernel(), (1,), (base[:8], 5), {}, c)
+    new = torch.ones(8, dtype=torch.int64)
+    memo.launch(x=new)
+    assert c.calls[-1][9] is new
+    with pytest.raises(ValueError, match="dtype, device or alignment"):
+        memo.launch(x=new.to(torch.int32))
+    with pytest.raises(ValueError, match="dtype, device or alignment"):
+        memo.launch(x=base[1:9])  # 8-byte offset: another pointer specialisation

@@ -736,19 +736,32 @@ def plans_for_spec(
     return plans, lays
 
 
-def local_row_map(plan: Any) -> torch.Tensor:
+def padded_bound(plan: Any) -> int:
+    """Rows of the padded layout a kernel may touch: n_padded (a CombinePlan) or the bound
+    max_padded (a DevicePlan)."""
+    return plan.max_padded if getattr(plan, "counts_on_device", False) else int(plan.n_padded)
+
+
+def local_row_map(plan: Any, out: torch.Tensor | None = None) -> torch.Tensor:
     """row_dst [P] int64 on the plan's device: the place in this rank's own receive buffer of
     each local valid row of the padded layout, -1 at every other row (remote rows, padding).
 
     P is n_padded (a CombinePlan) or the bound max_padded (a DevicePlan, whose local arrays
     hold -1 past n_local). Three device ops, no host synchronisation. The producer's epilogue
     uses it to store local rows where the local copy would put them (local=direct).
+    out: an int64 [P + 1] buffer to write (its [:P] view is returned), e.g. the last call's
+    buffer for a plan rewritten in place.
     """
-    P = plan.max_padded if getattr(plan, "counts_on_device", False) else int(plan.n_padded)
+    P = padded_bound(plan)
     src, dst = plan.local_src_row, plan.local_dst_index
-    row_dst = torch.full((P + 1,), -1, dtype=torch.int64, device=src.device)
-    row_dst.scatter_(0, torch.where(src >= 0, src, P), dst.to(torch.int64))
-    return row_dst[:P]
+    if out is None:
+        out = torch.full((P + 1,), -1, dtype=torch.int64, device=src.device)
+    elif out.shape != (P + 1,) or out.dtype != torch.int64:
+        raise ValueError(f"local_row_map: out must be int64 [{P + 1}], got {tuple(out.shape)}")
+    else:
+        out.fill_(-1)
+    out.scatter_(0, torch.where(src >= 0, src, P), dst.to(torch.int64))
+    return out[:P]
 
 
 #: the producer's visiting orders of the schedule (OverlapSystem's `order` knob)

@@ -20,9 +20,12 @@ Triton kernel, and the band counters are zeroed before every run (a band id mean
 in the next step's plan, so epoch values cannot carry over; one memset per run).
 residency_report() says from the compiled kernels whether a consumer CTA owns its SM.
 On a GPU every launch is remembered (kernels/relaunch.py LaunchMemo, keyed on what the launch
-passes and on plan_version, which every plan change moves) and re-run from its compiled kernel
-while its key holds: a step's host time is then the kernels' own launchers, not Triton's
-argument binding and our operand checks (benchmarks/host_profile.py).
+passes and on plan_version, which every new plan object moves) and re-run from its compiled
+kernel while its key holds: a step's host time is then the kernels' own launchers, not Triton's
+argument binding and our operand checks (benchmarks/host_profile.py). The producer's input x is
+a volatile argument (a layer's fc1 output is a new tensor every step). use_plan() with the same
+DevicePlan object again (a plan_device.DevicePlanBuilder's, rewritten in place every step)
+rebuilds what the runner derives from it in place and keeps the remembered launches.
 Importing this module imports triton (through kernels/), not the transports.
 """
 
@@ -43,12 +46,19 @@ from systems.overlap.kernels import (
     launch_wait_signals,
     pick_config,
     producer_grid,
+    producer_input_args,
     shared_consumer_config,
     vec_ok,
     with_swizzle,
 )
 from systems.overlap.modes import CONSUMER_SMS, PUT_STORE
-from systems.overlap.plan import ORDERS, local_row_map, producer_groups, producer_order
+from systems.overlap.plan import (
+    ORDERS,
+    local_row_map,
+    padded_bound,
+    producer_groups,
+    producer_order,
+)
 from systems.overlap.plan_device import local_copy_device, producer_groups_device
 
 _INT32_MAX = 2**31 - 1
@@ -151,13 +161,14 @@ class OverlapRunner:
         #: GPU: each launch of a step remembered once and re-run without Triton's per-call host
         #: work while its key holds (kernels/relaunch.py); `plan_version` is in every key and
         #: moves with every plan change (use_plan, replan)
-        self.memos = {k: LaunchMemo() for k in ("produce", "bound", "consume", "comm", "wait")}
+        names = ("produce", "bound", "consume", "comm", "wait", "groups")
+        self.memos = {k: LaunchMemo() for k in names}
         self.use_memos = dev.type == "cuda"
         self.plan_version = 0
         #: local rows stored by the producer's epilogue into the own receive buffer (no local
         #: copy); row_dst [P] is the plan's local_row_map, rebuilt by use_plan
         self.local_direct = local_direct
-        self.row_dst = local_row_map(plan) if local_direct else None
+        self.row_dst = self._row_map(plan) if local_direct else None
         #: the producer's visiting order of the schedule ("expert": plan.producer_order, rebuilt
         #: by use_plan; "remote_first": the schedule itself, no array)
         if order not in ORDERS:
@@ -166,6 +177,13 @@ class OverlapRunner:
         self.visit = _visit(plan) if order == "expert" else None
         self.groups = self._groups(plan)
 
+    def _row_map(self, plan: Any) -> torch.Tensor:
+        """local_row_map of a new plan, into a new [P + 1] buffer kept for in-place rebuilds."""
+        self._row_dst_buf = torch.empty(
+            padded_bound(plan) + 1, dtype=torch.int64, device=self.device
+        )
+        return local_row_map(plan, out=self._row_dst_buf)
+
     def _recv_step(self, plan: Any) -> torch.Tensor | None:
         """int64 [W]: what one run of `plan` adds to recv_expected (its recv_rows from remote
         sources), or None for a plan without recv_rows."""
@@ -173,13 +191,20 @@ class OverlapRunner:
             return None
         return plan.recv_rows.to(device=self.device, dtype=torch.int64) * self.remote
 
-    def _groups(self, plan: Any) -> torch.Tensor | None:
+    def _groups(self, plan: Any, out: torch.Tensor | None = None) -> torch.Tensor | None:
         """The producer's swizzle groups of the plan's visiting order (TileConfig.expert_groups:
-        plan.producer_groups; on a GPU its one-kernel twin), else None."""
+        plan.producer_groups; on a GPU its one-kernel twin, remembered), else None. out: the
+        last groups tensor, rewritten (a plan rewritten in place)."""
         if not self.tile.expert_groups:
             return None
         if self.device.type == "cuda":  # one launch (plan_device.producer_groups_device)
-            return producer_groups_device(plan, self.visit, self.tile.group_m)
+            memo, key = None, None
+            if self.use_memos and out is not None:  # the plan's tensors: plan_version
+                memo = self.memos["groups"]
+                key = (self.plan_version, out.data_ptr(), self.tile.group_m, self.order)
+            return producer_groups_device(
+                plan, self.visit, self.tile.group_m, out=out, memo=memo, memo_key=key
+            )
         return producer_groups(plan, self.visit, self.tile.group_m)
 
     @property
@@ -199,15 +224,27 @@ class OverlapRunner:
         self._set_plan(plan)
 
     def _set_plan(self, plan: Any) -> None:
-        """`plan` and everything the runner derives from it; every remembered launch expires."""
+        """`plan` and everything the runner derives from it. A new plan object: every
+        remembered launch expires (plan_version moves). The same DevicePlan object again (a
+        DevicePlanBuilder's, its tensors rewritten in place): the derived tensors are rebuilt
+        in place, so every remembered launch holds."""
+        if plan is self.plan and self.device_plan:
+            if self.local_direct:
+                self.row_dst = local_row_map(plan, out=self._row_dst_buf)  # same buffer
+            # visit is the plan's own tensor (DevicePlan.visit), rewritten with it
+            if self.groups is not None:
+                self.groups = self._groups(plan, out=self.groups)
+            if self.recv_step is not None:
+                torch.mul(plan.recv_rows, self.remote, out=self.recv_step)
+            return
         self.plan = plan
+        self.plan_version += 1
         if self.local_direct:
-            self.row_dst = local_row_map(plan)
+            self.row_dst = self._row_map(plan)
         if self.order == "expert":
             self.visit = _visit(plan)
         self.groups = self._groups(plan)
         self.recv_step = self._recv_step(plan)
-        self.plan_version += 1
 
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
@@ -226,11 +263,13 @@ class OverlapRunner:
         memo = self.memos["produce" if signal else "bound"] if self.use_memos else None
         key = None
         if memo is not None:
-            # everything the launch reads but the plan (plan_version) and the fixed weights
-            key = (x.data_ptr(), x.shape, y.data_ptr(), y.shape, num_programs, self.plan_version)
+            # everything the launch reads but the plan (plan_version) and the fixed weights;
+            # x is volatile (swapped in): its shape, dtype and alignment
+            xk = (x.shape, x.dtype, x.data_ptr() % 16 == 0)
+            key = (xk, y.data_ptr(), y.shape, num_programs, self.plan_version)
             key = (key, self.band_ready.data_ptr(), self.tile, self.local_direct)
             if memo.hit(key):
-                return memo.launch()
+                return memo.launch(**producer_input_args(x, self.tile))
         return launch_producer(
             x,
             self.weights,

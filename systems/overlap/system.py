@@ -248,6 +248,11 @@ class _LayerRank:
     all-to-all also orders the steps across ranks: a peer's next dispatch starts only after its
     scale of this step read its receive buffer, so the next step's puts never overwrite rows
     still being read.
+
+    Every step's plan, padded input and fc2 output go into the same buffers (a
+    DevicePlanBuilder and one Y), so the runner's remembered launches hold from step to step:
+    the host pays the launchers, not Triton's argument binding (the layer step synchronises
+    once, in the dispatch, and every launch after it is on the step's critical path).
     """
 
     def __init__(
@@ -261,7 +266,7 @@ class _LayerRank:
         runner_kw: dict,
         layout: str = "aligned",
     ):
-        from systems.overlap.plan_device import plan_bounds
+        from systems.overlap.plan_device import DevicePlanBuilder, plan_bounds
         from systems.overlap.runner import OverlapRunner
 
         spec = inp.spec
@@ -272,7 +277,20 @@ class _LayerRank:
         self.rank = inp.layout.rank
         self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, group)
         self.rows = spec.tokens_per_rank * spec.top_k
-        self.held = self.stage_a()  # one untimed step's state (bounds, plan facts)
+        self.plan_shape = dict(
+            world_size=spec.world_size,
+            rank=self.rank,
+            experts_per_rank=spec.experts_per_rank,
+            tile_m=tile_m,
+            mgb=mgb,
+            out_cols=spec.out,
+            elem_bytes=self.x.element_size(),
+            layout=layout,
+        )
+        self.builder = DevicePlanBuilder(**self.plan_shape)  # every step's plan, in place
+        self.y: torch.Tensor | None = None  # every step's fc2 output [P', N]
+        # one untimed step's state (bounds, plan facts), in its own plan
+        self.held = self.stage_a(own_plan=True)
         self.plan = self.held[1].to_host_plan()  # host view of the plan, for the row's facts
         self.runner = OverlapRunner(self.held[1], self.w2, transport, ccta=ccta, **runner_kw)
         # band counters for the worst case of any step: every row of every rank comes here
@@ -285,31 +303,29 @@ class _LayerRank:
         )["max_bands"]
         self.runner.band_ready = torch.zeros(most, dtype=torch.int32, device=self.x.device)
 
-    def plan_for(self, d: ld.Dispatched):
+    def plan_for(self, d: ld.Dispatched, own_plan: bool = False):
         """Stage A on one dispatch, on the device with no host sync: (DevicePlan, the padded
-        fc1 input x_pad [P', H])."""
+        fc1 input x_pad [P', H]), in the builder's buffers (own_plan: in new ones, kept)."""
         from systems.overlap.plan_device import build_plan_device, padded_input_device
 
-        plan = build_plan_device(
-            d.recv_src,
-            d.recv_expert,
-            d.recv_dst_index,
-            world_size=self.spec.world_size,
-            rank=self.rank,
-            experts_per_rank=self.spec.experts_per_rank,
-            tile_m=self.tile_m,
-            mgb=self.mgb,
-            out_cols=self.spec.out,
-            elem_bytes=self.x.element_size(),
-            send_counts=d.send_counts,
-            layout=self.layout,
-        )
-        return plan, padded_input_device(d.x_recv, plan)
+        ins = (d.recv_src, d.recv_expert, d.recv_dst_index)
+        if own_plan:
+            plan = build_plan_device(*ins, send_counts=d.send_counts, **self.plan_shape)
+            return plan, padded_input_device(d.x_recv, plan)
+        plan = self.builder(*ins, send_counts=d.send_counts)
+        return plan, self.builder.padded_input(d.x_recv)
 
-    def stage_a(self):
+    def stage_a(self, own_plan: bool = False):
         """Dispatch, plan and the padded fc1 input: (Dispatched, DevicePlan, x_pad [P', H])."""
         d = self.dispatch(self.x, self.ids)
-        return (d, *self.plan_for(d))
+        return (d, *self.plan_for(d, own_plan))
+
+    def _y(self, rows: int, like: torch.Tensor) -> torch.Tensor:
+        """The fc2 output [rows, N]: one buffer for every step of this shape."""
+        y = self.y
+        if y is None or y.shape[0] != rows or y.dtype != like.dtype:
+            y = self.y = torch.empty(rows, self.spec.out, dtype=like.dtype, device=like.device)
+        return y
 
     def fc1(self, plan, x_pad: torch.Tensor) -> torch.Tensor:
         """gelu(x_pad @ W1_e) per expert over the padded layout: [P', H] -> [P', F] (rows
@@ -323,7 +339,7 @@ class _LayerRank:
 
     def _fc2_combine(self, plan, h: torch.Tensor, overlapped: bool = True) -> torch.Tensor:
         self.runner.use_plan(plan)
-        y = torch.empty(h.shape[0], self.spec.out, dtype=h.dtype, device=h.device)
+        y = self._y(h.shape[0], h)
         if overlapped:
             self.runner.overlapped(h, y)
         else:  # the compute bound: the producer alone on ALL SMs, no flags
@@ -355,8 +371,7 @@ class _LayerRank:
         if self.spec.world_size > 1:
             ld.redispatch(d, self.x, self.ids.shape[1], self.group)
         self.runner.use_plan(plan)
-        y = torch.empty(x_pad.shape[0], self.spec.out, dtype=self.x.dtype, device=self.x.device)
-        self.runner.comm_only(y)
+        self.runner.comm_only(self._y(x_pad.shape[0], self.x))
 
 
 class _Layer:

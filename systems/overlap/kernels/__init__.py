@@ -26,6 +26,7 @@ from systems.overlap.kernels.producer import (
     launch_producer,
     pick_config,
     producer_grid,
+    producer_input_args,
     with_swizzle,
 )
 from systems.overlap.kernels.relaunch import LaunchMemo
@@ -41,6 +42,7 @@ __all__ = [
     "launch_wait_signals",
     "pick_config",
     "producer_grid",
+    "producer_input_args",
     "shared_consumer_config",
     "vec_ok",
     "with_swizzle",

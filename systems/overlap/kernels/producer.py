@@ -375,6 +375,16 @@ def producer_grid(sm_count: int, ccta: int) -> int:
     return sm_count - ccta
 
 
+def producer_input_args(x: torch.Tensor, config: TileConfig) -> dict:
+    """The producer's arguments that carry its input x [P, K]: x_ptr, and x_desc where the
+    tiles load through TMA (else None). A remembered launch (kernels/relaunch.py) swaps these
+    in for another x of the same shape, dtype and 16-byte alignment."""
+    P, K = x.shape
+    tma = config.use_tma and K % config.block_k == 0
+    desc = TensorDescriptor(x, [P, K], [K, 1], [config.block_m, config.block_k]) if tma else None
+    return {"x_ptr": x, "x_desc": desc}
+
+
 def launch_producer(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -438,12 +448,12 @@ def launch_producer(
         n_signal = torch.full((1,), n_signal, dtype=torch.int64, device=x.device)
     cfg = config
     use_tma = cfg.use_tma and K % cfg.block_k == 0
+    x_desc = producer_input_args(x, cfg)["x_desc"]
     if use_tma:
-        x_desc = TensorDescriptor(x, [P, K], [K, 1], [cfg.block_m, cfg.block_k])
         w2 = weights.view(E * K, N)
         w_desc = TensorDescriptor(w2, [E * K, N], [N, 1], [cfg.block_k, cfg.block_n])
     else:
-        x_desc = w_desc = None
+        w_desc = None
     if local_to is not None:
         recv, row_dst = local_to
         if recv.dtype != y.dtype or recv.shape[1] != N or not recv.is_contiguous():

@@ -10,9 +10,11 @@ epoch target changes), so it remembers each launch once and then re-runs the com
 The caller owns the key: it must differ whenever any argument but the `volatile` ones would
 differ (another tensor or shape, another plan, another flag). The memo holds the remembered
 arguments, so their memory stays allocated (and their addresses unique) while it is remembered.
-A volatile argument must be declared do_not_specialize in its kernel (so its value never picks
-another compiled variant) and must keep its integer width. While a Triton launch hook is set
-(a profiler), every launch takes Triton's own path.
+A volatile int must be declared do_not_specialize in its kernel (so its value never picks
+another compiled variant) and must keep its integer width. A volatile tensor (an input made anew
+on every step) must keep its dtype, device and 16-byte alignment, the only things Triton
+specialises a pointer on: the caller's key should hold them, launch() checks them. While a
+Triton launch hook is set (a profiler), every launch takes Triton's own path.
 """
 
 from __future__ import annotations
@@ -63,12 +65,27 @@ class LaunchMemo:
     def forget(self) -> None:
         self.key, self.compiled, self.bound = None, None, []
 
-    def launch(self, **volatile: int) -> Any:
-        """Re-run the remembered launch on the current stream, with the named volatile ints."""
+    def launch(self, **volatile: Any) -> Any:
+        """Re-run the remembered launch on the current stream, with the named volatile ints,
+        tensors (or other arguments of the remembered kinds, e.g. a TMA descriptor over a new
+        tensor) in place of the remembered ones."""
         for name, value in volatile.items():
-            if not _I32[0] <= value <= _I32[1]:
+            i = self.index[name]
+            if isinstance(value, torch.Tensor):
+                old = self.bound[i]
+                if not (
+                    isinstance(old, torch.Tensor)
+                    and value.dtype == old.dtype
+                    and value.device == old.device
+                    and (value.data_ptr() % 16 == 0) == (old.data_ptr() % 16 == 0)
+                ):
+                    raise ValueError(f"relaunch: {name} changed dtype, device or alignment")
+            elif not isinstance(value, int) or isinstance(value, bool):
+                if type(value) is not type(self.bound[i]):  # e.g. a TMA descriptor, or None
+                    raise ValueError(f"relaunch: {name} changed its kind of argument")
+            elif not _I32[0] <= value <= _I32[1]:
                 raise ValueError(f"relaunch: {name}={value} does not fit int32")
-            self.bound[self.index[name]] = value
+            self.bound[i] = value
         c, g = self.compiled, self.grid
         stream = driver.active.get_current_stream(torch.cuda.current_device())
         c.run(
