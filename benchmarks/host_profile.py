@@ -218,9 +218,9 @@ def main() -> None:
             print(f"== {name}\n{profile_cell(p, args.steps, args.top)}", flush=True)
         if args.launches and cell["system"] == "overlap":
             lay = getattr(p.system, "layer", False)
-            # the layer's parts launch up to ~10 kernels a call: 20 calls stay below the depth of
-        # the device's launch queue (past it the host blocks until the sleep ends)
-        print(layer_table(p, 20) if lay else launch_table(p, 200), flush=True)
+            # the layer's parts launch up to ~10 kernels a call: 20 calls stay below the depth
+            # of the device's launch queue (past it the host blocks until the sleep ends)
+            print(layer_table(p, 20) if lay else launch_table(p, 200), flush=True)
     dist.destroy_process_group()
 
 

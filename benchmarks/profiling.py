@@ -56,7 +56,7 @@ def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 8) -> dict:
     return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "gaps": top_gaps}
 
 
-MARKER = "spin_kernel"  # torch.cuda._sleep's kernel: the step boundaries of device_idle
+MARKER = "spin_kernel"  # torch.cuda._sleep's kernel ("spin_kernel(long)"): the step boundaries
 
 
 def split_steps(kernels: list[tuple[float, float, str]]) -> list[list[tuple[float, float, str]]]:
@@ -65,7 +65,7 @@ def split_steps(kernels: list[tuple[float, float, str]]) -> list[list[tuple[floa
     kernels before the first marker and after the last are dropped."""
     steps: list[list] = []
     for k in sorted(kernels):
-        if k[2] == MARKER:
+        if k[2].startswith(MARKER):
             if steps:
                 steps[-1].append((k[0], k[1], "(next step)"))
             steps.append([k])
