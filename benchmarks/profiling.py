@@ -56,7 +56,9 @@ def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 8) -> dict:
     return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "gaps": top_gaps}
 
 
-MARKER = "spin_kernel"  # torch.cuda._sleep's kernel ("spin_kernel(long)"): the step boundaries
+#: torch.cuda._sleep's kernel (demangled "at::cuda::(anonymous namespace)::spin_kernel(long)"):
+#: the step boundaries of device_idle
+MARKER = "spin_kernel"
 
 
 def split_steps(kernels: list[tuple[float, float, str]]) -> list[list[tuple[float, float, str]]]:
@@ -65,7 +67,7 @@ def split_steps(kernels: list[tuple[float, float, str]]) -> list[list[tuple[floa
     kernels before the first marker and after the last are dropped."""
     steps: list[list] = []
     for k in sorted(kernels):
-        if k[2].startswith(MARKER):
+        if MARKER in k[2]:
             if steps:
                 steps[-1].append((k[0], k[1], "(next step)"))
             steps.append([k])
@@ -98,7 +100,8 @@ def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int
     ]
     per = [idle_gaps(k, top=10**6) for k in split_steps(ks)[1:]]  # the 1st: profiler start
     if not per:
-        return {"span_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "gaps": {}, "steps": 0}
+        names = sorted({k[2][:80] for k in ks})[:12]
+        raise RuntimeError(f"device_idle: no {MARKER} step markers among the kernels {names}")
     mid = sorted(per, key=lambda r: r["idle_us"])[len(per) // 2]
     gaps: dict[str, float] = {}
     for r in per:

@@ -72,3 +72,24 @@ def test_table_summary_reports_the_host_share_of_a_step_where_rows_have_it():
     assert "host time / step (median, max): overlap 0.70, 1.20" in text
     assert "serial" not in text.splitlines()[-1]  # no host time, no entry
     assert "host time" not in summarize(pd.DataFrame(rows).drop(columns="m_host_ms"))
+
+
+def test_device_idle_splits_steps_at_the_markers_and_sums_the_gaps_before_each_kernel():
+    """benchmarks/profiling.py: steps start at the marker kernel, the next marker closes a step
+    (the host's time between steps is idle before "(next step)"), overlapping kernels of two
+    streams count once as busy."""
+    from benchmarks.profiling import busy_union, idle_gaps, split_steps
+
+    assert busy_union([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    mark = "at::cuda::(anonymous namespace)::spin_kernel(long)"
+    ks = [(0, 1, mark), (2, 10, "a"), (5, 12, "b"), (20, 25, "c"), (26, 27, mark)]
+    ks += [(30, 31, "d"), (40, 41, mark), (50, 51, "after the last marker")]
+    steps = split_steps(ks)
+    assert [[k[2] for k in st] for st in steps] == [
+        [mark, "a", "b", "c", "(next step)"],
+        [mark, "d", "(next step)"],
+    ]
+    one = idle_gaps(steps[0])
+    assert (one["span_us"], one["busy_us"], one["idle_us"]) == (27, 17, 10)
+    assert one["gaps"] == {"c": 8, "a": 1, "(next step)": 1}
+    assert idle_gaps(steps[1])["gaps"] == {"(next step)": 9, "d": 3}

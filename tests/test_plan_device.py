@@ -57,6 +57,7 @@ from systems.overlap.plan import (  # noqa: E402
     GROUP_CODE,
     CombinePlan,
     build_plan,
+    local_row_map,
     plans_for_spec,
     producer_groups,
     producer_order,
@@ -99,6 +100,9 @@ def assert_same_plan(dev: DevicePlan, ref: CombinePlan) -> None:
             assert a == b, f.name
     # the fill kernel's visiting order for order="expert" == plan.producer_order's
     assert torch.equal(dev.visit[: ref.n_bands], producer_order(ref).long()), "visit"
+    # ... and its local row map == plan.local_row_map's (-1 at every other padded row)
+    assert torch.equal(dev.row_dst, local_row_map(dev)), "row_dst"
+    assert torch.equal(dev.row_dst[: ref.n_padded], local_row_map(ref)), "row_dst"
     # the swizzle groups from the device plan's arrays == from the host plan's; the unused
     # positions past n_bands are groups of one
     # positions past n_bands are groups of one; the one-launch kernel gives the same groups

@@ -115,6 +115,9 @@ class DevicePlan:
     piece_rows: torch.Tensor | None = None
     piece_offset: torch.Tensor | None = None
     piece_dst: torch.Tensor | None = None
+    #: [max_padded] plan.local_row_map (each local row's place in the own receive buffer at its
+    #: padded row, -1 elsewhere), written by the fill kernel: local=direct needs no extra launch
+    row_dst: torch.Tensor | None = None
 
     counts_on_device = True  # the kernels' launchers read the counts from `counts`
 
@@ -309,6 +312,7 @@ class DevicePlanBuilder:
             "recv_row_start": W if has_send else 0,
             "local_src_row": R,
             "local_dst_index": R,
+            "row_dst": Pm,
             **{
                 k: Qm
                 for k in ("piece_band", "piece_row", "piece_rows", "piece_offset", "piece_dst")
@@ -436,7 +440,8 @@ class DevicePlanBuilder:
         head = (out["_cnt_enc"], out["_dmin_enc"], self.blk_local, self.blk_off, n_blocks)
         head += (n_ptr, R, sc, self.gw)
         rows_out = tuple(
-            out[k] for k in ("row_pos", "gather_index", "local_src_row", "local_dst_index")
+            out[k]
+            for k in ("row_pos", "gather_index", "local_src_row", "local_dst_index", "row_dst")
         )
         bands_out = tuple(
             out[k]

@@ -178,7 +178,11 @@ class OverlapRunner:
         self.groups = self._groups(plan)
 
     def _row_map(self, plan: Any) -> torch.Tensor:
-        """local_row_map of a new plan, into a new [P + 1] buffer kept for in-place rebuilds."""
+        """local_row_map of a new plan: a DevicePlan's own row_dst (its fill kernel wrote it),
+        else into a new [P + 1] buffer kept for in-place rebuilds."""
+        if getattr(plan, "row_dst", None) is not None:
+            self._row_dst_buf = None
+            return plan.row_dst
         self._row_dst_buf = torch.empty(
             padded_bound(plan) + 1, dtype=torch.int64, device=self.device
         )
@@ -229,7 +233,7 @@ class OverlapRunner:
         DevicePlanBuilder's, its tensors rewritten in place): the derived tensors are rebuilt
         in place, so every remembered launch holds."""
         if plan is self.plan and self.device_plan:
-            if self.local_direct:
+            if self.local_direct and self._row_dst_buf is not None:  # else the plan's row_dst
                 self.row_dst = local_row_map(plan, out=self._row_dst_buf)  # same buffer
             # visit is the plan's own tensor (DevicePlan.visit), rewritten with it
             if self.groups is not None:

@@ -302,6 +302,7 @@ def _fill_kernel(
     gather_index,
     local_src_row,
     local_dst_index,
+    row_dst,  # [P'] each local row's receive position at its padded row
     band_expert,
     band_row,
     band_rows,
@@ -386,6 +387,7 @@ def _fill_kernel(
             gather_index,
             local_src_row,
             local_dst_index,
+            row_dst,
             rank,
             W,
             HAS_N,
@@ -408,13 +410,15 @@ def _fill_rows(
     gather_index,
     local_src_row,
     local_dst_index,
+    row_dst,
     rank,
     W,
     HAS_N: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """One block of rows: padded position (the group's first row gw[1] + dst - its minimum dst
-    gw[6]), gather index, and the local rows in row order."""
+    gw[6]), gather index, the local rows in row order, and each local row's place in the own
+    receive buffer at its padded position (row_dst: plan.local_row_map; -1 is pre-filled)."""
     j = tl.arange(0, BLOCK)
     i = blk.to(tl.int64) * BLOCK + j
     valid = i < _n_valid(n_rows_ptr, R, HAS_N)
@@ -427,6 +431,7 @@ def _fill_rows(
     li = tl.load(blk_off + blk) + tl.cumsum(isl, 0) - isl
     tl.store(local_src_row + li, rp, mask=isl > 0)
     tl.store(local_dst_index + li, d, mask=isl > 0)
+    tl.store(row_dst + rp, d, mask=isl > 0)
 
 
 @triton.jit
@@ -591,6 +596,7 @@ def _fill_compact_kernel(
     gather_index,
     local_src_row,
     local_dst_index,
+    row_dst,  # [P'] each local row's receive position at its padded row
     band_expert,
     band_row,
     band_rows,
@@ -730,6 +736,7 @@ def _fill_compact_kernel(
             gather_index,
             local_src_row,
             local_dst_index,
+            row_dst,
             rank,
             W,
             HAS_N,
