@@ -3,7 +3,10 @@
 Shared by the layer-scope systems that dispatch with NCCL's all_to_all_single (serial, and the
 overlap system's stage A inputs). Everything is computed on the device from expert_ids [T, k];
 the only host synchronisation is the one every all-to-all dispatcher pays: the split sizes of
-the uneven all-to-all (one `.tolist()` of 2W + E ints after the counts exchange).
+the uneven all-to-all (one `.tolist()` of 2W + E ints after the counts exchange). Every launch
+after it is on the step's critical path (the device waits for the host), so on a GPU the
+received rows' labels are one Triton kernel (harness/kernels/dispatch.py) instead of about 20
+torch kernels (`recv_rows_torch`, the CPU path and the kernel's reference).
 
 Order of rows (as harness/layout.py, so the checks line up):
   send   this rank's (token, slot) pairs sorted by global expert (stable): destination rank,
@@ -41,6 +44,19 @@ def expert_positions(
     W, E = recv_counts.shape
     em_start = _excl_cumsum(recv_counts.t().reshape(-1)).view(E, W).t().reshape(-1)
     return em_start[block] + idx
+
+
+def recv_rows_torch(
+    recv_counts: torch.Tensor, recv_off: torch.Tensor, rows: int, expert_pos: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(recv_src, recv_expert, recv_dst_index [rows], expert_pos [rows] or None, offs [E]
+    int32) of rows received in recv_counts' [W, E] blocks, with torch ops (the reference of
+    harness/kernels/dispatch.py recv_rows, which returns the same in one launch)."""
+    E = recv_counts.shape[1]
+    block, idx = blocks(recv_counts, rows)
+    pos = expert_positions(recv_counts, block, idx) if expert_pos else None
+    offs = torch.cumsum(recv_counts.sum(0), 0).to(torch.int32)
+    return block // E, block % E, recv_off.reshape(-1)[block] + idx, pos, offs
 
 
 @dataclass
@@ -111,18 +127,19 @@ class LayerDispatch:
             dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits, group=self.group)
         else:
             x_recv.copy_(x_send)
-        block, idx = blocks(recv_counts, R)
-        expert_pos = expert_positions(recv_counts, block, idx) if W > 1 and E > 1 else None
-        offs = torch.cumsum(recv_counts.sum(0), 0).to(torch.int32)
+        labels = recv_rows_torch
+        if dev.type == "cuda":  # one launch (triton is there wherever CUDA torch is)
+            from harness.kernels.dispatch import recv_rows as labels
+        src, expert, dst_index, expert_pos, offs = labels(recv_counts, recv_off, R, W > 1 and E > 1)
         return Dispatched(
             x_recv=x_recv,
             send_order=send_order,
             pos=pos.view(T, k),
             send_counts=send_counts,
             recv_counts=recv_counts,
-            recv_expert=block % E,
-            recv_src=block // E,
-            recv_dst_index=recv_off.reshape(-1)[block] + idx,
+            recv_expert=expert,
+            recv_src=src,
+            recv_dst_index=dst_index,
             expert_pos=expert_pos,
             offs=offs,
             send_splits=send_splits,

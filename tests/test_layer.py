@@ -144,3 +144,45 @@ def test_expert_gemm_takes_unaligned_widths_on_the_cpu():
     assert not grouped_mm_usable(x, w)
     y = expert_gemm(x, [4, 6], w)
     assert torch.allclose(y[:4], x[:4] @ w[0]) and torch.allclose(y[4:], x[4:] @ w[1])
+
+
+_RECV_ROWS = r"""
+import torch
+from harness.dispatch import recv_rows_torch
+from harness.kernels.dispatch import recv_rows
+g = torch.Generator().manual_seed(0)
+cases = [(1, 1), (1, 5), (3, 1), (2, 4), (4, 70), (8, 9)]  # (W, E): G up to 560 (> one chunk)
+for W, E in cases:
+    for zeros in (0.0, 0.4):
+        cnt = torch.randint(0, 40, (W, E), generator=g)
+        cnt[torch.rand(W, E, generator=g) < zeros] = 0
+        off = torch.randint(0, 1000, (W, E), generator=g)
+        meta = torch.stack([cnt, off], -1)  # the counts exchange's [W, E, 2]: strided views
+        R = int(cnt.sum())
+        for epos in (False, True):
+            got = recv_rows(meta[..., 0], meta[..., 1], R, epos)
+            want = recv_rows_torch(cnt, off, R, epos)
+            for a, b in zip(got, want):
+                assert (a is None) == (b is None), (W, E)
+                assert a is None or (a.dtype == b.dtype and torch.equal(a, b)), (W, E, epos)
+        print("RECV_ROWS_OK", W, E, R)
+"""
+
+
+def test_recv_rows_kernel_equals_the_torch_labels_in_the_interpreter():
+    """harness/kernels/dispatch.py (the GPU path of the dispatch's received-row labels) gives
+    recv_rows_torch's tensors: empty blocks, one source or one expert, strided [W, E, 2]
+    views, several chunks of blocks. A subprocess: TRITON_INTERPRET must precede triton."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _RECV_ROWS], cwd=root, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("RECV_ROWS_OK") == 12
