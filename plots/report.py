@@ -571,6 +571,28 @@ def _host_fig(df: pd.DataFrame) -> str:
     )
 
 
+def _layer_ab_fig(old: str) -> Callable[[pd.DataFrame], str]:
+    """An A/B table of one layer grid run by two revisions, run after run: per system, the
+    later revision's median latency over the runs / revision `old`'s, per cell."""
+
+    def summarise(df: pd.DataFrame) -> str:
+        o = _ok(df)
+        med = o.groupby(["system", "hidden", "experts_per_rank", "git_rev"])["latency_ms"].median()
+        med = med.unstack("git_rev")
+        new = [r for r in med.columns if r != old]
+        if old not in med.columns or len(new) != 1:
+            return f"needs rows of rev {old} and of one other revision"
+        ratio = (med[new[0]] / med[old]).dropna()
+        runs = o.groupby("git_rev").size().max() // max(len(med), 1)
+        parts = [
+            f"{sys_} {_range(r, '.2f', 'x')} (median {r.median():.2f}x)"
+            for sys_, r in ratio.groupby(level="system")
+        ]
+        return f"rev {new[0]} / rev {old}, median of {runs} runs per cell: " + "; ".join(parts)
+
+    return summarise
+
+
 def _heldout_fig(df: pd.DataFrame) -> str:
     r = df["pick_ratio"].dropna()
     within = int((r <= 1.03).sum())
@@ -700,6 +722,13 @@ FIGURE_TABLES = [
         "operator_host_eager",
         "`bash benchmarks/h200_session.sh host_bound` on one GPU",
         _host_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The layer step (W=1, one GPU) before and after the layer's host path (A/B, run after run)",
+        "layer_host_ab_4f2c6f8",
+        "`NEW=4f2c6f8 OLD=68eb2c3 bash benchmarks/layer_ab.sh` on one GPU",
+        _layer_ab_fig("68eb2c3"),
         machine="h200",
     ),
     FigureTable(
