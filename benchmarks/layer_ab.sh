@@ -3,7 +3,8 @@
 # overlap, 50 timed steps a cell): an older revision's tree (OLD_DIR, default ab_old/) and this
 # one, run after run RUNS times, into one table $OUT/layer_host_ab_$NEW.parquet (git_rev tells
 # the trees apart, ab_rep the run); then host_profile --idle --launches on H=4096, E 4/64, every
-# layer system, into $OUT/layer_idle_$NEW.log (the device's idle time per step and where).
+# layer system (IDLE_SYSTEMS=serial,overlap: those only), into $OUT/layer_idle_$NEW.log (the
+# device's idle time per step and the kernels it waited before).
 # Before: `make wheels-gpu`, `bash benchmarks/h200_session.sh none` (the wheels into /tmp/site),
 # and the older tree unpacked beside (`mkdir ab_old && git archive $OLD | tar -x -C ab_old`;
 # the GPU machine's copy of .git can be stale, so no checkout there).
@@ -18,6 +19,7 @@ for rep in $(seq "${RUNS:-3}"); do
   HARNESS_GIT_REV=$NEW PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m harness.run "${lh[@]}" table="$parts/new_r$rep.parquet" 2>&1 | tail -1
 done
 ih=(experiment=layer hardware.world_size=1 'experiment.grid.tokens_per_rank=[8192]' 'experiment.grid.hidden=[4096]' 'experiment.grid.experts_per_rank=[4,64]' 'experiment.grid.routing=[balanced]')
+[ -n "${IDLE_SYSTEMS:-}" ] && ih+=("experiment.select=[$IDLE_SYSTEMS]")
 PYTHONPATH=/tmp/site:$PWD timeout 120 python3 -m benchmarks.host_profile --idle --launches --steps 10 -- "${ih[@]}" 2>&1 | grep -v "^ *$\|Warn\|warn" > "$OUT/layer_idle_$NEW.log"
 cut -c1-150 "$OUT/layer_idle_$NEW.log"
 PARTS=$parts PYTHONPATH=/tmp/site:$PWD python3 - <<'PY'

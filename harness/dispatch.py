@@ -3,10 +3,11 @@
 Shared by the layer-scope systems that dispatch with NCCL's all_to_all_single (serial, and the
 overlap system's stage A inputs). Everything is computed on the device from expert_ids [T, k];
 the only host synchronisation is the one every all-to-all dispatcher pays: the split sizes of
-the uneven all-to-all (one `.tolist()` of 2W + E ints after the counts exchange). Every launch
-after it is on the step's critical path (the device waits for the host), so on a GPU the
-received rows' labels are one Triton kernel (harness/kernels/dispatch.py) instead of about 20
-torch kernels (`recv_rows_torch`, the CPU path and the kernel's reference).
+the uneven all-to-all (one `.tolist()` of 2W + E ints after the counts exchange). The device
+waits for the host through most of a layer step (the sync drains it), so on a GPU the
+bookkeeping is three Triton kernels (harness/kernels/dispatch.py): the send side's positions
+and counts, the split sizes, and the received rows' labels, instead of about 30 torch kernels
+(`send_meta_torch`, `split_sizes_torch`, `recv_rows_torch`: the CPU path and the references).
 
 Order of rows (as harness/layout.py, so the checks line up):
   send   this rank's (token, slot) pairs sorted by global expert (stable): destination rank,
@@ -44,6 +45,31 @@ def expert_positions(
     W, E = recv_counts.shape
     em_start = _excl_cumsum(recv_counts.t().reshape(-1)).view(E, W).t().reshape(-1)
     return em_start[block] + idx
+
+
+def send_meta_torch(
+    keys: torch.Tensor, order: torch.Tensor, world_size: int, experts: int, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pos [S], token [S], meta [W, 2E]) from the stable sort of the routing's global experts
+    (keys [S] sorted, order [S] its indices, pair i = token * top_k + slot): pos[order[j]] = j,
+    token[j] = order[j] // top_k, and per global expert the rows sent to it and the rows sent
+    to the experts before it, interleaved (the counts exchange's payload). The reference of
+    harness/kernels/dispatch.py send_meta."""
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(order.numel(), device=order.device)
+    cnt = torch.bincount(keys, minlength=world_size * experts)  # [G] rows per global expert
+    meta = torch.stack([cnt, _excl_cumsum(cnt)], 1).view(world_size, experts * 2)
+    return pos, order // top_k, meta
+
+
+def split_sizes_torch(
+    meta: torch.Tensor, got: torch.Tensor, world_size: int, experts: int
+) -> torch.Tensor:
+    """sizes [2W + E]: rows sent to each rank (meta's counts), received from each rank and
+    received for each local expert (got's counts). The reference of split_sizes."""
+    sent = meta.view(world_size, experts, 2)[..., 0]
+    recv = got.view(world_size, experts, 2)[..., 0]
+    return torch.cat([sent.sum(1), recv.sum(1), recv.sum(0)])
 
 
 def recv_rows_torch(
@@ -104,31 +130,31 @@ class LayerDispatch:
         T, k = expert_ids.shape
         dev = x.device
         flat = expert_ids.reshape(-1)
-        send_order = torch.sort(flat, stable=True).indices  # [S]
-        pos = torch.empty_like(send_order)
-        pos[send_order] = torch.arange(send_order.numel(), device=dev)
-        cnt = torch.bincount(flat, minlength=W * E)  # [G] rows per global expert
-        meta = torch.stack([cnt, _excl_cumsum(cnt)], 1).view(W, E * 2)  # per destination
-        got = torch.empty_like(meta)
+        keys, send_order = torch.sort(flat, stable=True)  # [S] each
+        gpu = dev.type == "cuda"  # one launch per step below (harness/kernels/dispatch.py)
+        if gpu:
+            from harness.kernels.dispatch import send_meta, split_sizes
+        pos, token, meta = (send_meta if gpu else send_meta_torch)(keys, send_order, W, E, k)
         if W > 1:
+            got = torch.empty_like(meta)
             dist.all_to_all_single(got, meta, group=self.group)
         else:
-            got.copy_(meta)
+            got = meta  # read only from here on
         recv_counts = got.view(W, E, 2)[..., 0]  # [W, E]
         recv_off = got.view(W, E, 2)[..., 1]  # [W, E] offset in the source's send order
-        send_counts = cnt.view(W, E).sum(1)
-        sizes = torch.cat([send_counts, recv_counts.sum(1), recv_counts.sum(0)])
+        sizes = (split_sizes if gpu else split_sizes_torch)(meta, got, W, E)
+        send_counts = sizes[:W]
         host = sizes.tolist()  # THE host synchronisation (split sizes)
         send_splits, recv_splits, expert_rows = host[:W], host[W : 2 * W], host[2 * W :]
         R = sum(recv_splits)
         x_recv = x.new_empty(R, x.shape[1])
-        x_send = x.index_select(0, send_order // k)
         if W > 1:
+            x_send = x.index_select(0, token)
             dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits, group=self.group)
-        else:
-            x_recv.copy_(x_send)
+        else:  # every row stays: gathered straight into the receive buffer
+            torch.index_select(x, 0, token, out=x_recv)
         labels = recv_rows_torch
-        if dev.type == "cuda":  # one launch (triton is there wherever CUDA torch is)
+        if gpu:
             from harness.kernels.dispatch import recv_rows as labels
         src, expert, dst_index, expert_pos, offs = labels(recv_counts, recv_off, R, W > 1 and E > 1)
         return Dispatched(

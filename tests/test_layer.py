@@ -166,13 +166,27 @@ for W, E in cases:
                 assert (a is None) == (b is None), (W, E)
                 assert a is None or (a.dtype == b.dtype and torch.equal(a, b)), (W, E, epos)
         print("RECV_ROWS_OK", W, E, R)
+from harness.dispatch import send_meta_torch, split_sizes_torch
+from harness.kernels.dispatch import send_meta, split_sizes
+for W, E, S, k in [(1, 1, 6, 2), (1, 5, 300, 2), (3, 1, 40, 1), (2, 4, 999, 2), (8, 70, 3000, 4)]:
+    ids = torch.randint(0, W * E, (S,), generator=g)
+    ids[: S // 3] = ids[0]  # one hot expert: long runs of equal keys
+    keys, order = torch.sort(ids, stable=True)
+    got = send_meta(keys, order, W, E, k)
+    want = send_meta_torch(keys, order, W, E, k)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b), (W, E, S)
+    other = want[2][torch.randperm(W, generator=g)]  # an exchanged meta: any other [W, 2E]
+    assert torch.equal(split_sizes(want[2], other, W, E), split_sizes_torch(want[2], other, W, E))
+    print("SEND_META_OK", W, E, S)
 """
 
 
-def test_recv_rows_kernel_equals_the_torch_labels_in_the_interpreter():
-    """harness/kernels/dispatch.py (the GPU path of the dispatch's received-row labels) gives
-    recv_rows_torch's tensors: empty blocks, one source or one expert, strided [W, E, 2]
-    views, several chunks of blocks. A subprocess: TRITON_INTERPRET must precede triton."""
+def test_dispatch_kernels_equal_the_torch_ops_in_the_interpreter():
+    """harness/kernels/dispatch.py (the GPU path of the dispatch's bookkeeping) gives the torch
+    references' tensors: recv_rows with empty blocks, one source or one expert, strided
+    [W, E, 2] views, several chunks of blocks; send_meta with runs of one expert and experts
+    nobody routes to; split_sizes. A subprocess: TRITON_INTERPRET must precede triton."""
     import os
     import subprocess
     import sys
@@ -186,3 +200,4 @@ def test_recv_rows_kernel_equals_the_torch_labels_in_the_interpreter():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("RECV_ROWS_OK") == 12
+    assert proc.stdout.count("SEND_META_OK") == 5

@@ -135,3 +135,94 @@ def recv_rows(
         num_warps=4,
     )
     return out[0], out[1], out[2], out[3] if expert_pos else None, offs
+
+
+@triton.jit
+def _send_meta_kernel(
+    keys,  # [S] int64: the routing's global experts, sorted (stable)
+    order,  # [S] int64: the sort's indices (send row j holds pair order[j])
+    pos,  # [S] int64 out: pos[order[j]] = j
+    token,  # [S] int64 out: token[j] = order[j] // k, the token send row j carries
+    meta,  # [G, 2] int64 out: rows to global expert g, and the rows to experts before g
+    S,
+    G,
+    k,
+    BLOCK: tl.constexpr,
+    GB: tl.constexpr,
+    STEPS: tl.constexpr,  # binary-search steps: 2**STEPS > S
+):
+    pid = tl.program_id(0)
+    j = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    o = tl.load(order + j, mask=j < S, other=0)
+    tl.store(pos + o, j, mask=j < S)
+    tl.store(token + j, o // k, mask=j < S)
+    g = pid.to(tl.int64) * GB + tl.arange(0, GB)
+    lo = tl.zeros([GB], dtype=tl.int64)  # first sorted key >= g (lower bound)
+    hi = tl.zeros([GB], dtype=tl.int64)  # first sorted key > g (upper bound)
+    step = 1 << (STEPS - 1)
+    for _ in range(STEPS):
+        a = lo + step
+        ka = tl.load(keys + a - 1, mask=a <= S, other=G)
+        lo = tl.where((a <= S) & (ka < g), a, lo)
+        b = hi + step
+        kb = tl.load(keys + b - 1, mask=b <= S, other=G)
+        hi = tl.where((b <= S) & (kb <= g), b, hi)
+        step = step // 2
+    tl.store(meta + 2 * g, hi - lo, mask=g < G)
+    tl.store(meta + 2 * g + 1, lo, mask=g < G)
+
+
+@triton.jit
+def _split_sizes_kernel(
+    meta,  # [W, E, 2] int64: this rank's rows per global expert (..., 0)
+    got,  # [W, E, 2] int64: the rows each source sends this rank's experts (..., 0)
+    sizes,  # [2W + E] int64 out: rows to each rank, from each rank, to each local expert
+    W,
+    E,
+    WP: tl.constexpr,
+    CH: tl.constexpr,
+):
+    w = tl.arange(0, WP)
+    send = tl.zeros([WP], dtype=tl.int64)
+    recv = tl.zeros([WP], dtype=tl.int64)
+    for e0 in range(0, E, CH):
+        e = e0 + tl.arange(0, CH)
+        m = (w[:, None] < W) & (e[None, :] < E)
+        at = 2 * (w[:, None] * E + e[None, :])
+        send += tl.sum(tl.load(meta + at, mask=m, other=0), 1)
+        recv += tl.sum(tl.load(got + at, mask=m, other=0), 1)
+        per_expert = tl.sum(tl.load(got + at, mask=m, other=0), 0)
+        tl.store(sizes + 2 * W + e, per_expert, mask=e < E)
+    tl.store(sizes + w, send, mask=w < W)
+    tl.store(sizes + W + w, recv, mask=w < W)
+
+
+def send_meta(
+    keys: torch.Tensor, order: torch.Tensor, world_size: int, experts: int, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pos [S], token [S], meta [W, 2E]) int64 from the stable sort of the routing's global
+    experts (keys [S] sorted, order [S] its indices, pair i = token * top_k + slot):
+    pos[order[j]] = j, token[j] = order[j] // top_k, and per global expert g the rows sent to
+    it and the rows sent to the experts before it (the counts exchange's payload). One launch."""
+    S, G = keys.numel(), world_size * experts
+    pos = torch.empty(S, dtype=torch.int64, device=keys.device)
+    token = torch.empty(S, dtype=torch.int64, device=keys.device)
+    meta = torch.empty(world_size, 2 * experts, dtype=torch.int64, device=keys.device)
+    block, gb = 1024, 256
+    grid = max(triton.cdiv(S, block), triton.cdiv(G, gb), 1)
+    _send_meta_kernel[(grid,)](
+        keys, order, pos, token, meta, S, G, top_k,
+        BLOCK=block, GB=gb, STEPS=max(S, 1).bit_length(),
+    )  # fmt: skip
+    return pos, token, meta
+
+
+def split_sizes(meta: torch.Tensor, got: torch.Tensor, world_size: int, experts: int):
+    """sizes [2W + E] int64: rows this rank sends to each rank (from meta), receives from each
+    rank and receives for each local expert (from got, the exchanged meta). One launch."""
+    sizes = torch.empty(2 * world_size + experts, dtype=torch.int64, device=meta.device)
+    _split_sizes_kernel[(1,)](
+        meta.contiguous(), got.contiguous(), sizes, world_size, experts,
+        WP=triton.next_power_of_2(world_size), CH=32,
+    )  # fmt: skip
+    return sizes
