@@ -732,6 +732,14 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The layer step (W=1, one GPU) before and after the dispatch's send-side kernels (A/B)",
+        "layer_host_ab_b6dc7d5",
+        "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=b6dc7d5 OLD=4f2c6f8 bash benchmarks/layer_ab.sh`"
+        " on one GPU",
+        _layer_ab_fig("4f2c6f8"),
+        machine="h200",
+    ),
+    FigureTable(
         "The shared consumer's sleep between polls (backoff_ns 0 | 200 | 1000), loopback W=2",
         "operator_backoff_loopback",
         "the harness.run commands in results/reference/h200/README.md, on one GPU",
