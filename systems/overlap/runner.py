@@ -160,7 +160,7 @@ class OverlapRunner:
         self.last_kernels: dict[str, Any] = {}
         #: GPU: each launch of a step remembered once and re-run without Triton's per-call host
         #: work while its key holds (kernels/relaunch.py); `plan_version` is in every key and
-        #: moves with every plan change (use_plan, replan)
+        #: moves with every new plan object (use_plan, replan; not the same plan again)
         names = ("produce", "bound", "consume", "comm", "wait", "groups")
         self.memos = {k: LaunchMemo() for k in names}
         self.use_memos = dev.type == "cuda"
@@ -268,8 +268,8 @@ class OverlapRunner:
         key = None
         if memo is not None:
             # everything the launch reads but the plan (plan_version) and the fixed weights;
-            # x is volatile (swapped in): its shape, dtype and alignment
-            xk = (x.shape, x.dtype, x.data_ptr() % 16 == 0)
+            # x is volatile (swapped in): its shape, strides, dtype and alignment
+            xk = (x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0)
             key = (xk, y.data_ptr(), y.shape, num_programs, self.plan_version)
             key = (key, self.band_ready.data_ptr(), self.tile, self.local_direct)
             if memo.hit(key):
