@@ -7,9 +7,11 @@ alone, the real sizes are int64 device tensors, and entries past them hold the s
 Nothing waits for the device, so the plan can be rebuilt inside a timed step from this step's
 routing.
 
-Launches: one fill (-1) of the output buffer and three Triton kernels (kernels/plan.py); the
-padded GEMM input is one more kernel (`padded_input_device`), the local copy of stage B one
-more (`local_copy_device`).
+Launches: one fill (-1) of the output buffer and three Triton kernels (kernels/plan.py; the
+fill kernel also writes the local row map `row_dst` that local=direct reads); the padded GEMM
+input is one more kernel (`padded_input_device`), the local copy of stage B one more
+(`local_copy_device`). A layer's stage A runs `DevicePlanBuilder` instead: the same launches
+into one plan rewritten in place every step, remembered (kernels/relaunch.py).
 
 Worst cases, from R = the inputs' length (a host int: the tensors' shape; with `n_rows` the
 inputs can be a worst-case-sized receive buffer whose first n_rows rows are real), E, W, tile_m:
