@@ -131,10 +131,11 @@ class LayerDispatch:
         dev = x.device
         flat = expert_ids.reshape(-1)
         keys, send_order = torch.sort(flat, stable=True)  # [S] each
-        gpu = dev.type == "cuda"  # one launch per step below (harness/kernels/dispatch.py)
-        if gpu:
-            from harness.kernels.dispatch import send_meta, split_sizes
-        pos, token, meta = (send_meta if gpu else send_meta_torch)(keys, send_order, W, E, k)
+        if dev.type == "cuda":  # one launch each (harness/kernels/dispatch.py)
+            from harness.kernels.dispatch import recv_rows, send_meta, split_sizes
+        else:
+            send_meta, split_sizes, recv_rows = send_meta_torch, split_sizes_torch, recv_rows_torch
+        pos, token, meta = send_meta(keys, send_order, W, E, k)
         if W > 1:
             got = torch.empty_like(meta)
             dist.all_to_all_single(got, meta, group=self.group)
@@ -142,7 +143,7 @@ class LayerDispatch:
             got = meta  # read only from here on
         recv_counts = got.view(W, E, 2)[..., 0]  # [W, E]
         recv_off = got.view(W, E, 2)[..., 1]  # [W, E] offset in the source's send order
-        sizes = (split_sizes if gpu else split_sizes_torch)(meta, got, W, E)
+        sizes = split_sizes(meta, got, W, E)
         send_counts = sizes[:W]
         host = sizes.tolist()  # THE host synchronisation (split sizes)
         send_splits, recv_splits, expert_rows = host[:W], host[W : 2 * W], host[2 * W :]
@@ -153,10 +154,9 @@ class LayerDispatch:
             dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits, group=self.group)
         else:  # every row stays: gathered straight into the receive buffer
             torch.index_select(x, 0, token, out=x_recv)
-        labels = recv_rows_torch
-        if gpu:
-            from harness.kernels.dispatch import recv_rows as labels
-        src, expert, dst_index, expert_pos, offs = labels(recv_counts, recv_off, R, W > 1 and E > 1)
+        src, expert, dst_index, expert_pos, offs = recv_rows(
+            recv_counts, recv_off, R, W > 1 and E > 1
+        )
         return Dispatched(
             x_recv=x_recv,
             send_order=send_order,

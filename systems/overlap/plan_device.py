@@ -513,16 +513,12 @@ class DevicePlanBuilder:
             )
         if plan.max_padded == 0:
             return x
-        br = 16
-        self._launch(
-            "gather",
-            kplan._gather_rows_kernel,
-            (triton.cdiv(plan.max_padded, br),),
-            (x_recv, x, plan.gather_index, plan.gather_index, plan.counts[1].reshape(1), K),
-            dict(HAS_DST_INDEX=False, BR=br, BK=min(triton.next_power_of_2(K), 256), num_warps=4),
-            {"src": x_recv},
-            extra=(x.data_ptr(), K, x.dtype),
+        grid, args, kw = _gather_rows_launch(
+            x_recv, x, plan.gather_index, None, plan.n_padded, plan.max_padded
         )
+        kernel = kplan._gather_rows_kernel
+        extra = (x.data_ptr(), K, x.dtype)
+        self._launch("gather", kernel, grid, args, kw, {"src": x_recv}, extra=extra)
         return x
 
 
@@ -547,26 +543,28 @@ def local_copy_device(y: torch.Tensor, recv: torch.Tensor, plan: DevicePlan) -> 
     return recv
 
 
-def _gather_rows(src, dst, src_index, dst_index, n, bound, br: int = 16) -> None:
+def _gather_rows(src, dst, src_index, dst_index, n, bound) -> None:
     """dst[dst_index[i]] = src[src_index[i]] (zeros where src_index < 0) for i < n (device)."""
     if bound == 0:
         return
+    grid, args, kw = _gather_rows_launch(src, dst, src_index, dst_index, n, bound)
+    kplan._gather_rows_kernel[grid](*args, **kw)
+
+
+def _gather_rows_launch(src, dst, src_index, dst_index, n, bound, br: int = 16):
+    """(grid, args, kwargs) of _gather_rows's kernel launch (checked operands)."""
     if not (src.is_contiguous() and dst.is_contiguous()) or src.shape[1] != dst.shape[1]:
         raise ValueError("row gather: contiguous [*, K] operands with the same K")
     K = src.shape[1]
-    bk = min(triton.next_power_of_2(K), 256)
-    kplan._gather_rows_kernel[(triton.cdiv(bound, br),)](
-        src,
-        dst,
-        src_index,
-        dst_index if dst_index is not None else src_index,
-        n.reshape(1),
-        K,
+    args = (src, dst, src_index, dst_index if dst_index is not None else src_index)
+    args += (n.reshape(1), K)
+    kw = dict(
         HAS_DST_INDEX=dst_index is not None,
         BR=br,
-        BK=bk,
+        BK=min(triton.next_power_of_2(K), 256),
         num_warps=4,
     )
+    return (triton.cdiv(bound, br),), args, kw
 
 
 def producer_groups_device(
