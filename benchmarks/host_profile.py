@@ -87,6 +87,29 @@ def _queued_us(fn, calls: int) -> float:
     return us
 
 
+def relaunch_rows(memos: dict, names, calls: int) -> dict[str, float]:
+    """Host us per remembered relaunch of each named memo that holds a launch, through the
+    fast path (resolved arguments to Triton's C launcher) and through CompiledKernel.run with
+    the bound arguments (HARNESS_RELAUNCH=bound): kernels/relaunch.py. Only memos whose
+    relaunch is safe alone (no wait on another kernel) may be named."""
+    from systems.overlap.kernels import relaunch
+
+    rows = {}
+    for name in names:
+        memo = memos.get(name)
+        if memo is None or memo.compiled is None:
+            continue
+        fast = relaunch.FAST
+        try:
+            for mode in (True, False):
+                relaunch.FAST = mode
+                path = "fast path" if mode and memo.raw is not None else "bound args"
+                rows[f"remembered {name}: relaunch ({path})"] = _queued_us(memo.launch, calls)
+        finally:
+            relaunch.FAST = fast
+    return rows
+
+
 def launch_table(p, calls: int) -> str:
     """Host us per launch of an overlap cell's kernels, and per part of Triton's launch."""
     from triton.runtime.jit import JITFunction
@@ -120,6 +143,7 @@ def launch_table(p, calls: int) -> str:
         }
     finally:
         JITFunction.run = orig
+    rows.update(relaunch_rows(run.memos, ("produce", "comm"), calls))
     dev = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
     for name, (fn, args, kwargs, grid) in seen.items():
@@ -170,6 +194,9 @@ def layer_table(p, calls: int) -> str:
             calls,
         ),
     }
+    # the builder's rows, groups, fill and gather kernels rewrite the plan from the same
+    # inputs: each relaunch alone is safe
+    rows.update(relaunch_rows(lr.builder.memos, sorted(lr.builder.memos), calls))
     return "\n".join(f"  {us:8.1f} us  {what}" for what, us in rows.items())
 
 

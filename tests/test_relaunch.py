@@ -97,3 +97,101 @@ def test_a_volatile_tensor_replaces_the_remembered_one_if_triton_would_bind_it_a
         memo.launch(x=new.to(torch.int32))
     with pytest.raises(ValueError, match="dtype, device or alignment"):
         memo.launch(x=base[1:9])  # 8-byte offset: another pointer specialisation
+
+
+class _Recorder:
+    """Stands for Triton's C launch function (a builtin: no __code__); records its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, *args):
+        self.calls.append(args)
+
+
+class _CudaLauncher:
+    """Triton 3.6's CudaLauncher surface: `launch` (its wrapper that encodes host TMA
+    descriptors, around the C function) called with the scratch and flag arguments."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid, launch_pdl = False, True
+
+    def __init__(self, signature):
+        from triton.backends.nvidia.driver import wrap_handle_tensordesc
+
+        self.raw = _Recorder()
+        self.launch = wrap_handle_tensordesc(self.raw, signature, None)
+
+    def __call__(self, gx, gy, gz, stream, function, *args):
+        self.launch(gx, gy, gz, stream, function, False, True, None, None, *args)
+
+
+class _DescKernel:
+    arg_names = ["x", "x_desc", "target", "BLOCK"]
+
+    def __init__(self):
+        def binder(x, x_desc, target, BLOCK=16, **options):
+            return {"x": x, "x_desc": x_desc, "target": target, "BLOCK": BLOCK}, None, options
+
+        self.device_caches = {0: (None, None, None, None, binder)}
+
+
+def _addresses(args):
+    import torch
+
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def test_the_fast_path_hands_the_c_launcher_what_triton_would(fake_device, monkeypatch):
+    """Resolved once (addresses, encoded descriptors), then re-run straight through the C
+    launcher: the same argument list Triton's own launcher path builds, call after call, with
+    volatile tensors and descriptors swapped in."""
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    sig = {0: "*bf16", 1: "tensordesc<bf16[16, 16]>", 2: "i32", 3: "constexpr"}
+    c = _Compiled()
+    c.run = _CudaLauncher(sig)
+    raw = c.run.raw
+    x = torch.zeros(64, 32, dtype=torch.bfloat16)
+
+    def desc(t):
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [16, 16])
+
+    memo = rl.LaunchMemo()
+    memo.remember("k", _DescKernel(), (3,), (x, desc(x), 5), {"BLOCK": 64}, c)
+    assert memo.raw is raw and memo.holds("x", x)
+
+    def both(**volatile):
+        memo.launch(**volatile)
+        fast = raw.calls[-1]
+        monkeypatch.setattr(rl, "FAST", False)
+        memo.launch()
+        monkeypatch.setattr(rl, "FAST", True)
+        slow = _addresses(raw.calls[-1])
+        assert fast == slow and all(not isinstance(a, torch.Tensor) for a in fast)
+        return fast
+
+    first = both()
+    assert first[:9] == (3, 1, 1, 99, "fn", False, True, None, None)
+    assert first[13] == x.data_ptr() and first[14] == x.data_ptr()  # x, then the descriptor
+    x2 = torch.ones(128, 32, dtype=torch.bfloat16)
+    second = both(x=x2, x_desc=desc(x2), target=7)
+    assert second[13] == x2.data_ptr() and second[15:17] == (128, 32) and second[-2] == 7
+    assert len(second) == len(first)
+    assert both(x_desc=desc(x2)) == second  # the same five: the last encoding again
+
+
+def test_the_fast_path_steps_aside_where_the_launcher_is_not_the_known_shape(fake_device):
+    """Scratch memory to allocate per launch, or a launcher this code does not know: the
+    memo re-runs through CompiledKernel.run with the bound arguments."""
+    sig = {0: "*bf16", 1: "i32", 2: "i32", 3: "constexpr"}
+    scratch = _CudaLauncher(sig)
+    scratch.global_scratch_size = 256
+    assert rl.c_launcher(SimpleNamespace(run=scratch)) is None
+    other = _CudaLauncher(sig)
+    other.launch = lambda *a: None  # a Python wrapper with no known closure
+    assert rl.c_launcher(SimpleNamespace(run=other)) is None
+    plain = _CudaLauncher(sig)
+    plain.launch = plain.raw  # no descriptors: Triton keeps the C function itself
+    assert rl.c_launcher(SimpleNamespace(run=plain)) == (plain.raw, {})

@@ -273,6 +273,8 @@ class OverlapRunner:
             key = (xk, y.data_ptr(), y.shape, num_programs, self.plan_version)
             key = (key, self.band_ready.data_ptr(), self.tile, self.local_direct)
             if memo.hit(key):
+                if memo.holds("x_ptr", x):  # the very x of the last launch (operator scope)
+                    return memo.launch()
                 return memo.launch(**producer_input_args(x, self.tile))
         return launch_producer(
             x,
