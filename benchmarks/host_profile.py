@@ -90,9 +90,9 @@ def _queued_us(fn, calls: int) -> float:
 def relaunch_rows(memos: dict, names, calls: int) -> dict[str, float]:
     """Host us per remembered relaunch of each named memo that holds a launch, through the
     fast path (resolved arguments to Triton's C launcher) and through CompiledKernel.run with
-    the bound arguments (HARNESS_RELAUNCH=bound): kernels/relaunch.py. Only memos whose
+    the bound arguments (HARNESS_RELAUNCH=bound): harness/kernels/relaunch.py. Only memos whose
     relaunch is safe alone (no wait on another kernel) may be named."""
-    from systems.overlap.kernels import relaunch
+    from harness.kernels import relaunch
 
     rows = {}
     for name in names:

@@ -189,7 +189,7 @@ def test_overlapped_equals_sequential_on_loopback(dtype, ccta):
 @pytest.mark.parametrize("consumer_sms", ["own", "shared"])
 def test_remembered_launches_equal_triton_launches(consumer_sms, monkeypatch):
     """After its first overlapped run the runner re-runs its remembered launches
-    (kernels/relaunch.py) without Triton's launch path. Every later run still waits for this
+    (harness/kernels/relaunch.py) without Triton's launch path. Every later run still waits for this
     run's bands (Y is NaN before each run, so a consumer that did not wait would send NaN), the
     receive counters grow by one run each time, the receiver's wait is remembered too, and
     another plan (use_plan) goes through Triton again."""

@@ -1,4 +1,4 @@
-"""LaunchMemo (systems/overlap/kernels/relaunch.py) with a fake kernel: what it remembers, when it
+"""LaunchMemo (harness/kernels/relaunch.py) with a fake kernel: what it remembers, when it
 hits, and the argument list it hands the compiled kernel's launcher. The real launches are in
 tests/test_kernels_gpu.py (test_remembered_launches_equal_triton_launches)."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from systems.overlap.kernels import relaunch as rl
+from harness.kernels import relaunch as rl
 
 
 class _Compiled:
@@ -195,3 +195,57 @@ def test_the_fast_path_steps_aside_where_the_launcher_is_not_the_known_shape(fak
     plain = _CudaLauncher(sig)
     plain.launch = plain.raw  # no descriptors: Triton keeps the C function itself
     assert rl.c_launcher(SimpleNamespace(run=plain)) == (plain.raw, {})
+
+
+class _CachedKernel(_Kernel):
+    """A JIT function launched as kernel[grid](...): counts Triton-path launches."""
+
+    arg_names = ["x", "out", "R", "N", "BLOCK"]
+
+    def __init__(self, compiled):
+        def binder(x, out, R, N, BLOCK=16, **options):
+            return {"x": x, "out": out, "R": R, "N": N, "BLOCK": BLOCK}, None, options
+
+        self.device_caches = {0: (None, None, None, None, binder)}
+        self.compiled, self.triton_launches = compiled, 0
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.triton_launches += 1
+            return self.compiled
+
+        return run
+
+
+def test_launch_cached_relaunches_new_tensors_and_holds_none(fake_device, monkeypatch):
+    """The dispatch's and the scale's launches: new tensors every step, relaunched through the
+    fast path when they bind alike; the cache keeps no tensor alive; another kind, another
+    non-volatile int or CPU tensors go through Triton."""
+    import gc
+    import weakref
+
+    import torch
+
+    rl._CACHED.clear()
+    c = _Compiled()
+    c.run = _CudaLauncher({0: "*i64", 1: "*i64", 2: "i32", 3: "i32", 4: "constexpr"})
+    k = _CachedKernel(c)
+    x, out = torch.zeros(32, dtype=torch.int64), torch.zeros(32, dtype=torch.int64)
+    assert rl.launch_cached(k, (2,), (x, out, 5, 8), {"BLOCK": 64}, ints=("R",)) is c
+    assert k.triton_launches == 1 and not rl._CACHED  # CPU tensors: Triton's path, not kept
+    monkeypatch.setattr(rl, "_on_gpu", lambda t: True)
+    rl.launch_cached(k, (2,), (x, out, 5, 8), {"BLOCK": 64}, ints=("R",))
+    assert k.triton_launches == 2 and len(rl._CACHED) == 1
+    x2, out2 = torch.ones(32, dtype=torch.int64), torch.ones(32, dtype=torch.int64)
+    rl.launch_cached(k, (2,), (x2, out2, 9, 8), {"BLOCK": 64}, ints=("R",))
+    assert k.triton_launches == 2  # remembered: straight to the C launcher
+    assert c.run.raw.calls[-1][13:] == (x2.data_ptr(), out2.data_ptr(), 9, 8, 64)
+    gone = weakref.ref(x2)
+    del x2
+    gc.collect()
+    assert gone() is None  # the memo holds no tensor between calls
+    rl.launch_cached(k, (2,), (x, out, 9, 16), {"BLOCK": 64}, ints=("R",))  # N: not volatile
+    rl.launch_cached(k, (2,), (x[1:], out, 9, 8), {"BLOCK": 64}, ints=("R",))  # 8-byte offset
+    rl.launch_cached(k, (2,), (x, out, 9, 8), {"BLOCK": 32}, ints=("R",))  # another constexpr
+    assert k.triton_launches == 5 and len(rl._CACHED) == 4
+    rl._CACHED.clear()

@@ -1,1 +1,6 @@
-"""Device code every system shares (Triton kernels and their thin launchers)."""
+"""Device code every system shares (Triton kernels and their thin launchers).
+
+relaunch.py  LaunchMemo: a remembered Triton launch, re-run without Triton's per-call host work
+scale.py     the fused scale (step 5 of the layer)
+dispatch.py  the dispatch's bookkeeping kernels (send metadata, split sizes, received rows)
+"""

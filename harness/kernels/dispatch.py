@@ -23,11 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.kernels.relaunch import launch_cached
+
 BLOCK = 128  # rows per program
 CH = 64  # blocks compared per step
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["R"])
 def _recv_rows_kernel(
     counts,  # int64: recv_counts, block g = s*E + e at counts[g * c_step]
     offsets,  # int64: recv_off, block g at offsets[g * o_step]
@@ -115,25 +117,11 @@ def recv_rows(
     o, o_step = _flat(recv_off)
     out = torch.empty(4 if expert_pos else 3, rows, dtype=torch.int64, device=dev)
     offs = torch.empty(E, dtype=torch.int32, device=dev)
-    _recv_rows_kernel[(max(1, triton.cdiv(rows, BLOCK)),)](
-        c,
-        o,
-        out[0],
-        out[1],
-        out[2],
-        out[3] if expert_pos else out[0],
-        offs,
-        c_step,
-        o_step,
-        rows,
-        E,
-        W * E,
-        HAS_EPOS=expert_pos,
-        EP=triton.next_power_of_2(E),
-        BLOCK=BLOCK,
-        CH=CH,
-        num_warps=4,
-    )
+    args = (c, o, out[0], out[1], out[2], out[3] if expert_pos else out[0], offs)
+    args += (c_step, o_step, rows, E, W * E)
+    kw = dict(HAS_EPOS=expert_pos, EP=triton.next_power_of_2(E), BLOCK=BLOCK, CH=CH, num_warps=4)
+    grid = (max(1, triton.cdiv(rows, BLOCK)),)
+    launch_cached(_recv_rows_kernel, grid, args, kw, ints=("R",))  # R: this step's rows
     return out[0], out[1], out[2], out[3] if expert_pos else None, offs
 
 
@@ -210,9 +198,9 @@ def send_meta(
     meta = torch.empty(world_size, 2 * experts, dtype=torch.int64, device=keys.device)
     block, gb = 1024, 256
     grid = max(triton.cdiv(S, block), triton.cdiv(G, gb), 1)
-    _send_meta_kernel[(grid,)](
-        keys, order, pos, token, meta, S, G, top_k,
-        BLOCK=block, GB=gb, STEPS=max(S, 1).bit_length(),
+    launch_cached(
+        _send_meta_kernel, (grid,), (keys, order, pos, token, meta, S, G, top_k),
+        dict(BLOCK=block, GB=gb, STEPS=max(S, 1).bit_length()),
     )  # fmt: skip
     return pos, token, meta
 
@@ -221,8 +209,7 @@ def split_sizes(meta: torch.Tensor, got: torch.Tensor, world_size: int, experts:
     """sizes [2W + E] int64: rows this rank sends to each rank (from meta), receives from each
     rank and receives for each local expert (from got, the exchanged meta). One launch."""
     sizes = torch.empty(2 * world_size + experts, dtype=torch.int64, device=meta.device)
-    _split_sizes_kernel[(1,)](
-        meta.contiguous(), got.contiguous(), sizes, world_size, experts,
-        WP=triton.next_power_of_2(world_size), CH=32,
-    )  # fmt: skip
+    args = (meta.contiguous(), got.contiguous(), sizes, world_size, experts)
+    kw = dict(WP=triton.next_power_of_2(world_size), CH=32)
+    launch_cached(_split_sizes_kernel, (1,), args, kw)
     return sizes

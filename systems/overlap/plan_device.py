@@ -11,7 +11,7 @@ Launches: one fill (-1) of the output buffer and three Triton kernels (kernels/p
 fill kernel also writes the local row map `row_dst` that local=direct reads); the padded GEMM
 input is one more kernel (`padded_input_device`), the local copy of stage B one more
 (`local_copy_device`). A layer's stage A runs `DevicePlanBuilder` instead: the same launches
-into one plan rewritten in place every step, remembered (kernels/relaunch.py).
+into one plan rewritten in place every step, remembered (harness/kernels/relaunch.py).
 
 Worst cases, from R = the inputs' length (a host int: the tensors' shape; with `n_rows` the
 inputs can be a worst-case-sized receive buffer whose first n_rows rows are real), E, W, tile_m:
@@ -39,8 +39,8 @@ from dataclasses import dataclass, fields
 import torch
 import triton
 
+from harness.kernels.relaunch import LaunchMemo
 from systems.overlap.kernels import plan as kplan
-from systems.overlap.kernels.relaunch import LaunchMemo
 from systems.overlap.modes import GROUP_CODE
 from systems.overlap.plan import DEVICE_LAYOUTS, CombinePlan, check_group_cap
 
@@ -248,7 +248,7 @@ class DevicePlanBuilder:
     bound (the inputs' length R, whether send_counts / n_rows are given) and returns the SAME
     DevicePlan object from every call with that bound, its contents rewritten on the current
     stream: one fill (-1) and the three kernels, whose launches are remembered on a GPU
-    (kernels/relaunch.py; the inputs, new tensors every call, are swapped in as volatile
+    (harness/kernels/relaunch.py; the inputs, new tensors every call, are swapped in as volatile
     arguments). So the host pays a few launchers instead of Triton's argument binding and the
     plan's ~40 views, and a runner given the same plan object keeps its own remembered launches
     (runner.use_plan). A caller must be done with one call's plan (in stream order) before the
@@ -581,7 +581,7 @@ def producer_groups_device(
     the device) or a CombinePlan on the device; visit [B] or None (the schedule's order);
     block: positions per step of the kernel's two passes (a power of two); out: an int32 [B]
     buffer to write; memo (GPU): the launch remembered under memo_key, which must name the
-    plan's tensors, visit, out and cap (kernels/relaunch.py)."""
+    plan's tensors, visit, out and cap (harness/kernels/relaunch.py)."""
     check_group_cap(cap)
     sched = plan.schedule
     B = sched.numel()

@@ -19,8 +19,8 @@ host synchronisation: the kernels read the counts from the device, the local cop
 Triton kernel, and the band counters are zeroed before every run (a band id means another band
 in the next step's plan, so epoch values cannot carry over; one memset per run).
 residency_report() says from the compiled kernels whether a consumer CTA owns its SM.
-On a GPU every launch is remembered (kernels/relaunch.py LaunchMemo, keyed on what the launch
-passes and on plan_version, which every new plan object moves) and re-run from its compiled
+On a GPU every launch is remembered (harness/kernels/relaunch.py LaunchMemo, keyed on what the
+launch passes and on plan_version, which every new plan object moves) and re-run from its compiled
 kernel while its key holds: a step's host time is then the kernels' own launchers, not Triton's
 argument binding and our operand checks (benchmarks/host_profile.py). The producer's input x is
 a volatile argument (a layer's fc1 output is a new tensor every step). use_plan() with the same
@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
+from harness.kernels.relaunch import LaunchMemo
 from systems.overlap.errors import new_error_buffer, raise_if_error, read_error
 from systems.overlap.kernels import (
     ConsumerConfig,
-    LaunchMemo,
     TileConfig,
     launch_consumer,
     launch_producer,
@@ -159,8 +159,8 @@ class OverlapRunner:
             self.events = tuple(torch.cuda.Event() for _ in range(3))
         self.last_kernels: dict[str, Any] = {}
         #: GPU: each launch of a step remembered once and re-run without Triton's per-call host
-        #: work while its key holds (kernels/relaunch.py); `plan_version` is in every key and
-        #: moves with every new plan object (use_plan, replan; not the same plan again)
+        #: work while its key holds (harness/kernels/relaunch.py); `plan_version` is in every key
+        #: and moves with every new plan object (use_plan, replan; not the same plan again)
         names = ("produce", "bound", "consume", "comm", "wait", "groups")
         self.memos = {k: LaunchMemo() for k in names}
         self.use_memos = dev.type == "cuda"

@@ -5,7 +5,6 @@ consumer.py    ONE persistent Triton kernel of cCTA programs: wait for bands, co
                signal
 primitives.py  the device primitives both share (bounded spins, error record, timers, copies,
                flag publishing, NVSHMEM externs)
-relaunch.py    LaunchMemo: a remembered launch, re-run without Triton's per-call host work
 The host state that pairs them (counters, streams, epochs) is systems/overlap/runner.py; the
 named modes are systems/overlap/modes.py. Importing this package imports triton.
 """
@@ -29,11 +28,9 @@ from systems.overlap.kernels.producer import (
     producer_input_args,
     with_swizzle,
 )
-from systems.overlap.kernels.relaunch import LaunchMemo
 
 __all__ = [
     "ConsumerConfig",
-    "LaunchMemo",
     "TileConfig",
     "interpreter_config",
     "interpreter_consumer_config",

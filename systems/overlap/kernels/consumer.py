@@ -82,6 +82,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.kernels.relaunch import LaunchMemo
 from systems.overlap import errors, modes
 from systems.overlap.kernels.primitives import (
     copy_rows,
@@ -92,7 +93,6 @@ from systems.overlap.kernels.primitives import (
     record_error,
     spin_until,
 )
-from systems.overlap.kernels.relaunch import LaunchMemo
 from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
 
 ERR_SLOTS = errors.ERR_SLOTS
@@ -392,7 +392,7 @@ def launch_consumer(
     hints (None: checked, with a host synchronisation; pass vec_ok(y, transport.aligned, ...)
     on a timed path); carveout: the shared-memory carve-out (percent) to ask for before the
     launch (prefer_shared_carveout; PUT_STORE only; None: the driver's choice);
-    memo (GPU): remember this launch under memo_key (kernels/relaunch.py); memo.launch(
+    memo (GPU): remember this launch under memo_key (harness/kernels/relaunch.py); memo.launch(
     ready_target=...) then launches it again (the carve-out stays set on the compiled kernel).
     """
     n_seg = plan.seg_start.numel()  # S, or the bound S' of a DevicePlan
@@ -485,7 +485,7 @@ def launch_wait_signals(
     """Receiver side: block the stream until signal[s] >= expected[s] for all s (both int64 [W]).
 
     Bounded like the consumer's spins; a time-out records CODE_SIGNAL_TIMEOUT with the source.
-    memo: remember the launch under memo_key (kernels/relaunch.py).
+    memo: remember the launch under memo_key (harness/kernels/relaunch.py).
     """
     args = (
         signal,

@@ -74,9 +74,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from harness.kernels.relaunch import LaunchMemo
 from systems.overlap import modes
 from systems.overlap.kernels.primitives import count_arg, publish_threads, publish_warps
-from systems.overlap.kernels.relaunch import LaunchMemo
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE
 from systems.overlap.operands import check_producer_operands
 from systems.overlap.plan import GROUP_CODE, producer_groups
@@ -377,8 +377,8 @@ def producer_grid(sm_count: int, ccta: int) -> int:
 
 def producer_input_args(x: torch.Tensor, config: TileConfig) -> dict:
     """The producer's arguments that carry its input x [P, K]: x_ptr, and x_desc where the
-    tiles load through TMA (else None). A remembered launch (kernels/relaunch.py) swaps these
-    in for another x of the same shape, dtype and 16-byte alignment."""
+    tiles load through TMA (else None). A remembered launch (harness/kernels/relaunch.py)
+    swaps these in for another x of the same shape, dtype and 16-byte alignment."""
     P, K = x.shape
     tma = config.use_tma and K % config.block_k == 0
     desc = TensorDescriptor(x, [P, K], [K, 1], [config.block_m, config.block_k]) if tma else None
@@ -428,7 +428,7 @@ def launch_producer(
     once per plan by the caller (plan.producer_groups, or plan_device.producer_groups_device on
     a GPU, as the runner does); None: built here by plan.producer_groups on every launch (a few
     device ops: for tests, not for timed loops);
-    memo (GPU): remember this launch under memo_key (kernels/relaunch.py), so the caller can
+    memo (GPU): remember this launch under memo_key (harness/kernels/relaunch.py), so the caller can
     launch it again with memo.launch() while its key holds.
     """
     P, K, E, N = check_producer_operands("producer", x, weights, y, band_ready)

@@ -78,6 +78,27 @@ def _address(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+class _Released:
+    """What a released tensor argument leaves in a memo: what Triton bound it on."""
+
+    __slots__ = ("dtype", "device", "aligned")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.dtype, self.device, self.aligned = t.dtype, t.device, t.data_ptr() % 16 == 0
+
+
+def _binds_alike(old: Any, value: torch.Tensor) -> bool:
+    """A new tensor Triton would bind as the remembered one (dtype, device, 16-byte alignment)."""
+    if isinstance(old, torch.Tensor):
+        old = _Released(old)
+    return (
+        isinstance(old, _Released)
+        and value.dtype == old.dtype
+        and value.device == old.device
+        and (value.data_ptr() % 16 == 0) == old.aligned
+    )
+
+
 class LaunchMemo:
     """One remembered launch of one Triton kernel (see the module docstring)."""
 
@@ -92,6 +113,7 @@ class LaunchMemo:
         self.at: list[int] = []  # bound index -> position in final
         self.desc_meta: dict[int, Any] = {}  # bound index -> TMA descriptor metadata
         self.head: tuple = ()  # the launcher's flags: cooperative grid, PDL
+        self.released = False  # release() dropped the tensors: the fast path only
         self.desc_last: dict[int, tuple] = {}  # bound index -> (descriptor key, its encoding)
 
     def hit(self, key: Any) -> bool:
@@ -115,7 +137,7 @@ class LaunchMemo:
         self.index = {name: i for i, name in enumerate(kernel.arg_names)}
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.key, self.compiled = key, compiled
-        self.raw = None
+        self.raw, self.released = None, False
         found = c_launcher(compiled) if FAST else None
         if found is not None:
             self.raw, self.desc_meta = found
@@ -149,6 +171,16 @@ class LaunchMemo:
     def forget(self) -> None:
         self.key, self.compiled, self.bound, self.raw, self.final = None, None, [], None, []
 
+    def release(self) -> bool:
+        """Drop the memo's references to its tensor arguments (their memory may be freed), so
+        every later launch must pass each tensor argument as volatile. Only on the fast path
+        (the resolved list holds addresses, no tensors): False and nothing dropped otherwise."""
+        if self.raw is None:
+            return False
+        self.bound = [_Released(a) if isinstance(a, torch.Tensor) else a for a in self.bound]
+        self.released = True
+        return True
+
     def launch(self, **volatile: Any) -> Any:
         """Re-run the remembered launch on the current stream, with the named volatile ints,
         tensors (or other arguments of the remembered kinds, e.g. a TMA descriptor over a new
@@ -156,26 +188,21 @@ class LaunchMemo:
         for name, value in volatile.items():
             i = self.index[name]
             if isinstance(value, torch.Tensor):
-                old = self.bound[i]
-                if not (
-                    isinstance(old, torch.Tensor)
-                    and value.dtype == old.dtype
-                    and value.device == old.device
-                    and (value.data_ptr() % 16 == 0) == (old.data_ptr() % 16 == 0)
-                ):
+                if not _binds_alike(self.bound[i], value):
                     raise ValueError(f"relaunch: {name} changed dtype, device or alignment")
             elif not isinstance(value, int) or isinstance(value, bool):
                 if type(value) is not type(self.bound[i]):  # e.g. a TMA descriptor, or None
                     raise ValueError(f"relaunch: {name} changed its kind of argument")
             elif not _I32[0] <= value <= _I32[1]:
                 raise ValueError(f"relaunch: {name}={value} does not fit int32")
-            self.bound[i] = value
+            if not (self.released and isinstance(value, torch.Tensor)):  # released: keep none
+                self.bound[i] = value
             if self.raw is not None:
                 r = self._resolve(i, value)
                 self.final[self.at[i] : self.at[i] + len(r)] = r
         c, g = self.compiled, self.grid
         stream = driver.active.get_current_stream(torch.cuda.current_device())
-        if self.raw is not None and FAST:
+        if self.raw is not None and (FAST or self.released):
             self.raw(
                 g[0], g[1], g[2], stream, c.function, *self.head, None, None,
                 c.packed_metadata, None, None, None, *self.final,
@@ -185,3 +212,48 @@ class LaunchMemo:
             g[0], g[1], g[2], stream, c.function, c.packed_metadata, None, None, None, *self.bound
         )
         return c
+
+
+def _on_gpu(t: torch.Tensor) -> bool:
+    return t.is_cuda
+
+
+#: launch_cached's memos, one per (kernel, grid, argument signature), oldest first
+_CACHED: dict[tuple, LaunchMemo] = {}
+CACHED_MAX = 64
+
+
+def launch_cached(kernel: Any, grid: tuple, args: tuple, kwargs: dict, ints: tuple = ()) -> Any:
+    """kernel[grid](*args, **kwargs), remembered: the same kernel, grid, non-tensor arguments
+    and tensor kinds (dtype, device, 16-byte alignment) relaunch the remembered compile with
+    these tensors (and the ints named in `ints`, which the kernel must declare
+    do_not_specialize) swapped in, holding no tensor between calls. For the launches every
+    step makes on new tensors (the dispatch's bookkeeping, the scale). CPU tensors (the
+    interpreter) and a set launch hook take Triton's own path."""
+    names = kernel.arg_names
+    sig: list[Any] = []
+    volatile: dict[str, Any] = {}
+    cuda = False
+    for name, a in zip(names, args):
+        if isinstance(a, torch.Tensor):
+            cuda = cuda or _on_gpu(a)
+            sig.append((a.dtype, a.device, a.data_ptr() % 16 == 0))
+            volatile[name] = a
+        elif name in ints:
+            volatile[name] = a
+        else:
+            sig.append(a)
+    if not cuda:
+        return kernel[grid](*args, **kwargs)
+    key = (kernel, grid, tuple(sig), tuple(kwargs.items()))
+    memo = _CACHED.get(key)
+    if memo is not None and memo.hit(key):
+        return memo.launch(**volatile)
+    compiled = kernel[grid](*args, **kwargs)
+    memo = _CACHED.pop(key, None) or LaunchMemo()
+    memo.remember(key, kernel, grid, args, kwargs, compiled)
+    if memo.release():  # the slow path would hold this call's tensors: not kept then
+        _CACHED[key] = memo
+        while len(_CACHED) > CACHED_MAX:
+            _CACHED.pop(next(iter(_CACHED)))
+    return compiled
