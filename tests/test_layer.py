@@ -201,3 +201,54 @@ def test_dispatch_kernels_equal_the_torch_ops_in_the_interpreter():
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("RECV_ROWS_OK") == 12
     assert proc.stdout.count("SEND_META_OK") == 5
+
+
+@pytest.mark.gpu
+def test_remembered_dispatch_kernels_equal_the_torch_ops_on_the_gpu(monkeypatch):
+    """The same cases on a GPU, twice: the second pass relaunches the remembered launches
+    (harness/kernels/relaunch.py launch_cached) on new tensors, with recv_rows' row count
+    swapped in, and must give the torch references' tensors again; send_meta and split_sizes
+    (the same shapes) no longer go through Triton's launch path."""
+    from triton.runtime.jit import JITFunction
+
+    from harness.dispatch import recv_rows_torch, send_meta_torch, split_sizes_torch
+    from harness.kernels import relaunch
+    from harness.kernels.dispatch import recv_rows, send_meta, split_sizes
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    dev = torch.device("cuda")
+    relaunch._CACHED.clear()
+    seen: list[list[str]] = []
+    orig = JITFunction.run
+
+    def spy(self, *args, **kwargs):  # a launch through Triton's own path
+        seen[-1].append(self.fn.__name__)
+        return orig(self, *args, **kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", spy)
+    for rep in range(2):
+        seen.append([])
+        g = torch.Generator().manual_seed(rep)
+        for W, E in [(1, 5), (2, 4), (4, 70), (8, 9)]:
+            for _ in range(2):  # the same launch kinds, other counts: R changes
+                cnt = torch.randint(0, 40, (W, E), generator=g)
+                off = torch.randint(0, 1000, (W, E), generator=g)
+                meta = torch.stack([cnt, off], -1).to(dev)
+                R = int(cnt.sum())
+                got = recv_rows(meta[..., 0], meta[..., 1], R, True)
+                want = recv_rows_torch(cnt.to(dev), off.to(dev), R, True)
+                assert all(torch.equal(a, b) for a, b in zip(got, want)), (rep, W, E)
+        for W, E, S, k in [(1, 5, 300, 2), (2, 4, 999, 2), (8, 70, 3000, 4)]:
+            ids = torch.randint(0, W * E, (S,), generator=g).to(dev)
+            keys, order = torch.sort(ids, stable=True)
+            got = send_meta(keys, order, W, E, k)
+            want = send_meta_torch(keys, order, W, E, k)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), (rep, W, E, S)
+            other = want[2][torch.randperm(W, generator=g).to(dev)]
+            sizes = split_sizes(want[2], other, W, E)
+            assert torch.equal(sizes, split_sizes_torch(want[2], other, W, E))
+    assert "_send_meta_kernel" in seen[0] and "_split_sizes_kernel" in seen[0]
+    if relaunch.FAST:
+        assert not {"_send_meta_kernel", "_split_sizes_kernel"} & set(seen[1]), seen[1]
+        assert len(seen[1]) < len(seen[0])
