@@ -249,3 +249,14 @@ def test_launch_cached_relaunches_new_tensors_and_holds_none(fake_device, monkey
     rl.launch_cached(k, (2,), (x, out, 9, 8), {"BLOCK": 32}, ints=("R",))  # another constexpr
     assert k.triton_launches == 5 and len(rl._CACHED) == 4
     rl._CACHED.clear()
+
+
+def test_host_int_helpers_equal_tritons():
+    """harness/kernels/ints.py stands in for triton.cdiv / next_power_of_2 on the host."""
+    import triton
+
+    from harness.kernels.ints import cdiv, next_power_of_2
+
+    for n in [*range(0, 1100), 4095, 4096, 4097, 2**20 + 1]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        assert all(cdiv(n, b) == triton.cdiv(n, b) for b in (1, 3, 16, 128, 1024)), n

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.kernels.ints import cdiv, next_power_of_2
 from harness.kernels.relaunch import launch_cached
 
 BLOCK = 128  # rows per program
@@ -119,8 +120,8 @@ def recv_rows(
     offs = torch.empty(E, dtype=torch.int32, device=dev)
     args = (c, o, out[0], out[1], out[2], out[3] if expert_pos else out[0], offs)
     args += (c_step, o_step, rows, E, W * E)
-    kw = dict(HAS_EPOS=expert_pos, EP=triton.next_power_of_2(E), BLOCK=BLOCK, CH=CH, num_warps=4)
-    grid = (max(1, triton.cdiv(rows, BLOCK)),)
+    kw = dict(HAS_EPOS=expert_pos, EP=next_power_of_2(E), BLOCK=BLOCK, CH=CH, num_warps=4)
+    grid = (max(1, cdiv(rows, BLOCK)),)
     launch_cached(_recv_rows_kernel, grid, args, kw, ints=("R",))  # R: this step's rows
     return out[0], out[1], out[2], out[3] if expert_pos else None, offs
 
@@ -197,7 +198,7 @@ def send_meta(
     token = torch.empty(S, dtype=torch.int64, device=keys.device)
     meta = torch.empty(world_size, 2 * experts, dtype=torch.int64, device=keys.device)
     block, gb = 1024, 256
-    grid = max(triton.cdiv(S, block), triton.cdiv(G, gb), 1)
+    grid = max(cdiv(S, block), cdiv(G, gb), 1)
     launch_cached(
         _send_meta_kernel, (grid,), (keys, order, pos, token, meta, S, G, top_k),
         dict(BLOCK=block, GB=gb, STEPS=max(S, 1).bit_length()),
@@ -210,6 +211,6 @@ def split_sizes(meta: torch.Tensor, got: torch.Tensor, world_size: int, experts:
     rank and receives for each local expert (from got, the exchanged meta). One launch."""
     sizes = torch.empty(2 * world_size + experts, dtype=torch.int64, device=meta.device)
     args = (meta.contiguous(), got.contiguous(), sizes, world_size, experts)
-    kw = dict(WP=triton.next_power_of_2(world_size), CH=32)
+    kw = dict(WP=next_power_of_2(world_size), CH=32)
     launch_cached(_split_sizes_kernel, (1,), args, kw)
     return sizes

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.kernels.ints import cdiv, next_power_of_2
 from harness.kernels.relaunch import launch_cached
 
 
@@ -71,7 +72,7 @@ def _scale_kernel(
 def config_for(n: int, variant: str | None = None) -> ScaleConfig:
     """The variant asked for (default DEFAULT), its column block capped at N's power of two."""
     cfg = VARIANTS[variant or DEFAULT]
-    bn = min(cfg.block_n, triton.next_power_of_2(max(n, 16)))
+    bn = min(cfg.block_n, next_power_of_2(max(n, 16)))
     return ScaleConfig(cfg.block_t, bn, cfg.num_warps)
 
 
@@ -89,7 +90,7 @@ def launch_scale(
     if T == 0:
         return out
     cfg = config_for(N, variant)
-    grid = (triton.cdiv(T, cfg.block_t), triton.cdiv(N, cfg.block_n))
+    grid = (cdiv(T, cfg.block_t), cdiv(N, cfg.block_n))
     kw = dict(K_SLOTS=k, BLOCK_T=cfg.block_t, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
     launch_cached(_scale_kernel, grid, (y, pos, gate, out, T, N), kw)  # remembered on a GPU
     return out

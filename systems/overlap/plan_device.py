@@ -37,8 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
-import triton
 
+from harness.kernels.ints import cdiv, next_power_of_2
 from harness.kernels.relaunch import LaunchMemo
 from systems.overlap.kernels import plan as kplan
 from systems.overlap.modes import GROUP_CODE
@@ -328,7 +328,7 @@ class DevicePlanBuilder:
         for k, n in sizes.items():
             out[k] = self.buf[o : o + n]
             o += n
-        self.n_blocks = n_blocks = triton.cdiv(R, ROW_BLOCK)
+        self.n_blocks = n_blocks = cdiv(R, ROW_BLOCK)
         n_ge = 10 * E if compact else 0
         work = torch.empty(8 * G + n_ge + 2 * n_blocks, dtype=torch.int64, device=dev)
         self.gw = work[: 8 * G]
@@ -432,8 +432,8 @@ class DevicePlanBuilder:
             self.mgb,
         )
         groups_kw = dict(
-            EP=triton.next_power_of_2(E),
-            WP=triton.next_power_of_2(W),
+            EP=next_power_of_2(E),
+            WP=next_power_of_2(W),
             BLK=1024,
             HAS_N=has_n,
             HAS_SEND=has_send,
@@ -561,10 +561,10 @@ def _gather_rows_launch(src, dst, src_index, dst_index, n, bound, br: int = 16):
     kw = dict(
         HAS_DST_INDEX=dst_index is not None,
         BR=br,
-        BK=min(triton.next_power_of_2(K), 256),
+        BK=min(next_power_of_2(K), 256),
         num_warps=4,
     )
-    return (triton.cdiv(bound, br),), args, kw
+    return (cdiv(bound, br),), args, kw
 
 
 def producer_groups_device(
@@ -609,7 +609,7 @@ def producer_groups_device(
         CODE=GROUP_CODE,
         ORDERED=visit is not None,
         DEV_COUNT=dev_count,
-        BLOCK=min(block, triton.next_power_of_2(B)),
+        BLOCK=min(block, next_power_of_2(B)),
         num_warps=4,
     )
     compiled = kplan._producer_groups_kernel[(1,)](*args, **kw)

@@ -74,6 +74,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from harness.kernels.ints import cdiv
 from harness.kernels.relaunch import LaunchMemo
 from systems.overlap import modes
 from systems.overlap.kernels.primitives import count_arg, publish_threads, publish_warps
@@ -110,7 +111,7 @@ class TileConfig:
 
     def tiles_n(self, n: int) -> int:
         """Column tiles per band."""
-        return triton.cdiv(n, self.block_n)
+        return cdiv(n, self.block_n)
 
     def tile_increment(self) -> int:
         """What one finished tile adds to its band's ready counter."""
