@@ -3,11 +3,14 @@
 Shared by the layer-scope systems that dispatch with NCCL's all_to_all_single (serial, and the
 overlap system's stage A inputs). Everything is computed on the device from expert_ids [T, k];
 the only host synchronisation is the one every all-to-all dispatcher pays: the split sizes of
-the uneven all-to-all (one `.tolist()` of 2W + E ints after the counts exchange). The device
+the uneven all-to-all (one `.tolist()` of 2W + E + 1 ints after the counts exchange). The device
 waits for the host through most of a layer step (the sync drains it), so on a GPU the
 bookkeeping is three Triton kernels (harness/kernels/dispatch.py): the send side's positions
 and counts, the split sizes, and the received rows' labels, instead of about 30 torch kernels
 (`send_meta_torch`, `split_sizes_torch`, `recv_rows_torch`: the CPU path and the references).
+The labels are launched before the sync, at the most rows a rank can receive (W*T*k): launches
+before the sync queue behind the previous step's kernels, those after it are on the step's
+critical path (the device idles until the host has made them).
 
 Order of rows (as harness/layout.py, so the checks line up):
   send   this rank's (token, slot) pairs sorted by global expert (stable): destination rank,
@@ -19,6 +22,7 @@ send order), from the send offsets exchanged with the counts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,11 +69,12 @@ def send_meta_torch(
 def split_sizes_torch(
     meta: torch.Tensor, got: torch.Tensor, world_size: int, experts: int
 ) -> torch.Tensor:
-    """sizes [2W + E]: rows sent to each rank (meta's counts), received from each rank and
-    received for each local expert (got's counts). The reference of split_sizes."""
+    """sizes [2W + E + 1]: rows sent to each rank (meta's counts), received from each rank,
+    received for each local expert (got's counts) and received in all. The reference of
+    split_sizes."""
     sent = meta.view(world_size, experts, 2)[..., 0]
     recv = got.view(world_size, experts, 2)[..., 0]
-    return torch.cat([sent.sum(1), recv.sum(1), recv.sum(0)])
+    return torch.cat([sent.sum(1), recv.sum(1), recv.sum(0), recv.sum().view(1)])
 
 
 def recv_rows_torch(
@@ -83,6 +88,24 @@ def recv_rows_torch(
     pos = expert_positions(recv_counts, block, idx) if expert_pos else None
     offs = torch.cumsum(recv_counts.sum(0), 0).to(torch.int32)
     return block // E, block % E, recv_off.reshape(-1)[block] + idx, pos, offs
+
+
+@dataclass
+class Received:
+    """The received rows' labels as the dispatch has them before its host sync (device tensors).
+
+    recv_src, recv_expert, recv_dst_index [B] int64: rows [0, R) as in Dispatched, rows past R
+        -1; B >= R (on a GPU B = W*T*k, the most rows a rank can receive, so every
+        step's labels have one size; on the CPU B = R)
+    n_rows         [1] int64  R
+    send_counts    [W] int64  rows this rank sends to each destination
+    """
+
+    recv_src: torch.Tensor
+    recv_expert: torch.Tensor
+    recv_dst_index: torch.Tensor
+    n_rows: torch.Tensor
+    send_counts: torch.Tensor
 
 
 @dataclass
@@ -101,6 +124,7 @@ class Dispatched:
                            then source); None where the received order already is (W=1 or E=1)
     offs           [E]     int32 cumulative rows per local expert (torch._grouped_mm's offs)
     send_splits, recv_splits: host lists [W]; expert_rows: host list [E] (rows per expert)
+    received       the labels before the host sync, at their bound (Received)
     """
 
     x_recv: torch.Tensor
@@ -116,16 +140,28 @@ class Dispatched:
     send_splits: list[int]
     recv_splits: list[int]
     expert_rows: list[int]
+    received: Received | None = None
 
 
 class LayerDispatch:
     """dispatch(x [T, H], expert_ids [T, k]) -> Dispatched, over `group` (W ranks, E local
-    experts each)."""
+    experts each).
+
+    before_sync(Received), if given, is called with the received rows' labels as soon as they
+    exist: on a GPU before the split sizes' host sync, so device work it enqueues (a plan
+    built from the labels) is queued behind the previous step's kernels, not after the sync
+    on the step's critical path; on the CPU after the sync.
+    """
 
     def __init__(self, world_size: int, experts_per_rank: int, group=None) -> None:
         self.W, self.E, self.group = world_size, experts_per_rank, group
 
-    def __call__(self, x: torch.Tensor, expert_ids: torch.Tensor) -> Dispatched:
+    def __call__(
+        self,
+        x: torch.Tensor,
+        expert_ids: torch.Tensor,
+        before_sync: Callable[[Received], object] | None = None,
+    ) -> Dispatched:
         W, E = self.W, self.E
         T, k = expert_ids.shape
         dev = x.device
@@ -144,19 +180,32 @@ class LayerDispatch:
         recv_counts = got.view(W, E, 2)[..., 0]  # [W, E]
         recv_off = got.view(W, E, 2)[..., 1]  # [W, E] offset in the source's send order
         sizes = split_sizes(meta, got, W, E)
-        send_counts = sizes[:W]
+        send_counts, n_rows = sizes[:W], sizes[2 * W + E :]
+        epos = W > 1 and E > 1
+        labels = None
+        if dev.type == "cuda":  # before the sync, at the most rows any step can receive
+            labels = recv_rows(recv_counts, recv_off, W * T * k, epos)
+            received = Received(*labels[:3], n_rows, send_counts)
+            if before_sync is not None:
+                before_sync(received)
         host = sizes.tolist()  # THE host synchronisation (split sizes)
-        send_splits, recv_splits, expert_rows = host[:W], host[W : 2 * W], host[2 * W :]
-        R = sum(recv_splits)
+        send_splits, recv_splits = host[:W], host[W : 2 * W]
+        expert_rows, R = host[2 * W : 2 * W + E], host[-1]
         x_recv = x.new_empty(R, x.shape[1])
         if W > 1:
             x_send = x.index_select(0, token)
             dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits, group=self.group)
         else:  # every row stays: gathered straight into the receive buffer
             torch.index_select(x, 0, token, out=x_recv)
-        src, expert, dst_index, expert_pos, offs = recv_rows(
-            recv_counts, recv_off, R, W > 1 and E > 1
-        )
+        if labels is None:  # the torch path needs R on the host
+            labels = recv_rows(recv_counts, recv_off, R, epos)
+            received = Received(*labels[:3], n_rows, send_counts)
+            if before_sync is not None:
+                before_sync(received)
+        src, expert, dst_index, expert_pos, offs = labels
+        if src.numel() != R:  # the rows of this step
+            src, expert, dst_index = src[:R], expert[:R], dst_index[:R]
+            expert_pos = None if expert_pos is None else expert_pos[:R]
         return Dispatched(
             x_recv=x_recv,
             send_order=send_order,
@@ -171,6 +220,7 @@ class LayerDispatch:
             send_splits=send_splits,
             recv_splits=recv_splits,
             expert_rows=expert_rows,
+            received=received,
         )
 
 

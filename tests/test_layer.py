@@ -165,6 +165,12 @@ for W, E in cases:
             for a, b in zip(got, want):
                 assert (a is None) == (b is None), (W, E)
                 assert a is None or (a.dtype == b.dtype and torch.equal(a, b)), (W, E, epos)
+            # at a bound on the rows (the dispatch's launch before its sync): the same prefix
+            got = recv_rows(meta[..., 0], meta[..., 1], R + 300, epos)
+            for a, b in zip(got[:4], want[:4]):
+                assert a is None or (a.shape[0] == R + 300 and torch.equal(a[:R], b)), (W, E)
+                assert a is None or (a[R:] == -1).all(), (W, E)  # past the rows: -1
+            assert torch.equal(got[4], want[4])
         print("RECV_ROWS_OK", W, E, R)
 from harness.dispatch import send_meta_torch, split_sizes_torch
 from harness.kernels.dispatch import send_meta, split_sizes
@@ -177,7 +183,9 @@ for W, E, S, k in [(1, 1, 6, 2), (1, 5, 300, 2), (3, 1, 40, 1), (2, 4, 999, 2), 
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and torch.equal(a, b), (W, E, S)
     other = want[2][torch.randperm(W, generator=g)]  # an exchanged meta: any other [W, 2E]
-    assert torch.equal(split_sizes(want[2], other, W, E), split_sizes_torch(want[2], other, W, E))
+    sizes = split_sizes(want[2], other, W, E)
+    assert torch.equal(sizes, split_sizes_torch(want[2], other, W, E))
+    assert sizes[-1] == other.view(W, E, 2)[..., 0].sum() == sizes[W : 2 * W].sum()
     print("SEND_META_OK", W, E, S)
 """
 
@@ -239,6 +247,9 @@ def test_remembered_dispatch_kernels_equal_the_torch_ops_on_the_gpu(monkeypatch)
                 got = recv_rows(meta[..., 0], meta[..., 1], R, True)
                 want = recv_rows_torch(cnt.to(dev), off.to(dev), R, True)
                 assert all(torch.equal(a, b) for a, b in zip(got, want)), (rep, W, E)
+                got = recv_rows(meta[..., 0], meta[..., 1], W * 40 * E, True)  # at a bound
+                assert all(torch.equal(a[:R], b) for a, b in zip(got[:4], want[:4])), (W, E)
+                assert all((a[R:] == -1).all() for a in got[:4]), (W, E)
         for W, E, S, k in [(1, 5, 300, 2), (2, 4, 999, 2), (8, 70, 3000, 4)]:
             ids = torch.randint(0, W * E, (S,), generator=g).to(dev)
             keys, order = torch.sort(ids, stable=True)

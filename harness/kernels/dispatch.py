@@ -14,7 +14,9 @@ major), with the blocks' offsets recv_off [W, E] in each source's send order:
   offs[e]            int32 cumulative rows of experts 0..e (torch._grouped_mm's offs)
 Program p labels rows [p*BLOCK, (p+1)*BLOCK): a row's block is the number of blocks that end
 at or before it (blocks with no rows end where they start), found by comparing the row against
-every block's end in chunks of CH blocks; program 0 also writes offs.
+every block's end in chunks of CH blocks; program 0 also writes offs. R may be a bound on the
+rows (the dispatch launches it before its host sync, at the most rows a rank can receive): rows
+past the blocks' total are -1.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _recv_rows_kernel(
 ):
     pid = tl.program_id(0)
     i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    live = i < R
+    mine = i < R  # rows this launch writes
     # pass 1: the row's block b = #blocks whose end <= i
     b = tl.zeros([BLOCK], dtype=tl.int64)
     carry = tl.zeros([1], dtype=tl.int64)  # rows of the blocks before this chunk
@@ -62,6 +64,7 @@ def _recv_rows_kernel(
         ok = (g < G)[None, :] & (end[None, :] <= i[:, None])
         b += tl.sum(ok.to(tl.int64), 1)
         carry += tl.sum(c, 0)
+    live = mine & (i < carry)  # R may be a bound: rows past the blocks' total are -1
     b = tl.where(live, b, 0)
     s = b // E
     e = b % E
@@ -79,12 +82,12 @@ def _recv_rows_kernel(
         first += tl.sum(tl.where(before, c[None, :], 0), 1)
         em_first += tl.sum(tl.where(em_before, c[None, :], 0), 1)
     idx = i - first
-    tl.store(recv_src + i, s, mask=live)
-    tl.store(recv_expert + i, e, mask=live)
+    tl.store(recv_src + i, tl.where(live, s, -1), mask=mine)
+    tl.store(recv_expert + i, tl.where(live, e, -1), mask=mine)
     off = tl.load(offsets + b * o_step, mask=live, other=0)
-    tl.store(recv_dst_index + i, off + idx, mask=live)
+    tl.store(recv_dst_index + i, tl.where(live, off + idx, -1), mask=mine)
     if HAS_EPOS:
-        tl.store(expert_pos + i, em_first + idx, mask=live)
+        tl.store(expert_pos + i, tl.where(live, em_first + idx, -1), mask=mine)
     if pid == 0:  # offs[e] = rows of experts <= e
         ex = tl.arange(0, EP)
         tot = tl.zeros([EP], dtype=tl.int64)
@@ -165,7 +168,8 @@ def _send_meta_kernel(
 def _split_sizes_kernel(
     meta,  # [W, E, 2] int64: this rank's rows per global expert (..., 0)
     got,  # [W, E, 2] int64: the rows each source sends this rank's experts (..., 0)
-    sizes,  # [2W + E] int64 out: rows to each rank, from each rank, to each local expert
+    sizes,  # [2W + E + 1] int64 out: rows to each rank, from each rank, to each local
+    # expert, and the rows received in all
     W,
     E,
     WP: tl.constexpr,
@@ -184,6 +188,7 @@ def _split_sizes_kernel(
         tl.store(sizes + 2 * W + e, per_expert, mask=e < E)
     tl.store(sizes + w, send, mask=w < W)
     tl.store(sizes + W + w, recv, mask=w < W)
+    tl.store(sizes + 2 * W + E, tl.sum(recv, 0))
 
 
 def send_meta(
@@ -207,9 +212,10 @@ def send_meta(
 
 
 def split_sizes(meta: torch.Tensor, got: torch.Tensor, world_size: int, experts: int):
-    """sizes [2W + E] int64: rows this rank sends to each rank (from meta), receives from each
-    rank and receives for each local expert (from got, the exchanged meta). One launch."""
-    sizes = torch.empty(2 * world_size + experts, dtype=torch.int64, device=meta.device)
+    """sizes [2W + E + 1] int64: rows this rank sends to each rank (from meta), receives from
+    each rank and for each local expert (from got, the exchanged meta), and the rows it
+    receives in all. One launch."""
+    sizes = torch.empty(2 * world_size + experts + 1, dtype=torch.int64, device=meta.device)
     args = (meta.contiguous(), got.contiguous(), sizes, world_size, experts)
     kw = dict(WP=next_power_of_2(world_size), CH=32)
     launch_cached(_split_sizes_kernel, (1,), args, kw)

@@ -303,22 +303,32 @@ class _LayerRank:
         )["max_bands"]
         self.runner.band_ready = torch.zeros(most, dtype=torch.int32, device=self.x.device)
 
+    def build(self, r: ld.Received):
+        """This step's plan from the received rows' labels (the builder's one plan: the labels
+        have one size every step, their real rows counted on the device)."""
+        ins = (r.recv_src, r.recv_expert, r.recv_dst_index)
+        return self.builder(*ins, send_counts=r.send_counts, n_rows=r.n_rows)
+
     def plan_for(self, d: ld.Dispatched, own_plan: bool = False):
         """Stage A on one dispatch, on the device with no host sync: (DevicePlan, the padded
         fc1 input x_pad [P', H]), in the builder's buffers (own_plan: in new ones, kept)."""
         from systems.overlap.plan_device import build_plan_device, padded_input_device
 
-        ins = (d.recv_src, d.recv_expert, d.recv_dst_index)
         if own_plan:
+            ins = (d.recv_src, d.recv_expert, d.recv_dst_index)
             plan = build_plan_device(*ins, send_counts=d.send_counts, **self.plan_shape)
             return plan, padded_input_device(d.x_recv, plan)
-        plan = self.builder(*ins, send_counts=d.send_counts)
-        return plan, self.builder.padded_input(d.x_recv)
+        return self.build(d.received), self.builder.padded_input(d.x_recv)
 
     def stage_a(self, own_plan: bool = False):
-        """Dispatch, plan and the padded fc1 input: (Dispatched, DevicePlan, x_pad [P', H])."""
-        d = self.dispatch(self.x, self.ids)
-        return (d, *self.plan_for(d, own_plan))
+        """Dispatch, plan and the padded fc1 input: (Dispatched, DevicePlan, x_pad [P', H]).
+        The builder's plan is built inside the dispatch, before its host sync."""
+        if own_plan:
+            d = self.dispatch(self.x, self.ids)
+            return (d, *self.plan_for(d, own_plan))
+        built = []
+        d = self.dispatch(self.x, self.ids, before_sync=lambda r: built.append(self.build(r)))
+        return d, built[0], self.builder.padded_input(d.x_recv)
 
     def _y(self, rows: int, like: torch.Tensor) -> torch.Tensor:
         """The fc2 output [rows, N]: one buffer for every step of this shape."""
