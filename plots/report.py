@@ -740,6 +740,22 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The layer step (W=1, one GPU) before and after the faster remembered relaunch (A/B)",
+        "layer_host_ab_6d45af6",
+        "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=6d45af6 OLD=4471b8f bash benchmarks/layer_ab.sh`"
+        " on one GPU",
+        _layer_ab_fig("4471b8f"),
+        machine="h200",
+    ),
+    FigureTable(
+        "The layer step (W=1, one GPU) before and after stage A moved ahead of the host sync (A/B)",
+        "layer_host_ab_acc12ad",
+        "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=acc12ad OLD=4471b8f bash benchmarks/layer_ab.sh`"
+        " on one GPU",
+        _layer_ab_fig("4471b8f"),
+        machine="h200",
+    ),
+    FigureTable(
         "The shared consumer's sleep between polls (backoff_ns 0 | 200 | 1000), loopback W=2",
         "operator_backoff_loopback",
         "the harness.run commands in results/reference/h200/README.md, on one GPU",
