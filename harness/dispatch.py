@@ -183,6 +183,7 @@ class LayerDispatch:
         send_counts, n_rows = sizes[:W], sizes[2 * W + E :]
         epos = W > 1 and E > 1
         labels = None
+        x_send = x.index_select(0, token) if W > 1 else None  # needs no split size either
         if dev.type == "cuda":  # before the sync, at the most rows any step can receive
             labels = recv_rows(recv_counts, recv_off, W * T * k, epos)
             received = Received(*labels[:3], n_rows, send_counts)
@@ -193,7 +194,6 @@ class LayerDispatch:
         expert_rows, R = host[2 * W : 2 * W + E], host[-1]
         x_recv = x.new_empty(R, x.shape[1])
         if W > 1:
-            x_send = x.index_select(0, token)
             dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits, group=self.group)
         else:  # every row stays: gathered straight into the receive buffer
             torch.index_select(x, 0, token, out=x_recv)
