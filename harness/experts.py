@@ -44,8 +44,15 @@ def expert_gemm(
     return y
 
 
-def activation(h: torch.Tensor) -> torch.Tensor:
-    """The FFN experts' activation: GELU, erf form (torch.nn.functional.gelu's default)."""
+def activation(h: torch.Tensor, n_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The FFN experts' activation: GELU, erf form (torch.nn.functional.gelu's default).
+
+    n_rows (a 1-element int device tensor): only h's first n_rows rows are real; on a GPU they
+    are activated in place (harness/kernels/activation.py) and the rest are left as they are."""
+    if n_rows is not None and h.is_cuda:
+        from harness.kernels.activation import gelu_rows_
+
+        return gelu_rows_(h, n_rows)
     return torch.nn.functional.gelu(h)
 
 

@@ -345,7 +345,8 @@ class _LayerRank:
         if not grouped_mm_usable(x_pad, self.w1):  # the per-expert fallback needs host ints
             counts = plan.expert_row_start.diff().tolist()
             x_pad = x_pad[: int(plan.expert_row_start[-1])]
-        return activation(expert_gemm(x_pad, counts, self.w1, offs))
+        n_padded = plan.n_padded if getattr(plan, "counts_on_device", False) else None
+        return activation(expert_gemm(x_pad, counts, self.w1, offs), n_padded)
 
     def _fc2_combine(self, plan, h: torch.Tensor, overlapped: bool = True) -> torch.Tensor:
         self.runner.use_plan(plan)
