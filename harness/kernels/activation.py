@@ -2,8 +2,9 @@
 
 The overlap layer's fc1 output is sized for the most rows any step can receive (its plan is
 built before the dispatch's host sync), and only its first n_padded rows are real: torch's
-gelu would read and write every row. Program p takes rows [p*BR, (p+1)*BR) and returns at once
-when they start at or past n. float32 math, stored in h's dtype, as torch's bf16/fp16 gelu.
+gelu would read and write every row. Program (p, q) takes rows [p*BR, (p+1)*BR) and columns
+[q*BF, (q+1)*BF), and returns at once when its rows start at or past n. float32 math, stored in
+h's dtype, as torch's bf16/fp16 gelu.
 """
 
 from __future__ import annotations
@@ -15,34 +16,33 @@ import triton.language as tl
 from harness.kernels.ints import cdiv
 from harness.kernels.relaunch import launch_cached
 
-BR = 16  # rows per program
-BF = 512  # columns per step
+BR = 8  # rows per program
+BF = 512  # columns per program
 
 
 @triton.jit
 def _gelu_rows_kernel(h, n_ptr, F, BR: tl.constexpr, BF: tl.constexpr):
-    pid = tl.program_id(0)
     n = tl.load(n_ptr)
-    r0 = pid.to(tl.int64) * BR
+    r0 = tl.program_id(0).to(tl.int64) * BR
     if r0 < n:
         rows = r0 + tl.arange(0, BR)
-        for c0 in range(0, F, BF):
-            cols = c0 + tl.arange(0, BF)
-            m = (rows[:, None] < n) & (cols[None, :] < F)
-            at = h + rows[:, None] * F + cols[None, :]
-            v = tl.load(at, mask=m, other=0.0).to(tl.float32)
-            g = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
-            tl.store(at, g.to(h.dtype.element_ty), mask=m)
+        cols = tl.program_id(1) * BF + tl.arange(0, BF)
+        m = (rows[:, None] < n) & (cols[None, :] < F)
+        at = h + rows[:, None] * F + cols[None, :]
+        v = tl.load(at, mask=m, other=0.0).to(tl.float32)
+        g = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+        tl.store(at, g.to(h.dtype.element_ty), mask=m)
 
 
-def gelu_rows_(h: torch.Tensor, n_rows: torch.Tensor) -> torch.Tensor:
+def gelu_rows_(h: torch.Tensor, n_rows: torch.Tensor, br: int = BR, bf: int = BF) -> torch.Tensor:
     """h [P, F] contiguous, n_rows a 1-element int device tensor (<= P): rows [0, n) of h
-    become gelu(h) in place, rows past n are left as they are. Returns h. One launch."""
+    become gelu(h) in place, rows past n are left as they are. Returns h. One launch of
+    [P / br, F / bf] programs (br, bf: powers of two)."""
     if h.dim() != 2 or not h.is_contiguous():
         raise ValueError(f"gelu_rows_: a contiguous [P, F] tensor, got {tuple(h.shape)}")
     P, F = h.shape
     if P == 0 or F == 0:
         return h
     args = (h, n_rows.reshape(1), F)
-    launch_cached(_gelu_rows_kernel, (cdiv(P, BR),), args, dict(BR=BR, BF=BF, num_warps=4))
+    launch_cached(_gelu_rows_kernel, (cdiv(P, br), cdiv(F, bf)), args, dict(BR=br, BF=bf))
     return h
