@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _INTERP = r"""
 import torch
-from harness.kernels.activation import BF, BR, gelu_rows_
+from harness.kernels.activation import blocks, gelu_rows_
 gen = torch.Generator().manual_seed(0)
+BR, BF = blocks(2048)
 for P, F, n in ((40, 24, 21), (BR * 3, BF + 7, BR * 2), (9, 8, 0), (9, 8, 9)):
     for dtype in (torch.float32, torch.bfloat16):
         h = torch.randn(P, F, generator=gen).to(dtype)
