@@ -6,12 +6,17 @@
 # layer system (IDLE_SYSTEMS=serial,overlap: those only), into $OUT/layer_idle_$NEW.log (the
 # device's idle time per step and the kernels it waited before).
 # Before: `make wheels-gpu`, `bash benchmarks/h200_session.sh none` (the wheels into /tmp/site),
-# and the older tree unpacked beside (`mkdir ab_old && git archive $OLD | tar -x -C ab_old`;
-# the GPU machine's copy of .git can be stale, so no checkout there).
+# and the older tree: on the development machine `git archive $OLD | gzip > ab_old.tgz` (name it
+# in .git/info/exclude and carry it with .whl); the script unpacks it into OLD_DIR when that is
+# missing (the GPU machine's copy of .git can be stale, so no checkout there).
 # Usage: NEW=<this rev> OLD=<older rev> bash benchmarks/layer_ab.sh
 set -u
 : "${OUT:?}" "${NEW:?}" "${OLD:?}"
 old_dir=${OLD_DIR:-ab_old}
+if [ ! -d "$old_dir" ]; then
+  [ -f ab_old.tgz ] || { echo "layer_ab: no $old_dir/ and no ab_old.tgz (git archive $OLD | gzip > ab_old.tgz)"; exit 1; }
+  mkdir -p "$old_dir" && tar -xzf ab_old.tgz -C "$old_dir"
+fi
 lh=(experiment=layer hardware.world_size=1 'experiment.grid.tokens_per_rank=[8192]' 'experiment.grid.hidden=[4096,8192]' 'experiment.grid.experts_per_rank=[4,16,64]' 'experiment.grid.routing=[balanced]' 'experiment.select=[serial,overlap]' measure.iters=50 progress=false)
 parts=$(mktemp -d)
 for rep in $(seq "${RUNS:-3}"); do
