@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.interpreted import run_interpreted
 
 _INTERP = r"""
 import torch
@@ -34,13 +29,7 @@ for P, F, n in ((40, 24, 21), (BR * 3, BF + 7, BR * 2), (9, 8, 0), (9, 8, 9)):
 def test_gelu_rows_in_the_interpreter():
     """Partial row blocks, several column steps, no real row, every row; past n untouched."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _INTERP], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert proc.stdout.count("GELU_OK") == 8
+    assert run_interpreted(_INTERP).count("GELU_OK") == 8
 
 
 def test_activation_needs_a_contiguous_matrix():

@@ -195,20 +195,12 @@ def test_dispatch_kernels_equal_the_torch_ops_in_the_interpreter():
     references' tensors: recv_rows with empty blocks, one source or one expert, strided
     [W, E, 2] views, several chunks of blocks; send_meta with runs of one expert and experts
     nobody routes to; split_sizes. A subprocess: TRITON_INTERPRET must precede triton."""
-    import os
-    import subprocess
-    import sys
+    from tests.interpreted import run_interpreted
 
     pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _RECV_ROWS], cwd=root, env=env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert proc.stdout.count("RECV_ROWS_OK") == 12
-    assert proc.stdout.count("SEND_META_OK") == 5
+    out = run_interpreted(_RECV_ROWS, timeout=300)
+    assert out.count("RECV_ROWS_OK") == 12
+    assert out.count("SEND_META_OK") == 5
 
 
 @pytest.mark.gpu

@@ -2,11 +2,6 @@
 Triton kernel in the CPU interpreter (a subprocess: TRITON_INTERPRET must precede triton) and on
 the GPU."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,8 +9,7 @@ from harness.layout import rank_layout
 from harness.reference import scale
 from harness.scale import Scaler
 from harness.workload import WorkloadSpec
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.interpreted import run_interpreted
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -58,16 +52,11 @@ for variant in [None, *VARIANTS]:
 def test_fused_kernel_in_the_interpreter():
     """Runs anywhere: a subprocess with CPU tensors, so a GPU in this process does not matter."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _INTERP], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = run_interpreted(_INTERP)
     from harness.kernels.scale import VARIANTS
 
     # N=3000 spans several column blocks in every variant; each variant and the default
-    assert proc.stdout.count("SCALE_OK") == 2 * (len(VARIANTS) + 1)
+    assert out.count("SCALE_OK") == 2 * (len(VARIANTS) + 1)
 
 
 @pytest.mark.gpu
