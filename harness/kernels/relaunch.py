@@ -90,12 +90,15 @@ class _Released:
 def _binds_alike(old: Any, value: torch.Tensor) -> bool:
     """A new tensor Triton would bind as the remembered one (dtype, device, 16-byte alignment)."""
     if isinstance(old, torch.Tensor):
-        old = _Released(old)
+        aligned = old.data_ptr() % 16 == 0
+    elif isinstance(old, _Released):
+        aligned = old.aligned
+    else:
+        return False
     return (
-        isinstance(old, _Released)
-        and value.dtype == old.dtype
+        value.dtype == old.dtype
         and value.device == old.device
-        and (value.data_ptr() % 16 == 0) == old.aligned
+        and (value.data_ptr() % 16 == 0) == aligned
     )
 
 
