@@ -8,9 +8,12 @@ waits for the host through most of a layer step (the sync drains it), so on a GP
 bookkeeping is three Triton kernels (harness/kernels/dispatch.py): the send side's positions
 and counts, the split sizes, and the received rows' labels, instead of about 30 torch kernels
 (`send_meta_torch`, `split_sizes_torch`, `recv_rows_torch`: the CPU path and the references).
-The labels are launched before the sync, at the most rows a rank can receive (W*T*k): launches
+The labels are launched before the sync, at a bound on the rows this rank receives (launches
 before the sync queue behind the previous step's kernels, those after it are on the step's
-critical path (the device idles until the host has made them).
+critical path: the device idles until the host has made them). The bound (LayerDispatch.bound)
+starts at min(W*T*k, 2*T*k): every row there can be at W <= 2, and twice the average beyond, so
+the buffers sized from it do not grow with W. A step that receives more (known after the sync)
+labels its rows again after the sync and doubles the bound for the steps after it.
 
 Order of rows (as harness/layout.py, so the checks line up):
   send   this rank's (token, slot) pairs sorted by global expert (stable): destination rank,
@@ -95,8 +98,8 @@ class Received:
     """The received rows' labels as the dispatch has them before its host sync (device tensors).
 
     recv_src, recv_expert, recv_dst_index [B] int64: rows [0, R) as in Dispatched, rows past R
-        -1; B >= R (on a GPU B = W*T*k, the most rows a rank can receive, so every
-        step's labels have one size; on the CPU B = R)
+        -1; B >= R (on a GPU B = LayerDispatch.bound, so every step's labels have one size
+        until a step receives more; on the CPU B = R)
     n_rows         [1] int64  R
     send_counts    [W] int64  rows this rank sends to each destination
     """
@@ -150,11 +153,37 @@ class LayerDispatch:
     before_sync(Received), if given, is called with the received rows' labels as soon as they
     exist: on a GPU before the split sizes' host sync, so device work it enqueues (a plan
     built from the labels) is queued behind the previous step's kernels, not after the sync
-    on the step's critical path; on the CPU after the sync.
+    on the step's critical path; on the CPU after the sync. A step that receives more rows
+    than the labels' bound calls it again after the sync, with labels at the grown bound (the
+    earlier call's work is void).
+
+    bound: rows the labels are sized for before the sync (None: min(W*T*k, 2*T*k) on the first
+    call); it only grows, to max(R, min(2 * bound, W*T*k)) when a step receives R > bound.
+    device_labels: label the rows with the Triton kernels before the sync (None: on a GPU;
+    True on the CPU runs them in Triton's interpreter, for tests).
     """
 
-    def __init__(self, world_size: int, experts_per_rank: int, group=None) -> None:
+    #: the first bound is this many times the average rows a rank receives (T*k)
+    HEADROOM = 2
+
+    def __init__(
+        self,
+        world_size: int,
+        experts_per_rank: int,
+        group=None,
+        bound: int | None = None,
+        device_labels: bool | None = None,
+    ) -> None:
+        if bound is not None and bound < 1:
+            raise ValueError(f"bound must be >= 1 row, got {bound}")
         self.W, self.E, self.group = world_size, experts_per_rank, group
+        self.bound, self.device_labels = bound, device_labels
+        self.regrown = 0  # steps that received more rows than the bound
+
+    def _first_bound(self, T: int, k: int) -> int:
+        if self.bound is None:
+            self.bound = min(self.W * T * k, self.HEADROOM * T * k)
+        return self.bound
 
     def __call__(
         self,
@@ -167,7 +196,8 @@ class LayerDispatch:
         dev = x.device
         flat = expert_ids.reshape(-1)
         keys, send_order = torch.sort(flat, stable=True)  # [S] each
-        if dev.type == "cuda":  # one launch each (harness/kernels/dispatch.py)
+        on_device = dev.type == "cuda" if self.device_labels is None else self.device_labels
+        if dev.type == "cuda" or on_device:  # one launch each (harness/kernels/dispatch.py)
             from harness.kernels.dispatch import recv_rows, send_meta, split_sizes
         else:
             send_meta, split_sizes, recv_rows = send_meta_torch, split_sizes_torch, recv_rows_torch
@@ -182,26 +212,37 @@ class LayerDispatch:
         sizes = split_sizes(meta, got, W, E)
         send_counts, n_rows = sizes[:W], sizes[2 * W + E :]
         epos = W > 1 and E > 1
-        labels = None
-        x_send = x.index_select(0, token) if W > 1 else None  # needs no split size either
-        if dev.type == "cuda":  # before the sync, at the most rows any step can receive
-            labels = recv_rows(recv_counts, recv_off, W * T * k, epos)
-            received = Received(*labels[:3], n_rows, send_counts)
+
+        def label(rows: int):
+            """The labels at `rows` rows (a bound, or R), handed to before_sync."""
+            if on_device:
+                out = recv_rows(recv_counts, recv_off, rows, epos, n_rows)
+            else:
+                out = recv_rows(recv_counts, recv_off, rows, epos)
+            received = Received(*out[:3], n_rows, send_counts)
             if before_sync is not None:
                 before_sync(received)
+            return out, received
+
+        labels = None
+        x_send = x.index_select(0, token) if W > 1 else None  # needs no split size either
+        if on_device:  # before the sync, at the bound
+            bound = self._first_bound(T, k)
+            labels, received = label(bound)
         host = sizes.tolist()  # THE host synchronisation (split sizes)
         send_splits, recv_splits = host[:W], host[W : 2 * W]
         expert_rows, R = host[2 * W : 2 * W + E], host[-1]
+        if labels is not None and R > bound:  # more rows than the bound: label them again
+            self.bound = max(R, min(2 * bound, W * T * k))
+            self.regrown += 1
+            labels, received = label(self.bound)
         x_recv = x.new_empty(R, x.shape[1])
         if W > 1:
             dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits, group=self.group)
         else:  # every row stays: gathered straight into the receive buffer
             torch.index_select(x, 0, token, out=x_recv)
         if labels is None:  # the torch path needs R on the host
-            labels = recv_rows(recv_counts, recv_off, R, epos)
-            received = Received(*labels[:3], n_rows, send_counts)
-            if before_sync is not None:
-                before_sync(received)
+            labels, received = label(R)
         src, expert, dst_index, expert_pos, offs = labels
         if src.numel() != R:  # the rows of this step
             src, expert, dst_index = src[:R], expert[:R], dst_index[:R]

@@ -93,3 +93,23 @@ def test_device_idle_splits_steps_at_the_markers_and_sums_the_gaps_before_each_k
     assert (one["span_us"], one["busy_us"], one["idle_us"]) == (27, 17, 10)
     assert one["gaps"] == {"c": 8, "a": 1, "(next step)": 1}
     assert idle_gaps(steps[1])["gaps"] == {"(next step)": 9, "d": 3}
+
+
+def test_label_bound_times_each_bound_and_checks_its_labels(tmp_path):
+    """benchmarks/label_bound.py in Triton's interpreter on its small grid: a row per mode,
+    every one checked (the real rows labelled, -1 past them)."""
+    import pytest
+
+    from tests.interpreted import run_interpreted
+
+    pytest.importorskip("triton")
+    script = (
+        "import sys; from benchmarks import label_bound; "
+        f"sys.argv = ['label_bound', '--small', '--out', {str(tmp_path)!r}]; label_bound.main()"
+    )
+    run_interpreted(script, timeout=300)
+    df = pd.read_parquet(tmp_path / "label_bound.parquet")
+    assert len(df) == 6 and set(df["mode"]) == {"exact", "most", "bound"}
+    assert (df.status == "ok").all()
+    r = df[df.world_size == 4].set_index("mode").label_rows
+    assert r["exact"] == 32 and r["most"] == 128 and r["bound"] == 64

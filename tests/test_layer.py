@@ -165,12 +165,14 @@ for W, E in cases:
             for a, b in zip(got, want):
                 assert (a is None) == (b is None), (W, E)
                 assert a is None or (a.dtype == b.dtype and torch.equal(a, b)), (W, E, epos)
-            # at a bound on the rows (the dispatch's launch before its sync): the same prefix
-            got = recv_rows(meta[..., 0], meta[..., 1], R + 300, epos)
-            for a, b in zip(got[:4], want[:4]):
-                assert a is None or (a.shape[0] == R + 300 and torch.equal(a[:R], b)), (W, E)
-                assert a is None or (a[R:] == -1).all(), (W, E)  # past the rows: -1
-            assert torch.equal(got[4], want[4])
+            # at a bound on the rows (the dispatch's launch before its sync): the same prefix;
+            # with the total on the device, whole programs past it skip the block passes
+            for extra, n_total in ((300, None), (300, cnt.sum().view(1)), (777, cnt.sum().view(1))):
+                got = recv_rows(meta[..., 0], meta[..., 1], R + extra, epos, n_total)
+                for a, b in zip(got[:4], want[:4]):
+                    assert a is None or (a.shape[0] == R + extra and torch.equal(a[:R], b)), W
+                    assert a is None or (a[R:] == -1).all(), (W, E)  # past the rows: -1
+                assert torch.equal(got[4], want[4])
         print("RECV_ROWS_OK", W, E, R)
 from harness.dispatch import send_meta_torch, split_sizes_torch
 from harness.kernels.dispatch import send_meta, split_sizes
@@ -201,6 +203,54 @@ def test_dispatch_kernels_equal_the_torch_ops_in_the_interpreter():
     out = run_interpreted(_RECV_ROWS, timeout=300)
     assert out.count("RECV_ROWS_OK") == 12
     assert out.count("SEND_META_OK") == 5
+
+
+_BOUND = r"""
+import torch
+from harness.dispatch import LayerDispatch
+g = torch.Generator().manual_seed(1)
+T, k, E, H = 50, 2, 4, 8
+R = T * k  # W = 1: every row stays
+x = torch.randn(T, H, generator=g)
+ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+want = LayerDispatch(1, E, device_labels=False)(x, ids)
+fields = ("x_recv", "send_order", "pos", "send_counts", "recv_counts", "recv_expert", "recv_src",
+          "recv_dst_index", "offs")
+for bound, calls, grown in ((None, 1, R), (R + 200, 1, R + 200), (R // 3, 2, R)):
+    disp = LayerDispatch(1, E, bound=bound, device_labels=True)
+    for step in range(2):  # a grown bound holds for the next step
+        seen = []
+        d = disp(x, ids, before_sync=seen.append)
+        for f in fields:
+            assert torch.equal(getattr(d, f), getattr(want, f)), (bound, f)
+        assert d.expert_pos is None and d.expert_rows == want.expert_rows
+        assert [len(r.recv_src) for r in seen][-1] == grown == disp.bound, (bound, seen)
+        assert len(seen) == (calls if step == 0 else 1), (bound, step, len(seen))
+        assert disp.regrown == (calls - 1), (bound, disp.regrown)
+        last = seen[-1]
+        assert int(last.n_rows) == R and (last.recv_src[R:] == -1).all()
+        assert torch.equal(last.recv_dst_index[:R], want.recv_dst_index)
+    print("BOUND_OK", bound)
+"""
+
+
+def test_the_dispatch_labels_at_its_bound_and_grows_it_past_a_step_that_receives_more():
+    """LayerDispatch with the GPU path's kernels (in the interpreter, W=1): the Dispatched
+    equals the torch path's whatever the labels' bound; before_sync gets the labels at the
+    bound (-1 past the R real rows, R counted on the device); a bound below R labels again
+    after the sync (before_sync called twice), grows to R and holds for the next step."""
+    from tests.interpreted import run_interpreted
+
+    pytest.importorskip("triton")
+    out = run_interpreted(_BOUND, timeout=300)
+    assert out.count("BOUND_OK") == 3
+
+
+def test_a_dispatch_bound_below_one_row_is_refused():
+    from harness.dispatch import LayerDispatch
+
+    with pytest.raises(ValueError, match="bound must be >= 1"):
+        LayerDispatch(2, 4, bound=0)
 
 
 @pytest.mark.gpu

@@ -16,7 +16,9 @@ Program p labels rows [p*BLOCK, (p+1)*BLOCK): a row's block is the number of blo
 at or before it (blocks with no rows end where they start), found by comparing the row against
 every block's end in chunks of CH blocks; program 0 also writes offs. R may be a bound on the
 rows (the dispatch launches it before its host sync, at the most rows a rank can receive): rows
-past the blocks' total are -1.
+past the blocks' total are -1. Given the total on the device (split_sizes' last entry), a program
+whose rows all lie past it writes its -1 rows and skips both passes over the blocks: at W ranks
+the bound grows with W while the real rows do not, and each pass walks all W*E blocks.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ def _recv_rows_kernel(
     recv_dst_index,  # [R] int64 out
     expert_pos,  # [R] int64 out (HAS_EPOS)
     offs,  # [E] int32 out
+    n_total,  # [1] int64: the blocks' total rows (HAS_N), to skip programs past it
     c_step,
     o_step,
     R,
     E,
     G,
     HAS_EPOS: tl.constexpr,
+    HAS_N: tl.constexpr,
     EP: tl.constexpr,  # next power of two >= E
     BLOCK: tl.constexpr,
     CH: tl.constexpr,
@@ -54,10 +58,14 @@ def _recv_rows_kernel(
     pid = tl.program_id(0)
     i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mine = i < R  # rows this launch writes
+    n_blocks = G
+    if HAS_N:  # every row of this program past the total (program 0 also writes offs): no pass
+        past = (pid > 0) & (pid.to(tl.int64) * BLOCK >= tl.load(n_total))
+        n_blocks = tl.where(past, 0, G)
     # pass 1: the row's block b = #blocks whose end <= i
     b = tl.zeros([BLOCK], dtype=tl.int64)
     carry = tl.zeros([1], dtype=tl.int64)  # rows of the blocks before this chunk
-    for g0 in range(0, G, CH):
+    for g0 in range(0, n_blocks, CH):
         g = g0 + tl.arange(0, CH)
         c = tl.load(counts + g * c_step, mask=g < G, other=0)
         end = carry + tl.cumsum(c, 0)  # inclusive ends of this chunk's blocks
@@ -71,7 +79,7 @@ def _recv_rows_kernel(
     # pass 2: the block's first row (source major) and its first row expert major
     first = tl.zeros([BLOCK], dtype=tl.int64)
     em_first = tl.zeros([BLOCK], dtype=tl.int64)
-    for g0 in range(0, G, CH):
+    for g0 in range(0, n_blocks, CH):
         g = g0 + tl.arange(0, CH)
         c = tl.load(counts + g * c_step, mask=g < G, other=0)
         gs, ge = g // E, g % E
@@ -110,20 +118,28 @@ def _flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def recv_rows(
-    recv_counts: torch.Tensor, recv_off: torch.Tensor, rows: int, expert_pos: bool
+    recv_counts: torch.Tensor,
+    recv_off: torch.Tensor,
+    rows: int,
+    expert_pos: bool,
+    n_total: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(recv_src, recv_expert, recv_dst_index [rows] int64, expert_pos [rows] int64 or None,
     offs [E] int32) of the rows received in recv_counts' [W, E] blocks (module docstring);
-    rows = recv_counts.sum(), a host int. One launch; no host synchronisation."""
+    rows: a host int, recv_counts.sum() or a bound on it (rows past the sum are -1); n_total
+    [1] int64 (optional): recv_counts.sum() on the device, so programs past it skip the block
+    passes. One launch; no host synchronisation."""
     W, E = recv_counts.shape
     dev = recv_counts.device
     c, c_step = _flat(recv_counts)
     o, o_step = _flat(recv_off)
     out = torch.empty(4 if expert_pos else 3, rows, dtype=torch.int64, device=dev)
     offs = torch.empty(E, dtype=torch.int32, device=dev)
+    has_n = n_total is not None
     args = (c, o, out[0], out[1], out[2], out[3] if expert_pos else out[0], offs)
-    args += (c_step, o_step, rows, E, W * E)
-    kw = dict(HAS_EPOS=expert_pos, EP=next_power_of_2(E), BLOCK=BLOCK, CH=CH, num_warps=4)
+    args += (n_total if has_n else offs, c_step, o_step, rows, E, W * E)
+    kw = dict(HAS_EPOS=expert_pos, HAS_N=has_n, EP=next_power_of_2(E), BLOCK=BLOCK, CH=CH)
+    kw["num_warps"] = 4
     grid = (max(1, cdiv(rows, BLOCK)),)
     launch_cached(_recv_rows_kernel, grid, args, kw, ints=("R",))  # R: this step's rows
     return out[0], out[1], out[2], out[3] if expert_pos else None, offs

@@ -328,9 +328,9 @@ class _LayerRank:
         if own_plan:
             d = self.dispatch(self.x, self.ids)
             return (d, *self.plan_for(d, own_plan))
-        built = []
+        built = []  # a step past the dispatch's bound builds again after the sync: the last
         d = self.dispatch(self.x, self.ids, before_sync=lambda r: built.append(self.build(r)))
-        return d, built[0], self.builder.padded_input(d.x_recv)
+        return d, built[-1], self.builder.padded_input(d.x_recv)
 
     def _y(self, rows: int, like: torch.Tensor) -> torch.Tensor:
         """The fc2 output [rows, N]: one buffer for every step of this shape."""
