@@ -4,10 +4,11 @@ The layer dispatch labels the rows a rank receives before its host sync, so at a
 their count (harness/dispatch.py LayerDispatch.bound). For each (W, E, T, k), with every rank
 receiving its average T*k rows spread evenly over the W*E (source, expert) blocks:
   exact  rows = R = T*k (what a dispatch that waits for the sync launches)
-  most   rows = W*T*k, every program walks all W*E blocks twice (the bound of revs acc12ad to d6155bc)
-  bound  rows = min(W*T*k, 2*T*k) with the count on the device: programs past R skip their
-         passes (the dispatch's default)
-Columns: ms (median of iters, CUDA events), label_rows, label_mb (the four int64 label arrays).
+  most   rows = W*T*k (the bound of revs acc12ad to d6155bc)
+  bound  rows = min(W*T*k, 2*T*k) (the dispatch's first bound since 6ba15fe)
+Columns: ms (median of iters, CUDA events around one call: the host's launch included),
+kernel_us (the device's kernel time per call, torch.profiler), label_rows, label_mb (the four
+int64 label arrays), status (every real row labelled, -1 past them).
 Usage: python -m benchmarks.label_bound [--out DIR] [--small] (prints the table last; on the CPU
 only under TRITON_INTERPRET=1, where --small keeps it short).
 """
@@ -23,6 +24,7 @@ import pandas as pd
 import torch
 
 from benchmarks.plan_time import time_ms
+from benchmarks.profiling import kernel_times
 from harness.kernels.dispatch import recv_rows
 
 FULL = {"world": [2, 8, 64], "experts": [4, 64], "tokens": [8192], "top_k": [2, 8]}
@@ -35,16 +37,17 @@ def measure(W: int, E: int, T: int, k: int, device: torch.device, iters: int) ->
     counts.view(-1)[: R % (W * E)] += 1
     offs = torch.zeros(W, E, dtype=torch.int64)  # offsets do not change the kernel's work
     counts, offs = counts.to(device), offs.to(device)
-    n_total = counts.sum().view(1)
-    modes = {"exact": (R, None), "most": (W * R, None), "bound": (min(W * R, 2 * R), n_total)}
+    modes = {"exact": R, "most": W * R, "bound": min(W * R, 2 * R)}
     rows = []
-    for mode, (n, tot) in modes.items():
-        ms = time_ms(lambda n=n, tot=tot: recv_rows(counts, offs, n, True, tot), device, 3, iters)
-        got = recv_rows(counts, offs, n, True, tot)
+    for mode, n in modes.items():
+        call = lambda n=n: recv_rows(counts, offs, n, True)  # noqa: E731
+        ms = time_ms(call, device, 3, iters)
+        us = sum(r["us"] for r in kernel_times(call, 5)) if device.type == "cuda" else float("nan")
+        got = call()
         ok = int((got[0][:R] >= 0).sum()) == R and bool((got[0][R:] == -1).all())
         rows.append(
             dict(world_size=W, experts_per_rank=E, tokens_per_rank=T, top_k=k, mode=mode,
-                 label_rows=n, label_mb=4 * 8 * n / 2**20, ms=statistics.median(ms),
+                 label_rows=n, label_mb=4 * 8 * n / 2**20, ms=statistics.median(ms), kernel_us=us,
                  status="ok" if ok else "wrong")
         )  # fmt: skip
     return rows
@@ -72,9 +75,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "label_bound.parquet")
-    wide = df.pivot_table(
-        index=["world_size", "experts_per_rank", "top_k"], columns="mode", values="ms"
-    )
+    keys = ["world_size", "experts_per_rank", "top_k"]
+    wide = df.pivot_table(index=keys, columns="mode", values=["ms", "kernel_us"])
     print(wide.round(4).to_string())
     print("status:", df.status.value_counts().to_dict())
 

@@ -215,10 +215,7 @@ class LayerDispatch:
 
         def label(rows: int):
             """The labels at `rows` rows (a bound, or R), handed to before_sync."""
-            if on_device:
-                out = recv_rows(recv_counts, recv_off, rows, epos, n_rows)
-            else:
-                out = recv_rows(recv_counts, recv_off, rows, epos)
+            out = recv_rows(recv_counts, recv_off, rows, epos)
             received = Received(*out[:3], n_rows, send_counts)
             if before_sync is not None:
                 before_sync(received)

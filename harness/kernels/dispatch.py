@@ -1,24 +1,25 @@
-"""The received rows' bookkeeping of the layer dispatch (harness/dispatch.py) in ONE kernel.
+"""The layer dispatch's bookkeeping (harness/dispatch.py) in a few Triton kernels.
 
 After the counts exchange and its host synchronisation every launch of a layer step is on the
 step's critical path: the device idles while the host enqueues it. The received rows' labels
 took about 20 small torch kernels (repeat_interleave, two exclusive cumsums, a transpose,
-gathers, a division and a modulo); this kernel computes the same tensors in one launch.
+gathers, a division and a modulo); two kernels compute the same tensors here.
 
 For the rows [R] received in (source s, local expert e) blocks of recv_counts [W, E] (source
-major), with the blocks' offsets recv_off [W, E] in each source's send order:
+major, G = W*E blocks), with the blocks' offsets recv_off [W, E] in each source's send order:
   recv_src[i]        s of row i's block b = s*E + e
   recv_expert[i]     e
   recv_dst_index[i]  recv_off[s, e] + (i - the block's first row)
   expert_pos[i]      row i's position when the blocks are reordered expert-major (e, then s)
   offs[e]            int32 cumulative rows of experts 0..e (torch._grouped_mm's offs)
-Program p labels rows [p*BLOCK, (p+1)*BLOCK): a row's block is the number of blocks that end
-at or before it (blocks with no rows end where they start), found by comparing the row against
-every block's end in chunks of CH blocks; program 0 also writes offs. R may be a bound on the
-rows (the dispatch launches it before its host sync, at the most rows a rank can receive): rows
-past the blocks' total are -1. Given the total on the device (split_sizes' last entry), a program
-whose rows all lie past it writes its -1 rows and skips both passes over the blocks: at W ranks
-the bound grows with W while the real rows do not, and each pass walks all W*E blocks.
+One program first writes the blocks' inclusive ends (source major) and their starts in the
+expert-major order (two chunked cumsums over the G blocks), and offs. Then program p labels rows
+[p*BLOCK, (p+1)*BLOCK): a row's block is the number of blocks that end at or before it (blocks
+with no rows end where they start), found by a binary search over the ends (log2 G loads a row:
+at W=64, E=64 the first kernel of this file compared every row against all 4096 blocks and took
+5.8 ms at 65536 rows; results/reference/h200/label_bound*.parquet). R may be a bound on the rows
+(the dispatch launches it before its host sync): rows past the blocks' total are -1 and search
+nothing, so programs past the total only write their -1 rows.
 """
 
 from __future__ import annotations
@@ -31,80 +32,82 @@ from harness.kernels.ints import cdiv, next_power_of_2
 from harness.kernels.relaunch import launch_cached
 
 BLOCK = 128  # rows per program
-CH = 64  # blocks compared per step
+CH = 64  # blocks summed per step of the starts' cumsums
+
+
+@triton.jit
+def _block_starts_kernel(
+    counts,  # int64: recv_counts, block g = s*E + e at counts[g * c_step]
+    ends,  # [G] int64 out: rows of blocks 0..g (source major), inclusive
+    em_start,  # [G] int64 out: block g's first row when the blocks go expert major (e, then s)
+    offs,  # [E] int32 out: rows of experts 0..e
+    c_step,
+    W,
+    E,
+    G,
+    CH: tl.constexpr,
+):
+    carry = tl.zeros([1], dtype=tl.int64)
+    for g0 in range(0, G, CH):  # source major: the blocks' inclusive ends
+        g = g0 + tl.arange(0, CH)
+        c = tl.load(counts + g * c_step, mask=g < G, other=0)
+        tl.store(ends + g, carry + tl.cumsum(c, 0), mask=g < G)
+        carry += tl.sum(c, 0)
+    carry = tl.zeros([1], dtype=tl.int64)
+    for j0 in range(0, G, CH):  # expert major: position j = e*W + s holds block s*E + e
+        j = j0 + tl.arange(0, CH)
+        e = j // W
+        s = j % W
+        g = s * E + e
+        c = tl.load(counts + g * c_step, mask=j < G, other=0)
+        inc = carry + tl.cumsum(c, 0)
+        tl.store(em_start + g, inc - c, mask=j < G)
+        tl.store(offs + e, inc.to(tl.int32), mask=(j < G) & (s == W - 1))  # expert e's last
+        carry += tl.sum(c, 0)
 
 
 @triton.jit(do_not_specialize=["R"])
 def _recv_rows_kernel(
-    counts,  # int64: recv_counts, block g = s*E + e at counts[g * c_step]
+    ends,  # [G] int64: _block_starts_kernel's
+    em_start,  # [G] int64: _block_starts_kernel's
     offsets,  # int64: recv_off, block g at offsets[g * o_step]
     recv_src,  # [R] int64 out
     recv_expert,  # [R] int64 out
     recv_dst_index,  # [R] int64 out
     expert_pos,  # [R] int64 out (HAS_EPOS)
-    offs,  # [E] int32 out
-    n_total,  # [1] int64: the blocks' total rows (HAS_N), to skip programs past it
-    c_step,
     o_step,
     R,
     E,
     G,
     HAS_EPOS: tl.constexpr,
-    HAS_N: tl.constexpr,
-    EP: tl.constexpr,  # next power of two >= E
+    STEPS: tl.constexpr,  # binary-search steps: 2**STEPS > G
     BLOCK: tl.constexpr,
-    CH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mine = i < R  # rows this launch writes
-    n_blocks = G
-    if HAS_N:  # every row of this program past the total (program 0 also writes offs): no pass
-        past = (pid > 0) & (pid.to(tl.int64) * BLOCK >= tl.load(n_total))
-        n_blocks = tl.where(past, 0, G)
-    # pass 1: the row's block b = #blocks whose end <= i
+    live = mine & (i < tl.load(ends + G - 1))  # R may be a bound: rows past the total are -1
+    # the row's block b = #blocks whose end <= i (a binary search over the ends; rows past the
+    # total search nothing, so programs past it only write their -1 rows)
     b = tl.zeros([BLOCK], dtype=tl.int64)
-    carry = tl.zeros([1], dtype=tl.int64)  # rows of the blocks before this chunk
-    for g0 in range(0, n_blocks, CH):
-        g = g0 + tl.arange(0, CH)
-        c = tl.load(counts + g * c_step, mask=g < G, other=0)
-        end = carry + tl.cumsum(c, 0)  # inclusive ends of this chunk's blocks
-        ok = (g < G)[None, :] & (end[None, :] <= i[:, None])
-        b += tl.sum(ok.to(tl.int64), 1)
-        carry += tl.sum(c, 0)
-    live = mine & (i < carry)  # R may be a bound: rows past the blocks' total are -1
-    b = tl.where(live, b, 0)
+    step = 1 << (STEPS - 1)
+    for _ in range(STEPS):
+        a = b + step
+        ok = live & (a <= G)
+        end = tl.load(ends + a - 1, mask=ok, other=0)
+        b = tl.where(ok & (end <= i), a, b)
+        step = step // 2
     s = b // E
     e = b % E
-    # pass 2: the block's first row (source major) and its first row expert major
-    first = tl.zeros([BLOCK], dtype=tl.int64)
-    em_first = tl.zeros([BLOCK], dtype=tl.int64)
-    for g0 in range(0, n_blocks, CH):
-        g = g0 + tl.arange(0, CH)
-        c = tl.load(counts + g * c_step, mask=g < G, other=0)
-        gs, ge = g // E, g % E
-        before = g[None, :] < b[:, None]
-        em_before = (ge[None, :] < e[:, None]) | (
-            (ge[None, :] == e[:, None]) & (gs[None, :] < s[:, None])
-        )
-        first += tl.sum(tl.where(before, c[None, :], 0), 1)
-        em_first += tl.sum(tl.where(em_before, c[None, :], 0), 1)
+    first = tl.load(ends + b - 1, mask=live & (b > 0), other=0)  # the block's first row
     idx = i - first
     tl.store(recv_src + i, tl.where(live, s, -1), mask=mine)
     tl.store(recv_expert + i, tl.where(live, e, -1), mask=mine)
     off = tl.load(offsets + b * o_step, mask=live, other=0)
     tl.store(recv_dst_index + i, tl.where(live, off + idx, -1), mask=mine)
     if HAS_EPOS:
+        em_first = tl.load(em_start + b, mask=live, other=0)
         tl.store(expert_pos + i, tl.where(live, em_first + idx, -1), mask=mine)
-    if pid == 0:  # offs[e] = rows of experts <= e
-        ex = tl.arange(0, EP)
-        tot = tl.zeros([EP], dtype=tl.int64)
-        for g0 in range(0, G, CH):
-            g = g0 + tl.arange(0, CH)
-            c = tl.load(counts + g * c_step, mask=g < G, other=0)
-            upto = (g % E)[None, :] <= ex[:, None]
-            tot += tl.sum(tl.where(upto, c[None, :], 0), 1)
-        tl.store(offs + ex, tot.to(tl.int32), mask=ex < E)
 
 
 def _flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -118,30 +121,26 @@ def _flat(t: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def recv_rows(
-    recv_counts: torch.Tensor,
-    recv_off: torch.Tensor,
-    rows: int,
-    expert_pos: bool,
-    n_total: torch.Tensor | None = None,
+    recv_counts: torch.Tensor, recv_off: torch.Tensor, rows: int, expert_pos: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(recv_src, recv_expert, recv_dst_index [rows] int64, expert_pos [rows] int64 or None,
     offs [E] int32) of the rows received in recv_counts' [W, E] blocks (module docstring);
-    rows: a host int, recv_counts.sum() or a bound on it (rows past the sum are -1); n_total
-    [1] int64 (optional): recv_counts.sum() on the device, so programs past it skip the block
-    passes. One launch; no host synchronisation."""
+    rows: a host int, recv_counts.sum() or a bound on it (rows past the sum are -1). Two
+    launches (the blocks' starts, then the rows); no host synchronisation."""
     W, E = recv_counts.shape
+    G = W * E
     dev = recv_counts.device
     c, c_step = _flat(recv_counts)
     o, o_step = _flat(recv_off)
-    out = torch.empty(4 if expert_pos else 3, rows, dtype=torch.int64, device=dev)
+    starts = torch.empty(2, G, dtype=torch.int64, device=dev)  # ends, em_start
     offs = torch.empty(E, dtype=torch.int32, device=dev)
-    has_n = n_total is not None
-    args = (c, o, out[0], out[1], out[2], out[3] if expert_pos else out[0], offs)
-    args += (n_total if has_n else offs, c_step, o_step, rows, E, W * E)
-    kw = dict(HAS_EPOS=expert_pos, HAS_N=has_n, EP=next_power_of_2(E), BLOCK=BLOCK, CH=CH)
-    kw["num_warps"] = 4
-    grid = (max(1, cdiv(rows, BLOCK)),)
-    launch_cached(_recv_rows_kernel, grid, args, kw, ints=("R",))  # R: this step's rows
+    args = (c, starts[0], starts[1], offs, c_step, W, E, G)
+    launch_cached(_block_starts_kernel, (1,), args, dict(CH=CH, num_warps=4))
+    out = torch.empty(4 if expert_pos else 3, rows, dtype=torch.int64, device=dev)
+    args = (starts[0], starts[1], o, out[0], out[1], out[2], out[3] if expert_pos else out[0])
+    args += (o_step, rows, E, G)
+    kw = dict(HAS_EPOS=expert_pos, STEPS=G.bit_length(), BLOCK=BLOCK, num_warps=4)
+    launch_cached(_recv_rows_kernel, (max(1, cdiv(rows, BLOCK)),), args, kw, ints=("R",))
     return out[0], out[1], out[2], out[3] if expert_pos else None, offs
 
 

@@ -351,6 +351,9 @@ class _LayerRank:
         return activation(expert_gemm(x_pad, counts, self.w1, offs), n_padded)
 
     def _fc2_combine(self, plan, h: torch.Tensor, overlapped: bool = True) -> torch.Tensor:
+        bands = plan.schedule.numel()  # a plan at a bound set past W*T*k (a test's) has more
+        if bands > self.runner.band_ready.numel():  # a new plan object: no launch holds these
+            self.runner.band_ready = torch.zeros(bands, dtype=torch.int32, device=h.device)
         self.runner.use_plan(plan)
         y = self._y(h.shape[0], h)
         if overlapped:
