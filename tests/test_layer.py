@@ -151,10 +151,10 @@ import torch
 from harness.dispatch import recv_rows_torch
 from harness.kernels.dispatch import recv_rows
 g = torch.Generator().manual_seed(0)
-cases = [(1, 1), (1, 5), (3, 1), (2, 4), (4, 70), (8, 9), (16, 64)]  # (W, E): G 1 to 1024
+cases = [(1, 1), (1, 5), (3, 1), (2, 4), (4, 70), (8, 9), (16, 64), (33, 40)]  # G 1 to 1320
 for W, E in cases:
     for zeros in (0.0, 0.4):
-        cnt = torch.randint(0, 40, (W, E), generator=g)
+        cnt = torch.randint(0, 40 if W * E < 600 else 3, (W, E), generator=g)  # interpreter time
         cnt[torch.rand(W, E, generator=g) < zeros] = 0
         off = torch.randint(0, 1000, (W, E), generator=g)
         meta = torch.stack([cnt, off], -1)  # the counts exchange's [W, E, 2]: strided views
@@ -201,7 +201,7 @@ def test_dispatch_kernels_equal_the_torch_ops_in_the_interpreter():
 
     pytest.importorskip("triton")
     out = run_interpreted(_RECV_ROWS, timeout=300)
-    assert out.count("RECV_ROWS_OK") == 14
+    assert out.count("RECV_ROWS_OK") == 16
     assert out.count("SEND_META_OK") == 5
 
 

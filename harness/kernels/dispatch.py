@@ -32,7 +32,7 @@ from harness.kernels.ints import cdiv, next_power_of_2
 from harness.kernels.relaunch import launch_cached
 
 BLOCK = 128  # rows per program
-CH = 64  # blocks summed per step of the starts' cumsums
+CH = 1024  # most blocks summed per step of the starts' cumsums (one program)
 
 
 @triton.jit
@@ -135,7 +135,8 @@ def recv_rows(
     starts = torch.empty(2, G, dtype=torch.int64, device=dev)  # ends, em_start
     offs = torch.empty(E, dtype=torch.int32, device=dev)
     args = (c, starts[0], starts[1], offs, c_step, W, E, G)
-    launch_cached(_block_starts_kernel, (1,), args, dict(CH=CH, num_warps=4))
+    ch = min(CH, next_power_of_2(G))
+    launch_cached(_block_starts_kernel, (1,), args, dict(CH=ch, num_warps=4))
     out = torch.empty(4 if expert_pos else 3, rows, dtype=torch.int64, device=dev)
     args = (starts[0], starts[1], o, out[0], out[1], out[2], out[3] if expert_pos else out[0])
     args += (o_step, rows, E, G)
