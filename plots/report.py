@@ -623,6 +623,26 @@ def _layer_ab_fig(old: str) -> Callable[[pd.DataFrame], str]:
     return summarise
 
 
+def _label_bound_fig(df: pd.DataFrame) -> str:
+    """benchmarks/label_bound.py: the labels' device time per call (kernel_us) at R rows and at
+    W*T*k rows, at the smallest and the largest W*E of the table."""
+    o = _ok(df)
+    if "kernel_us" not in o or o["kernel_us"].isna().all():
+        return f"{len(o)} ok rows, timed with CUDA events only (ms {_range(o['ms'], '.3f')})"
+    us = o.pivot_table(
+        index=["world_size", "experts_per_rank", "top_k"], columns="mode", values="kernel_us"
+    )
+    parts = [
+        f"W={w} E={e} k={k} {row.get('exact', float('nan')):.1f} / "
+        f"{row.get('most', float('nan')):.1f}"
+        for (w, e, k), row in us.iterrows()
+        if (w, e) in {(us.index.min()[0], us.index.min()[1]), (64, 64)}
+    ]
+    return f"rev {_join(o['git_rev'])}: device us per call at R rows / at W*T*k rows: " + "; ".join(
+        parts
+    )
+
+
 def _heldout_fig(df: pd.DataFrame) -> str:
     r = df["pick_ratio"].dropna()
     within = int((r <= 1.03).sum())
@@ -783,6 +803,28 @@ FIGURE_TABLES = [
         "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=acc12ad OLD=4471b8f bash benchmarks/layer_ab.sh`"
         " on one GPU",
         _layer_ab_fig("4471b8f"),
+        machine="h200",
+    ),
+    FigureTable(
+        "The layer step (W=1, one GPU) before and after the label bound and binary-search labels",
+        "layer_host_ab_9e7db2a",
+        "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=9e7db2a OLD=d6155bc bash benchmarks/layer_ab.sh`"
+        " on one GPU",
+        _layer_ab_fig("d6155bc"),
+        machine="h200",
+    ),
+    FigureTable(
+        "The dispatch's received-row labels, each row compared against every block (d6155bc)",
+        "label_bound_d6155bc",
+        "`python -m benchmarks.label_bound` in rev d6155bc's tree, on one GPU",
+        _label_bound_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The dispatch's received-row labels by a binary search over the blocks (9e7db2a)",
+        "label_bound_9e7db2a",
+        "`python -m benchmarks.label_bound` on one GPU",
+        _label_bound_fig,
         machine="h200",
     ),
     FigureTable(
