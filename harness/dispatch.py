@@ -13,10 +13,7 @@ before the sync queue behind the previous step's kernels, those after it are on 
 critical path: the device idles until the host has made them). The bound (LayerDispatch.bound)
 starts at min(W*T*k, 2*T*k): every row there can be at W <= 2, and twice the average beyond, so
 the buffers sized from it do not grow with W. A step that receives more (known after the sync)
-labels its rows again after the sync and doubles the bound for the steps after it. On a GPU the
-work before the sync that the split sizes do not need (the send rows' gather, at W=1 the
-received rows' gather, the labels and before_sync's work) runs on a side stream: the sync's copy
-of the sizes waits for the counts alone, and the host wakes from it while that work runs.
+labels its rows again after the sync and doubles the bound for the steps after it.
 
 Order of rows (as harness/layout.py, so the checks line up):
   send   this rank's (token, slot) pairs sorted by global expert (stable): destination rank,
@@ -28,7 +25,6 @@ send order), from the send offsets exchanged with the counts.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -183,18 +179,6 @@ class LayerDispatch:
         self.W, self.E, self.group = world_size, experts_per_rank, group
         self.bound, self.device_labels = bound, device_labels
         self.regrown = 0  # steps that received more rows than the bound
-        self.side_stream = True  # False: everything on the caller's stream (an A/B switch)
-        self._side: torch.cuda.Stream | None = None
-
-    def _side_stream(self, dev: torch.device) -> torch.cuda.Stream | None:
-        """The stream of the work before the sync that the split sizes do not need (the
-        send rows' gather, the labels, before_sync's work), so the sync's copy of the sizes
-        waits for the counts alone and the host wakes while that work runs (CUDA only)."""
-        if dev.type != "cuda" or not self.side_stream:
-            return None
-        if self._side is None or self._side.device != dev:
-            self._side = torch.cuda.Stream(dev)
-        return self._side
 
     def _first_bound(self, T: int, k: int) -> int:
         if self.bound is None:
@@ -238,33 +222,22 @@ class LayerDispatch:
             return out, received
 
         labels = None
-        main, side = None, self._side_stream(dev)
-        if side is not None:  # the sync below waits for `main` only: the rest runs beside it
-            main = torch.cuda.current_stream(dev)
-            side.wait_stream(main)
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            # the rows to send, at W = 1 the rows received (R = T*k): no split size needed
-            x_send = x.index_select(0, token)
-            if on_device:  # before the sync, at the bound
-                bound = self._first_bound(T, k)
-                labels, received = label(bound)
+        x_send = x.index_select(0, token) if W > 1 else None  # needs no split size either
+        if on_device:  # before the sync, at the bound
+            bound = self._first_bound(T, k)
+            labels, received = label(bound)
         host = sizes.tolist()  # THE host synchronisation (split sizes)
-        if side is not None:
-            main.wait_stream(side)
-            made = [x_send] if labels is None else [x_send, labels[0], labels[4]]
-            for t in made:  # made on `side`, used on `main`
-                t.record_stream(main)
         send_splits, recv_splits = host[:W], host[W : 2 * W]
         expert_rows, R = host[2 * W : 2 * W + E], host[-1]
         if labels is not None and R > bound:  # more rows than the bound: label them again
             self.bound = max(R, min(2 * bound, W * T * k))
             self.regrown += 1
             labels, received = label(self.bound)
+        x_recv = x.new_empty(R, x.shape[1])
         if W > 1:
-            x_recv = x.new_empty(R, x.shape[1])
             dist.all_to_all_single(x_recv, x_send, recv_splits, send_splits, group=self.group)
-        else:  # every row stays: the gathered rows are the received ones
-            x_recv = x_send
+        else:  # every row stays: gathered straight into the receive buffer
+            torch.index_select(x, 0, token, out=x_recv)
         if labels is None:  # the torch path needs R on the host
             labels, received = label(R)
         src, expert, dst_index, expert_pos, offs = labels
