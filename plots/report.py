@@ -814,6 +814,15 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The layer step (W=1, one GPU) with the dispatch's pre-sync work on a side stream "
+        "(tried, reverted)",
+        "layer_host_ab_d115c5b",
+        "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=d115c5b OLD=9e7db2a bash benchmarks/layer_ab.sh`"
+        " on one GPU",
+        _layer_ab_fig("9e7db2a"),
+        machine="h200",
+    ),
+    FigureTable(
         "The dispatch's received-row labels, each row compared against every block (d6155bc)",
         "label_bound_d6155bc",
         "`python -m benchmarks.label_bound` in rev d6155bc's tree, on one GPU",
