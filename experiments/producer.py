@@ -12,12 +12,17 @@ weights [E, K, N]. Per workload, side by side in one run:
   torch_grouped_mm  torch._grouped_mm (CUTLASS) on the valid rows only, grouped by expert
   cublas            one dense torch.matmul [R, K] x [K, N] with R = the valid rows: the same
                     useful FLOPs as one GEMM
+  cublas_bmm        one torch.bmm (cuBLAS, batched) [E, m, K] x [E, K, N] with m = R // E: the
+                    same FLOPs (less up to E - 1 rows) and the same E x K x N weight bytes as
+                    the grouped GEMM, split evenly: what a dense library does on this problem's
+                    shape with no routing at all (a bound for the balanced cells)
 
 Every kernel is checked against the float32 reference of its rows (harness/check.py) before it
 is timed; a failing one records `fail`. Timed: one launch (CUDA events, torch.cuda). Metrics:
-m_tflops (useful FLOPs 2 R K N / time), m_valid_rows, m_gemm_rows (rows the kernel computes,
-padding included), m_flags. The ratios the method-speed issue asks for (producer against
-torch._grouped_mm and cuBLAS) are read across the rows of one workload (plots/producer.py).
+m_tflops (useful FLOPs 2 R K N / time; the bmm's own rows for cublas_bmm), m_valid_rows,
+m_gemm_rows (rows the kernel computes, padding included), m_flags. The ratios the method-speed
+issue asks for (producer against torch._grouped_mm and cuBLAS) are read across the rows of one
+workload (plots/producer.py).
 Options (experiment.options): flags (list of bool, default [true]); configs (list of CONFIGS
 names, default ["table"]: the shape table the overlap system runs; the others are the variants
 tried against it, recorded whether they win or lose, or `error` where Triton cannot build them;
@@ -59,7 +64,7 @@ AXES = (
     "routing",
     "dtype",
 )
-REFERENCES = ("torch_grouped_mm", "cublas")
+REFERENCES = ("torch_grouped_mm", "cublas", "cublas_bmm")
 OPTIONS = {"flags": [True], "configs": ["table"], "local": ["copy"]}
 #: where the producer stores the local rows: "copy" (in Y, as the tables before this option) or
 #: "direct" (in the own receive buffer through row_dst, as the overlap system runs by default);
@@ -290,6 +295,21 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
             torch.matmul(pb.x_valid, w0)
 
         return go, out, ref, {"gemm_rows": float(valid_rows), "impl": "torch.matmul (cuBLAS)"}
+    if cell["system"] == "cublas_bmm":
+        e = pb.w.shape[0]
+        m = max(1, valid_rows // e)
+        xb = pb.x_valid[: e * m].reshape(e, m, -1) if valid_rows >= e else None
+        if xb is None:  # fewer valid rows than experts: one row each, zeros past the valid ones
+            xb = torch.zeros(e, 1, pb.x_valid.shape[1], dtype=pb.x.dtype, device=pb.x.device)
+            xb[:valid_rows, 0] = pb.x_valid
+        out = torch.bmm(xb, pb.w)
+        ref = torch.bmm(xb.float(), pb.w.float())
+
+        def go():
+            torch.bmm(xb, pb.w)
+
+        impl = "torch.bmm (cuBLAS batched, R // E rows an expert)"
+        return go, out, ref, {"gemm_rows": float(e * m), "impl": impl}
     from systems.overlap.kernels import launch_producer, pick_config
     from systems.overlap.plan import local_row_map, producer_groups, producer_order
 
@@ -410,7 +430,9 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
         row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
         row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
         row.compute_ms = t.median_ms
-        flops = 2.0 * valid * spec.hidden * spec.out
+        # useful rows: the valid rows, or the bmm's own E x (R // E) (all useful, none padding)
+        done = row.metrics["gemm_rows"] if cell["system"] == "cublas_bmm" else valid
+        flops = 2.0 * done * spec.hidden * spec.out
         row.metrics["tflops"] = flops / t.median_ms / 1e9
     except CutlassUnavailable as exc:
         row.status, row.reason = "skipped", str(exc)

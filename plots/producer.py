@@ -4,7 +4,8 @@ line per producer variant (tile_m, layout, visiting order, tile-configuration va
 where the local rows go).
 Above 1: the producer is faster. Solid: against torch._grouped_mm on the same valid rows;
 dashed: against one dense cuBLAS GEMM of the same useful FLOPs (the method-speed issue asks
-for >= 1.00 and >= 1/1.05).
+for >= 1.00 and >= 1/1.05); dotted, where the table has it: against one batched cuBLAS GEMM
+(torch.bmm) of E x (R // E) rows, the same FLOPs and the same E x K x N weight bytes.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank"
 
 
 def ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, producer variant): producer_ms, vs_grouped_mm, vs_cublas (time of
-    the reference / time of the producer, same table)."""
+    """One row per (workload, producer variant): producer_ms, vs_grouped_mm, vs_cublas, vs_bmm
+    (time of the reference / time of the producer, same table; NaN where the table lacks the
+    reference)."""
     ok = df[df["status"] == "ok"] if "status" in df else df
     prod = ok[ok["system"] == "overlap"].copy()
     if prod.empty:
@@ -41,8 +43,12 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
         direct = prod["p_local"].fillna("copy") == "direct"
         prod.loc[direct, "variant"] += ", local direct"
     out = prod[WORKLOAD + ["variant", "latency_ms"]].rename(columns={"latency_ms": "producer_ms"})
-    for ref, col in (("torch_grouped_mm", "vs_grouped_mm"), ("cublas", "vs_cublas")):
+    refs = {"torch_grouped_mm": "vs_grouped_mm", "cublas": "vs_cublas", "cublas_bmm": "vs_bmm"}
+    for ref, col in refs.items():
         r = ok[ok["system"] == ref].groupby(WORKLOAD, as_index=False)["latency_ms"].median()
+        if r.empty:  # tables from before this reference
+            out[col] = float("nan")
+            continue
         out = out.merge(r.rename(columns={"latency_ms": col}), on=WORKLOAD, how="left")
         out[col] = out[col] / out["producer_ms"]
     return out
@@ -65,6 +71,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
                 kw = dict(marker="o", ms=3, color=plt.cm.tab20(k % 20))
                 ax.plot(s["experts_per_rank"], s["vs_grouped_mm"], label=v, **kw)
                 ax.plot(s["experts_per_rank"], s["vs_cublas"], ls="--", **kw)
+                if s["vs_bmm"].notna().any():
+                    ax.plot(s["experts_per_rank"], s["vs_bmm"], ls=":", **kw)
             ax.axhline(1.0, color="k", lw=0.8)
             ax.set_xscale("log", base=2)
             ax.set_title(f"N={n} {routing}", fontsize=8)
@@ -77,7 +85,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
                bbox_to_anchor=(0.5, 1.01))  # fmt: skip
     gpu = ", ".join(sorted(set(df.get("gpu_name", pd.Series(dtype=str)).dropna().astype(str))))
     fig.suptitle(
-        "The producer alone on all SMs: solid vs torch._grouped_mm, dashed vs dense cuBLAS\n"
+        "The producer alone on all SMs: solid vs torch._grouped_mm, dashed vs dense cuBLAS,"
+        " dotted vs batched cuBLAS (same weight bytes)\n"
         f"{gpu or '?'}",
         fontsize=9,
         y=1.06,

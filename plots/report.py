@@ -494,6 +494,11 @@ def _producer_fig(df: pd.DataFrame) -> str:
         f"{v}: vs torch._grouped_mm {_range(g['vs_grouped_mm'], unit='x')} "
         f"(>= 1.00 in {int((g['vs_grouped_mm'] >= 1.0).sum())}/{len(g)}), vs dense cuBLAS "
         f"{_range(g['vs_cublas'], unit='x')}"
+        + (
+            f", vs batched cuBLAS (same weight bytes) {_range(g['vs_bmm'], unit='x')}"
+            if g["vs_bmm"].notna().any()
+            else ""
+        )
         for v, g in r.groupby("variant")
     ]
     return "the producer alone on all SMs, time(reference) / time(producer): " + "; ".join(parts)

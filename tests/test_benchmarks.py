@@ -113,3 +113,24 @@ def test_label_bound_times_each_bound_and_checks_its_labels(tmp_path):
     assert (df.status == "ok").all()
     r = df[df.world_size == 4].set_index("mode").label_rows
     assert r["exact"] == 32 and r["most"] == 128 and r["bound"] == 64
+
+
+def test_producer_summary_counts_cells_at_or_above_each_reference():
+    from benchmarks.producer_summary import summarize
+
+    w = dict(status="ok", world_size=2, tokens_per_rank=8, hidden=4, out=4, routing="balanced")
+    rows = []
+    for e, (gmm, bmm) in {4: (1.1, 0.9), 8: (0.8, 0.7)}.items():
+        rows += [
+            dict(w, experts_per_rank=e, system="torch_grouped_mm", latency_ms=gmm),
+            dict(w, experts_per_rank=e, system="cublas", latency_ms=0.5),
+            dict(w, experts_per_rank=e, system="cublas_bmm", latency_ms=bmm),
+            dict(w, experts_per_rank=e, system="overlap", latency_ms=1.0, p_tile_m=128,
+                 p_layout="compact", p_flags=True),
+        ]  # fmt: skip
+    text = summarize(pd.DataFrame(rows))
+    gmm = text.split("time(grouped_mm) / time(producer)")[1].splitlines()[3].split()
+    assert gmm[-5:] == ["0.8", "0.95", "1.1", "1", "2"]  # min, median, max, >= 1, cells
+    assert "time(bmm) / time(producer)" in text
+    rel = text.split("time(cuBLAS) / time(reference) per workload")[1].splitlines()
+    assert rel[-1].split()[-2:] == ["0.714", "0.625"]  # E=8: 0.5/0.7 (bmm), 0.5/0.8 (grouped_mm)

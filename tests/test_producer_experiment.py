@@ -21,12 +21,13 @@ def _cfg(*overrides):
         return compose("config", overrides=["experiment=producer", *overrides])
 
 
-def test_grid_has_both_references_and_one_producer_per_tile_layout_and_order():
+def test_grid_has_the_references_and_one_producer_per_tile_layout_and_order():
     cfg = _cfg()
     cells = producer.cells(cfg, 1)
-    per_workload = 2 + 2 * 3 * 2  # references + tile_m x layout x order (flags on, table)
+    per_workload = 3 + 2 * 3 * 2  # references + tile_m x layout x order (flags on, table)
     assert len(cells) == 2 * 5 * 3 * per_workload  # N x E x routings
-    assert {c["system"] for c in cells} == {"torch_grouped_mm", "cublas", "overlap"}
+    refs = {"torch_grouped_mm", "cublas", "cublas_bmm"}
+    assert {c["system"] for c in cells} == refs | {"overlap"}
     knobs = {tuple(sorted(c["params"].items())) for c in cells if c["system"] == "overlap"}
     assert len(knobs) == 12 and all(dict(k)["flags"] is True for k in knobs)
     assert {dict(k)["config"] for k in knobs} == {"table"}
@@ -94,6 +95,26 @@ def test_valid_rows_are_grouped_by_expert_as_grouped_mm_reads_them(layout):
         torch.testing.assert_close(got, ref[a:b], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tokens", [256, 1])
+def test_the_batched_reference_has_the_weights_and_about_the_rows_of_the_grouped_gemm(tokens):
+    from harness.system import RunContext
+
+    spec = WorkloadSpec(tokens, 32, 16, 4, 2, 2, "stress_skew", dtype="float32", seed=3)
+    pb = producer.problem(spec, 64, "compact", torch.device("cpu"))
+    ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"), group=None, backend="gloo")
+    cell = {"system": "cublas_bmm", "params": {}}
+    go, out, ref, m = producer._kernel(ctx, cell, pb)
+    r, e = pb.x_valid.shape[0], spec.experts_per_rank
+    m_rows = max(1, r // e)
+    assert out.shape == (e, m_rows, spec.out) and m["gemm_rows"] == e * m_rows
+    assert r - e < e * m_rows <= max(r, e)  # the same FLOPs, less up to E - 1 rows
+    torch.testing.assert_close(out.float(), ref, rtol=1e-5, atol=1e-5)
+    if r >= e:  # expert e multiplies the valid rows [e m, (e + 1) m) by its own weights
+        last = pb.x_valid[(e - 1) * m_rows : e * m_rows].float() @ pb.w[e - 1].float()
+        torch.testing.assert_close(out[e - 1].float(), last, rtol=1e-5, atol=1e-5)
+    go()
+
+
 def test_off_a_gpu_every_cell_is_skipped_with_the_reason():
     from harness.system import RunContext
 
@@ -113,6 +134,7 @@ def test_the_plot_ratios_pair_each_producer_with_its_references(tmp_path):
     rows = [
         {**w, "routing": "balanced", "system": "torch_grouped_mm", "latency_ms": 1.2},
         {**w, "routing": "balanced", "system": "cublas", "latency_ms": 0.9},
+        {**w, "routing": "balanced", "system": "cublas_bmm", "latency_ms": 1.1},
         {
             **w,
             "routing": "balanced",
@@ -126,8 +148,11 @@ def test_the_plot_ratios_pair_each_producer_with_its_references(tmp_path):
     df = pd.DataFrame([{**r, "status": "ok"} for r in rows])
     (r,) = ratios(df).itertuples()
     assert r.variant == "tile_m 128, aligned"
-    direct = df.assign(p_local=[None, None, "direct"])
+    direct = df.assign(p_local=[None, None, None, "direct"])
     assert ratios(direct)["variant"].tolist() == ["tile_m 128, aligned, local direct"]
     assert r.vs_grouped_mm == pytest.approx(1.2) and r.vs_cublas == pytest.approx(0.9)
+    assert r.vs_bmm == pytest.approx(1.1)
+    older = ratios(df[df["system"] != "cublas_bmm"])  # a table from before the bmm reference
+    assert older["vs_bmm"].isna().all() and older["vs_grouped_mm"].tolist() == [pytest.approx(1.2)]
     df.to_parquet(tmp_path / "producer.parquet")
     assert all(p.exists() for p in plot(tmp_path / "producer.parquet", tmp_path, "p"))
