@@ -4,7 +4,9 @@ W=2 Table 2 operator (experiments/producer.py problem()), one GPU.
 
 Implementations: torch._grouped_mm on the valid rows; the Triton producer (tile table, order
 expert, with and without flags); the CUTLASS producer per expert, cluster 2x1 and 1x2 (needs
-`make cutlass`).
+`make cutlass`); the two cuBLAS references of experiments/producer.py, one dense GEMM of the
+valid rows and one batched GEMM of E x (R // E) rows (their kernel names carry cuBLAS's tile
+and cluster: names are kept to 160 characters).
 Usage: python -m benchmarks.profile_producer [--out DIR] [--reps 10] [--layout compact]
 [--workloads 16:balanced,64:stress_skew]; prints one table per workload (implementation,
 kernel, calls, us per step) and writes producer_profile.parquet (another layout:
@@ -53,7 +55,11 @@ def _impls(pb, sms: int) -> dict:
         order=order,
         groups=groups,
     )
+    e = pb.w.shape[0]
+    xb = pb.x_valid[: e * (pb.x_valid.shape[0] // e)].reshape(e, -1, pb.x.shape[1])
     out = {
+        "cublas": lambda: torch.matmul(pb.x_valid, pb.w[0]),
+        "cublas_bmm": lambda: torch.bmm(xb, pb.w),
         "torch_grouped_mm": lambda: torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets),
         "triton (expert order)": triton,
         "triton (expert order, no flags)": partial(triton, signal=False),
@@ -75,7 +81,7 @@ def run(spec: WorkloadSpec, reps: int, layout: str = "aligned") -> pd.DataFrame:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     rows = []
     for name, step in _impls(pb, sms).items():
-        rows += [{"impl": name, **r, "kernel": r["kernel"][:70]} for r in kernel_times(step, reps)]
+        rows += [{"impl": name, **r, "kernel": r["kernel"][:160]} for r in kernel_times(step, reps)]
     df = pd.DataFrame(rows)
     for k in ("out", "experts_per_rank", "routing"):
         df[k] = getattr(spec, k)
