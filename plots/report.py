@@ -901,6 +901,21 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The producer and CUTLASS at compact against grouped_mm, dense and batched cuBLAS",
+        "producer_bmm",
+        "`make cutlass`, then `bash benchmarks/h200_session.sh producer_bmm` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
+        "The same, a second process of the same call (run-to-run spread)",
+        "producer_bmm_repeat",
+        "`PRODUCER_TABLE=producer_bmm_repeat bash benchmarks/h200_session.sh producer_bmm` on "
+        "one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
         "The producer's swizzle groups of one expert's bands (caps 8-64), local=direct, one GPU",
         "producer_groups",
         "`bash benchmarks/h200_session.sh producer_groups` on one GPU",
