@@ -20,8 +20,13 @@ setup: ## install everything (CPU torch 2.13.0 first where no torch is present)
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[$(if $(filter 1,$(HAS_GPU)),gpu,dev,megatron,slurm)]"
 
-test: ## the CPU test tier (what CI runs)
-	$(PY) -m pytest -q -m "not gpu"
+# the CPU tier in TEST_WORKERS processes where pytest-xdist is installed (the dev extra), one
+# test file per process (--dist loadfile keeps a file's tests in order, in one process)
+TEST_WORKERS ?= 2
+XDIST := $(shell $(PY) -c "import xdist" 2>/dev/null && echo "-n $(TEST_WORKERS) --dist loadfile")
+
+test: ## the CPU test tier (what CI runs; 2 processes with pytest-xdist)
+	$(PY) -m pytest -q -m "not gpu" $(XDIST)
 
 test-gpu: ## the gpu-marked tests (on a machine with a CUDA GPU)
 	$(PY) -m pytest -q -m gpu
