@@ -53,6 +53,8 @@ FIGURES: dict[str, str] = {
     "producer_ws_groups": "plots.producer",
     "producer_expert_groups": "plots.producer",
     "producer_groups_n4096": "plots.producer",
+    "producer_bmm": "plots.producer",
+    "producer_bmm_repeat": "plots.producer",
     "operator_order": "plots.variants",
     "operator_baselines_auto": "plots.latency_vs_experts",
     "correctness_auto": "plots.correctness",
