@@ -57,7 +57,11 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
                 kw = dict(marker="o", ms=3, color=colors[line], label=line)
                 axes[i][j].plot(s["experts_per_rank"], s["latency_ms"], **kw)
                 axes[i][n_r + j].plot(s["experts_per_rank"], s["speedup"], **kw)
-            for ax, what in ((axes[i][j], "latency (ms)"), (axes[i][n_r + j], "speedup vs serial")):
+            panels = (
+                (axes[i][j], "latency (ms), lower is better"),
+                (axes[i][n_r + j], "speedup vs serial, higher is better"),
+            )
+            for ax, what in panels:
                 ax.set_xscale("log", base=2)
                 ax.set_title(f"T={tpr} H={h} {routing}", fontsize=8)
                 ax.set_ylabel(what, fontsize=8)

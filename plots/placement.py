@@ -35,7 +35,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
             ax.axhline(1.05, color="k", lw=0.8, ls="--")
             ax.set_xscale("log", base=2)
             ax.set_title(f"N={n} {routing}", fontsize=8)
-            ax.set_ylabel("step / compute on all SMs", fontsize=8)
+            ax.set_ylabel("step / compute on all SMs (lower is better)", fontsize=8)
             ax.tick_params(labelsize=7)
     for ax in axes[-1]:
         ax.set_xlabel("experts per rank", fontsize=8)
