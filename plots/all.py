@@ -37,6 +37,7 @@ FIGURES: dict[str, str] = {
     "correctness": "plots.correctness",
     "correctness_loopback": "plots.correctness",
     "correctness_loopback_split4": "plots.correctness",
+    "correctness_loopback_005fafb": "plots.correctness",
     "variants": "plots.variants",
     "operator_auto": "plots.variants",
     "producer": "plots.producer",

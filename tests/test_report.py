@@ -81,3 +81,18 @@ def test_placement_summary_compares_with_the_first_placement_and_with_serial():
     text = _placement_fig(df)
     assert "shared:132 / own:auto 0.781-0.781x" in text and "faster in 1 of 1" in text
     assert "own:auto 1.25 (0 of 1)" in text and "shared:132 1.60 (1 of 1)" in text
+
+
+def test_correctness_claim_reads_each_moe_call_of_model_rows_and_says_when_a_cell_is_over():
+    from plots.report import _correctness
+
+    base = dict(system="overlap", status="ok", dtype="bfloat16")
+    # a model row's max_rel_err is the whole model's output (model_tol 5e-2): its MoE calls count
+    model = pd.DataFrame([dict(base, scope="model", max_rel_err=0.0115, m_moe_max_rel_err=0.0035)])
+    op = pd.DataFrame([dict(base, scope="gemm+combine", max_rel_err=0.002, dtype="float16")])
+    verdict, text = _correctness({"a/models": model, "a/operator": op})
+    assert verdict == "agrees" and "2 committed overlap cells" in text
+    assert "all within 8e-3, max 3.50e-03 (bf16)" in text
+    over = op.assign(max_rel_err=0.009)
+    verdict, text = _correctness({"a/models": model, "a/operator": over})
+    assert verdict == "differs" and "1 above 8e-3, max 9.00e-03 (fp16)" in text
