@@ -26,6 +26,7 @@ FIGURES: dict[str, str] = {
     "operator": "plots.latency_vs_experts",
     "padding": "plots.padding",
     "overlap_ccta": "plots.ccta_sweep",
+    "overlap_ccta_8b8059e": "plots.ccta_sweep",
     "bandwidth": "plots.bandwidth",
     "multigpu_smoke": "plots.latency_vs_experts",
     "multigpu_smoke_k_eq_n": "plots.latency_vs_experts",

@@ -145,8 +145,19 @@ def _correctness(d):
     )
 
 
+def _newest(d, name: str) -> pd.DataFrame | None:
+    """The newest (by row timestamp) of the tables `name` and `name_<suffix>`, or None."""
+    found = [df for k, df in d.items() if k == name or k.startswith(name + "_")]
+    found = [df for df in found if "timestamp" in df and len(df)]
+    return max(found, key=lambda df: df["timestamp"].max()) if found else None
+
+
+def _revs(df: pd.DataFrame) -> str:
+    return ", ".join(sorted(df["git_rev"].dropna().astype(str).unique())) or "?"
+
+
 def _ccta(d):
-    df = d.get("h200/overlap_ccta")
+    df = _newest(d, "h200/overlap_ccta")
     if df is None:
         return None
     o = _ok(df)
@@ -155,7 +166,7 @@ def _ccta(d):
     r = (two / best).round(2)
     bestc = o.loc[o.groupby("routing")["latency_ms"].idxmin()].set_index("routing")["p_ccta"]
     s = (
-        "loopback W=4 on one H200 (a proxy): cCTA=2 is "
+        f"loopback W=4 on one H200 (a proxy; rev {_revs(o)}): cCTA=2 is "
         + ", ".join(f"{k} {v}x" for k, v in r.items())
         + " slower than the best cCTA ("
         + ", ".join(f"{k} {int(v)}" for k, v in bestc.items())
@@ -165,13 +176,14 @@ def _ccta(d):
 
 
 def _bound(d):
-    df = d.get("h200/overlap_ccta")
+    df = _newest(d, "h200/overlap_ccta")
     if df is None:
         return None
     o = _ok(df).dropna(subset=["compute_ms", "comm_ms"])
     b = (o["compute_ms"] + o["comm_ms"]) / o[["compute_ms", "comm_ms"]].max(axis=1)
     return "explains", (
-        f"our measured compute C and combine M (loopback W=4, T=8192, K=2048, N=8192, E=16) give "
+        f"our measured compute C and combine M (loopback W=4, T=8192, K=2048, N=8192, E=16; rev "
+        f"{_revs(o)}) give "
         f"(C + M) / max(C, M) = {b.min():.2f}-{b.max():.2f}: the most overlap alone can buy"
     )
 

@@ -96,3 +96,16 @@ def test_correctness_claim_reads_each_moe_call_of_model_rows_and_says_when_a_cel
     over = op.assign(max_rel_err=0.009)
     verdict, text = _correctness({"a/models": model, "a/operator": over})
     assert verdict == "differs" and "1 above 8e-3, max 9.00e-03 (fp16)" in text
+
+
+def test_claims_read_the_newest_of_a_table_and_its_suffixed_reruns():
+    from plots.report import _bound, _newest
+
+    row = dict(system="overlap", status="ok", routing="balanced", p_ccta=8)
+    old = pd.DataFrame([dict(row, timestamp=1.0, git_rev="aaa", compute_ms=2.0, comm_ms=1.0)])
+    new = pd.DataFrame([dict(row, timestamp=2.0, git_rev="bbb", compute_ms=1.0, comm_ms=1.0)])
+    d = {"h200/overlap_ccta": old, "h200/overlap_ccta_bbb": new, "h200/other": old}
+    assert _newest(d, "h200/overlap_ccta") is new
+    assert _newest({"h200/other": old}, "h200/overlap_ccta") is None
+    verdict, text = _bound(d)
+    assert "rev bbb" in text and "= 2.00-2.00" in text
