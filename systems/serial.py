@@ -41,10 +41,12 @@ class SerialSystem(System):
         self.inv_perm[perm] = torch.arange(perm.numel(), device=dev)
         self.x_sorted = inputs.x_recv.index_select(0, perm).contiguous()
         self.counts = lay.expert_counts.tolist()
+        # the routing is fixed per cell, so the expert offsets live on the device from setup:
+        # built from host counts every step they would cost a host-device copy, i.e. a stream
+        # synchronisation, on every forward (as the overlap system's plan, built untimed)
+        self.offs = torch.tensor(self.counts, dtype=torch.int64).cumsum(0).to(dev, torch.int32)
         self.weights = inputs.weights
-        self.y_recv = expert_gemm(self.x_sorted, self.counts, self.weights).index_select(
-            0, self.inv_perm
-        )
+        self.y_recv = self._gemm()
         self.y_back = combine(self.y_recv, self.lay, self.ctx.group)
         self._impl = expert_gemm_impl(self.x_sorted, self.weights)
 
@@ -63,6 +65,11 @@ class SerialSystem(System):
         self._impl = expert_gemm_impl(self.xs, self.w1)
         self.extra = {"host_syncs": 1, "permute": self.d.expert_pos is not None}
 
+    def _gemm(self) -> torch.Tensor:
+        """Operator cells: the grouped GEMM, back in the received order [R, N]."""
+        y = expert_gemm(self.x_sorted, self.counts, self.weights, self.offs)
+        return y.index_select(0, self.inv_perm)
+
     def _experts(self, d: ld.Dispatched, xs: torch.Tensor) -> torch.Tensor:
         return ffn_experts(xs, d.expert_rows, self.w1, self.w2, d.offs)
 
@@ -75,8 +82,7 @@ class SerialSystem(System):
     def forward(self) -> torch.Tensor:
         if self.layer:
             return self._layer()
-        y = expert_gemm(self.x_sorted, self.counts, self.weights).index_select(0, self.inv_perm)
-        return self.scale(combine(y, self.lay, self.ctx.group))
+        return self.scale(combine(self._gemm(), self.lay, self.ctx.group))
 
     def compute_only(self) -> torch.Tensor:
         """Everything forward does except the all-to-all(s) (scale reads the last combine's
@@ -85,8 +91,7 @@ class SerialSystem(System):
             d = self.d
             y = ld.from_expert_order(d, self._experts(d, ld.to_expert_order(d, d.x_recv)))
             return Scaler.on_device(d.pos, self.gate, self.rows)(self.y_back), y
-        y = expert_gemm(self.x_sorted, self.counts, self.weights).index_select(0, self.inv_perm)
-        return self.scale(self.y_back), y
+        return self.scale(self.y_back), self._gemm()
 
     def comm_only(self) -> torch.Tensor:
         """The combine all-to-all (layer cells: the dispatch's too, same splits)."""
