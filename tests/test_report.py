@@ -109,3 +109,19 @@ def test_claims_read_the_newest_of_a_table_and_its_suffixed_reruns():
     assert _newest({"h200/other": old}, "h200/overlap_ccta") is None
     verdict, text = _bound(d)
     assert "rev bbb" in text and "= 2.00-2.00" in text
+
+
+def test_operator_claim_says_speedups_are_upper_bounds_while_serial_rows_predate_the_fix():
+    from plots.report import SERIAL_SYNC_FIXED, _operator
+
+    cell = dict(status="ok", out=4096, experts_per_rank=4, routing="balanced", git_rev="r")
+    cell.update(compute_ms=float("nan"), comm_ms=float("nan"))
+    rows = [
+        dict(cell, system="serial", latency_ms=1.5),
+        dict(cell, system="overlap", latency_ms=1.0),
+    ]
+    for when, said in ((SERIAL_SYNC_FIXED - 1, True), (SERIAL_SYNC_FIXED + 1, False)):
+        df = pd.DataFrame([dict(r, timestamp=when) for r in rows])
+        _, text = _operator({"h200x2/operator_auto": df})
+        assert "balanced 1.50-1.50x" in text
+        assert ("upper bounds" in text) == said
