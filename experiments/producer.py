@@ -15,7 +15,7 @@ weights [E, K, N]. Per workload, side by side in one run:
   cublas_bmm        one torch.bmm (cuBLAS, batched) [E, m, K] x [E, K, N] with m = R // E: the
                     same FLOPs (less up to E - 1 rows) and the same E x K x N weight bytes as
                     the grouped GEMM, split evenly: what a dense library does on this problem's
-                    shape with no routing at all (a bound for the balanced cells)
+                    shape with no routing at all
 
 Every kernel is checked against the float32 reference of its rows (harness/check.py) before it
 is timed; a failing one records `fail`. Timed: one launch (CUDA events, torch.cuda). Metrics:
