@@ -28,6 +28,8 @@ def expert_gemm(
     x: [R, K] rows sorted by local expert; counts: rows per expert (len E, host ints);
     w: [E, K, N]; offs: the same counts as int32 cumulative sums on the device, if at hand
     (no host-to-device copy then). Returns y [R, N] in x.dtype.
+    Without offs, torch._grouped_mm's offsets are copied from the host on every call, which
+    synchronises the stream: a timed path passes offs made once (systems/serial.py).
     """
     if x.shape[0] == 0:
         return x.new_empty(0, w.shape[2])
