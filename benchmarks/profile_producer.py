@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from benchmarks.profiling import kernel_times
-from experiments.producer import problem
+from experiments.producer import batched_rows, problem
 from harness.workload import WorkloadSpec
 from systems.overlap.plan import LAYOUTS
 
@@ -55,8 +55,7 @@ def _impls(pb, sms: int) -> dict:
         order=order,
         groups=groups,
     )
-    e = pb.w.shape[0]
-    xb = pb.x_valid[: e * (pb.x_valid.shape[0] // e)].reshape(e, -1, pb.x.shape[1])
+    xb = batched_rows(pb.x_valid, pb.w.shape[0])
     out = {
         "cublas": lambda: torch.matmul(pb.x_valid, pb.w[0]),
         "cublas_bmm": lambda: torch.bmm(xb, pb.w),

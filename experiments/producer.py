@@ -253,6 +253,17 @@ def problem(spec: WorkloadSpec, tile_m: int, layout: str, device: torch.device):
     )
 
 
+def batched_rows(x_valid: torch.Tensor, e: int) -> torch.Tensor:
+    """The cublas_bmm reference's input [E, R // E, K] from the valid rows [R, K] (the first
+    E x (R // E) of them); with fewer rows than experts, one row each, zeros past the valid."""
+    r = x_valid.shape[0]
+    if r >= e:
+        return x_valid[: e * (r // e)].reshape(e, r // e, -1)
+    xb = x_valid.new_zeros(e, 1, x_valid.shape[1])
+    xb[:r, 0] = x_valid
+    return xb
+
+
 def _row(cell: dict, spec: WorkloadSpec) -> Row:
     return Row(
         experiment=cell["experiment"],
@@ -297,11 +308,8 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
         return go, out, ref, {"gemm_rows": float(valid_rows), "impl": "torch.matmul (cuBLAS)"}
     if cell["system"] == "cublas_bmm":
         e = pb.w.shape[0]
-        m = max(1, valid_rows // e)
-        xb = pb.x_valid[: e * m].reshape(e, m, -1) if valid_rows >= e else None
-        if xb is None:  # fewer valid rows than experts: one row each, zeros past the valid ones
-            xb = torch.zeros(e, 1, pb.x_valid.shape[1], dtype=pb.x.dtype, device=pb.x.device)
-            xb[:valid_rows, 0] = pb.x_valid
+        xb = batched_rows(pb.x_valid, e)
+        m = xb.shape[1]
         out = torch.bmm(xb, pb.w)
         ref = torch.bmm(xb.float(), pb.w.float())
 

@@ -152,10 +152,6 @@ def _newest(d, name: str) -> pd.DataFrame | None:
     return max(found, key=lambda df: df["timestamp"].max()) if found else None
 
 
-def _revs(df: pd.DataFrame) -> str:
-    return ", ".join(sorted(df["git_rev"].dropna().astype(str).unique())) or "?"
-
-
 def _ccta(d):
     df = _newest(d, "h200/overlap_ccta")
     if df is None:
@@ -166,7 +162,7 @@ def _ccta(d):
     r = (two / best).round(2)
     bestc = o.loc[o.groupby("routing")["latency_ms"].idxmin()].set_index("routing")["p_ccta"]
     s = (
-        f"loopback W=4 on one H200 (a proxy; rev {_revs(o)}): cCTA=2 is "
+        f"loopback W=4 on one H200 (a proxy; rev {_join(o['git_rev'])}): cCTA=2 is "
         + ", ".join(f"{k} {v}x" for k, v in r.items())
         + " slower than the best cCTA ("
         + ", ".join(f"{k} {int(v)}" for k, v in bestc.items())
@@ -183,7 +179,7 @@ def _bound(d):
     b = (o["compute_ms"] + o["comm_ms"]) / o[["compute_ms", "comm_ms"]].max(axis=1)
     return "explains", (
         f"our measured compute C and combine M (loopback W=4, T=8192, K=2048, N=8192, E=16; rev "
-        f"{_revs(o)}) give "
+        f"{_join(o['git_rev'])}) give "
         f"(C + M) / max(C, M) = {b.min():.2f}-{b.max():.2f}: the most overlap alone can buy"
     )
 
