@@ -5,6 +5,7 @@
 # steps: any of tests (or its halves tests_a, tests_b: one call each on cold caches, with
 #        TESTS_S=480 for tests_a) overlap_ccta plan operator multigpu nvshmem kernels bandwidth
 #        operator_x2 (the operator table with one process per GPU) megatron_gpu (its GPU tests)
+#        host_syncs (layer_smoke, every system: the host syncs of each layer step, m_host_syncs)
 #        scale (the fused scale vs its memory bound) layer_x2 (the layer table; LAYER_ARGS adds
 #        Hydra overrides) operator_x2_nvshmem layer_x2_nvshmem (the overlap rows over nvshmem into
 #        the same tables; LAYER_T picks the layer's tokens per rank) exps (the harness experiments
@@ -174,6 +175,8 @@ for step in $steps; do
     variants) timeout "${VARIANTS_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/variants.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.local=[copy,direct]' '+experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 2>&1 | tail -3
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/variants.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_local',pd.Series('',index=d.index)).fillna('').astype(str)+'/'+d.get('p_layout',pd.Series('',index=d.index)).fillna('').astype(str); print(d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values='latency_ms').round(3).to_string())" ;;
     verify) timeout "${VERIFY_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_handshake_gpu.py tests/test_layer_routing_gpu.py tests/test_layer_gpu.py tests/test_overlap_system_gpu.py 2>&1 | tee "$OUT/pytest_gpu_verify.log" | tail -6 ;;
+    host_syncs) timeout "${HS_S:-200}" python3 -m harness.run experiment=layer_smoke progress=false table="$OUT/host_syncs_layer.parquet" 2>&1 | tail -1  # every system's layer step
+      python3 -m benchmarks.table_summary "$OUT/host_syncs_layer.parquet" | tail -2 ;;
     megatron_gpu) timeout 150 python3 -m pytest -q -m gpu tests/test_megatron.py -p no:cacheprovider 2>&1 | tail -8 ;;
   esac
 done

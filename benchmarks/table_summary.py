@@ -33,6 +33,13 @@ def summarize(df: pd.DataFrame) -> str:
                     if g.notna().any()
                 )
             )
+        if "m_host_syncs" in ok and ok["m_host_syncs"].notna().any():
+            has = ok[ok["m_host_syncs"].notna()]
+            syncs = has.groupby("system")["m_host_syncs"].agg(["min", "max"])
+            lines.append(
+                "host syncs / step (min, max): "
+                + ", ".join(f"{n} {int(r['min'])}, {int(r['max'])}" for n, r in syncs.iterrows())
+            )
     return "\n".join(lines)
 
 

@@ -20,22 +20,33 @@ def grouped_mm_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
     return aligned and x.dtype == torch.float32
 
 
+def device_offsets(counts: list[int], device: torch.device) -> torch.Tensor:
+    """int32 cumulative sums [E] of host counts (rows per expert) on `device`: torch._grouped_mm's
+    offs. On a GPU the copy goes from pinned memory without blocking, so it does not synchronise
+    the stream (torch.tensor(counts, device=cuda) would: a pageable, blocking copy)."""
+    host = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
 def expert_gemm(
     x: torch.Tensor, counts: list[int], w: torch.Tensor, offs: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Y = per-expert X_e @ B_e over rows grouped by expert.
 
     x: [R, K] rows sorted by local expert; counts: rows per expert (len E, host ints);
-    w: [E, K, N]; offs: the same counts as int32 cumulative sums on the device, if at hand
-    (no host-to-device copy then). Returns y [R, N] in x.dtype.
-    Without offs, torch._grouped_mm's offsets are copied from the host on every call, which
-    synchronises the stream: a timed path passes offs made once (systems/serial.py).
+    w: [E, K, N]; offs: the same counts as int32 cumulative sums on the device, if at hand.
+    Returns y [R, N] in x.dtype.
+    Without offs, torch._grouped_mm's offsets are copied from the host on every call
+    (device_offsets: a non-blocking copy from pinned memory, no stream synchronisation, but one
+    more launch); a path whose counts are fixed passes offs made once (systems/serial.py).
     """
     if x.shape[0] == 0:
         return x.new_empty(0, w.shape[2])
     if grouped_mm_usable(x, w):
         if offs is None:
-            offs = torch.tensor(counts, device=x.device, dtype=torch.int64).cumsum(0)
+            offs = device_offsets(counts, x.device)
         return torch._grouped_mm(x, w, offs=offs.to(torch.int32))
     y = x.new_empty(x.shape[0], w.shape[2])
     start = 0

@@ -28,7 +28,7 @@ from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.system import CellInputs, RunContext, get_system, registry
-from harness.timing import summarize, time_fn
+from harness.timing import count_host_syncs, summarize, time_fn
 from harness.workload import (
     WorkloadSpec,
     imbalance_of,
@@ -423,6 +423,10 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
         row.metrics.update(system.metrics)
         if p.host_ms and all(v == v for v in p.host_ms):  # GPU: the host's enqueue time
             row.metrics["host_ms"] = float(torch.tensor(p.host_ms).median())
+        # GPU: the host synchronisations of one timed call (the most on any rank)
+        syncs = count_host_syncs(system.timed, ctx.device)
+        if syncs is not None:
+            row.metrics["host_syncs"] = agree(ctx, float(syncs))
 
     guarded(ctx, row, finish)
     return row

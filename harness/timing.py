@@ -18,6 +18,7 @@ layer's latency), then summarised as median, p10 and p90 in milliseconds.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -73,6 +74,29 @@ def barrier(group: dist.ProcessGroup | None, device: torch.device) -> None:
         dist.all_reduce(t, group=group)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+
+
+#: the text of torch's warning for one synchronising CUDA call (torch.cuda.set_sync_debug_mode)
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
+    """How often one call of fn() makes the host wait for the device through torch: .item(),
+    .cpu() or .tolist() of a device tensor, a blocking host-device copy, a stream or device
+    synchronize (torch.cuda.set_sync_debug_mode("warn") flags each). Not counted: NCCL calls
+    and kernel launches. None off CUDA. The device is synchronised after the call."""
+    if device.type != "cuda":
+        return None
+    before = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+    torch.cuda.synchronize(device)
+    return sum(SYNC_WARNING in str(w.message) for w in seen)
 
 
 #: cycles of torch.cuda._sleep per millisecond, per device (measured once: _sleep_rate)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from harness import dispatch as ld
-from harness.experts import expert_gemm, expert_gemm_impl, ffn_experts
+from harness.experts import device_offsets, expert_gemm, expert_gemm_impl, ffn_experts
 from harness.reference import combine
 from harness.scale import Scaler
 from harness.system import CellInputs, System
@@ -44,7 +44,7 @@ class SerialSystem(System):
         # the routing is fixed per cell, so the expert offsets live on the device from setup:
         # built from host counts every step they would cost a host-device copy, i.e. a stream
         # synchronisation, on every forward (as the overlap system's plan, built untimed)
-        self.offs = torch.tensor(self.counts, dtype=torch.int64).cumsum(0).to(dev, torch.int32)
+        self.offs = device_offsets(self.counts, dev)
         self.weights = inputs.weights
         self.y_recv = self._gemm()
         self.y_back = combine(self.y_recv, self.lay, self.ctx.group)

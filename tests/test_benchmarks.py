@@ -74,6 +74,23 @@ def test_table_summary_reports_the_host_share_of_a_step_where_rows_have_it():
     assert "host time" not in summarize(pd.DataFrame(rows).drop(columns="m_host_ms"))
 
 
+def test_table_summary_reports_the_host_syncs_per_step_where_rows_have_them():
+    import pandas as pd
+
+    from benchmarks.table_summary import summarize
+
+    base = dict(status="ok", reason="", cell_hash="h", tokens_per_rank=8, out=8, routing="b")
+    rows = [
+        dict(base, system="overlap", experts_per_rank=4, latency_ms=0.5, m_host_syncs=0.0),
+        dict(base, system="serial", experts_per_rank=4, latency_ms=1.0, m_host_syncs=1.0),
+        dict(base, system="serial", experts_per_rank=8, latency_ms=1.0, m_host_syncs=2.0),
+        dict(base, system="tutel", experts_per_rank=4, latency_ms=1.0, m_host_syncs=float("nan")),
+    ]
+    last = summarize(pd.DataFrame(rows)).splitlines()[-1]
+    assert last == "host syncs / step (min, max): overlap 0, 0, serial 1, 2"
+    assert "host syncs" not in summarize(pd.DataFrame(rows).drop(columns="m_host_syncs"))
+
+
 def test_device_idle_splits_steps_at_the_markers_and_sums_the_gaps_before_each_kernel():
     """benchmarks/profiling.py: steps start at the marker kernel, the next marker closes a step
     (the host's time between steps is idle before "(next step)"), overlapping kernels of two

@@ -7,7 +7,7 @@ import torch
 
 from harness.check import check
 from harness.records import ResultsTable, Row, cell_hash, overlap_ratio
-from harness.timing import time_fn
+from harness.timing import count_host_syncs, time_fn
 
 
 def test_check_passes_close_and_fails_far():
@@ -153,6 +153,7 @@ def test_extra_bounds_are_timed_into_metrics():
     assert out.status == "ok", out.reason
     assert calls.count("shared") == 4  # warmup 1 + iters 3
     assert out.metrics["shared_ms"] >= 0 and out.compute_ms >= 0
+    assert "host_syncs" not in out.metrics  # a CPU row: nothing to count
     import json
 
     assert json.loads(out.extra)["samples_ms"] == [1.0, 1.1, 0.9]  # every timed iteration
