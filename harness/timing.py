@@ -83,20 +83,32 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
     """How often one call of fn() makes the host wait for the device through torch: .item(),
     .cpu() or .tolist() of a device tensor, a blocking host-device copy, a stream or device
-    synchronize (torch.cuda.set_sync_debug_mode("warn") flags each). Not counted: NCCL calls
-    and kernel launches. None off CUDA. The device is synchronised after the call."""
+    synchronize (torch.cuda.set_sync_debug_mode("warn") flags each), and torch.cuda.Event's
+    synchronize (which that mode does not flag; Megatron's dispatcher waits on one). Not
+    counted: NCCL calls, kernel launches, polling with Event.query. None off CUDA. The device is
+    synchronised after the call."""
     if device.type != "cuda":
         return None
     before = torch.cuda.get_sync_debug_mode()
+    event_sync = torch.cuda.Event.synchronize
+    events = 0
+
+    def counted(event: torch.cuda.Event) -> None:
+        nonlocal events
+        events += 1
+        event_sync(event)
+
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
+        torch.cuda.Event.synchronize = counted
         try:
             fn()
         finally:
+            torch.cuda.Event.synchronize = event_sync
             torch.cuda.set_sync_debug_mode(before)
     torch.cuda.synchronize(device)
-    return sum(SYNC_WARNING in str(w.message) for w in seen)
+    return events + sum(SYNC_WARNING in str(w.message) for w in seen)
 
 
 #: cycles of torch.cuda._sleep per millisecond, per device (measured once: _sleep_rate)

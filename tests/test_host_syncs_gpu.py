@@ -24,7 +24,11 @@ def test_count_host_syncs_counts_each_wait_of_the_host():
     assert count_host_syncs(lambda: (x.sum().item(), x.tolist()), DEV) == 2
     # the serial baseline's old offsets: a blocking copy from pageable memory
     assert count_host_syncs(lambda: torch.tensor([1, 2, 3], device=DEV), DEV) == 1
+    event = torch.cuda.Event()
+    event.record()
+    assert count_host_syncs(event.synchronize, DEV) == 1  # not flagged by torch: counted apart
     assert torch.cuda.get_sync_debug_mode() == 0  # restored
+    assert torch.cuda.Event.synchronize is torch.cuda.streams.Event.synchronize
 
 
 @pytest.mark.skipif(

@@ -118,6 +118,12 @@ def test_median_interval_brackets_the_median_and_narrows_with_samples():
     assert all(v != v for v in median_interval(torch.ones(1, dtype=torch.float64)))  # n=1: NaN
 
 
+def test_count_host_syncs_off_cuda_is_none_and_runs_nothing():
+    calls = []
+    assert count_host_syncs(lambda: calls.append(1), torch.device("cpu")) is None
+    assert calls == []
+
+
 def test_extra_bounds_are_timed_into_metrics():
     # a system's extra_bounds() parts are timed after the bounds and land as m_<name>_ms
     from types import SimpleNamespace
