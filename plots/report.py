@@ -195,6 +195,23 @@ def _speedups(df: pd.DataFrame) -> pd.DataFrame | None:
 #: commit time of rev 9dfcb31 (serial's expert offsets made in setup): serial operator rows
 #: measured before it paid a host-to-device copy, i.e. a stream synchronisation, every step
 SERIAL_SYNC_FIXED = 1796154054
+#: the one-GPU A/B of that fix: (table, revision before, revision after)
+SERIAL_SYNC_AB = ("h200/operator_ab_66fa3a6", "c7c14a8", "66fa3a6")
+
+
+def _serial_sync_cost(ab: pd.DataFrame | None) -> pd.Series | None:
+    """Serial's per-step sync (ms) per cell (out, experts_per_rank, routing): the median
+    latency before the fix less after, from the one-GPU A/B table."""
+    if ab is None:
+        return None
+    o = _ok(ab)
+    o = o[o["system"] == "serial"]
+    keys = ["out", "experts_per_rank", "routing"]
+    med = o.pivot_table(index=keys, columns="git_rev", values="latency_ms", aggfunc="median")
+    _, before, after = SERIAL_SYNC_AB
+    if before not in med or after not in med:
+        return None
+    return (med[before] - med[after]).dropna()
 
 
 def _operator(d):
@@ -230,8 +247,18 @@ def _operator(d):
     if "timestamp" in ser and len(ser) and ser["timestamp"].max() < SERIAL_SYNC_FIXED:
         s += (
             " (serial measured before rev 9dfcb31, whose operator step synchronised the host "
-            "once a step: these speedups are upper bounds)"
+            "once a step: these speedups are upper bounds"
         )
+        cost = _serial_sync_cost(d.get(SERIAL_SYNC_AB[0]))
+        if cost is not None:
+            est = ((lat["serial"] - cost) / lat["overlap"]).dropna()
+            s += (
+                f"; one GPU's A/B of the fix (`{SERIAL_SYNC_AB[0]}`) puts the sync at "
+                f"{cost.min():.2f}-{cost.max():.2f} ms a step, and serial less that per cell "
+                f"gives >= 1.35x in {int((est >= 1.35).sum())} of {len(est)} cells: an "
+                "estimate, not a measurement"
+            )
+        s += ")"
     ser = ser.dropna(subset=["compute_ms", "comm_ms"])
     if len(ser):
         b = (ser["compute_ms"] + ser["comm_ms"]) / ser[["compute_ms", "comm_ms"]].max(axis=1)
@@ -636,13 +663,14 @@ def _host_fig(df: pd.DataFrame) -> str:
     )
 
 
-def _layer_ab_fig(old: str) -> Callable[[pd.DataFrame], str]:
-    """An A/B table of one layer grid run by two revisions, run after run: per system, the
-    later revision's median latency over the runs / revision `old`'s, per cell."""
+def _ab_fig(old: str) -> Callable[[pd.DataFrame], str]:
+    """An A/B table of one grid (layer or operator) run by two revisions, run after run: per
+    system, the later revision's median latency over the runs / revision `old`'s, per cell."""
 
     def summarise(df: pd.DataFrame) -> str:
         o = _ok(df)
-        med = o.groupby(["system", "hidden", "experts_per_rank", "git_rev"])["latency_ms"].median()
+        cell = [k for k in ("hidden", "out", "experts_per_rank", "routing") if k in o]
+        med = o.groupby(["system", *cell, "git_rev"])["latency_ms"].median()
         med = med.unstack("git_rev")
         new = [r for r in med.columns if r != old]
         if old not in med.columns or len(new) != 1:
@@ -656,6 +684,19 @@ def _layer_ab_fig(old: str) -> Callable[[pd.DataFrame], str]:
         return f"rev {new[0]} / rev {old}, median of {runs} runs per cell: " + "; ".join(parts)
 
     return summarise
+
+
+def _syncs_fig(df: pd.DataFrame) -> str:
+    """m_host_syncs: the host synchronisations of one timed step, per system (min-max)."""
+    o = _ok(df)
+    if o.empty or "m_host_syncs" not in o or o["m_host_syncs"].isna().all():
+        return "no ok rows with the host syncs"
+    g = o.dropna(subset=["m_host_syncs"]).groupby("system")["m_host_syncs"]
+    parts = [
+        f"{name} {int(v.min())}" + ("" if v.min() == v.max() else f"-{int(v.max())}")
+        for name, v in g
+    ]
+    return f"host syncs per timed step ({len(o)} ok rows): " + ", ".join(parts)
 
 
 def _label_bound_fig(df: pd.DataFrame) -> str:
@@ -810,10 +851,24 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The serial operator step (W=1, one GPU) before and after its per-step sync fix (A/B)",
+        "operator_ab_66fa3a6",
+        "`RUNS=2 NEW=66fa3a6 OLD=c7c14a8 bash benchmarks/operator_ab.sh` on one GPU",
+        _ab_fig("c7c14a8"),
+        machine="h200",
+    ),
+    FigureTable(
+        "The host syncs of every system's layer step (layer_smoke, W=1, one GPU)",
+        "host_syncs_layer",
+        "`bash benchmarks/h200_session.sh host_syncs` on one GPU",
+        _syncs_fig,
+        machine="h200",
+    ),
+    FigureTable(
         "The layer step (W=1, one GPU) before and after the layer's host path (A/B, run after run)",
         "layer_host_ab_4f2c6f8",
         "`NEW=4f2c6f8 OLD=68eb2c3 bash benchmarks/layer_ab.sh` on one GPU",
-        _layer_ab_fig("68eb2c3"),
+        _ab_fig("68eb2c3"),
         machine="h200",
     ),
     FigureTable(
@@ -821,7 +876,7 @@ FIGURE_TABLES = [
         "layer_host_ab_b6dc7d5",
         "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=b6dc7d5 OLD=4f2c6f8 bash benchmarks/layer_ab.sh`"
         " on one GPU",
-        _layer_ab_fig("4f2c6f8"),
+        _ab_fig("4f2c6f8"),
         machine="h200",
     ),
     FigureTable(
@@ -829,7 +884,7 @@ FIGURE_TABLES = [
         "layer_host_ab_6d45af6",
         "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=6d45af6 OLD=4471b8f bash benchmarks/layer_ab.sh`"
         " on one GPU",
-        _layer_ab_fig("4471b8f"),
+        _ab_fig("4471b8f"),
         machine="h200",
     ),
     FigureTable(
@@ -837,7 +892,7 @@ FIGURE_TABLES = [
         "layer_host_ab_acc12ad",
         "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=acc12ad OLD=4471b8f bash benchmarks/layer_ab.sh`"
         " on one GPU",
-        _layer_ab_fig("4471b8f"),
+        _ab_fig("4471b8f"),
         machine="h200",
     ),
     FigureTable(
@@ -845,7 +900,7 @@ FIGURE_TABLES = [
         "layer_host_ab_9e7db2a",
         "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=9e7db2a OLD=d6155bc bash benchmarks/layer_ab.sh`"
         " on one GPU",
-        _layer_ab_fig("d6155bc"),
+        _ab_fig("d6155bc"),
         machine="h200",
     ),
     FigureTable(
@@ -854,7 +909,7 @@ FIGURE_TABLES = [
         "layer_host_ab_d115c5b",
         "`RUNS=2 IDLE_SYSTEMS=serial,overlap NEW=d115c5b OLD=9e7db2a bash benchmarks/layer_ab.sh`"
         " on one GPU",
-        _layer_ab_fig("9e7db2a"),
+        _ab_fig("9e7db2a"),
         machine="h200",
     ),
     FigureTable(

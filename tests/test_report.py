@@ -125,3 +125,34 @@ def test_operator_claim_says_speedups_are_upper_bounds_while_serial_rows_predate
         _, text = _operator({"h200x2/operator_auto": df})
         assert "balanced 1.50-1.50x" in text
         assert ("upper bounds" in text) == said
+        assert "estimate" not in text  # no A/B table
+
+
+def test_operator_claim_estimates_the_speedups_without_serial_sync_from_the_ab_table():
+    from plots.report import SERIAL_SYNC_AB, SERIAL_SYNC_FIXED, _operator
+
+    name, before, after = SERIAL_SYNC_AB
+    cell = dict(status="ok", experts_per_rank=4, routing="balanced", timestamp=1)
+    cell.update(compute_ms=float("nan"), comm_ms=float("nan"), git_rev="r")
+    x2 = pd.DataFrame(
+        [
+            dict(cell, out=4096, system="serial", latency_ms=1.5),
+            dict(cell, out=4096, system="overlap", latency_ms=1.0),
+            dict(cell, out=8192, system="serial", latency_ms=1.5),
+            dict(cell, out=8192, system="overlap", latency_ms=1.0),
+        ]
+    )
+    ab = pd.DataFrame(
+        [
+            dict(cell, out=4096, system="serial", git_rev=before, latency_ms=0.7),
+            dict(cell, out=4096, system="serial", git_rev=before, latency_ms=0.9),  # median 0.8
+            dict(cell, out=4096, system="serial", git_rev=after, latency_ms=0.7),
+            dict(cell, out=8192, system="serial", git_rev=before, latency_ms=1.0),
+            dict(cell, out=8192, system="serial", git_rev=after, latency_ms=0.8),
+        ]
+    )
+    assert x2["timestamp"].max() < SERIAL_SYNC_FIXED
+    _, text = _operator({"h200x2/operator_auto": x2, name: ab})
+    # (1.5 - 0.1) / 1.0 = 1.40 and (1.5 - 0.2) / 1.0 = 1.30
+    assert "puts the sync at 0.10-0.20 ms a step" in text
+    assert ">= 1.35x in 1 of 2 cells: an estimate, not a measurement)" in text
