@@ -66,7 +66,7 @@ tests_b() {
   timeout "${TESTS2_S:-180}" python3 -m pytest -q -m gpu -x -p no:cacheprovider tests/test_overlap_system_gpu.py 2>&1 | tee -a "$OUT/pytest_gpu.log" | tail -6
 }
 # extra Hydra overrides, written as on a command line (quotes allowed): LAYER_ARGS (layer_x2),
-# PRODUCER_ARGS (producer_groups), OVERLAP_ARGS (operator_baselines_auto)
+# PRODUCER_ARGS (producer_groups), OVERLAP_ARGS (operator_auto, operator_baselines_auto)
 eval "layer_args=(${LAYER_ARGS:-}) producer_args=(${PRODUCER_ARGS:-}) overlap_args=(${OVERLAP_ARGS:-})"
 steps=${*:-tests overlap_ccta plan operator}
 for step in $steps; do
@@ -124,7 +124,7 @@ for step in $steps; do
     producer_layouts) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-240}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_layouts.parquet" 'experiment.options.configs=[table,cutlass_expert_c12]' 'experiment.systems.overlap.sweep.tile_m=[128]' 'experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 'experiment.systems.overlap.sweep.order=[expert]' 2>&1 | tail -4
       python3 -c "from plots.producer import ratios; import pandas as pd; d=pd.read_parquet('$OUT/producer_layouts.parquet'); print(d.groupby(['system','p_layout','p_config','status'],dropna=False).size().to_string()); r=ratios(d); print(r.pivot_table(index=['out','experts_per_rank','routing'],columns='variant',values='vs_grouped_mm').round(3).to_string()); print(r.groupby('variant')['vs_grouped_mm'].describe().round(3).to_string())" ;;
     producer_variants) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-270}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_variants.parquet" 'experiment.options.configs=[table,group8,stages4,g8s4]' 'experiment.systems.overlap.sweep.layout=[aligned]' 2>&1 | tail -2 ;;
-    operator_auto) timeout "${ORDER_S:-150}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto 2>&1 | tail -1
+    operator_auto) timeout "${ORDER_S:-150}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto "${overlap_args[@]}" 2>&1 | tail -1
       python3 -m benchmarks.table_summary "$OUT/operator_auto.parquet" 2>&1 | tail -31 ;;
     operator_baselines_auto) timeout "${OPERATOR_S:-330}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator_baselines_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto "${overlap_args[@]}" 2>&1 | tail -1
       python3 -m benchmarks.table_summary "$OUT/operator_baselines_auto.parquet" 2>&1 | tail -31 ;;
