@@ -232,9 +232,8 @@ def _layouts_note(df: pd.DataFrame) -> str:
     )
     won = ov.idxmin(axis=1).value_counts()
     ser = o[o["system"] == "serial"].groupby(keys)["latency_ms"].min()
-    note = (
-        f" (each cell's fastest of the layouts {'/'.join(layouts)}: "
-        + ", ".join(f"{k} in {int(won.get(k, 0))}" for k in layouts)
+    note = f" (each cell's fastest of the layouts {'/'.join(layouts)}: " + ", ".join(
+        f"{k} in {int(won.get(k, 0))}" for k in layouts
     )
     if "aligned" in ov:
         sp = (ser / ov["aligned"]).dropna()
