@@ -41,9 +41,9 @@ class SerialSystem(System):
         self.inv_perm[perm] = torch.arange(perm.numel(), device=dev)
         self.x_sorted = inputs.x_recv.index_select(0, perm).contiguous()
         self.counts = lay.expert_counts.tolist()
-        # the routing is fixed per cell, so the expert offsets live on the device from setup:
-        # built from host counts every step they would cost a host-device copy, i.e. a stream
-        # synchronisation, on every forward (as the overlap system's plan, built untimed)
+        # the routing is fixed per cell, so the expert offsets live on the device from setup
+        # (as the overlap system's plan, built untimed): built from host counts they would cost
+        # a host-to-device copy every forward (until 9dfcb31 a blocking one, a stream sync)
         self.offs = device_offsets(self.counts, dev)
         self.weights = inputs.weights
         self.y_recv = self._gemm()
