@@ -27,17 +27,11 @@ ih=(experiment=layer hardware.world_size=1 'experiment.grid.tokens_per_rank=[819
 [ -n "${IDLE_SYSTEMS:-}" ] && ih+=("experiment.select=[$IDLE_SYSTEMS]")
 PYTHONPATH=/tmp/site:$PWD timeout 120 python3 -m benchmarks.host_profile --idle --launches --steps 10 -- "${ih[@]}" 2>&1 | grep -v "^ *$\|Warn\|warn" > "$OUT/layer_idle_$NEW.log"
 cut -c1-150 "$OUT/layer_idle_$NEW.log"
-PARTS=$parts PYTHONPATH=/tmp/site:$PWD python3 - <<'PY'
-import glob, os
+PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.ab_table "$parts" "$OUT/layer_host_ab_$NEW.parquet"
+PYTHONPATH=/tmp/site:$PWD python3 - <<'PY'
+import os
 import pandas as pd
-out, new, parts = os.environ["OUT"], os.environ["NEW"], os.environ["PARTS"]
-rows = []
-for f in sorted(glob.glob(f"{parts}/*_r*.parquet")):
-    d = pd.read_parquet(f)
-    d["ab_rep"] = int(f.rsplit("_r", 1)[1].split(".")[0])
-    rows.append(d)
-d = pd.concat(rows)
-d.to_parquet(f"{out}/layer_host_ab_{new}.parquet")
+d = pd.read_parquet(f"{os.environ['OUT']}/layer_host_ab_{os.environ['NEW']}.parquet")
 d = d[d.status == "ok"]
 m = d.groupby(["hidden", "experts_per_rank", "system", "git_rev"]).latency_ms.median()
 pd.set_option("display.width", 250)

@@ -21,17 +21,12 @@ for rep in $(seq "${RUNS:-2}"); do
   (cd "$old_dir" && HARNESS_GIT_REV=$OLD PYTHONPATH=/tmp/site:$PWD timeout "${AB_S:-120}" python3 -m harness.run "${op[@]}" table="$parts/old_r$rep.parquet" 2>&1 | tail -1)
   HARNESS_GIT_REV=$NEW PYTHONPATH=/tmp/site:$PWD timeout "${AB_S:-120}" python3 -m harness.run "${op[@]}" table="$parts/new_r$rep.parquet" 2>&1 | tail -1
 done
-PARTS=$parts PYTHONPATH=/tmp/site:$PWD python3 - <<'PY'
-import glob, os
+PYTHONPATH=/tmp/site:$PWD python3 -m benchmarks.ab_table "$parts" "$OUT/operator_ab_$NEW.parquet"
+PYTHONPATH=/tmp/site:$PWD python3 - <<'PY'
+import os
 import pandas as pd
-out, new, old, parts = (os.environ[k] for k in ("OUT", "NEW", "OLD", "PARTS"))
-rows = []
-for f in sorted(glob.glob(f"{parts}/*_r*.parquet")):
-    d = pd.read_parquet(f)
-    d["ab_rep"] = int(f.rsplit("_r", 1)[1].split(".")[0])
-    rows.append(d)
-d = pd.concat(rows)
-d.to_parquet(f"{out}/operator_ab_{new}.parquet")
+out, new, old = (os.environ[k] for k in ("OUT", "NEW", "OLD"))
+d = pd.read_parquet(f"{out}/operator_ab_{new}.parquet")
 ok = d[d.status == "ok"]
 p = ok.pivot_table(index=["system", "out", "experts_per_rank", "routing"], columns="git_rev",
                    values="latency_ms", aggfunc="median")

@@ -151,3 +151,17 @@ def test_producer_summary_counts_cells_at_or_above_each_reference():
     assert "time(bmm) / time(producer)" in text
     rel = text.split("time(cuBLAS) / time(reference) per workload")[1].splitlines()
     assert rel[-1].split()[-2:] == ["0.714", "0.625"]  # E=8: 0.5/0.7 (bmm), 0.5/0.8 (grouped_mm)
+
+
+def test_ab_table_joins_the_runs_with_their_run_number(tmp_path):
+    import pandas as pd
+
+    from benchmarks.ab_table import join_runs
+
+    for name, rev in (("old_r1", "a"), ("new_r1", "b"), ("old_r2", "a"), ("new_r12", "b")):
+        pd.DataFrame({"git_rev": [rev], "latency_ms": [1.0]}).to_parquet(
+            tmp_path / f"{name}.parquet"
+        )
+    d = join_runs(tmp_path)
+    assert len(d) == 4 and list(d.index) == [0, 1, 2, 3]
+    assert sorted(zip(d.git_rev, d.ab_rep)) == [("a", 1), ("a", 2), ("b", 1), ("b", 12)]
