@@ -140,3 +140,53 @@ def test_backoff_ns_is_checked_in_one_line_and_stays_out_of_the_hash_at_zero():
     pts = system_points("overlap", {"sweep": {"backoff_ns": [0, 200]}})
     assert "backoff_ns" not in hashed_params("overlap", pts[0])
     assert hashed_params("overlap", pts[1])["backoff_ns"] == 200
+
+
+def test_handshake_is_checked_in_one_line_skips_off_p2p_and_stays_out_of_the_hash():
+    osys.OverlapSystem.validate(_spec(), {**P, "handshake": "barrier"}, 132)
+    with pytest.raises(ValueError) as exc:
+        osys.OverlapSystem.validate(_spec(), {**P, "handshake": "nccl"}, 132)
+    assert str(exc.value) == "overlap: handshake must be one of allreduce, barrier, got 'nccl'"
+    # barrier: p2p operator cells only (W>1 with no transport named means p2p)
+    assert osys.OverlapSystem.unsupported(_spec(), {**P, "handshake": "barrier"}) is None
+    p2p = {**P, "handshake": "barrier", "transport": "p2p"}
+    assert osys.OverlapSystem.unsupported(_spec(), p2p) is None
+    for params, spec in (
+        ({**p2p, "transport": "loopback"}, _spec()),
+        ({**p2p, "transport": "nvshmem"}, _spec()),
+        (p2p, _spec(ffn=128)),
+    ):
+        assert "handshake=barrier" in osys.OverlapSystem.unsupported(spec, params)
+    pts = system_points("overlap", {"sweep": {"handshake": ["allreduce", "barrier"]}})
+    assert "handshake" not in hashed_params("overlap", pts[0])
+    assert hashed_params("overlap", pts[1])["handshake"] == "barrier"
+
+
+@pytest.mark.parametrize("handshake", ["allreduce", "barrier", None])
+def test_the_distributed_step_runs_its_handshake_before_the_step(monkeypatch, handshake):
+    """_Distributed.timed: the handshake (NCCL all-reduce or the counters' symmetric-memory
+    barrier, with its time-out), then the step, the receive wait and the scale, in that order."""
+    import torch.distributed as dist
+
+    calls = []
+    handle = SimpleNamespace(barrier=lambda **kw: calls.append(("barrier", kw)))
+    runner = SimpleNamespace(
+        transport=SimpleNamespace(signal_handle=handle, recv="recv"),
+        wait_received=lambda: calls.append(("wait", None)),
+    )
+    rank = SimpleNamespace(
+        runner=runner,
+        step=lambda: calls.append(("step", None)),
+        scale=lambda recv: calls.append(("scale", recv)) or "out",
+    )
+    monkeypatch.setattr(dist, "all_reduce", lambda t, group: calls.append(("allreduce", group)))
+    mode = object.__new__(osys._Distributed)
+    mode.ranks, mode.group, mode.epoch = [rank], "group", torch.zeros(1)
+    mode.handshake, mode.barrier_timeout_ms = handshake, 5000
+    assert mode.timed() == "out"
+    first = {
+        "allreduce": [("allreduce", "group")],
+        "barrier": [("barrier", {"channel": 0, "timeout_ms": 5000})],
+        None: [],
+    }[handshake]
+    assert calls == [*first, ("step", None), ("wait", None), ("scale", "recv")]

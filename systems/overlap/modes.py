@@ -19,6 +19,13 @@ Where the consumer runs (the overlap system's `consumer`; runner.py):
            can share), the producer on SMs - cCTA
   "shared" cCTA small consumer CTAs (kernels/consumer.py shared_consumer_config) that fit next
            to a producer CTA on one SM, the producer on ALL SMs
+The operator step's handshake over p2p / nvshmem (the overlap system's `handshake`; system.py
+_Distributed): before its puts, each rank waits until every peer's previous step has read its
+receive buffer:
+  "allreduce" a one-element NCCL all-reduce on the step's stream (the default)
+  "barrier"   the device-side barrier of the counters' symmetric-memory handle (torch's
+              `barrier(channel, timeout_ms)`: release/acquire signals on the signal pads, one
+              small kernel, a time-out traps instead of hanging); p2p only
 Error codes of the device error record are in errors.py.
 """
 
@@ -50,6 +57,7 @@ FLAG_CODES = {
 GROUP_CODE = 1024
 SWIZZLES = ("table", "fixed<m>", "expert<cap>")
 CONSUMER_SMS = ("own", "shared")
+HANDSHAKES = ("allreduce", "barrier")
 
 
 def parse_swizzle(swizzle: str) -> tuple[bool, int] | None:

@@ -30,7 +30,11 @@ ALL SMs, ccta <= SMs; modes.CONSUMER_SMS, runner.py; out of the cell hash at "ow
 reads the calibration rows of the cell's placement, and shared has a documented default where
 none is near: autotune.py),
 backoff_ns (the consumer sleeps this many ns between the polls of a band wait, fewer atomics at
-L2 while it waits; 0, the default and out of the cell hash: polls back to back).
+L2 while it waits; 0, the default and out of the cell hash: polls back to back),
+handshake (the operator step's wait, over p2p, for every peer's previous read of its receive
+buffer: "allreduce", the default and out of the cell hash, a one-element NCCL all-reduce;
+"barrier", the counters' symmetric-memory device barrier; modes.HANDSHAKES; cells elsewhere skip
+"barrier" with the reason).
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -63,7 +67,7 @@ from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
 from systems.overlap.autotune import AUTO
-from systems.overlap.modes import CONSUMER_SMS, parse_swizzle
+from systems.overlap.modes import CONSUMER_SMS, HANDSHAKES, parse_swizzle
 from systems.overlap.plan import (
     DEVICE_LAYOUTS,
     LAYOUTS,
@@ -199,6 +203,7 @@ class _Distributed:
         ccta: int,
         runner_kw: dict,
         layout: str = "aligned",
+        handshake: str = "allreduce",
     ):
         from systems.overlap.transport import nvshmem_transport, p2p_transport
 
@@ -212,8 +217,11 @@ class _Distributed:
         self.ranks = [_Rank(spec, inp.layout, *args)]
         self.busy = 0
         self.epoch = torch.zeros(1, dtype=torch.int32, device=inp.x.device)
-        #: the epoch handshake before every step (off only in the test that shows the race)
-        self.handshake = True
+        if handshake == "barrier" and t.signal_handle is None:
+            raise ValueError(f"overlap: handshake=barrier needs a symmetric-memory handle ({name})")
+        #: "allreduce" or "barrier" before every step; None only in the test that shows the race
+        self.handshake: str | None = handshake
+        self.barrier_timeout_ms = 5000  # the consumer's own spin bound (ConsumerConfig.timeout_s)
 
     def forward(self) -> torch.Tensor:
         out = self.timed()
@@ -223,15 +231,18 @@ class _Distributed:
     def timed(self) -> torch.Tensor:
         """The epoch handshake, this rank's step, the wait for every peer's rows, the scale.
 
-        The handshake is a one-element all-reduce on the current stream before the step: it
-        completes only once every peer's stream has passed its previous scale, so this step's
-        puts never overwrite a receive buffer a peer is still reading (in a real layer the next
-        dispatch all-to-all gives the same order, as in the layer scope). It is timed."""
+        The handshake runs on the current stream before the step: a one-element all-reduce
+        ("allreduce") or the counters' symmetric-memory barrier ("barrier"). Either completes
+        only once every peer's stream has passed its previous scale, so this step's puts never
+        overwrite a receive buffer a peer is still reading (in a real layer the next dispatch
+        all-to-all gives the same order, as in the layer scope). It is timed."""
         import torch.distributed as dist
 
         rk = self.ranks[0]
-        if self.handshake:
+        if self.handshake == "allreduce":
             dist.all_reduce(self.epoch, group=self.group)
+        elif self.handshake == "barrier":
+            rk.runner.transport.signal_handle.barrier(channel=0, timeout_ms=self.barrier_timeout_ms)
         rk.step()
         rk.runner.wait_received()  # every peer's rows of every step so far
         return rk.scale(rk.runner.transport.recv)
@@ -444,6 +455,7 @@ class OverlapSystem(System):
         "swizzle": "table",
         "consumer": "own",
         "backoff_ns": 0,
+        "handshake": "allreduce",
     }
     #: the tables before these knobs ran local=copy (then the only way), the aligned layout and
     #: the remote-first visiting order
@@ -454,6 +466,7 @@ class OverlapSystem(System):
         "swizzle": "table",
         "consumer": "own",
         "backoff_ns": 0,
+        "handshake": "allreduce",
     }
     simulates_ranks = True
     layer_scope = True
@@ -499,6 +512,11 @@ class OverlapSystem(System):
                 f"overlap: order must be one of {', '.join(ORDERS)}, auto; got {params['order']!r}"
             )
         parse_swizzle(params["swizzle"])  # a one-line ValueError
+        if params["handshake"] not in HANDSHAKES:
+            raise ValueError(
+                f"overlap: handshake must be one of {', '.join(HANDSHAKES)}, "
+                f"got {params['handshake']!r}"
+            )
         if params["transport"] not in TRANSPORTS:
             raise ValueError(
                 f"overlap: unknown transport {params['transport']!r}; "
@@ -507,6 +525,14 @@ class OverlapSystem(System):
 
     @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
+        if params["handshake"] == "barrier":
+            transport = params["transport"] or ("p2p" if spec.world_size > 1 else "loopback")
+            if spec.ffn or transport != "p2p":
+                return (
+                    "overlap: handshake=barrier is the operator step's wait over p2p (the "
+                    "layer's dispatch orders its steps; loopback has no peers; the NVSHMEM "
+                    "backend's handle is not used for it)"
+                )
         if spec.ffn and params["layout"] not in DEVICE_LAYOUTS:
             return (
                 f"overlap: layout={params['layout']} is built by the host plan only (operator "
@@ -551,6 +577,7 @@ class OverlapSystem(System):
                 "backoff_ns": int(p["backoff_ns"]),
             },
         )
+        handshake = p["handshake"]
         layout = p["layout"]
         if ranks[0].spec.ffn:
             if len(ranks) != 1:
@@ -571,7 +598,9 @@ class OverlapSystem(System):
         else:
             if len(ranks) != 1 or ctx.world_size < 2:
                 raise ValueError(f"{name} needs one process per rank and at least 2 ranks")
-            self.mode = _Distributed(ranks[0], ctx.group, name, layout=layout, **knobs)
+            self.mode = _Distributed(
+                ranks[0], ctx.group, name, layout=layout, handshake=handshake, **knobs
+            )
         self._describe(ranks[self.mode.busy])
 
     def _describe(self, inp: CellInputs) -> None:
