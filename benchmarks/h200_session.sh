@@ -44,6 +44,8 @@
 # (the same over NVLink, 2+ GPUs: serial and own at auto cCTA/mgb, then shared at SHARED_CCTA x
 # SHARED_MGB: a sweep benchmarks/fit_autotune.py can calibrate shared from)
 # consumer_correctness_x2 (the correctness matrix at consumer=shared over p2p and nvshmem)
+# handshake_x2 (2+ GPUs: tests/test_handshake_gpu.py, then the overlap step per handshake
+# allreduce|barrier at auto cCTA/mgb, compact, N=HS_N, E in HS_E, three routings, with serial)
 # host_bound (one GPU playing W=2, N=HOST_N: serial and overlap own/shared, timed eager and
 # queued ahead (measure.queue_ahead) into two tables with the host's time per step, then
 # benchmarks/host_profile.py on one cell: where the host's time goes) layer_host (one GPU, the
@@ -126,6 +128,9 @@ for step in $steps; do
     producer_variants) CUDA_VISIBLE_DEVICES=0 timeout "${PRODUCER_S:-270}" python3 -m harness.run experiment=producer progress=false table="$OUT/producer_variants.parquet" 'experiment.options.configs=[table,group8,stages4,g8s4]' 'experiment.systems.overlap.sweep.layout=[aligned]' 2>&1 | tail -2 ;;
     operator_auto) timeout "${ORDER_S:-150}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto "${overlap_args[@]}" 2>&1 | tail -1
       python3 -m benchmarks.table_summary "$OUT/operator_auto.parquet" 2>&1 | tail -31 ;;
+    handshake_x2) timeout 200 python3 -m pytest -q -m gpu tests/test_handshake_gpu.py 2>&1 | tail -3
+      timeout "${HS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_handshake.parquet" 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[${HS_N:-4096}]" "experiment.grid.experts_per_rank=[${HS_E:-16,64}]" 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[compact]' '+experiment.systems.overlap.sweep.handshake=[allreduce,barrier]' 2>&1 | tail -1
+      python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_handshake.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_handshake',pd.Series('',index=d.index)).fillna('').astype(str); print(d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values='latency_ms').round(3).to_string())" ;;
     operator_baselines_auto) timeout "${OPERATOR_S:-330}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator_baselines_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto "${overlap_args[@]}" 2>&1 | tail -1
       python3 -m benchmarks.table_summary "$OUT/operator_baselines_auto.parquet" 2>&1 | tail -31 ;;
     recalibrate) timeout "${AUTO_S:-150}" python3 -m harness.run experiment=ccta_auto progress=false table="$OUT/ccta_auto_expert.parquet" 'experiment.grid.experts_per_rank=[32,64]' 'experiment.systems.overlap.sweep.ccta=[4,6,8,12,16,24,auto]' 2>&1 | tail -1
