@@ -214,29 +214,37 @@ def _serial_sync_cost(ab: pd.DataFrame | None) -> pd.Series | None:
     return (med[before] - med[after]).dropna()
 
 
+def _variant(o: pd.DataFrame) -> pd.Series:
+    """The overlap rows' variant: the layout, with "/shared" where the consumer shared the
+    producer's SMs (rows without the columns ran the defaults: aligned, own)."""
+    lay = o["p_layout"].fillna("aligned") if "p_layout" in o else pd.Series("aligned", o.index)
+    if "p_consumer" not in o:
+        return lay
+    shared = o["p_consumer"].fillna("own") == "shared"
+    return lay.where(~shared, lay + "/shared")
+
+
 def _layouts_note(df: pd.DataFrame) -> str:
-    """Where an operator table holds overlap rows of several layouts (the claim takes each
-    cell's fastest): which layout won how often, and the 1.35x count of the paper's aligned
-    layout alone."""
+    """Where an operator table holds overlap rows of several variants (layout, consumer; the
+    claim takes each cell's fastest): which variant won how often, and the 1.35x count of the
+    paper's own (aligned layout, consumer on SMs of its own) alone."""
     o = _ok(df)
     o = o[o["system"].isin(["overlap", "serial"])]
-    if "p_layout" not in o:
-        return ""
-    o = o.assign(p_layout=o["p_layout"].fillna("aligned"))
-    layouts = sorted(o.loc[o["system"] == "overlap", "p_layout"].unique())
-    if len(layouts) < 2:
+    ov = o[o["system"] == "overlap"]
+    ov = ov.assign(variant=_variant(ov))
+    variants = sorted(ov["variant"].unique())
+    if len(variants) < 2:
         return ""
     keys = ["out", "experts_per_rank", "routing"]
-    ov = o[o["system"] == "overlap"].pivot_table(
-        index=keys, columns="p_layout", values="latency_ms", aggfunc="min"
-    )
-    won = ov.idxmin(axis=1).value_counts()
+    lat = ov.pivot_table(index=keys, columns="variant", values="latency_ms", aggfunc="min")
+    won = lat.idxmin(axis=1).value_counts()
     ser = o[o["system"] == "serial"].groupby(keys)["latency_ms"].min()
-    note = f" (each cell's fastest of the layouts {'/'.join(layouts)}: " + ", ".join(
-        f"{k} in {int(won.get(k, 0))}" for k in layouts
+    kind = "layouts" if not any(v.endswith("/shared") for v in variants) else "variants"
+    note = f" (each cell's fastest of the {kind} {', '.join(variants)}: " + ", ".join(
+        f"{k} in {int(won.get(k, 0))}" for k in variants
     )
-    if "aligned" in ov:
-        sp = (ser / ov["aligned"]).dropna()
+    if "aligned" in lat:
+        sp = (ser / lat["aligned"]).dropna()
         note += f"; the paper's aligned layout alone >= 1.35x in {int((sp >= 1.35).sum())}"
     return note + ")"
 
