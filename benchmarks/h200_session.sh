@@ -17,7 +17,8 @@
 #        (serial + overlap with auto cCTA/mgb, order remote_first|expert, operator scope, one run)
 #        ccta_auto (the W=2 auto calibration sweep, then the refit into $OUT) producer_variants
 #        (the tile-configuration variants on the full grid) operator_auto (serial + overlap at
-#        auto cCTA/mgb/order) operator_baselines_auto (every system, overlap at auto; OVERLAP_ARGS)
+#        auto cCTA/mgb/order; OVERLAP_ARGS) operator_auto_shared (the overlap rows at compact with
+#        the shared consumer, auto cCTA/mgb, into the same table) operator_baselines_auto (every system, overlap at auto; OVERLAP_ARGS)
 #        recalibrate
 #        (the E 32/64 ccta x mgb sweep at order expert, the refit, copied into the tree for the
 #        later steps) shared_loopback (compute on SMs - cCTA next to the step, one GPU) repeat
@@ -131,6 +132,8 @@ for step in $steps; do
     handshake_x2) timeout 200 python3 -m pytest -q -m gpu tests/test_handshake_gpu.py 2>&1 | tail -3
       timeout "${HS_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_handshake.parquet" 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[${HS_N:-4096}]" "experiment.grid.experts_per_rank=[${HS_E:-16,64}]" 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[compact]' '+experiment.systems.overlap.sweep.handshake=[allreduce,barrier]' 2>&1 | tail -1
       python3 -c "import pandas as pd; d=pd.read_parquet('$OUT/operator_handshake.parquet'); d=d[d.status=='ok']; d['v']=d.system+'/'+d.get('p_handshake',pd.Series('',index=d.index)).fillna('').astype(str); print(d.pivot_table(index=['out','experts_per_rank','routing'],columns='v',values='latency_ms').round(3).to_string())" ;;
+    operator_auto_shared) timeout "${SHARED_S:-150}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[compact]' '+experiment.systems.overlap.sweep.consumer=[shared]' 2>&1 | tail -1
+      python3 -m benchmarks.table_summary "$OUT/operator_auto.parquet" 2>&1 | tail -31 ;;
     operator_baselines_auto) timeout "${OPERATOR_S:-330}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator_baselines_auto.parquet" 'experiment.grid.tokens_per_rank=[8192]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto "${overlap_args[@]}" 2>&1 | tail -1
       python3 -m benchmarks.table_summary "$OUT/operator_baselines_auto.parquet" 2>&1 | tail -31 ;;
     recalibrate) timeout "${AUTO_S:-150}" python3 -m harness.run experiment=ccta_auto progress=false table="$OUT/ccta_auto_expert.parquet" 'experiment.grid.experts_per_rank=[32,64]' 'experiment.systems.overlap.sweep.ccta=[4,6,8,12,16,24,auto]' 2>&1 | tail -1
