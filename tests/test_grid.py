@@ -42,6 +42,7 @@ def test_params_fill_defaults_and_the_hash_covers_them():
         **{"local": "direct", "layout": "aligned", "order": "auto", "swizzle": "table"},
         "consumer": "own",
         "backoff_ns": 0,
+        "handshake": "allreduce",
     }
     cfg = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=8")
     cfg2 = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=4")
