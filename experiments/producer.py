@@ -121,6 +121,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     },
     "wsf_eg32": {"epi_split": 4, "expert_groups": True, "group_m": 32, "warp_specialize": True},
 }
+#: the producer in two launches (plan.split_tail_bands): the table's config over the bands with
+#: more than block_m rows, then a second config (these changes to the table's) over the bands
+#: with at most its block_m rows, so an expert's last band of a few rows no longer computes a
+#: whole tile_m-row tile. "tails64" keeps 8 warps (the same flag increment per tile as the
+#: table's, what the consumer counts), "tails64w4" takes the table's 64-row entry (4 warps)
+TAIL_CONFIGS: dict[str, dict[str, Any]] = {
+    "tails64": {"block_m": 64},
+    "tails64w4": {"block_m": 64, "num_warps": 4, "num_stages": 4},
+}
 #: the CUTLASS producer (kernels/cutlass_producer.cu, tile 128x256x64, flags in its epilogue):
 #: name -> (grouping, cluster M x N); grouping "band" follows the cell's visiting order, "expert"
 #: groups each expert's rows (torch._grouped_mm's structure) whatever the cell's order
@@ -179,7 +188,7 @@ def spec_of(cell: dict) -> WorkloadSpec:
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
     """Clear errors before any GPU work: the workload, the systems, the dtype, the tile."""
-    known = {*CONFIGS, *CUTLASS_CONFIGS}
+    known = {*CONFIGS, *TAIL_CONFIGS, *CUTLASS_CONFIGS}
     bad = sorted(set(map(str, options(cfg)["configs"])) - known)
     if bad:
         raise ValueError(f"producer: unknown config(s) {bad}; accepted: {sorted(known)}")
@@ -319,7 +328,13 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
         impl = "torch.bmm (cuBLAS batched, R // E rows an expert)"
         return go, out, ref, {"gemm_rows": float(e * m), "impl": impl}
     from systems.overlap.kernels import launch_producer, pick_config
-    from systems.overlap.plan import local_row_map, producer_groups, producer_order
+    from systems.overlap.plan import (
+        local_row_map,
+        producer_groups,
+        producer_order,
+        split_groups,
+        split_tail_bands,
+    )
 
     p, flags = pb.plan, bool(cell["params"]["flags"])
     direct = cell["params"].get("local", "copy") == "direct"
@@ -327,11 +342,23 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
         if direct:
             raise CutlassUnavailable("the CUTLASS producer has no local=direct epilogue")
         return _cutlass_kernel(ctx, cell, pb)
+    name = cell["params"].get("config", "table")
     cfg = pick_config(int(cell["params"]["tile_m"]), pb.x.shape[1], pb.w.shape[2], pb.x.dtype)
-    cfg = replace(cfg, **CONFIGS[cell["params"].get("config", "table")])
+    cfg = replace(cfg, **CONFIGS.get(name, {}))
     order = producer_order(p) if cell["params"].get("order") == "expert" else None
     # per plan, like the order (the overlap runner builds both once per plan)
     groups = producer_groups(p, order, cfg.group_m) if cfg.expert_groups else None
+    # (plan, config, visiting order, groups) of each launch
+    launches = [(p, cfg, order, groups)]
+    if name in TAIL_CONFIGS:
+        tail = replace(cfg, **TAIL_CONFIGS[name])
+        if tail.block_m >= cfg.block_m:
+            raise ValueError(f"producer: {name} needs tile_m > {tail.block_m}")
+        parts = zip(split_tail_bands(p, order, tail.block_m), (cfg, tail))
+        launches = [
+            (sub, c, vis, split_groups(sub, vis, c.group_m) if c.expert_groups else None)
+            for (sub, vis), c in ((part, c) for part, c in parts if part is not None)
+        ]
     y = torch.zeros(p.n_padded, pb.w.shape[2], dtype=pb.x.dtype, device=pb.x.device)
     ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -342,27 +369,34 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
         local_to = (recv, row_dst)
 
     def go():
-        launch_producer(
-            pb.x,
-            pb.w,
-            y,
-            p,
-            ready,
-            num_programs=sms,
-            config=cfg,
-            signal=flags,
-            order=order,
-            groups=groups,
-            local_to=local_to,
-        )
+        for plan, c, vis, grp in launches:
+            launch_producer(
+                pb.x,
+                pb.w,
+                y,
+                plan,
+                ready,
+                num_programs=sms,
+                config=c,
+                signal=flags,
+                order=vis,
+                groups=grp,
+                local_to=local_to,
+            )
 
     go()
     if flags:  # one run: every remote band's counter holds one run's increment
-        got = ready[p.schedule[: p.n_remote_bands]]
-        if not bool((got == cfg.band_increment(pb.w.shape[2])).all()):
-            raise RuntimeError("producer: a ready flag is wrong after one run")
+        for plan, c, _, _ in launches:
+            got = ready[plan.schedule[: plan.n_remote_bands]]
+            if not bool((got == c.band_increment(pb.w.shape[2])).all()):
+                raise RuntimeError("producer: a ready flag is wrong after one run")
     metrics = {"gemm_rows": float(p.n_padded), "impl": "overlap producer (triton)"}
     metrics["config"] = json.dumps(cfg.__dict__, default=str)
+    if len(launches) > 1 or launches[0][1] is not cfg:
+        metrics["config"] = json.dumps(
+            [{"bands": int(pl.schedule.numel()), **c.__dict__} for pl, c, _, _ in launches],
+            default=str,
+        )
     out = y
     if direct:  # each local row read back from where the epilogue put it
         mine = row_dst >= 0

@@ -65,7 +65,12 @@ from systems.overlap.kernels import (  # noqa: E402
     launch_producer,
     launch_wait_signals,
 )
-from systems.overlap.plan import padded_input, producer_order  # noqa: E402
+from systems.overlap.plan import (  # noqa: E402
+    padded_input,
+    producer_order,
+    split_groups,
+    split_tail_bands,
+)
 from systems.overlap.runner import OverlapRunner  # noqa: E402
 from systems.overlap.testing import (  # noqa: E402
     expected_sends,
@@ -152,6 +157,34 @@ def test_producer_expert_groups_match_torch(cap, ordered):
     torch.testing.assert_close(y.float(), reference_y(plan, x, w), rtol=2e-2, atol=2e-2)
     remote = plan.schedule[: plan.n_remote_bands]
     assert torch.all(ready[remote] == cfg.band_increment(w.shape[2]))
+    assert torch.all(ready[plan.schedule[plan.n_remote_bands :]] == 0)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("layout", ["aligned", "compact"])
+def test_producer_split_in_two_launches_matches_torch(layout):
+    """plan.split_tail_bands: the bands of > 8 rows with 16-row tiles, then the bands of <= 8
+    rows with 8-row tiles (experiments/producer.py TAIL_CONFIGS): every valid row right, every
+    signalled band's counter at one run's increment, the unsignalled ones untouched."""
+    plan = synthetic_plan(MIXED_ROWS, rank=2, tile_m=TILE_M, mgb=2, layout=layout)
+    g = torch.Generator().manual_seed(2)
+    x = padded_input(torch.randn(plan.n_rows, 40, generator=g).half(), plan.gather_index)
+    w = (torch.randn(2, 40, 48, generator=g) / 40**0.5).half()
+    y = torch.full((plan.n_padded, 48), float("nan"), dtype=x.dtype)
+    ready = torch.zeros(plan.n_bands, dtype=torch.int32)
+    main, tail = split_tail_bands(plan, producer_order(plan), TILE_M // 2)
+    assert main is not None and tail is not None
+    cfgs = [interpreter_config(TILE_M), interpreter_config(TILE_M // 2)]
+    for (sub, vis), cfg in zip((main, tail), cfgs):
+        cfg = replace(cfg, flag="deferred", expert_groups=True, group_m=2)
+        groups = split_groups(sub, vis, 2)
+        launch_producer(x, w, y, sub, ready, num_programs=3, config=cfg, order=vis, groups=groups)
+    valid = plan.gather_index >= 0
+    ref = reference_y(plan, x, w)
+    torch.testing.assert_close(y[valid].float(), ref[valid], rtol=2e-2, atol=2e-2)
+    inc = cfgs[0].band_increment(48)
+    assert inc == cfgs[1].band_increment(48)  # same warps: one increment for every band
+    assert torch.all(ready[plan.schedule[: plan.n_remote_bands]] == inc)
     assert torch.all(ready[plan.schedule[plan.n_remote_bands :]] == 0)
 
 

@@ -17,6 +17,8 @@ from systems.overlap.plan import (
     plans_for_spec,
     producer_groups,
     producer_order,
+    split_groups,
+    split_tail_bands,
 )
 from systems.overlap.testing import synthetic_plan, synthetic_rows
 
@@ -661,3 +663,43 @@ def test_producer_groups_refuse_a_cap_out_of_range():
     for bad in (0, GROUP_CODE):
         with pytest.raises(ValueError, match="cap must be in"):
             producer_groups(plan, None, bad)
+
+
+@pytest.mark.parametrize("layout", ["aligned", "packed", "compact"])
+@pytest.mark.parametrize("ordered", [False, True])
+@pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
+def test_split_tail_bands_partitions_the_schedule_and_keeps_flags_and_order(
+    routing, ordered, layout
+):
+    """The two launches of a split plan: every band once, the tail launch exactly the bands of
+    at most tail_m rows, each launch's signalled bands first (the plan's remote bands), and
+    each launch visiting its bands in the plan's visiting order."""
+    spec = WorkloadSpec(512, 8, 16, 6, 2, 2, routing, seed=5, dtype="float16")
+    plan = plans_for_spec(spec, tile_m=16, mgb=2, layout=layout)[0][0]
+    order = producer_order(plan) if ordered else None
+    parts = split_tail_bands(plan, order, 8)
+    assert len(parts) == 2 and parts[0] is not None
+    visit = (order.long() if ordered else torch.arange(plan.n_bands)).tolist()
+    sched, NR = plan.schedule.tolist(), plan.n_remote_bands
+    remote = set(sched[:NR])
+    seen = []
+    for kind, part in zip(("main", "tail"), parts):
+        if part is None:
+            continue
+        sub, vis = part
+        bands = sub.schedule.tolist()
+        seen += bands
+        rows = plan.band_rows[sub.schedule.long()]
+        assert bool((rows <= 8).all()) if kind == "tail" else bool((rows > 8).all())
+        assert set(bands[: sub.n_remote_bands]) <= remote
+        assert not set(bands[sub.n_remote_bands :]) & remote
+        assert sorted(vis.tolist()) == list(range(len(bands)))
+        # the sub-launch visits its bands in the order the plan's visiting order has them
+        want = [sched[v] for v in visit if sched[v] in set(bands)]
+        assert [bands[v] for v in vis.tolist()] == want
+        g = split_groups(sub, vis, 4)
+        experts = plan.band_expert[sub.schedule.long()[vis.long()]].tolist()
+        first, size = (g // GROUP_CODE).tolist(), (g % GROUP_CODE).tolist()
+        for v in range(len(bands)):  # every group holds one expert
+            assert len(set(experts[first[v] : first[v] + size[v]])) == 1
+    assert sorted(seen) == sorted(sched)

@@ -832,3 +832,62 @@ def producer_groups(plan: Any, visit: torch.Tensor | None, cap: int) -> torch.Te
     )
     size = torch.where(o < big, base + 1, base)
     return ((run_first + first) * GROUP_CODE + size).to(torch.int32)
+
+
+def split_tail_bands(
+    plan: Any, visit: torch.Tensor | None, tail_m: int
+) -> list[tuple[Any, torch.Tensor] | None]:
+    """The plan's schedule cut in two producer launches: the bands with more than tail_m rows
+    (the main launch, tile_m rows a tile) and the bands with at most tail_m rows (the tail
+    launch, tiles of tail_m rows: a compact plan's last band of an expert often holds a few
+    rows, and a tile_m-row tile computes the padding too).
+
+    Returns [main, tail], each (sub_plan, sub_visit), or None where no band is of its kind. A
+    sub_plan keeps the plan's band arrays (band ids, so the ready counters stay per band) with
+    its own schedule [B_s] (its signalled bands first, as in the plan), n_remote_bands, n_bands
+    and layout;
+    sub_visit [B_s] int32 is the visiting order of its positions, the plan's visiting order
+    (visit; None: the schedule's) restricted to it. A host plan's set-up step: it reads the
+    band rows to the host."""
+    from types import SimpleNamespace
+
+    sched = plan.schedule.to("cpu", torch.int64)
+    B = sched.numel()
+    rows = plan.band_rows.to("cpu", torch.int64)[sched]  # rows of each schedule position
+    order = torch.arange(B) if visit is None else visit.to("cpu", torch.int64)
+    n_remote = int(plan.n_remote_bands)
+    dev = plan.schedule.device
+    out = []
+    for tail in (False, True):
+        vis = [int(p) for p in order if bool(rows[p] <= tail_m) == tail]
+        if not vis:
+            out.append(None)
+            continue
+        pos = sorted(p for p in vis if p < n_remote) + sorted(p for p in vis if p >= n_remote)
+        where = {p: i for i, p in enumerate(pos)}
+        sub = SimpleNamespace(
+            schedule=sched[pos].to(device=dev, dtype=plan.schedule.dtype),
+            band_expert=plan.band_expert,
+            band_row=plan.band_row,
+            band_rows=plan.band_rows,
+            n_remote_bands=sum(p < n_remote for p in pos),
+            n_bands=len(pos),
+            experts_per_rank=plan.experts_per_rank,
+            layout=getattr(plan, "layout", "aligned"),
+        )
+        sub_visit = torch.tensor([where[p] for p in vis], dtype=torch.int32, device=dev)
+        out.append((sub, sub_visit))
+    return out
+
+
+def split_groups(sub: Any, visit: torch.Tensor, cap: int) -> torch.Tensor:
+    """producer_groups of a split_tail_bands sub-plan (its band ids are the full plan's, which
+    producer_groups would clamp to the sub-plan's length): the same runs of one expert, computed
+    on the sub-plan's positions renumbered 0..B_s-1."""
+    from types import SimpleNamespace
+
+    n = sub.schedule.numel()
+    exp = sub.band_expert[sub.schedule.to(torch.int64)]
+    ids = torch.arange(n, dtype=sub.schedule.dtype, device=sub.schedule.device)
+    view = SimpleNamespace(schedule=ids, band_expert=exp, n_bands=n)
+    return producer_groups(view, visit, cap)
