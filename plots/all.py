@@ -57,6 +57,7 @@ FIGURES: dict[str, str] = {
     "producer_groups_n4096": "plots.producer",
     "producer_bmm": "plots.producer",
     "producer_bmm_repeat": "plots.producer",
+    "producer_tails": "plots.producer",
     "operator_order": "plots.variants",
     "operator_baselines_auto": "plots.latency_vs_experts",
     "correctness_auto": "plots.correctness",
