@@ -1044,6 +1044,14 @@ FIGURE_TABLES = [
         machine="h200",
     ),
     FigureTable(
+        "The producer in two launches, 64-row tiles for an expert's last band (lost), one GPU",
+        "producer_tails",
+        "`PRODUCER_S=330 PRODUCER_CONFIGS=table,tails64,tails64w4 PRODUCER_TABLE=producer_tails "
+        "bash benchmarks/h200_session.sh producer_groups` on one GPU",
+        _producer_fig,
+        machine="h200",
+    ),
+    FigureTable(
         "Warp specialisation with the expert groups, N=8192, local=direct, one GPU",
         "producer_ws_groups",
         "`PRODUCER_CONFIGS=table,eg32,ws_eg32,wsf_eg32 PRODUCER_TABLE=producer_ws_groups "
