@@ -205,6 +205,12 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
             raise ValueError(f"producer: top_k {spec.top_k} > W x E")
         if cell["system"] == "overlap" and cell["params"]["tile_m"] not in (64, 128):
             raise ValueError(f"producer: tile_m must be 64 or 128, got {cell['params']['tile_m']}")
+        tail = TAIL_CONFIGS.get(cell["params"].get("config"), {}).get("block_m")
+        if cell["system"] == "overlap" and tail and cell["params"]["tile_m"] <= tail:
+            raise ValueError(
+                f"producer: config {cell['params']['config']} splits off {tail}-row tiles, so "
+                f"it needs tile_m > {tail}, got {cell['params']['tile_m']}"
+            )
         if cell["system"] == "overlap" and cell["params"].get("order") not in ORDERS:
             raise ValueError(f"producer: order must be one of {ORDERS}, got {cell['params']}")
 

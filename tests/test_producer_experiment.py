@@ -79,6 +79,12 @@ def test_bad_input_is_one_line_before_any_gpu_work():
         cfg.experiment.options = {"local": ["direct", "scatter"]}
     with pytest.raises(ValueError, match="unknown local mode"):
         producer.validate(cfg, cells, 132)
+    # the two-launch variants split off 64-row tiles: a 64-row cell has nothing to split
+    cfg = _cfg("experiment.options.configs=[table,tails64]")
+    cells = producer.cells(cfg, 1)
+    with pytest.raises(ValueError, match="config tails64 splits off 64-row tiles, so it needs"):
+        producer.validate(cfg, cells, 132)
+    producer.validate(cfg, [c for c in cells if c["params"].get("tile_m") != 64], 132)
 
 
 @pytest.mark.parametrize("layout", ["aligned", "packed", "compact"])
