@@ -96,6 +96,11 @@ for step in $steps; do
       for t in ${LAYER_T:-8192}; do for h in 4096 8192; do  # one process per buffer size (NVSHMEM)
         timeout 200 python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" "experiment.grid.tokens_per_rank=[$t]" "experiment.grid.hidden=[$h]" 'experiment.select=[overlap]' +experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -4; done; done ;;
     scale) timeout 120 python3 -m benchmarks.scale_bound --out "$OUT" 2>&1 | tail -10 ;;
+    scale_ncu) NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)  # the scale's kernel counters
+      for n in ${SCALE_NCU_N:-4096 8192}; do
+        timeout "${NCU_S:-150}" "$NCU" --clock-control none --profile-from-start off --set full -f -o "/tmp/ncu_scale_$n" python3 -m benchmarks.ncu_scale --cols "$n" --variants "${SCALE_VARIANTS:-t1_n2048_w8,t4_n512_w4,p_t2_n1024_w4}" 2>&1 | grep -v "^==PROF==" | tail -2
+        "$NCU" -i "/tmp/ncu_scale_$n.ncu-rep" --page raw --csv > "$OUT/ncu_scale_${n}_raw.csv"; done
+      python3 -m benchmarks.ncu_summary "$OUT"/ncu_scale_*_raw.csv --out "$OUT/scale_ncu.parquet" --impls "${SCALE_VARIANTS:-t1_n2048_w8,t4_n512_w4,p_t2_n1024_w4},copy" ;;
     layer_x2) [ -f "$OUT/layer.parquet" ] || cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
       timeout "${LAYER_S:-480}" python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" "${layer_args[@]}" 2>&1 | tail -8
       python3 -m benchmarks.table_summary "$OUT/layer.parquet" ;;
