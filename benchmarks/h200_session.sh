@@ -100,7 +100,7 @@ for step in $steps; do
       for n in ${SCALE_NCU_N:-4096 8192}; do
         timeout "${NCU_S:-150}" "$NCU" --clock-control none --profile-from-start off --set full -f -o "/tmp/ncu_scale_$n" python3 -m benchmarks.ncu_scale --cols "$n" --variants "${SCALE_VARIANTS:-t1_n2048_w8,t4_n512_w4,p_t2_n1024_w4}" 2>&1 | grep -v "^==PROF==" | tail -2
         "$NCU" -i "/tmp/ncu_scale_$n.ncu-rep" --page raw --csv > "$OUT/ncu_scale_${n}_raw.csv"; done
-      python3 -m benchmarks.ncu_summary "$OUT"/ncu_scale_*_raw.csv --out "$OUT/scale_ncu.parquet" --impls "${SCALE_VARIANTS:-t1_n2048_w8,t4_n512_w4,p_t2_n1024_w4},copy" ;;
+      python3 -m benchmarks.ncu_summary "$OUT"/ncu_scale_*_raw.csv --out "$OUT/scale_ncu.parquet" --impls "${SCALE_VARIANTS:-t1_n2048_w8,t4_n512_w4,p_t2_n1024_w4}" ;;
     layer_x2) [ -f "$OUT/layer.parquet" ] || cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
       timeout "${LAYER_S:-480}" python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" "${layer_args[@]}" 2>&1 | tail -8
       python3 -m benchmarks.table_summary "$OUT/layer.parquet" ;;

@@ -10,7 +10,12 @@ For each shape (T tokens, N columns, top-k, dtype) on one device:
             copy moves 2x; copy_gbps counts read + write)
   bound_ms  the scale's bytes at the copy's bandwidth: (k+1)*T*N*elem / copy_gbps
   ratio     scale_ms / bound_ms (1.0 = at the copy bandwidth)
-Timing: CUDA events, warm-up, median of iters (benchmarks.plan_time.time_ms).
+Timing: CUDA events, warm-up, median of iters, queued ahead (harness.timing.time_fn with
+queue_ahead: a sleep kernel first, so the events time the device back to back). The eager
+times (scale_eager_ms, copy_eager_ms: benchmarks.plan_time.time_ms, each call launched from an
+idle device, what the tables before this change recorded as scale_ms / copy_ms) add the
+host's launch time: a Triton launch from Python takes longer than the ~0.05 ms scale kernel
+itself (Nsight Compute: benchmarks/ncu_scale.py).
 Usage: python -m benchmarks.scale_bound [--out DIR] [--small] (prints a short table last).
 """
 
@@ -26,6 +31,7 @@ import torch
 
 from benchmarks.plan_time import time_ms
 from harness.scale import Scaler
+from harness.timing import time_fn
 
 FULL = {"tokens": [8192, 16384], "cols": [2048, 4096, 8192]}
 SMALL = {"tokens": [64], "cols": [128]}
@@ -55,14 +61,23 @@ def measure(
 
             got = run().float()
             runs[name] = (run, float((got - ref).norm() / ref.norm()))
-    copy_ms = statistics.median(time_ms(lambda: dst.copy_(src), device, 3, iters))
+
+    def queued(fn) -> float:
+        return time_fn(fn, device=device, warmup=3, iters=iters, queue_ahead=True).median_ms
+
+    def eager(fn) -> float:
+        return statistics.median(time_ms(fn, device, 3, iters))
+
+    copy_ms = queued(lambda: dst.copy_(src))
+    copy_eager_ms = eager(lambda: dst.copy_(src))
     elem = y.element_size()
     nbytes = (k + 1) * T * N * elem
     gbps = 2 * nbytes / copy_ms / 1e6
     bound = nbytes / gbps / 1e6
     rows = []
     for name, (fn, e) in runs.items():
-        scale_ms = statistics.median(time_ms(fn, device, 3, iters))
+        scale_ms = queued(fn)
+        scale_eager_ms = eager(fn)
         rows.append(
             {
                 "tokens": T,
@@ -74,6 +89,9 @@ def measure(
                 "default": name == "default",
                 "scale_ms": scale_ms,
                 "copy_ms": copy_ms,
+                "scale_eager_ms": scale_eager_ms,
+                "copy_eager_ms": copy_eager_ms,
+                "timing": "queued" if device.type == "cuda" else "host",
                 "copy_gbps": gbps,
                 "bound_ms": bound,
                 "ratio": scale_ms / bound,
@@ -105,7 +123,7 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_parquet(path, index=False)
     print(df.pivot_table(index=["tokens", "cols"], columns="variant", values="ratio").round(3))
-    cols = ["tokens", "cols", "variant", "scale_ms", "bound_ms", "copy_gbps", "ratio", "rel_err"]
+    cols = ["tokens", "cols", "variant", "scale_ms", "scale_eager_ms", "bound_ms", "ratio"]
     print(df[df.variant == "default"][cols].round(4).to_string(index=False))
     print(f"wrote {path}")
 

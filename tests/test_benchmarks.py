@@ -14,6 +14,7 @@ def test_scale_bound_writes_its_ratio_row(tmp_path, monkeypatch):
     assert r["rel_err"] < 1e-2  # the timed scale is the right one
     assert abs(r["bound_ms"] * r["copy_gbps"] * 1e6 - 3 * 64 * 128 * 2) < 1e-3
     assert r["ratio"] == r["scale_ms"] / r["bound_ms"]
+    assert r["timing"] == "host" and r["scale_eager_ms"] > 0 and r["copy_eager_ms"] > 0
 
 
 def test_consumer_summary_pivots_placements_against_the_first_and_the_compute_bound():
