@@ -1,7 +1,8 @@
 """A short table from Nsight Compute's raw CSV (`ncu -i R.ncu-rep --page raw --csv`, plain or
-.gz): per kernel its time, SM cycles and clock, tensor-pipe activity, HBM bytes read, L2 hit
-rate, instructions issued, registers and shared memory, and the share of its warps' sampled
-stalls per reason (the largest first).
+.gz): per kernel its time, SM cycles and clock, tensor-pipe activity, HBM bytes read and
+written, HBM throughput (% of peak), warps active (% of peak), L2 hit rate, instructions
+issued, registers and shared memory, and the share of its warps' sampled stalls per reason
+(the largest first).
 
 Usage: python -m benchmarks.ncu_summary RAW.csv[.gz] [...] [--top 8] [--out summary.parquet]
 [--impls grouped_mm,cublas,...] (the implementations' names in the order ncu_producer printed)
