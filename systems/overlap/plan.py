@@ -845,10 +845,9 @@ def split_tail_bands(
     Returns [main, tail], each (sub_plan, sub_visit), or None where no band is of its kind. A
     sub_plan keeps the plan's band arrays (band ids, so the ready counters stay per band) with
     its own schedule [B_s] (its signalled bands first, as in the plan), n_remote_bands, n_bands
-    and layout;
-    sub_visit [B_s] int32 is the visiting order of its positions, the plan's visiting order
-    (visit; None: the schedule's) restricted to it. A host plan's set-up step: it reads the
-    band rows to the host."""
+    and layout; sub_visit [B_s] int32 is the visiting order of its positions, the plan's
+    visiting order (visit; None: the schedule's) restricted to it. A host plan's set-up step:
+    it reads the band rows to the host."""
     from types import SimpleNamespace
 
     sched = plan.schedule.to("cpu", torch.int64)

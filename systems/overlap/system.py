@@ -221,7 +221,8 @@ class _Distributed:
             raise ValueError(f"overlap: handshake=barrier needs a symmetric-memory handle ({name})")
         #: "allreduce" or "barrier" before every step; None only in the test that shows the race
         self.handshake: str | None = handshake
-        self.barrier_timeout_ms = 5000  # the consumer's own spin bound (ConsumerConfig.timeout_s)
+        # the barrier's time-out: the consumer's own spin bound
+        self.barrier_timeout_ms = int(1000 * self.ranks[0].runner.consumer.timeout_s)
 
     def forward(self) -> torch.Tensor:
         out = self.timed()
