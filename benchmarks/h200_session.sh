@@ -68,6 +68,12 @@ tests_a() {
 tests_b() {
   timeout "${TESTS2_S:-180}" python3 -m pytest -q -m gpu -x -p no:cacheprovider tests/test_overlap_system_gpu.py 2>&1 | tee -a "$OUT/pytest_gpu.log" | tail -6
 }
+# this host's reference folder (h200 for one GPU, h200x<n> for n GPUs): the multi-GPU steps
+# resume from its committed table, never from another GPU count's (MACHINE overrides it)
+MACHINE=${MACHINE:-$(n=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU"); [ "${n:-0}" -gt 1 ] && echo "h200x$n" || echo h200)}
+resume() {  # resume <table>: start $OUT/<table> from results/reference/$MACHINE/<table> if both apply
+  [ -f "$OUT/$1" ] || [ ! -f "results/reference/$MACHINE/$1" ] || cp "results/reference/$MACHINE/$1" "$OUT/"
+}
 # extra Hydra overrides, written as on a command line (quotes allowed): LAYER_ARGS (layer_x2),
 # PRODUCER_ARGS (producer_groups), OVERLAP_ARGS (operator_auto, operator_baselines_auto)
 eval "layer_args=(${LAYER_ARGS:-}) producer_args=(${PRODUCER_ARGS:-}) overlap_args=(${OVERLAP_ARGS:-})"
@@ -86,13 +92,13 @@ for step in $steps; do
     multigpu) timeout 100 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 2>&1 | tail -25 ;;
     nvshmem) timeout 60 python3 -m harness.run experiment=multigpu_smoke table="$OUT/multigpu_smoke.parquet" 'experiment.select=[overlap]' experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -12 ;;
     operator) timeout "${OPERATOR_S:-200}" python3 -m harness.run experiment=operator hardware=h200 hardware.world_size=1 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' measure.iters=10 measure.warmup=3 2>&1 | tail -40 ;;
-    operator_x2) [ -f "$OUT/operator.parquet" ] || cp results/reference/h200x2/operator.parquet "$OUT/"  # resume
+    operator_x2) resume operator.parquet
       timeout "${OPERATOR_S:-480}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' 2>&1 | tail -25
       python3 -m benchmarks.table_summary "$OUT/operator.parquet" ;;
-    operator_x2_nvshmem) [ -f "$OUT/operator.parquet" ] || cp results/reference/h200x2/operator.parquet "$OUT/"  # resume
+    operator_x2_nvshmem) resume operator.parquet
       for n in 4096 8192; do  # one process per N: NVSHMEM refuses a buffer that grows
         timeout 150 python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/operator.parquet" 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[$n]" 'experiment.select=[overlap]' +experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -4; done ;;
-    layer_x2_nvshmem) [ -f "$OUT/layer.parquet" ] || cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
+    layer_x2_nvshmem) resume layer.parquet
       for t in ${LAYER_T:-8192}; do for h in 4096 8192; do  # one process per buffer size (NVSHMEM)
         timeout 200 python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" "experiment.grid.tokens_per_rank=[$t]" "experiment.grid.hidden=[$h]" 'experiment.select=[overlap]' +experiment.systems.overlap.params.transport=nvshmem 2>&1 | tail -4; done; done ;;
     scale) timeout 120 python3 -m benchmarks.scale_bound --out "$OUT" 2>&1 | tail -10 ;;
@@ -101,7 +107,7 @@ for step in $steps; do
         timeout "${NCU_S:-150}" "$NCU" --clock-control none --profile-from-start off --set full -f -o "/tmp/ncu_scale_$n" python3 -m benchmarks.ncu_scale --cols "$n" --variants "${SCALE_VARIANTS:-t1_n2048_w8,t4_n512_w4,p_t2_n1024_w4}" 2>&1 | grep -v "^==PROF==" | tail -2
         "$NCU" -i "/tmp/ncu_scale_$n.ncu-rep" --page raw --csv > "$OUT/ncu_scale_${n}_raw.csv"; done
       python3 -m benchmarks.ncu_summary "$OUT"/ncu_scale_*_raw.csv --out "$OUT/scale_ncu.parquet" --impls "${SCALE_VARIANTS:-t1_n2048_w8,t4_n512_w4,p_t2_n1024_w4}" ;;
-    layer_x2) [ -f "$OUT/layer.parquet" ] || cp results/reference/h200x2/layer.parquet "$OUT/"  # resume
+    layer_x2) resume layer.parquet
       timeout "${LAYER_S:-480}" python3 -m harness.run experiment=layer hardware.timeout_s=150 progress=false table="$OUT/layer.parquet" "${layer_args[@]}" 2>&1 | tail -8
       python3 -m benchmarks.table_summary "$OUT/layer.parquet" ;;
     operator_plan) timeout "${PLAN_S:-120}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=120 progress=false table="$OUT/operator_plan.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[overlap]' 2>&1 | tail -3
