@@ -43,6 +43,7 @@ def test_params_fill_defaults_and_the_hash_covers_them():
         "consumer": "own",
         "backoff_ns": 0,
         "handshake": "allreduce",
+        "handshake_stream": "step",
     }
     cfg = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=8")
     cfg2 = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=4")

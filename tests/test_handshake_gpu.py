@@ -3,10 +3,10 @@
 One process per GPU (p2p). Every step scales every rank's input by 2^(step % 3), exact in bf16,
 so each step's output must equal the reference times that factor. Rank 1 sleeps ~20 ms on its
 stream before reading its receive buffer (its scale). With the handshake (either kind: the NCCL
-all-reduce or the symmetric-memory barrier), rank 0's next step cannot start its puts before
-rank 1 passed that read: every step is exact. Without it, rank 0's next puts land in rank 1's
-buffer while rank 1 still sleeps, and rank 1 reads rows of the wrong step: the same check fails.
-The run without shows the test can fail.
+all-reduce or the symmetric-memory barrier; on the step's stream or on the consumer's), rank 0's
+next step cannot start its puts before rank 1 passed that read: every step is exact. Without it,
+rank 0's next puts land in rank 1's buffer while rank 1 still sleeps, and rank 1 reads rows of
+the wrong step: the same check fails. The run without shows the test can fail.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ STEPS = 6
 SLEEP_CYCLES = 40_000_000  # ~20 ms at the H200's ~2 GHz
 
 
-def _worker(rank: int, world: int, port: int, handshake: str | None, errs) -> None:
+def _worker(rank: int, world: int, port: int, handshake: str | None, stream: str, errs) -> None:
     from harness.measure import cell_inputs
     from harness.system import RunContext
     from harness.workload import WorkloadSpec
@@ -43,7 +43,8 @@ def _worker(rank: int, world: int, port: int, handshake: str | None, errs) -> No
         )
         ctx = RunContext(rank, world, dev, dist.group.WORLD, "nccl")
         inputs, ref = cell_inputs(ctx, spec, [rank])
-        system = OverlapSystem(ctx, {"transport": "p2p", "handshake": handshake or "allreduce"})
+        params = {"transport": "p2p", "handshake": handshake or "allreduce"}
+        system = OverlapSystem(ctx, {**params, "handshake_stream": stream})
         system.setup(inputs)
         mode = system.mode
         mode.handshake = handshake  # None: no handshake at all (the racy run)
@@ -72,14 +73,15 @@ def _worker(rank: int, world: int, port: int, handshake: str | None, errs) -> No
         dist.destroy_process_group()
 
 
-def _run(handshake: str | None) -> list[list[float]]:
-    return run_ranks(_worker, 2, STEPS, handshake)
+def _run(handshake: str | None, stream: str = "step") -> list[list[float]]:
+    return run_ranks(_worker, 2, STEPS, handshake, stream)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one process per GPU)")
+@pytest.mark.parametrize("stream", ["step", "consumer"])
 @pytest.mark.parametrize("handshake", ["allreduce", "barrier"])
-def test_epoch_handshake_protects_a_slow_receiver(handshake):
-    errs = _run(handshake)
+def test_epoch_handshake_protects_a_slow_receiver(handshake, stream):
+    errs = _run(handshake, stream)
     assert max(max(e) for e in errs) < 8e-3, errs
 
 

@@ -163,9 +163,12 @@ def test_handshake_is_checked_in_one_line_skips_off_p2p_and_stays_out_of_the_has
 
 
 @pytest.mark.parametrize("handshake", ["allreduce", "barrier", None])
-def test_the_distributed_step_runs_its_handshake_before_the_step(monkeypatch, handshake):
+@pytest.mark.parametrize("stream", ["step", "consumer"])
+def test_the_distributed_step_runs_its_handshake_before_its_puts(monkeypatch, handshake, stream):
     """_Distributed.timed: the handshake (NCCL all-reduce or the counters' symmetric-memory
-    barrier, with its time-out), then the step, the receive wait and the scale, in that order."""
+    barrier, with its time-out), then the step, the receive wait and the scale, in that order.
+    handshake_stream=consumer hands it to the step, which runs it ahead of the consumer (the
+    runner enqueues it on the consumer's stream), not before the step."""
     import torch.distributed as dist
 
     calls = []
@@ -174,19 +177,61 @@ def test_the_distributed_step_runs_its_handshake_before_the_step(monkeypatch, ha
         transport=SimpleNamespace(signal_handle=handle, recv="recv"),
         wait_received=lambda: calls.append(("wait", None)),
     )
+
+    def step(before_consume=None):
+        calls.append(("step", None))
+        if before_consume is not None:
+            before_consume()
+            calls.append(("consumer", None))
+
     rank = SimpleNamespace(
-        runner=runner,
-        step=lambda: calls.append(("step", None)),
-        scale=lambda recv: calls.append(("scale", recv)) or "out",
+        runner=runner, step=step, scale=lambda recv: calls.append(("scale", recv)) or "out"
     )
     monkeypatch.setattr(dist, "all_reduce", lambda t, group: calls.append(("allreduce", group)))
     mode = object.__new__(osys._Distributed)
     mode.ranks, mode.group, mode.epoch = [rank], "group", torch.zeros(1)
     mode.handshake, mode.barrier_timeout_ms = handshake, 5000
-    assert mode.timed() == "out"
-    first = {
+    mode.handshake_stream = stream
+    hs = {
         "allreduce": [("allreduce", "group")],
         "barrier": [("barrier", {"channel": 0, "timeout_ms": 5000})],
         None: [],
     }[handshake]
-    assert calls == [*first, ("step", None), ("wait", None), ("scale", "recv")]
+    assert mode.timed() == "out"
+    if stream == "step":
+        assert calls == [*hs, ("step", None), ("wait", None), ("scale", "recv")]
+    else:
+        assert calls == [("step", None), *hs, ("consumer", None), ("wait", None), ("scale", "recv")]
+
+
+def test_handshake_stream_is_checked_in_one_line_skips_without_peers_and_stays_out_of_the_hash():
+    osys.OverlapSystem.validate(_spec(), {**P, "handshake_stream": "consumer"}, 132)
+    with pytest.raises(ValueError) as exc:
+        osys.OverlapSystem.validate(_spec(), {**P, "handshake_stream": "producer"}, 132)
+    assert str(exc.value) == (
+        "overlap: handshake_stream must be one of step, consumer, got 'producer'"
+    )
+    on = {**P, "handshake_stream": "consumer"}
+    for transport in ("", "p2p", "nvshmem"):  # W>1 with no transport named means p2p
+        assert osys.OverlapSystem.unsupported(_spec(), {**on, "transport": transport}) is None
+    for params, spec in (({**on, "transport": "loopback"}, _spec()), (on, _spec(ffn=128))):
+        assert "handshake_stream=consumer" in osys.OverlapSystem.unsupported(spec, params)
+    pts = system_points("overlap", {"sweep": {"handshake_stream": ["step", "consumer"]}})
+    assert "handshake_stream" not in hashed_params("overlap", pts[0])
+    assert hashed_params("overlap", pts[1])["handshake_stream"] == "consumer"
+
+
+def test_the_runner_runs_before_consume_ahead_of_the_consumer(monkeypatch):
+    """OverlapRunner.overlapped on the CPU path: the hook, then the producer and consumer."""
+    from systems.overlap.runner import OverlapRunner
+
+    calls = []
+    runner = object.__new__(OverlapRunner)
+    runner.device = torch.device("cpu")
+    monkeypatch.setattr(runner, "_next_target", lambda: 7, raising=False)
+    monkeypatch.setattr(
+        runner, "sequential", lambda x, y, target: calls.append(("run", target)), raising=False
+    )
+    runner.overlapped("x", "y", before_consume=lambda: calls.append(("hook", None)))
+    runner.overlapped("x", "y")
+    assert calls == [("hook", None), ("run", 7), ("run", 7)]

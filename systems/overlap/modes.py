@@ -26,6 +26,9 @@ receive buffer:
   "barrier"   the device-side barrier of the counters' symmetric-memory handle (torch's
               `barrier(channel, timeout_ms)`: release/acquire signals on the signal pads, one
               small kernel, a time-out traps instead of hanging); p2p only
+on the step's stream before the fork ("step", the default) or on the consumer's stream before its
+first put (`handshake_stream="consumer"`): only the puts write a peer's buffer, so only they need
+to wait, and the producer's first tiles run during the handshake.
 Error codes of the device error record are in errors.py.
 """
 
@@ -58,6 +61,10 @@ GROUP_CODE = 1024
 SWIZZLES = ("table", "fixed<m>", "expert<cap>")
 CONSUMER_SMS = ("own", "shared")
 HANDSHAKES = ("allreduce", "barrier")
+#: where the handshake waits: "step" (on the step's stream, before the producer and consumer
+#: fork: the producer starts after it) or "consumer" (on the consumer's stream after the fork,
+#: before its first put: the producer starts at once and the wait overlaps its first tiles)
+HANDSHAKE_STREAMS = ("step", "consumer")
 
 
 def parse_swizzle(swizzle: str) -> tuple[bool, int] | None:

@@ -31,6 +31,7 @@ Importing this module imports triton (through kernels/), not the transports.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -325,14 +326,20 @@ class OverlapRunner:
             memo_key=key,
         )
 
-    def overlapped(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def overlapped(
+        self, x: torch.Tensor, y: torch.Tensor, before_consume: Callable[[], None] | None = None
+    ) -> torch.Tensor:
         """Producer and consumer concurrently: x [P, K] -> y [P, N], remote rows sent.
 
         The producer goes first (it never waits), the consumer second on the high-priority
         stream; both join the current stream before this returns (asynchronously).
+        `before_consume` is enqueued on the consumer's stream ahead of the consumer (it is the
+        current stream while it runs): the operator step's handshake at handshake_stream=consumer.
         """
         target = self._next_target()
         if self.device.type != "cuda":
+            if before_consume is not None:
+                before_consume()
             return self.sequential(x, y, target=target)
         # fork and join through events made once (fewer host calls than wait_stream and the
         # stream context); no record_stream: the current stream waits for both side streams
@@ -348,6 +355,8 @@ class OverlapRunner:
             kp = self._produce(x, y, True, self.num_programs)
             prod_done.record(self.prod_stream)
             torch.cuda.set_stream(self.cons_stream)
+            if before_consume is not None:
+                before_consume()
             kc = self._consume(y, target, True)
             cons_done.record(self.cons_stream)
         finally:

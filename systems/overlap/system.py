@@ -34,7 +34,11 @@ L2 while it waits; 0, the default and out of the cell hash: polls back to back),
 handshake (the operator step's wait, over p2p, for every peer's previous read of its receive
 buffer: "allreduce", the default and out of the cell hash, a one-element NCCL all-reduce;
 "barrier", the counters' symmetric-memory device barrier; modes.HANDSHAKES; cells elsewhere skip
-"barrier" with the reason).
+"barrier" with the reason),
+handshake_stream (where that wait runs: "step", the default and out of the cell hash, on the
+step's stream before the producer and consumer fork; "consumer", on the consumer's stream before
+its first put, so the producer starts at once; modes.HANDSHAKE_STREAMS; cells without peers or at
+the layer scope skip "consumer" with the reason).
 ccta and mgb also take "auto": setup picks them on the host before any GPU work
 (systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
 p_ccta_used / p_mgb_used, the reason in extra["auto"].
@@ -67,7 +71,7 @@ from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
 from systems.overlap.autotune import AUTO
-from systems.overlap.modes import CONSUMER_SMS, HANDSHAKES, parse_swizzle
+from systems.overlap.modes import CONSUMER_SMS, HANDSHAKE_STREAMS, HANDSHAKES, parse_swizzle
 from systems.overlap.plan import (
     DEVICE_LAYOUTS,
     LAYOUTS,
@@ -129,9 +133,10 @@ class _Rank:
         self.tokens = spec.tokens_per_rank
         self.scale = Scaler.for_layout(lay, x_recv.device)  # step 5, indices on the device
 
-    def step(self) -> None:
-        """Producer + consumer concurrently, then the local rows into the own buffer."""
-        self.runner.overlapped(self.x, self.y)
+    def step(self, before_consume=None) -> None:
+        """Producer + consumer concurrently, then the local rows into the own buffer;
+        `before_consume` runs on the consumer's stream ahead of the consumer."""
+        self.runner.overlapped(self.x, self.y, before_consume)
         self.runner.local_copy(self.y)
 
 
@@ -204,6 +209,7 @@ class _Distributed:
         runner_kw: dict,
         layout: str = "aligned",
         handshake: str = "allreduce",
+        handshake_stream: str = "step",
     ):
         from systems.overlap.transport import nvshmem_transport, p2p_transport
 
@@ -221,6 +227,7 @@ class _Distributed:
             raise ValueError(f"overlap: handshake=barrier needs a symmetric-memory handle ({name})")
         #: "allreduce" or "barrier" before every step; None only in the test that shows the race
         self.handshake: str | None = handshake
+        self.handshake_stream = handshake_stream
         # the barrier's time-out: the consumer's own spin bound
         self.barrier_timeout_ms = int(1000 * self.ranks[0].runner.consumer.timeout_s)
 
@@ -232,21 +239,32 @@ class _Distributed:
     def timed(self) -> torch.Tensor:
         """The epoch handshake, this rank's step, the wait for every peer's rows, the scale.
 
-        The handshake runs on the current stream before the step: a one-element all-reduce
-        ("allreduce") or the counters' symmetric-memory barrier ("barrier"). Either completes
-        only once every peer's stream has passed its previous scale, so this step's puts never
-        overwrite a receive buffer a peer is still reading (in a real layer the next dispatch
-        all-to-all gives the same order, as in the layer scope). It is timed."""
+        The handshake is a one-element all-reduce ("allreduce") or the counters'
+        symmetric-memory barrier ("barrier"). Either completes only once every peer's stream
+        has passed its previous scale, so this step's puts never overwrite a receive buffer a
+        peer is still reading (in a real layer the next dispatch all-to-all gives the same
+        order, as in the layer scope). handshake_stream "step": on the current stream before the
+        step; "consumer": on the consumer's stream ahead of the consumer, after the fork (a
+        peer's handshake then still follows its previous scale), so the producer, which writes
+        only this rank's own buffers, does not wait for it. It is timed."""
+        rk = self.ranks[0]
+        if self.handshake_stream == "consumer":
+            rk.step(before_consume=self._handshake)
+        else:
+            self._handshake()
+            rk.step()
+        rk.runner.wait_received()  # every peer's rows of every step so far
+        return rk.scale(rk.runner.transport.recv)
+
+    def _handshake(self) -> None:
+        """The handshake on the current stream (none when self.handshake is None)."""
         import torch.distributed as dist
 
-        rk = self.ranks[0]
         if self.handshake == "allreduce":
             dist.all_reduce(self.epoch, group=self.group)
         elif self.handshake == "barrier":
-            rk.runner.transport.signal_handle.barrier(channel=0, timeout_ms=self.barrier_timeout_ms)
-        rk.step()
-        rk.runner.wait_received()  # every peer's rows of every step so far
-        return rk.scale(rk.runner.transport.recv)
+            handle = self.ranks[0].runner.transport.signal_handle
+            handle.barrier(channel=0, timeout_ms=self.barrier_timeout_ms)
 
 
 class _LayerRank:
@@ -457,6 +475,7 @@ class OverlapSystem(System):
         "consumer": "own",
         "backoff_ns": 0,
         "handshake": "allreduce",
+        "handshake_stream": "step",
     }
     #: the tables before these knobs ran local=copy (then the only way), the aligned layout and
     #: the remote-first visiting order
@@ -468,6 +487,7 @@ class OverlapSystem(System):
         "consumer": "own",
         "backoff_ns": 0,
         "handshake": "allreduce",
+        "handshake_stream": "step",
     }
     simulates_ranks = True
     layer_scope = True
@@ -518,6 +538,11 @@ class OverlapSystem(System):
                 f"overlap: handshake must be one of {', '.join(HANDSHAKES)}, "
                 f"got {params['handshake']!r}"
             )
+        if params["handshake_stream"] not in HANDSHAKE_STREAMS:
+            raise ValueError(
+                f"overlap: handshake_stream must be one of {', '.join(HANDSHAKE_STREAMS)}, "
+                f"got {params['handshake_stream']!r}"
+            )
         if params["transport"] not in TRANSPORTS:
             raise ValueError(
                 f"overlap: unknown transport {params['transport']!r}; "
@@ -526,8 +551,13 @@ class OverlapSystem(System):
 
     @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
+        transport = params["transport"] or ("p2p" if spec.world_size > 1 else "loopback")
+        if params["handshake_stream"] == "consumer" and (spec.ffn or transport == "loopback"):
+            return (
+                "overlap: handshake_stream=consumer moves the operator step's wait for its peers "
+                "(p2p, nvshmem); loopback has no peers and the layer's dispatch orders its steps"
+            )
         if params["handshake"] == "barrier":
-            transport = params["transport"] or ("p2p" if spec.world_size > 1 else "loopback")
             if spec.ffn or transport != "p2p":
                 return (
                     "overlap: handshake=barrier is the operator step's wait over p2p (the "
@@ -578,7 +608,7 @@ class OverlapSystem(System):
                 "backoff_ns": int(p["backoff_ns"]),
             },
         )
-        handshake = p["handshake"]
+        handshake = dict(handshake=p["handshake"], handshake_stream=p["handshake_stream"])
         layout = p["layout"]
         if ranks[0].spec.ffn:
             if len(ranks) != 1:
@@ -599,9 +629,7 @@ class OverlapSystem(System):
         else:
             if len(ranks) != 1 or ctx.world_size < 2:
                 raise ValueError(f"{name} needs one process per rank and at least 2 ranks")
-            self.mode = _Distributed(
-                ranks[0], ctx.group, name, layout=layout, handshake=handshake, **knobs
-            )
+            self.mode = _Distributed(ranks[0], ctx.group, name, layout=layout, **handshake, **knobs)
         self._describe(ranks[self.mode.busy])
 
     def _describe(self, inp: CellInputs) -> None:
