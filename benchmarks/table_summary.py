@@ -1,11 +1,15 @@
 """Print a short summary of a results table: status counts per system, then the latency (ms) of
 every ok row pivoted by workload x system, and where the rows have it (GPU rows, harness.timing)
 the host's time per step as a share of the step, per system (near or above 1: host-bound).
-Usage: python -m benchmarks.table_summary T.parquet"""
+Usage: python -m benchmarks.table_summary T.parquet [T2.parquet ...]
+       python -m benchmarks.table_summary T.parquet --by p_layout,p_consumer
+`--by` prints instead the latency of the ok rows per workload x variant, a variant being the
+system and the named row columns ("overlap/compact/shared"; a column a row lacks reads ""), and
+serial's latency over each variant's where the table has serial rows (speedup: x_<variant>)."""
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import pandas as pd
 
@@ -43,7 +47,34 @@ def summarize(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def variants(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Latency (ms) of the ok rows [workload, variant], then serial / variant as x_<variant>
+    columns where serial is in the table (the workload: the grid keys the rows have)."""
+    ok = df[df["status"] == "ok"]
+    label = ok["system"].astype(str)
+    for col in by:
+        vals = ok[col] if col in ok else pd.Series("", index=ok.index)
+        label = label + "/" + vals.fillna("").astype(str)
+    keys = [k for k in ("tokens_per_rank", "out", "experts_per_rank", "routing") if k in ok]
+    keys = [k for k in keys if ok[k].nunique() > 1] or keys[-1:]
+    lat = ok.assign(variant=label).pivot_table(index=keys, columns="variant", values="latency_ms")
+    serial = [c for c in lat.columns if c.split("/")[0] == "serial"]
+    if len(serial) == 1:
+        for c in [c for c in lat.columns if c not in serial]:
+            lat["x_" + c] = lat[serial[0]] / lat[c]
+    return lat
+
+
 if __name__ == "__main__":
-    for path in sys.argv[1:]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("tables", nargs="+")
+    ap.add_argument("--by", default="", help="row columns that name a variant, comma-separated")
+    args = ap.parse_args()
+    for path in args.tables:
         print(f"== {path}")
-        print(summarize(read_table(path)))
+        df = read_table(path)
+        if args.by:
+            with pd.option_context("display.width", 250, "display.max_columns", 40):
+                print(variants(df, args.by.split(",")).round(3).to_string())
+        else:
+            print(summarize(df))

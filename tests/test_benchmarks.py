@@ -92,6 +92,28 @@ def test_table_summary_reports_the_host_syncs_per_step_where_rows_have_them():
     assert "host syncs" not in summarize(pd.DataFrame(rows).drop(columns="m_host_syncs"))
 
 
+def test_table_summary_by_pivots_the_variants_and_their_speedup_over_serial():
+    import pandas as pd
+
+    from benchmarks.table_summary import variants
+
+    base = dict(status="ok", tokens_per_rank=8, out=8, routing="b")
+    rows = [
+        dict(base, system="serial", experts_per_rank=4, latency_ms=1.0),
+        dict(base, system="overlap", experts_per_rank=4, latency_ms=0.5, p_layout="compact"),
+        dict(base, system="overlap", experts_per_rank=4, latency_ms=0.8, p_layout=None),
+        dict(base, system="overlap", experts_per_rank=8, latency_ms=0.4, p_layout="compact"),
+        dict(base, system="serial", experts_per_rank=8, latency_ms=9.0, status="fail"),
+    ]
+    got = variants(pd.DataFrame(rows), ["p_layout", "p_consumer"])  # no p_consumer column
+    assert list(got.index) == [4, 8]  # the one grid key that varies
+    assert got.loc[4, "overlap/compact/"] == 0.5 and got.loc[4, "overlap//"] == 0.8
+    assert got.loc[4, "x_overlap/compact/"] == 2.0 and got.loc[4, "x_overlap//"] == 1.25
+    assert pd.isna(got.loc[8, "serial//"]) and pd.isna(got.loc[8, "x_overlap/compact/"])
+    no_serial = variants(pd.DataFrame(rows[1:4]), ["p_layout"])
+    assert not [c for c in no_serial.columns if c.startswith("x_")]
+
+
 def test_device_idle_splits_steps_at_the_markers_and_sums_the_gaps_before_each_kernel():
     """benchmarks/profiling.py: steps start at the marker kernel, the next marker closes a step
     (the host's time between steps is idle before "(next step)"), overlapping kernels of two
