@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,22 +77,38 @@ class Claim:
     missing: str
 
 
+def _widest(d: dict[str, pd.DataFrame], stem: str) -> tuple[str, int, pd.DataFrame] | None:
+    """(machine, GPUs, table) of `stem` from the multi-GPU folder (h200x<n>) with the most GPUs
+    that holds it: the closest to the paper's four; None where no such folder holds it."""
+    found = [
+        (int(m.group(1)), key.split("/")[0])
+        for key in d
+        if (m := re.fullmatch(r"h200x(\d+)/" + re.escape(stem), key))
+    ]
+    if not found:
+        return None
+    n, machine = max(found)
+    return machine, n, d[f"{machine}/{stem}"]
+
+
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"] if "status" in df else df
 
 
 def _fig3a(d):
-    df = d.get("h200x2/bandwidth")
-    if df is None:
+    got = _widest(d, "bandwidth")
+    if got is None:
         return None
+    _, n, df = got
     p = _ok(df)
     p = p[(p["system"] == "overlap") & (p["transport"] == "p2p")]
     at = p[p["m_segment_bytes"] == 1 << 20].set_index("p_ccta")["m_gbps"]
     top = p.groupby("p_ccta")["m_gbps"].max()
     ref = _ok(df)[_ok(df)["system"] == "nccl_all_to_all"]["m_gbps"]
     s = (
-        f"2 H200s over NVLink (p2p, W=2): at 1 MiB segments {at.get(4.0, float('nan')):.0f} GB/s "
-        f"with 4 CTAs, {at.get(8.0, float('nan')):.0f} with 8; saturating at "
+        f"{n} H200s over NVLink (p2p, W={n}): at 1 MiB segments "
+        f"{at.get(4.0, float('nan')):.0f} GB/s with 4 CTAs, "
+        f"{at.get(8.0, float('nan')):.0f} with 8; saturating at "
         f"{top.get(8.0, float('nan')):.0f}-{top.max():.0f} GB/s from about 2 MiB; "
         f"all_to_all_single on the same bytes {ref.min():.0f}-{ref.max():.0f} GB/s"
     )
@@ -250,20 +267,24 @@ def _layouts_note(df: pd.DataFrame) -> str:
 
 
 def _operator(d):
-    """The newest 2-GPU operator tables: serial and overlap at auto cCTA/mgb/order
-    (h200x2/operator_auto), every baseline (h200x2/operator_baselines_auto); the first table
-    (h200x2/operator, local=copy) where those are missing."""
-    auto, every = d.get("h200x2/operator_auto"), d.get("h200x2/operator_baselines_auto")
-    first = auto if auto is not None else d.get("h200x2/operator")
-    lat = None if first is None else _speedups(first)
+    """The newest multi-GPU operator tables of the machine with the most GPUs (_widest): serial
+    and overlap at auto cCTA/mgb/order (operator_auto), every baseline (operator_baselines_auto);
+    the first table (operator, local=copy) where those are missing."""
+    got = _widest(d, "operator_auto") or _widest(d, "operator")
+    if got is None:
+        return None
+    machine, n, first = got
+    auto = first if f"{machine}/operator_auto" in d else None
+    every = d.get(f"{machine}/operator_baselines_auto")
+    lat = _speedups(first)
     if lat is None:
         return None
     sp = lat["serial"] / lat["overlap"]
     name = "operator_auto" if auto is not None else "operator"
     rev = _join(first["git_rev"]) if "git_rev" in first else "?"
     s = (
-        f"2 H200s over NVLink (W=2, T=8192, K=2048, N 4096/8192, E 4-64; `h200x2/{name}`, rev "
-        f"{rev}, overlap at auto cCTA/mgb): "
+        f"{n} H200s over NVLink (W={n}, T=8192, K=2048, N 4096/8192, E 4-64; "
+        f"`{machine}/{name}`, rev {rev}, overlap at auto cCTA/mgb): "
         + ", ".join(f"{k} {v.min():.2f}-{v.max():.2f}x" for k, v in sp.groupby(level="routing"))
         + f"; >= 1.35x in {int((sp >= 1.35).sum())} of {len(sp)} cells"
     )
@@ -275,7 +296,7 @@ def _operator(d):
         fastest = others.idxmin(axis=1).value_counts().idxmax()
         s += (
             f"; ahead of every baseline in {ahead} of {len(base_lat)} cells of "
-            f"`h200x2/operator_baselines_auto` (rev {_join(every['git_rev'])}; the fastest "
+            f"`{machine}/operator_baselines_auto` (rev {_join(every['git_rev'])}; the fastest "
             f"baseline is mostly {fastest})"
         )
     ser = _ok(first)
@@ -316,9 +337,10 @@ def _operator(d):
 
 def _experts(d):
     """Fig 5 from its own table (T=8192, H=8192, F=2048; the overlap system over p2p)."""
-    df = d.get("h200x2/experts")
-    if df is None:
+    got = _widest(d, "experts")
+    if got is None:
         return None
+    _, n, df = got
     o = _ok(df)
     o = o[(o["system"] != "overlap") | (o["transport"] == "p2p")]
     layer = o[o["scope"] == "layer"]
@@ -336,7 +358,7 @@ def _experts(d):
 
     ratio = o[(o["system"] == "overlap") & (o["scope"] != "layer")]["overlap_ratio"]
     return "differs", (
-        "whole layer on 2 H200s over NVLink (W=2, T=8192, H=8192, F=2048, E 4-64, three "
+        f"whole layer on {n} H200s over NVLink (W={n}, T=8192, H=8192, F=2048, E 4-64, three "
         f"routings; overlap over p2p): vs native FasterMoE {rng('fastermoe')}, vs native Tutel "
         f"{rng('tutel')}, vs serial {rng('serial')}, vs megatron_cutlass "
         f"{rng('megatron_cutlass')}, vs megatron_te {rng('megatron_te')}; overlap ratio of the "
@@ -348,9 +370,10 @@ def _experts(d):
 def _models(d):
     """Fig 4: the overlap system's speedup per model and baseline, end to end and per MoE layer,
     from the ok rows; the rows that are not ok are counted with their reason."""
-    df = d.get("h200x2/models")
-    if df is None:
+    got = _widest(d, "models")
+    if got is None:
         return None
+    machine, n, df = got
     o = _ok(df)
     e2e = o.pivot_table(index="model", columns="system", values="latency_ms")
     moe = o.pivot_table(index="model", columns="system", values="m_moe_ms")
@@ -370,11 +393,10 @@ def _models(d):
         f"{r.model}/{r.system} {r.status}"
         for r in bad.sort_values(["model", "system"]).itertuples()
     )
-    text = "2 H200s over NVLink (W=2, top-2 of 64 experts, overlap over p2p), overlap against " + (
-        " | ".join(parts) or "no model with an ok overlap row"
-    )
+    text = f"{n} H200s over NVLink (W={n}, top-2 of 64 experts, overlap over p2p), overlap "
+    text += "against " + (" | ".join(parts) or "no model with an ok overlap row")
     if missing:
-        text += f"; not ok: {missing} (see results/reference/h200x2/README.md)"
+        text += f"; not ok: {missing} (see results/reference/{machine}/README.md)"
     return "partly", text
 
 
@@ -456,14 +478,22 @@ def claims_section(dfs: dict[str, pd.DataFrame]) -> list[str]:
     return out
 
 
-def unmeasured_section() -> list[str]:
+def unmeasured_section(dfs: dict[str, pd.DataFrame] | None = None) -> list[str]:
+    """What no table holds yet; the GPU counts named are those without a h200x<n> folder."""
+    have = {int(m.group(1)) for k in dfs or {} if (m := re.match(r"h200x(\d+)/", k))}
+    absent = [n for n in (4, 8) if n not in have]
+    gpus = [
+        f"- {' and '.join(map(str, absent))} GPUs ({', '.join(f'W={n}' for n in absent)}): no "
+        "such machine was lent. The same commands run unchanged with one process per GPU: "
+        "`python -m harness.run experiment=operator hardware=h200`, `experiment=layer`, "
+        "`experiment=overlap_sweep`, `experiment=bandwidth`, `experiment=multigpu_smoke`; "
+        "`benchmarks/h200_session.sh` resumes from `results/reference/h200x<n>/` of the host's "
+        "GPU count, and the claims above take the folder with the most GPUs."
+    ]
     return [
         "## Not measured yet",
         "",
-        "- 4 and 8 GPUs (W=4, W=8): no such machine was lent. The same commands run unchanged "
-        "with one process per GPU: `python -m harness.run experiment=operator hardware=h200`, "
-        "`experiment=layer`, `experiment=overlap_sweep`, `experiment=bandwidth`, "
-        "`experiment=multigpu_smoke`.",
+        *(gpus if absent else []),
         "- The `auto` cCTA/mgb rule is fitted on one shape family (T=8192, K=2048, E=16) per "
         "transport; a workload farther than 1.5 (log2 distance) from every calibrated cell gets "
         "the default (16, 1), as E=4 and E=64 at W=2 did in `h200x2/operator_auto`. Calibrate "
@@ -1156,7 +1186,7 @@ def render(ref: Path = REF, figures: Path = FIGURES) -> str:
         "",
     ]
     lines += table_section(dfs, figures) + claims_section(dfs) + figures_section(dfs)
-    lines += unmeasured_section()
+    lines += unmeasured_section(dfs)
     return "\n".join(lines)
 
 

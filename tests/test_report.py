@@ -111,6 +111,35 @@ def test_claims_read_the_newest_of_a_table_and_its_suffixed_reruns():
     assert "rev bbb" in text and "= 2.00-2.00" in text
 
 
+def test_claims_take_the_machine_with_the_most_gpus_and_name_its_width():
+    from plots.report import SERIAL_SYNC_FIXED, _operator, _widest, unmeasured_section
+
+    cell = dict(status="ok", out=4096, experts_per_rank=4, routing="balanced", git_rev="r")
+    cell.update(compute_ms=float("nan"), comm_ms=float("nan"), timestamp=SERIAL_SYNC_FIXED + 1)
+
+    def table(serial_ms):
+        return pd.DataFrame(
+            [
+                dict(cell, system="serial", latency_ms=serial_ms),
+                dict(cell, system="overlap", latency_ms=1.0),
+            ]
+        )
+
+    x2, x4, x16 = table(1.5), table(2.0), table(3.0)
+    d = {"h200x2/operator_auto": x2, "h200x4/operator_auto": x4, "h200/operator_auto": x16}
+    assert _widest(d, "operator_auto")[:2] == ("h200x4", 4)  # h200 (one GPU) is not a width
+    assert _widest(d, "operator") is None
+    _, text = _operator(d)
+    assert text.startswith("4 H200s over NVLink (W=4") and "`h200x4/operator_auto`" in text
+    assert "balanced 2.00-2.00x" in text
+    _, text = _operator({"h200x2/operator_auto": x2, "h200x16/operator": x16})
+    assert "`h200x2/operator_auto`" in text  # the newest table's machine, then the first
+    assert "W=4, W=8" in "\n".join(unmeasured_section({"h200x2/operator": x2}))
+    left = "\n".join(unmeasured_section({"h200x4/operator": x4}))
+    assert "8 GPUs (W=8)" in left and "W=4" not in left
+    assert "GPUs" not in "\n".join(unmeasured_section({"h200x4/a": x4, "h200x8/b": x4}))
+
+
 def test_operator_claim_says_speedups_are_upper_bounds_while_serial_rows_predate_the_fix():
     from plots.report import SERIAL_SYNC_FIXED, _operator
 
