@@ -54,6 +54,9 @@
 # layer scope at W=1, serial and overlap, T=8192, H=LHOST_H, E=LHOST_E, balanced: the table,
 # then host_profile --idle (the device's idle time per eager step and its longest gaps) and
 # --launches (host us of the overlap step's parts after the dispatch) into layer_host.log)
+# step_profile (benchmarks/step_profile.py under torchrun, one process per GPU: each rank's
+# timeline of the timed step, serial and overlap at auto cCTA/mgb, compact, N in PROFILE_N, E in
+# PROFILE_E, PROFILE_ROUTING; OVERLAP_ARGS adds overrides, e.g. the handshake_stream sweep)
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -77,7 +80,7 @@ resume() {  # resume <table>: start $OUT/<table> from results/reference/$MACHINE
 }
 # extra Hydra overrides, written as on a command line (quotes allowed): LAYER_ARGS (layer_x2),
 # PRODUCER_ARGS (producer_groups), OVERLAP_ARGS (operator_auto, operator_baselines_auto,
-# handshake_x2: e.g. "'+experiment.systems.overlap.sweep.consumer=[own,shared]'")
+# step_profile, handshake_x2: e.g. "'+experiment.systems.overlap.sweep.consumer=[own,shared]'")
 eval "layer_args=(${LAYER_ARGS:-}) producer_args=(${PRODUCER_ARGS:-}) overlap_args=(${OVERLAP_ARGS:-})"
 steps=${*:-tests overlap_ccta plan operator}
 for step in $steps; do
@@ -197,6 +200,8 @@ for step in $steps; do
       python3 -m benchmarks.table_summary "$OUT/operator_layouts.parquet" --by p_layout ;;
     variants) timeout "${VARIANTS_S:-240}" python3 -m harness.run experiment=operator hardware=h200 hardware.timeout_s=150 progress=false table="$OUT/variants.parquet" 'experiment.grid.tokens_per_rank=[8192]' 'experiment.select=[serial,overlap]' '+experiment.systems.overlap.sweep.local=[copy,direct]' '+experiment.systems.overlap.sweep.layout=[aligned,packed,compact]' 2>&1 | tail -3
       python3 -m benchmarks.table_summary "$OUT/variants.parquet" --by p_local,p_layout ;;
+    step_profile) n=$(nvidia-smi -L | grep -c "^GPU")  # each rank's step timeline, one process per GPU (torchrun)
+      timeout "${PROFILE_S:-300}" python3 -m torch.distributed.run --nproc-per-node "$n" -m benchmarks.step_profile --steps 20 --out "$OUT" -- experiment=operator hardware=h200 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[${PROFILE_N:-4096,8192}]" "experiment.grid.experts_per_rank=[${PROFILE_E:-16,64}]" "experiment.grid.routing=[${PROFILE_ROUTING:-balanced}]" 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[compact]' "${overlap_args[@]}" 2>&1 | grep -v -i "warn" | tail -"${PROFILE_TAIL:-160}" ;;
     verify) timeout "${VERIFY_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_handshake_gpu.py tests/test_layer_routing_gpu.py tests/test_layer_gpu.py tests/test_overlap_system_gpu.py 2>&1 | tee "$OUT/pytest_gpu_verify.log" | tail -6 ;;
     host_syncs) timeout "${HS_S:-200}" python3 -m harness.run experiment=layer_smoke progress=false table="$OUT/host_syncs_layer.parquet" 2>&1 | tail -1  # every system's layer step
       python3 -m benchmarks.table_summary "$OUT/host_syncs_layer.parquet" | tail -2 ;;

@@ -188,3 +188,50 @@ def test_ab_table_joins_the_runs_with_their_run_number(tmp_path):
     d = join_runs(tmp_path)
     assert len(d) == 4 and list(d.index) == [0, 1, 2, 3]
     assert sorted(zip(d.git_rev, d.ab_rep)) == [("a", 1), ("a", 2), ("b", 1), ("b", 12)]
+
+
+def test_step_profile_cuts_a_step_into_parts_and_the_waits_the_compute_does_not_hide():
+    """benchmarks/step_profile.py: times from the marker's end, a part's busy time counts its
+    overlapping kernels once, the derived waits, the median over steps."""
+    from benchmarks.step_profile import derived, median_parts, part_of, step_parts
+
+    assert part_of("ncclDevKernel_AllReduce_Sum_i32_RING_LL") == "handshake"
+    assert part_of("ncclDevKernel_SendRecv") == "nccl"
+    assert part_of("_producer_kernel") == "producer" and part_of("x" * 80) == "x" * 60
+    step = [
+        (0.0, 1.0, "at::spin_kernel"),
+        (1.0, 11.0, "ncclDevKernel_AllReduce_Sum"),
+        (12.0, 112.0, "_producer_kernel"),
+        (13.0, 130.0, "_consumer_kernel"),
+        (131.0, 132.0, "_wait_signals_kernel"),
+        (132.0, 150.0, "_scale_kernel"),
+        (160.0, 161.0, "(next step)"),
+    ]
+    parts = step_parts(step)
+    assert parts["handshake"] == {"start_us": 0.0, "end_us": 10.0, "busy_us": 10.0}
+    assert parts["step"] == {"start_us": 0.0, "end_us": 149.0, "busy_us": 147.0}
+    assert derived(parts) == {"lead_us": 11.0, "tail_us": 18.0, "after_us": 20.0}
+    assert derived({k: v for k, v in parts.items() if k != "consumer"}) == {}
+    later = step_parts(
+        [(s + 5, e + 5, n) if n != "at::spin_kernel" else (s, e, n) for s, e, n in step]
+    )
+    mid = median_parts([parts, later, parts])
+    assert mid["producer"]["start_us"] == 11.0
+    assert set(median_parts([parts, step_parts(step[:3])])) == {"handshake", "producer", "step"}
+
+
+def test_step_profile_rows_carry_the_cell_its_rank_and_provenance():
+    from benchmarks.step_profile import cell_rows
+
+    cell = dict(system="overlap", world_size=2, out=8, experts_per_rank=4, routing="balanced")
+    cell["params"] = {"mgb": 1, "ccta": 8}
+    parts = {
+        "producer": {"start_us": 2.0, "end_us": 10.0, "busy_us": 8.0},
+        "consumer": {"start_us": 3.0, "end_us": 12.0, "busy_us": 9.0},
+        "step": {"start_us": 2.0, "end_us": 15.0, "busy_us": 13.0},
+    }
+    rows = cell_rows(cell, 1, 2, parts, {"git_rev": "abc"})
+    assert len(rows) == 3 and {r["part"] for r in rows} == set(parts)
+    r = rows[0]
+    assert r["params"] == "ccta=8 mgb=1" and r["rank"] == 1 and r["processes"] == 2
+    assert (r["lead_us"], r["tail_us"], r["after_us"], r["git_rev"]) == (2.0, 2.0, 3.0, "abc")
