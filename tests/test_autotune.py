@@ -110,6 +110,27 @@ def test_shared_reads_only_its_own_rows_or_takes_every_sm():
         autotune.pick_from(own, cal, "nvlink", 132, consumer="both")
 
 
+def test_the_rule_reads_the_rows_of_this_gpus_sm_count_or_says_they_are_anothers():
+    """Rows calibrated on a GPU of the cell's SM count decide alone; with none, every row
+    counts and the why names the other GPUs and how to calibrate this one."""
+    own = autotune.load_table()
+    row = own[(own.transport == "nvlink") & (own.routing == "balanced")].iloc[0]
+    cal = {col: row[col] for col in autotune.FEATURES.values()}
+    base = {k: row[k] for k in autotune.COLUMNS[:-4]}  # the features, transport, routing
+    rows = [(132, 8, 1, 1.0), (132, 24, 2, 1.2), (108, 24, 2, 1.0), (108, 8, 1, 1.3)]
+    table = pd.DataFrame(
+        [{**base, "sm_count": n, "ccta": c, "mgb": m, "rel_latency": r} for n, c, m, r in rows]
+    )
+    p132 = autotune.pick_from(table, cal, "nvlink", 132, k=1)
+    p108 = autotune.pick_from(table, cal, "nvlink", 108, k=1)
+    assert (p132.ccta, p132.mgb) == (8, 1) and (p108.ccta, p108.mgb) == (24, 2)
+    assert "calibrated on" not in p132.why + p108.why
+    other = autotune.pick_from(table, cal, "nvlink", 114, k=1)
+    assert "calibrated on 108/132-SM GPUs, this one has 114" in other.why
+    assert "experiment=ccta_auto" in other.why
+    assert "calibrated on" not in autotune.pick_from(table, cal, "nvlink", 0, k=1).why
+
+
 def test_fit_calibrates_own_and_shared_apart():
     lat = {"balanced": {(8, 1): 1.0, (16, 1): 1.2}, "stress_skew": {(8, 1): 2.0, (16, 1): 3.0}}
     own = synthetic(lat, {"balanced": 1.0, "stress_skew": 1.5})

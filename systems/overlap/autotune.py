@@ -19,7 +19,10 @@ The rule (`pick`):
      with no calibrated workload that near: the documented DEFAULT (the system's defaults,
      the paper's setting);
   4. ccta clamped to [1, sm_count - 1] (sm_count 0: unknown, no clamp).
-Every pick returns a one-line `why`.
+Every pick returns a one-line `why`. The table's workloads were calibrated on a GPU of a known SM
+count (its `sm_count` column): where the table holds rows of the cell's SM count, only those
+count; where it holds none (another GPU), the rule still reads them and the `why` says so, with
+how to calibrate this GPU.
 
 The consumer placement (the system's `consumer`: "own" SMs, the paper's, or SMs "shared" with
 the producer) is a column of the table (`consumer`; a table without it is all "own"): the rule
@@ -152,6 +155,17 @@ def pick_from(
     fixed_m = None if mgb == AUTO else int(mgb)
     table = with_consumer(table)
     table = table[table["consumer"] == consumer]
+    other_gpu = ""
+    if sm_count and len(table):
+        same = table[table["sm_count"] == sm_count]
+        if len(same):
+            table = same
+        else:
+            counts = "/".join(str(int(n)) for n in sorted(table["sm_count"].unique()))
+            other_gpu = (
+                f"; calibrated on {counts}-SM GPUs, this one has {sm_count}: calibrate it with "
+                "experiment=ccta_auto and benchmarks/fit_autotune.py"
+            )
     keys = [*FEATURES.values(), "transport", "routing"]
     near = []  # (distance, calibrated workload, its rows)
     for key, rows in table.groupby(keys, sort=True):
@@ -182,6 +196,7 @@ def pick_from(
             f"best ccta={int(top['ccta'])} mgb={int(top['mgb'])} at {top['rel_latency']:.3f}x "
             "their best"
         )
+    why += other_gpu if used else ""
     limit = sm_count if consumer == "shared" else sm_count - 1  # own: the producer keeps one
     if sm_count and c > limit:
         c = max(1, limit)
