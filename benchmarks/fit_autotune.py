@@ -2,6 +2,12 @@
 
     python -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet \
         [--table systems/overlap/autotune_table.csv] [--heldout results/autotune_heldout.parquet]
+    python -m benchmarks.fit_autotune results/ccta_auto.parquet --sm-count 108 --keep-other-gpus
+
+Every row written carries --sm-count (the SMs of the GPU that measured the sweeps; the rule reads
+the rows of the cell's own SM count where it has some). --keep-other-gpus keeps the rows the
+table already holds for other SM counts, so another GPU's calibration is added to the committed
+one instead of replacing it.
 
 Input: any results tables (Rows) holding overlap cells swept over ccta and mgb (ok rows with
 integer p_ccta / p_mgb) at the producer order the system runs that workload with (order="auto":
@@ -193,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", default="results/autotune_heldout.parquet")
     ap.add_argument("--sm-count", type=int, default=132, help="SMs of the measured GPU")
     ap.add_argument("--no-table", action="store_true", help="evaluate only; write no table")
+    ap.add_argument(
+        "--keep-other-gpus",
+        action="store_true",
+        help="keep the table's rows of other SM counts (calibrate another GPU alongside)",
+    )
     ap.add_argument("--k", type=int, default=K_NEAREST, help="calibrated workloads averaged")
     args = ap.parse_args(argv)
     df = pd.concat([pd.read_parquet(p) for p in args.tables], ignore_index=True)
@@ -200,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     if sweep.empty:
         raise SystemExit("no ok overlap rows with integer p_ccta / p_mgb in the input")
     if not args.no_table:
-        calibration_table(sweep, args.sm_count).to_csv(args.table, index=False)
+        table = calibration_table(sweep, args.sm_count)
+        if args.keep_other_gpus and Path(args.table).exists():
+            old = pd.read_csv(args.table)
+            old = old[old["sm_count"] != args.sm_count]
+            table = pd.concat([old, table], ignore_index=True)[table.columns]
+            print(f"[fit_autotune] kept {len(old)} rows of other SM counts")
+        table.to_csv(args.table, index=False)
         print(f"[fit_autotune] wrote {args.table}")
     res = heldout(sweep, auto, args.sm_count, args.k)
     Path(args.heldout).parent.mkdir(parents=True, exist_ok=True)

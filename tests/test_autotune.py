@@ -308,6 +308,21 @@ def test_fit_reports_measured_auto_rows_and_runs_as_a_script(tmp_path):
     assert len(autotune.load_table(table)) == 4
 
 
+def test_fit_adds_another_gpus_calibration_beside_the_committed_rows(tmp_path):
+    lat = {"balanced": {(8, 1): 1.0, (16, 1): 1.2}, "stress_skew": {(8, 1): 2.0, (16, 1): 3.0}}
+    synthetic(lat, {"balanced": 1.0, "stress_skew": 1.5}).to_parquet(tmp_path / "sweep.parquet")
+    table, out = tmp_path / "table.csv", tmp_path / "heldout.parquet"
+    base = [str(tmp_path / "sweep.parquet"), "--table", str(table), "--heldout", str(out)]
+    assert fit.main(base) == 0  # the first GPU: 132 SMs, the default
+    assert fit.main([*base, "--sm-count", "108", "--keep-other-gpus"]) == 0
+    both = pd.read_csv(table)
+    assert both["sm_count"].value_counts().to_dict() == {132: 4, 108: 4}
+    assert fit.main([*base, "--sm-count", "108", "--keep-other-gpus"]) == 0  # a refit replaces
+    assert pd.read_csv(table)["sm_count"].value_counts().to_dict() == {132: 4, 108: 4}
+    assert fit.main([*base, "--sm-count", "108"]) == 0  # without the flag: this GPU's rows only
+    assert set(pd.read_csv(table)["sm_count"]) == {108}
+
+
 def test_auto_order_picks_expert_only_where_an_expert_has_few_bands():
     from systems.overlap.autotune import ORDER_EXPERT_BANDS, pick_order
 
