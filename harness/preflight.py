@@ -164,6 +164,11 @@ def preflight(
         exp.validate(cfg, cells, sm)
     except ValueError as exc:  # the experiment's and the systems' own checks raise ValueError
         raise HarnessUserError(str(exc)) from exc
+    except (TypeError, KeyError, AttributeError) as exc:  # a value of the wrong kind or shape
+        raise HarnessUserError(
+            f"a setting has the wrong type or shape ({type(exc).__name__}: {exc}); "
+            "HYDRA_FULL_ERROR=1 shows where"
+        ) from exc
     if not cells:
         raise HarnessUserError(f"experiment {cfg.experiment.name} has no cells with these settings")
     results = ResultsTable(table_path(cfg))

@@ -26,6 +26,7 @@ cells, heartbeats); this module composes them and prints the end.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -226,15 +227,75 @@ def main(cfg: DictConfig) -> None:
     sys.exit(code)
 
 
+class _HeldStderr(io.TextIOBase):
+    """stderr until the task starts: Hydra's composition errors are held back (so _main can say
+    them in one line), everything after the start passes straight through."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.held = real, []
+
+    def write(self, text: str) -> int:
+        if _TASK_STARTED:
+            self.release()
+            return self.real.write(text)
+        self.held.append(text)
+        return len(text)
+
+    def release(self) -> None:
+        if self.held:
+            self.real.write("".join(self.held))
+            self.held = []
+
+    def flush(self) -> None:
+        if _TASK_STARTED:
+            self.release()
+        self.real.flush()
+
+
+def hydra_error_line(text: str) -> str:
+    """One line from Hydra's composition error message: its statements joined, the choices of a
+    missing group listed (not the schema bases), its hints (`+key`, HYDRA_FULL_ERROR), search
+    path and indented details dropped; a trace: its last line."""
+    lines = [x.rstrip() for x in text.splitlines() if x.strip()]
+    if any(x.startswith("Traceback") for x in lines):
+        return lines[-1].strip()
+    choices = [
+        x.strip()
+        for x in lines
+        if x.startswith("\t") and "provider=" not in x and not x.strip().startswith("base_")
+    ]
+    drop = ("To append to your config", "Set the environment variable", "Available options")
+    keep = [
+        x.strip().rstrip(".")
+        for x in lines
+        if not x[0].isspace() and not x.startswith(drop) and x.strip() != "Config search path:"
+    ]
+    out = "; ".join(keep) or "the configuration did not compose"
+    return out + (f"; choices: {', '.join(choices)}" if choices else "")
+
+
 def _main() -> None:
     """Hydra's own composition errors (an unknown key, a missing group) exit 1 before our task
-    starts; they are bad input too, so they exit 2."""
+    starts; they are bad input too: one line `error: ...`, exit 2 (Hydra's own text with
+    HYDRA_FULL_ERROR=1)."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        held = None
+    else:
+        held = sys.stderr = _HeldStderr(sys.stderr)
     try:
         main()
     except SystemExit as exc:
         if exc.code == 1 and not _TASK_STARTED:
+            if held is not None:
+                sys.stderr = held.real
+                print(f"error: {hydra_error_line(''.join(held.held))}", file=sys.stderr)
+                held.held = []
             sys.exit(2)
         raise
+    finally:
+        if held is not None:
+            sys.stderr = held.real
+            held.release()
 
 
 if __name__ == "__main__":

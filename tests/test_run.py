@@ -56,6 +56,10 @@ def test_smoke_runs_checks_and_resumes(tmp_path):
         ("experiment=nope", "experiment/nope"),
         ("experiment.grid.tokns=[1]", "tokns"),
         ("experiment.grid.experts_per_rank=[0]", "experts_per_rank must be >= 1"),
+        ("measure.iter=3", "error: Could not override 'measure.iter'; Key 'iter' not in"),
+        ("measure.iters=abc", "error: Error merging override measure.iters=abc"),
+        ("workload=nope", "Could not find 'workload/nope'; choices: m_bert, m_gpt"),
+        ("+experiment.systems.overlap.params.tile_m=null", "wrong type or shape (TypeError"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, override, message):
@@ -63,6 +67,7 @@ def test_bad_input_is_a_clear_error(tmp_path, override, message):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+    assert "HYDRA_FULL_ERROR=1 for a complete stack trace" not in proc.stderr  # Hydra's dump
     assert not (tmp_path / "t.parquet").exists()
 
 
