@@ -24,6 +24,16 @@ from harness.layout import RankLayout
 from harness.workload import WorkloadSpec
 
 
+def int_param(system: str, name: str, value: Any, least: int | None = None) -> int:
+    """A system parameter that must be an integer (not a bool, a fraction or a string), at
+    least `least`; anything else is a one-line ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{system}: {name} must be an integer, got {value!r}")
+    if least is not None and value < least:
+        raise ValueError(f"{system}: {name} must be >= {least}, got {value}")
+    return value
+
+
 @dataclass
 class RunContext:
     """What a system may know about where it runs. world_size is the number of PROCESSES."""

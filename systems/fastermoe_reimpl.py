@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from harness.layout import send_order
-from harness.system import CellInputs, RunContext, System
+from harness.system import CellInputs, RunContext, System, int_param
 from harness.workload import WorkloadSpec, routing_of
 from systems.tutel_reimpl import expert_counts
 
@@ -140,9 +140,7 @@ class FasterMoEReimplSystem(System):
         scope = params.get("scope", "gemm+combine")
         if scope not in SCOPES:
             raise ValueError(f"fastermoe: scope must be one of {SCOPES}, got {scope!r}")
-        g = int(params.get("group_size", 1))
-        if g < 1:
-            raise ValueError(f"fastermoe: group_size must be >= 1, got {g}")
+        g = int_param("fastermoe", "group_size", params.get("group_size", 1), least=1)
         if spec.world_size % min(g, spec.world_size):
             raise ValueError(
                 f"fastermoe: group_size {g} must divide the world size {spec.world_size}"

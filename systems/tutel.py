@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from harness.system import CellInputs, System
+from harness.system import CellInputs, System, int_param
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
 
@@ -66,6 +66,18 @@ class TutelSystem(System):
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
+        int_param("tutel", "degree", params["degree"], least=0)
+        int_param("tutel", "tune_iters", params["tune_iters"], least=1)
+        if isinstance(params["degrees"], str) or not hasattr(params["degrees"], "__iter__"):
+            raise ValueError(f"tutel: degrees must be a list, got {params['degrees']!r}")
+        for d in params["degrees"]:
+            int_param("tutel", "degrees", d, least=1)
+        if isinstance(params["capacity_factor"], bool) or not isinstance(
+            params["capacity_factor"], (int, float)
+        ):
+            raise ValueError(
+                f"tutel: capacity_factor must be a number, got {params['capacity_factor']!r}"
+            )
         degrees = candidates(params)
         if not degrees or any(d < 1 for d in degrees):
             raise ValueError(f"tutel: degrees must be positive integers, got {degrees}")

@@ -161,6 +161,12 @@ def test_validate_accepts_auto_and_rejects_bad_values():
         ({"mgb": "many"}, "overlap: mgb must be an integer or 'auto', got 'many'"),
         ({"ccta": 0}, "overlap: ccta=0 must be in [1, 132)"),
         ({"mgb": 0}, "overlap: mgb must be >= 1"),
+        ({"ccta": 1.5}, "overlap: ccta must be an integer or 'auto', got 1.5"),
+        ({"ccta": True}, "overlap: ccta must be an integer or 'auto', got True"),
+        ({"ccta": "8"}, "overlap: ccta must be an integer or 'auto', got '8'"),  # a 2nd hash
+        ({"mgb": 2.5}, "overlap: mgb must be an integer or 'auto', got 2.5"),
+        ({"tile_m": 64.7}, "overlap: tile_m must be one of (64, 128), got 64.7"),
+        ({"tile_m": 64.0}, "overlap: tile_m must be one of (64, 128), got 64.0"),
     ]:
         with pytest.raises(ValueError) as exc:
             osys.OverlapSystem.validate(s, {**P, **bad}, 132)

@@ -226,8 +226,18 @@ def test_tutel_rejects_bad_params() -> None:
     spec = WorkloadSpec(8, 8, 8, 2, 2, W, "balanced")
     with pytest.raises(ValueError, match="tutel: scope"):
         TutelReimplSystem.validate(spec, {"scope": "everything"}, 0)
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="tutel: degrees must be >= 1, got 0"):
         TutelReimplSystem.validate(spec, {"degrees": [0, 2]}, 0)
+    for params, message in (
+        ({"tune_iters": 0}, "tutel: tune_iters must be >= 1, got 0"),
+        ({"tune_iters": "abc"}, "tutel: tune_iters must be an integer, got 'abc'"),
+        ({"degree": 1.5}, "tutel: degree must be an integer, got 1.5"),
+        ({"degrees": 4}, "tutel: degrees must be a list, got 4"),
+        ({"degrees": [True]}, "tutel: degrees must be an integer, got True"),
+    ):
+        with pytest.raises(ValueError) as exc:
+            TutelReimplSystem.validate(spec, {**TutelReimplSystem.PARAMS, **params}, 0)
+        assert str(exc.value) == message
     with pytest.raises(ValueError, match="'tutel_reimpl' has no parameter 'degres'; it accepts"):
         TutelReimplSystem.check_params({"degres": [1]})
 

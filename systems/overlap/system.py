@@ -91,10 +91,9 @@ def _knob(name: str, value: Any) -> int | str:
     """An integer knob or "auto"; anything else is a one-line ValueError."""
     if value == AUTO:
         return AUTO
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"overlap: {name} must be an integer or 'auto', got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"overlap: {name} must be an integer or 'auto', got {value!r}")
+    return value
 
 
 class _Rank:
@@ -512,7 +511,8 @@ class OverlapSystem(System):
                 )
         elif ccta != AUTO and (ccta < 1 or (sm_count and ccta >= sm_count)):
             raise ValueError(f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'}) or 'auto'")
-        if int(params["tile_m"]) not in TILE_MS:
+        tile_m = params["tile_m"]
+        if isinstance(tile_m, bool) or not isinstance(tile_m, int) or tile_m not in TILE_MS:
             raise ValueError(f"overlap: tile_m must be one of {TILE_MS}, got {params['tile_m']}")
         if mgb != AUTO and mgb < 1:
             raise ValueError(f"overlap: mgb must be >= 1, got {params['mgb']}")
