@@ -52,7 +52,7 @@ from harness.system import RunContext
 from harness.timing import time_fn
 from harness.workload import DTYPES, WorkloadSpec, routing_of
 from systems.overlap.cutlass_producer import CutlassUnavailable
-from systems.overlap.plan import ORDERS, owner_expert_counts
+from systems.overlap.plan import LAYOUTS, ORDERS, owner_expert_counts
 
 AXES = (
     "world_size",
@@ -146,7 +146,13 @@ def options(cfg: Any) -> dict[str, Any]:
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
         raise ValueError(f"producer: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
-    return {**OPTIONS, **given}
+    merged = {**OPTIONS, **given}
+    for key, value in merged.items():  # every option is a non-empty list
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or not len(value):
+            raise ValueError(f"producer: options.{key} must be a non-empty list, got {value!r}")
+    if not all(isinstance(f, bool) for f in merged["flags"]):
+        raise ValueError(f"producer: options.flags holds true / false, got {list(merged['flags'])}")
+    return merged
 
 
 def cells(cfg: Any, process_world: int) -> list[dict]:
@@ -213,6 +219,13 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
             )
         if cell["system"] == "overlap" and cell["params"].get("order") not in ORDERS:
             raise ValueError(f"producer: order must be one of {ORDERS}, got {cell['params']}")
+        if cell["system"] == "overlap" and cell["params"].get("layout", "aligned") not in LAYOUTS:
+            raise ValueError(
+                f"producer: layout must be one of {', '.join(LAYOUTS)}, "
+                f"got {cell['params'].get('layout')!r}"
+            )
+        if spec.hidden % 8 or spec.out % 8:
+            raise ValueError("producer: K and N must be multiples of 8 (16-byte rows)")
 
 
 def rank0_rows(spec: WorkloadSpec) -> tuple[list[list[int]], dict]:

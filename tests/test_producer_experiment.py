@@ -85,6 +85,17 @@ def test_bad_input_is_one_line_before_any_gpu_work():
     with pytest.raises(ValueError, match="config tails64 splits off 64-row tiles, so it needs"):
         producer.validate(cfg, cells, 132)
     producer.validate(cfg, [c for c in cells if c["params"].get("tile_m") != 64], 132)
+    for override, message in (
+        ("experiment.systems.overlap.sweep.layout=[dense]", "layout must be one of aligned"),
+        ("experiment.grid.hidden=[100]", "K and N must be multiples of 8"),
+        ("experiment.options.flags=[maybe]", "options.flags holds true / false, got ['maybe']"),
+        ("experiment.options.configs=[]", "options.configs must be a non-empty list, got []"),
+        ("experiment.options.local=copy", "options.local must be a non-empty list, got 'copy'"),
+    ):
+        with pytest.raises(ValueError) as exc:
+            cfg = _cfg(override)
+            producer.validate(cfg, producer.cells(cfg, 1), 132)
+        assert message in str(exc.value), override
 
 
 @pytest.mark.parametrize("layout", ["aligned", "packed", "compact"])
