@@ -36,7 +36,7 @@ import torch.distributed as dist
 from harness.errors import is_comm_failure
 from harness.measure import hash_cell, selected_systems, system_points
 from harness.records import Row, command_line, provenance
-from harness.system import RunContext
+from harness.system import RunContext, int_param
 from harness.timing import barrier, time_fn
 from harness.workload import DTYPES
 
@@ -52,7 +52,15 @@ def options(cfg: Any) -> dict[str, Any]:
     unknown = sorted(set(given) - set(OPTIONS))
     if unknown:
         raise ValueError(f"bandwidth: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
-    return {**OPTIONS, **given}
+    merged = {**OPTIONS, **given}
+    sizes = merged["segment_kib"]
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or not len(sizes):
+        raise ValueError(f"bandwidth: options.segment_kib must be a non-empty list, got {sizes!r}")
+    for k in sizes:
+        int_param("bandwidth", "options.segment_kib", k, least=1)
+    int_param("bandwidth", "options.min_total_mib", merged["min_total_mib"], least=1)
+    int_param("bandwidth", "options.loopback_ranks", merged["loopback_ranks"], least=2)
+    return merged
 
 
 def cells(cfg: Any, process_world: int) -> list[dict]:

@@ -86,3 +86,26 @@ def test_loopback_consumer_rows_on_one_gpu(tmp_path):
     assert len(loop) == 2 and (loop.status == "ok").all(), loop[["status", "reason"]]
     assert (loop.m_gbps > 0).all() and (loop.world_size == 4).all()
     assert (df[df.p_transport != "loopback"].status == "skipped").all()
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ("experiment.options.min_total_mib=abc", "options.min_total_mib must be an integer"),
+        ("experiment.options.loopback_ranks=1", "options.loopback_ranks must be >= 2, got 1"),
+        ("experiment.options.segment_kib=16", "options.segment_kib must be a non-empty list"),
+    ],
+)
+def test_an_option_of_the_wrong_kind_is_one_line(option, message):
+    """Checked when the cells are made, before any process: not a failing worker."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments import bandwidth
+    from harness.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), "1.3"):
+        cfg = compose("config", overrides=["experiment=bandwidth", "hardware=cpu", option])
+    with pytest.raises(ValueError) as exc:
+        bandwidth.cells(cfg, 1)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
