@@ -53,8 +53,8 @@ def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
     """Every parameter set one system runs per workload: its PARAMS defaults, overridden by the
     experiment's `params`, times the product of its `sweep` lists (one point without a sweep).
 
-    Unknown keys, a key both fixed and swept, and an empty sweep list are errors naming the
-    system before any process starts.
+    Unknown keys, a key both fixed and swept, an empty sweep list and a value listed twice are
+    errors naming the system before any process starts.
     """
     cls = get_system(name).load()
     if isinstance(conf, DictConfig):
@@ -77,6 +77,9 @@ def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
         values = list(values)
         if not values:
             raise ValueError(f"system {name!r}: sweep.{key} is empty")
+        twice = sorted({repr(v) for i, v in enumerate(values) if v in values[:i]})
+        if twice:
+            raise ValueError(f"system {name!r}: sweep.{key} lists {', '.join(twice)} twice")
         axes.append([(key, v) for v in values])
     base = {**cls.PARAMS, **params}
     return [{**base, **dict(point)} for point in itertools.product(*axes)]

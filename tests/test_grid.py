@@ -63,6 +63,7 @@ def test_params_fill_defaults_and_the_hash_covers_them():
         ({"params": {"ccta": 8}, "sweep": {"ccta": [2, 4]}}, "both fixed (params) and swept"),
         ({"sweep": {"ccta": []}}, "sweep.ccta is empty"),
         ({"sweep": {"ccta": 4}}, "sweep.ccta must be a list"),
+        ({"sweep": {"ccta": [8, 2, 8]}}, "sweep.ccta lists 8 twice"),
         ({"parms": {"ccta": 4}}, "keys params and/or sweep"),
     ],
 )
