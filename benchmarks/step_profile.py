@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -150,11 +151,18 @@ def _context():
     return RunContext(rank, world, dev, None, "nccl"), world
 
 
+def _fail(message: str) -> None:
+    """Bad input: one line on stderr, exit code 2 (as harness.run)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
 def main() -> None:
     from hydra import compose, initialize_config_dir
 
     from harness import measure
     from harness.config import register_configs
+    from harness.errors import HarnessUserError
     from harness.records import Row, provenance
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -162,10 +170,20 @@ def main() -> None:
     ap.add_argument("--out", default="", help="folder for step_profile.parquet")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if args.steps < 1:
+        _fail(f"--steps must be >= 1, got {args.steps}")
+    if not torch.cuda.is_available():
+        _fail("step_profile profiles CUDA kernels: it needs a CUDA GPU")
     register_configs()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=args.overrides)
     ctx, world = _context()
+    try:  # the harness's own checks, before any cell: one line for bad input
+        from harness.preflight import preflight
+
+        preflight(cfg, world, table=False)
+    except HarnessUserError as exc:
+        _fail(str(exc))
     rows: list[dict] = []
     for cell in measure.expand_grid(cfg, world):
         name = f"{cell['system']} {cell['params']} E={cell['experts_per_rank']} "

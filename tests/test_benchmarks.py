@@ -235,3 +235,22 @@ def test_step_profile_rows_carry_the_cell_its_rank_and_provenance():
     r = rows[0]
     assert r["params"] == "ccta=8 mgb=1" and r["rank"] == 1 and r["processes"] == 2
     assert (r["lead_us"], r["tail_us"], r["after_us"], r["git_rev"]) == (2.0, 2.0, 3.0, "abc")
+
+
+def test_step_profile_says_bad_input_in_one_line_before_any_gpu_work():
+    import subprocess
+    import sys
+
+    import torch
+
+    cases = [(["--steps", "0"], "error: --steps must be >= 1, got 0")]
+    if not torch.cuda.is_available():
+        cases.append(([], "error: step_profile profiles CUDA kernels: it needs a CUDA GPU"))
+    for args, message in cases:
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.step_profile", *args, "--", "experiment=smoke"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2 and proc.stderr.strip() == message, proc.stderr
