@@ -177,13 +177,13 @@ def main() -> None:
     register_configs()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=args.overrides)
-    ctx, world = _context()
-    try:  # the harness's own checks, before any cell: one line for bad input
+    try:  # the harness's own checks, before any process group: one line for bad input
         from harness.preflight import preflight
 
-        preflight(cfg, world, table=False)
+        preflight(cfg, int(os.environ.get("WORLD_SIZE", 1)), table=False)
     except HarnessUserError as exc:
         _fail(str(exc))
+    ctx, world = _context()
     rows: list[dict] = []
     for cell in measure.expand_grid(cfg, world):
         name = f"{cell['system']} {cell['params']} E={cell['experts_per_rank']} "
