@@ -59,7 +59,8 @@ def test_smoke_runs_checks_and_resumes(tmp_path):
         ("measure.iter=3", "error: Could not override 'measure.iter'; Key 'iter' not in"),
         ("measure.iters=abc", "error: Error merging override measure.iters=abc"),
         ("workload=nope", "Could not find 'workload/nope'; choices: m_bert, m_gpt"),
-        ("+experiment.systems.overlap.params.tile_m=null", "wrong type or shape (TypeError"),
+        ("+experiment.systems.overlap.params.tile_m=null", "tile_m must be one of (64, 128)"),
+        ("+experiment.systems.overlap.params=[1]", "wrong type or shape (TypeError"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, override, message):
