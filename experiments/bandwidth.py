@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from harness.errors import is_comm_failure
-from harness.measure import hash_cell, selected_systems, system_points
+from harness.measure import hash_cell, selected_systems, system_points, unused_knobs
 from harness.records import Row, command_line, provenance
 from harness.system import RunContext, int_param
 from harness.timing import barrier, time_fn
@@ -70,6 +70,9 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
     g = cfg.experiment.grid
     out_cols, dtype = list(g.out)[0], list(g.dtype)[0]
     points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
+    for name, ps in points.items():
+        for p in ps if name == "overlap" else ():
+            unused_knobs("bandwidth", name, p, ("ccta", "transport"))
     out = []
     for kib, (system, params) in itertools.product(
         opt["segment_kib"], [(s, p) for s, ps in points.items() for p in ps]
@@ -127,7 +130,8 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
             )
         if p["transport"] not in TRANSPORTS:
             raise ValueError(f"bandwidth: transport must be one of {TRANSPORTS}")
-        if int(p["ccta"]) < 1 or (sm_count and int(p["ccta"]) >= sm_count):
+        int_param("bandwidth", "ccta", p["ccta"])
+        if p["ccta"] < 1 or (sm_count and p["ccta"] >= sm_count):
             raise ValueError(f"bandwidth: ccta={p['ccta']} must be in [1, {sm_count or 'SMs'})")
 
 

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from harness.measure import hash_cell, selected_systems, system_points
+from harness.measure import hash_cell, selected_systems, system_points, unused_knobs
 from harness.records import Row, command_line, provenance
 from harness.routing import imbalance
-from harness.system import RunContext
+from harness.system import RunContext, int_param
 from harness.workload import WorkloadSpec, routing_of
 from systems.overlap.plan import (
     LAYOUTS,
@@ -78,6 +78,8 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
     """Clear errors before any work: shapes, routing names, tile heights."""
     for cell in cells:
         _spec(cell)  # raises on a bad routing, top_k > W*E, non-positive sizes
+        unused_knobs("padding", cell["system"], cell["params"], ("tile_m",))
+        int_param("padding", "tile_m", cell["params"]["tile_m"])
         if cell["params"]["tile_m"] < 1:
             raise ValueError(
                 f"tile_m must be >= 1, got {cell['params']['tile_m']} "

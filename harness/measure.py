@@ -85,6 +85,18 @@ def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
     return [{**base, **dict(point)} for point in itertools.product(*axes)]
 
 
+def unused_knobs(experiment: str, system: str, params: dict[str, Any], used: tuple) -> None:
+    """A one-line ValueError where `params` set a knob of `system` away from its default that
+    `experiment` does not use (it would be ignored without a word)."""
+    defaults = get_system(system).load().PARAMS
+    bad = [f"{k}={v!r}" for k, v in params.items() if k not in used and v != defaults.get(k, v)]
+    if bad:
+        raise ValueError(
+            f"{experiment} uses {system}'s {', '.join(used)} only; {', '.join(bad)} would be "
+            "ignored"
+        )
+
+
 def hashed_params(system: str, params: dict[str, Any]) -> dict[str, Any]:
     """The params that enter a cell's hash: all but the system's HASH_OPTIONAL knobs at the
     value tables were measured with before the knob existed (so those tables still resume).

@@ -94,6 +94,10 @@ def test_loopback_consumer_rows_on_one_gpu(tmp_path):
         ("experiment.options.min_total_mib=abc", "options.min_total_mib must be an integer"),
         ("experiment.options.loopback_ranks=1", "options.loopback_ranks must be >= 2, got 1"),
         ("experiment.options.segment_kib=16", "options.segment_kib must be a non-empty list"),
+        (
+            "+experiment.systems.overlap.params.consumer=shared",
+            "bandwidth uses overlap's ccta, transport only; consumer='shared' would be ignored",
+        ),
     ],
 )
 def test_an_option_of_the_wrong_kind_is_one_line(option, message):

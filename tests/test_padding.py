@@ -113,3 +113,22 @@ def test_padding_experiment_tiny_run_and_figure(tmp_path):
     assert sorted(df["p_tile_m"].unique()) == [16, 128]
     paths = plot(table, tmp_path / "fig", "padding")
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
+
+
+def test_a_knob_the_padding_study_does_not_use_is_an_error():
+    """Only tile_m shapes the padding; another overlap knob would be ignored without a word."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments import padding
+    from harness.config import register_configs
+
+    register_configs()
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    for override, message in (
+        ("+experiment.systems.overlap.params.consumer=shared", "consumer='shared' would be"),
+        ("experiment.systems.overlap.sweep.tile_m=[1.5]", "padding: tile_m must be an integer"),
+    ):
+        with initialize_config_dir(conf, version_base="1.3"):
+            cfg = compose("config", overrides=["experiment=padding", override])
+        with pytest.raises(ValueError, match=message):
+            padding.validate(cfg, padding.cells(cfg, 1), 0)
