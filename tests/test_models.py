@@ -103,6 +103,9 @@ def test_the_models_config_composes_with_the_papers_three_models():
         ("+experiment.options.expert=8", "unknown option(s) ['expert']"),
         ("+experiment.systems.tutel_reimpl={}", "tutel_reimpl has no layer scope"),
         ("experiment.options.model_tol=0", "model_tol must be in (0, 1)"),
+        ("experiment.options.ffn_mult=abc", "models: ffn_mult must be an integer, got 'abc'"),
+        ("experiment.options.models.tiny_gpt.moe_blocks=1", "moe_blocks must be a list, got 1"),
+        ("experiment.options.models.tiny_gpt.heads=1.5", "tiny_gpt: heads must be an integer"),
     ],
 )
 def test_bad_input_is_an_error_before_any_process(override, message):
