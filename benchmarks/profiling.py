@@ -76,10 +76,12 @@ def split_steps(kernels: list[tuple[float, float, str]]) -> list[list[tuple[floa
     return steps[:-1]
 
 
-def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int = 8) -> dict:
-    """idle_gaps of `reps` back-to-back steps (torch.profiler, device activity only; a 1-cycle
-    marker kernel starts each step): the median step's span_us, busy_us, idle_us, and gaps
-    summed over the steps and divided by reps (us per step before each kernel name)."""
+def marked_kernels(
+    step: Callable[[], object], calls: int, warmup: int = 3
+) -> list[tuple[float, float, str]]:
+    """Every device kernel [(start_us, end_us, name)] of `calls` back-to-back calls of `step`
+    under torch.profiler, each behind a 1-cycle MARKER kernel (split_steps cuts them), after
+    `warmup` unprofiled calls."""
     from torch.autograd import DeviceType
 
     def marked():
@@ -90,14 +92,21 @@ def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int
         marked()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps + 1):  # the last marker closes the last step
+        for _ in range(calls):
             marked()
         torch.cuda.synchronize()
-    ks = [
+    return [
         (e.time_range.start, e.time_range.end, e.name)
         for e in prof.events()
         if e.device_type == DeviceType.CUDA
     ]
+
+
+def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int = 8) -> dict:
+    """idle_gaps of `reps` back-to-back steps (torch.profiler, device activity only; a 1-cycle
+    marker kernel starts each step): the median step's span_us, busy_us, idle_us, and gaps
+    summed over the steps and divided by reps (us per step before each kernel name)."""
+    ks = marked_kernels(step, reps + 1, warmup)  # the last marker closes the last step
     per = [idle_gaps(k, top=10**6) for k in split_steps(ks)[1:]]  # the 1st: profiler start
     if not per:
         names = sorted({k[2][:80] for k in ks})[:12]

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from benchmarks.profiling import busy_union, split_steps
+from benchmarks.profiling import busy_union, marked_kernels, split_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,25 +102,7 @@ def derived(parts: dict[str, dict[str, float]]) -> dict[str, float]:
 def profile_steps(fn, steps: int, warmup: int = 3) -> list[dict[str, dict[str, float]]]:
     """step_parts of `steps` marked, back-to-back calls of fn (the first profiled step, which
     holds the profiler's start, is dropped)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    def marked():
-        torch.cuda._sleep(1)
-        fn()
-
-    for _ in range(warmup):
-        marked()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps + 2):  # the last marker closes the last step
-            marked()
-        torch.cuda.synchronize()
-    ks = [
-        (e.time_range.start, e.time_range.end, e.name)
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA
-    ]
+    ks = marked_kernels(fn, steps + 2, warmup)  # the last marker closes the last step
     return [step_parts(s) for s in split_steps(ks)[1:]]
 
 

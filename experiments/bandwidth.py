@@ -36,7 +36,7 @@ import torch.distributed as dist
 from harness.errors import is_comm_failure
 from harness.measure import hash_cell, selected_systems, system_points, unused_knobs
 from harness.records import Row, command_line, provenance
-from harness.system import RunContext, int_param
+from harness.system import RunContext, int_param, list_param
 from harness.timing import barrier, time_fn
 from harness.workload import DTYPES
 
@@ -53,10 +53,7 @@ def options(cfg: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"bandwidth: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
     merged = {**OPTIONS, **given}
-    sizes = merged["segment_kib"]
-    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__") or not len(sizes):
-        raise ValueError(f"bandwidth: options.segment_kib must be a non-empty list, got {sizes!r}")
-    for k in sizes:
+    for k in list_param("bandwidth", "options.segment_kib", merged["segment_kib"], True):
         int_param("bandwidth", "options.segment_kib", k, least=1)
     int_param("bandwidth", "options.min_total_mib", merged["min_total_mib"], least=1)
     int_param("bandwidth", "options.loopback_ranks", merged["loopback_ranks"], least=2)

@@ -53,7 +53,7 @@ from harness.models import (
     owned_inputs,
 )
 from harness.records import Row, command_line, provenance
-from harness.system import RunContext, get_system, int_param
+from harness.system import RunContext, get_system, int_param, list_param
 from harness.timing import summarize, time_fn
 
 OPTIONS: dict[str, Any] = {
@@ -103,10 +103,7 @@ def model_specs(cfg: Any, dtype: str) -> list[ModelSpec]:
             raise ValueError(f"models: model {name}: causal must be true or false")
         for key in ("blocks", "batch", "seq", "hidden", "heads"):
             int_param("models", f"model {name}: {key}", m[key], least=1)
-        blocks = m["moe_blocks"]
-        if isinstance(blocks, (str, bytes)) or not hasattr(blocks, "__iter__"):
-            raise ValueError(f"models: model {name}: moe_blocks must be a list, got {blocks!r}")
-        for b in blocks:
+        for b in list_param("models", f"model {name}: moe_blocks", m["moe_blocks"]):
             int_param("models", f"model {name}: moe_blocks", b, least=0)
         for key in ("experts", "top_k", "ffn_mult"):
             int_param("models", key, opt[key], least=1)

@@ -48,7 +48,7 @@ from harness.check import check
 from harness.measure import hash_cell, selected_systems, system_points
 from harness.records import Row, command_line, provenance
 from harness.routing import imbalance
-from harness.system import RunContext
+from harness.system import RunContext, list_param
 from harness.timing import time_fn
 from harness.workload import DTYPES, WorkloadSpec, routing_of
 from systems.overlap.cutlass_producer import CutlassUnavailable
@@ -148,8 +148,7 @@ def options(cfg: Any) -> dict[str, Any]:
         raise ValueError(f"producer: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
     merged = {**OPTIONS, **given}
     for key, value in merged.items():  # every option is a non-empty list
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or not len(value):
-            raise ValueError(f"producer: options.{key} must be a non-empty list, got {value!r}")
+        list_param("producer", f"options.{key}", value, nonempty=True)
     if not all(isinstance(f, bool) for f in merged["flags"]):
         raise ValueError(f"producer: options.flags holds true / false, got {list(merged['flags'])}")
     return merged

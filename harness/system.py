@@ -34,6 +34,19 @@ def int_param(system: str, name: str, value: Any, least: int | None = None) -> i
     return value
 
 
+def list_param(owner: str, name: str, value: Any, nonempty: bool = False) -> list:
+    """A setting that must be a list (not a scalar or a string), non-empty if asked; anything
+    else is a one-line ValueError naming it."""
+    if (
+        isinstance(value, (str, bytes))
+        or not hasattr(value, "__iter__")
+        or (nonempty and not len(value))
+    ):
+        kind = "non-empty list" if nonempty else "list"
+        raise ValueError(f"{owner}: {name} must be a {kind}, got {value!r}")
+    return list(value)
+
+
 @dataclass
 class RunContext:
     """What a system may know about where it runs. world_size is the number of PROCESSES."""

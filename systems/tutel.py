@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from harness.system import CellInputs, System, int_param
+from harness.system import CellInputs, System, int_param, list_param
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
 
@@ -66,12 +66,7 @@ class TutelSystem(System):
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        int_param("tutel", "degree", params["degree"], least=0)
-        int_param("tutel", "tune_iters", params["tune_iters"], least=1)
-        if isinstance(params["degrees"], str) or not hasattr(params["degrees"], "__iter__"):
-            raise ValueError(f"tutel: degrees must be a list, got {params['degrees']!r}")
-        for d in params["degrees"]:
-            int_param("tutel", "degrees", d, least=1)
+        check_tuning(params)
         if isinstance(params["capacity_factor"], bool) or not isinstance(
             params["capacity_factor"], (int, float)
         ):
@@ -170,6 +165,14 @@ def router_logits(ids: torch.Tensor, gate: torch.Tensor, n_experts: int) -> torc
     normalisation give back exactly (ids, gate)."""
     logits = torch.full((ids.shape[0], n_experts), -1e9, dtype=torch.float32, device=ids.device)
     return logits.scatter_(1, ids, gate.float().clamp_min(1e-30).log())
+
+
+def check_tuning(params: dict[str, Any]) -> None:
+    """degree (0 = tune), degrees and tune_iters are integers (both Tutel systems take them)."""
+    int_param("tutel", "degree", params.get("degree", 0), least=0)
+    int_param("tutel", "tune_iters", params.get("tune_iters", 3), least=1)
+    for d in list_param("tutel", "degrees", params.get("degrees", DEFAULT_DEGREES)):
+        int_param("tutel", "degrees", d, least=1)
 
 
 def candidates(params: dict[str, Any]) -> list[int]:

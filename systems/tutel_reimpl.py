@@ -39,9 +39,10 @@ import torch
 import torch.distributed as dist
 
 from harness.layout import send_order
-from harness.system import CellInputs, RunContext, System, int_param
+from harness.system import CellInputs, RunContext, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
+from systems.tutel import check_tuning
 
 DEFAULT_DEGREES = (1, 2, 4, 8)
 SCOPES = ("gemm+combine", "layer")
@@ -106,13 +107,7 @@ class TutelReimplSystem(System):
         scope = params.get("scope", "gemm+combine")
         if scope not in SCOPES:
             raise ValueError(f"tutel: scope must be one of {SCOPES}, got {scope!r}")
-        int_param("tutel", "degree", params.get("degree", 0), least=0)
-        int_param("tutel", "tune_iters", params.get("tune_iters", 3), least=1)
-        raw = params.get("degrees", DEFAULT_DEGREES)
-        if isinstance(raw, str) or not hasattr(raw, "__iter__"):
-            raise ValueError(f"tutel: degrees must be a list, got {raw!r}")
-        for d in raw:
-            int_param("tutel", "degrees", d, least=1)
+        check_tuning(params)
         degrees = _degrees(params)
         if not degrees or any(int(d) < 1 for d in degrees):
             raise ValueError(f"tutel degrees must be positive integers, got {degrees}")
