@@ -41,6 +41,8 @@ from harness.timing import barrier, time_fn
 from harness.workload import DTYPES
 
 REFERENCE = "nccl_all_to_all"
+#: the grid axes this experiment reads, one value each (harness.preflight.unread_settings)
+GRID_AXES = ("out", "dtype")
 OPTIONS = {"segment_kib": [16 << i for i in range(11)], "min_total_mib": 64, "loopback_ranks": 4}
 TRANSPORTS = ("loopback", "p2p", "nvshmem")
 MAX_SEGMENTS = 8192
@@ -65,6 +67,10 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
     reference once per size when several processes run."""
     opt = options(cfg)
     g = cfg.experiment.grid
+    for axis in GRID_AXES:
+        if len(g[axis]) != 1:
+            got = list(g[axis])
+            raise ValueError(f"bandwidth: experiment.grid.{axis} takes one value, got {got}")
     out_cols, dtype = list(g.out)[0], list(g.dtype)[0]
     points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
     for name, ps in points.items():

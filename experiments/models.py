@@ -56,6 +56,9 @@ from harness.records import Row, command_line, provenance
 from harness.system import RunContext, get_system, int_param, list_param
 from harness.timing import summarize, time_fn
 
+#: the grid axes this experiment reads (harness.preflight.unread_settings); the model sizes are
+#: options, W the number of processes
+GRID_AXES = ("dtype",)
 OPTIONS: dict[str, Any] = {
     "models": {},
     "experts": 64,

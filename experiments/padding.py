@@ -39,6 +39,7 @@ from systems.overlap.plan import (
 )
 
 AXES = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
+GRID_AXES = AXES  # the grid axes this experiment reads (harness.preflight.unread_settings)
 _CACHE: dict[tuple, tuple[torch.Tensor, dict]] = {}
 
 

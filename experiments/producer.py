@@ -64,6 +64,7 @@ AXES = (
     "routing",
     "dtype",
 )
+GRID_AXES = AXES  # the grid axes this experiment reads (harness.preflight.unread_settings)
 REFERENCES = ("torch_grouped_mm", "cublas", "cublas_bmm")
 OPTIONS = {"flags": [True], "configs": ["table"], "local": ["copy"]}
 #: where the producer stores the local rows: "copy" (in Y, as the tables before this option) or

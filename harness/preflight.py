@@ -128,6 +128,31 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
         )
 
 
+def unread_settings(cfg: Any, exp: Any) -> None:
+    """A setting the experiment module would ignore without a word is an error: a grid axis it
+    does not read (its `GRID_AXES`; a module without one reads every axis) set away from the
+    schema's default, or `experiment.options` for a module that takes none (no `options`)."""
+    name = cfg.experiment.name
+    read = getattr(exp, "GRID_AXES", None)
+    if read is not None:
+        default = GridConf()
+        bad = [
+            f"{axis}={list(cfg.experiment.grid[axis])}"
+            for axis in GridConf.__dataclass_fields__
+            if axis not in read and list(cfg.experiment.grid[axis]) != getattr(default, axis)
+        ]
+        if bad:
+            raise HarnessUserError(
+                f"experiment {name} reads experiment.grid.{', '.join(read)} only; "
+                f"{', '.join(bad)} would be ignored"
+            )
+    given = dict(cfg.experiment.get("options") or {})
+    if given and not hasattr(exp, "options"):
+        raise HarnessUserError(
+            f"experiment {name} takes no experiment.options; {sorted(given)} would be ignored"
+        )
+
+
 def load_experiment(cfg: Any):
     try:
         return importlib.import_module(cfg.experiment.module)
@@ -157,6 +182,7 @@ def preflight(
     try:
         validate_settings(cfg, workload)
         exp = load_experiment(cfg)
+        unread_settings(cfg, exp)
         cells = exp.cells(cfg, world)
         sm = 0
         if cfg.hardware.device == "cuda" and torch.cuda.is_available():

@@ -72,6 +72,39 @@ def test_bad_input_is_a_clear_error(tmp_path, override, message):
     assert not (tmp_path / "t.parquet").exists()
 
 
+@pytest.mark.parametrize(
+    "experiment, override, message",
+    [
+        (
+            "bandwidth",
+            "+experiment.grid.routing=[stress_skew]",
+            "experiment bandwidth reads experiment.grid.out, dtype only; "
+            "routing=['stress_skew'] would be ignored",
+        ),
+        ("bandwidth", "experiment.grid.out=[4096,8192]", "grid.out takes one value"),
+        ("padding", "experiment.grid.out=[128]", "out=[128] would be ignored"),
+        ("producer", "experiment.grid.ffn=[128]", "ffn=[128] would be ignored"),
+        ("models_smoke", "experiment.grid.world_size=[4]", "world_size=[4] would be ignored"),
+        ("smoke", "+experiment.options.segment_kib=[16]", "smoke takes no experiment.options"),
+    ],
+)
+def test_a_setting_the_experiment_ignores_is_an_error(experiment, override, message):
+    """An axis or option the experiment does not read would change nothing (not even the
+    cells): one line before any work, not a silently ignored setting."""
+    from harness.errors import HarnessUserError
+    from harness.preflight import preflight
+
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={experiment}", "hardware=cpu", override])
+        with pytest.raises(HarnessUserError) as exc:
+            preflight(cfg, 1, table=False)
+        assert message in str(exc.value) and "\n" not in str(exc.value)
+        # the same experiment without the override passes preflight
+        plain = compose("config", overrides=[f"experiment={experiment}", "hardware=cpu"])
+        assert preflight(plain, 1, table=False).cells
+
+
 #: experiment files that add rows to another experiment's table
 PASSES = {
     "bandwidth_nvshmem": "bandwidth",
