@@ -254,3 +254,31 @@ def test_step_profile_says_bad_input_in_one_line_before_any_gpu_work():
             timeout=120,
         )
         assert proc.returncode == 2 and proc.stderr.strip() == message, proc.stderr
+
+
+def test_token_ready_times_follow_the_producers_visiting_order():
+    """W=1, two experts of one band each: a token of expert 0 is ready at half the producer,
+    one of expert 1 at its end; on 2 ranks every token is ready by the end, none before 0."""
+    import torch
+
+    from benchmarks.token_ready import ready_times, table
+    from harness.workload import WorkloadSpec, routing_of
+
+    spec = WorkloadSpec(
+        tokens_per_rank=64,
+        hidden=1,
+        out=1,
+        experts_per_rank=2,
+        top_k=1,
+        world_size=1,
+        routing="balanced",
+    )
+    expert = routing_of(spec).expert_ids[0][:, 0]  # [T]
+    for order in ("remote_first", "expert"):
+        r = ready_times(spec, tile_m=64, layout="compact", order=order)[0]
+        assert torch.equal(r, torch.where(expert == 0, 0.5, 1.0)), order
+    df = table(2, 256, 2, [4], ["balanced"], 16, "compact")
+    assert len(df) == 2 and df["auto"].sum() == 1
+    assert (df["ready_by_0.5"] <= df["ready_by_0.75"]).all()
+    assert (df["ready_by_0.75"] <= df["ready_by_0.9"]).all() and (df["ready_by_0.9"] < 1).all()
+    assert ((df["mean_ready"] > 0) & (df["mean_ready"] <= 1)).all()
