@@ -18,6 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from plots.all import FIGURES as DRAWN
+from systems.overlap.autotune import DEFAULT, MAX_DISTANCE
+from systems.overlap.autotune import TABLE as AUTOTUNE_TABLE
 
 REF = Path("results/reference")
 FIGURES = Path("plots/figures")
@@ -494,14 +496,25 @@ def unmeasured_section(dfs: dict[str, pd.DataFrame] | None = None) -> list[str]:
         "## Not measured yet",
         "",
         *(gpus if absent else []),
-        "- The `auto` cCTA/mgb rule is fitted on one shape family (T=8192, K=2048, E=16) per "
-        "transport; a workload farther than 1.5 (log2 distance) from every calibrated cell gets "
-        "the default (16, 1), as E=4 and E=64 at W=2 did in `h200x2/operator_auto`. Calibrate "
-        "more: "
+        f"- The `auto` cCTA/mgb rule knows only its calibrated workloads ({autotune_coverage()}); "
+        f"a workload farther than {MAX_DISTANCE:g} (log2 distance) from every one of them gets "
+        f"the default {DEFAULT}. Calibrate more: "
         "`python -m harness.run experiment=ccta_auto`, then "
         "`python -m benchmarks.fit_autotune results/ccta_auto.parquet`.",
         "",
     ]
+
+
+def autotune_coverage(path: Path = AUTOTUNE_TABLE) -> str:
+    """The calibrated workloads of the auto rule's table, per transport, W and GPU (SM count):
+    "nvlink W=2 132 SMs: T 8192, K 2048, N 4096/8192, E 4/16/32/64"."""
+    df = pd.read_csv(path)
+    axes = (("T", "tokens_per_rank"), ("K", "hidden"), ("N", "out"), ("E", "experts_per_rank"))
+    parts = []
+    for (tr, w, sm), g in df.groupby(["transport", "world_size", "sm_count"]):
+        shape = ", ".join(f"{a} {'/'.join(map(str, sorted(g[c].unique())))}" for a, c in axes)
+        parts.append(f"{tr} W={w} {sm} SMs: {shape}")
+    return "; ".join(parts)
 
 
 def _range(v: pd.Series, fmt: str = ".2f", unit: str = "") -> str:

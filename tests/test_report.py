@@ -135,7 +135,7 @@ def test_claims_take_the_machine_with_the_most_gpus_and_name_its_width():
     _, text = _operator({"h200x2/operator_auto": x2, "h200x16/operator": x16})
     assert "`h200x2/operator_auto`" in text  # the newest table's machine, then the first
     assert "W=4, W=8" in "\n".join(unmeasured_section({"h200x2/operator": x2}))
-    left = "\n".join(unmeasured_section({"h200x4/operator": x4}))
+    left = "\n".join(unmeasured_section({"h200x4/operator": x4})[:3])  # the GPU counts line
     assert "8 GPUs (W=8)" in left and "W=4" not in left
     assert "GPUs" not in "\n".join(unmeasured_section({"h200x4/a": x4, "h200x8/b": x4}))
 
@@ -211,4 +211,18 @@ def test_operator_claim_takes_each_cells_fastest_layout_and_counts_aligned_alone
     assert "(each cell's fastest of the variants aligned, compact, compact/shared: " in text
     assert (
         "aligned in 1, compact in 0, compact/shared in 1; the paper's aligned layout alone" in text
+    )
+
+
+def test_not_measured_names_the_workloads_the_auto_rule_was_calibrated_on(tmp_path):
+    from plots.report import autotune_coverage
+
+    base = dict(tokens_per_rank=8192, hidden=2048, world_size=2, transport="nvlink", sm_count=132)
+    rows = [dict(base, out=n, experts_per_rank=e) for n in (8192, 4096) for e in (64, 4)]
+    rows.append(dict(base, out=8192, experts_per_rank=16, world_size=4, transport="loopback"))
+    path = tmp_path / "t.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    assert autotune_coverage(path) == (
+        "loopback W=4 132 SMs: T 8192, K 2048, N 8192, E 16; "
+        "nvlink W=2 132 SMs: T 8192, K 2048, N 4096/8192, E 4/64"
     )
