@@ -21,12 +21,14 @@ Transports (the overlap system's `transport` param):
 Reference line (system `nccl_all_to_all`, only with >= 2 processes): the process group's
 all_to_all_single (NCCL on GPUs; gloo on the CPU, which the CPU tests use to check the data
 movement) moving the same bytes out of every rank, split evenly over the peers.
-Options (experiment.options): segment_kib (list), min_total_mib (64), loopback_ranks (4).
+Options (experiment.options): segment_kib (list), min_total_mib (64), loopback_ranks (4; its W x W
+receive regions of the largest cell must fit the device memory, checked before any work).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from typing import Any
 
@@ -136,6 +138,33 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
         int_param("bandwidth", "ccta", p["ccta"])
         if p["ccta"] < 1 or (sm_count and p["ccta"] >= sm_count):
             raise ValueError(f"bandwidth: ccta={p['ccta']} must be in [1, {sm_count or 'SMs'})")
+    need, have = loopback_bytes(cells), memory_bytes(cfg)
+    if need > have:
+        raise ValueError(
+            f"bandwidth: loopback_ranks={opt['loopback_ranks']} needs {need / 2**30:.1f} GiB of "
+            f"receive buffers (W x W regions of the largest cell), more than the "
+            f"{have / 2**30:.1f} GiB here; use fewer loopback_ranks or a smaller min_total_mib"
+        )
+
+
+def loopback_bytes(cells: list[dict]) -> int:
+    """Bytes of the largest loopback fabric of the run: W receive buffers of W regions each,
+    a region holding the largest cell's rows per source (receive_rows, LoopbackFabric)."""
+    most = 0
+    for c in cells:
+        if c["system"] == REFERENCE or c["params"]["transport"] != "loopback":
+            continue
+        rows_per_seg, n_seg, row_bytes = sizes(c, int(c["params"]["ccta"]))
+        most = max(most, c["world_size"] ** 2 * rows_per_seg * n_seg * row_bytes)
+    return most
+
+
+def memory_bytes(cfg: Any) -> int:
+    """The device's memory (the first GPU's where hardware.device is cuda and one is present),
+    else the host's physical memory."""
+    if cfg.hardware.device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 # -- the sending plan -------------------------------------------------------------------------

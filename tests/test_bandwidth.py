@@ -113,3 +113,25 @@ def test_an_option_of_the_wrong_kind_is_one_line(option, message):
     with pytest.raises(ValueError) as exc:
         bandwidth.cells(cfg, 1)
     assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_loopback_fabric_larger_than_the_memory_is_one_line(monkeypatch):
+    """W x W receive regions of the largest cell: W=64 would need about 1.5 TiB."""
+    from hydra import compose, initialize_config_dir
+
+    from experiments import bandwidth
+    from harness.config import register_configs
+
+    register_configs()
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(conf, "1.3"):
+        base = ["experiment=bandwidth", "hardware=cpu"]
+        ok = compose("config", overrides=base)
+        big = compose("config", overrides=[*base, "experiment.options.loopback_ranks=64"])
+    monkeypatch.setattr(bandwidth, "memory_bytes", lambda cfg: 64 << 30)
+    bandwidth.validate(ok, bandwidth.cells(ok, 1), 0)  # 4 ranks: 6 GiB
+    assert bandwidth.loopback_bytes(bandwidth.cells(ok, 1)) == 6 << 30
+    with pytest.raises(ValueError) as exc:
+        bandwidth.validate(big, bandwidth.cells(big, 1), 0)
+    assert "loopback_ranks=64 needs 1536.0 GiB" in str(exc.value)
+    assert "more than the 64.0 GiB here" in str(exc.value) and "\n" not in str(exc.value)
