@@ -28,7 +28,6 @@ receive regions of the largest cell must fit the device memory, checked before a
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from typing import Any
 
@@ -37,6 +36,7 @@ import torch.distributed as dist
 
 from harness.errors import is_comm_failure
 from harness.measure import hash_cell, selected_systems, system_points, unused_knobs
+from harness.preflight import memory_bytes
 from harness.records import Row, command_line, provenance
 from harness.system import RunContext, int_param, list_param
 from harness.timing import barrier, time_fn
@@ -139,7 +139,7 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
         if p["ccta"] < 1 or (sm_count and p["ccta"] >= sm_count):
             raise ValueError(f"bandwidth: ccta={p['ccta']} must be in [1, {sm_count or 'SMs'})")
     need, have = loopback_bytes(cells), memory_bytes(cfg)
-    if need > have:
+    if have is not None and need > have:
         raise ValueError(
             f"bandwidth: loopback_ranks={opt['loopback_ranks']} needs {need / 2**30:.1f} GiB of "
             f"receive buffers (W x W regions of the largest cell), more than the "
@@ -157,14 +157,6 @@ def loopback_bytes(cells: list[dict]) -> int:
         rows_per_seg, n_seg, row_bytes = sizes(c, int(c["params"]["ccta"]))
         most = max(most, c["world_size"] ** 2 * rows_per_seg * n_seg * row_bytes)
     return most
-
-
-def memory_bytes(cfg: Any) -> int:
-    """The device's memory (the first GPU's where hardware.device is cuda and one is present),
-    else the host's physical memory."""
-    if cfg.hardware.device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 # -- the sending plan -------------------------------------------------------------------------

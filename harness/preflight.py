@@ -21,6 +21,7 @@ from harness.records import (
     KEEP_STATUSES_REDO_FAILED,
     ResultsTable,
 )
+from harness.workload import DTYPES
 
 #: most cells a dry run lists
 DRY_RUN_ROWS = 20
@@ -153,6 +154,52 @@ def unread_settings(cfg: Any, exp: Any) -> None:
         )
 
 
+def memory_bytes(cfg: Any) -> int | None:
+    """The memory one rank's tensors live in: the first GPU's where hardware.device is cuda (None
+    when no GPU is here, e.g. a dry run of a GPU config on a CPU machine), else the host's
+    physical memory."""
+    if cfg.hardware.device == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        return torch.cuda.get_device_properties(0).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def rank_floor_bytes(cell: dict) -> int:
+    """A lower bound on one rank's bytes for a workload cell: its tokens x [T, K], its experts'
+    weights (E x K x N; an FFN cell E x 2 x H x F), its expert rows out [T * k, N] (the busiest
+    rank receives at least the mean) and the combined output [T, N]. 0 for a cell that is not
+    a workload (another experiment's own kind of cell)."""
+    keys = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "dtype")
+    if not all(k in cell for k in keys) or cell["dtype"] not in DTYPES:
+        return 0
+    t, k, n, e, top = (int(cell[a]) for a in keys[:5])
+    f = int(cell.get("ffn", 0) or 0)
+    weights = e * 2 * k * f if f else e * k * n
+    return (t * k + weights + t * top * n + t * n) * DTYPES[cell["dtype"]].itemsize
+
+
+def check_memory(cfg: Any, cells: list[dict], world: int) -> None:
+    """A cell whose tensors cannot fit is a one-line error before any process starts (it would
+    be killed, or fail in every rank, with nothing to record). The ranks that share one memory:
+    every rank on a CPU host; one per GPU, or all W where one process plays them."""
+    have = memory_bytes(cfg)
+    if have is None:
+        return
+    for cell in cells:
+        w = int(cell.get("world_size", world) or world)
+        sharing = w if cfg.hardware.device != "cuda" or world == 1 else 1
+        need = rank_floor_bytes(cell) * sharing
+        if need > have:
+            where = "the GPU" if cfg.hardware.device == "cuda" else "this host"
+            raise HarnessUserError(
+                f"cell {cell['system']} W={w} T={cell['tokens_per_rank']} K={cell['hidden']} "
+                f"N={cell['out']} E={cell['experts_per_rank']} needs at least {need / 2**30:.1f} "
+                f"GiB (tokens, weights, expert rows and output of {sharing} rank(s)), more than "
+                f"the {have / 2**30:.1f} GiB of {where}"
+            )
+
+
 def load_experiment(cfg: Any):
     try:
         return importlib.import_module(cfg.experiment.module)
@@ -188,6 +235,7 @@ def preflight(
         if cfg.hardware.device == "cuda" and torch.cuda.is_available():
             sm = torch.cuda.get_device_properties(0).multi_processor_count
         exp.validate(cfg, cells, sm)
+        check_memory(cfg, cells, world)
     except ValueError as exc:  # the experiment's and the systems' own checks raise ValueError
         raise HarnessUserError(str(exc)) from exc
     except (TypeError, KeyError, AttributeError) as exc:  # a value of the wrong kind or shape

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from harness.config import register_configs
 
@@ -61,6 +62,7 @@ def test_smoke_runs_checks_and_resumes(tmp_path):
         ("workload=nope", "Could not find 'workload/nope'; choices: m_bert, m_gpt"),
         ("+experiment.systems.overlap.params.tile_m=null", "tile_m must be one of (64, 128)"),
         ("+experiment.systems.overlap.params=[1]", "wrong type or shape (TypeError"),
+        ("experiment.grid.tokens_per_rank=[1000000000]", "GiB (tokens, weights, expert rows"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, override, message):
@@ -159,3 +161,35 @@ def test_reproduce_preset_follows_the_gpu_count(n_gpu, first, last):
     assert names[0] == first and names[-1] == last
     for name in names:  # every preset entry is an experiment
         assert (ROOT / "conf" / "experiment" / f"{name}.yaml").exists(), name
+
+
+def test_a_cell_that_cannot_fit_the_memory_is_refused_before_any_rank(monkeypatch):
+    """The floor counts one rank's tokens, weights, expert rows and output, times the ranks
+    that share the memory (all of them on a CPU host, or where one process plays them)."""
+    import harness.preflight as pf
+
+    cell = dict(
+        system="serial",
+        world_size=4,
+        tokens_per_rank=1000,
+        hidden=64,
+        out=32,
+        experts_per_rank=3,
+        top_k=2,
+        dtype="bfloat16",
+    )
+    floor = (1000 * 64 + 3 * 64 * 32 + 1000 * 2 * 32 + 1000 * 32) * 2
+    assert pf.rank_floor_bytes(cell) == floor
+    assert pf.rank_floor_bytes({**cell, "ffn": 16}) == floor + (3 * 2 * 64 * 16 - 3 * 64 * 32) * 2
+    assert pf.rank_floor_bytes({"segment_kib": 16}) == 0  # not a workload cell
+    cpu = OmegaConf.create({"hardware": {"device": "cpu"}})
+    gpu = OmegaConf.create({"hardware": {"device": "cuda"}})
+    monkeypatch.setattr(pf, "memory_bytes", lambda cfg: 4 * floor)
+    pf.check_memory(cpu, [cell], 4)  # 4 ranks on the host: exactly fits
+    pf.check_memory(gpu, [{**cell, "world_size": 8}], 8)  # one rank per GPU
+    with pytest.raises(pf.HarnessUserError, match=r"of 8 rank\(s\)\), more than"):
+        pf.check_memory(gpu, [{**cell, "world_size": 8}], 1)  # one process plays all 8
+    with pytest.raises(pf.HarnessUserError, match="GiB of this host"):
+        pf.check_memory(cpu, [{**cell, "world_size": 5}], 5)
+    monkeypatch.setattr(pf, "memory_bytes", lambda cfg: None)  # a GPU config, no GPU here
+    pf.check_memory(gpu, [{**cell, "tokens_per_rank": 10**12}], 1)
