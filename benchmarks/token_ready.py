@@ -16,6 +16,7 @@ Usage: python -m benchmarks.token_ready [--world 2] [--experts 4,16,64] [--out T
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import pandas as pd
 import torch
@@ -29,17 +30,16 @@ from systems.overlap.plan import LAYOUTS, ORDERS, build_plan, producer_order
 MARKS = (0.5, 0.75, 0.9)
 
 
-def ready_times(spec: WorkloadSpec, tile_m: int, layout: str, order: str) -> torch.Tensor:
-    """ready [W, T] float: the producer progress (0, 1] at which each token's last row is done."""
-    W, T = spec.world_size, spec.tokens_per_rank
-    lays = [rank_layout(spec, r) for r in range(W)]
-    ready = torch.zeros(W, T)
-    for c, lay in enumerate(lays):  # c computes its experts' rows for every owner
+def rank_plans(spec: WorkloadSpec, tile_m: int, layout: str) -> list[tuple[Any, Any]]:
+    """(RankLayout, CombinePlan) of every rank, on the CPU."""
+    out = []
+    for c in range(spec.world_size):
+        lay = rank_layout(spec, c)
         plan = build_plan(
             lay.recv_src,
             lay.recv_expert,
             lay.recv_dst_index,
-            world_size=W,
+            world_size=spec.world_size,
             rank=c,
             experts_per_rank=spec.experts_per_rank,
             tile_m=tile_m,
@@ -49,17 +49,47 @@ def ready_times(spec: WorkloadSpec, tile_m: int, layout: str, order: str) -> tor
             send_counts=lay.send_counts,
             layout=layout,
         )
-        B = plan.n_bands
+        out.append((lay, plan))
+    return out
+
+
+def uniform_band_times(plan: Any, order: str) -> torch.Tensor:
+    """times [B] (by band id): (visiting position + 1) / B, the model's producer progress."""
+    B = plan.n_bands
+    step = torch.empty(B, dtype=torch.int64)  # band -> its visiting position
+    visit = torch.arange(B) if order == "remote_first" else producer_order(plan).long()
+    step[plan.schedule.long()[visit]] = torch.arange(B)
+    return (step + 1).double() / B
+
+
+def ready_times(
+    spec: WorkloadSpec,
+    tile_m: int,
+    layout: str,
+    order: str,
+    band_times: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """ready [W, T] float: the producer progress (0, 1] at which each token's last row is done.
+    band_times [W] of [B_c] (optional): each rank's band times by band id, as a share of its
+    producer's time (benchmarks/band_times.py measures them); None: the uniform model."""
+    plans = rank_plans(spec, tile_m, layout)
+    ready = torch.zeros(spec.world_size, spec.tokens_per_rank)
+    for c, (lay, plan) in enumerate(plans):  # c computes its experts' rows for every owner
+        times = uniform_band_times(plan, order) if band_times is None else band_times[c]
         band = torch.searchsorted(plan.band_row, plan.row_pos, right=True) - 1  # [R]
-        step = torch.empty(B, dtype=torch.int64)  # band -> its visiting position
-        visit = torch.arange(B) if order == "remote_first" else producer_order(plan).long()
-        step[plan.schedule.long()[visit]] = torch.arange(B)
-        t = (step[band] + 1).double() / B
-        for s in range(W):
+        t = times.double()[band]
+        for s in range(spec.world_size):
             mine = lay.recv_src == s
-            tok = lays[s].send_token[lay.recv_dst_index[mine]]
+            tok = plans[s][0].send_token[lay.recv_dst_index[mine]]
             ready[s].scatter_reduce_(0, tok, t[mine].float(), "amax")
     return ready
+
+
+def shares(ready: torch.Tensor) -> dict[str, float]:
+    """ready_by_<m> (the share of tokens ready by each mark) and mean_ready."""
+    row = {f"ready_by_{m:g}": float((ready <= m).float().mean()) for m in MARKS}
+    row["mean_ready"] = float(ready.mean())
+    return row
 
 
 def table(
@@ -87,9 +117,7 @@ def table(
                 r = ready_times(spec, tile_m, layout, order)
                 row = {"experts_per_rank": e, "routing": routing, "order": order}
                 row["auto"] = order == auto_order(tokens, top_k, e, tile_m)
-                row.update({f"ready_by_{m:g}": float((r <= m).float().mean()) for m in MARKS})
-                row["mean_ready"] = float(r.mean())
-                rows.append(row)
+                rows.append({**row, **shares(r)})
     return pd.DataFrame(rows)
 
 

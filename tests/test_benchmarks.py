@@ -282,3 +282,23 @@ def test_token_ready_times_follow_the_producers_visiting_order():
     assert (df["ready_by_0.5"] <= df["ready_by_0.75"]).all()
     assert (df["ready_by_0.75"] <= df["ready_by_0.9"]).all() and (df["ready_by_0.9"] < 1).all()
     assert ((df["mean_ready"] > 0) & (df["mean_ready"] <= 1)).all()
+
+
+def test_band_times_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch, capsys):
+    import pytest
+
+    from benchmarks import band_times
+
+    monkeypatch.setattr("sys.argv", ["band_times", "--routing", "zipf"])
+    with pytest.raises(SystemExit) as exc:
+        band_times.main()
+    assert exc.value.code == 2 and "unknown routing ['zipf']" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["band_times", "--experts", "4,x"])
+    with pytest.raises(SystemExit):
+        band_times.main()
+    assert "comma-separated integers" in capsys.readouterr().err
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["band_times"])
+    with pytest.raises(SystemExit) as exc:
+        band_times.main()
+    assert str(exc.value).startswith("error: band_times needs a CUDA GPU")

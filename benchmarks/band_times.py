@@ -1,0 +1,151 @@
+"""When does each band of the producer finish, measured on one GPU, and when does each token's
+last row become ready then? Checks benchmarks/token_ready.py's model (bands finish at a steady
+rate in visiting order) with the producer's own flags.
+
+Per workload (W=2 by default: each rank's real plan, compact, the auto order, the shipped tile
+table) and per rank: the producer alone on SMs - 1 (every band signalled) is timed with CUDA
+events (median of --reps), then run once per rep next to an observer (one CTA on the spare SM,
+systems/overlap/kernels/observer.py) that records when each band's counter reached its target.
+A band's time is its share of the producer: 1 - (last band's time - its time) / producer time
+(median over the reps). The tokens' ready shares then follow as in token_ready.py, from the
+measured band times ("measured") and from the model ("model"), side by side.
+Usage: python -m benchmarks.band_times [--out DIR] [--n 4096,8192] [--experts 4,16,64]
+[--routing balanced,stress_skew] [--reps 5]; writes band_times.parquet, prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from benchmarks.token_ready import rank_plans, ready_times, shares, uniform_band_times
+from harness.records import provenance
+from harness.workload import ROUTINGS, WorkloadSpec
+from systems.overlap.autotune import auto_order
+
+T, K, TOP_K, TILE_M, LAYOUT = 8192, 2048, 2, 128, "compact"
+
+
+def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, float, int]:
+    """(band times [B] as shares of the producer, producer ms, bands never seen) of one rank."""
+    from systems.overlap.kernels import launch_producer, pick_config
+    from systems.overlap.kernels.observer import launch_observer
+    from systems.overlap.plan import producer_groups, producer_order
+
+    dev = torch.device("cuda")
+    p = plan.to(dev)
+    e, b = plan.experts_per_rank, plan.n_bands
+    gen = torch.Generator(device=dev).manual_seed(plan.rank)
+    x = torch.randn(plan.n_padded, K, generator=gen, device=dev).to(torch.bfloat16)
+    w = (torch.randn(e, K, n, generator=gen, device=dev) / math.sqrt(K)).to(torch.bfloat16)
+    y = torch.empty(plan.n_padded, n, dtype=torch.bfloat16, device=dev)
+    ready = torch.zeros(b, dtype=torch.int32, device=dev)
+    cfg = pick_config(TILE_M, K, n, torch.bfloat16)
+    visit = producer_order(p) if order == "expert" else None
+    groups = producer_groups(p, visit, cfg.group_m) if cfg.expert_groups else None
+    grid = torch.cuda.get_device_properties(0).multi_processor_count - 1
+
+    def launch():
+        launch_producer(
+            x, w, y, p, ready, n_signal=b, num_programs=grid, config=cfg, order=visit, groups=groups
+        )
+
+    for _ in range(3):
+        launch()
+    ms = []
+    for _ in range(reps):
+        ready.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        ms.append(start.elapsed_time(end))
+    dur_ms = float(torch.tensor(ms).median())
+    side = torch.cuda.Stream()
+    shares_b, missed = [], 0
+    for _ in range(reps):
+        ready.zero_()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            times = launch_observer(ready, cfg.band_increment(n))
+        launch()
+        torch.cuda.synchronize()
+        t = times[:b].double().cpu()
+        missed = max(missed, int((t == 0).sum()))
+        shares_b.append((1 - (t.max() - t) / (dur_ms * 1e6)).clamp(1e-6, 1.0))
+    return torch.stack(shares_b).median(0).values, dur_ms, missed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--n", default="4096,8192")
+    ap.add_argument("--experts", default="4,16,64")
+    ap.add_argument("--routing", default="balanced,stress_skew")
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    try:
+        ns = [int(v) for v in a.n.split(",")]
+        experts = [int(v) for v in a.experts.split(",")]
+    except ValueError:
+        ap.error("--n and --experts take comma-separated integers")
+    routings = a.routing.split(",")
+    bad = sorted(set(routings) - set(ROUTINGS))
+    if bad:
+        ap.error(f"unknown routing {bad}; choices: {', '.join(ROUTINGS)}")
+    if a.reps < 1 or a.world < 1 or min(ns + experts) < 1:
+        ap.error("--reps, --world, --n and --experts must be >= 1")
+    if not torch.cuda.is_available():
+        sys.exit(
+            "error: band_times needs a CUDA GPU (the producer and its observer are GPU kernels)"
+        )
+    rows = []
+    for n in ns:
+        for e in experts:
+            for routing in routings:
+                spec = WorkloadSpec(
+                    tokens_per_rank=T,
+                    hidden=K,
+                    out=n,
+                    experts_per_rank=e,
+                    top_k=TOP_K,
+                    world_size=a.world,
+                    routing=routing,
+                    dtype="bfloat16",
+                )
+                order = auto_order(T, TOP_K, e, TILE_M)
+                plans = rank_plans(spec, TILE_M, LAYOUT)
+                measured, info = [], []
+                for _, plan in plans:
+                    times, dur_ms, missed = measure_rank(plan, n, order, a.reps)
+                    dev = float((times - uniform_band_times(plan, order)).abs().max())
+                    measured.append(times)
+                    info.append((dur_ms, missed, dev))
+                base = {"out": n, "experts_per_rank": e, "routing": routing, "order": order}
+                base["producer_ms"] = max(i[0] for i in info)
+                base["bands_missed"] = sum(i[1] for i in info)
+                base["max_band_dev"] = max(i[2] for i in info)
+                for source, bt in (("measured", measured), ("model", None)):
+                    r = ready_times(spec, TILE_M, LAYOUT, order, band_times=bt)
+                    rows.append({**base, "source": source, **shares(r)})
+                print(f"[band_times] N={n} E={e} {routing}: {rows[-2]}", flush=True)
+    df = pd.DataFrame(rows)
+    for k, v in provenance().items():
+        df[k] = v
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(out / "band_times.parquet", index=False)
+    cols = ["out", "experts_per_rank", "routing", "source", "ready_by_0.5", "ready_by_0.75"]
+    cols += ["ready_by_0.9", "mean_ready", "producer_ms", "max_band_dev", "bands_missed"]
+    print(df[cols].round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
