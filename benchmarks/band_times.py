@@ -10,7 +10,10 @@ A band's time is its share of the producer: 1 - (last band's time - its time) / 
 (median over the reps). The tokens' ready shares then follow as in token_ready.py, from the
 measured band times ("measured") and from the model ("model"), side by side.
 Usage: python -m benchmarks.band_times [--out DIR] [--n 4096,8192] [--experts 4,16,64]
-[--routing balanced,stress_skew] [--reps 5]; writes band_times.parquet, prints a table.
+[--routing balanced,stress_skew] [--reps 5]; writes band_times.parquet (per workload: both
+sources' shares, the producer's ms, the largest gap of a band's measured time to the model's,
+bands never seen, the observer's start as a share of the producer: it must be <= 0) and
+band_times_bands.parquet (per rank and band: model and measured), prints a table.
 """
 
 from __future__ import annotations
@@ -29,10 +32,14 @@ from harness.workload import ROUTINGS, WorkloadSpec
 from systems.overlap.autotune import auto_order
 
 T, K, TOP_K, TILE_M, LAYOUT = 8192, 2048, 2, 128, "compact"
+#: GPU cycles the producer's stream sleeps before it, so the observer (on another stream) is
+#: polling when the producer starts (about 50 us at 1.98 GHz)
+SLEEP_CYCLES = 100_000
 
 
-def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, float, int]:
-    """(band times [B] as shares of the producer, producer ms, bands never seen) of one rank."""
+def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, float, int, float]:
+    """(band times [B] as shares of the producer, producer ms, bands never seen, the observer's
+    start as a share of the producer: <= 0 when it started before the producer) of one rank."""
     from systems.overlap.kernels import launch_producer, pick_config
     from systems.overlap.kernels.observer import launch_observer
     from systems.overlap.plan import producer_groups, producer_order
@@ -68,18 +75,22 @@ def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, flo
         ms.append(start.elapsed_time(end))
     dur_ms = float(torch.tensor(ms).median())
     side = torch.cuda.Stream()
-    shares_b, missed = [], 0
+    shares_b, starts, missed = [], [], 0
     for _ in range(reps):
         ready.zero_()
         torch.cuda.synchronize()
         with torch.cuda.stream(side):
             times = launch_observer(ready, cfg.band_increment(n))
+        torch.cuda._sleep(SLEEP_CYCLES)  # the producer starts after the observer does
         launch()
         torch.cuda.synchronize()
-        t = times[:b].double().cpu()
-        missed = max(missed, int((t == 0).sum()))
-        shares_b.append((1 - (t.max() - t) / (dur_ms * 1e6)).clamp(1e-6, 1.0))
-    return torch.stack(shares_b).median(0).values, dur_ms, missed
+        t = times.double().cpu()
+        missed = max(missed, int((t[:b] == 0).sum()))
+        share = 1 - (t[:b].max() - t) / (dur_ms * 1e6)
+        shares_b.append(share[:b].clamp(1e-6, 1.0))
+        starts.append(float(share[b]))
+    start = float(torch.tensor(starts).median())
+    return torch.stack(shares_b).median(0).values, dur_ms, missed, start
 
 
 def main() -> None:
@@ -106,7 +117,7 @@ def main() -> None:
         sys.exit(
             "error: band_times needs a CUDA GPU (the producer and its observer are GPU kernels)"
         )
-    rows = []
+    rows, bands = [], []
     for n in ns:
         for e in experts:
             for routing in routings:
@@ -123,15 +134,28 @@ def main() -> None:
                 order = auto_order(T, TOP_K, e, TILE_M)
                 plans = rank_plans(spec, TILE_M, LAYOUT)
                 measured, info = [], []
-                for _, plan in plans:
-                    times, dur_ms, missed = measure_rank(plan, n, order, a.reps)
-                    dev = float((times - uniform_band_times(plan, order)).abs().max())
-                    measured.append(times)
-                    info.append((dur_ms, missed, dev))
                 base = {"out": n, "experts_per_rank": e, "routing": routing, "order": order}
+                for c, (_, plan) in enumerate(plans):
+                    times, dur_ms, missed, start = measure_rank(plan, n, order, a.reps)
+                    model = uniform_band_times(plan, order)
+                    dev = float((times - model).abs().max())
+                    measured.append(times)
+                    info.append((dur_ms, missed, dev, start))
+                    bands.append(
+                        pd.DataFrame(
+                            {
+                                **base,
+                                "rank": c,
+                                "band": range(plan.n_bands),
+                                "model": model.numpy(),
+                                "measured": times.numpy(),
+                            }
+                        )
+                    )
                 base["producer_ms"] = max(i[0] for i in info)
                 base["bands_missed"] = sum(i[1] for i in info)
                 base["max_band_dev"] = max(i[2] for i in info)
+                base["observer_start"] = max(i[3] for i in info)
                 for source, bt in (("measured", measured), ("model", None)):
                     r = ready_times(spec, TILE_M, LAYOUT, order, band_times=bt)
                     rows.append({**base, "source": source, **shares(r)})
@@ -142,8 +166,9 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "band_times.parquet", index=False)
+    pd.concat(bands).to_parquet(out / "band_times_bands.parquet", index=False)
     cols = ["out", "experts_per_rank", "routing", "source", "ready_by_0.5", "ready_by_0.75"]
-    cols += ["ready_by_0.9", "mean_ready", "producer_ms", "max_band_dev", "bands_missed"]
+    cols += ["ready_by_0.9", "mean_ready", "producer_ms", "max_band_dev", "observer_start"]
     print(df[cols].round(3).to_string(index=False))
 
 
