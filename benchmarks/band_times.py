@@ -3,17 +3,17 @@ last row become ready then? Checks benchmarks/token_ready.py's model (bands fini
 rate in visiting order) with the producer's own flags.
 
 Per workload (W=2 by default: each rank's real plan, compact, the auto order, the shipped tile
-table) and per rank: the producer alone on SMs - 1 (every band signalled) is timed with CUDA
-events (median of --reps), then run once per rep next to an observer (one CTA on the spare SM,
-systems/overlap/kernels/observer.py) that records when each band's counter reached its target.
-A band's time is its share of the producer: 1 - (last band's time - its time) / producer time
-(median over the reps). The tokens' ready shares then follow as in token_ready.py, from the
-measured band times ("measured") and from the model ("model"), side by side.
-Usage: python -m benchmarks.band_times [--out DIR] [--n 4096,8192] [--experts 4,16,64]
-[--routing balanced,stress_skew] [--reps 5]; writes band_times.parquet (per workload: both
-sources' shares, the producer's ms, the largest gap of a band's measured time to the model's,
-bands never seen, the observer's start as a share of the producer: it must be <= 0) and
-band_times_bands.parquet (per rank and band: model and measured), prints a table.
+table) and per rank: the producer on SMs - 1 (every band signalled) runs once per rep next to an
+observer (one CTA on the spare SM, systems/overlap/kernels/observer.py) that records when each
+band's counter reached its target, after a one-thread stamp kernel on the producer's stream that
+marks its start. A band's time is its share of the producer's span: (its time - the stamp) /
+(the last band's time - the stamp), median over the reps. The tokens' ready shares then follow
+as in token_ready.py, from the measured band times ("measured") and from the model ("model"),
+side by side. Usage: python -m benchmarks.band_times [--out DIR] [--n 4096,8192] [--experts
+4,16,64] [--routing balanced,stress_skew] [--reps 5]; writes band_times.parquet (per workload:
+both sources' shares, the producer's span in ms, the largest gap of a band's measured time to
+the model's, bands never seen, the observer's start as a share of the producer: it must be <= 0)
+and band_times_bands.parquet (per rank and band: model and measured), prints a table.
 """
 
 from __future__ import annotations
@@ -32,16 +32,18 @@ from harness.workload import ROUTINGS, WorkloadSpec
 from systems.overlap.autotune import auto_order
 
 T, K, TOP_K, TILE_M, LAYOUT = 8192, 2048, 2, 128, "compact"
-#: GPU cycles the producer's stream sleeps before it, so the observer (on another stream) is
-#: polling when the producer starts (about 50 us at 1.98 GHz)
-SLEEP_CYCLES = 100_000
+#: GPU cycles the producer's stream sleeps before it (about 100 us at 1.98 GHz), so the
+#: observer (on another stream) is polling when the producer starts
+SLEEP_CYCLES = 200_000
 
 
 def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, float, int, float]:
-    """(band times [B] as shares of the producer, producer ms, bands never seen, the observer's
-    start as a share of the producer: <= 0 when it started before the producer) of one rank."""
+    """(band times [B] as shares of the producer's span, that span in ms (from a stamp kernel
+    right before the producer to its last band's flag), bands never seen, the observer's start
+    as a share of the span: <= 0 when it started before the producer) of one rank, medians over
+    the reps."""
     from systems.overlap.kernels import launch_producer, pick_config
-    from systems.overlap.kernels.observer import launch_observer
+    from systems.overlap.kernels.observer import launch_observer, stamp
     from systems.overlap.plan import producer_groups, producer_order
 
     dev = torch.device("cuda")
@@ -64,33 +66,30 @@ def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, flo
 
     for _ in range(3):
         launch()
-    ms = []
-    for _ in range(reps):
-        ready.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        ms.append(start.elapsed_time(end))
-    dur_ms = float(torch.tensor(ms).median())
     side = torch.cuda.Stream()
-    shares_b, starts, missed = [], [], 0
+    mark = torch.zeros(1, dtype=torch.int64, device=dev)
+    launch_observer(ready, 0)  # compiled and loaded before the observed runs
+    stamp(mark)
+    shares_b, starts, spans, missed = [], [], [], 0
     for _ in range(reps):
         ready.zero_()
         torch.cuda.synchronize()
         with torch.cuda.stream(side):
             times = launch_observer(ready, cfg.band_increment(n))
         torch.cuda._sleep(SLEEP_CYCLES)  # the producer starts after the observer does
+        stamp(mark)  # the producer's start
         launch()
         torch.cuda.synchronize()
         t = times.double().cpu()
-        missed = max(missed, int((t[:b] == 0).sum()))
-        share = 1 - (t[:b].max() - t) / (dur_ms * 1e6)
-        shares_b.append(share[:b].clamp(1e-6, 1.0))
-        starts.append(float(share[b]))
+        t0, seen = float(mark.item()), t[:b]
+        missed = max(missed, int((seen == 0).sum()))
+        span = float(seen.max()) - t0
+        shares_b.append(((seen - t0) / span).clamp(1e-6, 1.0))
+        starts.append((float(t[b]) - t0) / span)
+        spans.append(span / 1e6)
     start = float(torch.tensor(starts).median())
-    return torch.stack(shares_b).median(0).values, dur_ms, missed, start
+    span_ms = float(torch.tensor(spans).median())
+    return torch.stack(shares_b).median(0).values, span_ms, missed, start
 
 
 def main() -> None:
@@ -136,11 +135,11 @@ def main() -> None:
                 measured, info = [], []
                 base = {"out": n, "experts_per_rank": e, "routing": routing, "order": order}
                 for c, (_, plan) in enumerate(plans):
-                    times, dur_ms, missed, start = measure_rank(plan, n, order, a.reps)
+                    times, span_ms, missed, start = measure_rank(plan, n, order, a.reps)
                     model = uniform_band_times(plan, order)
                     dev = float((times - model).abs().max())
                     measured.append(times)
-                    info.append((dur_ms, missed, dev, start))
+                    info.append((span_ms, missed, dev, start))
                     bands.append(
                         pd.DataFrame(
                             {
@@ -152,7 +151,7 @@ def main() -> None:
                             }
                         )
                     )
-                base["producer_ms"] = max(i[0] for i in info)
+                base["span_ms"] = max(i[0] for i in info)
                 base["bands_missed"] = sum(i[1] for i in info)
                 base["max_band_dev"] = max(i[2] for i in info)
                 base["observer_start"] = max(i[3] for i in info)
@@ -168,7 +167,7 @@ def main() -> None:
     df.to_parquet(out / "band_times.parquet", index=False)
     pd.concat(bands).to_parquet(out / "band_times_bands.parquet", index=False)
     cols = ["out", "experts_per_rank", "routing", "source", "ready_by_0.5", "ready_by_0.75"]
-    cols += ["ready_by_0.9", "mean_ready", "producer_ms", "max_band_dev", "observer_start"]
+    cols += ["ready_by_0.9", "mean_ready", "span_ms", "max_band_dev", "observer_start"]
     print(df[cols].round(3).to_string(index=False))
 
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from systems.overlap.kernels.primitives import uniform_now
+from systems.overlap.kernels.primitives import globaltimer, uniform_now
 
 
 @triton.jit
@@ -34,6 +34,17 @@ def _observe_kernel(ready, target, times, clock, n_bands, timeout_ns, BLOCK_B: t
         pending = tl.sum((mask & (seen == 0)).to(tl.int32), axis=0)
     tl.store(times + offs, seen, mask=mask)
     tl.store(times + n_bands, t0)
+
+
+@triton.jit
+def _stamp_kernel(out):
+    tl.store(out, globaltimer())
+
+
+def stamp(out: torch.Tensor) -> None:
+    """out[0] (int64, on the device) = %globaltimer ns when this one-thread kernel runs on the
+    current stream: placed right before the producer, it marks the producer's start."""
+    _stamp_kernel[(1,)](out, num_warps=1)
 
 
 def launch_observer(ready: torch.Tensor, target: int, timeout_ns: int = 2_000_000_000):
