@@ -54,6 +54,6 @@ def launch_observer(ready: torch.Tensor, target: int, timeout_ns: int = 2_000_00
     b = ready.numel()
     times = torch.zeros(b + 1, dtype=torch.int64, device=ready.device)
     clock = torch.zeros(1, dtype=torch.int64, device=ready.device)
-    block = triton.next_power_of_2(max(b, 16))
+    block = triton.next_power_of_2(max(b, 128))  # >= one element per thread of its 4 warps
     _observe_kernel[(1,)](ready, target, times, clock, b, timeout_ns, BLOCK_B=block, num_warps=4)
     return times
