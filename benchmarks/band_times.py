@@ -68,8 +68,13 @@ def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, flo
         launch()
     side = torch.cuda.Stream()
     mark = torch.zeros(1, dtype=torch.int64, device=dev)
-    launch_observer(ready, 0)  # compiled and loaded before the observed runs
+    # every kernel of the observed runs compiled and loaded first: CUDA loads a module lazily
+    # at its first launch and that waits for running kernels, so a first launch of the sleep
+    # or the stamp behind the observer would hold the producer until the observer times out
+    launch_observer(ready, 0)
     stamp(mark)
+    torch.cuda._sleep(1)
+    torch.cuda.synchronize()
     shares_b, starts, spans, missed = [], [], [], 0
     for _ in range(reps):
         ready.zero_()
@@ -83,6 +88,11 @@ def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, flo
         t = times.double().cpu()
         t0, seen = float(mark.item()), t[:b]
         missed = max(missed, int((seen == 0).sum()))
+        if missed or float(t[b]) > t0:
+            raise RuntimeError(
+                f"band_times: the observer missed {missed} of {b} bands or started after the "
+                "producer; no share is computed from such a run"
+            )
         span = float(seen.max()) - t0
         shares_b.append(((seen - t0) / span).clamp(1e-6, 1.0))
         starts.append((float(t[b]) - t0) / span)
