@@ -175,7 +175,10 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "band_times.parquet", index=False)
-    pd.concat(bands).to_parquet(out / "band_times_bands.parquet", index=False)
+    bands = pd.concat(bands)
+    for k, v in provenance().items():
+        bands[k] = v
+    bands.to_parquet(out / "band_times_bands.parquet", index=False)
     cols = ["out", "experts_per_rank", "routing", "source", "ready_by_0.5", "ready_by_0.75"]
     cols += ["ready_by_0.9", "mean_ready", "span_ms", "max_band_dev", "observer_start"]
     print(df[cols].round(3).to_string(index=False))
