@@ -1,16 +1,22 @@
 """When does each token's last row arrive? The share of the fused scale's work that a
-readiness-driven scale could start before the producer's last band (a model, no GPU).
+readiness-driven scale could start before the producer's last band (models, no GPU;
+benchmarks/band_times.py measures the band times on a GPU).
 
 The scale needs all top_k rows of a token (harness/layout.py: out[t] = sum_j w_tj * y_tj); a
-row is ready when the band that computes it is done on its expert's rank. Model: every rank's
-producer finishes its bands at a uniform rate in its visiting order (order "remote_first": the
-schedule; "expert": systems.overlap.plan.producer_order), all ranks in step, and a remote row
-lands when its band is done (the consumer's put and the wire add to it). A band's time is then
-(its visiting position + 1) / bands, and a token's ready time the latest of its rows' times.
+row is ready when the band that computes it is done on its expert's rank. Every rank's producer
+runs in step, and a remote row lands when its band is done (the consumer's put and the wire add
+to it). When is a band done, as a share of the producer:
+  uniform  at a steady rate in its visiting order (order "remote_first": the schedule; "expert":
+           systems.overlap.plan.producer_order): (its visiting position + 1) / bands
+  waves    the producer's own tile order (its swizzle groups, walked column tile by column
+           tile) in waves of GRID equal tiles, its flag one tile later where it is deferred
+           (wave_band_times); depends on N, K and the tile table
+A token's ready time is the latest of its rows' times.
 
-Printed per (E, routing, order): the share of tokens (= of the scale's rows: every token has
-top_k of them) ready by 50%, 75% and 90% of the producer, and the mean ready time.
-Usage: python -m benchmarks.token_ready [--world 2] [--experts 4,16,64] [--out T.csv]
+Printed per (model, N for waves, E, routing, order): the share of tokens (= of the scale's rows:
+every token has top_k of them) ready by 50%, 75% and 90% of the producer, and the mean ready
+time. Usage: python -m benchmarks.token_ready [--world 2] [--experts 4,16,64] [--n 4096,8192]
+[--models uniform,waves] [--out T.csv]
 """
 
 from __future__ import annotations
@@ -24,10 +30,14 @@ import torch
 from harness.layout import rank_layout
 from harness.workload import ROUTINGS, WorkloadSpec
 from systems.overlap.autotune import auto_order
-from systems.overlap.plan import LAYOUTS, ORDERS, build_plan, producer_order
+from systems.overlap.plan import LAYOUTS, ORDERS, build_plan, producer_groups, producer_order
 
 #: producer progress (share of its bands done) at which the printed shares are read
 MARKS = (0.5, 0.75, 0.9)
+#: the models of when a band is done (ready_times)
+MODELS = ("uniform", "waves")
+#: the producer's programs in the waves model: an H200's SMs less one (benchmarks/band_times.py)
+GRID = 131
 
 
 def rank_plans(spec: WorkloadSpec, tile_m: int, layout: str) -> list[tuple[Any, Any]]:
@@ -62,20 +72,58 @@ def uniform_band_times(plan: Any, order: str) -> torch.Tensor:
     return (step + 1).double() / B
 
 
+def wave_band_times(plan: Any, order: str, n: int, k: int, grid: int) -> torch.Tensor:
+    """times [B] (by band id) from the producer's own tile order (kernels/producer.py: tile t
+    of B x tiles_n runs in wave t // grid on program t % grid, its swizzle groups walked column
+    tile by column tile), every tile taking the same time: a band is done with its last tile,
+    and its flag rises one tile later where the table's flag is deferred (not after a
+    program's last tile); as a share of the last band's time."""
+    from systems.overlap.kernels.producer import pick_config
+    from systems.overlap.modes import GROUP_CODE
+
+    cfg = pick_config(plan.tile_m, k, n, torch.bfloat16)
+    B, tn = plan.n_bands, cfg.tiles_n(n)
+    t = torch.arange(B * tn)
+    visit = producer_order(plan).long() if order == "expert" else None
+    if cfg.expert_groups:
+        g = producer_groups(plan, visit, cfg.group_m).long()[t // tn]
+        first, size = g // GROUP_CODE, g % GROUP_CODE
+        s = first + (t - first * tn) % size
+    elif cfg.group_m == 1:
+        s = t // tn
+    else:
+        per = cfg.group_m * tn
+        first = (t // per) * cfg.group_m
+        s = first + (t % per) % (B - first).clamp(max=cfg.group_m)
+    band = plan.schedule.long()[visit[s] if visit is not None else s]
+    deferred = cfg.flag in ("deferred", "warp", "mid")
+    done = (t // grid + 1).double() + float(deferred) * ((t + grid) < B * tn).double()
+    times = torch.zeros(B, dtype=torch.float64).scatter_reduce(0, band, done, "amax")
+    return times / times.max()
+
+
 def ready_times(
     spec: WorkloadSpec,
     tile_m: int,
     layout: str,
     order: str,
     band_times: list[torch.Tensor] | None = None,
+    model: str = "uniform",
+    grid: int = GRID,
 ) -> torch.Tensor:
     """ready [W, T] float: the producer progress (0, 1] at which each token's last row is done.
     band_times [W] of [B_c] (optional): each rank's band times by band id, as a share of its
-    producer's time (benchmarks/band_times.py measures them); None: the uniform model."""
+    producer's time (benchmarks/band_times.py measures them); None: the model named ("uniform":
+    uniform_band_times; "waves": wave_band_times on `grid` programs)."""
     plans = rank_plans(spec, tile_m, layout)
     ready = torch.zeros(spec.world_size, spec.tokens_per_rank)
     for c, (lay, plan) in enumerate(plans):  # c computes its experts' rows for every owner
-        times = uniform_band_times(plan, order) if band_times is None else band_times[c]
+        if band_times is not None:
+            times = band_times[c]
+        elif model == "waves":
+            times = wave_band_times(plan, order, spec.out, spec.hidden, grid)
+        else:
+            times = uniform_band_times(plan, order)
         band = torch.searchsorted(plan.band_row, plan.row_pos, right=True) - 1  # [R]
         t = times.double()[band]
         for s in range(spec.world_size):
@@ -100,24 +148,30 @@ def table(
     routings: list[str],
     tile_m: int,
     layout: str,
+    ns: list[int] = (4096,),
+    models: tuple[str, ...] = ("uniform",),
+    hidden: int = 2048,
 ) -> pd.DataFrame:
     rows = []
-    for e in experts:
-        for routing in routings:
-            spec = WorkloadSpec(
-                tokens_per_rank=tokens,
-                hidden=1,
-                out=1,
-                experts_per_rank=e,
-                top_k=top_k,
-                world_size=world,
-                routing=routing,
-            )
-            for order in ORDERS:
-                r = ready_times(spec, tile_m, layout, order)
-                row = {"experts_per_rank": e, "routing": routing, "order": order}
-                row["auto"] = order == auto_order(tokens, top_k, e, tile_m)
-                rows.append({**row, **shares(r)})
+    for model in models:
+        for n in ns if model == "waves" else ns[:1]:  # the uniform model does not see N
+            for e in experts:
+                for routing in routings:
+                    spec = WorkloadSpec(
+                        tokens_per_rank=tokens,
+                        hidden=hidden,
+                        out=n,
+                        experts_per_rank=e,
+                        top_k=top_k,
+                        world_size=world,
+                        routing=routing,
+                    )
+                    for order in ORDERS:
+                        r = ready_times(spec, tile_m, layout, order, model=model)
+                        row = {"model": model, "out": n if model == "waves" else None}
+                        row.update(experts_per_rank=e, routing=routing, order=order)
+                        row["auto"] = order == auto_order(tokens, top_k, e, tile_m)
+                        rows.append({**row, **shares(r)})
     return pd.DataFrame(rows)
 
 
@@ -130,19 +184,25 @@ def main() -> None:
     ap.add_argument("--routing", default=",".join(ROUTINGS))
     ap.add_argument("--tile-m", type=int, default=128)
     ap.add_argument("--layout", default="compact", choices=LAYOUTS)
+    ap.add_argument("--n", default="4096,8192", help="N of the waves model (the tile table's)")
+    ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--out", default="", help="also write the table as CSV")
     a = ap.parse_args()
     try:
         experts = [int(x) for x in a.experts.split(",")]
+        ns = [int(x) for x in a.n.split(",")]
     except ValueError:
-        ap.error(f"--experts takes comma-separated integers, got {a.experts!r}")
+        ap.error("--experts and --n take comma-separated integers")
+    models = tuple(a.models.split(","))
+    if set(models) - set(MODELS):
+        ap.error(f"unknown model in {list(models)}; choices: {', '.join(MODELS)}")
     routings = a.routing.split(",")
     bad = sorted(set(routings) - set(ROUTINGS))
     if bad:
         ap.error(f"unknown routing {bad}; choices: {', '.join(ROUTINGS)}")
     if a.world < 1 or a.tokens < 1 or a.tile_m < 1 or not 1 <= a.top_k <= a.world * min(experts):
         ap.error("--world, --tokens, --tile-m >= 1 and 1 <= --top-k <= world x experts")
-    df = table(a.world, a.tokens, a.top_k, experts, routings, a.tile_m, a.layout)
+    df = table(a.world, a.tokens, a.top_k, experts, routings, a.tile_m, a.layout, ns, models)
     if a.out:
         df.to_csv(a.out, index=False)
     print(df.round(3).to_string(index=False))

@@ -302,3 +302,29 @@ def test_band_times_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch, 
     with pytest.raises(SystemExit) as exc:
         band_times.main()
     assert str(exc.value).startswith("error: band_times needs a CUDA GPU")
+
+
+def test_token_ready_waves_model_follows_the_producers_tile_order():
+    """One band per expert, N=1024 (the table's band-major tiles, flags not deferred): on one
+    program the first band ends at half the tiles; on 8 programs it ends with the first wave."""
+    import torch
+
+    from benchmarks.token_ready import rank_plans, wave_band_times
+    from harness.workload import WorkloadSpec
+
+    spec = WorkloadSpec(
+        tokens_per_rank=128,
+        hidden=2048,
+        out=1024,
+        experts_per_rank=2,
+        top_k=1,
+        world_size=1,
+        routing="balanced",
+    )
+    _, plan = rank_plans(spec, 128, "compact")[0]
+    assert plan.n_bands == 2  # 8 column tiles of 128 each
+    first, last = plan.schedule.tolist()
+    for grid in (1, 8):
+        t = wave_band_times(plan, "remote_first", 1024, 2048, grid)
+        assert t[first] == 0.5 and t[last] == 1.0, (grid, t)
+    assert torch.equal(wave_band_times(plan, "remote_first", 1024, 2048, 16), torch.ones(2))
