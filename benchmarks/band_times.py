@@ -1,19 +1,23 @@
 """When does each band of the producer finish, measured on one GPU, and when does each token's
-last row become ready then? Checks benchmarks/token_ready.py's model (bands finish at a steady
-rate in visiting order) with the producer's own flags.
+last row become ready then? Checks benchmarks/token_ready.py's models with the producer's own
+flags.
 
 Per workload (W=2 by default: each rank's real plan, compact, the auto order, the shipped tile
-table) and per rank: the producer on SMs - 1 (every band signalled) runs once per rep next to an
-observer (one CTA on the spare SM, systems/overlap/kernels/observer.py) that records when each
-band's counter reached its target, after a one-thread stamp kernel on the producer's stream that
-marks its start. A band's time is its share of the producer's span: (its time - the stamp) /
-(the last band's time - the stamp), median over the reps. The tokens' ready shares then follow
-as in token_ready.py, from the measured band times ("measured") and from the model ("model"),
-side by side. Usage: python -m benchmarks.band_times [--out DIR] [--n 4096,8192] [--experts
-4,16,64] [--routing balanced,stress_skew] [--reps 5]; writes band_times.parquet (per workload:
-both sources' shares, the producer's span in ms, the largest gap of a band's measured time to
-the model's, bands never seen, the observer's start as a share of the producer: it must be <= 0)
-and band_times_bands.parquet (per rank and band: model and measured), prints a table.
+table, or the tile orders of --swizzles) and per rank: the producer on SMs - 1 (every band
+signalled) runs once per rep next to an observer (one CTA on the spare SM,
+systems/overlap/kernels/observer.py) that records when each band's counter reached its target,
+after a one-thread stamp kernel on the producer's stream that marks its start. A band's time is
+its share of the producer's span: (its time - the stamp) / (the last band's time - the stamp),
+median over the reps. The tokens' ready shares then follow as in token_ready.py, from the
+measured band times ("measured") and from the two models ("model": a steady rate; "waves": the
+tile order in waves), side by side.
+
+Usage: python -m benchmarks.band_times [--out DIR] [--n 4096,8192] [--experts 4,16,64]
+[--routing balanced,stress_skew] [--reps 5] [--swizzles table,fixed1]; writes band_times.parquet
+(per workload and swizzle: each source's shares, the producer's span in ms (a tile order's
+cost), the largest gap of a band's measured time to each model's, bands never seen, the
+observer's start as a share of the producer: it must be <= 0) and band_times_bands.parquet (per
+rank and band: both models and measured), prints a table.
 """
 
 from __future__ import annotations
@@ -26,10 +30,17 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from benchmarks.token_ready import rank_plans, ready_times, shares, uniform_band_times
+from benchmarks.token_ready import (
+    rank_plans,
+    ready_times,
+    shares,
+    uniform_band_times,
+    wave_band_times,
+)
 from harness.records import provenance
 from harness.workload import ROUTINGS, WorkloadSpec
 from systems.overlap.autotune import auto_order
+from systems.overlap.modes import parse_swizzle
 
 T, K, TOP_K, TILE_M, LAYOUT = 8192, 2048, 2, 128, "compact"
 #: GPU cycles the producer's stream sleeps before it (about 100 us at 1.98 GHz), so the
@@ -37,12 +48,14 @@ T, K, TOP_K, TILE_M, LAYOUT = 8192, 2048, 2, 128, "compact"
 SLEEP_CYCLES = 200_000
 
 
-def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, float, int, float]:
+def measure_rank(
+    plan, n: int, order: str, reps: int, swizzle: str = "table"
+) -> tuple[torch.Tensor, float, int, float]:
     """(band times [B] as shares of the producer's span, that span in ms (from a stamp kernel
     right before the producer to its last band's flag), bands never seen, the observer's start
     as a share of the span: <= 0 when it started before the producer) of one rank, medians over
     the reps."""
-    from systems.overlap.kernels import launch_producer, pick_config
+    from systems.overlap.kernels import launch_producer, pick_config, with_swizzle
     from systems.overlap.kernels.observer import launch_observer, stamp
     from systems.overlap.plan import producer_groups, producer_order
 
@@ -54,7 +67,7 @@ def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, flo
     w = (torch.randn(e, K, n, generator=gen, device=dev) / math.sqrt(K)).to(torch.bfloat16)
     y = torch.empty(plan.n_padded, n, dtype=torch.bfloat16, device=dev)
     ready = torch.zeros(b, dtype=torch.int32, device=dev)
-    cfg = pick_config(TILE_M, K, n, torch.bfloat16)
+    cfg = with_swizzle(pick_config(TILE_M, K, n, torch.bfloat16), swizzle)
     visit = producer_order(p) if order == "expert" else None
     groups = producer_groups(p, visit, cfg.group_m) if cfg.expert_groups else None
     grid = torch.cuda.get_device_properties(0).multi_processor_count - 1
@@ -102,6 +115,48 @@ def measure_rank(plan, n: int, order: str, reps: int) -> tuple[torch.Tensor, flo
     return torch.stack(shares_b).median(0).values, span_ms, missed, start
 
 
+def measure_workload(spec, plans, order: str, swizzle: str, reps: int, bands: list) -> list:
+    """Rows of one workload and tile order: the tokens' ready shares from the measured band
+    times and from both models of token_ready.py; appends each rank's bands to `bands`."""
+    n = spec.out
+    grid = torch.cuda.get_device_properties(0).multi_processor_count - 1
+    base = {"out": n, "experts_per_rank": spec.experts_per_rank, "routing": spec.routing}
+    base.update(order=order, swizzle=swizzle)
+    measured, info = [], []
+    for c, (_, plan) in enumerate(plans):
+        times, span_ms, missed, start = measure_rank(plan, n, order, reps, swizzle)
+        uniform = uniform_band_times(plan, order)
+        waves = wave_band_times(plan, order, n, K, grid, swizzle)
+        measured.append(times)
+        info.append((span_ms, missed, start, (times - uniform).abs(), (times - waves).abs()))
+        bands.append(
+            pd.DataFrame(
+                {
+                    **base,
+                    "rank": c,
+                    "band": range(plan.n_bands),
+                    "model": uniform.numpy(),
+                    "waves": waves.numpy(),
+                    "measured": times.numpy(),
+                }
+            )
+        )
+    base["span_ms"] = max(i[0] for i in info)
+    base["bands_missed"] = sum(i[1] for i in info)
+    base["observer_start"] = max(i[2] for i in info)
+    base["max_band_dev"] = max(float(i[3].max()) for i in info)
+    base["max_band_dev_waves"] = max(float(i[4].max()) for i in info)
+    rows = []
+    for source, bt, model in (
+        ("measured", measured, "uniform"),
+        ("model", None, "uniform"),
+        ("waves", None, "waves"),
+    ):
+        r = ready_times(spec, TILE_M, LAYOUT, order, band_times=bt, model=model, grid=grid)
+        rows.append({**base, "source": source, **shares(r)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=".")
@@ -110,6 +165,9 @@ def main() -> None:
     ap.add_argument("--experts", default="4,16,64")
     ap.add_argument("--routing", default="balanced,stress_skew")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--swizzles", default="table", help="the producer's tile orders (modes.parse_swizzle)"
+    )
     a = ap.parse_args()
     try:
         ns = [int(v) for v in a.n.split(",")]
@@ -122,6 +180,12 @@ def main() -> None:
         ap.error(f"unknown routing {bad}; choices: {', '.join(ROUTINGS)}")
     if a.reps < 1 or a.world < 1 or min(ns + experts) < 1:
         ap.error("--reps, --world, --n and --experts must be >= 1")
+    swizzles = a.swizzles.split(",")
+    try:
+        for sw in swizzles:
+            parse_swizzle(sw)
+    except ValueError as exc:
+        ap.error(str(exc))
     if not torch.cuda.is_available():
         sys.exit(
             "error: band_times needs a CUDA GPU (the producer and its observer are GPU kernels)"
@@ -142,33 +206,9 @@ def main() -> None:
                 )
                 order = auto_order(T, TOP_K, e, TILE_M)
                 plans = rank_plans(spec, TILE_M, LAYOUT)
-                measured, info = [], []
-                base = {"out": n, "experts_per_rank": e, "routing": routing, "order": order}
-                for c, (_, plan) in enumerate(plans):
-                    times, span_ms, missed, start = measure_rank(plan, n, order, a.reps)
-                    model = uniform_band_times(plan, order)
-                    dev = float((times - model).abs().max())
-                    measured.append(times)
-                    info.append((span_ms, missed, dev, start))
-                    bands.append(
-                        pd.DataFrame(
-                            {
-                                **base,
-                                "rank": c,
-                                "band": range(plan.n_bands),
-                                "model": model.numpy(),
-                                "measured": times.numpy(),
-                            }
-                        )
-                    )
-                base["span_ms"] = max(i[0] for i in info)
-                base["bands_missed"] = sum(i[1] for i in info)
-                base["max_band_dev"] = max(i[2] for i in info)
-                base["observer_start"] = max(i[3] for i in info)
-                for source, bt in (("measured", measured), ("model", None)):
-                    r = ready_times(spec, TILE_M, LAYOUT, order, band_times=bt)
-                    rows.append({**base, "source": source, **shares(r)})
-                print(f"[band_times] N={n} E={e} {routing}: {rows[-2]}", flush=True)
+                for sw in swizzles:
+                    rows += measure_workload(spec, plans, order, sw, a.reps, bands)
+                    print(f"[band_times] N={n} E={e} {routing} {sw}: {rows[-3]}", flush=True)
     df = pd.DataFrame(rows)
     for k, v in provenance().items():
         df[k] = v
@@ -179,8 +219,9 @@ def main() -> None:
     for k, v in provenance().items():
         bands[k] = v
     bands.to_parquet(out / "band_times_bands.parquet", index=False)
-    cols = ["out", "experts_per_rank", "routing", "source", "ready_by_0.5", "ready_by_0.75"]
-    cols += ["ready_by_0.9", "mean_ready", "span_ms", "max_band_dev", "observer_start"]
+    cols = ["out", "experts_per_rank", "routing", "swizzle", "source", "ready_by_0.5"]
+    cols += ["ready_by_0.75"]
+    cols += ["ready_by_0.9", "mean_ready", "span_ms", "max_band_dev", "max_band_dev_waves"]
     print(df[cols].round(3).to_string(index=False))
 
 

@@ -72,16 +72,19 @@ def uniform_band_times(plan: Any, order: str) -> torch.Tensor:
     return (step + 1).double() / B
 
 
-def wave_band_times(plan: Any, order: str, n: int, k: int, grid: int) -> torch.Tensor:
+def wave_band_times(
+    plan: Any, order: str, n: int, k: int, grid: int, swizzle: str = "table"
+) -> torch.Tensor:
     """times [B] (by band id) from the producer's own tile order (kernels/producer.py: tile t
     of B x tiles_n runs in wave t // grid on program t % grid, its swizzle groups walked column
     tile by column tile), every tile taking the same time: a band is done with its last tile,
     and its flag rises one tile later where the table's flag is deferred (not after a
-    program's last tile); as a share of the last band's time."""
-    from systems.overlap.kernels.producer import pick_config
+    program's last tile); as a share of the last band's time. swizzle: the overlap system's
+    knob (modes.parse_swizzle; "fixed1" walks each band's column tiles in a row)."""
+    from systems.overlap.kernels.producer import pick_config, with_swizzle
     from systems.overlap.modes import GROUP_CODE
 
-    cfg = pick_config(plan.tile_m, k, n, torch.bfloat16)
+    cfg = with_swizzle(pick_config(plan.tile_m, k, n, torch.bfloat16), swizzle)
     B, tn = plan.n_bands, cfg.tiles_n(n)
     t = torch.arange(B * tn)
     visit = producer_order(plan).long() if order == "expert" else None

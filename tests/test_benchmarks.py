@@ -297,6 +297,10 @@ def test_band_times_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch, 
     with pytest.raises(SystemExit):
         band_times.main()
     assert "comma-separated integers" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["band_times", "--swizzles", "table,rows"])
+    with pytest.raises(SystemExit):
+        band_times.main()
+    assert "swizzle must be one of" in capsys.readouterr().err
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.setattr("sys.argv", ["band_times"])
     with pytest.raises(SystemExit) as exc:
