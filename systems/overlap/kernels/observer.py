@@ -7,7 +7,9 @@ observer holds no shared memory, so an SM it sits on may lack the producer's sha
 carve-out (systems/overlap/kernels/consumer.py says why), and a producer CTA queued behind it
 would wait for the observer's time-out. Resolution: one poll of all B counters (volatile loads,
 L1 bypassed) per loop, about a microsecond. Bounded: it stops after `timeout_ns`; bands not
-seen by then keep time 0 and the host reports them.
+seen by then keep time 0 and the host reports them. Launch every other kernel of the observed
+run once before it: CUDA loads a kernel's module at its first launch, and that load waits for
+the kernels running, i.e. for this one's time-out (benchmarks/band_times.py does so).
 """
 
 from __future__ import annotations
