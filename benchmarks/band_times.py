@@ -152,7 +152,7 @@ def measure_workload(spec, plans, order: str, swizzle: str, reps: int, bands: li
         ("model", None, "uniform"),
         ("waves", None, "waves"),
     ):
-        r = ready_times(spec, TILE_M, LAYOUT, order, band_times=bt, model=model, grid=grid)
+        r = ready_times(spec, TILE_M, LAYOUT, order, bt, model=model, grid=grid, swizzle=swizzle)
         rows.append({**base, "source": source, **shares(r)})
     return rows
 

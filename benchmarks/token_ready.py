@@ -113,18 +113,19 @@ def ready_times(
     band_times: list[torch.Tensor] | None = None,
     model: str = "uniform",
     grid: int = GRID,
+    swizzle: str = "table",
 ) -> torch.Tensor:
     """ready [W, T] float: the producer progress (0, 1] at which each token's last row is done.
     band_times [W] of [B_c] (optional): each rank's band times by band id, as a share of its
     producer's time (benchmarks/band_times.py measures them); None: the model named ("uniform":
-    uniform_band_times; "waves": wave_band_times on `grid` programs)."""
+    uniform_band_times; "waves": wave_band_times on `grid` programs, tile order `swizzle`)."""
     plans = rank_plans(spec, tile_m, layout)
     ready = torch.zeros(spec.world_size, spec.tokens_per_rank)
     for c, (lay, plan) in enumerate(plans):  # c computes its experts' rows for every owner
         if band_times is not None:
             times = band_times[c]
         elif model == "waves":
-            times = wave_band_times(plan, order, spec.out, spec.hidden, grid)
+            times = wave_band_times(plan, order, spec.out, spec.hidden, grid, swizzle)
         else:
             times = uniform_band_times(plan, order)
         band = torch.searchsorted(plan.band_row, plan.row_pos, right=True) - 1  # [R]
