@@ -204,8 +204,12 @@ def main() -> None:
     bad = sorted(set(routings) - set(ROUTINGS))
     if bad:
         ap.error(f"unknown routing {bad}; choices: {', '.join(ROUTINGS)}")
-    if a.world < 1 or a.tokens < 1 or a.tile_m < 1 or not 1 <= a.top_k <= a.world * min(experts):
-        ap.error("--world, --tokens, --tile-m >= 1 and 1 <= --top-k <= world x experts")
+    if a.world < 1 or a.tokens < 1 or min(experts + ns) < 1:
+        ap.error("--world, --tokens, --experts and --n must be >= 1")
+    if not 1 <= a.top_k <= a.world * min(experts):
+        ap.error("--top-k must be in [1, world x experts]")
+    if a.tile_m not in (64, 128):
+        ap.error(f"--tile-m must be 64 or 128 (the producer's tile heights), got {a.tile_m}")
     df = table(a.world, a.tokens, a.top_k, experts, routings, a.tile_m, a.layout, ns, models)
     if a.out:
         df.to_csv(a.out, index=False)

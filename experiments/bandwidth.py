@@ -138,12 +138,16 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
         int_param("bandwidth", "ccta", p["ccta"])
         if p["ccta"] < 1 or (sm_count and p["ccta"] >= sm_count):
             raise ValueError(f"bandwidth: ccta={p['ccta']} must be in [1, {sm_count or 'SMs'})")
+    # loopback cells run only on one process on a GPU (skip_reason); check those
+    on_gpu = cfg.hardware.device == "cuda"
+    procs = cfg.hardware.world_size or (torch.cuda.device_count() if on_gpu else 1)
     need, have = loopback_bytes(cells), memory_bytes(cfg)
-    if have is not None and need > have:
+    if on_gpu and procs == 1 and have is not None and need > have:
         raise ValueError(
             f"bandwidth: loopback_ranks={opt['loopback_ranks']} needs {need / 2**30:.1f} GiB of "
-            f"receive buffers (W x W regions of the largest cell), more than the "
-            f"{have / 2**30:.1f} GiB here; use fewer loopback_ranks or a smaller min_total_mib"
+            f"receive buffers (W x W regions of the largest cell: its segment size times at "
+            f"least cCTA segments), more than the {have / 2**30:.1f} GiB here; use fewer "
+            f"loopback_ranks, smaller segment_kib or a smaller cCTA sweep"
         )
 
 

@@ -65,6 +65,7 @@ AXES = (
     "dtype",
 )
 GRID_AXES = AXES  # the grid axes this experiment reads (harness.preflight.unread_settings)
+ONE_RANK = True  # rank 0's expert GEMM of a W-rank grid, one rank (preflight.check_memory)
 REFERENCES = ("torch_grouped_mm", "cublas", "cublas_bmm")
 OPTIONS = {"flags": [True], "configs": ["table"], "local": ["copy"]}
 #: where the producer stores the local rows: "copy" (in Y, as the tables before this option) or

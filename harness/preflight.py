@@ -27,7 +27,8 @@ from harness.workload import DTYPES
 DRY_RUN_ROWS = 20
 #: at most this many gloo processes per CPU core
 MAX_RANKS_PER_CORE = 8
-GRID_AXES = [f for f in GridConf.__dataclass_fields__ if f != "world_size"]
+#: grid axes that must not be empty (world_size may: it defaults to the number of processes)
+NONEMPTY_AXES = [f for f in GridConf.__dataclass_fields__ if f != "world_size"]
 
 
 def table_path(cfg: Any) -> Path:
@@ -114,7 +115,7 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
         )
     if cfg.hardware.restarts < 0:
         raise HarnessUserError(f"hardware.restarts must be >= 0, got {cfg.hardware.restarts}")
-    for axis in GRID_AXES:
+    for axis in NONEMPTY_AXES:
         if len(cfg.experiment.grid[axis]) == 0:
             raise HarnessUserError(f"experiment.grid.{axis} is empty; give it at least one value")
     if not cfg.experiment.systems:
@@ -179,16 +180,21 @@ def rank_floor_bytes(cell: dict) -> int:
     return (t * k + weights + t * top * n + t * n) * DTYPES[cell["dtype"]].itemsize
 
 
-def check_memory(cfg: Any, cells: list[dict], world: int) -> None:
+def check_memory(cfg: Any, cells: list[dict], world: int, one_rank: bool = False) -> None:
     """A cell whose tensors cannot fit is a one-line error before any process starts (it would
-    be killed, or fail in every rank, with nothing to record). The ranks that share one memory:
-    every rank on a CPU host; one per GPU, or all W where one process plays them."""
+    be killed, or fail in every rank, with nothing to record). `world` processes; a cell of W
+    ranks runs with one process per rank (W == world) or all W in one process (world == 1), and
+    is skipped otherwise (harness.measure.played_ranks), so not checked. The ranks that share
+    one memory: every rank on a CPU host; one per GPU, or all W where one process plays them;
+    one where the experiment computes one rank's problem (`one_rank`, its ONE_RANK)."""
     have = memory_bytes(cfg)
     if have is None:
         return
     for cell in cells:
         w = int(cell.get("world_size", world) or world)
-        sharing = w if cfg.hardware.device != "cuda" or world == 1 else 1
+        if w != world and world != 1:
+            continue
+        sharing = 1 if one_rank else w if cfg.hardware.device != "cuda" or world == 1 else 1
         need = rank_floor_bytes(cell) * sharing
         if need > have:
             where = "the GPU" if cfg.hardware.device == "cuda" else "this host"
@@ -235,7 +241,7 @@ def preflight(
         if cfg.hardware.device == "cuda" and torch.cuda.is_available():
             sm = torch.cuda.get_device_properties(0).multi_processor_count
         exp.validate(cfg, cells, sm)
-        check_memory(cfg, cells, world)
+        check_memory(cfg, cells, world, getattr(exp, "ONE_RANK", False))
     except ValueError as exc:  # the experiment's and the systems' own checks raise ValueError
         raise HarnessUserError(str(exc)) from exc
     except (TypeError, KeyError, AttributeError) as exc:  # a value of the wrong kind or shape

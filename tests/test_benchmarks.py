@@ -332,3 +332,41 @@ def test_token_ready_waves_model_follows_the_producers_tile_order():
         t = wave_band_times(plan, "remote_first", 1024, 2048, grid)
         assert t[first] == 0.5 and t[last] == 1.0, (grid, t)
     assert torch.equal(wave_band_times(plan, "remote_first", 1024, 2048, 16), torch.ones(2))
+
+
+def test_token_ready_waves_model_walks_a_swizzle_group_column_tile_by_column_tile():
+    """N=4096 (the table's expert groups of up to 16 bands, deferred flags) on ONE program: the
+    bands of a group end in the group's last tiles, one tile apart; band by band (fixed1) they
+    end tiles_n tiles apart; on as many programs as tiles, all end in the one wave."""
+    import torch
+
+    from benchmarks.token_ready import rank_plans, wave_band_times
+    from harness.workload import WorkloadSpec
+    from systems.overlap.modes import GROUP_CODE
+    from systems.overlap.plan import producer_groups, producer_order
+
+    spec = WorkloadSpec(
+        tokens_per_rank=2048,
+        hidden=2048,
+        out=4096,
+        experts_per_rank=4,
+        top_k=2,
+        world_size=2,
+        routing="balanced",
+    )
+    _, plan = rank_plans(spec, 128, "compact")[0]
+    b, tn = plan.n_bands, 4096 // 256
+    visit = producer_order(plan).long()
+    band_at = plan.schedule.long()[visit]  # band of each visiting position
+    tiles = b * tn
+    t = wave_band_times(plan, "expert", 4096, 2048, 1) * tiles  # in tiles (the last ends at T)
+    groups = producer_groups(plan, visit, 16).long()
+    first, size = (groups // GROUP_CODE).tolist(), (groups % GROUP_CODE).tolist()
+    for f, g in sorted(set(zip(first, size))):
+        ends = t[band_at[f : f + g]]
+        expect = torch.arange(g) + f * tn + (tn - 1) * g + 2.0  # its last tiles, then the flag
+        expect[expect > tiles] = tiles  # the program's last tile publishes at the loop's end
+        assert torch.equal(ends, expect.double()), (f, g, ends, expect)
+    t1 = wave_band_times(plan, "expert", 4096, 2048, 1, "fixed1") * tiles
+    assert torch.equal(t1[band_at], (torch.arange(b) * tn + tn + 1.0).clamp(max=tiles).double())
+    assert torch.equal(wave_band_times(plan, "expert", 4096, 2048, tiles), torch.ones(b).double())

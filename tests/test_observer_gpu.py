@@ -32,7 +32,8 @@ def test_observer_records_each_band_once_it_reaches_its_target():
     times, span_ms, missed, start = measure_rank(plan, 1024, "expert", reps=2)
     assert missed == 0 and span_ms > 0 and start <= 0, (missed, span_ms, start)
     assert times.shape == (plan.n_bands,) and ((times > 0) & (times <= 1)).all()
-    assert times.max() == 1.0  # the last band ends the producer
+    # the last band ends the producer's span in every run (medians per band: near 1)
+    assert times.max() > 0.9, times
     # the band visited first is done no later than the band visited last
     model = uniform_band_times(plan, "expert")
     assert times[model.argmin()] <= times[model.argmax()], (times, model)

@@ -191,5 +191,7 @@ def test_a_cell_that_cannot_fit_the_memory_is_refused_before_any_rank(monkeypatc
         pf.check_memory(gpu, [{**cell, "world_size": 8}], 1)  # one process plays all 8
     with pytest.raises(pf.HarnessUserError, match="GiB of this host"):
         pf.check_memory(cpu, [{**cell, "world_size": 5}], 5)
+    pf.check_memory(gpu, [{**cell, "world_size": 8}], 1, one_rank=True)  # one rank's problem
+    pf.check_memory(gpu, [{**cell, "world_size": 64, "tokens_per_rank": 10**9}], 2)  # skipped
     monkeypatch.setattr(pf, "memory_bytes", lambda cfg: None)  # a GPU config, no GPU here
     pf.check_memory(gpu, [{**cell, "tokens_per_rank": 10**12}], 1)
