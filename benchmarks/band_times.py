@@ -8,9 +8,10 @@ signalled) runs once per rep next to an observer (one CTA on the spare SM,
 systems/overlap/kernels/observer.py) that records when each band's counter reached its target,
 after a one-thread stamp kernel on the producer's stream that marks its start. A band's time is
 its share of the producer's span: (its time - the stamp) / (the last band's time - the stamp),
-median over the reps. The tokens' ready shares then follow as in token_ready.py, from the
-measured band times ("measured") and from the two models ("model": a steady rate; "waves": the
-tile order in waves), side by side.
+median over the reps. The tokens' ready shares then follow as in token_ready.py (as shares of
+the slowest rank's span: each rank's band times scaled by its own span), from the measured band
+times ("measured") and from the two models ("model": a steady rate; "waves": the tile order in
+waves), side by side.
 
 Usage: python -m benchmarks.band_times [--out DIR] [--n 4096,8192] [--experts 4,16,64]
 [--routing balanced,stress_skew] [--reps 5] [--swizzles table,fixed1]; writes band_times.parquet
@@ -122,18 +123,20 @@ def measure_workload(spec, plans, order: str, swizzle: str, reps: int, bands: li
     grid = torch.cuda.get_device_properties(0).multi_processor_count - 1
     base = {"out": n, "experts_per_rank": spec.experts_per_rank, "routing": spec.routing}
     base.update(order=order, swizzle=swizzle)
-    measured, info = [], []
+    measured, spans, info = [], [], []
     for c, (_, plan) in enumerate(plans):
         times, span_ms, missed, start = measure_rank(plan, n, order, reps, swizzle)
         uniform = uniform_band_times(plan, order)
         waves = wave_band_times(plan, order, n, K, grid, swizzle)
         measured.append(times)
+        spans.append(span_ms)
         info.append((span_ms, missed, start, (times - uniform).abs(), (times - waves).abs()))
         bands.append(
             pd.DataFrame(
                 {
                     **base,
                     "rank": c,
+                    "span_ms": span_ms,
                     "band": range(plan.n_bands),
                     "model": uniform.numpy(),
                     "waves": waves.numpy(),
@@ -152,7 +155,9 @@ def measure_workload(spec, plans, order: str, swizzle: str, reps: int, bands: li
         ("model", None, "uniform"),
         ("waves", None, "waves"),
     ):
-        r = ready_times(spec, TILE_M, LAYOUT, order, bt, model=model, grid=grid, swizzle=swizzle)
+        r = ready_times(
+            spec, TILE_M, LAYOUT, order, bt, model=model, grid=grid, swizzle=swizzle, spans=spans
+        )
         rows.append({**base, "source": source, **shares(r)})
     return rows
 

@@ -4,10 +4,11 @@ benchmarks/band_times.py measures the band times on a GPU).
 
 The scale needs all top_k rows of a token (harness/layout.py: out[t] = sum_j w_tj * y_tj); a
 row is ready when the band that computes it is done on its expert's rank. Every rank's producer
-runs in step, and a remote row lands when its band is done (the consumer's put and the wire add
-to it). When is a band done, as a share of the producer:
-  uniform  at a steady rate in its visiting order (order "remote_first": the schedule; "expert":
-           systems.overlap.plan.producer_order): (its visiting position + 1) / bands
+starts with the step (a rank with fewer bands ends sooner; times are shares of the slowest
+rank's producer), and a remote row lands when its band is done (the consumer's put and the wire
+add to it). When is a band done:
+  uniform  at a steady rate of one band per unit of time in its visiting order (order
+           "remote_first": the schedule; "expert": systems.overlap.plan.producer_order)
   waves    the producer's own tile order (its swizzle groups, walked column tile by column
            tile) in waves of GRID equal tiles, its flag one tile later where it is deferred
            (wave_band_times); depends on N, K and the tile table
@@ -73,14 +74,15 @@ def uniform_band_times(plan: Any, order: str) -> torch.Tensor:
 
 
 def wave_band_times(
-    plan: Any, order: str, n: int, k: int, grid: int, swizzle: str = "table"
+    plan: Any, order: str, n: int, k: int, grid: int, swizzle: str = "table", share: bool = True
 ) -> torch.Tensor:
     """times [B] (by band id) from the producer's own tile order (kernels/producer.py: tile t
     of B x tiles_n runs in wave t // grid on program t % grid, its swizzle groups walked column
     tile by column tile), every tile taking the same time: a band is done with its last tile,
     and its flag rises one tile later where the table's flag is deferred (not after a
-    program's last tile); as a share of the last band's time. swizzle: the overlap system's
-    knob (modes.parse_swizzle; "fixed1" walks each band's column tiles in a row)."""
+    program's last tile); as a share of the last band's time (share=False: in tile times).
+    swizzle: the overlap system's knob (modes.parse_swizzle; "fixed1" walks each band's column
+    tiles in a row)."""
     from systems.overlap.kernels.producer import pick_config, with_swizzle
     from systems.overlap.modes import GROUP_CODE
 
@@ -102,7 +104,7 @@ def wave_band_times(
     deferred = cfg.flag in ("deferred", "warp", "mid")
     done = (t // grid + 1).double() + float(deferred) * ((t + grid) < B * tn).double()
     times = torch.zeros(B, dtype=torch.float64).scatter_reduce(0, band, done, "amax")
-    return times / times.max()
+    return times / times.max() if share else times
 
 
 def ready_times(
@@ -114,22 +116,28 @@ def ready_times(
     model: str = "uniform",
     grid: int = GRID,
     swizzle: str = "table",
+    spans: list[float] | None = None,
 ) -> torch.Tensor:
-    """ready [W, T] float: the producer progress (0, 1] at which each token's last row is done.
-    band_times [W] of [B_c] (optional): each rank's band times by band id, as a share of its
-    producer's time (benchmarks/band_times.py measures them); None: the model named ("uniform":
-    uniform_band_times; "waves": wave_band_times on `grid` programs, tile order `swizzle`)."""
+    """ready [W, T] float: when each token's last row is done, as a share (0, 1] of the slowest
+    rank's producer (every rank's producer starts with the step; a rank with fewer bands ends
+    sooner). band_times [W] of [B_c] (optional): each rank's band times by band id as a share
+    of its own producer's span, spans [W] those spans (benchmarks/band_times.py measures both;
+    None: equal); without band_times, the model named: "uniform" (uniform_band_times, a band
+    per unit of time) or "waves" (wave_band_times on `grid` programs, tile order `swizzle`)."""
     plans = rank_plans(spec, tile_m, layout)
+    own = []  # each rank's band times in one unit of time across ranks
+    for c, (_, plan) in enumerate(plans):
+        if band_times is not None:
+            own.append(band_times[c].double() * (spans[c] if spans else 1.0))
+        elif model == "waves":
+            own.append(wave_band_times(plan, order, spec.out, spec.hidden, grid, swizzle, False))
+        else:
+            own.append(uniform_band_times(plan, order) * plan.n_bands)
+    slowest = max(float(t.max()) for t in own)
     ready = torch.zeros(spec.world_size, spec.tokens_per_rank)
     for c, (lay, plan) in enumerate(plans):  # c computes its experts' rows for every owner
-        if band_times is not None:
-            times = band_times[c]
-        elif model == "waves":
-            times = wave_band_times(plan, order, spec.out, spec.hidden, grid, swizzle)
-        else:
-            times = uniform_band_times(plan, order)
         band = torch.searchsorted(plan.band_row, plan.row_pos, right=True) - 1  # [R]
-        t = times.double()[band]
+        t = own[c][band] / slowest
         for s in range(spec.world_size):
             mine = lay.recv_src == s
             tok = plans[s][0].send_token[lay.recv_dst_index[mine]]
