@@ -32,6 +32,7 @@ import pandas as pd
 import torch
 
 from benchmarks.token_ready import (
+    parse_grid,
     rank_plans,
     ready_times,
     shares,
@@ -39,7 +40,7 @@ from benchmarks.token_ready import (
     wave_band_times,
 )
 from harness.records import provenance
-from harness.workload import ROUTINGS, WorkloadSpec
+from harness.workload import WorkloadSpec
 from systems.overlap.autotune import auto_order
 from systems.overlap.modes import parse_swizzle
 
@@ -174,17 +175,9 @@ def main() -> None:
         "--swizzles", default="table", help="the producer's tile orders (modes.parse_swizzle)"
     )
     a = ap.parse_args()
-    try:
-        ns = [int(v) for v in a.n.split(",")]
-        experts = [int(v) for v in a.experts.split(",")]
-    except ValueError:
-        ap.error("--n and --experts take comma-separated integers")
-    routings = a.routing.split(",")
-    bad = sorted(set(routings) - set(ROUTINGS))
-    if bad:
-        ap.error(f"unknown routing {bad}; choices: {', '.join(ROUTINGS)}")
-    if a.reps < 1 or a.world < 1 or min(ns + experts) < 1:
-        ap.error("--reps, --world, --n and --experts must be >= 1")
+    ns, experts, routings = parse_grid(ap, a)
+    if a.reps < 1 or a.world < 1:
+        ap.error("--reps and --world must be >= 1")
     swizzles = a.swizzles.split(",")
     try:
         for sw in swizzles:

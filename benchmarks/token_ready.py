@@ -187,6 +187,23 @@ def table(
     return pd.DataFrame(rows)
 
 
+def parse_grid(ap: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[list, list, list]:
+    """(ns, experts, routings) from the comma-separated --n, --experts and --routing of a
+    benchmark's arguments (this one's and band_times'); ap.error's one line on bad input."""
+    try:
+        ns = [int(v) for v in a.n.split(",")]
+        experts = [int(v) for v in a.experts.split(",")]
+    except ValueError:
+        ap.error("--n and --experts take comma-separated integers")
+    routings = a.routing.split(",")
+    bad = sorted(set(routings) - set(ROUTINGS))
+    if bad:
+        ap.error(f"unknown routing {bad}; choices: {', '.join(ROUTINGS)}")
+    if min(ns + experts) < 1:
+        ap.error("--n and --experts must be >= 1")
+    return ns, experts, routings
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--world", type=int, default=2)
@@ -200,20 +217,12 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--out", default="", help="also write the table as CSV")
     a = ap.parse_args()
-    try:
-        experts = [int(x) for x in a.experts.split(",")]
-        ns = [int(x) for x in a.n.split(",")]
-    except ValueError:
-        ap.error("--experts and --n take comma-separated integers")
+    ns, experts, routings = parse_grid(ap, a)
     models = tuple(a.models.split(","))
     if set(models) - set(MODELS):
         ap.error(f"unknown model in {list(models)}; choices: {', '.join(MODELS)}")
-    routings = a.routing.split(",")
-    bad = sorted(set(routings) - set(ROUTINGS))
-    if bad:
-        ap.error(f"unknown routing {bad}; choices: {', '.join(ROUTINGS)}")
-    if a.world < 1 or a.tokens < 1 or min(experts + ns) < 1:
-        ap.error("--world, --tokens, --experts and --n must be >= 1")
+    if a.world < 1 or a.tokens < 1:
+        ap.error("--world and --tokens must be >= 1")
     if not 1 <= a.top_k <= a.world * min(experts):
         ap.error("--top-k must be in [1, world x experts]")
     if a.tile_m not in (64, 128):
