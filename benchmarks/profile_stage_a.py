@@ -1,8 +1,10 @@
 """Kernel times of the layer's stage A on the device (build_plan_device + the padded gather),
 from torch.profiler, per kernel, for a few Table 2 shapes: where its time goes.
 
-Usage: python -m benchmarks.profile_stage_a [--world-size 2] [--out DIR]; prints one table per
-shape (kernel, calls, total us per plan) and writes stage_a_profile.parquet.
+Usage: python -m benchmarks.profile_stage_a [--world-size 2] [--layouts aligned,compact]
+[--experts 16,64] [--label TEXT] [--out DIR]; prints one table per shape and layout (kernel,
+calls, total us per plan) and writes stage_a_profile.parquet (--name changes the file name; the
+rows carry --label, e.g. the code revision measured).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from harness.workload import WorkloadSpec
 from systems.overlap.plan_device import build_plan_device, padded_input_device
 
 
-def run(spec: WorkloadSpec, reps: int) -> pd.DataFrame:
+def run(spec: WorkloadSpec, reps: int, layout: str) -> pd.DataFrame:
     dev = torch.device("cuda")
     lay = rank_layout(spec, 0)
     src, exp, dst = (t.to(dev) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
@@ -40,6 +42,7 @@ def run(spec: WorkloadSpec, reps: int) -> pd.DataFrame:
             out_cols=spec.out,
             elem_bytes=2,
             send_counts=send,
+            layout=layout,
         )
         return padded_input_device(x, plan)
 
@@ -50,6 +53,7 @@ def run(spec: WorkloadSpec, reps: int) -> pd.DataFrame:
     df = pd.DataFrame(rows).sort_values("us_per_plan", ascending=False)
     for k in ("tokens_per_rank", "out", "experts_per_rank", "world_size", "routing"):
         df[k] = getattr(spec, k)
+    df["layout"] = layout
     return df
 
 
@@ -58,19 +62,31 @@ def main() -> None:
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--out", default=os.environ.get("OUT", "results"))
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--layouts", default="aligned,compact")
+    ap.add_argument("--experts", default="16,64")
+    ap.add_argument("--label", default="")
+    ap.add_argument("--name", default="stage_a_profile.parquet")
     args = ap.parse_args()
+    layouts = [v for v in args.layouts.split(",") if v]
+    bad = [v for v in layouts if v not in ("aligned", "compact")]
+    if bad:
+        raise SystemExit(f"--layouts: the device plan builds aligned or compact, got {bad}")
+    experts = [int(v) for v in args.experts.split(",") if v]
     frames = []
-    for E in (16, 64):
-        for routing in ("balanced", "stress_skew"):
-            spec = WorkloadSpec(8192, 4096, 4096, E, 2, args.world_size, routing, "bfloat16")
-            df = run(spec, args.reps)
-            frames.append(df)
-            print(
-                f"== T=8192 E={E} W={args.world_size} {routing}: "
-                f"{df['us_per_plan'].sum():.0f} us of kernels per plan"
-            )
-            print(df[["kernel", "calls", "us_per_plan"]].round(1).head(8).to_string(index=False))
-    path = Path(args.out) / "stage_a_profile.parquet"
+    for layout in layouts:
+        for E in experts:
+            for routing in ("balanced", "stress_skew"):
+                spec = WorkloadSpec(8192, 4096, 4096, E, 2, args.world_size, routing, "bfloat16")
+                df = run(spec, args.reps, layout)
+                df["label"] = args.label
+                frames.append(df)
+                print(
+                    f"== {layout} T=8192 E={E} W={args.world_size} {routing}: "
+                    f"{df['us_per_plan'].sum():.0f} us of kernels per plan"
+                )
+                show = df[["kernel", "calls", "us_per_plan"]].round(1).head(8)
+                print(show.to_string(index=False))
+    path = Path(args.out) / args.name
     path.parent.mkdir(parents=True, exist_ok=True)
     pd.concat(frames).to_parquet(path, index=False)
 

@@ -199,12 +199,14 @@ def _shuffled(W, E, max_rows, seed):
 @pytest.mark.parametrize("layout", ["aligned", "compact"])
 @pytest.mark.parametrize(
     "W,E,tm,mgb,seed",
-    [(3, 5, 16, 2, 1), (4, 3, 8, 3, 2), (2, 7, 16, 1, 3), (8, 2, 4, 2, 4), (1, 3, 16, 2, 5)],
+    [(3, 5, 16, 2, 1), (4, 3, 8, 3, 2), (2, 7, 16, 1, 3), (8, 2, 4, 2, 4), (1, 3, 16, 2, 5)]
+    + [(2, 70, 4, 2, 6)],
 )
 def test_device_plan_any_row_order_and_worst_case_inputs(W, E, tm, mgb, seed, layout):
     """Shuffled rows (runs of one group are short), int32 inputs, and the same rows at the
     front of a longer receive buffer whose first n_rows rows are real: all give build_plan's
-    plan."""
+    plan. E=70 takes the group kernels' pairwise sums over three chunks of experts (JB=32),
+    with many experts tied on their remote bands."""
     src, expert, dst = _shuffled(W, E, 3 * tm, seed)
     rank = seed % W
     kw = {**_kw(W, rank, E, tm, mgb), "layout": layout}

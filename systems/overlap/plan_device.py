@@ -329,7 +329,7 @@ class DevicePlanBuilder:
             out[k] = self.buf[o : o + n]
             o += n
         self.n_blocks = n_blocks = cdiv(R, ROW_BLOCK)
-        n_ge = 10 * E if compact else 0
+        n_ge = 13 * E  # both group kernels' per-expert work (kernels/plan.py)
         work = torch.empty(8 * G + n_ge + 2 * n_blocks, dtype=torch.int64, device=dev)
         self.gw = work[: 8 * G]
         self.ge = work[8 * G : 8 * G + n_ge]
@@ -483,7 +483,12 @@ class DevicePlanBuilder:
             )  # fmt: skip
         else:
             self._launch(
-                "groups", kplan._groups_kernel, (1,), (*head, *groups_common), groups_kw, counted
+                "groups",
+                kplan._groups_kernel,
+                (1,),
+                (*head, self.ge, *groups_common),
+                groups_kw,
+                counted,
             )
             self._launch(
                 "fill",

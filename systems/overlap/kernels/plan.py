@@ -9,7 +9,10 @@ groups g = e * W + slot, slot = the owner's position: remote owners ascending, t
   _groups_kernel  ONE program: every group-level quantity as [EP, WP] tiles (prefix sums over
                   groups, the remote-first expert order by pairwise comparison of the experts'
                   remote band counts, segments per group with the cut rule), the counts, and the
-                  prefix over the blocks' local rows
+                  prefix over the blocks' local rows. The pairwise sums (_sum_before) read the
+                  other experts' values back from the work rows in chunks of JB, so the code is
+                  [EP, JB] wide: built in registers as [EP, EP] tiles, the compact kernel took
+                  about a minute to compile at E=64, W=4
   _fill_kernel    programs [0, G): one group each, writes its bands, schedule entries, their
                   places in the order="expert" visiting order (`visit`) and segments;
                   programs [G, G + n_blocks): one row block each, writes row_pos,
@@ -182,6 +185,24 @@ def _plan_fields(
 
 
 @triton.jit
+def _sum_before(ge, E, key, e1, ROW: tl.constexpr, EP: tl.constexpr, JB: tl.constexpr):
+    """[EP]: for each expert i, the sum of ge[ROW, j] over the experts j that precede it in rule
+    (ii)'s order (more remote bands first, then j < i; ge[1] holds each expert's remote bands,
+    key [EP] the same in registers). j goes in chunks of JB read from memory, so the code is
+    [EP, JB] wide at any E, and Triton has no register chain to recompute per element."""
+    acc = tl.zeros([EP], dtype=tl.int64)
+    ki = key[:, None]
+    for j0 in range(0, E, JB):
+        ej = j0 + tl.arange(0, JB)[None, :]
+        mj = ej < E
+        kj = tl.load(ge + E + ej, mask=mj, other=0)
+        xj = tl.load(ge + ROW * E + ej, mask=mj, other=0)
+        before = ((kj > ki) | ((kj == ki) & (ej < e1[:, None]))) & mj
+        acc += tl.sum(tl.where(before, xj, 0), 1)
+    return acc
+
+
+@triton.jit
 def _groups_kernel(
     cnt_enc,
     dmin_enc,
@@ -192,6 +213,7 @@ def _groups_kernel(
     R,
     send_counts,
     gw,  # [8, G] work: cnt, row, nb, band_first, sched_start, seg_before, min dst, visit base
+    ge,  # [13, E] work: rows 1, 10, 12 as _sum_before reads them (the rest unused here)
     counts,  # [6] n_rows, n_padded, n_bands, n_remote_bands, n_segments, n_local
     expert_row_start,
     group_rows,
@@ -210,6 +232,7 @@ def _groups_kernel(
     BLK: tl.constexpr,
     HAS_N: tl.constexpr,
     HAS_SEND: tl.constexpr,
+    JB: tl.constexpr = 32,
 ):
     G = E * W
     e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
@@ -226,22 +249,20 @@ def _groups_kernel(
     # schedule: experts by (-remote bands, e); expert j precedes expert i: before[i, j]
     nb_r = tl.where(rem, nb, 0)
     rb = tl.sum(nb_r, 1)  # [EP]
-    rb_i = rb[:, None]
-    rb_j = tl.reshape(rb, (1, EP))
-    ei = e1[:, None]
-    ej = tl.reshape(e1, (1, EP))
-    before = ((rb_j > rb_i) | ((rb_j == rb_i) & (ej < ei))) & (ej < E)
-    rb_before = tl.sum(tl.where(before, rb_j, 0), 1)
+    lb = tl.sum(tl.where(loc & inb, nb, 0), 1)
+    me = e1 < E
+    tl.store(ge + E + e1, rb, mask=me)  # the sums over preceding experts read these back
+    tl.store(ge + 10 * E + e1, rb + lb, mask=me)
+    tl.debug_barrier()
+    rb_before = _sum_before(ge, E, rb, e1, 1, EP, JB)
     NR = tl.sum(rb, 0)
     a = rb_before[:, None] + tl.cumsum(nb_r, 1) - nb_r
-    lb = tl.sum(tl.where(loc & inb, nb, 0), 1)
     lstart = NR + tl.cumsum(lb, 0) - lb
     sched = tl.where(loc, lstart[:, None], a)
     # order="expert" (plan.producer_order): experts in the remote-first order (those without
     # remote bands last, e ascending), each expert's remote bands then its local bands; a
     # group's first entry in that visiting order
-    tot_j = tl.reshape(rb + lb, (1, EP))
-    vstart = tl.sum(tl.where(before, tot_j, 0), 1)
+    vstart = _sum_before(ge, E, rb, e1, 10, EP, JB)
     vbase = tl.where(loc, (vstart + rb)[:, None], vstart[:, None] + a - rb_before[:, None])
     # segments per remote group: the first / last band alone, middle chunks of mgb (cut rule)
     lo = tl.maximum(a, 1)
@@ -251,8 +272,9 @@ def _groups_kernel(
     last = ((NR - 1 > 0) & (a <= NR - 1) & (NR - 1 < a + nb)).to(tl.int64)
     nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
     segtot = tl.sum(nseg, 1)
-    segtot_j = tl.reshape(segtot, (1, EP))
-    seg_e = tl.sum(tl.where(before, segtot_j, 0), 1)
+    tl.store(ge + 12 * E + e1, segtot, mask=me)
+    tl.debug_barrier()
+    seg_e = _sum_before(ge, E, rb, e1, 12, EP, JB)
     segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
     tl.store(gw + g2, cnt, mask=inb)
     tl.store(gw + G + g2, row, mask=inb)
@@ -481,8 +503,9 @@ def _groups_compact_kernel(
     R,
     send_counts,
     gw,  # [8, G] work: cnt, first row, pieces, first band, piece base, seg base, dmin, within
-    ge,  # [10, E] work: expert start, remote bands, local bands, remote section rows, first band,
-    #      remote schedule start, local schedule start, visit start, remote rows, rows
+    ge,  # [13, E] work: expert start, remote bands, local bands, remote section rows, first band,
+    #      remote schedule start, local schedule start, visit start, remote rows, rows; rows
+    #      10-12 the bands, pieces and segments per expert that _sum_before reads back
     counts,  # [6] as _groups_kernel's
     n_pieces,  # [1]
     expert_row_start,
@@ -502,6 +525,7 @@ def _groups_compact_kernel(
     BLK: tl.constexpr,
     HAS_N: tl.constexpr,
     HAS_SEND: tl.constexpr,
+    JB: tl.constexpr = 32,
 ):
     """_groups_kernel for the compact layout: per-expert sections (remote bands, then local-only
     bands), the rule (ii) expert order on remote bands, and the pieces (band, owner) of each
@@ -523,22 +547,23 @@ def _groups_compact_kernel(
     row = e_row[:, None] + within
     tot_b = nbr + nbl
     bfirst = tl.cumsum(tot_b, 0) - tot_b
-    # rule (ii) on the remote bands: expert j precedes expert i: before[i, j]
-    rb_i = nbr[:, None]
-    rb_j = tl.reshape(nbr, (1, EP))
-    ei = e1[:, None]
-    ej = tl.reshape(e1, (1, EP))
-    before = ((rb_j > rb_i) | ((rb_j == rb_i) & (ej < ei))) & (ej < E)
-    rstart = tl.sum(tl.where(before, rb_j, 0), 1)
-    NR = tl.sum(nbr, 0)
-    lstart = NR + tl.cumsum(nbl, 0) - nbl
-    vstart = tl.sum(tl.where(before, tl.reshape(tot_b, (1, EP)), 0), 1)
     # pieces of each remote group: the bands it touches, in send order (experts by rule (ii),
     # owners ascending)
     fb = within // tm
     npc = tl.where(rem & (cnt > 0), (within + cnt - 1) // tm - fb + 1, 0)
     ptot = tl.sum(npc, 1)
-    pb = tl.sum(tl.where(before, tl.reshape(ptot, (1, EP)), 0), 1)
+    # rule (ii) on the remote bands (more remote bands first, then e): sums over the experts
+    # before each one, read back from ge (rows 1, 10, 11; 12 below) by _sum_before
+    me = e1 < E
+    tl.store(ge + E + e1, nbr, mask=me)
+    tl.store(ge + 10 * E + e1, tot_b, mask=me)
+    tl.store(ge + 11 * E + e1, ptot, mask=me)
+    tl.debug_barrier()
+    rstart = _sum_before(ge, E, nbr, e1, 1, EP, JB)
+    NR = tl.sum(nbr, 0)
+    lstart = NR + tl.cumsum(nbl, 0) - nbl
+    vstart = _sum_before(ge, E, nbr, e1, 10, EP, JB)
+    pb = _sum_before(ge, E, nbr, e1, 11, EP, JB)
     a = pb[:, None] + tl.cumsum(npc, 1) - npc
     Q = tl.sum(ptot, 0)
     # segments per remote group over its pieces: first / last piece alone, middle chunks of mgb
@@ -549,7 +574,9 @@ def _groups_compact_kernel(
     last = ((Q - 1 > 0) & (a <= Q - 1) & (Q - 1 < a + npc)).to(tl.int64)
     nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
     segtot = tl.sum(nseg, 1)
-    seg_e = tl.sum(tl.where(before, tl.reshape(segtot, (1, EP)), 0), 1)
+    tl.store(ge + 12 * E + e1, segtot, mask=me)
+    tl.debug_barrier()
+    seg_e = _sum_before(ge, E, nbr, e1, 12, EP, JB)
     segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
     tl.store(gw + g2, cnt, mask=inb)
     tl.store(gw + G + g2, row, mask=inb)
@@ -559,9 +586,7 @@ def _groups_compact_kernel(
     tl.store(gw + 5 * G + g2, segb, mask=inb)
     tl.store(gw + 6 * G + g2, dmin, mask=inb)
     tl.store(gw + 7 * G + g2, within, mask=inb)
-    me = e1 < E
     tl.store(ge + e1, e_row, mask=me)
-    tl.store(ge + E + e1, nbr, mask=me)
     tl.store(ge + 2 * E + e1, nbl, mask=me)
     tl.store(ge + 3 * E + e1, rsec, mask=me)
     tl.store(ge + 4 * E + e1, bfirst, mask=me)
