@@ -245,11 +245,13 @@ def test_remembered_launches_equal_triton_launches(consumer_sms, monkeypatch):
     assert torch.equal(y, y_ref)
 
 
+@pytest.mark.parametrize("E", [16, 64])
 @pytest.mark.parametrize("layout", ["aligned", "compact"])
 @pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
-def test_device_plan_builds_without_sync_and_equals_build_plan(routing, layout):
+def test_device_plan_builds_without_sync_and_equals_build_plan(routing, layout, E):
     """build_plan_device on the GPU: no host synchronisation (sync debug mode 'error'), and the
-    valid prefixes equal build_plan's plan of the same rows."""
+    valid prefixes equal build_plan's plan of the same rows. E=64: the group kernels' sums over
+    experts take two chunks (kernels/plan.py _sum_before), across its barriers."""
     from dataclasses import fields
 
     from harness.layout import rank_layout
@@ -261,12 +263,12 @@ def test_device_plan_builds_without_sync_and_equals_build_plan(routing, layout):
         tokens_per_rank=4096,
         hidden=8,
         out=8,
-        experts_per_rank=16,
+        experts_per_rank=E,
         top_k=2,
         world_size=8,
         routing=routing,
     )
-    kw = dict(world_size=8, rank=0, experts_per_rank=16, tile_m=128, mgb=2, out_cols=8)
+    kw = dict(world_size=8, rank=0, experts_per_rank=E, tile_m=128, mgb=2, out_cols=8)
     kw["layout"] = layout
     lay = rank_layout(spec, 0)
     ref = build_plan(lay.recv_src, lay.recv_expert, lay.recv_dst_index, elem_bytes=2, **kw)
