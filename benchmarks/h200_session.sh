@@ -58,7 +58,9 @@
 # timeline of the timed step, serial and overlap at auto cCTA/mgb, compact, N in PROFILE_N, E in
 # PROFILE_E, PROFILE_ROUTING; OVERLAP_ARGS adds overrides, e.g. the handshake_stream sweep)
 # band_times (one GPU: when each band of the producer finishes, by an observer kernel, and the
-# tokens' ready shares from it; BANDTIMES_ARGS, e.g. "--swizzles table,fixed1")
+# tokens' ready shares from it; BANDTIMES_ARGS, e.g. "--swizzles table,fixed1") ready_scale (one
+# GPU, W=1: the producer with the ready scale prototype beside it or on SMs of its own, against
+# the producer then the scale; READY_ARGS, e.g. "--n 8192 --variants beside132,own16")
 # (default: the first four). Benchmarks run as modules: python3 -m benchmarks.<name>.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -205,6 +207,7 @@ for step in $steps; do
     step_profile) n=$(nvidia-smi -L | grep -c "^GPU")  # each rank's step timeline, one process per GPU (torchrun)
       timeout "${PROFILE_S:-300}" python3 -m torch.distributed.run --nproc-per-node "$n" -m benchmarks.step_profile --steps 20 --out "$OUT" -- experiment=operator hardware=h200 'experiment.grid.tokens_per_rank=[8192]' "experiment.grid.out=[${PROFILE_N:-4096,8192}]" "experiment.grid.experts_per_rank=[${PROFILE_E:-16,64}]" "experiment.grid.routing=[${PROFILE_ROUTING:-balanced}]" 'experiment.select=[serial,overlap]' +experiment.systems.overlap.params.ccta=auto +experiment.systems.overlap.params.mgb=auto '+experiment.systems.overlap.sweep.layout=[compact]' "${overlap_args[@]}" 2>&1 | grep -v -i "warn" | tail -"${PROFILE_TAIL:-160}" ;;
     band_times) timeout "${BANDTIMES_S:-300}" python3 -m benchmarks.band_times --out "$OUT" ${BANDTIMES_ARGS:-} 2>&1 | tee "$OUT/band_times.log" | tail -"${BANDTIMES_TAIL:-40}" ;;  # one GPU
+    ready_scale) CUDA_VISIBLE_DEVICES=0 timeout "${READY_S:-300}" python3 -m benchmarks.ready_scale --out "$OUT" ${READY_ARGS:-} 2>&1 | tee "$OUT/ready_scale.log" | tail -"${READY_TAIL:-60}" ;;  # one GPU, W=1
     verify) timeout "${VERIFY_S:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_handshake_gpu.py tests/test_layer_routing_gpu.py tests/test_layer_gpu.py tests/test_overlap_system_gpu.py 2>&1 | tee "$OUT/pytest_gpu_verify.log" | tail -6 ;;
     host_syncs) timeout "${HS_S:-200}" python3 -m harness.run experiment=layer_smoke progress=false table="$OUT/host_syncs_layer.parquet" 2>&1 | tail -1  # every system's layer step
       python3 -m benchmarks.table_summary "$OUT/host_syncs_layer.parquet" | tail -2 ;;

@@ -370,3 +370,23 @@ def test_token_ready_waves_model_walks_a_swizzle_group_column_tile_by_column_til
     t1 = wave_band_times(plan, "expert", 4096, 2048, 1, "fixed1") * tiles
     assert torch.equal(t1[band_at], (torch.arange(b) * tn + tn + 1.0).clamp(max=tiles).double())
     assert torch.equal(wave_band_times(plan, "expert", 4096, 2048, tiles), torch.ones(b).double())
+
+
+def test_ready_scale_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch, capsys):
+    import pytest
+
+    from benchmarks import ready_scale
+
+    monkeypatch.setattr("sys.argv", ["ready_scale", "--variants", "own16,fast"])
+    with pytest.raises(SystemExit) as exc:
+        ready_scale.main()
+    assert exc.value.code == 2 and "(got ['fast'])" in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["ready_scale", "--n", "0"])
+    with pytest.raises(SystemExit) as exc:
+        ready_scale.main()
+    assert exc.value.code == 2
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["ready_scale"])
+    with pytest.raises(SystemExit) as exc:
+        ready_scale.main()
+    assert "needs a CUDA GPU" in str(exc.value)

@@ -7,6 +7,8 @@ Bounded waits
                   program recorded an error (err[0] != 0)
   record_error    the error record of errors.py, first writer wins (compare-and-swap on err[0])
   globaltimer     %globaltimer (inline PTX, GPU only)
+  poll_bound      the time-out / peer-error status of a polling loop (spin_until's, the ready
+                  scale's)
   uniform_now     %globaltimer read through a scalar atomic exchange on a per-program scratch
                   word: Triton runs a scalar atomic once per CTA and broadcasts its result, so
                   the loop condition stays uniform across the CTA's threads (a raw per-thread
@@ -85,19 +87,29 @@ def spin_until(
             nanosleep(tl.full((), BACKOFF, tl.int32))
         seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
         spins += 1
-        if USE_TIMER:
-            if spins % 64 == 0:
-                if tl.atomic_add(err, 0, sem="relaxed") != 0:
-                    status = 2
-                if uniform_now(clock) - t0 > timeout:
-                    status = 1
-        else:
-            if tl.atomic_add(err, 0, sem="relaxed") != 0:
-                status = 2
-            if spins >= max_spins:
-                status = 1
+        status = poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER)
     status = tl.where(seen >= target, 0, status)
     return status, seen
+
+
+@triton.jit
+def poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER: tl.constexpr):
+    """The bound of a polling loop after `spins` polls: 1 past the time-out (on the GPU, every 64
+    polls: more than timeout ns since t0, a uniform_now value; in the interpreter: max_spins
+    polls), else 2 when another program recorded an error (err[0] != 0), else 0."""
+    status = tl.zeros((), dtype=tl.int32)
+    if USE_TIMER:
+        if spins % 64 == 0:
+            if tl.atomic_add(err, 0, sem="relaxed") != 0:
+                status = 2
+            if uniform_now(clock) - t0 > timeout:
+                status = 1
+    else:
+        if tl.atomic_add(err, 0, sem="relaxed") != 0:
+            status = 2
+        if spins >= max_spins:
+            status = 1
+    return status
 
 
 @triton.jit

@@ -1,0 +1,203 @@
+"""Can the scale hide under the producer? The ready scale prototype on one GPU, W=1.
+
+The step's scale (out[t] = sum_j gate[t, j] * recv[pos[t, j]]) runs after the last row has
+arrived: 5-11% of the overlapped step on one GPU playing W=2
+(results/reference/h200/step_profile_loopback_923cfb7.parquet: 48 us at N=4096, 95 us at
+N=8192). systems/overlap/kernels/ready_scale.py starts it with the producer and scales each
+token tile once the bands holding its rows are signalled (ready_order.py sorts the tokens by
+their latest band in the waves model of benchmarks/token_ready.py). At W=1 every row is the own
+producer's (local=direct, every band signalled), so this measures what the idea can buy before
+any peer's rows are involved: per workload (T=8192, K=2048, compact, the auto order, the
+shipped tile table, bf16) the producer then the Scaler on one stream (`sequential`, what the
+step does today), the producer alone, the Scaler alone, and per VARIANT the producer with the
+ready scale beside it (`beside*`: programs next to the producer's CTAs on all SMs, when the
+compiled kernels fit on one SM; skipped with the reason otherwise) or on SMs of their own
+(`own*`: the producer on SMs - programs). Every variant's output is first checked equal to the
+sequential one, within bf16's rounding, with the receive buffer and the output filled with NaN
+first (a row read before its band was signalled shows); each time is the median of CUDA-event
+timings queued ahead (harness.timing.time_fn). hidden = (sequential - variant) / scale alone:
+the share of the scale the variant took off the step.
+
+Usage: python -m benchmarks.ready_scale [--out DIR] [--n 4096,8192] [--experts 4,16,64]
+[--routing balanced,stress_skew] [--variants beside132,own16] [--iters 20]; writes
+ready_scale.parquet and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from benchmarks.token_ready import parse_grid, rank_plans, wave_band_times
+from harness.records import provenance
+from harness.scale import Scaler
+from harness.timing import time_fn
+from harness.workload import WorkloadSpec
+from systems.overlap.autotune import auto_order
+
+T, K, TOP_K, TILE_M, LAYOUT = 8192, 2048, 2, 128, "compact"
+
+#: name: (programs, tokens per tile, columns per step, warps, SMs taken from the producer)
+VARIANTS = {
+    "beside32": (32, 8, 256, 4, 0),
+    "beside132": (132, 8, 256, 4, 0),
+    "beside264": (264, 8, 256, 4, 0),
+    "own16": (16, 8, 256, 4, 16),
+    "own32": (32, 8, 256, 4, 32),
+}
+
+
+def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> list[dict]:
+    """Rows of one workload: the sequential step, its two parts, then every variant."""
+    from systems.overlap.errors import new_error_buffer, raise_if_error, read_error
+    from systems.overlap.kernels import launch_producer, pick_config
+    from systems.overlap.kernels.consumer import prefer_shared_carveout
+    from systems.overlap.kernels.ready_scale import launch_ready_scale
+    from systems.overlap.plan import local_row_map, producer_groups, producer_order
+    from systems.overlap.ready_order import band_of_recv_rows, ready_order
+    from systems.overlap.runner import residency_report
+
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    n, e = spec.out, spec.experts_per_rank
+    order = auto_order(T, TOP_K, e, TILE_M)
+    ((lay, plan_cpu),) = rank_plans(spec, TILE_M, LAYOUT)
+    plan = plan_cpu.to(dev)
+    B = plan.n_bands
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(plan.n_padded, K, generator=gen, device=dev).to(torch.bfloat16)
+    w = (torch.randn(e, K, n, generator=gen, device=dev) / math.sqrt(K)).to(torch.bfloat16)
+    y = torch.empty(plan.n_padded, n, dtype=torch.bfloat16, device=dev)
+    recv = torch.zeros(lay.send_pos.numel(), n, dtype=torch.bfloat16, device=dev)
+    row_dst = local_row_map(plan)
+    ready = torch.zeros(B, dtype=torch.int32, device=dev)
+    cfg = pick_config(TILE_M, K, n, torch.bfloat16)
+    visit = producer_order(plan) if order == "expert" else None
+    groups = producer_groups(plan, visit, cfg.group_m) if cfg.expert_groups else None
+    target = cfg.band_increment(n)
+    band = band_of_recv_rows(plan_cpu, row_dst.cpu(), recv.shape[0])
+    times = wave_band_times(plan_cpu, order, n, K, sms)
+    tables = ready_order(lay.send_pos, lay.gate, band, times)
+    tok, pos, bnd, gate = (t.to(dev) for t in tables)
+    scaler = Scaler.for_layout(lay, dev)
+    err = new_error_buffer(dev)
+    out = torch.empty(T, n, dtype=torch.bfloat16, device=dev)
+
+    def produce(grid: int, zero: bool = True):
+        if zero:
+            ready.zero_()
+        return launch_producer(
+            x, w, y, plan, ready, n_signal=B, num_programs=grid, config=cfg,
+            local_to=(recv, row_dst), order=visit, groups=groups,
+        )  # fmt: skip
+
+    def sequential():
+        produce(sms)
+        return scaler(recv)
+
+    want = sequential()
+    torch.cuda.synchronize()
+    base = {"out": n, "experts_per_rank": e, "routing": spec.routing, "order": order}
+    base.update(bands=B, sms=sms)
+
+    def timed(fn) -> float:
+        return time_fn(fn, device=dev, warmup=3, iters=iters, queue_ahead=True).median_ms
+
+    seq_ms, prod_ms = timed(sequential), timed(lambda: produce(sms))
+    scale_ms = timed(lambda: scaler(recv))
+    rows = [{**base, "variant": "sequential", "status": "ok", "ms": seq_ms}]
+    rows.append({**base, "variant": "producer", "status": "ok", "ms": prod_ms})
+    rows.append({**base, "variant": "scale", "status": "ok", "ms": scale_ms})
+    cur, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
+    forked = torch.cuda.Event()
+    for name in variants:
+        programs, bt, bn, warps, taken = VARIANTS[name]
+        kw = dict(programs=programs, block_t=bt, block_n=bn, num_warps=warps)
+        row = {**base, "variant": name, "programs": programs, "producer_sms": sms - taken}
+        # first run after the producer has finished: compiles and loads the kernel (a module
+        # loaded while the producer runs would wait for it), sets its carve-out
+        kp = produce(sms - taken)
+        torch.cuda.synchronize()
+        ks = launch_ready_scale(recv, tok, pos, bnd, gate, out, ready, err, target, **kw)
+        torch.cuda.synchronize()
+        prefer_shared_carveout(ks, 100)
+        res = residency_report(kp, ks, dev)
+        row["beside_producer"] = res["consumers_beside_producer"]
+        if taken == 0 and res["consumers_beside_producer"] * sms < programs:
+            why = f"{programs} programs do not fit beside the producer's CTAs: {res}"
+            rows.append({**row, "status": "skipped", "reason": why})
+            continue
+
+        def concurrent(kw=kw, taken=taken):
+            ready.zero_()
+            forked.record(cur)  # after the zeroing, before the producer: the scale starts now
+            produce(sms - taken, zero=False)
+            side.wait_event(forked)
+            with torch.cuda.stream(side):
+                launch_ready_scale(recv, tok, pos, bnd, gate, out, ready, err, target, **kw)
+            cur.wait_stream(side)
+            return out
+
+        # the check: a row read before its band was signalled reads NaN, a tile never
+        # written keeps NaN (the timed runs rewrite the same rows, so they could not tell)
+        recv.fill_(float("nan"))
+        out.fill_(float("nan"))
+        concurrent()
+        torch.cuda.synchronize()
+        rec = read_error(err)
+        if rec is not None:  # the producer never waits, so the next variant can still run
+            rows.append({**row, "status": "error", "reason": rec.message()})
+            err.zero_()
+            continue
+        rel = float(((out.float() - want.float()).abs() / (want.float().abs() + 1e-2)).max())
+        if not rel <= 8e-3:  # bf16's epsilon: the two kernels may round the sum differently
+            rows.append({**row, "status": "error", "reason": f"differs: max rel. {rel}"})
+            continue
+        row["max_rel_diff"] = rel
+        ms = timed(concurrent)
+        raise_if_error(err)
+        row_ms = {"ms": ms, "hidden": (seq_ms - ms) / scale_ms}
+        rows.append({**row, "status": "ok", **row_ms})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--n", default="4096,8192")
+    ap.add_argument("--experts", default="4,16,64")
+    ap.add_argument("--routing", default="balanced,stress_skew")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args()
+    ns, experts, routings = parse_grid(ap, a)
+    variants = [v for v in a.variants.split(",") if v]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or a.iters < 1:
+        ap.error(f"--variants from {sorted(VARIANTS)} (got {bad}) and --iters >= 1")
+    if not torch.cuda.is_available():
+        sys.exit("error: ready_scale needs a CUDA GPU (the producer and the scale run there)")
+    rows = []
+    for n in ns:
+        for e in experts:
+            for routing in routings:
+                spec = WorkloadSpec(T, K, n, e, TOP_K, 1, routing, "bfloat16")
+                rows += measure_workload(spec, variants, a.iters)
+                print(f"[ready_scale] N={n} E={e} {routing}: done", flush=True)
+    df = pd.DataFrame(rows)
+    for k, v in provenance().items():
+        df[k] = v
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(out / "ready_scale.parquet", index=False)
+    cols = [c for c in ("out", "experts_per_rank", "routing", "variant", "status", "ms", "hidden")]
+    print(df[cols].round(4).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

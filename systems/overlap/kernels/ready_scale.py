@@ -1,0 +1,167 @@
+"""A scale that starts before the producer ends (a prototype; benchmarks/ready_scale.py measures
+it on one GPU, W=1): out[t] = sum_j gate[t, j] * recv[pos[t, j]], token tile by token tile, each
+tile as soon as the bands holding its rows have been signalled.
+
+The tokens come sorted by when their rows are expected (the latest of their bands in the
+producer's visiting order, computed on the host), so the early tiles are the early-ready ones.
+A persistent grid of small programs walks the tiles (tile = pid, pid + programs, ...); for a
+tile it polls the counters of every band its BLOCK_T x k rows come from at once (vector acquire
+atomics, bounded like spin_until) until all are >= target, then gathers the rows over all N
+columns in BLOCK_N steps and stores out[token]. A wait that times out writes one error record
+(CODE_SCALE_TIMEOUT: segment = the tile, band = the first band still short) and the program
+stops; the host raises it (errors.raise_if_error).
+
+Launch it AFTER the producer, on another stream: a persistent producer with one program per SM
+must have every program resident, or its unlaunched programs' bands never finish and the scale
+programs holding SMs wait until their time-out. Programs that cannot sit next to a producer CTA
+simply start when producer CTAs leave.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.kernels.ints import cdiv, next_power_of_2
+from systems.overlap.errors import CODE_SCALE_TIMEOUT
+from systems.overlap.kernels.primitives import poll_bound, record_error, uniform_now
+
+
+@triton.jit
+def _wait_bands(band_ready, b, pk, target, err, clock, timeout, max_spins, tile, pid, USE_TIMER):
+    """Poll the counters of every band in b [BLOCK_T, KP] (mask pk) together, acquire, until all
+    are >= target: one round trip a poll for the whole tile. Bounded like spin_until (timeout ns
+    on the GPU, max_spins polls in the interpreter; 2 when another program recorded an error);
+    a time-out records the first band still short. Returns the status (0: all ready)."""
+    f = tl.atomic_add(band_ready + b, 0, mask=pk, sem="acquire", scope="gpu")
+    low = tl.min(tl.where(pk, f, target))
+    status = tl.zeros((), dtype=tl.int32)
+    t0 = tl.zeros((), dtype=tl.int64)
+    if USE_TIMER:
+        t0 = uniform_now(clock)
+    spins = tl.zeros((), dtype=tl.int32)
+    while (low < target) & (status == 0):
+        f = tl.atomic_add(band_ready + b, 0, mask=pk, sem="acquire", scope="gpu")
+        low = tl.min(tl.where(pk, f, target))
+        spins += 1
+        status = poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER)
+    status = tl.where(low >= target, 0, status)
+    if status == 1:
+        short = pk & (f < target)
+        band = tl.min(tl.where(short, b, 1 << 62))
+        seen = tl.min(tl.where(short, f, target))
+        record_error(err, CODE_SCALE_TIMEOUT, tile, band, 0, pid, seen, target, -1)
+    tl.debug_barrier()  # every thread reads rows only after the whole tile's acquire
+    return status
+
+
+@triton.jit(do_not_specialize=["target"])
+def _ready_scale_kernel(
+    y_ptr,  # [S, N] receive buffer
+    tok_ptr,  # [T] token of each sorted position
+    pos_ptr,  # [T, K_SLOTS] rows of the sorted tokens in y
+    band_ptr,  # [T, K_SLOTS] band that writes each of those rows
+    gate_ptr,  # [T, K_SLOTS] float32 gate weights of the sorted tokens
+    out_ptr,  # [T, N]
+    band_ready,  # [B] int32 counters
+    err,  # int64 [8] error record
+    clock,  # int64 [programs] scratch of uniform_now
+    target,
+    T,
+    N,
+    timeout,
+    max_spins,
+    K_SLOTS: tl.constexpr,
+    KP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_TIMER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(T, BLOCK_T)
+    kk = tl.arange(0, KP)
+    kmask = kk < K_SLOTS
+    status = tl.zeros((), dtype=tl.int32)
+    tile = pid
+    while (tile < n_tiles) & (status == 0):
+        s0 = tile * BLOCK_T
+        s = s0 + tl.arange(0, BLOCK_T)
+        smask = s < T
+        idx = s.to(tl.int64)[:, None] * K_SLOTS + kk[None, :]
+        pk = smask[:, None] & kmask[None, :]
+        b = tl.load(band_ptr + idx, mask=pk, other=0)
+        status = _wait_bands(band_ready, b, pk, target, err, clock + pid, timeout, max_spins,
+                             tile, pid, USE_TIMER)  # fmt: skip
+        if status == 0:
+            p = tl.load(pos_ptr + idx, mask=pk, other=0).to(tl.int64)
+            g = tl.load(gate_ptr + idx, mask=pk, other=0.0)
+            t = tl.load(tok_ptr + s, mask=smask, other=0).to(tl.int64)
+            for c0 in range(0, N, BLOCK_N):
+                cols = c0 + tl.arange(0, BLOCK_N)
+                cmask = cols < N
+                vmask = pk[:, :, None] & cmask[None, None, :]
+                v = tl.load(y_ptr + p[:, :, None] * N + cols[None, None, :], mask=vmask, other=0.0)
+                acc = tl.sum(v.to(tl.float32) * g[:, :, None], axis=1)
+                omask = smask[:, None] & cmask[None, :]
+                dst = out_ptr + t[:, None] * N + cols[None, :]
+                tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=omask)
+        tile += tl.num_programs(0)
+
+
+def launch_ready_scale(
+    y: torch.Tensor,
+    tok: torch.Tensor,
+    pos: torch.Tensor,
+    band: torch.Tensor,
+    gate: torch.Tensor,
+    out: torch.Tensor,
+    band_ready: torch.Tensor,
+    err: torch.Tensor,
+    target: int,
+    *,
+    programs: int,
+    block_t: int = 4,
+    block_n: int = 512,
+    num_warps: int = 4,
+    timeout_s: float = 5.0,
+    max_spins: int = 1000,
+):
+    """out [T, N] (rows written as their tiles become ready) on the current stream; returns
+    Triton's compiled kernel (its registers and shared memory: runner.residency_report).
+
+    y [S, N] the receive buffer; tok [T] int64 the token of each sorted position (a permutation
+    of [0, T)); pos, band [T, k] int64 the sorted tokens' rows in y and the bands writing them;
+    gate [T, k] float32; band_ready [B] int32; err int64 [8] (errors.new_error_buffer); target
+    the counter value of a finished band. programs: the persistent grid.
+    """
+    T, k = pos.shape
+    if tuple(band.shape) != (T, k) or tuple(gate.shape) != (T, k) or tuple(tok.shape) != (T,):
+        raise ValueError(
+            f"ready scale: tok [T], pos, band, gate [T, k] needed, got {tuple(tok.shape)}, "
+            f"{tuple(pos.shape)}, {tuple(band.shape)}, {tuple(gate.shape)}"
+        )
+    if y.ndim != 2 or tuple(out.shape) != (T, y.shape[1]) or out.dtype != y.dtype:
+        raise ValueError(f"ready scale: y [S, N] and out [T, N] of one dtype, got "
+                         f"{tuple(y.shape)} {y.dtype}, {tuple(out.shape)} {out.dtype}")  # fmt: skip
+    if (
+        programs < 1
+        or block_t < 1
+        or block_n < 16
+        or block_t & (block_t - 1)
+        or block_n & (block_n - 1)
+    ):
+        raise ValueError(
+            f"ready scale: programs >= 1, block_t and block_n (>= 16) powers of two needed, got "
+            f"{programs}, {block_t}, {block_n}"
+        )
+    on_gpu = y.device.type == "cuda"
+    clock = torch.zeros(programs, dtype=torch.int64, device=y.device)
+    grid = (min(programs, max(cdiv(T, block_t), 1)),)
+    return _ready_scale_kernel[grid](
+        y, tok, pos, band, gate, out, band_ready, err, clock, int(target), T, y.shape[1],
+        int(timeout_s * 1e9), max_spins,
+        K_SLOTS=k, KP=next_power_of_2(k), BLOCK_T=block_t,
+        BLOCK_N=min(block_n, next_power_of_2(max(y.shape[1], 16))),
+        USE_TIMER=on_gpu, num_warps=num_warps,
+    )  # fmt: skip
