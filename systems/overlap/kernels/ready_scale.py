@@ -24,8 +24,10 @@ import triton
 import triton.language as tl
 
 from harness.kernels.ints import cdiv, next_power_of_2
-from systems.overlap.errors import CODE_SCALE_TIMEOUT
+from systems.overlap import errors
 from systems.overlap.kernels.primitives import poll_bound, record_error, uniform_now
+
+_SCALE_TIMEOUT = tl.constexpr(errors.CODE_SCALE_TIMEOUT)
 
 
 @triton.jit
@@ -51,7 +53,7 @@ def _wait_bands(band_ready, b, pk, target, err, clock, timeout, max_spins, tile,
         short = pk & (f < target)
         band = tl.min(tl.where(short, b, 1 << 62))
         seen = tl.min(tl.where(short, f, target))
-        record_error(err, CODE_SCALE_TIMEOUT, tile, band, 0, pid, seen, target, -1)
+        record_error(err, _SCALE_TIMEOUT, tile, band, 0, pid, seen, target, -1)
     tl.debug_barrier()  # every thread reads rows only after the whole tile's acquire
     return status
 
