@@ -10,12 +10,17 @@ producer's (local=direct, every band signalled), so this measures what the idea 
 any peer's rows are involved: per workload (T=8192, K=2048, compact, the auto order, the
 shipped tile table, bf16) the producer then the Scaler on one stream (`sequential`, what the
 step does today), the producer alone, the Scaler alone, and per VARIANT the producer with the
-ready scale beside it (`beside*`: programs next to the producer's CTAs on all SMs, when the
-compiled kernels fit on one SM; skipped with the reason otherwise) or on SMs of their own
-(`own*`: the producer on SMs - programs). Every variant's output is first checked equal to the
-sequential one, within bf16's rounding, with the receive buffer and the output filled with NaN
-first (a row read before its band was signalled shows); each time is the median of CUDA-event
-timings queued ahead (harness.timing.time_fn). hidden = (sequential - variant) / scale alone:
+ready scale beside it (`beside*`: the producer on all SMs and the programs next to its CTAs,
+when that many fit beside them by the compiled kernels' registers and shared memory; skipped
+with the reason otherwise) or with SMs left to it (`own*`: the producer on SMs - programs; the
+scheduler may still put scale programs beside producer CTAs). The producer runs on a
+high-priority stream so its CTAs are placed first. Every variant's output is first checked
+equal to the sequential one, within bf16's rounding, in 3 runs with the receive buffer and the
+output filled with NaN first (a row read before its band was signalled shows); then a control
+run that does not wait (target 0) must fail that check (`control_caught`), else the scale did
+not overlap the producer and the check proved nothing. Each time is the median of CUDA-event
+timings queued ahead (harness.timing.time_fn); the tokens' order comes from the waves model at
+the variant's producer grid. hidden = (sequential - variant) / scale alone:
 the share of the scale the variant took off the step.
 
 Usage: python -m benchmarks.ready_scale [--out DIR] [--n 4096,8192] [--experts 4,16,64]
@@ -82,9 +87,11 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
     groups = producer_groups(plan, visit, cfg.group_m) if cfg.expert_groups else None
     target = cfg.band_increment(n)
     band = band_of_recv_rows(plan_cpu, row_dst.cpu(), recv.shape[0])
-    times = wave_band_times(plan_cpu, order, n, K, sms)
-    tables = ready_order(lay.send_pos, lay.gate, band, times)
-    tok, pos, bnd, gate = (t.to(dev) for t in tables)
+
+    def tables(grid: int):  # the tokens in the waves model's order at this producer grid
+        times = wave_band_times(plan_cpu, order, n, K, grid)
+        return [t.to(dev) for t in ready_order(lay.send_pos, lay.gate, band, times)]
+
     scaler = Scaler.for_layout(lay, dev)
     err = new_error_buffer(dev)
     out = torch.empty(T, n, dtype=torch.bfloat16, device=dev)
@@ -115,11 +122,13 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
     rows.append({**base, "variant": "producer", "status": "ok", "ms": prod_ms})
     rows.append({**base, "variant": "scale", "status": "ok", "ms": scale_ms})
     cur, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
-    forked = torch.cuda.Event()
+    high = torch.cuda.Stream(dev, priority=torch.cuda.Stream.priority_range()[1])
+    forked, produced = torch.cuda.Event(), torch.cuda.Event()
     for name in variants:
         programs, bt, bn, warps, taken = VARIANTS[name]
         kw = dict(programs=programs, block_t=bt, block_n=bn, num_warps=warps)
         row = {**base, "variant": name, "programs": programs, "producer_sms": sms - taken}
+        tok, pos, bnd, gate = tables(sms - taken)
         # first run after the producer has finished: compiles and loads the kernel (a module
         # loaded while the producer runs would wait for it), sets its carve-out
         kp = produce(sms - taken)
@@ -134,32 +143,40 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
             rows.append({**row, "status": "skipped", "reason": why})
             continue
 
-        def concurrent(kw=kw, taken=taken):
+        def concurrent(kw=kw, taken=taken, tabs=(tok, pos, bnd, gate), goal=target):
             ready.zero_()
             forked.record(cur)  # after the zeroing, before the producer: the scale starts now
-            produce(sms - taken, zero=False)
+            high.wait_event(forked)
+            with torch.cuda.stream(high):
+                produce(sms - taken, zero=False)
+                produced.record(high)
             side.wait_event(forked)
             with torch.cuda.stream(side):
-                launch_ready_scale(recv, tok, pos, bnd, gate, out, ready, err, target, **kw)
+                launch_ready_scale(recv, *tabs, out, ready, err, goal, **kw)
+            cur.wait_event(produced)
             cur.wait_stream(side)
             return out
 
-        # the check: a row read before its band was signalled reads NaN, a tile never
-        # written keeps NaN (the timed runs rewrite the same rows, so they could not tell)
-        recv.fill_(float("nan"))
-        out.fill_(float("nan"))
-        concurrent()
-        torch.cuda.synchronize()
+        def checked(**over) -> float:
+            """max rel. difference to the sequential output of one run from NaN-filled buffers
+            (a row read before its band was signalled, or a tile never written, shows)."""
+            recv.fill_(float("nan"))
+            out.fill_(float("nan"))
+            concurrent(**over)
+            torch.cuda.synchronize()
+            return float(((out.float() - want.float()).abs() / (want.float().abs() + 1e-2)).max())
+
+        rels = [checked() for _ in range(3)]
         rec = read_error(err)
         if rec is not None:  # the producer never waits, so the next variant can still run
             rows.append({**row, "status": "error", "reason": rec.message()})
             err.zero_()
             continue
-        rel = float(((out.float() - want.float()).abs() / (want.float().abs() + 1e-2)).max())
-        if not rel <= 8e-3:  # bf16's epsilon: the two kernels may round the sum differently
-            rows.append({**row, "status": "error", "reason": f"differs: max rel. {rel}"})
+        if not max(rels) <= 8e-3:  # bf16's epsilon: the kernels may round the sum differently
+            rows.append({**row, "status": "error", "reason": f"differs: max rel. {max(rels)}"})
             continue
-        row["max_rel_diff"] = rel
+        control = checked(goal=0)  # no wait at all: must read rows not yet written
+        row.update(max_rel_diff=max(rels), control_caught=not control <= 8e-3)
         ms = timed(concurrent)
         raise_if_error(err)
         row_ms = {"ms": ms, "hidden": (seq_ms - ms) / scale_ms}
@@ -196,7 +213,8 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "ready_scale.parquet", index=False)
-    cols = [c for c in ("out", "experts_per_rank", "routing", "variant", "status", "ms", "hidden")]
+    cols = ["out", "experts_per_rank", "routing", "variant", "status", "ms", "hidden"]
+    cols = [c for c in cols + ["control_caught"] if c in df.columns]
     print(df[cols].round(4).to_string(index=False))
 
 

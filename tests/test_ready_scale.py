@@ -1,10 +1,11 @@
 """The ready scale prototype (systems/overlap/kernels/ready_scale.py, ready_order.py).
 
 On the CPU: its tables (every receive row of a W=1 plan has exactly one band, the tokens come
-sorted by their latest band's time, a peer's row is refused), and in Triton's interpreter (a
-fresh process) after the real producer stored every row at local=direct with every band
-signalled: the ready scale equals the harness's Scaler, and a band left unsignalled ends in
-the scale's time-out record, raised on the host. Its timing is benchmarks/ready_scale.py's.
+sorted by their latest band's time, a peer's row and an aligned plan are refused), and in
+Triton's interpreter (a fresh process; T=90, so the last tile is partial) after the real
+producer stored every row at local=direct with every band signalled: the ready scale equals the
+harness's Scaler, and a band left unsignalled ends in the scale's time-out record, raised on
+the host. Its timing is benchmarks/ready_scale.py's.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def test_tables_refuse_a_peers_row():
         ready_order(lay.send_pos, lay.gate, band, uniform_band_times(plan, "expert"))
 
 
+def test_tables_refuse_a_plan_whose_signalled_rows_stay_in_y():
+    ((lay, plan),) = rank_plans(_spec(1), 16, "aligned")
+    with pytest.raises(ValueError, match="compact plan"):
+        band_of_recv_rows(plan, local_row_map(plan), lay.send_pos.numel())
+
+
 _SCRIPT = r"""
 import torch
 from benchmarks.token_ready import rank_plans, uniform_band_times
@@ -66,7 +73,7 @@ from systems.overlap.kernels.ready_scale import launch_ready_scale
 from systems.overlap.plan import local_row_map, padded_input, producer_order
 from systems.overlap.ready_order import band_of_recv_rows, ready_order
 
-spec = WorkloadSpec(tokens_per_rank=96, hidden=8, out=24, experts_per_rank=3, top_k=2,
+spec = WorkloadSpec(tokens_per_rank=90, hidden=8, out=24, experts_per_rank=3, top_k=2,
                     world_size=1, routing="moderate_skew", dtype="float32")
 (lay, plan), = rank_plans(spec, 16, "compact")
 g = torch.Generator().manual_seed(0)

@@ -60,7 +60,7 @@ from triton.compiler import ASTSource
 from systems.overlap.kernels.ready_scale import _ready_scale_kernel as fn
 
 PTRS = {"y_ptr": "*bf16", "out_ptr": "*bf16", "gate_ptr": "*fp32", "band_ready": "*i32"}
-consts = dict(K_SLOTS=2, KP=2, BLOCK_T=8, BLOCK_N=256, USE_TIMER=True)
+consts = dict(K_SLOTS=2, KP=2, BLOCK_T=8, BLOCK_N=256, USE_TIMER=True, BACKOFF=200)
 sig = {}
 for p in fn.params:
     if p.is_constexpr:

@@ -17,7 +17,13 @@ import torch
 def band_of_recv_rows(plan: Any, row_dst: torch.Tensor, n_recv: int) -> torch.Tensor:
     """int64 [n_recv]: for each receive-buffer row, the band whose producer tiles store it there
     (row_dst [P]: plan.local_row_map, the receive row of each padded row or -1), -1 for a row no
-    band of this plan stores."""
+    band of this plan stores. A compact plan only: with every band signalled, only its producer
+    stores a signalled band's local rows in the receive buffer (other layouts leave them in y)."""
+    if plan.layout != "compact":
+        raise ValueError(
+            f"band_of_recv_rows: a compact plan needed (got {plan.layout!r}): the producer "
+            "stores a signalled band's local rows in the receive buffer only there"
+        )
     B = plan.n_bands
     start = plan.band_row[:B].long().cpu()
     rows = plan.band_rows[:B].long().cpu()

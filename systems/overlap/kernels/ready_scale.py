@@ -11,10 +11,11 @@ columns in BLOCK_N steps and stores out[token]. A wait that times out writes one
 (CODE_SCALE_TIMEOUT: segment = the tile, band = the first band still short) and the program
 stops; the host raises it (errors.raise_if_error).
 
-Launch it AFTER the producer, on another stream: a persistent producer with one program per SM
-must have every program resident, or its unlaunched programs' bands never finish and the scale
-programs holding SMs wait until their time-out. Programs that cannot sit next to a producer CTA
-simply start when producer CTAs leave.
+Launch the producer on a higher-priority stream: its CTAs are then placed first. Scale programs
+placed first could hold the room a producer CTA needs; that CTA would start only when another
+producer CTA ends (the producer never waits), so the producer would take up to twice as long
+while the scale's tiles wait for its bands. Scale programs that find no room beside a producer
+CTA start when producer CTAs end.
 """
 
 from __future__ import annotations
@@ -25,35 +26,42 @@ import triton.language as tl
 
 from harness.kernels.ints import cdiv, next_power_of_2
 from systems.overlap import errors
-from systems.overlap.kernels.primitives import poll_bound, record_error, uniform_now
+from systems.overlap.kernels.primitives import nanosleep, poll_bound, record_error, uniform_now
 
 _SCALE_TIMEOUT = tl.constexpr(errors.CODE_SCALE_TIMEOUT)
 
 
 @triton.jit
-def _wait_bands(band_ready, b, pk, target, err, clock, timeout, max_spins, tile, pid, USE_TIMER):
+def _wait_bands(
+    band_ready, b, pk, target, err, clock, timeout, max_spins, tile, pid, USE_TIMER, BACKOFF
+):
     """Poll the counters of every band in b [BLOCK_T, KP] (mask pk) together, acquire, until all
-    are >= target: one round trip a poll for the whole tile. Bounded like spin_until (timeout ns
-    on the GPU, max_spins polls in the interpreter; 2 when another program recorded an error);
-    a time-out records the first band still short. Returns the status (0: all ready)."""
+    are >= target: one round trip a poll for the whole tile. The timer starts only when the
+    first poll finds a band short; BACKOFF > 0 (GPU) sleeps that many ns between polls, so the
+    waiting tiles leave the producer's counters and issue slots alone. Bounded like spin_until
+    (timeout ns on the GPU, max_spins polls in the interpreter; 2 when another program recorded
+    an error); a time-out records the first band still short. Returns the status (0: ready)."""
     f = tl.atomic_add(band_ready + b, 0, mask=pk, sem="acquire", scope="gpu")
     low = tl.min(tl.where(pk, f, target))
     status = tl.zeros((), dtype=tl.int32)
-    t0 = tl.zeros((), dtype=tl.int64)
-    if USE_TIMER:
-        t0 = uniform_now(clock)
-    spins = tl.zeros((), dtype=tl.int32)
-    while (low < target) & (status == 0):
-        f = tl.atomic_add(band_ready + b, 0, mask=pk, sem="acquire", scope="gpu")
-        low = tl.min(tl.where(pk, f, target))
-        spins += 1
-        status = poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER)
-    status = tl.where(low >= target, 0, status)
-    if status == 1:
-        short = pk & (f < target)
-        band = tl.min(tl.where(short, b, 1 << 62))
-        seen = tl.min(tl.where(short, f, target))
-        record_error(err, _SCALE_TIMEOUT, tile, band, 0, pid, seen, target, -1)
+    if low < target:
+        t0 = tl.zeros((), dtype=tl.int64)
+        if USE_TIMER:
+            t0 = uniform_now(clock)
+        spins = tl.zeros((), dtype=tl.int32)
+        while (low < target) & (status == 0):
+            if USE_TIMER and BACKOFF > 0:
+                nanosleep(tl.full((), BACKOFF, tl.int32))
+            f = tl.atomic_add(band_ready + b, 0, mask=pk, sem="acquire", scope="gpu")
+            low = tl.min(tl.where(pk, f, target))
+            spins += 1
+            status = poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER)
+        status = tl.where(low >= target, 0, status)
+        if status == 1:
+            short = pk & (f < target)
+            band = tl.min(tl.where(short, b, 1 << 62))
+            seen = tl.min(tl.where(short, f, target))
+            record_error(err, _SCALE_TIMEOUT, tile, band, 0, pid, seen, target, -1)
     tl.debug_barrier()  # every thread reads rows only after the whole tile's acquire
     return status
 
@@ -79,6 +87,7 @@ def _ready_scale_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_TIMER: tl.constexpr,
+    BACKOFF: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(T, BLOCK_T)
@@ -93,22 +102,32 @@ def _ready_scale_kernel(
         idx = s.to(tl.int64)[:, None] * K_SLOTS + kk[None, :]
         pk = smask[:, None] & kmask[None, :]
         b = tl.load(band_ptr + idx, mask=pk, other=0)
+        # the host-made tables load beside the wait's atomics (nothing orders them after it)
+        p = tl.load(pos_ptr + idx, mask=pk, other=0).to(tl.int64)
+        g = tl.load(gate_ptr + idx, mask=pk, other=0.0)
+        t = tl.load(tok_ptr + s, mask=smask, other=0).to(tl.int64)
         status = _wait_bands(band_ready, b, pk, target, err, clock + pid, timeout, max_spins,
-                             tile, pid, USE_TIMER)  # fmt: skip
+                             tile, pid, USE_TIMER, BACKOFF)  # fmt: skip
         if status == 0:
-            p = tl.load(pos_ptr + idx, mask=pk, other=0).to(tl.int64)
-            g = tl.load(gate_ptr + idx, mask=pk, other=0.0)
-            t = tl.load(tok_ptr + s, mask=smask, other=0).to(tl.int64)
+            # two column steps in flight: the next step's rows load before this step's store
+            # (y and out may alias for the compiler, so it would not move a load above a store)
+            c = tl.arange(0, BLOCK_N)
+            v = tl.load(y_ptr + p[:, :, None] * N + c[None, None, :],
+                        mask=pk[:, :, None] & (c < N)[None, None, :], other=0.0)  # fmt: skip
             for c0 in range(0, N, BLOCK_N):
-                cols = c0 + tl.arange(0, BLOCK_N)
-                cmask = cols < N
-                vmask = pk[:, :, None] & cmask[None, None, :]
-                v = tl.load(y_ptr + p[:, :, None] * N + cols[None, None, :], mask=vmask, other=0.0)
+                cols = c0 + c
+                nxt = cols + BLOCK_N
+                vn = tl.load(y_ptr + p[:, :, None] * N + nxt[None, None, :],
+                             mask=pk[:, :, None] & (nxt < N)[None, None, :], other=0.0)  # fmt: skip
                 acc = tl.sum(v.to(tl.float32) * g[:, :, None], axis=1)
-                omask = smask[:, None] & cmask[None, :]
+                omask = smask[:, None] & (cols < N)[None, :]
                 dst = out_ptr + t[:, None] * N + cols[None, :]
                 tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=omask)
+                v = vn
         tile += tl.num_programs(0)
+
+
+_CLOCKS: dict[tuple, torch.Tensor] = {}
 
 
 def launch_ready_scale(
@@ -126,6 +145,7 @@ def launch_ready_scale(
     block_t: int = 4,
     block_n: int = 512,
     num_warps: int = 4,
+    backoff_ns: int = 200,
     timeout_s: float = 5.0,
     max_spins: int = 1000,
 ):
@@ -135,7 +155,8 @@ def launch_ready_scale(
     y [S, N] the receive buffer; tok [T] int64 the token of each sorted position (a permutation
     of [0, T)); pos, band [T, k] int64 the sorted tokens' rows in y and the bands writing them;
     gate [T, k] float32; band_ready [B] int32; err int64 [8] (errors.new_error_buffer); target
-    the counter value of a finished band. programs: the persistent grid.
+    the counter value of a finished band; all contiguous. programs: the persistent grid;
+    backoff_ns: the sleep between polls of a tile whose bands are not all done (GPU).
     """
     T, k = pos.shape
     if tuple(band.shape) != (T, k) or tuple(gate.shape) != (T, k) or tuple(tok.shape) != (T,):
@@ -157,13 +178,20 @@ def launch_ready_scale(
             f"ready scale: programs >= 1, block_t and block_n (>= 16) powers of two needed, got "
             f"{programs}, {block_t}, {block_n}"
         )
+    loose = [n for n, t in (("y", y), ("tok", tok), ("pos", pos), ("band", band),
+                            ("gate", gate), ("out", out)) if not t.is_contiguous()]  # fmt: skip
+    if loose:
+        raise ValueError(f"ready scale: {loose} must be contiguous")
     on_gpu = y.device.type == "cuda"
-    clock = torch.zeros(programs, dtype=torch.int64, device=y.device)
+    key = (y.device, programs)
+    if key not in _CLOCKS:  # uniform_now's scratch: any content will do, so no fill per call
+        _CLOCKS[key] = torch.empty(programs, dtype=torch.int64, device=y.device)
+    clock = _CLOCKS[key]
     grid = (min(programs, max(cdiv(T, block_t), 1)),)
     return _ready_scale_kernel[grid](
         y, tok, pos, band, gate, out, band_ready, err, clock, int(target), T, y.shape[1],
         int(timeout_s * 1e9), max_spins,
         K_SLOTS=k, KP=next_power_of_2(k), BLOCK_T=block_t,
         BLOCK_N=min(block_n, next_power_of_2(max(y.shape[1], 16))),
-        USE_TIMER=on_gpu, num_warps=num_warps,
+        USE_TIMER=on_gpu, BACKOFF=max(0, int(backoff_ns)), num_warps=num_warps,
     )  # fmt: skip
