@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -69,9 +70,16 @@ def main() -> None:
     args = ap.parse_args()
     layouts = [v for v in args.layouts.split(",") if v]
     bad = [v for v in layouts if v not in ("aligned", "compact")]
-    if bad:
-        raise SystemExit(f"--layouts: the device plan builds aligned or compact, got {bad}")
-    experts = [int(v) for v in args.experts.split(",") if v]
+    if bad or not layouts:
+        ap.error(f"--layouts: the device plan builds aligned or compact, got {args.layouts!r}")
+    try:
+        experts = [int(v) for v in args.experts.split(",") if v]
+    except ValueError:
+        experts = []
+    if not experts or min(experts) < 1:
+        ap.error(f"--experts: comma-separated integers >= 1, got {args.experts!r}")
+    if not torch.cuda.is_available():
+        sys.exit("error: profile_stage_a needs a CUDA GPU (it profiles the device plan's kernels)")
     frames = []
     for layout in layouts:
         for E in experts:

@@ -390,3 +390,24 @@ def test_ready_scale_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch,
     with pytest.raises(SystemExit) as exc:
         ready_scale.main()
     assert "needs a CUDA GPU" in str(exc.value)
+
+
+def test_profile_stage_a_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch, capsys):
+    import pytest
+
+    from benchmarks import profile_stage_a
+
+    for argv, says in (
+        (["--layouts", "packed"], "builds aligned or compact"),
+        (["--experts", "16,x"], "comma-separated integers"),
+        (["--experts", "0"], "comma-separated integers"),
+    ):
+        monkeypatch.setattr("sys.argv", ["profile_stage_a", *argv])
+        with pytest.raises(SystemExit) as exc:
+            profile_stage_a.main()
+        assert exc.value.code == 2 and says in capsys.readouterr().err
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", ["profile_stage_a"])
+    with pytest.raises(SystemExit) as exc:
+        profile_stage_a.main()
+    assert "needs a CUDA GPU" in str(exc.value)
