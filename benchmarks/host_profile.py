@@ -29,6 +29,7 @@ import argparse
 import cProfile
 import io
 import pstats
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -222,6 +223,8 @@ def main() -> None:
     ap.add_argument("--idle", action="store_true", help="device idle time of eager steps")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("error: host_profile needs a CUDA GPU (it profiles the host side of GPU steps)")
     register_configs()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=args.overrides)

@@ -637,6 +637,8 @@ def main() -> None:
             [int(c) for c in args.cctas.split(",")],
         )
         return
+    if not torch.cuda.is_available():
+        sys.exit("error: kernels_h200 needs a CUDA GPU (it times the overlap kernels)")
     os.makedirs(args.out, exist_ok=True)
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count

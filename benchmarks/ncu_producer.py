@@ -15,6 +15,7 @@ Usage: ncu ... python -m benchmarks.ncu_producer --workload 16:moderate_skew [--
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from functools import partial
 
@@ -104,9 +105,11 @@ def main() -> None:
     configs = [c for c in args.configs.split(",") if c]
     if any(c not in CONFIGS for c in configs):
         ap.error(f"--configs: names from {sorted(CONFIGS)}, got {args.configs}")
-    e, routing = args.workload.split(":")
+    e, _, routing = args.workload.partition(":")
     if not e.isdigit() or routing not in ROUTINGS:
         ap.error(f"--workload: E:routing with routing in {ROUTINGS}, got {args.workload}")
+    if not torch.cuda.is_available():
+        sys.exit("error: ncu_producer needs a CUDA GPU (it runs the expert GEMMs under ncu)")
     spec = WorkloadSpec(8192, 2048, args.out_n, int(e), 2, 2, routing, "bfloat16")
     dev = torch.device("cuda")
     pb = problem(spec, 128, args.layout, dev)

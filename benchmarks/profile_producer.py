@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -104,6 +105,8 @@ def main() -> None:
     work = [w.split(":") for w in args.workloads.split(",")]
     if any(len(w) != 2 or not w[0].isdigit() or w[1] not in ROUTINGS for w in work):
         ap.error(f"--workloads: E:routing pairs with routing in {ROUTINGS}, got {args.workloads}")
+    if not torch.cuda.is_available():
+        sys.exit("error: profile_producer needs a CUDA GPU (it profiles the expert GEMMs)")
     frames = []
     for E, routing in ((int(e), r) for e, r in work):
         spec = WorkloadSpec(8192, 2048, 8192, E, 2, 2, routing, "bfloat16")

@@ -1,6 +1,7 @@
 """The benchmark scripts run end to end on a small shape anywhere (their numbers come from GPUs)."""
 
 import pandas as pd
+import pytest
 
 from benchmarks import scale_bound
 
@@ -411,3 +412,17 @@ def test_profile_stage_a_says_bad_input_in_one_line_before_any_gpu_work(monkeypa
     with pytest.raises(SystemExit) as exc:
         profile_stage_a.main()
     assert "needs a CUDA GPU" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["host_profile", "kernels_h200", "ncu_producer", "profile_producer"]
+)
+def test_gpu_benchmarks_say_so_in_one_line_without_a_gpu(name, monkeypatch):
+    import importlib
+
+    mod = importlib.import_module(f"benchmarks.{name}")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("sys.argv", [name])
+    with pytest.raises(SystemExit) as exc:
+        mod.main()
+    assert f"{name} needs a CUDA GPU" in str(exc.value)
