@@ -251,7 +251,7 @@ def test_remembered_launches_equal_triton_launches(consumer_sms, monkeypatch):
 def test_device_plan_builds_without_sync_and_equals_build_plan(routing, layout, E):
     """build_plan_device on the GPU: no host synchronisation (sync debug mode 'error'), and the
     valid prefixes equal build_plan's plan of the same rows. E=64: the group kernels' sums over
-    experts take two chunks (kernels/plan.py _sum_before), across its barriers."""
+    experts take two chunks (kernels/plan.py _sums_before), across its barriers."""
     from dataclasses import fields
 
     from harness.layout import rank_layout

@@ -7,7 +7,7 @@ Built as [EP, EP] tiles in registers, `_groups_compact_kernel` took about a minu
 E=64, W=4 (50 thousand PTX lines against 3 thousand at E=4: Triton recomputed the [EP, WP] chains
 of the pairwise sums for every element), and each new specialisation stalled a correctness run
 by 80-90 s on the H200. The sums now read the other experts' values back from memory in chunks
-(kernels/plan.py, `_sum_before`). Compiled in a fresh process (other test files import triton
+(kernels/plan.py, `_sums_before`). Compiled in a fresh process (other test files import triton
 under the interpreter) with Triton's own ptxas; no GPU needed.
 """
 

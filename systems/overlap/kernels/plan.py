@@ -9,7 +9,7 @@ groups g = e * W + slot, slot = the owner's position: remote owners ascending, t
   _groups_kernel  ONE program: every group-level quantity as [EP, WP] tiles (prefix sums over
                   groups, the remote-first expert order by pairwise comparison of the experts'
                   remote band counts, segments per group with the cut rule), the counts, and the
-                  prefix over the blocks' local rows. The pairwise sums (_sum_before) read the
+                  prefix over the blocks' local rows. The pairwise sums (_sums_before) read the
                   other experts' values back from the work rows in chunks of JB, so the code is
                   [EP, JB] wide: built in registers as [EP, EP] tiles, the compact kernel took
                   about a minute to compile at E=64, W=4
@@ -185,21 +185,37 @@ def _plan_fields(
 
 
 @triton.jit
-def _sum_before(ge, E, key, e1, ROW: tl.constexpr, EP: tl.constexpr, JB: tl.constexpr):
-    """[EP]: for each expert i, the sum of ge[ROW, j] over the experts j that precede it in rule
-    (ii)'s order (more remote bands first, then j < i; ge[1] holds each expert's remote bands,
-    key [EP] the same in registers). j goes in chunks of JB read from memory, so the code is
-    [EP, JB] wide at any E, and Triton has no register chain to recompute per element."""
-    acc = tl.zeros([EP], dtype=tl.int64)
+def _sums_before(
+    ge,
+    E,
+    key,
+    e1,
+    RA: tl.constexpr,
+    RB: tl.constexpr,
+    RC: tl.constexpr,
+    EP: tl.constexpr,
+    JB: tl.constexpr,
+):
+    """([EP], [EP], [EP]): for each expert i, the sums of ge[RA, j], ge[RB, j] and ge[RC, j] over
+    the experts j that precede it in rule (ii)'s order (more remote bands first, then j < i;
+    ge[1] holds each expert's remote bands, key [EP] the same in registers); a row -1 is not
+    read and its sum stays 0. j goes in chunks of JB read from memory, so the code is [EP, JB]
+    wide at any E, and Triton has no register chain to recompute per element."""
+    a = tl.zeros([EP], dtype=tl.int64)
+    b = tl.zeros([EP], dtype=tl.int64)
+    c = tl.zeros([EP], dtype=tl.int64)
     ki = key[:, None]
     for j0 in range(0, E, JB):
         ej = j0 + tl.arange(0, JB)[None, :]
         mj = ej < E
         kj = tl.load(ge + E + ej, mask=mj, other=0)
-        xj = tl.load(ge + ROW * E + ej, mask=mj, other=0)
         before = ((kj > ki) | ((kj == ki) & (ej < e1[:, None]))) & mj
-        acc += tl.sum(tl.where(before, xj, 0), 1)
-    return acc
+        a += tl.sum(tl.where(before, tl.load(ge + RA * E + ej, mask=mj, other=0), 0), 1)
+        if RB >= 0:
+            b += tl.sum(tl.where(before, tl.load(ge + RB * E + ej, mask=mj, other=0), 0), 1)
+        if RC >= 0:
+            c += tl.sum(tl.where(before, tl.load(ge + RC * E + ej, mask=mj, other=0), 0), 1)
+    return a, b, c
 
 
 @triton.jit
@@ -213,7 +229,7 @@ def _groups_kernel(
     R,
     send_counts,
     gw,  # [8, G] work: cnt, row, nb, band_first, sched_start, seg_before, min dst, visit base
-    ge,  # [13, E] work: rows 1, 10, 12 as _sum_before reads them (the rest unused here)
+    ge,  # [13, E] work: rows 1, 10, 12 as _sums_before reads them (the rest unused here)
     counts,  # [6] n_rows, n_padded, n_bands, n_remote_bands, n_segments, n_local
     expert_row_start,
     group_rows,
@@ -254,7 +270,7 @@ def _groups_kernel(
     tl.store(ge + E + e1, rb, mask=me)  # the sums over preceding experts read these back
     tl.store(ge + 10 * E + e1, rb + lb, mask=me)
     tl.debug_barrier()
-    rb_before = _sum_before(ge, E, rb, e1, 1, EP, JB)
+    rb_before, vstart, _ = _sums_before(ge, E, rb, e1, 1, 10, -1, EP, JB)
     NR = tl.sum(rb, 0)
     a = rb_before[:, None] + tl.cumsum(nb_r, 1) - nb_r
     lstart = NR + tl.cumsum(lb, 0) - lb
@@ -262,7 +278,6 @@ def _groups_kernel(
     # order="expert" (plan.producer_order): experts in the remote-first order (those without
     # remote bands last, e ascending), each expert's remote bands then its local bands; a
     # group's first entry in that visiting order
-    vstart = _sum_before(ge, E, rb, e1, 10, EP, JB)
     vbase = tl.where(loc, (vstart + rb)[:, None], vstart[:, None] + a - rb_before[:, None])
     # segments per remote group: the first / last band alone, middle chunks of mgb (cut rule)
     lo = tl.maximum(a, 1)
@@ -274,7 +289,7 @@ def _groups_kernel(
     segtot = tl.sum(nseg, 1)
     tl.store(ge + 12 * E + e1, segtot, mask=me)
     tl.debug_barrier()
-    seg_e = _sum_before(ge, E, rb, e1, 12, EP, JB)
+    seg_e, _, _ = _sums_before(ge, E, rb, e1, 12, -1, -1, EP, JB)
     segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
     tl.store(gw + g2, cnt, mask=inb)
     tl.store(gw + G + g2, row, mask=inb)
@@ -505,7 +520,7 @@ def _groups_compact_kernel(
     gw,  # [8, G] work: cnt, first row, pieces, first band, piece base, seg base, dmin, within
     ge,  # [13, E] work: expert start, remote bands, local bands, remote section rows, first band,
     #      remote schedule start, local schedule start, visit start, remote rows, rows; rows
-    #      10-12 the bands, pieces and segments per expert that _sum_before reads back
+    #      10-12 the bands, pieces and segments per expert that _sums_before reads back
     counts,  # [6] as _groups_kernel's
     n_pieces,  # [1]
     expert_row_start,
@@ -553,17 +568,15 @@ def _groups_compact_kernel(
     npc = tl.where(rem & (cnt > 0), (within + cnt - 1) // tm - fb + 1, 0)
     ptot = tl.sum(npc, 1)
     # rule (ii) on the remote bands (more remote bands first, then e): sums over the experts
-    # before each one, read back from ge (rows 1, 10, 11; 12 below) by _sum_before
+    # before each one, read back from ge (rows 1, 10, 11; 12 below) by _sums_before
     me = e1 < E
     tl.store(ge + E + e1, nbr, mask=me)
     tl.store(ge + 10 * E + e1, tot_b, mask=me)
     tl.store(ge + 11 * E + e1, ptot, mask=me)
     tl.debug_barrier()
-    rstart = _sum_before(ge, E, nbr, e1, 1, EP, JB)
+    rstart, vstart, pb = _sums_before(ge, E, nbr, e1, 1, 10, 11, EP, JB)
     NR = tl.sum(nbr, 0)
     lstart = NR + tl.cumsum(nbl, 0) - nbl
-    vstart = _sum_before(ge, E, nbr, e1, 10, EP, JB)
-    pb = _sum_before(ge, E, nbr, e1, 11, EP, JB)
     a = pb[:, None] + tl.cumsum(npc, 1) - npc
     Q = tl.sum(ptot, 0)
     # segments per remote group over its pieces: first / last piece alone, middle chunks of mgb
@@ -576,7 +589,7 @@ def _groups_compact_kernel(
     segtot = tl.sum(nseg, 1)
     tl.store(ge + 12 * E + e1, segtot, mask=me)
     tl.debug_barrier()
-    seg_e = _sum_before(ge, E, nbr, e1, 12, EP, JB)
+    seg_e, _, _ = _sums_before(ge, E, nbr, e1, 12, -1, -1, EP, JB)
     segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
     tl.store(gw + g2, cnt, mask=inb)
     tl.store(gw + G + g2, row, mask=inb)
