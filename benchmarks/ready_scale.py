@@ -21,7 +21,8 @@ run that does not wait (target 0) must fail that check (`control_caught`), else 
 not overlap the producer and the check proved nothing. Each time is the median of CUDA-event
 timings queued ahead (harness.timing.time_fn); the tokens' order comes from the waves model at
 the variant's producer grid. hidden = (sequential - variant) / scale alone:
-the share of the scale the variant took off the step.
+the share of the scale the variant took off the step. alone_ms: the variant's kernel by
+itself once every band is signalled (its own speed against the Scaler's `scale` row).
 
 Usage: python -m benchmarks.ready_scale [--out DIR] [--n 4096,8192] [--experts 4,16,64]
 [--routing balanced,stress_skew] [--variants beside132,own16] [--iters 20]; writes
@@ -47,14 +48,19 @@ from systems.overlap.autotune import auto_order
 
 T, K, TOP_K, TILE_M, LAYOUT = 8192, 2048, 2, 128, "compact"
 
-#: name: (programs, tokens per tile, columns per step, warps, SMs taken from the producer)
+#: name: (programs, tokens per tile, columns per step, warps, SMs taken from the producer,
+#: ns slept between polls, poll: atomic reads or ld.acquire loads of the band counters)
 VARIANTS = {
-    "beside32": (32, 8, 256, 4, 0),
-    "beside132": (132, 8, 256, 4, 0),
-    "beside264": (264, 8, 256, 4, 0),
-    "beside132_n1024": (132, 4, 1024, 4, 0),
-    "own16": (16, 8, 256, 4, 16),
-    "own32": (32, 8, 256, 4, 32),
+    "beside32": (32, 8, 256, 4, 0, 200, "atomic"),
+    "beside132": (132, 8, 256, 4, 0, 200, "atomic"),
+    "beside264": (264, 8, 256, 4, 0, 200, "atomic"),
+    "beside132_n1024": (132, 4, 1024, 4, 0, 200, "atomic"),
+    "own16": (16, 8, 256, 4, 16, 200, "atomic"),
+    "own32": (32, 8, 256, 4, 32, 200, "atomic"),
+    "beside132_n1024_ld": (132, 4, 1024, 4, 0, 200, "load"),
+    "beside132_n1024_b2k": (132, 4, 1024, 4, 0, 2000, "atomic"),
+    "beside264_n1024_ld": (264, 4, 1024, 4, 0, 200, "load"),
+    "beside132_t8n1024w8_ld": (132, 8, 1024, 8, 0, 200, "load"),
 }
 
 
@@ -125,9 +131,11 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
     high = torch.cuda.Stream(dev, priority=torch.cuda.Stream.priority_range()[1])
     forked, produced = torch.cuda.Event(), torch.cuda.Event()
     for name in variants:
-        programs, bt, bn, warps, taken = VARIANTS[name]
+        programs, bt, bn, warps, taken, backoff, poll = VARIANTS[name]
         kw = dict(programs=programs, block_t=bt, block_n=bn, num_warps=warps)
+        kw.update(backoff_ns=backoff, poll=poll)
         row = {**base, "variant": name, "programs": programs, "producer_sms": sms - taken}
+        row.update(block_t=bt, block_n=bn, warps=warps, backoff_ns=backoff, poll=poll)
         tok, pos, bnd, gate = tables(sms - taken)
         # first run after the producer has finished: compiles and loads the kernel (a module
         # loaded while the producer runs would wait for it), sets its carve-out
@@ -179,7 +187,15 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
         row.update(max_rel_diff=max(rels), control_caught=not control <= 8e-3)
         ms = timed(concurrent)
         raise_if_error(err)
-        row_ms = {"ms": ms, "hidden": (seq_ms - ms) / scale_ms}
+
+        def alone(kw=kw, tabs=(tok, pos, bnd, gate)):  # every band done: the kernel's own speed
+            launch_ready_scale(recv, *tabs, out, ready, err, target, **kw)
+            return out
+
+        produce(sms - taken)  # every row written, every band signalled
+        alone_ms = timed(alone)
+        raise_if_error(err)
+        row_ms = {"ms": ms, "hidden": (seq_ms - ms) / scale_ms, "alone_ms": alone_ms}
         rows.append({**row, "status": "ok", **row_ms})
     return rows
 
@@ -213,7 +229,7 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "ready_scale.parquet", index=False)
-    cols = ["out", "experts_per_rank", "routing", "variant", "status", "ms", "hidden"]
+    cols = ["out", "experts_per_rank", "routing", "variant", "status", "ms", "hidden", "alone_ms"]
     cols = [c for c in cols + ["control_caught"] if c in df.columns]
     print(df[cols].round(4).to_string(index=False))
 

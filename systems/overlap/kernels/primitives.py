@@ -52,6 +52,15 @@ def nanosleep(ns):
 
 
 @triton.jit
+def load_acquire(ptr):
+    """ld.acquire.gpu of every int32 at ptr (GPU only, a tensor of pointers, all valid): a poll
+    that reads the line in L2 instead of queueing an atomic read-modify-write at its address."""
+    return tl.inline_asm_elementwise(
+        "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
 def uniform_now(clock):
     """%globaltimer of thread 0, the same value in every thread (scalar atomic + broadcast)."""
     tl.atomic_xchg(clock, globaltimer(), sem="relaxed")

@@ -26,14 +26,43 @@ import triton.language as tl
 
 from harness.kernels.ints import cdiv, next_power_of_2
 from systems.overlap import errors
-from systems.overlap.kernels.primitives import nanosleep, poll_bound, record_error, uniform_now
+from systems.overlap.kernels.primitives import (
+    load_acquire,
+    nanosleep,
+    poll_bound,
+    record_error,
+    uniform_now,
+)
 
 _SCALE_TIMEOUT = tl.constexpr(errors.CODE_SCALE_TIMEOUT)
 
 
 @triton.jit
+def _poll(band_ready, b, pk, POLL_LOAD: tl.constexpr):
+    """The counters of bands b where pk (acquire): atomic reads, or POLL_LOAD (GPU) plain
+    ld.acquire loads (masked lanes read counter 0, then count as done)."""
+    if POLL_LOAD:
+        f = load_acquire(band_ready + tl.where(pk, b, 0))
+    else:
+        f = tl.atomic_add(band_ready + b, 0, mask=pk, sem="acquire", scope="gpu")
+    return f
+
+
+@triton.jit
 def _wait_bands(
-    band_ready, b, pk, target, err, clock, timeout, max_spins, tile, pid, USE_TIMER, BACKOFF
+    band_ready,
+    b,
+    pk,
+    target,
+    err,
+    clock,
+    timeout,
+    max_spins,
+    tile,
+    pid,
+    USE_TIMER,
+    BACKOFF,
+    POLL_LOAD,
 ):
     """Poll the counters of every band in b [BLOCK_T, KP] (mask pk) together, acquire, until all
     are >= target: one round trip a poll for the whole tile. The timer starts only when the
@@ -41,7 +70,7 @@ def _wait_bands(
     waiting tiles leave the producer's counters and issue slots alone. Bounded like spin_until
     (timeout ns on the GPU, max_spins polls in the interpreter; 2 when another program recorded
     an error); a time-out records the first band still short. Returns the status (0: ready)."""
-    f = tl.atomic_add(band_ready + b, 0, mask=pk, sem="acquire", scope="gpu")
+    f = _poll(band_ready, b, pk, POLL_LOAD)
     low = tl.min(tl.where(pk, f, target))
     status = tl.zeros((), dtype=tl.int32)
     if low < target:
@@ -52,7 +81,7 @@ def _wait_bands(
         while (low < target) & (status == 0):
             if USE_TIMER and BACKOFF > 0:
                 nanosleep(tl.full((), BACKOFF, tl.int32))
-            f = tl.atomic_add(band_ready + b, 0, mask=pk, sem="acquire", scope="gpu")
+            f = _poll(band_ready, b, pk, POLL_LOAD)
             low = tl.min(tl.where(pk, f, target))
             spins += 1
             status = poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER)
@@ -88,6 +117,7 @@ def _ready_scale_kernel(
     BLOCK_N: tl.constexpr,
     USE_TIMER: tl.constexpr,
     BACKOFF: tl.constexpr,
+    POLL_LOAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(T, BLOCK_T)
@@ -107,7 +137,7 @@ def _ready_scale_kernel(
         g = tl.load(gate_ptr + idx, mask=pk, other=0.0)
         t = tl.load(tok_ptr + s, mask=smask, other=0).to(tl.int64)
         status = _wait_bands(band_ready, b, pk, target, err, clock + pid, timeout, max_spins,
-                             tile, pid, USE_TIMER, BACKOFF)  # fmt: skip
+                             tile, pid, USE_TIMER, BACKOFF, POLL_LOAD)  # fmt: skip
         if status == 0:
             # two column steps in flight: the next step's rows load before this step's store
             # (y and out may alias for the compiler, so it would not move a load above a store)
@@ -146,6 +176,7 @@ def launch_ready_scale(
     block_n: int = 512,
     num_warps: int = 4,
     backoff_ns: int = 200,
+    poll: str = "atomic",
     timeout_s: float = 5.0,
     max_spins: int = 1000,
 ):
@@ -156,7 +187,9 @@ def launch_ready_scale(
     of [0, T)); pos, band [T, k] int64 the sorted tokens' rows in y and the bands writing them;
     gate [T, k] float32; band_ready [B] int32; err int64 [8] (errors.new_error_buffer); target
     the counter value of a finished band; all contiguous. programs: the persistent grid;
-    backoff_ns: the sleep between polls of a tile whose bands are not all done (GPU).
+    backoff_ns: the sleep between polls of a tile whose bands are not all done (GPU); poll:
+    "atomic" (atomic reads of the counters) or "load" (ld.acquire on the GPU; atomic reads in
+    the interpreter, which has no inline assembly).
     """
     T, k = pos.shape
     if tuple(band.shape) != (T, k) or tuple(gate.shape) != (T, k) or tuple(tok.shape) != (T,):
@@ -178,6 +211,8 @@ def launch_ready_scale(
             f"ready scale: programs >= 1, block_t and block_n (>= 16) powers of two needed, got "
             f"{programs}, {block_t}, {block_n}"
         )
+    if poll not in ("atomic", "load"):
+        raise ValueError(f"ready scale: poll is 'atomic' or 'load', got {poll!r}")
     loose = [n for n, t in (("y", y), ("tok", tok), ("pos", pos), ("band", band),
                             ("gate", gate), ("out", out)) if not t.is_contiguous()]  # fmt: skip
     if loose:
@@ -193,5 +228,6 @@ def launch_ready_scale(
         int(timeout_s * 1e9), max_spins,
         K_SLOTS=k, KP=next_power_of_2(k), BLOCK_T=block_t,
         BLOCK_N=min(block_n, next_power_of_2(max(y.shape[1], 16))),
-        USE_TIMER=on_gpu, BACKOFF=max(0, int(backoff_ns)), num_warps=num_warps,
+        USE_TIMER=on_gpu, BACKOFF=max(0, int(backoff_ns)), POLL_LOAD=on_gpu and poll == "load",
+        num_warps=num_warps,
     )  # fmt: skip
