@@ -22,7 +22,8 @@ not overlap the producer and the check proved nothing. Each time is the median o
 timings queued ahead (harness.timing.time_fn); the tokens' order comes from the waves model at
 the variant's producer grid. hidden = (sequential - variant) / scale alone:
 the share of the scale the variant took off the step. alone_ms: the variant's kernel by
-itself once every band is signalled (its own speed against the Scaler's `scale` row).
+itself once every band is signalled (its own speed against the Scaler's `scale` row; with a
+claim counter it includes the counter's reset, a memset), tail_alone_ms the same for a tail launch.
 
 Usage: python -m benchmarks.ready_scale [--out DIR] [--n 4096,8192] [--experts 4,16,64]
 [--routing balanced,stress_skew] [--variants beside132,own16] [--iters 20]; writes
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -48,19 +50,41 @@ from systems.overlap.autotune import auto_order
 
 T, K, TOP_K, TILE_M, LAYOUT = 8192, 2048, 2, 128, "compact"
 
-#: name: (programs, tokens per tile, columns per step, warps, SMs taken from the producer,
-#: ns slept between polls, poll: atomic reads or ld.acquire loads of the band counters)
+
+@dataclass(frozen=True)
+class Variant:
+    """The ready scale beside the producer: programs, tokens per tile, columns per step, warps,
+    SMs taken from the producer, ns slept between polls, poll (atomic reads or ld.acquire loads
+    of the band counters); tail_per_sm > 0: the programs take tiles from a shared counter and a
+    second launch queued after the producer (tail_per_sm x SMs programs, tail_block_n columns a
+    step, tail_warps) takes the tiles not yet taken on every SM the producer leaves."""
+
+    programs: int
+    block_t: int = 8
+    block_n: int = 256
+    warps: int = 4
+    taken: int = 0
+    backoff_ns: int = 200
+    poll: str = "atomic"
+    tail_per_sm: int = 0
+    tail_block_n: int = 1024
+    tail_warps: int = 4
+
+
 VARIANTS = {
-    "beside32": (32, 8, 256, 4, 0, 200, "atomic"),
-    "beside132": (132, 8, 256, 4, 0, 200, "atomic"),
-    "beside264": (264, 8, 256, 4, 0, 200, "atomic"),
-    "beside132_n1024": (132, 4, 1024, 4, 0, 200, "atomic"),
-    "own16": (16, 8, 256, 4, 16, 200, "atomic"),
-    "own32": (32, 8, 256, 4, 32, 200, "atomic"),
-    "beside132_n1024_ld": (132, 4, 1024, 4, 0, 200, "load"),
-    "beside132_n1024_b2k": (132, 4, 1024, 4, 0, 2000, "atomic"),
-    "beside264_n1024_ld": (264, 4, 1024, 4, 0, 200, "load"),
-    "beside132_t8n1024w8_ld": (132, 8, 1024, 8, 0, 200, "load"),
+    "beside32": Variant(32),
+    "beside132": Variant(132),
+    "beside264": Variant(264),
+    "beside132_n1024": Variant(132, 4, 1024),
+    "own16": Variant(16, taken=16),
+    "own32": Variant(32, taken=32),
+    "beside132_n1024_ld": Variant(132, 4, 1024, poll="load"),
+    "beside132_n1024_b2k": Variant(132, 4, 1024, backoff_ns=2000),
+    "beside264_n1024_ld": Variant(264, 4, 1024, poll="load"),
+    "beside132_t8n1024w8_ld": Variant(132, 8, 1024, 8, poll="load"),
+    "beside32_tail4": Variant(32, 4, 1024, poll="load", tail_per_sm=4),
+    "beside132_tail4": Variant(132, 4, 1024, poll="load", tail_per_sm=4),
+    "beside132_tail2w8": Variant(132, 4, 1024, poll="load", tail_per_sm=2, tail_warps=8),
 }
 
 
@@ -87,7 +111,8 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
     y = torch.empty(plan.n_padded, n, dtype=torch.bfloat16, device=dev)
     recv = torch.zeros(lay.send_pos.numel(), n, dtype=torch.bfloat16, device=dev)
     row_dst = local_row_map(plan)
-    ready = torch.zeros(B, dtype=torch.int32, device=dev)
+    flags = torch.zeros(B + 1, dtype=torch.int32, device=dev)  # the band counters, then claim
+    ready, claim = flags[:B], flags[B:]
     cfg = pick_config(TILE_M, K, n, torch.bfloat16)
     visit = producer_order(plan) if order == "expert" else None
     groups = producer_groups(plan, visit, cfg.group_m) if cfg.expert_groups else None
@@ -104,7 +129,7 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
 
     def produce(grid: int, zero: bool = True):
         if zero:
-            ready.zero_()
+            flags.zero_()
         return launch_producer(
             x, w, y, plan, ready, n_signal=B, num_programs=grid, config=cfg,
             local_to=(recv, row_dst), order=visit, groups=groups,
@@ -131,17 +156,25 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
     high = torch.cuda.Stream(dev, priority=torch.cuda.Stream.priority_range()[1])
     forked, produced = torch.cuda.Event(), torch.cuda.Event()
     for name in variants:
-        programs, bt, bn, warps, taken, backoff, poll = VARIANTS[name]
-        kw = dict(programs=programs, block_t=bt, block_n=bn, num_warps=warps)
-        kw.update(backoff_ns=backoff, poll=poll)
-        row = {**base, "variant": name, "programs": programs, "producer_sms": sms - taken}
-        row.update(block_t=bt, block_n=bn, warps=warps, backoff_ns=backoff, poll=poll)
+        v = VARIANTS[name]
+        programs, taken = v.programs, v.taken
+        kw = dict(programs=programs, block_t=v.block_t, block_n=v.block_n, num_warps=v.warps)
+        kw.update(backoff_ns=v.backoff_ns, poll=v.poll)
+        tail_kw = None
+        if v.tail_per_sm:
+            kw["claim"] = claim
+            tail_kw = dict(programs=v.tail_per_sm * sms, block_t=v.block_t, claim=claim)
+            tail_kw.update(block_n=v.tail_block_n, num_warps=v.tail_warps, poll=v.poll)
+        row = {**base, "variant": name, "producer_sms": sms - taken, **asdict(v)}
         tok, pos, bnd, gate = tables(sms - taken)
         # first run after the producer has finished: compiles and loads the kernel (a module
         # loaded while the producer runs would wait for it), sets its carve-out
         kp = produce(sms - taken)
         torch.cuda.synchronize()
         ks = launch_ready_scale(recv, tok, pos, bnd, gate, out, ready, err, target, **kw)
+        if tail_kw:
+            claim.zero_()
+            launch_ready_scale(recv, tok, pos, bnd, gate, out, ready, err, target, **tail_kw)
         torch.cuda.synchronize()
         prefer_shared_carveout(ks, 100)
         res = residency_report(kp, ks, dev)
@@ -151,12 +184,16 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
             rows.append({**row, "status": "skipped", "reason": why})
             continue
 
-        def concurrent(kw=kw, taken=taken, tabs=(tok, pos, bnd, gate), goal=target):
-            ready.zero_()
+        def concurrent(
+            kw=kw, tail_kw=tail_kw, taken=taken, tabs=(tok, pos, bnd, gate), goal=target
+        ):
+            flags.zero_()
             forked.record(cur)  # after the zeroing, before the producer: the scale starts now
             high.wait_event(forked)
             with torch.cuda.stream(high):
                 produce(sms - taken, zero=False)
+                if tail_kw:  # the tiles no beside program has taken, on every free SM
+                    launch_ready_scale(recv, *tabs, out, ready, err, goal, **tail_kw)
                 produced.record(high)
             side.wait_event(forked)
             with torch.cuda.stream(side):
@@ -189,11 +226,20 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
         raise_if_error(err)
 
         def alone(kw=kw, tabs=(tok, pos, bnd, gate)):  # every band done: the kernel's own speed
+            if "claim" in kw:
+                claim.zero_()
+            launch_ready_scale(recv, *tabs, out, ready, err, target, **kw)
+            return out
+
+        def tail_alone(kw=tail_kw, tabs=(tok, pos, bnd, gate)):
+            claim.zero_()
             launch_ready_scale(recv, *tabs, out, ready, err, target, **kw)
             return out
 
         produce(sms - taken)  # every row written, every band signalled
         alone_ms = timed(alone)
+        if tail_kw:
+            row["tail_alone_ms"] = timed(tail_alone)
         raise_if_error(err)
         row_ms = {"ms": ms, "hidden": (seq_ms - ms) / scale_ms, "alone_ms": alone_ms}
         rows.append({**row, "status": "ok", **row_ms})
@@ -230,6 +276,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "ready_scale.parquet", index=False)
     cols = ["out", "experts_per_rank", "routing", "variant", "status", "ms", "hidden", "alone_ms"]
+    cols += ["tail_alone_ms"]
     cols = [c for c in cols + ["control_caught"] if c in df.columns]
     print(df[cols].round(4).to_string(index=False))
 

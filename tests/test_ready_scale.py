@@ -102,6 +102,21 @@ for programs, bt, bn in ((3, 4, 16), (1, 2, 32), (7, 1, 16), (2, 8, 16)):
                        block_t=bt, block_n=bn)
     raise_if_error(err)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+# claimed tiles: a counter already at 5 (five tiles another launch took) leaves them alone,
+# and this launch scales every later tile once
+for programs in (1, 3):
+    err = new_error_buffer("cpu")
+    out = torch.full_like(want, float("nan"))
+    claim = torch.full((1,), 5, dtype=torch.int32)
+    launch_ready_scale(recv, tok, pos, b, gate, out, ready, err, target, programs=programs,
+                       block_t=4, block_n=16, claim=claim)
+    raise_if_error(err)
+    taken = tok[: 5 * 4]
+    assert bool(out[taken].isnan().all())
+    rest = torch.ones(out.shape[0], dtype=torch.bool)
+    rest[taken] = False
+    torch.testing.assert_close(out[rest], want[rest], rtol=1e-5, atol=1e-5)
+    assert int(claim) == 23 + programs, claim  # ceil(90 / 4) tiles, one failed claim a program
 bad = int(b[-1, 0])
 ready[bad] -= 1  # the last tile's band never finishes
 err = new_error_buffer("cpu")
@@ -117,5 +132,5 @@ except OverlapTimeoutError as exc:
 """
 
 
-def test_ready_scale_in_the_interpreter_equals_the_scale_and_times_out():
+def test_ready_scale_in_the_interpreter_equals_the_scale_claims_and_times_out():
     assert run_interpreted(_SCRIPT, timeout=300).strip().endswith("ok")

@@ -59,18 +59,19 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from systems.overlap.kernels.ready_scale import _ready_scale_kernel as fn
 
-PTRS = {"y_ptr": "*bf16", "out_ptr": "*bf16", "gate_ptr": "*fp32", "band_ready": "*i32"}
+PTRS = {"y_ptr": "*bf16", "out_ptr": "*bf16", "gate_ptr": "*fp32", "band_ready": "*i32",
+        "claim": "*i32"}
 sig = {}
 for p in fn.params:
     if p.is_constexpr:
         sig[p.name] = "constexpr"
-    elif p.name.endswith("_ptr") or p.name in ("err", "clock", "band_ready"):
+    elif p.name.endswith("_ptr") or p.name in ("err", "clock", "band_ready", "claim"):
         sig[p.name] = PTRS.get(p.name, "*i64")
     else:
         sig[p.name] = "i64" if p.name == "timeout" else "i32"
 for load, poll in ((False, "atom.global.gpu.acquire.add.u32"), (True, "ld.acquire.gpu.global.b32")):
     consts = dict(K_SLOTS=2, KP=2, BLOCK_T=8, BLOCK_N=256, USE_TIMER=True, BACKOFF=200,
-                  POLL_LOAD=load)
+                  POLL_LOAD=load, CLAIM=load)
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     assert poll in k.asm["ptx"], poll  # the tile's band poll, atomic or load

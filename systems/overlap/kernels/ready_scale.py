@@ -106,6 +106,7 @@ def _ready_scale_kernel(
     band_ready,  # [B] int32 counters
     err,  # int64 [8] error record
     clock,  # int64 [programs] scratch of uniform_now
+    claim,  # int32 [1] tiles taken so far (CLAIM), zero before the step
     target,
     T,
     N,
@@ -118,6 +119,7 @@ def _ready_scale_kernel(
     USE_TIMER: tl.constexpr,
     BACKOFF: tl.constexpr,
     POLL_LOAD: tl.constexpr,
+    CLAIM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(T, BLOCK_T)
@@ -125,6 +127,8 @@ def _ready_scale_kernel(
     kmask = kk < K_SLOTS
     status = tl.zeros((), dtype=tl.int32)
     tile = pid
+    if CLAIM:  # the next tile in ready order, shared with every kernel on this counter
+        tile = tl.atomic_add(claim, 1, sem="relaxed")
     while (tile < n_tiles) & (status == 0):
         s0 = tile * BLOCK_T
         s = s0 + tl.arange(0, BLOCK_T)
@@ -154,7 +158,10 @@ def _ready_scale_kernel(
                 dst = out_ptr + t[:, None] * N + cols[None, :]
                 tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=omask)
                 v = vn
-        tile += tl.num_programs(0)
+        if CLAIM:
+            tile = tl.atomic_add(claim, 1, sem="relaxed")
+        else:
+            tile += tl.num_programs(0)
 
 
 _CLOCKS: dict[tuple, torch.Tensor] = {}
@@ -177,6 +184,7 @@ def launch_ready_scale(
     num_warps: int = 4,
     backoff_ns: int = 200,
     poll: str = "atomic",
+    claim: torch.Tensor | None = None,
     timeout_s: float = 5.0,
     max_spins: int = 1000,
 ):
@@ -189,7 +197,10 @@ def launch_ready_scale(
     the counter value of a finished band; all contiguous. programs: the persistent grid;
     backoff_ns: the sleep between polls of a tile whose bands are not all done (GPU); poll:
     "atomic" (atomic reads of the counters) or "load" (ld.acquire on the GPU; atomic reads in
-    the interpreter, which has no inline assembly).
+    the interpreter, which has no inline assembly); claim: an int32 [1] counter, zero before the
+    step: the programs take tiles in ready order from it instead of pid, pid + programs, ...,
+    so a second launch on the same counter (a tail after the producer, on all free SMs) takes
+    the tiles not yet taken and no tile is scaled twice.
     """
     T, k = pos.shape
     if tuple(band.shape) != (T, k) or tuple(gate.shape) != (T, k) or tuple(tok.shape) != (T,):
@@ -211,6 +222,8 @@ def launch_ready_scale(
             f"ready scale: programs >= 1, block_t and block_n (>= 16) powers of two needed, got "
             f"{programs}, {block_t}, {block_n}"
         )
+    if claim is not None and (claim.dtype != torch.int32 or claim.numel() < 1):
+        raise ValueError(f"ready scale: claim is an int32 counter, got {claim.dtype}")
     if poll not in ("atomic", "load"):
         raise ValueError(f"ready scale: poll is 'atomic' or 'load', got {poll!r}")
     loose = [n for n, t in (("y", y), ("tok", tok), ("pos", pos), ("band", band),
@@ -224,10 +237,11 @@ def launch_ready_scale(
     clock = _CLOCKS[key]
     grid = (min(programs, max(cdiv(T, block_t), 1)),)
     return _ready_scale_kernel[grid](
-        y, tok, pos, band, gate, out, band_ready, err, clock, int(target), T, y.shape[1],
-        int(timeout_s * 1e9), max_spins,
+        y, tok, pos, band, gate, out, band_ready, err, clock,
+        clock if claim is None else claim, int(target), T, y.shape[1], int(timeout_s * 1e9),
+        max_spins,
         K_SLOTS=k, KP=next_power_of_2(k), BLOCK_T=block_t,
         BLOCK_N=min(block_n, next_power_of_2(max(y.shape[1], 16))),
         USE_TIMER=on_gpu, BACKOFF=max(0, int(backoff_ns)), POLL_LOAD=on_gpu and poll == "load",
-        num_warps=num_warps,
+        CLAIM=claim is not None, num_warps=num_warps,
     )  # fmt: skip
