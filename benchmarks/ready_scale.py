@@ -33,7 +33,10 @@ ready_scale.parquet and prints a table.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import re
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -88,8 +91,9 @@ VARIANTS = {
 }
 
 
-def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> list[dict]:
-    """Rows of one workload: the sequential step, its two parts, then every variant."""
+def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int, emit) -> None:
+    """emit(row) for one workload: the sequential step, its two parts, then every variant (a
+    line `[ready_scale] variant <name>` on stdout before each, so a crash names its variant)."""
     from systems.overlap.errors import new_error_buffer, raise_if_error, read_error
     from systems.overlap.kernels import launch_producer, pick_config
     from systems.overlap.kernels.consumer import prefer_shared_carveout
@@ -149,13 +153,14 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
 
     seq_ms, prod_ms = timed(sequential), timed(lambda: produce(sms))
     scale_ms = timed(lambda: scaler(recv))
-    rows = [{**base, "variant": "sequential", "status": "ok", "ms": seq_ms}]
-    rows.append({**base, "variant": "producer", "status": "ok", "ms": prod_ms})
-    rows.append({**base, "variant": "scale", "status": "ok", "ms": scale_ms})
+    emit({**base, "variant": "sequential", "status": "ok", "ms": seq_ms})
+    emit({**base, "variant": "producer", "status": "ok", "ms": prod_ms})
+    emit({**base, "variant": "scale", "status": "ok", "ms": scale_ms})
     cur, side = torch.cuda.current_stream(dev), torch.cuda.Stream(dev)
     high = torch.cuda.Stream(dev, priority=torch.cuda.Stream.priority_range()[1])
     forked, produced = torch.cuda.Event(), torch.cuda.Event()
     for name in variants:
+        print(f"[ready_scale] variant {name}", flush=True)
         v = VARIANTS[name]
         programs, taken = v.programs, v.taken
         kw = dict(programs=programs, block_t=v.block_t, block_n=v.block_n, num_warps=v.warps)
@@ -181,7 +186,7 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
         row["beside_producer"] = res["consumers_beside_producer"]
         if taken == 0 and res["consumers_beside_producer"] * sms < programs:
             why = f"{programs} programs do not fit beside the producer's CTAs: {res}"
-            rows.append({**row, "status": "skipped", "reason": why})
+            emit({**row, "status": "skipped", "reason": why})
             continue
 
         def concurrent(
@@ -214,11 +219,11 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
         rels = [checked() for _ in range(3)]
         rec = read_error(err)
         if rec is not None:  # the producer never waits, so the next variant can still run
-            rows.append({**row, "status": "error", "reason": rec.message()})
+            emit({**row, "status": "error", "reason": rec.message()})
             err.zero_()
             continue
         if not max(rels) <= 8e-3:  # bf16's epsilon: the kernels may round the sum differently
-            rows.append({**row, "status": "error", "reason": f"differs: max rel. {max(rels)}"})
+            emit({**row, "status": "error", "reason": f"differs: max rel. {max(rels)}"})
             continue
         control = checked(goal=0)  # no wait at all: must read rows not yet written
         row.update(max_rel_diff=max(rels), control_caught=not control <= 8e-3)
@@ -242,8 +247,49 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int) -> lis
             row["tail_alone_ms"] = timed(tail_alone)
         raise_if_error(err)
         row_ms = {"ms": ms, "hidden": (seq_ms - ms) / scale_ms, "alone_ms": alone_ms}
-        rows.append({**row, "status": "ok", **row_ms})
-    return rows
+        emit({**row, "status": "ok", **row_ms})
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows a workload's processes wrote so far (one JSON object a line)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_workload(key: str, variants: list[str], iters: int, path: Path, timeout_s: int) -> None:
+    """Every variant of workload key ("N,E,routing") into path, each process resuming where the
+    last stopped: a process that dies (a CUDA fault ends its context) leaves an error row for the
+    variant it was running, with the error's last line, and the next process runs the rest."""
+    n, e, routing = key.split(",")
+    base = {"out": int(n), "experts_per_rank": int(e), "routing": routing, "status": "error"}
+    base.update(provenance())
+    for _ in range(len(variants) + 1):
+        have = {r["variant"] for r in read_rows(path)}
+        todo = [v for v in variants if v not in have]
+        if "sequential" in have and not todo:
+            return
+        cmd = [sys.executable, "-m", "benchmarks.ready_scale", "--one", key, "--rows", str(path)]
+        cmd += ["--variants", ",".join(todo), "--iters", str(iters)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            rc, out, err = proc.returncode, proc.stdout, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, err = -1, f"timed out after {timeout_s} s"
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        print(out, end="", flush=True)
+        if rc == 0:
+            continue
+        lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[W")]
+        why = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "")
+        marks = re.findall(r"\[ready_scale\] variant (\S+)", out)
+        failed = [marks[-1]] if marks else ["sequential", *todo]  # before any variant: all of it
+        with path.open("a") as f:
+            for v in failed:
+                f.write(json.dumps({**base, "variant": v, "reason": f"rc {rc}: {why}"}) + "\n")
+        print(f"[ready_scale] {key} {failed}: rc {rc}: {why}", flush=True)
+        if not marks:
+            return
 
 
 def main() -> None:
@@ -254,6 +300,9 @@ def main() -> None:
     ap.add_argument("--routing", default="balanced,stress_skew")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--timeout", type=int, default=240, help="seconds a workload's process")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # "N,E,routing": one workload, this process
+    ap.add_argument("--rows", help=argparse.SUPPRESS)  # where --one appends its rows
     a = ap.parse_args()
     ns, experts, routings = parse_grid(ap, a)
     variants = [v for v in a.variants.split(",") if v]
@@ -262,18 +311,34 @@ def main() -> None:
         ap.error(f"--variants from {sorted(VARIANTS)} (got {bad}) and --iters >= 1")
     if not torch.cuda.is_available():
         sys.exit("error: ready_scale needs a CUDA GPU (the producer and the scale run there)")
+    if a.one:  # a child of run_workload: append each row as it is made
+        n, e, routing = a.one.split(",")
+        spec = WorkloadSpec(T, K, int(n), int(e), TOP_K, 1, routing, "bfloat16")
+        path = Path(a.rows)
+        prov = provenance()
+        seen = {r["variant"] for r in read_rows(path)}
+
+        def emit(row: dict) -> None:
+            if row["variant"] in seen:  # a base row an earlier process wrote
+                return
+            with path.open("a") as f:
+                f.write(json.dumps({**row, **prov}) + "\n")
+
+        measure_workload(spec, variants, a.iters, emit)
+        return
+    out = Path(a.out)
+    parts = out / "ready_scale_rows"
+    parts.mkdir(parents=True, exist_ok=True)
     rows = []
     for n in ns:
         for e in experts:
             for routing in routings:
-                spec = WorkloadSpec(T, K, n, e, TOP_K, 1, routing, "bfloat16")
-                rows += measure_workload(spec, variants, a.iters)
+                key = f"{n},{e},{routing}"
+                path = parts / f"{n}_{e}_{routing}.jsonl"
+                run_workload(key, variants, a.iters, path, a.timeout)
+                rows += read_rows(path)
                 print(f"[ready_scale] N={n} E={e} {routing}: done", flush=True)
-    df = pd.DataFrame(rows)
-    for k, v in provenance().items():
-        df[k] = v
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame(rows).drop_duplicates(["out", "experts_per_rank", "routing", "variant"])
     df.to_parquet(out / "ready_scale.parquet", index=False)
     cols = ["out", "experts_per_rank", "routing", "variant", "status", "ms", "hidden", "alone_ms"]
     cols += ["tail_alone_ms"]

@@ -393,6 +393,46 @@ def test_ready_scale_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch,
     assert "needs a CUDA GPU" in str(exc.value)
 
 
+def test_ready_scale_survives_a_process_that_dies_and_resumes_without_duplicates(
+    monkeypatch, tmp_path
+):
+    """A workload's process that dies on a CUDA fault leaves one error row for the variant it
+    was running; the next process runs only the rest; a second pass adds nothing."""
+    import json
+    import subprocess
+
+    from benchmarks import ready_scale
+
+    calls = []
+
+    def fake_run(cmd, **kw):
+        path = tmp_path / "w.jsonl"
+        todo = cmd[cmd.index("--variants") + 1].split(",")
+        calls.append(todo)
+        have = {r["variant"] for r in ready_scale.read_rows(path)}
+        out = ""
+        with path.open("a") as f:
+            for v in ["sequential"] * ("sequential" not in have) + todo:
+                out += f"[ready_scale] variant {v}\n"
+                if v == "beside132":  # dies mid-variant, as an illegal address does
+                    err = "torch.AcceleratorError: CUDA error: an illegal memory access\n[W1] x"
+                    return subprocess.CompletedProcess(cmd, 1, out, err)
+                f.write(json.dumps({"variant": v, "status": "ok"}) + "\n")
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(ready_scale, "provenance", lambda: {"git_rev": "x"})
+    path, variants = tmp_path / "w.jsonl", ["beside32", "beside132", "own16"]
+    ready_scale.run_workload("4096,4,balanced", variants, 3, path, 60)
+    rows = ready_scale.read_rows(path)
+    assert sorted(r["variant"] for r in rows) == sorted(["sequential", *variants])
+    (bad,) = [r for r in rows if r["status"] == "error"]
+    assert bad["variant"] == "beside132" and "illegal memory access" in bad["reason"]
+    assert calls == [variants, ["own16"]]
+    ready_scale.run_workload("4096,4,balanced", variants, 3, path, 60)
+    assert len(ready_scale.read_rows(path)) == len(rows) and len(calls) == 2
+
+
 def test_profile_stage_a_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch, capsys):
     import pytest
 
