@@ -88,6 +88,9 @@ VARIANTS = {
     "beside32_tail4": Variant(32, 4, 1024, poll="load", tail_per_sm=4),
     "beside132_tail4": Variant(132, 4, 1024, poll="load", tail_per_sm=4),
     "beside132_tail2w8": Variant(132, 4, 1024, poll="load", tail_per_sm=2, tail_warps=8),
+    "beside132_n1024_ld_b2k": Variant(132, 4, 1024, backoff_ns=2000, poll="load"),
+    "beside132_tail4_b2k": Variant(132, 4, 1024, backoff_ns=2000, tail_per_sm=4),
+    "beside132_tail4_ld_b2k": Variant(132, 4, 1024, backoff_ns=2000, poll="load", tail_per_sm=4),
 }
 
 

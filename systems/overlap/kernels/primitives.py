@@ -61,10 +61,18 @@ def load_acquire(ptr):
 
 
 @triton.jit
+def uniform(scratch, v):
+    """v as thread 0 holds it, the same value in every thread (scalar atomics on scratch, an
+    int64 nobody else uses, + broadcast): one decision for the whole program where its warps
+    may have read a value apart (a branch holding a barrier must be taken by all or none)."""
+    tl.atomic_xchg(scratch, v, sem="relaxed")
+    return tl.atomic_xchg(scratch, v, sem="relaxed")
+
+
+@triton.jit
 def uniform_now(clock):
     """%globaltimer of thread 0, the same value in every thread (scalar atomic + broadcast)."""
-    tl.atomic_xchg(clock, globaltimer(), sem="relaxed")
-    return tl.atomic_xchg(clock, globaltimer(), sem="relaxed")
+    return uniform(clock, globaltimer())
 
 
 @triton.jit

@@ -31,6 +31,7 @@ from systems.overlap.kernels.primitives import (
     nanosleep,
     poll_bound,
     record_error,
+    uniform,
     uniform_now,
 )
 
@@ -46,6 +47,21 @@ def _poll(band_ready, b, pk, POLL_LOAD: tl.constexpr):
     else:
         f = tl.atomic_add(band_ready + b, 0, mask=pk, sem="acquire", scope="gpu")
     return f
+
+
+@triton.jit
+def _lowest(f, pk, target, clock, POLL_LOAD: tl.constexpr):
+    """The lowest counter of f where pk, one value for the whole program. The tile's few
+    counters are replicated across the warps: an atomic's result is broadcast to every copy, but
+    each warp loads its own copy, and warps that read the counters apart would part at the
+    wait's branch, whose polls hold barriers (bar.sync counts arrivals anywhere, so the program's
+    shared scratch, its claimed tile among it, would be overwritten: NaN rows and a fault on
+    the GPU, 2026-12-02). So a loaded minimum is thread 0's, broadcast (the other warps read
+    rows after the wait's barrier, which orders them after thread 0's acquire)."""
+    low = tl.min(tl.where(pk, f, target))
+    if POLL_LOAD:
+        low = uniform(clock, low.to(tl.int64)).to(tl.int32)
+    return low
 
 
 @triton.jit
@@ -71,7 +87,7 @@ def _wait_bands(
     (timeout ns on the GPU, max_spins polls in the interpreter; 2 when another program recorded
     an error); a time-out records the first band still short. Returns the status (0: ready)."""
     f = _poll(band_ready, b, pk, POLL_LOAD)
-    low = tl.min(tl.where(pk, f, target))
+    low = _lowest(f, pk, target, clock, POLL_LOAD)
     status = tl.zeros((), dtype=tl.int32)
     if low < target:
         t0 = tl.zeros((), dtype=tl.int64)
@@ -82,7 +98,7 @@ def _wait_bands(
             if USE_TIMER and BACKOFF > 0:
                 nanosleep(tl.full((), BACKOFF, tl.int32))
             f = _poll(band_ready, b, pk, POLL_LOAD)
-            low = tl.min(tl.where(pk, f, target))
+            low = _lowest(f, pk, target, clock, POLL_LOAD)
             spins += 1
             status = poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER)
         status = tl.where(low >= target, 0, status)
