@@ -25,9 +25,14 @@ the share of the scale the variant took off the step. alone_ms: the variant's ke
 itself once every band is signalled (its own speed against the Scaler's `scale` row; with a
 claim counter it includes the counter's reset, a memset), tail_alone_ms the same for a tail launch.
 
+Each workload runs in a process of its own that appends every row as it is made
+(DIR/ready_scale_rows/<N>_<E>_<routing>.jsonl): a process that dies (a CUDA fault ends its
+context) leaves an error row for the variant it was running, the next process runs the rest,
+and a second run over the same DIR resumes without duplicates.
+
 Usage: python -m benchmarks.ready_scale [--out DIR] [--n 4096,8192] [--experts 4,16,64]
-[--routing balanced,stress_skew] [--variants beside132,own16] [--iters 20]; writes
-ready_scale.parquet and prints a table.
+[--routing balanced,stress_skew] [--variants beside132,own16] [--iters 20] [--timeout 240];
+writes ready_scale.parquet and prints a table. Measured: results/reference/h200/ready_scale_*.
 """
 
 from __future__ import annotations
