@@ -247,8 +247,12 @@ def launch_ready_scale(
     if loose:
         raise ValueError(f"ready scale: {loose} must be contiguous")
     on_gpu = y.device.type == "cuda"
-    key = (y.device, programs)
-    if key not in _CLOCKS:  # uniform_now's scratch: any content will do, so no fill per call
+    # the broadcast scratch of uniform/uniform_now: any content will do, so no fill per call;
+    # one per stream, as two launches running at once (a beside kernel and its tail) must not
+    # trade the values thread 0 broadcasts (a loaded poll's minimum among them)
+    stream = torch.cuda.current_stream(y.device).cuda_stream if on_gpu else 0
+    key = (y.device, programs, stream)
+    if key not in _CLOCKS:
         _CLOCKS[key] = torch.empty(programs, dtype=torch.int64, device=y.device)
     clock = _CLOCKS[key]
     grid = (min(programs, max(cdiv(T, block_t), 1)),)
