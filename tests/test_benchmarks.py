@@ -433,6 +433,22 @@ def test_ready_scale_survives_a_process_that_dies_and_resumes_without_duplicates
     assert len(ready_scale.read_rows(path)) == len(rows) and len(calls) == 2
 
 
+def test_ready_scale_model_counts_the_tiles_left_when_the_producer_ends():
+    import torch
+
+    from benchmarks.ready_scale_model import time_left
+
+    ready = torch.zeros(8)  # 4 tiles of 2 tokens, all ready at once: 2 done by 0.5 ms of 1 ms
+    assert time_left(ready, 2, 1.0, 0.4, 0.5) == pytest.approx(0.2)
+    late = torch.full((8,), 0.9)  # ready only after the producer's end: all of it left
+    assert time_left(late, 2, 1.0, 0.4, 0.5) == pytest.approx(0.4)
+    # tiles 0, 1 done by 0.5; tile 2 waits to 0.6 and runs 0.2 of its 0.25 ms by 0.8: 2.8
+    # tiles done (3.2 without the wait), 1.2 left at 0.1 ms each
+    half = torch.tensor([0.0] * 4 + [0.6] * 4)
+    assert time_left(half, 2, 1.0, 0.4, 0.8) == pytest.approx(1.2 * 0.1)
+    assert time_left(ready, 3, 0.9, 0.3, 10.0) == 0.0  # a last partial tile, all done
+
+
 def test_profile_stage_a_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch, capsys):
     import pytest
 
