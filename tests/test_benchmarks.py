@@ -449,6 +449,23 @@ def test_ready_scale_model_counts_the_tiles_left_when_the_producer_ends():
     assert time_left(ready, 3, 0.9, 0.3, 10.0) == 0.0  # a last partial tile, all done
 
 
+def test_ready_scale_model_says_a_bad_table_in_one_line(monkeypatch, capsys, tmp_path):
+    import pandas as pd
+
+    from benchmarks import ready_scale_model
+
+    monkeypatch.setattr("sys.argv", ["ready_scale_model", str(tmp_path / "none.parquet")])
+    with pytest.raises(SystemExit) as exc:
+        ready_scale_model.main()
+    assert exc.value.code == 2 and "no table at" in capsys.readouterr().err
+    old = tmp_path / "old.parquet"  # a table from before the variants' columns
+    pd.DataFrame({"variant": ["beside32"], "status": ["ok"], "ms": [1.0]}).to_parquet(old)
+    monkeypatch.setattr("sys.argv", ["ready_scale_model", str(old)])
+    with pytest.raises(SystemExit) as exc:
+        ready_scale_model.main()
+    assert exc.value.code == 2 and "lacks ['alone_ms'" in capsys.readouterr().err
+
+
 def test_profile_stage_a_says_bad_input_in_one_line_before_any_gpu_work(monkeypatch, capsys):
     import pytest
 
