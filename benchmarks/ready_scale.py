@@ -24,6 +24,9 @@ the variant's producer grid. hidden = (sequential - variant) / scale alone:
 the share of the scale the variant took off the step. alone_ms: the variant's kernel by
 itself once every band is signalled (its own speed against the Scaler's `scale` row; with a
 claim counter it includes the counter's reset, a memset), tail_alone_ms the same for a tail launch.
+producer_span_ms / producer_beside_ms: the producer's span between two one-thread %globaltimer
+stamps queued around it (observer.stamp; median of 5 runs), alone at the variant's grid and
+inside the concurrent run: what the scale's programs cost the producer beside them.
 
 Each workload runs in a process of its own that appends every row as it is made
 (DIR/ready_scale_rows/<N>_<E>_<routing>.jsonl): a process that dies (a CUDA fault ends its
@@ -105,6 +108,7 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int, emit) 
     from systems.overlap.errors import new_error_buffer, raise_if_error, read_error
     from systems.overlap.kernels import launch_producer, pick_config
     from systems.overlap.kernels.consumer import prefer_shared_carveout
+    from systems.overlap.kernels.observer import stamp
     from systems.overlap.kernels.ready_scale import launch_ready_scale
     from systems.overlap.plan import local_row_map, producer_groups, producer_order
     from systems.overlap.ready_order import band_of_recv_rows, ready_order
@@ -138,6 +142,7 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int, emit) 
     scaler = Scaler.for_layout(lay, dev)
     err = new_error_buffer(dev)
     out = torch.empty(T, n, dtype=torch.bfloat16, device=dev)
+    stamps = torch.zeros(2, dtype=torch.int64, device=dev)  # %globaltimer around the producer
 
     def produce(grid: int, zero: bool = True):
         if zero:
@@ -198,13 +203,18 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int, emit) 
             continue
 
         def concurrent(
-            kw=kw, tail_kw=tail_kw, taken=taken, tabs=(tok, pos, bnd, gate), goal=target
-        ):
+            kw=kw, tail_kw=tail_kw, taken=taken, tabs=(tok, pos, bnd, gate), goal=target,
+            stamped=False,
+        ):  # fmt: skip
             flags.zero_()
             forked.record(cur)  # after the zeroing, before the producer: the scale starts now
             high.wait_event(forked)
             with torch.cuda.stream(high):
+                if stamped:  # the producer's span inside the concurrent run
+                    stamp(stamps[0:])
                 produce(sms - taken, zero=False)
+                if stamped:
+                    stamp(stamps[1:])
                 if tail_kw:  # the tiles no beside program has taken, on every free SM
                     launch_ready_scale(recv, *tabs, out, ready, err, goal, **tail_kw)
                 produced.record(high)
@@ -249,6 +259,22 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int, emit) 
             launch_ready_scale(recv, *tabs, out, ready, err, target, **kw)
             return out
 
+        def span(run) -> float:
+            """median ms between the stamps around the producer over 5 runs of run()"""
+            got = []
+            for _ in range(5):
+                run()
+                torch.cuda.synchronize()
+                got.append((stamps[1] - stamps[0]).item() / 1e6)
+            return sorted(got)[2]
+
+        def stamped_producer(grid=sms - taken):
+            stamp(stamps[0:])
+            produce(grid)
+            stamp(stamps[1:])
+
+        row["producer_span_ms"] = span(stamped_producer)
+        row["producer_beside_ms"] = span(lambda: concurrent(stamped=True))
         produce(sms - taken)  # every row written, every band signalled
         alone_ms = timed(alone)
         if tail_kw:
@@ -349,7 +375,7 @@ def main() -> None:
     df = pd.DataFrame(rows).drop_duplicates(["out", "experts_per_rank", "routing", "variant"])
     df.to_parquet(out / "ready_scale.parquet", index=False)
     cols = ["out", "experts_per_rank", "routing", "variant", "status", "ms", "hidden", "alone_ms"]
-    cols += ["tail_alone_ms"]
+    cols += ["tail_alone_ms", "producer_span_ms", "producer_beside_ms"]
     cols = [c for c in cols + ["control_caught"] if c in df.columns]
     print(df[cols].round(4).to_string(index=False))
 

@@ -11,7 +11,9 @@ T tokens) but none before it is ready; when the producer ends, the rest goes at 
 model_hidden = (scale - time left after the producer) / scale: what the variant would hide if
 the producer ran as fast beside it as alone. The measured `hidden` falls short of it by what
 the scale's programs and polls cost the producer (and by the waves model's error: within 0.12
-of the measured ready shares, README "Where the overlapped step's excess comes from").
+of the measured ready shares, README "Where the overlapped step's excess comes from"). Where the
+table has the producer's span inside the concurrent run (`producer_beside_ms`),
+model_hidden_beside plays the same model with the producer as long as it ran there.
 
 Usage: python -m benchmarks.ready_scale_model TABLE.parquet [--out CSV]; prints per row the
 measured and the modelled hidden share.
@@ -80,8 +82,14 @@ def model_rows(df: pd.DataFrame) -> pd.DataFrame:
             cache[key + (grid,)] = ready_times(*key, grid)
         tail = r["tail_alone_ms"] if r.get("tail_per_sm", 0) else r["alone_ms"]
         left = time_left(cache[key + (grid,)] * prod, int(r["block_t"]), r["alone_ms"], tail, prod)
-        out.append({**dict(zip(keys, key)), "variant": r["variant"], "hidden": r["hidden"],
-                    "model_hidden": (scale - left) / scale, "left_ms": left})  # fmt: skip
+        res = {**dict(zip(keys, key)), "variant": r["variant"], "hidden": r["hidden"],
+               "model_hidden": (scale - left) / scale, "left_ms": left}  # fmt: skip
+        beside = r.get("producer_beside_ms", float("nan"))
+        if beside == beside:  # measured (newer tables): the producer as long as it ran there
+            ready = cache[key + (grid,)] * beside
+            left_b = time_left(ready, int(r["block_t"]), r["alone_ms"], tail, beside)
+            res["model_hidden_beside"] = (prod + scale - beside - left_b) / scale
+        out.append(res)
     return pd.DataFrame(out)
 
 
@@ -102,7 +110,8 @@ def main() -> None:
     if a.out:
         res.to_csv(a.out, index=False)
     print(res.round(3).to_string(index=False))
-    med = res.groupby("variant")[["hidden", "model_hidden"]].median().round(3)
+    cols = [c for c in ("hidden", "model_hidden", "model_hidden_beside") if c in res]
+    med = res.groupby("variant")[cols].median().round(3)
     print("\nmedian per variant:\n" + med.to_string())
 
 

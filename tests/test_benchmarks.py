@@ -449,6 +449,30 @@ def test_ready_scale_model_counts_the_tiles_left_when_the_producer_ends():
     assert time_left(ready, 3, 0.9, 0.3, 10.0) == 0.0  # a last partial tile, all done
 
 
+def test_ready_scale_model_with_the_producer_as_it_ran_beside_the_scale():
+    """model_hidden_beside equals model_hidden when the producer ran as long as alone, and
+    drops by at most the producer's extra time over the scale's when it ran longer."""
+    import pandas as pd
+
+    from benchmarks.ready_scale_model import model_rows
+
+    w = {"out": 4096, "experts_per_rank": 4, "routing": "balanced", "status": "ok"}
+    v = {**w, "alone_ms": 0.08, "block_t": 4, "producer_sms": 132, "taken": 0, "hidden": 0.1}
+    df = pd.DataFrame([
+        {**w, "variant": "producer", "ms": 0.37}, {**w, "variant": "scale", "ms": 0.05},
+        {**v, "variant": "same", "producer_beside_ms": 0.37},
+        {**v, "variant": "slow", "producer_beside_ms": 0.42},
+    ])  # fmt: skip
+    res = model_rows(df).set_index("variant")
+    same, slow = res.loc["same"], res.loc["slow"]
+    assert same["model_hidden_beside"] == pytest.approx(same["model_hidden"])
+    assert 0 < same["model_hidden"] < 1
+    # 0.05 ms longer, a whole scale's time: the step loses it, less what the later end leaves
+    # the scale more time for (left no larger)
+    assert slow["model_hidden_beside"] < same["model_hidden_beside"]
+    assert slow["model_hidden_beside"] >= same["model_hidden"] - 1.0 - 1e-9
+
+
 def test_ready_scale_model_says_a_bad_table_in_one_line(monkeypatch, capsys, tmp_path):
     import pandas as pd
 
