@@ -47,6 +47,7 @@ import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -248,14 +249,9 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int, emit) 
         ms = timed(concurrent)
         raise_if_error(err)
 
-        def alone(kw=kw, tabs=(tok, pos, bnd, gate)):  # every band done: the kernel's own speed
+        def alone(kw, tabs=(tok, pos, bnd, gate)):  # every band done: the kernel's own speed
             if "claim" in kw:
                 claim.zero_()
-            launch_ready_scale(recv, *tabs, out, ready, err, target, **kw)
-            return out
-
-        def tail_alone(kw=tail_kw, tabs=(tok, pos, bnd, gate)):
-            claim.zero_()
             launch_ready_scale(recv, *tabs, out, ready, err, target, **kw)
             return out
 
@@ -276,9 +272,9 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int, emit) 
         row["producer_span_ms"] = span(stamped_producer)
         row["producer_beside_ms"] = span(lambda: concurrent(stamped=True))
         produce(sms - taken)  # every row written, every band signalled
-        alone_ms = timed(alone)
+        alone_ms = timed(partial(alone, kw))
         if tail_kw:
-            row["tail_alone_ms"] = timed(tail_alone)
+            row["tail_alone_ms"] = timed(partial(alone, tail_kw))
         raise_if_error(err)
         row_ms = {"ms": ms, "hidden": (seq_ms - ms) / scale_ms, "alone_ms": alone_ms}
         emit({**row, "status": "ok", **row_ms})
