@@ -25,7 +25,9 @@ the share of the scale the variant took off the step. alone_ms: the variant's ke
 itself once every band is signalled (its own speed against the Scaler's `scale` row; with a
 claim counter it includes the counter's reset, a memset), tail_alone_ms the same for a tail launch.
 producer_span_ms / producer_beside_ms: the producer's span between two one-thread %globaltimer
-stamps queued around it (observer.stamp; median of 5 runs), alone at the variant's grid and
+stamps queued around it (observer.stamp; median of 5 runs, each queued behind a sleep kernel so
+the host's launch time is not inside the span; in ready_scale_908d066.parquet it was, and the
+spans ran 0.1-0.2 ms longer than the event-timed producer), alone at the variant's grid and
 inside the concurrent run: what the scale's programs cost the producer beside them.
 
 Each workload runs in a process of its own that appends every row as it is made
@@ -82,6 +84,8 @@ class Variant:
     tail_block_n: int = 1024
     tail_warps: int = 4
 
+
+SLEEP_CYCLES = 4_000_000  # ~2 ms at the H200's clock: longer than queuing one concurrent run
 
 VARIANTS = {
     "beside32": Variant(32),
@@ -256,9 +260,11 @@ def measure_workload(spec: WorkloadSpec, variants: list[str], iters: int, emit) 
             return out
 
         def span(run) -> float:
-            """median ms between the stamps around the producer over 5 runs of run()"""
+            """median ms between the stamps around the producer over 5 runs of run(), each
+            queued behind a ~2 ms sleep so the host's launches are not inside the span"""
             got = []
             for _ in range(5):
+                torch.cuda._sleep(SLEEP_CYCLES)
                 run()
                 torch.cuda.synchronize()
                 got.append((stamps[1] - stamps[0]).item() / 1e6)
