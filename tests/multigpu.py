@@ -15,6 +15,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def gpu_world() -> int:
+    """The ranks a 2+ GPU test spawns: one per visible GPU, at most 8 (so a 4- or 8-GPU host
+    runs the same tests at W=4 or W=8; below 2 the tests skip)."""
+    return min(torch.cuda.device_count(), 8)
+
+
 def init_nccl(rank: int, world: int, port: int) -> torch.device:
     """This process's GPU (cuda:rank) and the default NCCL process group of `world` ranks."""
     dev = torch.device("cuda", rank)

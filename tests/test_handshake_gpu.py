@@ -1,12 +1,12 @@
 """GPU tier, 2+ GPUs: the overlap system's epoch handshake against a deliberately slow receiver.
 
-One process per GPU (p2p). Every step scales every rank's input by 2^(step % 3), exact in bf16,
-so each step's output must equal the reference times that factor. Rank 1 sleeps ~20 ms on its
-stream before reading its receive buffer (its scale). With the handshake (either kind: the NCCL
-all-reduce or the symmetric-memory barrier; on the step's stream or on the consumer's), rank 0's
-next step cannot start its puts before rank 1 passed that read: every step is exact. Without it,
-rank 0's next puts land in rank 1's buffer while rank 1 still sleeps, and rank 1 reads rows of
-the wrong step: the same check fails. The run without shows the test can fail.
+One process per GPU (p2p), every visible GPU (up to 8). Every step scales every rank's input by
+2^(step % 3), exact in bf16, so each step's output must equal the reference times that factor. Rank
+1 sleeps ~20 ms on its stream before reading its receive buffer (its scale). With the handshake
+(either kind: the NCCL all-reduce or the symmetric-memory barrier; on the step's stream or on the
+consumer's), rank 0's next step cannot start its puts before rank 1 passed that read: every step is
+exact. Without it, rank 0's next puts land in rank 1's buffer while rank 1 still sleeps, and rank 1
+reads rows of the wrong step: the same check fails. The run without shows the test can fail.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.multigpu import init_nccl, run_ranks
+from tests.multigpu import gpu_world, init_nccl, run_ranks
 
 pytestmark = pytest.mark.gpu
 
@@ -74,10 +74,10 @@ def _worker(rank: int, world: int, port: int, handshake: str | None, stream: str
 
 
 def _run(handshake: str | None, stream: str = "step") -> list[list[float]]:
-    return run_ranks(_worker, 2, STEPS, handshake, stream)
+    return run_ranks(_worker, gpu_world(), STEPS, handshake, stream)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one process per GPU)")
+@pytest.mark.skipif(gpu_world() < 2, reason="needs 2 GPUs (one process per GPU)")
 @pytest.mark.parametrize("stream", ["step", "consumer"])
 @pytest.mark.parametrize("handshake", ["allreduce", "barrier"])
 def test_epoch_handshake_protects_a_slow_receiver(handshake, stream):
@@ -85,7 +85,7 @@ def test_epoch_handshake_protects_a_slow_receiver(handshake, stream):
     assert max(max(e) for e in errs) < 8e-3, errs
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one process per GPU)")
+@pytest.mark.skipif(gpu_world() < 2, reason="needs 2 GPUs (one process per GPU)")
 def test_without_handshake_the_slow_receiver_reads_the_next_step():
     """The same run with no handshake: the slow receiver reads rows of the next step."""
     racy = _run(None)

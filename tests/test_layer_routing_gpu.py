@@ -1,14 +1,15 @@
 """GPU tier: the overlap system's layer scope when the routing changes between calls.
 
 A model calls one MoE layer per MoE block, each with its own routing; a layer's timed loop calls it
-with one routing. One process per GPU (p2p; at W=1 loopback on one GPU, where every call receives
-T*k rows, so every call's plan is rewritten into the same DevicePlanBuilder plan and the runner's
-remembered launches hold from call to call). The layer is set up on a balanced routing, then called
-with the balanced and the stress_skew routing in turn (x, expert ids and gate copied into the inputs
-it holds, as experiments/models.py does). Every call must equal the reference of its routing. Before
-the fix of the receive counts (each receiver waited for this call's rows times the number of calls,
-not the sum of every call's rows) the wait passed early when the routing changed and the layer read
-stale rows: the models experiment measured 0.18 and 0.58 rel. error.
+with one routing. One process per GPU (p2p, every visible GPU up to 8; at W=1 loopback on one GPU,
+where every call receives T*k rows, so every call's plan is rewritten into the same
+DevicePlanBuilder plan and the runner's remembered launches hold from call to call). The layer is
+set up on a balanced routing, then called with the balanced and the stress_skew routing in turn (x,
+expert ids and gate copied into the inputs it holds, as experiments/models.py does). Every call
+must equal the reference of its routing. Before the fix of the receive counts (each receiver waited
+for this call's rows times the number of calls, not the sum of every call's rows) the wait passed
+early when the routing changed and the layer read stale rows: the models experiment measured 0.18
+and 0.58 rel. error.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.multigpu import init_nccl, run_ranks
+from tests.multigpu import gpu_world, init_nccl, run_ranks
 
 pytestmark = pytest.mark.gpu
 
@@ -89,9 +90,10 @@ def _worker(rank: int, world: int, port: int, bound_scale: float, errs) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one process per GPU)")
+@pytest.mark.skipif(gpu_world() < 2, reason="needs 2 GPUs (one process per GPU)")
 def test_layer_follows_a_routing_that_changes_between_calls():
-    got = run_ranks(_worker, 2, CALLS + 2, 0.0)
+    """W = every visible GPU (up to 8), one process each."""
+    got = run_ranks(_worker, gpu_world(), CALLS + 2, 0.0)
     assert max(max(e[:CALLS]) for e in got) < 8e-3, got
 
 

@@ -348,9 +348,12 @@ def test_native_fastermoe_operator_cell_with_k_equal_n_on_one_gpu(tmp_path: Path
 @pytest.mark.gpu
 @needs_cuda
 def test_native_ffn_layer_on_two_gpus_via_the_harness(tmp_path: Path) -> None:
-    """W=2, one process per GPU over NCCL: tutel (degrees tuned, d > 1 runs Tutel's
-    a2a_ffn_overlap) and fastermoe next to serial on the FFN cell, two routings."""
-    if torch.cuda.device_count() < 2:
+    """W = every visible GPU (up to 8), one process per GPU over NCCL: tutel (degrees tuned,
+    d > 1 runs Tutel's a2a_ffn_overlap) and fastermoe next to serial on the FFN cell, two
+    routings."""
+    from tests.multigpu import gpu_world
+
+    if gpu_world() < 2:
         pytest.skip("needs 2 GPUs")
     systems = _native_or_skip(("tutel", "fastermoe"))
     table = tmp_path / "t.parquet"
@@ -362,7 +365,7 @@ def test_native_ffn_layer_on_two_gpus_via_the_harness(tmp_path: Path) -> None:
             "hardware=h200",
             "progress=false",
             f"table={table}",
-            "hardware.world_size=2",
+            f"hardware.world_size={gpu_world()}",
             "experiment.grid.ffn=[64]",
             "experiment.grid.experts_per_rank=[4]",
             "experiment.grid.dtype=[bfloat16]",
