@@ -11,7 +11,7 @@ REPRO := $(if $(filter 0,$(N_GPU)),$(REPRO_CPU),$(if $(filter 1,$(N_GPU)),$(REPR
 HW := $(if $(filter 1,$(HAS_GPU)),h200,cpu)
 WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
-.PHONY: help setup test test-gpu smoke reproduce report figures wheels-gpu cutlass lint format clean-results
+.PHONY: help setup test test-gpu smoke reproduce report figures wheels-gpu lint format clean-results
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -48,10 +48,6 @@ report: ## results/REPORT.md from the committed tables (no GPU): tables, the pap
 
 figures: ## regenerate every figure from results/*.parquet and results/reference/
 	$(PY) -m plots.all
-
-cutlass: ## build the CUTLASS producer (build/libmoe_cutlass_sm90.so; nvcc >= 12.4 and the nvidia-cutlass headers, no GPU needed)
-	$(PY) -m pip install -q --no-deps nvidia-cutlass==4.2.0.0
-	$(PY) -m systems.overlap.cutlass_producer
 
 VENDOR_WHEELS ?= ../shared/vendor/gpu-wheels
 

@@ -3,7 +3,6 @@
 producer.py    ONE persistent Triton GEMM per rank over all local experts, per-band ready counters
 consumer.py    ONE persistent Triton kernel of cCTA programs: wait for bands, copy valid rows,
                signal
-observer.py    ONE CTA that records when each band's counter reaches its target (benchmarks only)
 primitives.py  the device primitives both share (bounded spins, error record, timers, copies,
                flag publishing, NVSHMEM externs)
 The host state that pairs them (counters, streams, epochs) is systems/overlap/runner.py; the
