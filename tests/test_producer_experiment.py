@@ -24,13 +24,13 @@ def _cfg(*overrides):
 def test_grid_has_the_references_and_one_producer_per_tile_layout_and_order():
     cfg = _cfg()
     cells = producer.cells(cfg, 1)
-    per_workload = 3 + 2 * 3 * 2  # references + tile_m x layout x order (flags on, table)
+    per_workload = 3 + 2 * 2 * 2  # references + tile_m x layout x order (flags on)
     assert len(cells) == 2 * 5 * 3 * per_workload  # N x E x routings
     refs = {"torch_grouped_mm", "cublas", "cublas_bmm"}
     assert {c["system"] for c in cells} == refs | {"overlap"}
     knobs = {tuple(sorted(c["params"].items())) for c in cells if c["system"] == "overlap"}
-    assert len(knobs) == 12 and all(dict(k)["flags"] is True for k in knobs)
-    assert {dict(k)["config"] for k in knobs} == {"table"}
+    assert len(knobs) == 8 and all(dict(k)["flags"] is True for k in knobs)
+    assert {k for knob in knobs for k, _ in knob} == {"tile_m", "layout", "order", "flags"}
     assert len({c["cell_hash"] for c in cells}) == len(cells)
     producer.validate(cfg, cells, 132)
 
@@ -40,22 +40,8 @@ def test_a_ccta_sweep_does_not_multiply_the_producer_cells():
     base = producer.cells(_cfg(), 1)
     assert len(producer.cells(cfg, 1)) == len(base)
     cfg = _cfg("experiment.options.flags=[true,false]")
-    assert len(producer.cells(cfg, 1)) == len(base) + 2 * 5 * 3 * 12
-    cfg = _cfg("experiment.options.configs=[table,ws]")
     cells = producer.cells(cfg, 1)
-    assert len(cells) == len(base) + 2 * 5 * 3 * 12
-    producer.validate(cfg, cells, 132)
-
-
-def test_local_direct_adds_cells_and_keeps_the_copy_cells_hashes():
-    base = producer.cells(_cfg(), 1)
-    cfg = _cfg("experiment.options.local=[copy,direct]")
-    cells = producer.cells(cfg, 1)
-    assert len(cells) == len(base) + 2 * 5 * 3 * 12
-    direct = [c for c in cells if c["params"].get("local") == "direct"]
-    assert len(direct) == 2 * 5 * 3 * 12 and all(c["system"] == "overlap" for c in direct)
-    # a copy cell names no `local`: the same hash as before the option
-    assert {c["cell_hash"] for c in base} <= {c["cell_hash"] for c in cells}
+    assert len(cells) == len(base) + 2 * 5 * 3 * 8
     producer.validate(cfg, cells, 132)
 
 
@@ -71,26 +57,12 @@ def test_bad_input_is_one_line_before_any_gpu_work():
         cfg.experiment.options = {"flag": [True]}
     with pytest.raises(ValueError, match="unknown option"):
         producer.validate(cfg, cells, 132)
-    with open_dict(cfg):
-        cfg.experiment.options = {"configs": ["table", "fast"]}
-    with pytest.raises(ValueError, match="unknown config"):
-        producer.validate(cfg, cells, 132)
-    with open_dict(cfg):
-        cfg.experiment.options = {"local": ["direct", "scatter"]}
-    with pytest.raises(ValueError, match="unknown local mode"):
-        producer.validate(cfg, cells, 132)
-    # the two-launch variants split off 64-row tiles: a 64-row cell has nothing to split
-    cfg = _cfg("experiment.options.configs=[table,tails64]")
-    cells = producer.cells(cfg, 1)
-    with pytest.raises(ValueError, match="config tails64 splits off 64-row tiles, so it needs"):
-        producer.validate(cfg, cells, 132)
-    producer.validate(cfg, [c for c in cells if c["params"].get("tile_m") != 64], 132)
     for override, message in (
         ("experiment.systems.overlap.sweep.layout=[dense]", "layout must be one of aligned"),
         ("experiment.grid.hidden=[100]", "K and N must be multiples of 8"),
         ("experiment.options.flags=[maybe]", "options.flags holds true / false, got ['maybe']"),
-        ("experiment.options.configs=[]", "options.configs must be a non-empty list, got []"),
-        ("experiment.options.local=copy", "options.local must be a non-empty list, got 'copy'"),
+        ("experiment.options.flags=[]", "options.flags must be a non-empty list, got []"),
+        ("experiment.options.flags=true", "options.flags must be a non-empty list, got True"),
     ):
         with pytest.raises(ValueError) as exc:
             cfg = _cfg(override)
@@ -98,7 +70,7 @@ def test_bad_input_is_one_line_before_any_gpu_work():
         assert message in str(exc.value), override
 
 
-@pytest.mark.parametrize("layout", ["aligned", "packed", "compact"])
+@pytest.mark.parametrize("layout", ["aligned", "compact"])
 def test_valid_rows_are_grouped_by_expert_as_grouped_mm_reads_them(layout):
     spec = WorkloadSpec(256, 32, 16, 4, 2, 2, "stress_skew", dtype="float32", seed=3)
     pb = producer.problem(spec, 64, layout, torch.device("cpu"))
