@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -28,6 +26,7 @@ import torch.multiprocessing as mp
 from harness.layout import rank_layout
 from harness.system import RunContext, get_system
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens, routing_of
+from tests.multigpu import free_port
 
 ROUTINGS = ("balanced", "moderate_skew", "stress_skew")
 HAVE_MCORE = importlib.util.find_spec("megatron") is not None
@@ -47,12 +46,6 @@ def _spec(routing: str = "moderate_skew", W: int = 4, dtype: str = "float32") ->
         dtype=dtype,
         seed=5,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # registry ----------------------------------------------------------------------------------
@@ -213,7 +206,7 @@ def _parallel_state_worker(rank: int, init: str, out: str) -> None:
 @needs_mcore
 def test_parallel_state_is_initialised_once(tmp_path: Path) -> None:
     out = tmp_path / "ps.json"
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     mp.spawn(_parallel_state_worker, args=(init, str(out)), nprocs=2, join=True)
     res = json.loads(out.read_text())
     assert res["ep"] == 2 and res["tp"] == 1
@@ -223,60 +216,16 @@ def test_parallel_state_is_initialised_once(tmp_path: Path) -> None:
 # GPU: the real MoELayer on one rank --------------------------------------------------------
 
 
-def _gpu_worker(rank: int, init: str, out: str, systems: list[str]) -> None:
-    from harness.measure import measure_cell
-
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
-    dist.init_process_group("nccl", init_method=init, rank=0, world_size=1, device_id=dev)
-    try:
-        ctx = RunContext(0, 1, dev, None, "nccl")
-        cfg = SimpleNamespace(measure=SimpleNamespace(tol=8e-3, warmup=1, iters=3))
-        params = {"tutel": {"degrees": [1, 2]}, "tutel_reimpl": {"degrees": [1, 2]}}
-        rows = []
-        for routing in ROUTINGS:
-            for system in systems:
-                cell = {
-                    "experiment": "test_megatron_gpu",
-                    "system": system,
-                    "seed": 0,
-                    "world_size": 1,
-                    "tokens_per_rank": 512,
-                    "hidden": 256,
-                    "out": 384,
-                    "experts_per_rank": 8,
-                    "top_k": 2,
-                    "routing": routing,
-                    "dtype": "bfloat16",
-                    # as expand_grid makes them: PARAMS defaults, then the test's
-                    "params": {**get_system(system).load().PARAMS, **params.get(system, {})},
-                    "cell_hash": f"{system}-{routing}",
-                }
-                r = measure_cell(ctx, cfg, cell)
-                rows.append(
-                    {
-                        "system": system,
-                        "routing": routing,
-                        "status": r.status,
-                        "reason": r.reason,
-                        "err": r.max_rel_err,
-                        "impl": r.impl,
-                        "latency_ms": r.latency_ms,
-                    }
-                )
-        Path(out).write_text(json.dumps(rows))
-    finally:
-        dist.destroy_process_group()
-
-
+OPERATOR = dict(tokens_per_rank=512, hidden=256, out=384, experts_per_rank=8, top_k=2)
+LAYER = dict(tokens_per_rank=256, hidden=128, out=128, experts_per_rank=4, top_k=2, ffn=64)
+TUTEL = {"tutel": {"degrees": [1, 2]}, "tutel_reimpl": {"degrees": [1, 2]}}
 _NATIVE = {"tutel": "tutel", "fastermoe": "fmoe"}
 
 
-def _run_gpu(tmp_path: Path, systems: list[str]) -> list[dict]:
-    out = tmp_path / "gpu.json"
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    mp.spawn(_gpu_worker, args=(init, str(out), systems), nprocs=1, join=True)
-    return json.loads(out.read_text())
+def _run_gpu(tmp_path: Path, systems: list[str], shape: dict = OPERATOR) -> list[dict]:
+    from tests.multigpu import one_gpu_cells
+
+    return one_gpu_cells(tmp_path, systems, {**shape, "dtype": "bfloat16"}, TUTEL)
 
 
 @pytest.mark.gpu
@@ -578,7 +527,7 @@ def test_megatron_layer_with_grouped_mlp_matches_the_oracle_on_cpu(tmp_path: Pat
     """Megatron's MoELayer + all-to-all dispatcher + GroupedMLP (our W1/W2 copied in), fed the
     harness routing, equals the float32 oracle; the bounds run and leave the layer intact."""
     out = tmp_path / "layer"
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     routings = ["balanced", "stress_skew"]
     mp.spawn(_cpu_layer_worker, args=(W, init, str(out), routings), nprocs=W, join=True)
     for rank in range(W):
@@ -590,67 +539,12 @@ def test_megatron_layer_with_grouped_mlp_matches_the_oracle_on_cpu(tmp_path: Pat
             assert "GroupedMLP" in r["impl"] and r["extra"]["experts"] == "GroupedMLP", r
 
 
-def _gpu_layer_worker(rank: int, init: str, out: str, systems: list[str]) -> None:
-    from harness.measure import measure_cell
-
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
-    dist.init_process_group("nccl", init_method=init, rank=0, world_size=1, device_id=dev)
-    try:
-        ctx = RunContext(0, 1, dev, None, "nccl")
-        cfg = SimpleNamespace(measure=SimpleNamespace(tol=8e-3, warmup=1, iters=3))
-        rows = []
-        for routing in ROUTINGS:
-            for system in systems:
-                cell = {
-                    "experiment": "test_megatron_layer_gpu",
-                    "system": system,
-                    "seed": 0,
-                    "world_size": 1,
-                    "tokens_per_rank": 256,
-                    "hidden": 128,
-                    "out": 128,
-                    "experts_per_rank": 4,
-                    "top_k": 2,
-                    "routing": routing,
-                    "dtype": "bfloat16",
-                    "ffn": 64,
-                    "params": {},
-                    "cell_hash": f"layer-{system}-{routing}",
-                }
-                r = measure_cell(ctx, cfg, cell)
-                rows.append(
-                    {
-                        "system": system,
-                        "routing": routing,
-                        "status": r.status,
-                        "reason": r.reason,
-                        "err": r.max_rel_err,
-                        "impl": r.impl,
-                        "scope": r.scope,
-                        "latency_ms": r.latency_ms,
-                        "compute_ms": r.compute_ms,
-                        "comm_ms": r.comm_ms,
-                    }
-                )
-        Path(out).write_text(json.dumps(rows))
-    finally:
-        dist.destroy_process_group()
-
-
-def _run_gpu_layer(tmp_path: Path, systems: list[str]) -> list[dict]:
-    out = tmp_path / "gpu_layer.json"
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    mp.spawn(_gpu_layer_worker, args=(init, str(out), systems), nprocs=1, join=True)
-    return json.loads(out.read_text())
-
-
 @pytest.mark.gpu
 @needs_cuda
 @needs_mcore
 def test_megatron_cutlass_layer_on_gpu_matches_reference(tmp_path: Path) -> None:
     """A small FFN cell (T=256, H=128, F=64, E=4, bf16): the real MoELayer + GroupedMLP."""
-    rows = _run_gpu_layer(tmp_path, ["megatron_cutlass", "serial"])
+    rows = _run_gpu(tmp_path, ["megatron_cutlass", "serial"], LAYER)
     print(json.dumps(rows, indent=1))
     for r in rows:
         assert r["status"] == "ok", r
@@ -666,7 +560,7 @@ def test_megatron_cutlass_layer_on_gpu_matches_reference(tmp_path: Path) -> None
 def test_megatron_te_layer_on_gpu_matches_reference(tmp_path: Path) -> None:
     """The same FFN cell with TEGroupedMLP (TE GroupedLinear fc1 / fc2)."""
     pytest.importorskip("transformer_engine")
-    rows = _run_gpu_layer(tmp_path, ["megatron_te"])
+    rows = _run_gpu(tmp_path, ["megatron_te"], LAYER)
     print(json.dumps(rows, indent=1))
     for r in rows:
         assert r["status"] == "ok", r

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import types
@@ -37,6 +36,7 @@ from harness.workload import (
     make_tokens,
     routing_of,
 )
+from tests.multigpu import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUTINGS = ("balanced", "moderate_skew", "stress_skew")
@@ -45,10 +45,7 @@ HAVE_TUTEL = importlib.util.find_spec("tutel") is not None
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+TUTEL = {"tutel": {"degrees": [1, 2]}}
 
 
 def _ffn_spec(routing: str = "stress_skew", W: int = 1, dtype: str = "float32") -> WorkloadSpec:
@@ -237,7 +234,7 @@ def test_native_tutel_ffn_cells_on_cpu_with_gloo(tmp_path: Path, W: int) -> None
     """The real moe_layer (gate stub, encode, all-to-all, Tutel's FFN experts, decode) equals
     the float32 oracle on every routing."""
     out = tmp_path / "tutel"
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     mp.spawn(_tutel_cpu_worker, args=(W, init, str(out)), nprocs=W, join=True)
     for rank in range(W):
         for r in json.loads(Path(f"{out}.{rank}").read_text()):
@@ -248,62 +245,6 @@ def test_native_tutel_ffn_cells_on_cpu_with_gloo(tmp_path: Path, W: int) -> None
 # GPU ----------------------------------------------------------------------------------------
 
 
-def _params(system: str) -> dict:
-    """A cell's params as expand_grid makes them: the system's PARAMS defaults, then ours."""
-    from harness.system import get_system
-
-    ours = {"degrees": [1, 2]} if system == "tutel" else {}
-    return {**get_system(system).load().PARAMS, **ours}
-
-
-def _gpu_worker(rank: int, init: str, out: str, systems: list[str], ffn: int) -> None:
-    from harness.measure import measure_cell
-
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
-    dist.init_process_group("nccl", init_method=init, rank=0, world_size=1, device_id=dev)
-    try:
-        ctx = RunContext(0, 1, dev, None, "nccl")
-        cfg = SimpleNamespace(measure=SimpleNamespace(tol=8e-3, warmup=1, iters=3))
-        rows = []
-        for routing in ROUTINGS:
-            for system in systems:
-                cell = {
-                    "experiment": "test_native_layer_gpu",
-                    "system": system,
-                    "seed": 0,
-                    "world_size": 1,
-                    "tokens_per_rank": 256,
-                    "hidden": 128,
-                    "out": 128,
-                    "experts_per_rank": 4,
-                    "top_k": 2,
-                    "routing": routing,
-                    "dtype": "bfloat16",
-                    "params": _params(system),
-                    "cell_hash": f"{system}-{routing}-{ffn}",
-                }
-                if ffn:
-                    cell["ffn"] = ffn
-                r = measure_cell(ctx, cfg, cell)
-                rows.append(
-                    {
-                        "system": system,
-                        "routing": routing,
-                        "status": r.status,
-                        "reason": r.reason,
-                        "err": r.max_rel_err,
-                        "impl": r.impl,
-                        "scope": r.scope,
-                        "latency_ms": r.latency_ms,
-                        "extra": r.extra,
-                    }
-                )
-        Path(out).write_text(json.dumps(rows))
-    finally:
-        dist.destroy_process_group()
-
-
 def _native_or_skip(systems: tuple[str, ...]) -> list[str]:
     have = [s for s in systems if importlib.util.find_spec(NATIVE[s])]
     if not have:
@@ -312,12 +253,11 @@ def _native_or_skip(systems: tuple[str, ...]) -> list[str]:
 
 
 def _run_gpu(tmp_path: Path, systems: list[str], ffn: int) -> list[dict]:
-    out = tmp_path / "gpu.json"
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    mp.spawn(_gpu_worker, args=(init, str(out), systems, ffn), nprocs=1, join=True)
-    rows = json.loads(out.read_text())
-    print(json.dumps(rows, indent=1))
-    return rows
+    """T=256 H=128 N=128 E=4 top-2 bf16 cells (ffn F, 0 = the operator) on one GPU."""
+    from tests.multigpu import one_gpu_cells
+
+    shape = dict(tokens_per_rank=256, hidden=128, out=128, experts_per_rank=4, top_k=2, ffn=ffn)
+    return one_gpu_cells(tmp_path, systems, {**shape, "dtype": "bfloat16"}, TUTEL)
 
 
 @pytest.mark.gpu
