@@ -14,21 +14,6 @@ Producer swizzle groups (TileConfig.group_m / expert_groups; the overlap system'
   "table" (the tile table's own), "fixed<m>" (groups of m consecutive visiting positions),
   "expert<cap>" (runs of one expert's bands, at most cap long: plan.producer_groups, which
   encodes a group as first * GROUP_CODE + size, so cap < GROUP_CODE).
-Where the consumer runs (the overlap system's `consumer`; runner.py):
-  "own"    the paper's: cCTA SMs of its own (one big consumer CTA per SM, which no producer CTA
-           can share), the producer on SMs - cCTA
-  "shared" cCTA small consumer CTAs (kernels/consumer.py shared_consumer_config) that fit next
-           to a producer CTA on one SM, the producer on ALL SMs
-The operator step's handshake over p2p / nvshmem (the overlap system's `handshake`; system.py
-_Distributed): before its puts, each rank waits until every peer's previous step has read its
-receive buffer:
-  "allreduce" a one-element NCCL all-reduce on the step's stream (the default)
-  "barrier"   the device-side barrier of the counters' symmetric-memory handle (torch's
-              `barrier(channel, timeout_ms)`: release/acquire signals on the signal pads, one
-              small kernel, a time-out traps instead of hanging); p2p only
-on the step's stream before the fork ("step", the default) or on the consumer's stream before its
-first put (`handshake_stream="consumer"`): only the puts write a peer's buffer, so only they need
-to wait, and the producer's first tiles run during the handshake.
 Error codes of the device error record are in errors.py.
 """
 
@@ -60,11 +45,6 @@ FLAG_CODES = {
 GROUP_CODE = 1024
 SWIZZLES = ("table", "fixed<m>", "expert<cap>")
 CONSUMER_SMS = ("own", "shared")
-HANDSHAKES = ("allreduce", "barrier")
-#: where the handshake waits: "step" (on the step's stream, before the producer and consumer
-#: fork: the producer starts after it) or "consumer" (on the consumer's stream after the fork,
-#: before its first put: the producer starts at once and the wait overlaps its first tiles)
-HANDSHAKE_STREAMS = ("step", "consumer")
 
 
 def parse_swizzle(swizzle: str) -> tuple[bool, int] | None:

@@ -6,42 +6,11 @@ forward runs the persistent producer (SMs - cCTA programs) and the consumer (cCT
 priority stream) concurrently, places the local rows in the own combine receive buffer, waits
 until every peer's rows arrived, and scales: out [T, N].
 
-Params (PARAMS): ccta (consumer SMs), mgb (bands per segment), tile_m (64 or 128), transport,
-local ("direct", the default: the producer's epilogue stores the local rows in the own receive
-buffer, no copy on the critical path; "copy": the producer writes Y and a copy kernel moves them
-there, what tables measured before the knob ran; "copy" stays out of the cell hash, so those
-tables still resume),
-layout ("aligned": the paper's remote-aligned rows; "packed": an expert's remote rows of all
-owners back to back, padded once; "compact": as packed, with the local rows filling the padding,
-so no zero rows and grouped_mm's row tiles; plan.py; packed runs at operator scope only, FFN
-cells skip it, the layer scope's device plan builds aligned and compact; out of the cell hash
-at "aligned"),
-order (the producer's visiting order of the schedule: "remote_first", the paper's, or "expert":
-each expert's local bands right after its remote bands, so tiles reading one expert's weights
-run together; plan.producer_order; "auto", the default, picks "expert" where an expert has few
-bands, autotune.pick_order; rows carry p_order_used; out of the cell hash at "remote_first"),
-swizzle (the producer's swizzle groups: "table", the tile table's; "fixed<m>", m consecutive
-visiting positions; "expert<cap>", runs of one expert's bands at most cap long, so each weight
-strip is read from HBM once per group; kernels/producer.py with_swizzle; out of the cell hash at
-"table"),
-consumer (where the consumer runs, beyond the paper: "own", the paper's, cCTA SMs of its own and
-the producer on SMs - cCTA; "shared", cCTA small consumer CTAs next to the producer's CTAs on
-ALL SMs, ccta <= SMs; modes.CONSUMER_SMS, runner.py; out of the cell hash at "own"; ccta=auto
-reads the calibration rows of the cell's placement, and shared has a documented default where
-none is near: autotune.py),
-backoff_ns (the consumer sleeps this many ns between the polls of a band wait, fewer atomics at
-L2 while it waits; 0, the default and out of the cell hash: polls back to back),
-handshake (the operator step's wait, over p2p, for every peer's previous read of its receive
-buffer: "allreduce", the default and out of the cell hash, a one-element NCCL all-reduce;
-"barrier", the counters' symmetric-memory device barrier; modes.HANDSHAKES; cells elsewhere skip
-"barrier" with the reason),
-handshake_stream (where that wait runs: "step", the default and out of the cell hash, on the
-step's stream before the producer and consumer fork; "consumer", on the consumer's stream before
-its first put, so the producer starts at once; modes.HANDSHAKE_STREAMS; cells without peers or at
-the layer scope skip "consumer" with the reason).
-ccta and mgb also take "auto": setup picks them on the host before any GPU work
-(systems/overlap/autotune.py); rows keep p_ccta / p_mgb as asked and carry what ran as
-p_ccta_used / p_mgb_used, the reason in extra["auto"].
+Params (PARAMS): systems/overlap/params.py OverlapParams, its choices, validation and the
+reasons a cell cannot run. ccta and mgb also take "auto", order defaults to it: setup picks them
+on the host before any GPU work (systems/overlap/autotune.py); rows keep p_ccta / p_mgb /
+p_order as asked and carry what ran as p_ccta_used / p_mgb_used / p_order_used, the reason in
+extra["auto"] / extra["auto_order"].
 Transports (param `transport`; empty = `loopback` with one process, `p2p` with several), each
 a small class chosen once in setup:
   loopback  (_Loopback) one process plays all W ranks of the cell on one GPU; destinations are
@@ -60,6 +29,7 @@ consumer=shared).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -70,73 +40,53 @@ from harness.scale import Scaler
 from harness.system import CellInputs, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec
-from systems.overlap.autotune import AUTO
-from systems.overlap.modes import CONSUMER_SMS, HANDSHAKE_STREAMS, HANDSHAKES, parse_swizzle
-from systems.overlap.plan import (
-    DEVICE_LAYOUTS,
-    LAYOUTS,
-    ORDERS,
-    padded_input,
-    plan_for_layout,
-)
-
-TILE_MS = (64, 128)
-TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
-#: local rows: "copy" (the producer writes Y, then a copy kernel into the own receive buffer) or
-#: "direct" (the producer's epilogue stores them there; no copy on the critical path)
-LOCAL_MODES = ("copy", "direct")
+from systems.overlap.params import AUTO, OverlapParams
+from systems.overlap.plan import padded_input, plan_for_layout
 
 
-def _knob(name: str, value: Any) -> int | str:
-    """An integer knob or "auto"; anything else is a one-line ValueError."""
-    if value == AUTO:
-        return AUTO
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"overlap: {name} must be an integer or 'auto', got {value!r}")
-    return value
+def _runner(plan, weights, transport, k: OverlapParams):
+    """The runner of one rank's plan for the resolved knobs k (no "auto" left)."""
+    from systems.overlap.runner import OverlapRunner
+
+    return OverlapRunner(
+        plan, weights, transport, ccta=k.ccta, order=k.order, consumer_sms=k.consumer
+    )
+
+
+def _peer_transport(name: str, group, spec: WorkloadSpec, device):
+    """This rank's p2p or nvshmem transport: a receive buffer of T*k rows [T*k, N]."""
+    from systems.overlap.transport import nvshmem_transport, p2p_transport
+
+    make = p2p_transport if name == "p2p" else nvshmem_transport
+    return make(group, spec.tokens_per_rank * spec.top_k, spec.out, spec.torch_dtype, device)
 
 
 class _Rank:
     """One (possibly simulated) rank's state: layout, plan, padded operands, runner."""
 
-    def __init__(
-        self,
-        spec: WorkloadSpec,
-        lay,
-        x_recv,
-        weights,
-        tile_m,
-        mgb,
-        transport,
-        ccta,
-        runner_kw: dict,
-        layout: str = "aligned",
-    ):
-        from systems.overlap.runner import OverlapRunner
-
+    def __init__(self, spec: WorkloadSpec, lay, x_recv, weights, transport, k: OverlapParams):
         self.lay = lay
         self.plan = plan_for_layout(
             lay,
             world_size=spec.world_size,
             experts_per_rank=spec.experts_per_rank,
-            tile_m=tile_m,
-            mgb=mgb,
+            tile_m=k.tile_m,
+            mgb=k.mgb,
             out_cols=spec.out,
             elem_bytes=x_recv.element_size(),
             device=x_recv.device,
-            layout=layout,
+            layout=k.layout,
         )
         self.x = padded_input(x_recv, self.plan.gather_index)
         self.y = torch.empty(self.x.shape[0], spec.out, dtype=x_recv.dtype, device=x_recv.device)
-        self.runner = OverlapRunner(self.plan, weights, transport, ccta=ccta, **runner_kw)
+        self.runner = _runner(self.plan, weights, transport, k)
         self.tokens = spec.tokens_per_rank
         self.scale = Scaler.for_layout(lay, x_recv.device)  # step 5, indices on the device
 
-    def step(self, before_consume=None) -> None:
-        """Producer + consumer concurrently, then the local rows into the own buffer;
-        `before_consume` runs on the consumer's stream ahead of the consumer."""
-        self.runner.overlapped(self.x, self.y, before_consume)
-        self.runner.local_copy(self.y)
+    def step(self) -> None:
+        """Producer + consumer concurrently (the producer stores the local rows in the own
+        receive buffer itself)."""
+        self.runner.overlapped(self.x, self.y)
 
 
 class _Loopback:
@@ -144,15 +94,7 @@ class _Loopback:
 
     name = "loopback"
 
-    def __init__(
-        self,
-        ranks: list[CellInputs],
-        tile_m: int,
-        mgb: int,
-        ccta: int,
-        runner_kw: dict,
-        layout: str = "aligned",
-    ) -> None:
+    def __init__(self, ranks: list[CellInputs], k: OverlapParams) -> None:
         from systems.overlap.transport import LoopbackFabric
 
         spec = ranks[0].spec
@@ -161,18 +103,7 @@ class _Loopback:
             [spec.tokens_per_rank * spec.top_k] * W, spec.out, spec.torch_dtype, ranks[0].x.device
         )
         self.ranks = [
-            _Rank(
-                spec,
-                inp.layout,
-                inp.x_recv,
-                inp.weights,
-                tile_m,
-                mgb,
-                self.fabric.transport(r),
-                ccta,
-                runner_kw,
-                layout,
-            )
+            _Rank(spec, inp.layout, inp.x_recv, inp.weights, self.fabric.transport(r), k)
             for r, inp in enumerate(ranks)
         ]
         #: the timed rank: the one with the most rows to compute
@@ -197,38 +128,15 @@ class _Loopback:
 class _Distributed:
     """One process per rank over a real transport (p2p or nvshmem symmetric memory)."""
 
-    def __init__(
-        self,
-        inp: CellInputs,
-        group,
-        name: str,
-        tile_m: int,
-        mgb: int,
-        ccta: int,
-        runner_kw: dict,
-        layout: str = "aligned",
-        handshake: str = "allreduce",
-        handshake_stream: str = "step",
-    ):
-        from systems.overlap.transport import nvshmem_transport, p2p_transport
-
-        spec = inp.spec
-        make = p2p_transport if name == "p2p" else nvshmem_transport
-        rows = spec.tokens_per_rank * spec.top_k
-        t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
+    def __init__(self, inp: CellInputs, group, name: str, k: OverlapParams):
+        t = _peer_transport(name, group, inp.spec, inp.x.device)
         self.name = name
         self.group = group
-        args = (inp.x_recv, inp.weights, tile_m, mgb, t, ccta, runner_kw, layout)
-        self.ranks = [_Rank(spec, inp.layout, *args)]
+        self.ranks = [_Rank(inp.spec, inp.layout, inp.x_recv, inp.weights, t, k)]
         self.busy = 0
         self.epoch = torch.zeros(1, dtype=torch.int32, device=inp.x.device)
-        if handshake == "barrier" and t.signal_handle is None:
-            raise ValueError(f"overlap: handshake=barrier needs a symmetric-memory handle ({name})")
-        #: "allreduce" or "barrier" before every step; None only in the test that shows the race
-        self.handshake: str | None = handshake
-        self.handshake_stream = handshake_stream
-        # the barrier's time-out: the consumer's own spin bound
-        self.barrier_timeout_ms = int(1000 * self.ranks[0].runner.consumer.timeout_s)
+        #: the epoch handshake before every step; False only in the test that shows the race
+        self.handshake = True
 
     def forward(self) -> torch.Tensor:
         out = self.timed()
@@ -238,32 +146,18 @@ class _Distributed:
     def timed(self) -> torch.Tensor:
         """The epoch handshake, this rank's step, the wait for every peer's rows, the scale.
 
-        The handshake is a one-element all-reduce ("allreduce") or the counters'
-        symmetric-memory barrier ("barrier"). Either completes only once every peer's stream
-        has passed its previous scale, so this step's puts never overwrite a receive buffer a
-        peer is still reading (in a real layer the next dispatch all-to-all gives the same
-        order, as in the layer scope). handshake_stream "step": on the current stream before the
-        step; "consumer": on the consumer's stream ahead of the consumer, after the fork (a
-        peer's handshake then still follows its previous scale), so the producer, which writes
-        only this rank's own buffers, does not wait for it. It is timed."""
-        rk = self.ranks[0]
-        if self.handshake_stream == "consumer":
-            rk.step(before_consume=self._handshake)
-        else:
-            self._handshake()
-            rk.step()
-        rk.runner.wait_received()  # every peer's rows of every step so far
-        return rk.scale(rk.runner.transport.recv)
-
-    def _handshake(self) -> None:
-        """The handshake on the current stream (none when self.handshake is None)."""
+        The handshake, a one-element NCCL all-reduce on the step's stream, completes only once
+        every peer's stream has passed its previous scale, so this step's puts never overwrite
+        a receive buffer a peer is still reading (in a real layer the next dispatch all-to-all
+        gives the same order, as in the layer scope). It is timed."""
         import torch.distributed as dist
 
-        if self.handshake == "allreduce":
+        rk = self.ranks[0]
+        if self.handshake:
             dist.all_reduce(self.epoch, group=self.group)
-        elif self.handshake == "barrier":
-            handle = self.ranks[0].runner.transport.signal_handle
-            handle.barrier(channel=0, timeout_ms=self.barrier_timeout_ms)
+        rk.step()
+        rk.runner.wait_received()  # every peer's rows of every step so far
+        return rk.scale(rk.runner.transport.recv)
 
 
 class _LayerRank:
@@ -286,21 +180,10 @@ class _LayerRank:
     once, in the dispatch, and every launch after it is on the step's critical path).
     """
 
-    def __init__(
-        self,
-        inp: CellInputs,
-        transport,
-        group,
-        tile_m: int,
-        mgb: int,
-        ccta: int,
-        runner_kw: dict,
-        layout: str = "aligned",
-    ):
+    def __init__(self, inp: CellInputs, transport, group, k: OverlapParams):
         from systems.overlap.plan_device import DevicePlanBuilder, plan_bounds
-        from systems.overlap.runner import OverlapRunner
 
-        spec = inp.spec
+        spec, tile_m, mgb, layout = inp.spec, k.tile_m, k.mgb, k.layout
         self.spec, self.group, self.tile_m, self.mgb = spec, group, tile_m, mgb
         self.layout = layout
         self.x, self.ids, self.gate = inp.x, inp.expert_ids, inp.gate
@@ -323,7 +206,7 @@ class _LayerRank:
         # one untimed step's state (bounds, plan facts), in its own plan
         self.held = self.stage_a(own_plan=True)
         self.plan = self.held[1].to_host_plan()  # host view of the plan, for the row's facts
-        self.runner = OverlapRunner(self.held[1], self.w2, transport, ccta=ccta, **runner_kw)
+        self.runner = _runner(self.held[1], self.w2, transport, k)
         # band counters for the worst case of any step: every row of every rank comes here
         most = plan_bounds(
             spec.world_size * self.rows,
@@ -394,20 +277,17 @@ class _LayerRank:
 
     def step(self) -> torch.Tensor:
         d, plan, x_pad = self.stage_a()
-        y = self._fc2_combine(plan, self.fc1(plan, x_pad))
-        self.runner.local_copy(y)
+        self._fc2_combine(plan, self.fc1(plan, x_pad))
         if self.spec.world_size > 1:
             self.runner.wait_received()  # every peer's rows of every step so far
         return Scaler.on_device(d.pos, self.gate, self.rows)(self.runner.transport.recv)
 
     def compute_only(self) -> torch.Tensor:
         """Everything but the two exchanges, on the held dispatch: stage A's plan and gather,
-        fc1, the producer on ALL SMs without flags, the local copy, the scale."""
+        fc1, the producer on ALL SMs without flags (storing the local rows), the scale."""
         d = self.held[0]
         plan, x_pad = self.plan_for(d)
-        h = self.fc1(plan, x_pad)
-        y = self._fc2_combine(plan, h, overlapped=False)
-        self.runner.local_copy(y)
+        self._fc2_combine(plan, self.fc1(plan, x_pad), overlapped=False)
         return Scaler.on_device(d.pos, self.gate, self.rows)(self.runner.transport.recv)
 
     def comm_only(self) -> None:
@@ -423,31 +303,18 @@ class _Layer:
     """The layer scope (FFN cells) on one process per rank (p2p / nvshmem), or W=1 (loopback
     with one rank)."""
 
-    def __init__(
-        self,
-        inp: CellInputs,
-        group,
-        name: str,
-        tile_m: int,
-        mgb: int,
-        ccta: int,
-        runner_kw: dict,
-        layout: str = "aligned",
-    ):
+    def __init__(self, inp: CellInputs, group, name: str, k: OverlapParams):
         spec = inp.spec
-        rows = spec.tokens_per_rank * spec.top_k
         if name == "loopback":
             from systems.overlap.transport import LoopbackFabric
 
-            self.fabric = LoopbackFabric([rows], spec.out, spec.torch_dtype, inp.x.device)
+            rows = [spec.tokens_per_rank * spec.top_k]
+            self.fabric = LoopbackFabric(rows, spec.out, spec.torch_dtype, inp.x.device)
             t = self.fabric.transport(0)
         else:
-            from systems.overlap.transport import nvshmem_transport, p2p_transport
-
-            make = p2p_transport if name == "p2p" else nvshmem_transport
-            t = make(group, rows, spec.out, spec.torch_dtype, inp.x.device)
+            t = _peer_transport(name, group, spec, inp.x.device)
         self.name = name
-        self.layer = _LayerRank(inp, t, group, tile_m, mgb, ccta, runner_kw, layout)
+        self.layer = _LayerRank(inp, t, group, k)
         self.ranks = [self.layer]
         self.busy = 0
 
@@ -462,174 +329,54 @@ class _Layer:
 
 class OverlapSystem(System):
     name = "overlap"
-    PARAMS: ClassVar[dict[str, Any]] = {
-        "ccta": 16,
-        "mgb": 1,
-        "tile_m": 128,
-        "transport": "",
-        "local": "direct",
-        "layout": "aligned",
-        "order": AUTO,
-        "swizzle": "table",
-        "consumer": "own",
-        "backoff_ns": 0,
-        "handshake": "allreduce",
-        "handshake_stream": "step",
-    }
-    #: the tables before these knobs ran local=copy (then the only way), the aligned layout and
-    #: the remote-first visiting order
-    HASH_OPTIONAL: ClassVar[dict[str, Any]] = {
-        "local": "copy",
-        "layout": "aligned",
-        "order": "remote_first",
-        "swizzle": "table",
-        "consumer": "own",
-        "backoff_ns": 0,
-        "handshake": "allreduce",
-        "handshake_stream": "step",
-    }
+    PARAMS: ClassVar[dict[str, Any]] = OverlapParams().as_dict()
     simulates_ranks = True
     layer_scope = True
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        ccta, mgb = _knob("ccta", params["ccta"]), _knob("mgb", params["mgb"])
-        if params["consumer"] not in CONSUMER_SMS:
-            raise ValueError(
-                f"overlap: consumer must be one of {', '.join(CONSUMER_SMS)}, "
-                f"got {params['consumer']!r}"
-            )
-        backoff = params["backoff_ns"]
-        if not isinstance(backoff, int) or isinstance(backoff, bool) or not 0 <= backoff <= 10**6:
-            raise ValueError(
-                f"overlap: backoff_ns must be an integer in [0, 1000000], got {backoff!r}"
-            )
-        if params["consumer"] == "shared":  # the producer keeps every SM
-            if ccta != AUTO and (ccta < 1 or (sm_count and ccta > sm_count)):
-                raise ValueError(
-                    f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'}] with consumer=shared"
-                )
-        elif ccta != AUTO and (ccta < 1 or (sm_count and ccta >= sm_count)):
-            raise ValueError(f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'}) or 'auto'")
-        tile_m = params["tile_m"]
-        if isinstance(tile_m, bool) or not isinstance(tile_m, int) or tile_m not in TILE_MS:
-            raise ValueError(f"overlap: tile_m must be one of {TILE_MS}, got {params['tile_m']}")
-        if mgb != AUTO and mgb < 1:
-            raise ValueError(f"overlap: mgb must be >= 1, got {params['mgb']}")
-        if spec.dtype not in ("float16", "bfloat16"):
-            raise ValueError(f"overlap: dtype must be float16 or bfloat16, got {spec.dtype}")
-        if spec.hidden % 8 or spec.out % 8:
-            raise ValueError("overlap: K and N must be multiples of 8 (16-byte rows)")
-        if params["local"] not in LOCAL_MODES:
-            raise ValueError(
-                f"overlap: local must be one of {', '.join(LOCAL_MODES)}, got {params['local']!r}"
-            )
-        if params["layout"] not in LAYOUTS:
-            raise ValueError(
-                f"overlap: layout must be one of {', '.join(LAYOUTS)}, got {params['layout']!r}"
-            )
-        if params["order"] not in (*ORDERS, AUTO):
-            raise ValueError(
-                f"overlap: order must be one of {', '.join(ORDERS)}, auto; got {params['order']!r}"
-            )
-        parse_swizzle(params["swizzle"])  # a one-line ValueError
-        if params["handshake"] not in HANDSHAKES:
-            raise ValueError(
-                f"overlap: handshake must be one of {', '.join(HANDSHAKES)}, "
-                f"got {params['handshake']!r}"
-            )
-        if params["handshake_stream"] not in HANDSHAKE_STREAMS:
-            raise ValueError(
-                f"overlap: handshake_stream must be one of {', '.join(HANDSHAKE_STREAMS)}, "
-                f"got {params['handshake_stream']!r}"
-            )
-        if params["transport"] not in TRANSPORTS:
-            raise ValueError(
-                f"overlap: unknown transport {params['transport']!r}; "
-                "choices: loopback, p2p, nvshmem (empty = loopback on one process, else p2p)"
-            )
+        OverlapParams.from_dict(params).validate(spec, sm_count)
 
     @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
-        transport = params["transport"] or ("p2p" if spec.world_size > 1 else "loopback")
-        if params["handshake_stream"] == "consumer" and (spec.ffn or transport == "loopback"):
-            return (
-                "overlap: handshake_stream=consumer moves the operator step's wait for its peers "
-                "(p2p, nvshmem); loopback has no peers and the layer's dispatch orders its steps"
-            )
-        if params["handshake"] == "barrier":
-            if spec.ffn or transport != "p2p":
-                return (
-                    "overlap: handshake=barrier is the operator step's wait over p2p (the "
-                    "layer's dispatch orders its steps; loopback has no peers; the NVSHMEM "
-                    "backend's handle is not used for it)"
-                )
-        if spec.ffn and params["layout"] not in DEVICE_LAYOUTS:
-            return (
-                f"overlap: layout={params['layout']} is built by the host plan only (operator "
-                "scope); the layer scope's device plan (plan_device.py) builds "
-                f"{' and '.join(DEVICE_LAYOUTS)}"
-            )
-        if spec.ffn and spec.world_size > 1 and params["transport"] == "loopback":
-            return (
-                "overlap's layer scope plays one rank per process: loopback only at W=1; run "
-                "W>1 layer cells with one process per GPU (p2p or nvshmem)"
-            )
-        return None
+        return OverlapParams.from_dict(params).unsupported(spec)
 
-    def setup(self, ranks: list[CellInputs]) -> None:
-        ctx, p = self.ctx, self.params
-        name = p["transport"] or ("loopback" if ctx.world_size == 1 else "p2p")
-        ccta, mgb = _knob("ccta", p["ccta"]), _knob("mgb", p["mgb"])
-        if AUTO in (ccta, mgb):  # host-side pick, before any GPU work
+    def _resolved(self, spec: WorkloadSpec, name: str) -> OverlapParams:
+        """The knobs with every "auto" picked on the host, before any GPU work (the picks and
+        their reasons go to the row: p_*_used, extra["auto"], extra["auto_order"])."""
+        k = OverlapParams.from_dict(self.params)
+        ccta, mgb, order = k.ccta, k.mgb, k.order
+        if AUTO in (ccta, mgb):
             from systems.overlap.autotune import pick
 
-            spec = ranks[0].spec
-            kw = dict(ccta=ccta, mgb=mgb, consumer=p["consumer"])
-            ccta, mgb, why = pick(spec, spec.world_size, name, ctx.sm_count, **kw)
-            self.extra["auto"] = why
-        self.used = {"ccta_used": int(ccta), "mgb_used": int(mgb)}
-        order = p["order"]
+            kw = dict(ccta=ccta, mgb=mgb, consumer=k.consumer)
+            ccta, mgb, self.extra["auto"] = pick(
+                spec, spec.world_size, name, self.ctx.sm_count, **kw
+            )
         if order == AUTO:
             from systems.overlap.autotune import pick_order
 
-            order, why = pick_order(ranks[0].spec, int(p["tile_m"]))
-            self.extra["auto_order"] = why
-        self.used["order_used"] = order
-        knobs = dict(
-            tile_m=int(p["tile_m"]),
-            mgb=int(mgb),
-            ccta=int(ccta),
-            runner_kw={
-                "local_direct": p["local"] == "direct",
-                "order": order,
-                "swizzle": p["swizzle"],
-                "consumer_sms": p["consumer"],
-                "backoff_ns": int(p["backoff_ns"]),
-            },
-        )
-        handshake = dict(handshake=p["handshake"], handshake_stream=p["handshake_stream"])
-        layout = p["layout"]
-        if ranks[0].spec.ffn:
+            order, self.extra["auto_order"] = pick_order(spec, k.tile_m)
+        self.used = {"ccta_used": int(ccta), "mgb_used": int(mgb), "order_used": order}
+        return replace(k, ccta=int(ccta), mgb=int(mgb), order=order)
+
+    def setup(self, ranks: list[CellInputs]) -> None:
+        ctx = self.ctx
+        name = self.params["transport"] or ("loopback" if ctx.world_size == 1 else "p2p")
+        k = self._resolved(ranks[0].spec, name)
+        self.layer = bool(ranks[0].spec.ffn)
+        if self.layer:
             if len(ranks) != 1:
                 raise ValueError("the layer scope needs one process per rank (or W=1)")
-            if layout not in DEVICE_LAYOUTS:  # unsupported() skips these cells before setup
-                raise ValueError(
-                    f"overlap: the layer scope runs layout {' or '.join(DEVICE_LAYOUTS)} only"
-                )
-            self.mode = _Layer(ranks[0], ctx.group, name, layout=layout, **knobs)
-            self.layer = True
-            self._describe(ranks[0])
-            return
-        self.layer = False
-        if name == "loopback":
+            self.mode = _Layer(ranks[0], ctx.group, name, k)
+        elif name == "loopback":
             if ctx.world_size != 1:
                 raise ValueError("loopback plays every rank in one process: run with 1 process")
-            self.mode = _Loopback(ranks, layout=layout, **knobs)
+            self.mode = _Loopback(ranks, k)
         else:
             if len(ranks) != 1 or ctx.world_size < 2:
                 raise ValueError(f"{name} needs one process per rank and at least 2 ranks")
-            self.mode = _Distributed(ranks[0], ctx.group, name, layout=layout, **handshake, **knobs)
+            self.mode = _Distributed(ranks[0], ctx.group, name, k)
         self._describe(ranks[self.mode.busy])
 
     def _describe(self, inp: CellInputs) -> None:
@@ -688,15 +435,11 @@ class OverlapSystem(System):
             return padded_input(inp.x_recv, plan.gather_index)
 
         # outside the timed region: built in setup
-        self.metrics = {"plan_ms": t(host_stage_a)}
+        self.metrics = {"plan_ms": t(host_stage_a), "plan_device_ms": t(device_stage_a)}
         self.extra["plan_ms_scope"] = (
             "outside the timed region (built in setup): host-synchronised build_plan + "
             "padded gather (plan_ms), the device plan + gather (plan_device_ms)"
         )
-        if rk.plan.layout in DEVICE_LAYOUTS:
-            self.metrics["plan_device_ms"] = t(device_stage_a)
-        else:
-            self.extra["plan_ms_scope"] += "; no device plan builds this layout"
 
     # -- runs ----------------------------------------------------------------------------
     def forward(self) -> torch.Tensor:
@@ -710,15 +453,14 @@ class OverlapSystem(System):
         return self.mode.timed()
 
     def compute_only(self) -> torch.Tensor:
-        """Everything timed() does but the communication: producer on ALL SMs without flags,
-        local copy and scale (of the timed rank)."""
+        """Everything timed() does but the communication: producer on ALL SMs without flags
+        (storing the local rows) and scale (of the timed rank)."""
         if self.layer:
             return self.mode.layer.compute_only()
         rk = self.mode.ranks[self.mode.busy]
-        sms = torch.cuda.get_device_properties(rk.x.device).multi_processor_count
-        rk.runner.compute_only(rk.x, rk.y, num_programs=sms)
-        rk.runner.local_copy(rk.y)
-        return rk.scale(rk.runner.transport.recv)
+        return self._compute_shared(
+            torch.cuda.get_device_properties(rk.x.device).multi_processor_count
+        )
 
     def extra_bounds(self) -> dict[str, Any]:
         """compute_shared (operator scope): compute_only with the producer on the SMs the
@@ -730,10 +472,11 @@ class OverlapSystem(System):
             return {}
         return {"compute_shared": self._compute_shared}
 
-    def _compute_shared(self) -> torch.Tensor:
+    def _compute_shared(self, num_programs: int | None = None) -> torch.Tensor:
+        """The timed rank's producer alone without flags on num_programs programs (None: its
+        overlapped grid, SMs - cCTA; consumer=shared: all SMs), then the scale: [T, N]."""
         rk = self.mode.ranks[self.mode.busy]
-        rk.runner.compute_only(rk.x, rk.y)  # its grid: SMs - cCTA (consumer=shared: all SMs)
-        rk.runner.local_copy(rk.y)
+        rk.runner.compute_only(rk.x, rk.y, num_programs=num_programs)
         return rk.scale(rk.runner.transport.recv)
 
     def comm_only(self) -> None:

@@ -1,0 +1,113 @@
+"""The overlap system's parameters: one frozen type with its choices, validation and the reasons
+a valid cell cannot run. Importable without Triton or a GPU (the harness, autotune and plots
+read it on any machine).
+
+  ccta       consumer SMs (consumer=own) or consumer CTAs (shared): an integer or "auto"
+  mgb        bands per segment: an integer >= 1 or "auto"
+  tile_m     the producer's row tile: 64 or 128
+  transport  "" (loopback with one process, p2p with several), loopback, p2p or nvshmem
+  layout     aligned (the paper's remote-aligned rows) or compact (an expert's remote rows of
+             every owner back to back, the local rows filling the padding)
+  order      the producer's visiting order: remote_first (the paper's), expert (each expert's
+             local bands right after its remote ones) or auto (autotune.pick_order)
+  consumer   own (the paper's: cCTA SMs of its own, one big consumer CTA each, the producer on
+             SMs - cCTA) or shared (cCTA small consumer CTAs, kernels/consumer.py
+             shared_consumer_config, next to the producer's CTAs on every SM)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+AUTO = "auto"
+TILE_MS = (64, 128)
+TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
+LAYOUTS = ("aligned", "compact")
+ORDERS = ("remote_first", "expert")
+CONSUMER_SMS = ("own", "shared")
+DTYPES = ("float16", "bfloat16")
+
+
+def _int_or_auto(name: str, value: Any) -> int | str:
+    """An integer knob or "auto"; anything else is a one-line ValueError."""
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"overlap: {name} must be an integer or 'auto', got {value!r}")
+    return value
+
+
+def _choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"overlap: {name} must be one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OverlapParams:
+    """One cell's knobs (the defaults are the paper's setting, order picked per cell)."""
+
+    ccta: int | str = 16
+    mgb: int | str = 1
+    tile_m: int = 128
+    transport: str = ""
+    layout: str = "aligned"
+    order: str = AUTO
+    consumer: str = "own"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OverlapParams:
+        """The params of a mapping (missing keys at their defaults); an unknown key is a
+        one-line ValueError naming the accepted ones."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ValueError(
+                f"overlap has no parameter {', '.join(map(repr, unknown))}; "
+                f"it accepts: {', '.join(sorted(names))}"
+            )
+        return cls(**d)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def transport_for(self, world_size: int) -> str:
+        """The transport that runs: the empty one is loopback at one rank, p2p at several."""
+        return self.transport or ("p2p" if world_size > 1 else "loopback")
+
+    def validate(self, spec: Any, sm_count: int) -> None:
+        """A one-line ValueError for a bad knob or a workload the kernels cannot take (spec: a
+        WorkloadSpec; sm_count 0 = unknown, no upper bound on ccta)."""
+        ccta, mgb = _int_or_auto("ccta", self.ccta), _int_or_auto("mgb", self.mgb)
+        _choice("consumer", self.consumer, CONSUMER_SMS)
+        if self.consumer == "shared":  # the producer keeps every SM: ccta may take them all
+            if ccta != AUTO and (ccta < 1 or (sm_count and ccta > sm_count)):
+                raise ValueError(
+                    f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'}] with consumer=shared"
+                )
+        elif ccta != AUTO and (ccta < 1 or (sm_count and ccta >= sm_count)):
+            raise ValueError(f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'}) or 'auto'")
+        if isinstance(self.tile_m, bool) or self.tile_m not in TILE_MS:
+            raise ValueError(f"overlap: tile_m must be one of {TILE_MS}, got {self.tile_m}")
+        if mgb != AUTO and mgb < 1:
+            raise ValueError(f"overlap: mgb must be >= 1, got {mgb}")
+        _choice("layout", self.layout, LAYOUTS)
+        _choice("order", self.order, (*ORDERS, AUTO))
+        if self.transport not in TRANSPORTS:
+            raise ValueError(
+                f"overlap: unknown transport {self.transport!r}; "
+                "choices: loopback, p2p, nvshmem (empty = loopback on one process, else p2p)"
+            )
+        if spec.dtype not in DTYPES:
+            raise ValueError(f"overlap: dtype must be float16 or bfloat16, got {spec.dtype}")
+        if spec.hidden % 8 or spec.out % 8:
+            raise ValueError("overlap: K and N must be multiples of 8 (16-byte rows)")
+
+    def unsupported(self, spec: Any) -> str | None:
+        """Why a valid cell cannot run (recorded as skipped with this reason), or None."""
+        if spec.ffn and spec.world_size > 1 and self.transport == "loopback":
+            return (
+                "overlap's layer scope plays one rank per process: loopback only at W=1; run "
+                "W>1 layer cells with one process per GPU (p2p or nvshmem)"
+            )
+        return None
