@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 import torch
 
-from benchmarks import fit_autotune as fit
 from harness.records import ResultsTable, Row
 from harness.system import RunContext
 from harness.workload import WorkloadSpec
 from systems.overlap import autotune
+from systems.overlap import autotune_fit as fit
 from systems.overlap import system as osys
 
 

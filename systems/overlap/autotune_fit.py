@@ -1,8 +1,9 @@
 """Fit the ccta/mgb calibration table from overlap sweeps and evaluate it leave-one-workload-out.
 
-    python -m benchmarks.fit_autotune results/reference/h200/overlap_ccta.parquet \
+    python -m systems.overlap.autotune_fit results/reference/h200/overlap_ccta.parquet \
         [--table systems/overlap/autotune_table.csv] [--heldout results/autotune_heldout.parquet]
-    python -m benchmarks.fit_autotune results/ccta_auto.parquet --sm-count 108 --keep-other-gpus
+    python -m systems.overlap.autotune_fit results/ccta_auto.parquet --sm-count 108 \
+        --keep-other-gpus
 
 Every row written carries --sm-count (the SMs of the GPU that measured the sweeps; the rule reads
 the rows of the cell's own SM count where it has some). --keep-other-gpus keeps the rows the
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.measure import SPEC_KEYS
 from systems.overlap.autotune import (
     COLUMNS,
     DEFAULT,
@@ -40,18 +42,7 @@ from systems.overlap.autotune import (
 )
 
 #: columns that identify one workload of a sweep (with its consumer placement)
-WORKLOAD = [
-    "consumer",
-    "transport",
-    "world_size",
-    "tokens_per_rank",
-    "hidden",
-    "out",
-    "experts_per_rank",
-    "top_k",
-    "routing",
-    "dtype",
-]
+WORKLOAD = ["consumer", "transport", "world_size", *SPEC_KEYS]
 
 
 def order_ran(df: pd.DataFrame) -> pd.Series:
@@ -113,6 +104,24 @@ def _latency(grid: pd.DataFrame, ccta: int, mgb: int) -> float:
     return float(hit.median()) if len(hit) else float("nan")
 
 
+def _auto_cells(auto: pd.DataFrame, w: dict) -> dict:
+    """auto_ccta, auto_mgb (the picks used) and auto_ms (median) of the workload's cells run at
+    ccta = mgb = "auto"; -1, -1, NaN where the sweep has none."""
+    out = {"auto_ccta": -1, "auto_mgb": -1, "auto_ms": float("nan")}
+    if auto.empty:
+        return out
+    mask = pd.Series(True, index=auto.index)
+    for col, v in w.items():
+        mask &= auto[col] == v
+    both = auto[mask & (auto["p_ccta"].astype(str) == "auto")]
+    both = both[both["p_mgb"].astype(str) == "auto"]
+    if len(both):
+        r = both.iloc[0]
+        out = {"auto_ccta": int(r["p_ccta_used"]), "auto_mgb": int(r["p_mgb_used"])}
+        out["auto_ms"] = float(both["latency_ms"].median())
+    return out
+
+
 def heldout(
     sweep: pd.DataFrame, auto: pd.DataFrame, sm_count: int, k: int = K_NEAREST
 ) -> pd.DataFrame:
@@ -144,32 +153,14 @@ def heldout(
         }
         row["pick_ratio"] = row["pick_ms"] / best
         row["default_ratio"] = row["default_ms"] / best
-        row["auto_ccta"] = row["auto_mgb"] = -1
-        row["auto_ms"] = float("nan")
-        if not auto.empty:
-            mask = pd.Series(True, index=auto.index)
-            for col, v in w.items():
-                mask &= auto[col] == v
-            both = auto[mask & (auto["p_ccta"].astype(str) == "auto")]
-            both = both[both["p_mgb"].astype(str) == "auto"]
-            if len(both):
-                r = both.iloc[0]
-                row["auto_ccta"], row["auto_mgb"] = int(r["p_ccta_used"]), int(r["p_mgb_used"])
-                row["auto_ms"] = float(both["latency_ms"].median())
+        row |= _auto_cells(auto, w)
         row["auto_ratio"] = row["auto_ms"] / best
         out.append(row)
     return pd.DataFrame(out)
 
 
 SHOW = [
-    "consumer",
-    "transport",
-    "world_size",
-    "tokens_per_rank",
-    "hidden",
-    "out",
-    "experts_per_rank",
-    "routing",
+    *(k for k in WORKLOAD if k not in ("top_k", "dtype")),
     "best_ccta",
     "best_mgb",
     "best_ms",
