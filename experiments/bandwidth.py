@@ -28,7 +28,6 @@ receive regions of the largest cell must fit the device memory, checked before a
 from __future__ import annotations
 
 import itertools
-import time
 from typing import Any
 
 import torch
@@ -37,7 +36,7 @@ import torch.distributed as dist
 from harness.errors import is_comm_failure
 from harness.measure import hash_cell, selected_systems, system_points, unused_knobs
 from harness.preflight import memory_bytes
-from harness.records import Row, command_line, provenance
+from harness.records import Row, cell_row
 from harness.system import RunContext, int_param, list_param
 from harness.timing import barrier, time_fn
 from harness.workload import DTYPES
@@ -249,19 +248,7 @@ def _transport(ctx: RunContext, cfg: Any, cell: dict):
 
 # -- cells ------------------------------------------------------------------------------------
 def _row(ctx: RunContext, cell: dict) -> Row:
-    return Row(
-        experiment=cell["experiment"],
-        system=cell["system"],
-        cell_hash=cell["cell_hash"],
-        world_size=cell["world_size"],
-        out=cell["out"],
-        dtype=cell["dtype"],
-        scope="combine",
-        params=dict(cell["params"]),
-        command=command_line(),
-        timestamp=time.time(),
-        **provenance(),
-    )
+    return cell_row(cell, out=cell["out"], dtype=cell["dtype"], scope="combine")
 
 
 def skip_reason(ctx: RunContext, cell: dict) -> str | None:

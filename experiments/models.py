@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +51,7 @@ from harness.models import (
     model_input,
     owned_inputs,
 )
-from harness.records import Row, command_line, provenance
+from harness.records import Row, cell_row
 from harness.system import RunContext, get_system, int_param, list_param
 from harness.timing import summarize, time_fn
 
@@ -229,11 +228,9 @@ def reference(ctx: RunContext, m: ModelSpec, seed: int) -> Reference:
 
 # -- one cell ---------------------------------------------------------------------------------
 def _row(cell: dict, m: ModelSpec) -> ModelRow:
-    return ModelRow(
-        experiment=cell["experiment"],
-        system=cell["system"],
-        cell_hash=cell["cell_hash"],
-        world_size=cell["world_size"],
+    return cell_row(
+        cell,
+        ModelRow,
         scope="model",
         tokens_per_rank=m.tokens,
         hidden=m.hidden,
@@ -244,10 +241,6 @@ def _row(cell: dict, m: ModelSpec) -> ModelRow:
         routing="router",
         dtype=m.dtype,
         model=m.name,
-        params=dict(cell["params"]),
-        command=command_line(),
-        timestamp=time.time(),
-        **provenance(),
     )
 
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from typing import Any
 
 import torch
 
 from harness.measure import hash_cell, selected_systems, system_points, unused_knobs
-from harness.records import Row, command_line, provenance
+from harness.records import Row, cell_row
 from harness.routing import imbalance
 from harness.system import RunContext, int_param
 from harness.workload import WorkloadSpec, routing_of
@@ -163,11 +162,9 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
     spec = _spec(cell)
     counts, imb = counts_of(spec)
     return [
-        Row(
-            experiment=cell["experiment"],
-            system=cell["system"],
+        cell_row(
+            cell,
             impl="exact count (systems.overlap.plan.padding_rows)",
-            cell_hash=cell["cell_hash"],
             world_size=spec.world_size,
             transport="none",
             tokens_per_rank=spec.tokens_per_rank,
@@ -176,11 +173,7 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
             routing=spec.routing,
             imbalance_rank=imb["imbalance_rank"],
             imbalance_expert=imb["imbalance_expert"],
-            params=dict(cell["params"]),
             extra=json.dumps({"definition": DEFINITION, "seed": spec.seed}),
             metrics=padding_metrics(counts, spec.experts_per_rank, cell["params"]["tile_m"]),
-            command=command_line(),
-            timestamp=time.time(),
-            **provenance(),
         )
     ]

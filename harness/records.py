@@ -197,6 +197,23 @@ def command_line() -> str:
     return " ".join([Path(sys.executable).name, "-m", "harness.run", *sys.argv[1:]])
 
 
+def cell_row(cell: dict, row_type: type[Row] = Row, **fields: Any) -> Row:
+    """A row of `cell` (its experiment, system, hash, W and params) with this process's
+    command, time and provenance, and `fields` for the rest."""
+    import time
+
+    return row_type(
+        **{"world_size": cell.get("world_size", 1), **fields},
+        experiment=cell["experiment"],
+        system=cell["system"],
+        cell_hash=cell["cell_hash"],
+        params=dict(cell["params"]),
+        command=command_line(),
+        timestamp=time.time(),
+        **provenance(),
+    )
+
+
 #: columns a table needs for the runner to resume from it
 KEY_COLUMNS = ("experiment", "system", "cell_hash", "status")
 #: a plain re-run keeps these rows (and measures `error` cells again); redo_failed keeps fewer
