@@ -27,7 +27,7 @@ from harness.errors import CommFailure, is_comm_failure
 from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
 from harness.reference import dispatch, dispatch_local, reference_local
-from harness.system import CellInputs, RunContext, get_system, registry
+from harness.system import CellInputs, RunContext, get_system
 from harness.timing import count_host_syncs, summarize, time_fn
 from harness.workload import (
     WorkloadSpec,
@@ -44,9 +44,6 @@ LAYER_RATIO_NOTE = (
     "exchange, sort and host sync, so they do not partition the timed region"
 )
 SPEC_KEYS = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "routing", "dtype")
-#: workload axes that enter a cell (and its hash) only when not at their default, so the
-#: hashes of tables made before the axis existed stay valid
-OPTIONAL_KEYS = {"ffn": 0}
 
 
 def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
@@ -97,15 +94,6 @@ def unused_knobs(experiment: str, system: str, params: dict[str, Any], used: tup
         )
 
 
-def hashed_params(system: str, params: dict[str, Any]) -> dict[str, Any]:
-    """The params that enter a cell's hash: all but the system's HASH_OPTIONAL knobs at the
-    value tables were measured with before the knob existed (so those tables still resume).
-    A cell that is no registered system (e.g. bandwidth's NCCL reference) hashes them all."""
-    info = registry().get(system)
-    optional = info.load().HASH_OPTIONAL if info else {}
-    return {k: v for k, v in params.items() if not (k in optional and v == optional[k])}
-
-
 def selected_systems(cfg: Any) -> dict[str, Any]:
     """The experiment's systems (name -> SystemConf), narrowed to `experiment.select` if set."""
     systems = dict(cfg.experiment.systems)
@@ -132,8 +120,7 @@ def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
             "warmup": int(m.warmup),
             "iters": int(m.iters),
             "tol": float(m.tol),
-            # only when set, so the hashes of tables made before rounds existed stay valid
-            **({"rounds": int(m.rounds)} if int(m.get("rounds", 1)) != 1 else {}),
+            "rounds": int(m.rounds),
         },
         "hardware": {"name": hw.name, "device": hw.device, "backend": hw.backend},
         "processes": process_world,
@@ -142,8 +129,6 @@ def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
 
 def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
     """The cell hash: the cell (workload, system, params, seed) and the run settings."""
-    if "params" in cell and "system" in cell:
-        cell = {**cell, "params": hashed_params(cell["system"], cell["params"])}
     return cell_hash({**cell, "run": run_settings(cfg, process_world)})
 
 
@@ -158,7 +143,7 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
     """
     g = cfg.experiment.grid
     worlds = list(g.world_size) or [process_world]
-    axes = {k: list(getattr(g, k)) for k in (*SPEC_KEYS, *OPTIONAL_KEYS)}
+    axes = {k: list(getattr(g, k)) for k in (*SPEC_KEYS, "ffn")}
     systems = selected_systems(cfg)
     points = {name: system_points(name, conf) for name, conf in systems.items()}
     cells = []
@@ -171,9 +156,6 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
             if base in seen:
                 continue
             seen.append(dict(base))
-        for key, default in OPTIONAL_KEYS.items():
-            if base[key] == default:
-                del base[key]
         order = list(systems)
         rng.shuffle(order)
         for system in order:
@@ -191,13 +173,8 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
 
 
 def spec_of(cell: dict) -> WorkloadSpec:
-    optional = {k: cell.get(k, d) for k, d in OPTIONAL_KEYS.items()}
-    return WorkloadSpec(
-        world_size=cell["world_size"],
-        seed=cell["seed"],
-        **{k: cell[k] for k in SPEC_KEYS},
-        **optional,
-    )
+    keys = ("world_size", "seed", *SPEC_KEYS, "ffn")
+    return WorkloadSpec(**{k: cell[k] for k in keys})
 
 
 def validate_cells(cells: list[dict], sm_count: int) -> None:
@@ -209,8 +186,8 @@ def validate_cells(cells: list[dict], sm_count: int) -> None:
 
 def base_row(cell: dict, spec: WorkloadSpec) -> Row:
     imb = imbalance_of(spec)
-    fields = {k: cell[k] for k in ("experiment", "system", "cell_hash", "world_size", *SPEC_KEYS)}
-    fields.update({k: cell.get(k, d) for k, d in OPTIONAL_KEYS.items()})
+    keys = ("experiment", "system", "cell_hash", "world_size", *SPEC_KEYS, "ffn")
+    fields = {k: cell[k] for k in keys}
     return Row(
         **fields,
         imbalance_rank=imb["imbalance_rank"],

@@ -99,10 +99,6 @@ class System:
     layer_scope: ClassVar[bool] = False
     #: the system's own knobs and their defaults; an experiment may set only these keys
     PARAMS: ClassVar[dict[str, Any]] = {}
-    #: PARAMS keys left out of a cell's hash (rows still carry them) at the value given here: knobs
-    #: added after tables were measured with that value (what the system did before the knob),
-    #: so those tables still resume; at any other value, the default included, the knob enters
-    HASH_OPTIONAL: ClassVar[dict[str, Any]] = {}
     #: can ONE process play every rank of a cell (loopback)? If not, a cell whose W differs
     #: from the number of processes is recorded as skipped with the reason.
     simulates_ranks: ClassVar[bool] = False
