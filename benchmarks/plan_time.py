@@ -3,14 +3,16 @@
 Table 2 shapes (tokens per rank 8192 / 16384, top-2, W=4 logical, E in {4..64}, K=2048,
 N=8192, three routings), the plan of one rank (rank 0 by default: the hottest under skew).
   plan_ms         systems.overlap.plan.build_plan on device-resident layout arrays (its one
-                  host sync included), CUDA events (host clock on the CPU), warm-up, median
+                  host sync included)
   plan_dev_ms     systems.overlap.plan_device.build_plan_device on the same arrays (no host
                   sync; worst-case sized): the stage-A cost inside a timed step
   input_dev_ms    padded_input_device: the padded GEMM input X [P', K] from x_recv (one kernel)
-  dev_plan_ok     the device plan's valid prefixes equal build_plan's (checked once, untimed)
+  dev_plan_ok     the device plan equals build_plan's (checked before timing; else an error)
   gemm_ms         the expert GEMM on the same rows, unpadded (harness.experts.expert_gemm:
                   torch._grouped_mm bf16 on Hopper, per-expert matmul elsewhere)
-  gemm_padded_ms  the same GEMM on the plan's padded layout (P rows)
+  gemm_padded_ms  the same GEMM on the plan's padded layout (P rows), its valid rows checked
+                  against float32 first
+Times: harness.timing.time_fn (eager), warm-up, median (p10, p90).
 Usage:
   python -m benchmarks.plan_time                        # GPU, Table 2 shapes
   python -m benchmarks.plan_time --device cpu --small   # quick check anywhere (the device plan's
@@ -21,9 +23,8 @@ Writes $OUT/plan_time.parquet (or --out) and prints a short table last.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
-import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -31,9 +32,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from harness.check import check
 from harness.experts import expert_gemm, expert_gemm_impl
 from harness.layout import rank_layout
+from harness.measure import SPEC_KEYS
 from harness.routing import ROUTINGS
+from harness.timing import time_fn
 from harness.workload import WorkloadSpec, imbalance_of
 from systems.overlap.plan import build_plan
 
@@ -41,36 +45,24 @@ FULL = {"tokens": [8192, 16384], "experts": [4, 8, 16, 32, 64], "hidden": 2048, 
 SMALL = {"tokens": [128, 256], "experts": [4, 8], "hidden": 64, "out": 128}
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> list[float]:
-    """Per-iteration times (ms) of fn(): CUDA events on the GPU, the host clock on the CPU."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            out.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
-    return out
+def _ms(fn: Callable[[], object], device: torch.device, warmup: int, iters: int):
+    """harness.timing.time_fn, eager: (median, p10, p90) ms of fn()."""
+    t = time_fn(fn, device=device, warmup=warmup, iters=iters)
+    return t.median_ms, t.p10_ms, t.p90_ms
 
 
-def _summary(ms: list[float]) -> tuple[float, float, float]:
-    q = sorted(ms)
-    return statistics.median(q), q[len(q) // 10], q[min(len(q) - 1, (9 * len(q)) // 10)]
+def _reference(x: torch.Tensor, lay, w: torch.Tensor) -> torch.Tensor:
+    """Each received row x [R, K] times its expert's weights w [E, K, N], in float32: [R, N]."""
+    exp = lay.recv_expert.to(x.device)
+    ref = torch.empty(x.shape[0], w.shape[2], device=x.device)
+    for e in range(w.shape[0]):
+        ref[exp == e] = x[exp == e].float() @ w[e].float()
+    return ref
 
 
-def gemm_times(
-    plan, lay, spec: WorkloadSpec, device: torch.device, warmup: int, iters: int
-) -> tuple[list[float], list[float], str]:
-    """Expert GEMM times on the rows of one rank [R, K] x [E, K, N], unpadded and padded [P, K]."""
+def gemm_times(plan, lay, spec: WorkloadSpec, device, warmup: int, iters: int) -> dict:
+    """Expert GEMM times on the rows of one rank [R, K] x [E, K, N], unpadded and padded [P, K];
+    the padded GEMM's valid rows are checked against the float32 reference first."""
     E, K, N = spec.experts_per_rank, spec.hidden, spec.out
     g = torch.Generator(device=device).manual_seed(plan.rank)
     w = (torch.randn(E, K, N, generator=g, device=device) * K**-0.5).to(spec.torch_dtype)
@@ -79,110 +71,64 @@ def gemm_times(
     xp[plan.row_pos] = x
     counts = lay.expert_counts.tolist()
     padded_counts = plan.expert_row_start.diff().tolist()
-    gemm = time_ms(partial(expert_gemm, x, counts, w), device, warmup, iters)
-    gemm_pad = time_ms(partial(expert_gemm, xp, padded_counts, w), device, warmup, iters)
-    return gemm, gemm_pad, expert_gemm_impl(x, w)
+    res = check(expert_gemm(xp, padded_counts, w)[plan.row_pos], _reference(x, lay, w))
+    if not res.ok:
+        raise RuntimeError(f"plan_time: the padded GEMM's rows are wrong: {res.message}")
+    return {
+        "gemm_ms": _ms(partial(expert_gemm, x, counts, w), device, warmup, iters)[0],
+        "gemm_padded_ms": _ms(partial(expert_gemm, xp, padded_counts, w), device, warmup, iters)[0],
+        "gemm_impl": expert_gemm_impl(x, w),
+    }
 
 
-def device_plan_times(
-    plan, src, exp, dst, send_counts, spec: WorkloadSpec, device, warmup: int, iters: int
-) -> dict:
-    """build_plan_device and padded_input_device times on the same rows as `plan` (build_plan's),
-    and whether the device plan equals it (checked once, outside the timing)."""
+def device_plan_times(plan, args: tuple, kw: dict, spec: WorkloadSpec, device, warmup, iters):
+    """build_plan_device and padded_input_device times on the same rows as `plan` (build_plan's,
+    the reference), once the device plan is checked equal to it (else a RuntimeError)."""
     from systems.overlap.plan_device import build_plan_device, padded_input_device
 
-    kw = dict(
-        world_size=plan.world_size,
-        rank=plan.rank,
-        experts_per_rank=plan.experts_per_rank,
-        tile_m=plan.tile_m,
-        mgb=plan.mgb,
-        out_cols=plan.out_cols,
-        elem_bytes=plan.elem_bytes,
-        send_counts=send_counts,
-    )
-
-    def fn():
-        return build_plan_device(src, exp, dst, **kw)
-
-    dev_ms = time_ms(fn, device, warmup, iters)
-    dplan = fn()
+    dplan = build_plan_device(*args, **kw)
     host = dplan.to_host_plan()
-    ok = all(
-        torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
-        for a, b in ((getattr(plan, k), getattr(host, k)) for k in vars(plan))
-        if a is not None
-    )
+    for k in vars(plan):
+        a, b = getattr(plan, k), getattr(host, k)
+        if a is not None and not (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b):
+            raise RuntimeError(f"plan_time: the device plan's {k} differs from build_plan's")
+    d50, d10, d90 = _ms(partial(build_plan_device, *args, **kw), device, warmup, iters)
     x_recv = torch.randn(plan.n_rows, spec.hidden, device=device).to(spec.torch_dtype)
     xp = torch.empty(dplan.max_padded, spec.hidden, device=device, dtype=spec.torch_dtype)
-    in_ms = time_ms(partial(padded_input_device, x_recv, dplan, xp), device, warmup, iters)
-    d50, d10, d90 = _summary(dev_ms)
+    fill = partial(padded_input_device, x_recv, dplan, xp)
     return {
         "plan_dev_ms": d50,
         "plan_dev_p10_ms": d10,
         "plan_dev_p90_ms": d90,
-        "input_dev_ms": _summary(in_ms)[0],
-        "dev_plan_ok": bool(ok),
+        "input_dev_ms": _ms(fill, device, warmup, iters)[0],
+        "dev_plan_ok": True,
         "max_padded": dplan.max_padded,
         "max_bands": dplan.max_bands,
         "max_segments": dplan.max_segments,
     }
 
 
-def bench_one(
-    spec: WorkloadSpec,
-    rank: int,
-    tile_m: int,
-    mgb: int,
-    device: torch.device,
-    warmup: int,
-    iters: int,
-) -> dict:
+def bench_one(spec: WorkloadSpec, rank: int, tile_m: int, mgb: int, device, warmup, iters):
     """Plan build time and GEMM times of one rank of one cell."""
     lay = rank_layout(spec, rank)
-    src, exp, dst = (t.to(device) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
-    send_counts = lay.send_counts.to(device)
+    args = tuple(t.to(device) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
     elem = torch.empty(0, dtype=spec.torch_dtype).element_size()
-
-    def plan_fn():
-        return build_plan(
-            src,
-            exp,
-            dst,
-            world_size=spec.world_size,
-            rank=rank,
-            experts_per_rank=spec.experts_per_rank,
-            tile_m=tile_m,
-            mgb=mgb,
-            out_cols=spec.out,
-            elem_bytes=elem,
-            send_counts=send_counts,
-        )
-
-    plan_ms = time_ms(plan_fn, device, warmup, iters)
-    plan = plan_fn()
-    dev = device_plan_times(plan, src, exp, dst, send_counts, spec, device, warmup, iters)
-    gemm_ms, gemm_pad_ms, impl = gemm_times(plan, lay, spec, device, warmup, iters)
+    kw = dict(world_size=spec.world_size, rank=rank, experts_per_rank=spec.experts_per_rank)
+    kw |= dict(tile_m=tile_m, mgb=mgb, out_cols=spec.out, elem_bytes=elem)
+    kw["send_counts"] = lay.send_counts.to(device)
+    plan = build_plan(*args, **kw)
+    dev = device_plan_times(plan, args, kw, spec, device, warmup, iters)
+    p50, p10, p90 = _ms(partial(build_plan, *args, **kw), device, warmup, iters)
+    gemm = gemm_times(plan, lay, spec, device, warmup, iters)
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    p50, p10, p90 = _summary(plan_ms)
-    E, K, N = spec.experts_per_rank, spec.hidden, spec.out
-    g50, gp50 = _summary(gemm_ms)[0], _summary(gemm_pad_ms)[0]
-    imb = imbalance_of(spec)
     return {
         "device": device.type,
         "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch_version": torch.__version__,
-        "world_size": spec.world_size,
+        **{k: getattr(spec, k) for k in ("world_size", *SPEC_KEYS)},
         "rank": rank,
-        "tokens_per_rank": spec.tokens_per_rank,
-        "experts_per_rank": E,
-        "top_k": spec.top_k,
-        "hidden": K,
-        "out": N,
-        "dtype": spec.dtype,
-        "routing": spec.routing,
-        "imbalance_rank": imb["imbalance_rank"],
+        "imbalance_rank": imbalance_of(spec)["imbalance_rank"],
         "tile_m": tile_m,
         "mgb": mgb,
         "rows": plan.n_rows,
@@ -194,10 +140,8 @@ def bench_one(
         "plan_ms": p50,
         "plan_p10_ms": p10,
         "plan_p90_ms": p90,
-        "gemm_ms": g50,
-        "gemm_padded_ms": gp50,
-        "gemm_impl": impl,
-        "plan_over_gemm": p50 / g50 if g50 > 0 else float("nan"),
+        **gemm,
+        "plan_over_gemm": p50 / gemm["gemm_ms"] if gemm["gemm_ms"] > 0 else float("nan"),
         **dev,
         "warmup": warmup,
         "iters": iters,
@@ -226,54 +170,27 @@ def main() -> None:
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     rows = []
     warm = True  # one discarded cell first: allocator, kernels and library handles warm up
-    for tokens in shapes["tokens"]:
-        for E in shapes["experts"]:
-            for routing in ROUTINGS:
-                spec = WorkloadSpec(
-                    tokens_per_rank=tokens,
-                    hidden=shapes["hidden"],
-                    out=shapes["out"],
-                    experts_per_rank=E,
-                    top_k=2,
-                    world_size=args.world_size,
-                    routing=routing,
-                    dtype=dtype,
-                )
-                if warm:
-                    bench_one(spec, args.ranks[0], args.tile_m, args.mgb, device, 1, 1)
-                    warm = False
-                for rank in args.ranks:
-                    r = bench_one(
-                        spec, rank, args.tile_m, args.mgb, device, args.warmup, args.iters
-                    )
-                    rows.append(r)
-                    print(
-                        f"[plan_time] T={tokens} E={E} {routing} rank {rank}: plan "
-                        f"{r['plan_ms']:.3f} ms, device plan {r['plan_dev_ms']:.4f} ms "
-                        f"(equal: {r['dev_plan_ok']}), gemm {r['gemm_ms']:.3f} ms",
-                        flush=True,
-                    )
+    for tokens, E, routing in itertools.product(shapes["tokens"], shapes["experts"], ROUTINGS):
+        spec = WorkloadSpec(
+            tokens, shapes["hidden"], shapes["out"], E, 2, args.world_size, routing, dtype=dtype
+        )
+        if warm:
+            bench_one(spec, args.ranks[0], args.tile_m, args.mgb, device, 1, 1)
+            warm = False
+        for rank in args.ranks:
+            r = bench_one(spec, rank, args.tile_m, args.mgb, device, args.warmup, args.iters)
+            rows.append(r)
+            print(
+                f"[plan_time] T={tokens} E={E} {routing} rank {rank}: plan {r['plan_ms']:.3f} ms,"
+                f" device plan {r['plan_dev_ms']:.4f} ms, gemm {r['gemm_ms']:.3f} ms",
+                flush=True,
+            )
     df = pd.DataFrame(rows)
     out = Path(args.out or Path(os.environ.get("OUT", ".")) / "plan_time.parquet")
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out, index=False)
-    cols = [
-        "tokens_per_rank",
-        "experts_per_rank",
-        "routing",
-        "rank",
-        "rows",
-        "pad_share",
-        "bands",
-        "segments",
-        "plan_ms",
-        "plan_dev_ms",
-        "input_dev_ms",
-        "dev_plan_ok",
-        "gemm_ms",
-        "gemm_padded_ms",
-        "plan_over_gemm",
-    ]
+    cols = "tokens_per_rank experts_per_rank routing rank rows pad_share bands segments plan_ms"
+    cols = [*cols.split(), "plan_dev_ms", "input_dev_ms", "gemm_ms", "gemm_padded_ms"]
     print(f"[plan_time] wrote {len(df)} rows to {out}; gemm impl: {', '.join(set(df.gemm_impl))}")
     with pd.option_context("display.width", 200, "display.max_rows", 100):
         print(df[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))

@@ -15,7 +15,11 @@ hide.
 One process: W > 1 cells are played on one GPU (loopback, a proxy). Under torchrun, one process
 per GPU: every rank profiles its own timeline and rank 0 prints and writes them all.
 
-Usage: python -m benchmarks.step_profile [--steps 20] [--out DIR] -- <overrides>
+With --idle it prints instead, per cell, the device's idle time per step (the span of the
+kernels minus their union over every stream) and the kernels the longest gaps come before: the
+host's share of a step that synchronises inside (the layer scope's dispatch).
+
+Usage: python -m benchmarks.step_profile [--steps 20] [--out DIR] [--idle] -- <overrides>
        torchrun --nproc-per-node 2 -m benchmarks.step_profile [--steps 20] [--out DIR] -- <...>
 Writes DIR/step_profile.parquet (one row per cell, rank and part).
 """
@@ -26,16 +30,113 @@ import argparse
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import pandas as pd
 import torch
 import torch.distributed as dist
-
-from benchmarks.profiling import busy_union, marked_kernels, split_steps
+from torch.profiler import ProfilerActivity, profile
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def busy_union(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by [start, end) intervals (any order, overlaps counted once)."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 8) -> dict:
+    """Device idle time of one step's kernel timeline [(start_us, end_us, name)] (every
+    stream): span (first start to last end), busy (union of the kernels), idle = span - busy,
+    and `gaps`: {kernel name: idle us just before it}, longest first (the `top` longest)."""
+    if not kernels:
+        return {"span_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "gaps": {}}
+    ks = sorted(kernels)
+    span = max(e for _, e, _ in ks) - ks[0][0]
+    busy = busy_union([(s, e) for s, e, _ in ks])
+    gaps: dict[str, float] = {}
+    end = ks[0][1]
+    for s, e, name in ks[1:]:
+        if s > end:
+            gaps[name] = gaps.get(name, 0.0) + s - end
+        end = max(end, e)
+    top_gaps = dict(sorted(gaps.items(), key=lambda kv: -kv[1])[:top])
+    return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "gaps": top_gaps}
+
+
+#: torch.cuda._sleep's kernel (demangled "at::cuda::(anonymous namespace)::spin_kernel(long)"):
+#: the step boundaries of device_idle
+MARKER = "spin_kernel"
+
+
+def split_steps(kernels: list[tuple[float, float, str]]) -> list[list[tuple[float, float, str]]]:
+    """One list per step: its MARKER kernel, the kernels up to the next marker, and that next
+    marker renamed "(next step)" (so the host's time between steps counts as idle there);
+    kernels before the first marker and after the last are dropped."""
+    steps: list[list] = []
+    for k in sorted(kernels):
+        if MARKER in k[2]:
+            if steps:
+                steps[-1].append((k[0], k[1], "(next step)"))
+            steps.append([k])
+        elif steps:
+            steps[-1].append(k)
+    return steps[:-1]
+
+
+def marked_kernels(
+    step: Callable[[], object], calls: int, warmup: int = 3
+) -> list[tuple[float, float, str]]:
+    """Every device kernel [(start_us, end_us, name)] of `calls` back-to-back calls of `step`
+    under torch.profiler, each behind a 1-cycle MARKER kernel (split_steps cuts them), after
+    `warmup` unprofiled calls."""
+    from torch.autograd import DeviceType
+
+    def marked():
+        torch.cuda._sleep(1)
+        step()
+
+    for _ in range(warmup):
+        marked()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            marked()
+        torch.cuda.synchronize()
+    return [
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    ]
+
+
+def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int = 8) -> dict:
+    """idle_gaps of `reps` back-to-back steps (torch.profiler, device activity only; a 1-cycle
+    marker kernel starts each step): the median step's span_us, busy_us, idle_us, and gaps
+    summed over the steps and divided by reps (us per step before each kernel name)."""
+    ks = marked_kernels(step, reps + 1, warmup)  # the last marker closes the last step
+    per = [idle_gaps(k, top=10**6) for k in split_steps(ks)[1:]]  # the 1st: profiler start
+    if not per:
+        names = sorted({k[2][:80] for k in ks})[:12]
+        raise RuntimeError(f"device_idle: no {MARKER} step markers among the kernels {names}")
+    mid = sorted(per, key=lambda r: r["idle_us"])[len(per) // 2]
+    gaps: dict[str, float] = {}
+    for r in per:
+        for name, us in r["gaps"].items():
+            gaps[name] = gaps.get(name, 0.0) + us / len(per)
+    out = {k: mid[k] for k in ("span_us", "busy_us", "idle_us")}
+    out["gaps"] = dict(sorted(gaps.items(), key=lambda kv: -kv[1])[:top])
+    out["steps"] = len(per)
+    return out
+
 
 #: part -> substrings of the kernel names that make it (the first match wins)
 PARTS = {
@@ -133,69 +234,95 @@ def _context():
     return RunContext(rank, world, dev, None, "nccl"), world
 
 
-def _fail(message: str) -> None:
+def fail(message: str) -> None:
     """Bad input: one line on stderr, exit code 2 (as harness.run)."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
 
-def main() -> None:
+def prepared_cells(overrides: list[str], who: str):
+    """Yield (ctx, world, cell name, cell, prepared cell or its not-ok Row) for every cell of
+    the composed grid, set up and checked as harness.measure does; one line for bad input."""
     from hydra import compose, initialize_config_dir
 
     from harness import measure
     from harness.config import register_configs
     from harness.errors import HarnessUserError
+    from harness.preflight import preflight
+
+    if not torch.cuda.is_available():
+        fail(f"{who} profiles CUDA kernels: it needs a CUDA GPU")
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    try:  # the harness's own checks, before any process group
+        preflight(cfg, int(os.environ.get("WORLD_SIZE", 1)), table=False)
+    except HarnessUserError as exc:
+        fail(str(exc))
+    ctx, world = _context()
+    for cell in measure.expand_grid(cfg, world):
+        name = f"{cell['system']} {cell['params']} E={cell['experts_per_rank']} "
+        name += f"N={cell['out']} {cell['routing']}"
+        yield ctx, world, name, cell, measure.prepare_cell(ctx, cfg, cell)
+    dist.destroy_process_group()
+
+
+def idle_report(fn, steps: int) -> str:
+    """The device's idle time per eager step of fn and its longest gaps."""
+    r = device_idle(fn, steps)
+    head = (
+        f"device, median of {r['steps']} steps: span {r['span_us']:.1f} us, busy "
+        f"{r['busy_us']:.1f}, idle {r['idle_us']:.1f} "
+        f"({r['idle_us'] / max(r['span_us'], 1e-9):.1%}); idle us per step before:"
+    )
+    return "\n".join([head, *(f"  {us:7.1f} us  {k[:100]}" for k, us in r["gaps"].items())])
+
+
+def _show(name: str, found: pd.DataFrame) -> None:
+    """Print one cell's parts per rank and its derived waits."""
+    show = found.pivot_table(index=["rank", "part"], values=["start_us", "end_us", "busy_us"])
+    waits = found.groupby("rank")[[c for c in ("lead_us", "tail_us", "after_us") if c in found]]
+    print(f"== {name}\n{show.round(1).to_string()}", flush=True)
+    if waits.ngroups and len(waits.first().columns):
+        print(waits.first().round(1).to_string(), flush=True)
+
+
+def main() -> None:
     from harness.records import Row, provenance
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="", help="folder for step_profile.parquet")
+    ap.add_argument("--idle", action="store_true", help="the device's idle time per step")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     if args.steps < 1:
-        _fail(f"--steps must be >= 1, got {args.steps}")
-    if not torch.cuda.is_available():
-        _fail("step_profile profiles CUDA kernels: it needs a CUDA GPU")
-    register_configs()
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=args.overrides)
-    try:  # the harness's own checks, before any process group: one line for bad input
-        from harness.preflight import preflight
-
-        preflight(cfg, int(os.environ.get("WORLD_SIZE", 1)), table=False)
-    except HarnessUserError as exc:
-        _fail(str(exc))
-    ctx, world = _context()
+        fail(f"--steps must be >= 1, got {args.steps}")
     rows: list[dict] = []
-    for cell in measure.expand_grid(cfg, world):
-        name = f"{cell['system']} {cell['params']} E={cell['experts_per_rank']} "
-        name += f"N={cell['out']} {cell['routing']}"
-        p = measure.prepare_cell(ctx, cfg, cell)
+    for ctx, world, name, cell, p in prepared_cells(args.overrides, "step_profile"):
+        ok = not isinstance(p, Row)
+        if ok and args.idle:
+            print(f"== {name} (rank {ctx.rank})\n{idle_report(p.system.timed, args.steps)}")
+            continue
         got = None
-        if not isinstance(p, Row):
+        if ok:
             parts = median_parts(profile_steps(p.system.timed, args.steps))
             got = cell_rows(cell, ctx.rank, world, parts, provenance())
-        every = [None] * world
+        every = [got]
         if world > 1:
+            every = [None] * world
             dist.all_gather_object(every, got)
-        else:
-            every = [got]
         if ctx.rank != 0:
             continue
-        if isinstance(p, Row):
+        if not ok:
             print(f"== {name}: {p.status} {p.reason}", flush=True)
             continue
         found = pd.DataFrame([r for rank_rows in every if rank_rows for r in rank_rows])
         rows += found.to_dict("records")
-        show = found.pivot_table(index=["rank", "part"], values=["start_us", "end_us", "busy_us"])
-        waits = found.groupby("rank")[[c for c in ("lead_us", "tail_us", "after_us") if c in found]]
-        print(f"== {name}\n{show.round(1).to_string()}", flush=True)
-        if waits.ngroups and len(waits.first().columns):
-            print(waits.first().round(1).to_string(), flush=True)
-    if ctx.rank == 0 and args.out and rows:
+        _show(name, found)
+    if rows and args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_parquet(Path(args.out) / "step_profile.parquet", index=False)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
