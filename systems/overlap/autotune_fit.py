@@ -207,16 +207,16 @@ def main(argv: list[str] | None = None) -> int:
             old = pd.read_csv(args.table)
             old = old[old["sm_count"] != args.sm_count]
             table = pd.concat([old, table], ignore_index=True)[table.columns]
-            print(f"[fit_autotune] kept {len(old)} rows of other SM counts")
+            print(f"[autotune_fit] kept {len(old)} rows of other SM counts")
         table.to_csv(args.table, index=False)
-        print(f"[fit_autotune] wrote {args.table}")
+        print(f"[autotune_fit] wrote {args.table}")
     res = heldout(sweep, auto, args.sm_count, args.k)
     Path(args.heldout).parent.mkdir(parents=True, exist_ok=True)
     res.to_parquet(args.heldout, index=False)
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(res[SHOW].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print(f"k={args.k}: " + summary(res))
-    print(f"[fit_autotune] wrote {args.heldout}")
+    print(f"[autotune_fit] wrote {args.heldout}")
     return 0
 
 
