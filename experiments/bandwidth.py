@@ -176,7 +176,7 @@ def sizes(cell: dict, ccta: int) -> tuple[int, int, int]:
 def sender_plan(me: int, world: int, rows_per_seg: int, n_seg: int, device: torch.device):
     """Rank `me`'s plan: segment i = one band of rows_per_seg rows to peer i mod (W-1); each
     source writes its own region of a receiver's buffer (rows me * n_seg * rows_per_seg on)."""
-    from systems.overlap.testing import synthetic_plan
+    from systems.overlap.plan import plan_from_rows as synthetic_plan
 
     peers = [d for d in range(world) if d != me]
     rows = [[0] * world for _ in range(n_seg)]

@@ -1,10 +1,10 @@
 """Stage A of the method: remote-aligned row layout, remote-first schedule, combine plan.
 
-Pure torch, vectorised, identical on CPU and GPU; every tensor of a plan lives on the inputs'
-device. ONE host synchronisation per plan: the `.tolist()` of five sizes (padded rows P, bands B,
-remote bands, segments S, local rows L) in `build_plan`, needed to size the outputs. Everything
-after it passes `output_size` to repeat_interleave and uses scatter/index_add instead of
-bincount/nonzero/boolean masks, so nothing else waits for the device.
+`build_plan` (pure torch, vectorised, identical on CPU and GPU) and
+plan_device.build_plan_device (Triton, no host synchronisation) return the same CombinePlan.
+The host builder makes ONE host synchronisation: the `.tolist()` of the sizes, needed to size
+its outputs exactly; everything else passes `output_size` to repeat_interleave and uses
+scatter/index_add instead of bincount/nonzero/boolean masks.
 
 Terms (W ranks, E local experts, tile height tile_m, this rank = `rank`):
   row      one (token, slot) pair this rank's experts compute: x_recv[i], i in [0, R)
@@ -30,35 +30,23 @@ Terms (W ranks, E local experts, tile height tile_m, this rank = `rank`):
            (seg_src_row ...) and ONE contiguous range of the destination's receive buffer
            (seg_offset ...). A middle segment can hold fewer than mgb bands at a cut.
 
-Local rows are never sent: they are copied from Y into this rank's own receive buffer at
-local_dst_index. The scale step is harness.reference.scale over that full buffer [S_rows, N].
-
-layout="packed" (beyond the paper; build_plan(..., layout="packed")): per expert e,
-X_e = [ALL remote groups back to back, owners ascending, padded ONCE with zero rows to a
-multiple of tile_m][local group last, NOT padded], so an expert pads at most tile_m - 1 rows
-(packed_padding_rows counts them). A remote band may then hold rows of several owners; a
-*piece* is the rows of one owner in one band (contiguous in Y and, since an owner's rows of an
-expert are consecutive in its buffer, contiguous at the destination). Pieces are ordered like
-the send: remote bands in schedule order, owners ascending inside a band; the pieces of one
-group are consecutive in that order. Segments are built over pieces exactly as over bands in
-the aligned layout (first / last single, middle mgb, cut where the group changes), so a segment
-is still one contiguous range of Y and of one destination. Local bands never mix with remote
-rows (the remote part is padded before the local group), so the local copy is unchanged.
+Local rows are never sent: the producer's epilogue stores them straight into this rank's own
+receive buffer at row_dst. The scale step is harness.reference.scale over that full buffer.
 
 layout="compact" (beyond the paper): per expert e, X_e = [ALL remote groups back to back, owners
-ascending][local group], with NO zero rows at all (P = R): the local rows fill what the packed
-layout pads. The expert's bands are then exactly torch._grouped_mm's row tiles of that expert
-(ceil((remote + local) / tile_m) of them; only the expert's last band can be short). The band
-that holds an expert's last remote rows may hold its first local rows too: such a *mixed* band
-is a remote band (in the remote schedule, signalled); its pieces cover its remote rows only,
-and its local rows are copied (or stored by the producer's epilogue, local=direct) like every
-other local row. Pieces, segments and the local-row arrays are built as in the packed layout.
+ascending][local group], with NO zero rows at all (P = R). The expert's bands are then exactly
+torch._grouped_mm's row tiles of that expert (ceil((remote + local) / tile_m) of them; only the
+expert's last band can be short). The band that holds an expert's last remote rows may hold its
+first local rows too: such a *mixed* band is a remote band (in the remote schedule, signalled).
+A remote band may hold rows of several owners; a *piece* is the rows of one owner in one band
+(contiguous in Y and at the destination). Pieces are ordered like the send: remote bands in
+schedule order, owners ascending inside a band. Segments are built over pieces exactly as over
+bands in the aligned layout (first / last single, middle mgb, cut where the group changes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 
@@ -66,67 +54,57 @@ from harness.layout import RankLayout, rank_layout
 from harness.workload import WorkloadSpec
 from systems.overlap.modes import GROUP_CODE
 
+#: row layouts of stage A: the paper's remote-aligned one and the compact one (docstring)
+LAYOUTS = ("aligned", "compact")
+#: the producer's visiting orders of the schedule (OverlapSystem's `order` knob)
+ORDERS = ("remote_first", "expert")
+#: the plan's counts, in CombinePlan.counts order
+COUNT_NAMES = ("n_rows", "n_padded", "n_bands", "n_remote_bands", "n_segments", "n_local")
+COUNT_NAMES += ("n_pieces",)
+
 
 @dataclass
 class CombinePlan:
-    """The combine plan of one rank. Tensors are int64 on the build device.
+    """The combine plan of one rank: int64 tensors on the build device (groups: int32).
 
-    Host ints: world_size W, rank, experts_per_rank E, tile_m, mgb, out_cols N, elem_bytes,
-    n_rows R, n_padded P, n_bands B, n_remote_bands, n_segments S, n_local L.
+    Host ints and strs: world_size W, rank, experts_per_rank E, tile_m, mgb, out_cols N,
+    elem_bytes, layout ("aligned" | "compact"), order ("remote_first" | "expert"), group_cap
+    (the producer's expert swizzle groups hold at most group_cap bands; 0: no such groups).
+    counts [7] int64 on the device: n_rows R, n_padded P, n_bands B, n_remote_bands,
+    n_segments S, n_local L, n_pieces Q (0 in an aligned plan); the properties of those names
+    are 0-dim views of it. The arrays are sized at least that long: exactly (build_plan) or at
+    their worst case (build_plan_device, entries past the counts -1); the max_* properties
+    are the sizes.
 
     Rows and layout:
       row_pos          [R]    padded GEMM row of each x_recv row
       gather_index     [P]    x_recv row of each padded GEMM row, -1 for a zero padding row
+      row_dst          [P]    place in this rank's own receive buffer of each LOCAL row, -1 at
+                              every other row (remote rows, padding): the producer's epilogue
       expert_row_start [E+1]  expert e occupies padded rows [start[e], start[e+1])
       group_rows       [E, W] valid rows of (expert e, owner s)
-      group_padded     [E, W] GEMM rows of (expert e, owner s): remote padded to tile_m
+      group_padded     [E, W] GEMM rows of (expert e, owner s) (compact: = group_rows)
     Bands (b in layout order, band_row ascending):
-      band_expert [B]  local expert
-      band_row    [B]  first padded GEMM row
-      band_rows   [B]  GEMM rows in the band (tile_m; fewer only for a local last band)
-      band_dst    [B]  destination (owner) rank
-      band_valid  [B]  non-padding rows (the first band_valid rows of the band)
-      band_offset [B]  row of its first valid row in the destination's combine receive buffer;
-                       valid rows land at band_offset .. band_offset + band_valid - 1
-      band_segment [B] segment of a remote band, -1 for a local band
-    Schedule:
+      band_expert, band_row (first padded row), band_rows (GEMM rows), band_dst (owner of its
+      first valid row), band_valid (valid rows, the first ones), band_offset (destination row
+      of its first valid row), band_segment (segment of a remote band / its first piece; -1
+      for a local band)   [B] each
+    Schedule and the producer's walk:
       schedule [B]  band ids in producer order; schedule[:n_remote_bands] are the remote bands
-    Segments (s in send order, over the remote schedule):
-      seg_start   [S]  index into schedule of its first band
-      seg_count   [S]  bands in the segment
-      seg_dst     [S]  destination rank
-      seg_rows    [S]  valid rows sent
-      seg_bytes   [S]  seg_rows * N * elem_bytes
-      seg_src_row [S]  padded GEMM row of its first row (valid rows are contiguous from there)
-      seg_offset  [S]  row of its first row in the destination's receive buffer
-      sent_rows     [W]  valid rows sent to each rank (0 for this rank)
-      sent_segments [W]  segments sent to each rank
-    Receive side (this rank's combine receive buffer [S_rows, N], the owner layout):
-      recv_rows      [W]  rows coming back from each rank (send_counts; [rank] = local copies),
-                          None when build_plan got no send_counts
-      recv_row_start [W]  rank s's rows land at recv_row_start[s] .. + recv_rows[s] - 1
-      local_src_row   [L]  padded GEMM row of each local row
-      local_dst_index [L]  its position in this rank's own receive buffer
-    Layout (host str) "aligned" (the paper's, above), "packed" or "compact" (module docstring).
-    In a packed or compact plan these fields change meaning:
-      group_padded  = group_rows (no per-group padding: expert e pads once, with
-                      expert_row_start[e+1] - expert_row_start[e] - group_rows[e].sum() zero rows)
-      band_dst      owner of the band's FIRST valid row (a remote band may hold several owners)
-      band_offset   destination row of that first valid row (in band_dst's buffer)
-      band_segment  segment of the band's first piece (-1 for a local band)
-      seg_start     index into the PIECES (not into schedule) of the segment's first piece;
-      seg_count     pieces in the segment (each piece in its own band; at mgb=1 one segment
-                    per (band, owner) piece)
-      n_remote_bands bands holding any remote row (packed: all full tile_m bands; compact:
-                    an expert's last one may be short, or hold local rows after its remote rows)
-      band_rows     compact: tile_m but for an expert's last band (remote or local)
-      band_valid    packed: rows before the padding; compact: = band_rows (no padding)
-    and the pieces (None in an aligned plan; plan_pieces() gives them for any layout):
-      piece_band   [Q]  band of the piece (whose ready counter the consumer waits for)
-      piece_row    [Q]  padded GEMM row of its first row
-      piece_rows   [Q]  its rows (all valid, one owner)
-      piece_offset [Q]  row of its first row in the destination's receive buffer
-      piece_dst    [Q]  destination (owner) rank
+      visit    [B]  order="expert": the schedule positions in visiting order (each expert's
+                    remote bands then its local bands, experts by their first remote band);
+                    None: the schedule's own order
+      groups   [B]  int32, group_cap > 0: the swizzle group of each visiting position,
+                    first * GROUP_CODE + size (producer_groups); None: no expert groups
+    Segments (s in send order): seg_start (first unit: a schedule index, or a piece id in a
+      compact plan), seg_count (units), seg_dst, seg_rows, seg_bytes (seg_rows * N *
+      elem_bytes), seg_src_row (padded row of its first row), seg_offset (destination row)
+      [S] each; sent_rows, sent_segments [W]: rows / segments sent to each rank.
+    Receive side: recv_rows [W] (rows coming back from each rank), recv_row_start [W] (their
+      first row in this rank's receive buffer), None without send_counts; local_src_row,
+      local_dst_index [L]: padded row and receive-buffer row of each local row.
+    Pieces (compact; None in an aligned plan): piece_band, piece_row, piece_rows, piece_offset,
+      piece_dst [Q].
     """
 
     world_size: int
@@ -136,14 +114,13 @@ class CombinePlan:
     mgb: int
     out_cols: int
     elem_bytes: int
-    n_rows: int
-    n_padded: int
-    n_bands: int
-    n_remote_bands: int
-    n_segments: int
-    n_local: int
+    layout: str
+    order: str
+    group_cap: int
+    counts: torch.Tensor
     row_pos: torch.Tensor
     gather_index: torch.Tensor
+    row_dst: torch.Tensor
     expert_row_start: torch.Tensor
     group_rows: torch.Tensor
     group_padded: torch.Tensor
@@ -155,6 +132,8 @@ class CombinePlan:
     band_offset: torch.Tensor
     band_segment: torch.Tensor
     schedule: torch.Tensor
+    visit: torch.Tensor | None
+    groups: torch.Tensor | None
     seg_start: torch.Tensor
     seg_count: torch.Tensor
     seg_dst: torch.Tensor
@@ -168,40 +147,79 @@ class CombinePlan:
     recv_row_start: torch.Tensor | None
     local_src_row: torch.Tensor
     local_dst_index: torch.Tensor
-    layout: str = "aligned"
     piece_band: torch.Tensor | None = None
     piece_row: torch.Tensor | None = None
     piece_rows: torch.Tensor | None = None
     piece_offset: torch.Tensor | None = None
     piece_dst: torch.Tensor | None = None
 
+    n_rows = property(lambda self: self.counts[0])
+    n_padded = property(lambda self: self.counts[1])
+    n_bands = property(lambda self: self.counts[2])
+    n_remote_bands = property(lambda self: self.counts[3])
+    n_segments = property(lambda self: self.counts[4])
+    n_local = property(lambda self: self.counts[5])
+    n_pieces = property(lambda self: self.counts[6])
+    max_rows = property(lambda self: self.row_pos.numel())
+    max_padded = property(lambda self: self.gather_index.numel())
+    max_bands = property(lambda self: self.schedule.numel())
+    max_segments = property(lambda self: self.seg_start.numel())
+    max_local = property(lambda self: self.local_src_row.numel())
+
     @property
-    def n_padding(self) -> int:
+    def n_padding(self) -> torch.Tensor:
         """Zero padding rows of the layout (P - R)."""
         return self.n_padded - self.n_rows
 
+    def sizes(self) -> dict[str, int]:
+        """The counts as host ints (synchronises: set-up, tests and reports only)."""
+        return dict(zip(COUNT_NAMES, self.counts.tolist()))
+
+    def trimmed(self) -> CombinePlan:
+        """The plan with every array cut to its count (synchronises: tests and reports)."""
+        n = self.sizes()
+        cut = {"row_pos": "n_rows", "gather_index": "n_padded", "row_dst": "n_padded"}
+        cut |= {"band": "n_bands", "schedule": "n_bands", "visit": "n_bands"}
+        cut |= {"groups": "n_bands", "seg": "n_segments", "local": "n_local"}
+        cut |= {"piece": "n_pieces"}
+        kw = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            key = next((k for k in cut if f.name.startswith(k)), None)
+            kw[f.name] = v[: n[cut[key]]] if key is not None and v is not None else v
+        return CombinePlan(**kw)
+
     def to(self, device: torch.device | str) -> CombinePlan:
-        """A copy (of the same class) with every tensor on `device`."""
+        """A copy with every tensor on `device`."""
         kw = {}
         for f in fields(self):
             v = getattr(self, f.name)
             kw[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
-        return type(self)(**kw)
+        return CombinePlan(**kw)
 
 
 def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, 0) - x
 
 
-#: row layouts of stage A: the paper's remote-aligned one, and the packed and compact ones
-#: (beyond the paper; module docstring)
-LAYOUTS = ("aligned", "packed", "compact")
-#: the layouts plan_device.build_plan_device builds (the layer scope's stage A)
-DEVICE_LAYOUTS = ("aligned", "compact")
+def check_plan_args(
+    W: int, rank: int, E: int, tm: int, mgb: int, layout: str, order: str, group_cap: int
+) -> None:
+    """The builders' one-line ValueErrors for a plan's shape and knobs."""
+    if not 0 <= rank < W:
+        raise ValueError(f"rank {rank} not in [0, {W})")
+    if E < 1 or tm < 1 or mgb < 1:
+        raise ValueError(f"experts_per_rank, tile_m, mgb must be >= 1; got {E}, {tm}, {mgb}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    if not 0 <= group_cap < GROUP_CODE:
+        raise ValueError(f"group_cap must be in [0, {GROUP_CODE}), got {group_cap}")
 
 
 def _segments(unit_start: torch.Tensor, mgb: int, n_segments: int):
-    """The segment rule over n units in send order (remote bands, or packed pieces).
+    """The segment rule over n units in send order (remote bands, or compact pieces).
 
     unit_start [n] int64: position of the first unit of each unit's group. A segment starts at
     the first and the last unit and every mgb units of the middle ones (so the first and last
@@ -219,19 +237,192 @@ def _segments(unit_start: torch.Tensor, mgb: int, n_segments: int):
     return seg_id, seg_start, seg_count
 
 
-def _receive_side(send_counts: torch.Tensor | None, device: torch.device):
-    """recv_rows [W] (rows coming back from each rank) and recv_row_start [W] on `device`, or
-    (None, None) without send_counts."""
-    if send_counts is None:
-        return None, None
-    recv_rows = send_counts.to(dtype=torch.int64, device=device)
-    return recv_rows, _excl_cumsum(recv_rows)
+def _n_segments(a: torch.Tensor, n: torch.Tensor, total: torch.Tensor, mgb: int) -> torch.Tensor:
+    """Segments over `total` units whose groups hold n [G] units from a [G] on (cut rule)."""
+    lo = a.clamp(min=1)
+    hi = torch.minimum(a + n - 1, total - 2)
+    mid = (hi - lo + 1).clamp(min=0)
+    return (total >= 1).long() + (total >= 2).long() + ((mid + mgb - 1) // mgb).sum()
 
 
 def slot_ranks(world_size: int, rank: int, device: torch.device | None = None) -> torch.Tensor:
     """Owner rank of each group slot [W]: the remote ranks ascending, then `rank` last."""
     j = torch.arange(world_size, dtype=torch.int64, device=device)
     return torch.where(j == world_size - 1, rank, j + (j >= rank).long())
+
+
+@dataclass
+class _Rows:
+    """The rows of one build, grouped: g = e * W + slot (remote owners ascending, self last)."""
+
+    src: torch.Tensor  # [R] owner rank
+    dst: torch.Tensor  # [R] place in the owner's receive buffer
+    slot: torch.Tensor  # [R] group slot
+    grp: torch.Tensor  # [R] group
+    order: torch.Tensor  # [R] rows by (group, dst)
+    cnt: torch.Tensor  # [G] rows per group
+    grp_dst: torch.Tensor  # [G] first destination row of each group
+
+
+def _group_rows(src, expert, dst, W: int, rank: int, E: int) -> _Rows:
+    i64 = {"dtype": torch.int64, "device": src.device}
+    src, expert, dst = src.to(**i64), expert.to(**i64), dst.to(**i64)
+    slot = torch.where(src == rank, W - 1, src - (src > rank).long())
+    grp = expert * W + slot
+    order = torch.sort(dst, stable=True).indices
+    order = order[torch.sort(grp[order], stable=True).indices]
+    cnt = torch.zeros(E * W, **i64).index_add_(0, grp, torch.ones_like(grp))
+    grp_dst = torch.zeros(E * W, **i64).scatter_reduce_(0, grp, dst, "amin", include_self=False)
+    return _Rows(src, dst, slot, grp, order, cnt, grp_dst)
+
+
+def _row_positions(rows: _Rows, grp_row: torch.Tensor, P: int):
+    """row_pos [R] and gather_index [P] of rows whose group g starts at padded row grp_row[g]."""
+    R = rows.src.numel()
+    k = torch.arange(R, dtype=torch.int64, device=rows.src.device)
+    g_sorted = rows.grp[rows.order]
+    row_pos = torch.empty_like(k)
+    row_pos[rows.order] = grp_row[g_sorted] + (k - _excl_cumsum(rows.cnt)[g_sorted])
+    gather_index = torch.full((P,), -1, dtype=torch.int64, device=k.device)
+    return row_pos, gather_index.scatter_(0, row_pos, k)
+
+
+def _unit_walk(units: torch.Tensor, n: torch.Tensor, first: torch.Tensor, B: int) -> torch.Tensor:
+    """[B]: for units (groups or sections) in walk order holding n[u] bands from band first[u]
+    on, the band ids in that order."""
+    u = torch.repeat_interleave(units, n, output_size=B)
+    q = torch.arange(B, dtype=torch.int64, device=n.device)
+    return first[u] + q - torch.repeat_interleave(_excl_cumsum(n), n, output_size=B)
+
+
+def _aligned(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple[list, dict]:
+    """The aligned layout's sizes [P, B, NR, S, Q] (host ints) and arrays."""
+    cnt, dev = rows.cnt, rows.cnt.device
+    G = E * W
+    nb = (cnt + tm - 1) // tm  # bands per group
+    padded = torch.where(torch.arange(G, device=dev) % W == W - 1, cnt, nb * tm)
+    grp_row = _excl_cumsum(padded)
+    rb = nb.view(E, W)[:, : W - 1].sum(1)  # [E] remote bands per expert
+    exp_order = torch.sort(-rb * E + torch.arange(E, device=dev)).indices  # rule (ii)
+    remote_groups = (exp_order[:, None] * W + torch.arange(W - 1, device=dev)).reshape(-1)
+    sched_groups = torch.cat([remote_groups, torch.arange(E, device=dev) * W + W - 1])
+    nb_sched = nb[sched_groups]
+    nb_r = nb_sched[: E * (W - 1)]
+    a = _excl_cumsum(nb_r)  # first remote schedule position of each remote group
+    n_seg = _n_segments(a, nb_r, rb.sum(), mgb)
+    P, B, NR, S = torch.stack([padded.sum(), nb.sum(), rb.sum(), n_seg]).tolist()
+    row_pos, gather_index = _row_positions(rows, grp_row, P)
+    band_first = _excl_cumsum(nb)
+    band_group = torch.repeat_interleave(torch.arange(G, device=dev), nb, output_size=B)
+    q = torch.arange(B, dtype=torch.int64, device=dev) - band_first[band_group]
+    band_valid = (cnt[band_group] - q * tm).clamp(max=tm)
+    schedule = _unit_walk(sched_groups, nb_sched, band_first, B)
+    seg_id, seg_start, seg_count = _segments(
+        torch.repeat_interleave(a, nb_r, output_size=NR), mgb, S
+    )
+    remote = schedule[:NR]
+    band_dst = slot_ranks(W, rank, dev)[band_group % W]
+    band_row = grp_row[band_group] + q * tm
+    band_offset = rows.grp_dst[band_group] + q * tm
+    first = schedule[seg_start]
+    out = dict(
+        row_pos=row_pos,
+        gather_index=gather_index,
+        expert_row_start=padded.view(E, W).sum(1),
+        group_padded=padded.view(E, W),
+        band_expert=band_group // W,
+        band_row=band_row,
+        band_rows=torch.where(band_group % W == W - 1, band_valid, tm),
+        band_dst=band_dst,
+        band_valid=band_valid,
+        band_offset=band_offset,
+        band_segment=torch.full((B,), -1, dtype=torch.int64, device=dev).scatter_(
+            0, remote, seg_id
+        ),
+        schedule=schedule,
+        seg_start=seg_start,
+        seg_count=seg_count,
+        seg_dst=band_dst[first],
+        seg_rows=torch.zeros(S, dtype=torch.int64, device=dev).index_add_(
+            0, seg_id, band_valid[remote]
+        ),
+        seg_src_row=band_row[first],
+        seg_offset=band_offset[first],
+    )
+    return [P, B, NR, S, 0], out
+
+
+def _compact(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple[list, dict]:
+    """The compact layout's sizes [P, B, NR, S, Q] (host ints) and arrays: per expert a remote
+    section (bands holding remote rows; the last one may hold local rows too) and a local one."""
+    cnt, dev = rows.cnt, rows.cnt.device
+    i64 = {"dtype": torch.int64, "device": dev}
+    cnt2 = cnt.view(E, W)
+    rem, n_e = cnt2[:, : W - 1].sum(1), cnt2.sum(1)  # [E] remote / all rows per expert
+    nbr = (rem + tm - 1) // tm  # [E] bands holding remote rows
+    within = torch.cumsum(cnt2, 1) - cnt2  # [E, W] group start inside its expert
+    rsec = torch.minimum(nbr * tm, n_e)  # [E] rows of the remote section
+    nbl = (n_e - rsec + tm - 1) // tm  # [E] local-only bands
+    exp_start = _excl_cumsum(n_e)
+    grp_row = (exp_start[:, None] + within).reshape(-1)
+    sec_nb = torch.stack([nbr, nbl], 1).reshape(-1)  # [2E] sections (expert, remote | local)
+    sec_rows = torch.stack([rsec, n_e - rsec], 1).reshape(-1)
+    sec_row = torch.stack([exp_start, exp_start + rsec], 1).reshape(-1)
+    sec_first = _excl_cumsum(sec_nb)
+    exp_order = torch.sort(-nbr * E + torch.arange(E, device=dev)).indices  # rule (ii)
+    sched_secs = torch.cat([exp_order * 2, torch.arange(E, device=dev) * 2 + 1])
+    # pieces: remote groups in send order; a group starting at row ws of its expert spans
+    # bands ws // tm .. (ws + c - 1) // tm of the expert
+    rg = (exp_order[:, None] * W + torch.arange(W - 1, device=dev)).reshape(-1)
+    ws, c = within.reshape(-1)[rg], cnt[rg]
+    fb = ws // tm
+    npc = torch.where(c > 0, (ws + c - 1) // tm - fb + 1, 0)
+    a = _excl_cumsum(npc)
+    n_seg = _n_segments(a, npc, npc.sum(), mgb)
+    P, B, NR, S, Q = torch.stack([n_e.sum(), sec_nb.sum(), nbr.sum(), n_seg, npc.sum()]).tolist()
+    row_pos, gather_index = _row_positions(rows, grp_row, P)
+    band_sec = torch.repeat_interleave(torch.arange(2 * E, device=dev), sec_nb, output_size=B)
+    q = torch.arange(B, **i64) - sec_first[band_sec]
+    band_row = sec_row[band_sec] + q * tm
+    band_rows = (sec_rows[band_sec] - q * tm).clamp(max=tm)
+    first_row = gather_index[band_row]  # x_recv row of each band's first row
+    pg = torch.repeat_interleave(torch.arange(rg.numel(), device=dev), npc, output_size=Q)
+    g = rg[pg]
+    piece_band = sec_first[(g // W) * 2] + fb[pg] + torch.arange(Q, **i64) - a[pg]
+    gs = grp_row[g]
+    piece_row = torch.maximum(gs, band_row[piece_band])
+    piece_rows = torch.minimum(gs + cnt[g], band_row[piece_band] + tm) - piece_row
+    piece_offset = rows.grp_dst[g] + (piece_row - gs)
+    piece_dst = slot_ranks(W, rank, dev)[g % W]
+    seg_id, seg_start, seg_count = _segments(a[pg], mgb, S)
+    out = dict(
+        row_pos=row_pos,
+        gather_index=gather_index,
+        expert_row_start=n_e,
+        group_padded=cnt2,
+        band_expert=band_sec // 2,
+        band_row=band_row,
+        band_rows=band_rows,
+        band_dst=torch.where(band_sec % 2 == 1, rank, rows.src[first_row]),
+        band_valid=band_rows,
+        band_offset=rows.dst[first_row],
+        band_segment=torch.full((B,), -1, **i64).scatter_reduce_(
+            0, piece_band, seg_id, "amin", include_self=False
+        ),
+        schedule=_unit_walk(sched_secs, sec_nb[sched_secs], sec_first, B),
+        seg_start=seg_start,
+        seg_count=seg_count,
+        seg_dst=piece_dst[seg_start],
+        seg_rows=torch.zeros(S, **i64).index_add_(0, seg_id, piece_rows),
+        seg_src_row=piece_row[seg_start],
+        seg_offset=piece_offset[seg_start],
+        piece_band=piece_band,
+        piece_row=piece_row,
+        piece_rows=piece_rows,
+        piece_offset=piece_offset,
+        piece_dst=piece_dst,
+    )
+    return [P, B, NR, S, Q], out
 
 
 def build_plan(
@@ -248,119 +439,38 @@ def build_plan(
     elem_bytes: int,
     send_counts: torch.Tensor | None = None,
     layout: str = "aligned",
+    order: str = "remote_first",
+    group_cap: int = 0,
 ) -> CombinePlan:
     """The combine plan of `rank` from its expert-side rows (harness.layout.RankLayout).
 
     recv_src [R] owner rank, recv_expert [R] local expert, recv_dst_index [R] position in the
     owner's combine receive buffer (consecutive within each (owner, expert) group), any order.
     send_counts [W] (optional): rows this rank sent to each rank in the dispatch, for the
-    receive-side fields. layout: "aligned" (the paper's) or "packed" (module docstring).
-    One host sync (see the module docstring).
+    receive-side fields. layout, order, group_cap: CombinePlan's. One host sync.
     """
     W, E, tm = world_size, experts_per_rank, tile_m
-    if not 0 <= rank < W:
-        raise ValueError(f"rank {rank} not in [0, {W})")
-    if E < 1 or tm < 1 or mgb < 1:
-        raise ValueError(f"experts_per_rank, tile_m, mgb must be >= 1; got {E}, {tm}, {mgb}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if layout in ("packed", "compact"):
-        return _build_packed(
-            recv_src,
-            recv_expert,
-            recv_dst_index,
-            world_size=W,
-            rank=rank,
-            experts_per_rank=E,
-            tile_m=tm,
-            mgb=mgb,
-            out_cols=out_cols,
-            elem_bytes=elem_bytes,
-            send_counts=send_counts,
-            compact=layout == "compact",
-        )
+    check_plan_args(W, rank, E, tm, mgb, layout, order, group_cap)
     dev = recv_src.device
     i64 = {"dtype": torch.int64, "device": dev}
-    src = recv_src.to(torch.int64)
-    expert = recv_expert.to(**i64)
-    dst = recv_dst_index.to(**i64)
-    R, G = src.numel(), E * W
-
-    # Groups: g = e * W + slot, slot = owner's position (remote owners ascending, self last).
-    slot = torch.where(src == rank, W - 1, src - (src > rank).long())
-    grp = expert * W + slot  # [R]
-    order = torch.sort(dst, stable=True).indices  # rows by (group, dst position)
-    order = order[torch.sort(grp[order], stable=True).indices]
-    cnt = torch.zeros(G, **i64).index_add_(0, grp, torch.ones_like(grp))  # [G]
-    is_local_g = torch.arange(G, device=dev) % W == W - 1
-    nb = (cnt + tm - 1) // tm  # bands per group
-    padded = torch.where(is_local_g, cnt, nb * tm)
-    grp_row = _excl_cumsum(padded)  # first padded row of each group
-    grp_dst = torch.zeros(G, **i64).scatter_reduce_(0, grp, dst, "amin", include_self=False)
-
-    # Schedule of groups: remote groups of experts by (-remote bands, e), then local groups.
-    rb = nb.view(E, W)[:, : W - 1].sum(1)  # [E] remote bands per expert
-    exp_order = torch.sort(-rb * E + torch.arange(E, device=dev)).indices
-    remote_slots = torch.arange(W - 1, device=dev)
-    sched_groups = torch.cat(
-        [
-            (exp_order[:, None] * W + remote_slots).reshape(-1),
-            torch.arange(E, device=dev) * W + W - 1,
-        ]
-    )  # [G]
-    nb_sched = nb[sched_groups]
-    n_remote = rb.sum()
-
-    # Segment count, group by group (first / last band single, middle chunks of mgb per group).
-    nb_r = nb_sched[: E * (W - 1)]
-    a = _excl_cumsum(nb_r)  # first remote schedule position of each remote group
-    lo = a.clamp(min=1)
-    hi = torch.minimum(a + nb_r - 1, n_remote - 2)
-    mid = (hi - lo + 1).clamp(min=0)
-    n_seg = (n_remote >= 1).long() + (n_remote >= 2).long() + ((mid + mgb - 1) // mgb).sum()
-    n_loc = cnt.view(E, W)[:, W - 1].sum()
-    sizes = torch.stack([padded.sum(), nb.sum(), n_remote, n_seg, n_loc])
-    P, B, NR, S, L = sizes.tolist()  # THE one host synchronisation
-
-    # Rows -> padded positions.
-    k = torch.arange(R, **i64)
-    g_sorted = grp[order]
-    row_pos = torch.empty(R, **i64)
-    row_pos[order] = grp_row[g_sorted] + (k - _excl_cumsum(cnt)[g_sorted])
-    gather_index = torch.full((P,), -1, **i64).scatter_(0, row_pos, k)
-    expert_row_start = torch.cat([torch.zeros(1, **i64), torch.cumsum(padded.view(E, W).sum(1), 0)])
-
-    # Bands in layout order.
-    band_first = _excl_cumsum(nb)
-    band_group = torch.repeat_interleave(torch.arange(G, device=dev), nb, output_size=B)
-    q = torch.arange(B, **i64) - band_first[band_group]
-    band_slot = band_group % W
-    band_valid = (cnt[band_group] - q * tm).clamp(max=tm)
-    band_rows = torch.where(band_slot == W - 1, band_valid, tm)
-
-    # Schedule of bands.
-    sg = torch.repeat_interleave(sched_groups, nb_sched, output_size=B)
-    q_s = torch.arange(B, **i64) - torch.repeat_interleave(
-        _excl_cumsum(nb_sched), nb_sched, output_size=B
+    rows = _group_rows(recv_src, recv_expert, recv_dst_index, W, rank, E)
+    build = _aligned if layout == "aligned" else _compact
+    (P, B, NR, S, Q), f = build(rows, W, rank, E, tm, mgb)
+    cnt = rows.cnt.view(E, W)
+    L = int(cnt[:, W - 1].sum())  # the sizes' sync happened already
+    loc = torch.sort((rows.slot != W - 1).long(), stable=True).indices[:L]
+    local_src = f["row_pos"][loc]
+    recv_rows, recv_start = None, None
+    if send_counts is not None:
+        recv_rows = send_counts.to(**i64)
+        recv_start = _excl_cumsum(recv_rows)
+    seg_dst, seg_rows = f["seg_dst"], f["seg_rows"]
+    owners = slot_ranks(W, rank, dev)
+    by_owner = lambda t: torch.empty_like(t).index_copy_(1, owners, t)  # noqa: E731
+    f["expert_row_start"] = torch.cat(
+        [torch.zeros(1, **i64), torch.cumsum(f["expert_row_start"], 0)]
     )
-    schedule = band_first[sg] + q_s
-
-    # Segments over the remote schedule.
-    unit_start = torch.repeat_interleave(a, nb_r, output_size=NR)
-    seg_id, seg_start, seg_count = _segments(unit_start, mgb, S)
-    remote_sched = schedule[:NR]
-    band_dst = slot_ranks(W, rank, dev)[band_slot]
-    band_row = grp_row[band_group] + q * tm
-    band_offset = grp_dst[band_group] + q * tm
-    seg_rows = torch.zeros(S, **i64).index_add_(0, seg_id, band_valid[remote_sched])
-    first = schedule[seg_start]
-    seg_dst = band_dst[first]
-    band_segment = torch.full((B,), -1, **i64).scatter_(0, remote_sched, seg_id)
-
-    # Local rows (never sent) and the receive side.
-    loc = torch.sort((slot != W - 1).long(), stable=True).indices[:L]
-    recv_rows, recv_start = _receive_side(send_counts, dev)
-    return CombinePlan(
+    plan = CombinePlan(
         world_size=W,
         rank=rank,
         experts_per_rank=E,
@@ -368,215 +478,28 @@ def build_plan(
         mgb=mgb,
         out_cols=out_cols,
         elem_bytes=elem_bytes,
-        n_rows=R,
-        n_padded=P,
-        n_bands=B,
-        n_remote_bands=NR,
-        n_segments=S,
-        n_local=L,
-        row_pos=row_pos,
-        gather_index=gather_index,
-        expert_row_start=expert_row_start,
-        group_rows=_by_owner(cnt.view(E, W), W, rank),
-        group_padded=_by_owner(padded.view(E, W), W, rank),
-        band_expert=band_group // W,
-        band_row=band_row,
-        band_rows=band_rows,
-        band_dst=band_dst,
-        band_valid=band_valid,
-        band_offset=band_offset,
-        band_segment=band_segment,
-        schedule=schedule,
-        seg_start=seg_start,
-        seg_count=seg_count,
-        seg_dst=seg_dst,
-        seg_rows=seg_rows,
+        layout=layout,
+        order=order,
+        group_cap=group_cap,
+        counts=torch.tensor([rows.src.numel(), P, B, NR, S, L, Q], **i64),
+        row_dst=torch.full((P,), -1, **i64).scatter_(0, local_src, rows.dst[loc]),
+        group_rows=by_owner(cnt),
         seg_bytes=seg_rows * (out_cols * elem_bytes),
-        seg_src_row=band_row[first],
-        seg_offset=band_offset[first],
         sent_rows=torch.zeros(W, **i64).index_add_(0, seg_dst, seg_rows),
         sent_segments=torch.zeros(W, **i64).index_add_(0, seg_dst, torch.ones_like(seg_dst)),
         recv_rows=recv_rows,
         recv_row_start=recv_start,
-        local_src_row=row_pos[loc],
-        local_dst_index=dst[loc],
+        local_src_row=local_src,
+        local_dst_index=rows.dst[loc],
+        visit=None,
+        groups=None,
+        **{**f, "group_padded": by_owner(f["group_padded"])},
     )
-
-
-def _build_packed(
-    recv_src: torch.Tensor,
-    recv_expert: torch.Tensor,
-    recv_dst_index: torch.Tensor,
-    *,
-    world_size: int,
-    rank: int,
-    experts_per_rank: int,
-    tile_m: int,
-    mgb: int,
-    out_cols: int,
-    elem_bytes: int,
-    send_counts: torch.Tensor | None,
-    compact: bool = False,
-) -> CombinePlan:
-    """build_plan with layout="packed": per expert [remote rows of all owners back to back,
-    padded once to tile_m][local rows]; pieces = (band, owner) runs; segments over the pieces.
-    compact=True (layout="compact"): no padding at all, the local rows follow the remote rows
-    directly, so the expert's band that holds its last remote rows holds local rows too (a
-    *mixed* band: remote, signalled, its pieces cover its remote rows only).
-    Inputs as build_plan's; one host sync (six sizes)."""
-    W, E, tm = world_size, experts_per_rank, tile_m
-    dev = recv_src.device
-    i64 = {"dtype": torch.int64, "device": dev}
-    src = recv_src.to(torch.int64)
-    expert = recv_expert.to(**i64)
-    dst = recv_dst_index.to(**i64)
-    R, G = src.numel(), E * W
-
-    # Groups as in the aligned layout: g = e * W + slot (remote owners ascending, self last).
-    slot = torch.where(src == rank, W - 1, src - (src > rank).long())
-    grp = expert * W + slot  # [R]
-    order = torch.sort(dst, stable=True).indices
-    order = order[torch.sort(grp[order], stable=True).indices]
-    cnt = torch.zeros(G, **i64).index_add_(0, grp, torch.ones_like(grp))  # [G]
-    cnt2 = cnt.view(E, W)
-    rem, loc = cnt2[:, : W - 1].sum(1), cnt2[:, W - 1]  # [E] remote / local rows per expert
-    nbr = (rem + tm - 1) // tm  # [E] bands holding remote rows
-    within = torch.cumsum(cnt2, 1) - cnt2  # [E, W] group start inside its expert
-    if compact:  # [E] GEMM rows of the remote section (its bands) and of the local section
-        rsec = torch.minimum(nbr * tm, rem + loc)  # the mixed band's local rows included
-        lsec = rem + loc - rsec
-        rvalid = rsec  # no zero rows
-    else:
-        rsec, lsec, rvalid = nbr * tm, loc, rem
-        within[:, W - 1] = rsec  # the local group after the padded remote part
-    nbl = (lsec + tm - 1) // tm  # [E] local-only bands
-    exp_start = _excl_cumsum(rsec + lsec)  # [E]
-    grp_row = (exp_start[:, None] + within).reshape(-1)  # [G] first padded row of each group
-    grp_dst = torch.zeros(G, **i64).scatter_reduce_(0, grp, dst, "amin", include_self=False)
-
-    # Sections: (expert, remote part | local part); their bands tile the layout in order. A
-    # band holds min(tile_m, section rows left) GEMM rows, the first band_valid of them valid.
-    sec_nb = torch.stack([nbr, nbl], 1).reshape(-1)  # [2E]
-    sec_rows = torch.stack([rsec, lsec], 1).reshape(-1)
-    sec_valid = torch.stack([rvalid, lsec], 1).reshape(-1)
-    sec_row = torch.stack([exp_start, exp_start + rsec], 1).reshape(-1)
-    sec_first = _excl_cumsum(sec_nb)  # first band id of each section
-    exp_order = torch.sort(-nbr * E + torch.arange(E, device=dev)).indices  # rule (ii)
-    sched_secs = torch.cat([exp_order * 2, torch.arange(E, device=dev) * 2 + 1])  # [2E]
-    nb_sched = sec_nb[sched_secs]
-
-    # Pieces: remote groups in send order (experts by rule (ii), owners ascending); a group
-    # starting at row ws of its expert's remote part spans bands ws // tm .. (ws + c - 1) // tm.
-    rg = (exp_order[:, None] * W + torch.arange(W - 1, device=dev)).reshape(-1)  # [E(W-1)]
-    ws, c = within.reshape(-1)[rg], cnt[rg]
-    fb = ws // tm
-    npc = torch.where(c > 0, (ws + c - 1) // tm - fb + 1, 0)  # pieces per remote group
-    a = _excl_cumsum(npc)  # first piece of each remote group
-    n_pieces = npc.sum()
-    lo = a.clamp(min=1)
-    hi = torch.minimum(a + npc - 1, n_pieces - 2)
-    mid = (hi - lo + 1).clamp(min=0)
-    n_seg = (n_pieces >= 1).long() + (n_pieces >= 2).long() + ((mid + mgb - 1) // mgb).sum()
-    sizes = torch.stack([(rsec + lsec).sum(), sec_nb.sum(), nbr.sum(), n_pieces, n_seg, loc.sum()])
-    P, B, NR, Q, S, L = sizes.tolist()  # THE one host synchronisation
-
-    # Rows -> padded positions.
-    k = torch.arange(R, **i64)
-    g_sorted = grp[order]
-    row_pos = torch.empty(R, **i64)
-    row_pos[order] = grp_row[g_sorted] + (k - _excl_cumsum(cnt)[g_sorted])
-    gather_index = torch.full((P,), -1, **i64).scatter_(0, row_pos, k)
-    expert_row_start = torch.cat([torch.zeros(1, **i64), torch.cumsum(rsec + lsec, 0)])
-
-    # Bands in layout order.
-    band_sec = torch.repeat_interleave(torch.arange(2 * E, device=dev), sec_nb, output_size=B)
-    q = torch.arange(B, **i64) - sec_first[band_sec]
-    band_row = sec_row[band_sec] + q * tm
-    band_valid = (sec_valid[band_sec] - q * tm).clamp(max=tm)
-    is_local = band_sec % 2 == 1
-    band_rows = (sec_rows[band_sec] - q * tm).clamp(max=tm)
-    first_row = gather_index[band_row]  # x_recv row of each band's first row (always valid)
-    band_dst = torch.where(is_local, rank, src[first_row])
-    band_offset = dst[first_row]
-
-    # Schedule of bands: remote sections by rule (ii), then local sections, experts ascending.
-    sb = torch.repeat_interleave(sched_secs, nb_sched, output_size=B)
-    q_s = torch.arange(B, **i64) - torch.repeat_interleave(
-        _excl_cumsum(nb_sched), nb_sched, output_size=B
-    )
-    schedule = sec_first[sb] + q_s
-
-    # Pieces in send order.
-    pg = torch.repeat_interleave(torch.arange(rg.numel(), device=dev), npc, output_size=Q)
-    j = torch.arange(Q, **i64) - a[pg]
-    g = rg[pg]
-    e = g // W
-    piece_band = sec_first[e * 2] + fb[pg] + j
-    gs = grp_row[g]
-    piece_row = torch.maximum(gs, band_row[piece_band])
-    piece_end = torch.minimum(gs + cnt[g], band_row[piece_band] + tm)
-    piece_rows = piece_end - piece_row
-    piece_offset = grp_dst[g] + (piece_row - gs)
-    piece_dst = slot_ranks(W, rank, dev)[g % W]
-
-    # Segments over the pieces (the aligned rule, with pieces in place of bands).
-    seg_id, seg_start, seg_count = _segments(a[pg], mgb, S)
-    seg_rows = torch.zeros(S, **i64).index_add_(0, seg_id, piece_rows)
-    seg_dst = piece_dst[seg_start]
-    band_segment = torch.full((B,), -1, **i64).scatter_reduce_(
-        0, piece_band, seg_id, "amin", include_self=False
-    )
-
-    # Local rows (never sent) and the receive side.
-    loc_rows = torch.sort((slot != W - 1).long(), stable=True).indices[:L]
-    recv_rows, recv_start = _receive_side(send_counts, dev)
-    return CombinePlan(
-        world_size=W,
-        rank=rank,
-        experts_per_rank=E,
-        tile_m=tm,
-        mgb=mgb,
-        out_cols=out_cols,
-        elem_bytes=elem_bytes,
-        n_rows=R,
-        n_padded=P,
-        n_bands=B,
-        n_remote_bands=NR,
-        n_segments=S,
-        n_local=L,
-        row_pos=row_pos,
-        gather_index=gather_index,
-        expert_row_start=expert_row_start,
-        group_rows=_by_owner(cnt2, W, rank),
-        group_padded=_by_owner(cnt2, W, rank),
-        band_expert=band_sec // 2,
-        band_row=band_row,
-        band_rows=band_rows,
-        band_dst=band_dst,
-        band_valid=band_valid,
-        band_offset=band_offset,
-        band_segment=band_segment,
-        schedule=schedule,
-        seg_start=seg_start,
-        seg_count=seg_count,
-        seg_dst=seg_dst,
-        seg_rows=seg_rows,
-        seg_bytes=seg_rows * (out_cols * elem_bytes),
-        seg_src_row=piece_row[seg_start],
-        seg_offset=piece_offset[seg_start],
-        sent_rows=torch.zeros(W, **i64).index_add_(0, seg_dst, seg_rows),
-        sent_segments=torch.zeros(W, **i64).index_add_(0, seg_dst, torch.ones_like(seg_dst)),
-        recv_rows=recv_rows,
-        recv_row_start=recv_start,
-        local_src_row=row_pos[loc_rows],
-        local_dst_index=dst[loc_rows],
-        layout="compact" if compact else "packed",
-        piece_band=piece_band,
-        piece_row=piece_row,
-        piece_rows=piece_rows,
-        piece_offset=piece_offset,
-        piece_dst=piece_dst,
-    )
+    if order == "expert":
+        plan.visit = producer_order(plan)
+    if group_cap:
+        plan.groups = producer_groups(plan, plan.visit, group_cap)
+    return plan
 
 
 @dataclass
@@ -593,22 +516,15 @@ class Pieces:
 
 
 def plan_pieces(plan: CombinePlan) -> Pieces:
-    """Pieces of a packed or compact plan; of an aligned plan, its remote bands in schedule
-    order (one piece per band: schedule[:n_remote_bands] with their band_row, band_valid,
-    band_offset, band_dst). Either way segment s sends units seg_start[s] .. + seg_count[s]."""
-    if plan.piece_band is not None:
+    """Pieces of a compact plan; of an aligned plan, its remote bands in schedule order (one
+    piece per band). Either way segment s sends units seg_start[s] .. + seg_count[s]. The
+    plan's valid prefixes only (a trimmed plan)."""
+    if plan.layout == "compact":
         return Pieces(
             plan.piece_band, plan.piece_row, plan.piece_rows, plan.piece_offset, plan.piece_dst
         )
     b = plan.schedule[: plan.n_remote_bands]
     return Pieces(b, plan.band_row[b], plan.band_valid[b], plan.band_offset[b], plan.band_dst[b])
-
-
-def _by_owner(per_slot: torch.Tensor, world_size: int, rank: int) -> torch.Tensor:
-    """[E, W] indexed by group slot -> [E, W] indexed by owner rank."""
-    out = torch.empty_like(per_slot)
-    out[:, slot_ranks(world_size, rank, per_slot.device)] = per_slot
-    return out
 
 
 def plan_for_layout(
@@ -622,8 +538,10 @@ def plan_for_layout(
     elem_bytes: int,
     device: torch.device | None = None,
     layout: str = "aligned",
+    order: str = "remote_first",
+    group_cap: int = 0,
 ) -> CombinePlan:
-    """build_plan on a harness.layout.RankLayout (moved to `device` first), in `layout`."""
+    """build_plan on a harness.layout.RankLayout (moved to `device` first)."""
     dev = device or lay.recv_src.device
     return build_plan(
         lay.recv_src.to(dev),
@@ -638,7 +556,66 @@ def plan_for_layout(
         elem_bytes=elem_bytes,
         send_counts=lay.send_counts.to(dev),
         layout=layout,
+        order=order,
+        group_cap=group_cap,
     )
+
+
+def plans_for_spec(
+    spec: WorkloadSpec, *, tile_m: int, mgb: int, device: torch.device | None = None, **knobs
+) -> tuple[list[CombinePlan], list[RankLayout]]:
+    """Plans and RankLayouts of all W ranks of a spec (every rank can build every plan);
+    knobs: plan_for_layout's layout, order, group_cap."""
+    lays = [rank_layout(spec, r) for r in range(spec.world_size)]
+    elem = torch.empty(0, dtype=spec.torch_dtype).element_size()
+    shape = dict(world_size=spec.world_size, experts_per_rank=spec.experts_per_rank)
+    shape |= dict(tile_m=tile_m, mgb=mgb, out_cols=spec.out, elem_bytes=elem, device=device)
+    return [plan_for_layout(lay, **shape, **knobs) for lay in lays], lays
+
+
+def plan_from_rows(
+    rows: list[list[int]],
+    *,
+    rank: int,
+    tile_m: int,
+    mgb: int = 1,
+    device: torch.device | str = "cpu",
+    dst_base: list[int] | None = None,
+    out_cols: int = 0,
+    elem_bytes: int = 0,
+    **knobs,
+) -> CombinePlan:
+    """A plan of `rank` from group sizes alone: rows[e][s] = valid rows of local expert e
+    owned by rank s, through build_plan on `device` (knobs: its layout, order, group_cap).
+
+    x_recv row i is the i-th valid row in layout order (experts ascending, remote owners
+    ascending, then the local group). Destination d receives this rank's rows consecutively
+    from dst_base[d] on, in (expert, row) order.
+    """
+    E, W = len(rows), len(rows[0])
+    src, expert, dst = rows_of_sizes(rows, rank=rank, dst_base=dst_base)
+    shape = dict(world_size=W, rank=rank, experts_per_rank=E, tile_m=tile_m, mgb=mgb)
+    return build_plan(
+        src.to(device), expert.to(device), dst.to(device), **shape,
+        out_cols=out_cols, elem_bytes=elem_bytes, **knobs,
+    )  # fmt: skip
+
+
+def rows_of_sizes(rows: list[list[int]], *, rank: int, dst_base: list[int] | None = None):
+    """build_plan's inputs recv_src, recv_expert, recv_dst_index [R] (int64, CPU) that group
+    sizes rows[e][s] describe, in layout order (plan_from_rows)."""
+    E, W = len(rows), len(rows[0])
+    cnt = torch.tensor(rows, dtype=torch.int64).view(E, W)  # [E, W] by owner
+    base = torch.tensor(list(dst_base) if dst_base is not None else [0] * W, dtype=torch.int64)
+    owners = slot_ranks(W, rank)
+    flat = cnt[:, owners].reshape(-1)  # [E * W] group sizes in layout order
+    R = int(flat.sum())
+    src = torch.repeat_interleave(owners.repeat(E), flat, output_size=R)
+    expert = torch.repeat_interleave(torch.arange(E).repeat_interleave(W), flat, output_size=R)
+    start = base + torch.cumsum(cnt, 0) - cnt  # [E, W]: first destination row of each group
+    g = torch.repeat_interleave(torch.arange(E * W), flat, output_size=R)
+    dst = start[:, owners].reshape(-1)[g] + torch.arange(R) - _excl_cumsum(flat)[g]
+    return src, expert, dst
 
 
 def padded_input(x_recv: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
@@ -663,11 +640,9 @@ def owner_expert_counts(expert_ids: torch.Tensor, experts_per_rank: int) -> torc
 
 
 def padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> torch.Tensor:
-    """Exact zero padding rows of every rank's layout [W] from C [W, W*E] (owner_expert_counts).
-
-    Rank r pads each remote group (owner s != r, expert g of r) to a multiple of tile_m:
-    sum over s != r and g of (-C[s, g]) mod tile_m. Equals build_plan(...).n_padding.
-    """
+    """Exact zero padding rows of every rank's aligned layout [W] from C [W, W*E]
+    (owner_expert_counts): rank r pads each remote group (owner s != r, expert g of r) to a
+    multiple of tile_m. Equals build_plan(...).n_padding."""
     W = counts.shape[0]
     pad = (-counts).remainder(tile_m).view(W, W, experts_per_rank)  # [s, r, e]
     pad = pad * (1 - torch.eye(W, dtype=pad.dtype, device=pad.device))[:, :, None]
@@ -675,14 +650,17 @@ def padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> to
 
 
 def packed_padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> torch.Tensor:
-    """Zero rows of every rank [W] if the remote rows of an expert were PACKED: all remote owners'
-    rows of expert g back to back, padded once to a multiple of tile_m (a band may then hold rows
-    of several owners). Rank r: sum over its experts g of (-sum_{s != r} C[s, g]) mod tile_m.
-    Equals build_plan(..., layout="packed").n_padding (the local rows stay unpadded)."""
+    """Zero rows of every rank [W] if the remote rows of an expert were PACKED: all remote
+    owners' rows of expert g back to back, padded once to a multiple of tile_m. Rank r: sum
+    over its experts g of (-sum_{s != r} C[s, g]) mod tile_m (a what-if of the padding study)."""
     W = counts.shape[0]
     c = counts.view(W, W, experts_per_rank)  # [s, r, e]
     remote = (c * (1 - torch.eye(W, dtype=c.dtype, device=c.device))[:, :, None]).sum(0)  # [r, e]
     return (-remote).remainder(tile_m).sum(1)
+
+
+#: the layouts row_tiles counts: the plan's, and "packed" (the padding study's what-if)
+TILE_COUNT_LAYOUTS = ("aligned", "packed", "compact")
 
 
 def row_tiles(
@@ -692,9 +670,9 @@ def row_tiles(
     (owner_expert_counts), in `layout`: aligned sum over r's experts g of (sum over remote owners
     s of ceil(C[s, g] / tile_m)) + ceil(C[r, g] / tile_m); packed ceil(remote / tile_m) +
     ceil(local / tile_m); compact ceil((remote + local) / tile_m), which is what
-    torch._grouped_mm tiles. Equals build_plan(..., layout=layout).n_bands."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    torch._grouped_mm tiles (and build_plan(..., layout=layout).n_bands)."""
+    if layout not in TILE_COUNT_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(TILE_COUNT_LAYOUTS)}, got {layout!r}")
     W, tm = counts.shape[0], tile_m
     c = counts.view(W, W, experts_per_rank)  # [s, r, e]
     eye = torch.eye(W, dtype=torch.bool, device=c.device)[:, :, None]
@@ -708,114 +686,44 @@ def row_tiles(
     return ceil(remote + local).sum(1)
 
 
-def plans_for_spec(
-    spec: WorkloadSpec,
-    *,
-    tile_m: int,
-    mgb: int,
-    device: torch.device | None = None,
-    layout: str = "aligned",
-) -> tuple[list[CombinePlan], list[RankLayout]]:
-    """Plans and RankLayouts of all W ranks of a spec (every rank can build every plan)."""
-    lays = [rank_layout(spec, r) for r in range(spec.world_size)]
-    elem = torch.empty(0, dtype=spec.torch_dtype).element_size()
-    plans = [
-        plan_for_layout(
-            lay,
-            world_size=spec.world_size,
-            experts_per_rank=spec.experts_per_rank,
-            tile_m=tile_m,
-            mgb=mgb,
-            out_cols=spec.out,
-            elem_bytes=elem,
-            device=device,
-            layout=layout,
-        )
-        for lay in lays
-    ]
-    return plans, lays
-
-
-def padded_bound(plan: Any) -> int:
-    """Rows of the padded layout a kernel may touch: n_padded (a CombinePlan) or the bound
-    max_padded (a DevicePlan)."""
-    return plan.max_padded if getattr(plan, "counts_on_device", False) else int(plan.n_padded)
-
-
-def local_row_map(plan: Any, out: torch.Tensor | None = None) -> torch.Tensor:
-    """row_dst [P] int64 on the plan's device: the place in this rank's own receive buffer of
-    each local valid row of the padded layout, -1 at every other row (remote rows, padding).
-
-    P is n_padded (a CombinePlan) or the bound max_padded (a DevicePlan, whose local arrays
-    hold -1 past n_local). Three device ops, no host synchronisation. The producer's epilogue
-    uses it to store local rows where the local copy would put them (local=direct).
-    out: an int64 [P + 1] buffer to write (its [:P] view is returned), e.g. the last call's
-    buffer for a plan rewritten in place.
-    """
-    P = padded_bound(plan)
-    src, dst = plan.local_src_row, plan.local_dst_index
-    if out is None:
-        out = torch.full((P + 1,), -1, dtype=torch.int64, device=src.device)
-    elif out.shape != (P + 1,) or out.dtype != torch.int64:
-        raise ValueError(f"local_row_map: out must be int64 [{P + 1}], got {tuple(out.shape)}")
-    else:
-        out.fill_(-1)
-    out.scatter_(0, torch.where(src >= 0, src, P), dst.to(torch.int64))
-    return out[:P]
-
-
-#: the producer's visiting orders of the schedule (OverlapSystem's `order` knob)
-ORDERS = ("remote_first", "expert")
-
-
-def producer_order(plan: Any) -> torch.Tensor:
-    """order [B] int32 on the plan's device: the schedule positions in the order the producer
-    visits them for order="expert" (the default "remote_first" visits them 0, 1, ..., B-1).
+def producer_order(plan: CombinePlan) -> torch.Tensor:
+    """visit [B] int64 on the plan's device: the schedule positions in the order the producer
+    visits them for order="expert".
 
     Each expert's remote bands (consecutive in the schedule) are directly followed by its local
     bands, experts in the order of their first remote band, experts without remote bands last;
-    a DevicePlan's unused positions (>= n_bands) stay at the end. So the bands that read one
-    expert's weights run together (concurrent tiles of the producer's swizzle share each
-    weight strip in L2), while the remote bands keep their schedule order (the consumer never
-    waits on a later band first). B is n_bands (a CombinePlan) or the bound B' (a DevicePlan);
-    a handful of device ops, no host synchronisation.
+    positions past n_bands (a worst-case-sized plan) stay at the end. So the bands that read
+    one expert's weights run together, while the remote bands keep their schedule order (the
+    consumer never waits on a later band first). A handful of device ops, no host sync.
     """
     sched = plan.schedule
     B, dev = sched.numel(), sched.device
     pos = torch.arange(B, dtype=torch.int64, device=dev)
-    exp = plan.band_expert.to(torch.int64)[sched.to(torch.int64).clamp(0, max(B - 1, 0))]
-    exp = exp.clamp(0, plan.experts_per_rank - 1)  # a DevicePlan's unused entries
-    remote = pos < plan.n_remote_bands
+    exp = plan.band_expert[sched.clamp(0, max(B - 1, 0))].clamp(0, plan.experts_per_rank - 1)
     first = torch.full((plan.experts_per_rank,), B, dtype=torch.int64, device=dev)
-    first.scatter_reduce_(0, exp, torch.where(remote, pos, B), "amin")
+    first.scatter_reduce_(0, exp, torch.where(pos < plan.n_remote_bands, pos, B), "amin")
     key = torch.where(pos < plan.n_bands, first[exp], B + 1) * (B + 1) + pos
-    return torch.sort(key).indices.to(torch.int32)
+    return torch.sort(key).indices
 
 
-def check_group_cap(cap: int) -> None:
-    """A one-line ValueError unless 1 <= cap < GROUP_CODE (a group's size must fit its code)."""
-    if not 1 <= cap < GROUP_CODE:
-        raise ValueError(f"producer_groups: cap must be in [1, {GROUP_CODE}), got {cap}")
-
-
-def producer_groups(plan: Any, visit: torch.Tensor | None, cap: int) -> torch.Tensor:
+def producer_groups(plan: CombinePlan, visit: torch.Tensor | None, cap: int) -> torch.Tensor:
     """groups [B] int32 on the plan's device: the producer's swizzle group of each visiting
-    position v (TileConfig.expert_groups), encoded first * GROUP_CODE + size.
+    position v, encoded first * GROUP_CODE + size.
 
     A group is a run of consecutive visiting positions [first, first + size) whose bands all
     belong to one expert, at most `cap` long: each run of one expert is cut into
     ceil(run / cap) groups of near-equal size. The producer walks a group column tile by
-    column tile, so each of that expert's weight strips is read from HBM once per group (a
-    group that straddled two experts would read both experts' strips). visit [B]: the
-    visiting order (producer_order; None: the schedule's own order). A DevicePlan's unused
-    positions (>= n_bands) are groups of one. A handful of device ops, no host synchronisation.
+    column tile, so each of that expert's weight strips is read from HBM once per group.
+    visit [B]: the visiting order (None: the schedule's own order). Positions past n_bands
+    are groups of one. A handful of device ops, no host synchronisation.
     """
-    check_group_cap(cap)
+    if not 1 <= cap < GROUP_CODE:
+        raise ValueError(f"producer_groups: cap must be in [1, {GROUP_CODE}), got {cap}")
     sched = plan.schedule
     B, dev = sched.numel(), sched.device
     v = torch.arange(B, dtype=torch.int64, device=dev)
     pos = v if visit is None else visit.to(torch.int64).clamp(0, max(B - 1, 0))
-    exp = plan.band_expert.to(torch.int64)[sched.to(torch.int64)[pos].clamp(0, max(B - 1, 0))]
+    exp = plan.band_expert[sched.to(torch.int64)[pos].clamp(0, max(B - 1, 0))]
     key = torch.where(v < plan.n_bands, exp, -1 - v)  # unused positions: runs of one
     start = torch.ones(B, dtype=torch.bool, device=dev)
     start[1:] = key[1:] != key[:-1]
@@ -832,61 +740,3 @@ def producer_groups(plan: Any, visit: torch.Tensor | None, cap: int) -> torch.Te
     )
     size = torch.where(o < big, base + 1, base)
     return ((run_first + first) * GROUP_CODE + size).to(torch.int32)
-
-
-def split_tail_bands(
-    plan: Any, visit: torch.Tensor | None, tail_m: int
-) -> list[tuple[Any, torch.Tensor] | None]:
-    """The plan's schedule cut in two producer launches: the bands with more than tail_m rows
-    (the main launch, tile_m rows a tile) and the bands with at most tail_m rows (the tail
-    launch, tiles of tail_m rows: a compact plan's last band of an expert often holds a few
-    rows, and a tile_m-row tile computes the padding too).
-
-    Returns [main, tail], each (sub_plan, sub_visit), or None where no band is of its kind. A
-    sub_plan keeps the plan's band arrays (band ids, so the ready counters stay per band) with
-    its own schedule [B_s] (its signalled bands first, as in the plan), n_remote_bands, n_bands
-    and layout; sub_visit [B_s] int32 is the visiting order of its positions, the plan's
-    visiting order (visit; None: the schedule's) restricted to it. A host plan's set-up step:
-    it reads the band rows to the host."""
-    from types import SimpleNamespace
-
-    sched = plan.schedule.to("cpu", torch.int64)
-    B = sched.numel()
-    rows = plan.band_rows.to("cpu", torch.int64)[sched]  # rows of each schedule position
-    order = torch.arange(B) if visit is None else visit.to("cpu", torch.int64)
-    n_remote = int(plan.n_remote_bands)
-    dev = plan.schedule.device
-    out = []
-    for tail in (False, True):
-        vis = [int(p) for p in order if bool(rows[p] <= tail_m) == tail]
-        if not vis:
-            out.append(None)
-            continue
-        pos = sorted(p for p in vis if p < n_remote) + sorted(p for p in vis if p >= n_remote)
-        where = {p: i for i, p in enumerate(pos)}
-        sub = SimpleNamespace(
-            schedule=sched[pos].to(device=dev, dtype=plan.schedule.dtype),
-            band_expert=plan.band_expert,
-            band_row=plan.band_row,
-            band_rows=plan.band_rows,
-            n_remote_bands=sum(p < n_remote for p in pos),
-            n_bands=len(pos),
-            experts_per_rank=plan.experts_per_rank,
-            layout=getattr(plan, "layout", "aligned"),
-        )
-        sub_visit = torch.tensor([where[p] for p in vis], dtype=torch.int32, device=dev)
-        out.append((sub, sub_visit))
-    return out
-
-
-def split_groups(sub: Any, visit: torch.Tensor, cap: int) -> torch.Tensor:
-    """producer_groups of a split_tail_bands sub-plan (its band ids are the full plan's, which
-    producer_groups would clamp to the sub-plan's length): the same runs of one expert, computed
-    on the sub-plan's positions renumbered 0..B_s-1."""
-    from types import SimpleNamespace
-
-    n = sub.schedule.numel()
-    exp = sub.band_expert[sub.schedule.to(torch.int64)]
-    ids = torch.arange(n, dtype=sub.schedule.dtype, device=sub.schedule.device)
-    view = SimpleNamespace(schedule=ids, band_expert=exp, n_bands=n)
-    return producer_groups(view, visit, cap)

@@ -10,29 +10,23 @@ streams, the run counters (epochs), and launches
   sequential()    the same two kernels one after the other on the current stream (reference)
   compute_only()  producer without flags (FLAG=0): the compute bound / flag-cost reference
   comm_only()     consumer without waiting (flags taken as set): the communication bound
-  local_copy()    the local rows Y[local_src_row] -> own receive buffer (torch index ops)
   wait_received() receiver side: block the current stream until every source's rows arrived
   check()         raise OverlapTimeoutError if a wait timed out (synchronises)
-  use_plan()      swap in another plan of the same rank (e.g. this step's DevicePlan)
-A systems.overlap.plan_device.DevicePlan (worst-case sized, counts on the device) runs with no
-host synchronisation: the kernels read the counts from the device, the local copy is one
-Triton kernel, and the band counters are zeroed before every run (a band id means another band
-in the next step's plan, so epoch values cannot carry over; one memset per run).
-residency_report() says from the compiled kernels whether a consumer CTA owns its SM.
+  use_plan()      run another plan of the same rank (e.g. this step's device-built plan)
+The producer's epilogue stores the local rows straight into the transport's own receive buffer
+(plan.row_dst); the runner takes the plan's visiting order and swizzle groups as they are, and
+derives nothing from the plan. Its counts live on the device (plan.counts), so a worst-case-
+sized plan runs with no host synchronisation.
 On a GPU every launch is remembered (harness/kernels/relaunch.py LaunchMemo, keyed on what the
-launch passes and on plan_version, which every new plan object moves) and re-run from its compiled
-kernel while its key holds: a step's host time is then the kernels' own launchers, not Triton's
-argument binding and our operand checks (benchmarks/host_profile.py). The producer's input x is
-a volatile argument (a layer's fc1 output is a new tensor every step). use_plan() with the same
-DevicePlan object again (a plan_device.DevicePlanBuilder's, rewritten in place every step)
-rebuilds what the runner derives from it in place and keeps the remembered launches.
+launch passes and on plan_version, which every new plan object moves) and re-run from its
+compiled kernel while its key holds. The producer's input x is a volatile argument (a layer's
+fc1 output is a new tensor every step). use_plan() with the same plan object again (a
+plan_device.DevicePlanBuilder's, rewritten in place every step) keeps the remembered launches.
 Importing this module imports triton (through kernels/), not the transports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -50,47 +44,61 @@ from systems.overlap.kernels import (
     producer_input_args,
     shared_consumer_config,
     vec_ok,
-    with_swizzle,
 )
 from systems.overlap.modes import CONSUMER_SMS, PUT_STORE
-from systems.overlap.plan import (
-    ORDERS,
-    local_row_map,
-    padded_bound,
-    producer_groups,
-    producer_order,
-)
-from systems.overlap.plan_device import local_copy_device, producer_groups_device
+from systems.overlap.plan import CombinePlan
 
 _INT32_MAX = 2**31 - 1
+#: cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (CUDA driver API)
+_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+_carveout_done: dict[int, int] = {}  # CUfunction handle -> percent set
 
 
-def _visit(plan: Any) -> torch.Tensor:
-    """The order="expert" visiting order of a plan: a DevicePlan's `visit` (built by its fill
-    kernel, no launch), else plan.producer_order (a few torch ops)."""
-    visit = getattr(plan, "visit", None)
-    return visit if visit is not None else producer_order(plan)
+def prefer_shared_carveout(compiled: Any, percent: int) -> None:
+    """Ask the driver to run SMs holding this compiled Triton kernel with `percent` of the
+    unified L1 / shared memory as shared memory (once per CUfunction). consumer_sms="shared"
+    sets 100 so that an SM that took a consumer CTA first still has room for a producer CTA."""
+    import ctypes
+
+    if not 0 <= percent <= 100:
+        raise ValueError(f"carveout must be a percentage in [0, 100], got {percent}")
+    compiled._init_handles()  # loads the module (what the first launch would do)
+    fn = int(compiled.function)
+    if _carveout_done.get(fn) == percent:
+        return
+    lib = ctypes.CDLL("libcuda.so.1")
+    rc = lib.cuFuncSetAttribute(
+        ctypes.c_void_p(fn),
+        ctypes.c_int(_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT),
+        ctypes.c_int(percent),
+    )
+    if rc != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(shared-memory carve-out {percent}%): CUresult {rc}")
+    _carveout_done[fn] = percent
+
+
+def _full_carveout(compiled: Any) -> None:
+    prefer_shared_carveout(compiled, 100)
 
 
 class OverlapRunner:
     """Producer + consumer of ONE rank's plan on one device.
 
-    plan: a systems.overlap.plan.CombinePlan (or anything with its band_*, schedule, seg_*,
-      n_remote_bands, local_* fields) with tensors on the device, or a DevicePlan;
+    plan: a systems.overlap.plan.CombinePlan with tensors on the device (host- or
+      device-built), built for this runner's `order` and its tile's group_cap;
     weights [E, K, N]; transport: systems.overlap.transport.Transport of this rank;
     ccta: consumer programs; the producer gets SMs - ccta (num_programs overrides, e.g. for
       the CPU interpreter where there are no SMs);
-    swizzle: the producer's swizzle groups (kernels/producer.py with_swizzle: "table",
-      "fixed<m>" or "expert<cap>") applied to `tile` (or the tile table's pick);
+    tile: the producer's TileConfig (None: the tile table's pick, tuning.pick_config);
+    order: the plan's order ("remote_first" | "expert"), checked against it;
     consumer_sms: "own" (the paper's: the consumer's cCTA programs own their SMs, the producer
       gets SMs - ccta) or "shared" (cCTA small consumer CTAs, `consumer` defaulting to
-      shared_consumer_config, next to the producer's CTAs on ALL SMs; ccta <= SMs);
-    backoff_ns: the consumer sleeps this long between the polls of a band wait (0: none).
+      shared_consumer_config, next to the producer's CTAs on ALL SMs; ccta <= SMs).
     """
 
     def __init__(
         self,
-        plan: Any,
+        plan: CombinePlan,
         weights: torch.Tensor,
         transport: Any,
         *,
@@ -98,11 +106,8 @@ class OverlapRunner:
         tile: TileConfig | None = None,
         consumer: ConsumerConfig | None = None,
         num_programs: int | None = None,
-        local_direct: bool = False,
         order: str = "remote_first",
-        swizzle: str = "table",
         consumer_sms: str = "own",
-        backoff_ns: int = 0,
     ) -> None:
         self.plan = plan
         self.weights = weights
@@ -112,9 +117,15 @@ class OverlapRunner:
         self.device = dev
         E, K, N = weights.shape
         self.n = N
-        self.tile = with_swizzle(tile or pick_config(plan.tile_m, K, N, weights.dtype), swizzle)
+        self.tile = tile or pick_config(plan.tile_m, K, N, weights.dtype)
         if self.tile.block_m != plan.tile_m:
             raise ValueError(f"tile block_m {self.tile.block_m} != plan tile_m {plan.tile_m}")
+        if order != plan.order:
+            raise ValueError(f"order {order!r}: the plan was built for order={plan.order!r}")
+        if self.tile.group_cap != plan.group_cap:
+            raise ValueError(
+                f"the tile's group_cap {self.tile.group_cap} != the plan's {plan.group_cap}"
+            )
         if consumer_sms not in CONSUMER_SMS:
             raise ValueError(
                 f"consumer_sms must be one of {', '.join(CONSUMER_SMS)}, got {consumer_sms!r}"
@@ -124,8 +135,6 @@ class OverlapRunner:
         #: the carve-out request needs the CUDA driver (the interpreter runs the same kernels)
         self.shared_on_gpu = shared and dev.type == "cuda"
         self.consumer = consumer or (shared_consumer_config() if shared else ConsumerConfig())
-        if backoff_ns:  # sleep between the polls of a band wait
-            self.consumer = replace(self.consumer, backoff_ns=int(backoff_ns))
         if num_programs is None:
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
             if shared and not 1 <= ccta <= sms:
@@ -136,7 +145,6 @@ class OverlapRunner:
         self.num_programs = num_programs
         #: consumer_sms="shared": residency_report of the first overlapped run's kernels
         self.residency: dict | None = None
-        # B bands (B' for a DevicePlan: its worst case)
         self.band_ready = torch.zeros(max(plan.schedule.numel(), 1), dtype=torch.int32, device=dev)
         self.err = new_error_buffer(dev)
         self.clock = torch.zeros(max(ccta, 1), dtype=torch.int64, device=dev)
@@ -146,13 +154,11 @@ class OverlapRunner:
         # plan.recv_rows (its routing may change from run to run, as in a model's MoE blocks)
         self.recv_expected = torch.zeros(plan.world_size, dtype=torch.int64, device=dev)
         self.remote = torch.ones(plan.world_size, dtype=torch.int64, device=dev)
-        self.remote[plan.rank] = 0  # own rows arrive by the local copy, not a signal
+        self.remote[plan.rank] = 0  # own rows arrive through the producer's epilogue
         self.recv_step = self._recv_step(plan)
         if dev.type == "cuda":
             # own: the consumer's stream has the higher priority; shared: the producer's, so the
-            # block scheduler prefers the producer's CTAs (one per SM). Alone this did not stop
-            # the stalls of shared runs (operator_consumer_loopback_ee91390.parquet); the
-            # consumer's carve-out request did (kernels/consumer.py)
+            # block scheduler prefers the producer's CTAs (one per SM)
             hi, lo = -3, 0
             self.prod_stream = torch.cuda.Stream(dev, priority=hi if shared else lo)
             self.cons_stream = torch.cuda.Stream(dev, priority=lo if shared else hi)
@@ -161,104 +167,48 @@ class OverlapRunner:
         self.last_kernels: dict[str, Any] = {}
         #: GPU: each launch of a step remembered once and re-run without Triton's per-call host
         #: work while its key holds (harness/kernels/relaunch.py); `plan_version` is in every key
-        #: and moves with every new plan object (use_plan, replan; not the same plan again)
-        names = ("produce", "bound", "consume", "comm", "wait", "groups")
-        self.memos = {k: LaunchMemo() for k in names}
+        #: and moves with every new plan object (use_plan; not the same plan again)
+        self.memos = {k: LaunchMemo() for k in ("produce", "bound", "consume", "comm", "wait")}
         self.use_memos = dev.type == "cuda"
         self.plan_version = 0
-        #: local rows stored by the producer's epilogue into the own receive buffer (no local
-        #: copy); row_dst [P] is the plan's local_row_map, rebuilt by use_plan
-        self.local_direct = local_direct
-        self.row_dst = self._row_map(plan) if local_direct else None
-        #: the producer's visiting order of the schedule ("expert": plan.producer_order, rebuilt
-        #: by use_plan; "remote_first": the schedule itself, no array)
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-        self.order = order
-        self.visit = _visit(plan) if order == "expert" else None
-        self.groups = self._groups(plan)
 
-    def _row_map(self, plan: Any) -> torch.Tensor:
-        """local_row_map of a new plan: a DevicePlan's own row_dst (its fill kernel wrote it),
-        else into a new [P + 1] buffer kept for in-place rebuilds."""
-        if getattr(plan, "row_dst", None) is not None:
-            self._row_dst_buf = None
-            return plan.row_dst
-        self._row_dst_buf = torch.empty(
-            padded_bound(plan) + 1, dtype=torch.int64, device=self.device
-        )
-        return local_row_map(plan, out=self._row_dst_buf)
-
-    def _recv_step(self, plan: Any) -> torch.Tensor | None:
+    def _recv_step(self, plan: CombinePlan) -> torch.Tensor | None:
         """int64 [W]: what one run of `plan` adds to recv_expected (its recv_rows from remote
         sources), or None for a plan without recv_rows."""
         if plan.recv_rows is None:
             return None
         return plan.recv_rows.to(device=self.device, dtype=torch.int64) * self.remote
 
-    def _groups(self, plan: Any, out: torch.Tensor | None = None) -> torch.Tensor | None:
-        """The producer's swizzle groups of the plan's visiting order (TileConfig.expert_groups:
-        plan.producer_groups; on a GPU its one-kernel twin, remembered), else None. out: the
-        last groups tensor, rewritten (a plan rewritten in place)."""
-        if not self.tile.expert_groups:
-            return None
-        if self.device.type == "cuda":  # one launch (plan_device.producer_groups_device)
-            memo, key = None, None
-            if self.use_memos and out is not None:  # the plan's tensors: plan_version
-                memo = self.memos["groups"]
-                key = (self.plan_version, out.data_ptr(), self.tile.group_m, self.order)
-            return producer_groups_device(
-                plan, self.visit, self.tile.group_m, out=out, memo=memo, memo_key=key
-            )
-        return producer_groups(plan, self.visit, self.tile.group_m)
-
-    @property
-    def device_plan(self) -> bool:
-        """The plan's counts live on the device (a DevicePlan)."""
-        return getattr(self.plan, "counts_on_device", False)
-
-    def use_plan(self, plan: Any) -> None:
-        """Run `plan` (same rank and tile_m; e.g. a DevicePlan rebuilt for this step) from now
-        on. Host ints only: its schedule must fit the band counters (its bound B' <= theirs)."""
-        if plan.rank != self.plan.rank or plan.tile_m != self.plan.tile_m:
-            raise ValueError("use_plan: another rank or tile_m")
-        if plan.schedule.numel() > self.band_ready.numel():
-            raise ValueError(
-                f"use_plan: {plan.schedule.numel()} bands > {self.band_ready.numel()} counters"
-            )
-        self._set_plan(plan)
-
-    def _set_plan(self, plan: Any) -> None:
-        """`plan` and everything the runner derives from it. A new plan object: every
-        remembered launch expires (plan_version moves). The same DevicePlan object again (a
-        DevicePlanBuilder's, its tensors rewritten in place): the derived tensors are rebuilt
-        in place, so every remembered launch holds."""
-        if plan is self.plan and self.device_plan:
-            if self.local_direct and self._row_dst_buf is not None:  # else the plan's row_dst
-                self.row_dst = local_row_map(plan, out=self._row_dst_buf)  # same buffer
-            # visit is the plan's own tensor (DevicePlan.visit), rewritten with it
-            if self.groups is not None:
-                self.groups = self._groups(plan, out=self.groups)
+    def use_plan(self, plan: CombinePlan) -> None:
+        """Run `plan` (same rank, tile_m, order and group_cap) from now on: the band counters
+        restart from zero (a stream-ordered memset; a band id names another band in another
+        plan), the receive counters keep their epochs. The same plan object again (rewritten
+        in place by a DevicePlanBuilder) keeps every remembered launch; a new one expires
+        them (and the counters grow where its schedule is longer)."""
+        p = self.plan
+        if (plan.rank, plan.tile_m, plan.order, plan.group_cap) != (
+            p.rank, p.tile_m, p.order, p.group_cap
+        ):  # fmt: skip
+            raise ValueError("use_plan: another rank, tile_m, order or group_cap")
+        if plan is p:
             if self.recv_step is not None:
                 torch.mul(plan.recv_rows, self.remote, out=self.recv_step)
-            return
-        self.plan = plan
-        self.plan_version += 1
-        if self.local_direct:
-            self.row_dst = self._row_map(plan)
-        if self.order == "expert":
-            self.visit = _visit(plan)
-        self.groups = self._groups(plan)
-        self.recv_step = self._recv_step(plan)
+        else:
+            self.plan = plan
+            self.plan_version += 1
+            self.recv_step = self._recv_step(plan)
+        if plan.schedule.numel() > self.band_ready.numel():
+            self.band_ready = torch.zeros(
+                plan.schedule.numel(), dtype=torch.int32, device=self.device
+            )
+        else:
+            self.band_ready.zero_()
+        self.producer_runs = 0
 
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
-        """Ready-counter value of a complete band in the next producer run (epoch value; with
-        a DevicePlan the counters are zeroed here and the target is one run's increment)."""
+        """Ready-counter value of a complete band in the next producer run (epoch value)."""
         inc = self.tile.band_increment(self.n)
-        if self.device_plan:
-            self.band_ready.zero_()  # stream-ordered; the previous run is joined already
-            return inc
         if (self.producer_runs + 1) * inc > _INT32_MAX:
             self.band_ready.zero_()  # stream-ordered; the previous run is joined already
             self.producer_runs = 0
@@ -272,7 +222,7 @@ class OverlapRunner:
             # x is volatile (swapped in): its shape, strides, dtype and alignment
             xk = (x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0)
             key = (xk, y.data_ptr(), y.shape, num_programs, self.plan_version)
-            key = (key, self.band_ready.data_ptr(), self.tile, self.local_direct)
+            key = (key, self.band_ready.data_ptr(), self.tile, self.transport.recv.data_ptr())
             if memo.hit(key):
                 if memo.holds("x_ptr", x):  # the very x of the last launch (operator scope)
                     return memo.launch()
@@ -286,9 +236,7 @@ class OverlapRunner:
             num_programs=num_programs,
             config=self.tile,
             signal=signal,
-            local_to=(self.transport.recv, self.row_dst) if self.local_direct else None,
-            order=self.visit,
-            groups=self.groups,
+            recv=self.transport.recv,
             memo=memo,
             memo_key=key,
         )
@@ -321,25 +269,19 @@ class OverlapRunner:
             put_mode=t.put_mode,
             vec=vec_ok(y, getattr(t, "aligned", None), recv_tab),
             # shared: an SM that took a consumer CTA first must keep room for a producer CTA
-            carveout=100 if self.shared_on_gpu and wait else None,
+            prepare=_full_carveout if self.shared_on_gpu and wait else None,
             memo=memo,
             memo_key=key,
         )
 
-    def overlapped(
-        self, x: torch.Tensor, y: torch.Tensor, before_consume: Callable[[], None] | None = None
-    ) -> torch.Tensor:
+    def overlapped(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Producer and consumer concurrently: x [P, K] -> y [P, N], remote rows sent.
 
         The producer goes first (it never waits), the consumer second on the high-priority
         stream; both join the current stream before this returns (asynchronously).
-        `before_consume` is enqueued on the consumer's stream ahead of the consumer (it is the
-        current stream while it runs): the operator step's handshake at handshake_stream=consumer.
         """
         target = self._next_target()
         if self.device.type != "cuda":
-            if before_consume is not None:
-                before_consume()
             return self.sequential(x, y, target=target)
         # fork and join through events made once (fewer host calls than wait_stream and the
         # stream context); no record_stream: the current stream waits for both side streams
@@ -355,8 +297,6 @@ class OverlapRunner:
             kp = self._produce(x, y, True, self.num_programs)
             prod_done.record(self.prod_stream)
             torch.cuda.set_stream(self.cons_stream)
-            if before_consume is not None:
-                before_consume()
             kc = self._consume(y, target, True)
             cons_done.record(self.cons_stream)
         finally:
@@ -402,19 +342,6 @@ class OverlapRunner:
         """Consumer alone, flags taken as set (no waits): the communication-only bound."""
         self._consume(y, 0, False)
         self._count_run()
-
-    def local_copy(self, y: torch.Tensor, recv: torch.Tensor | None = None) -> torch.Tensor:
-        """Local rows: recv[local_dst_index] = y[local_src_row] (recv: own receive buffer).
-        With local_direct the producer stored them there already: nothing to do."""
-        p = self.plan
-        recv = self.transport.recv if recv is None else recv
-        if self.local_direct:
-            return recv
-        if self.device_plan:
-            return local_copy_device(y, recv, p)
-        if p.n_local:
-            recv.index_copy_(0, p.local_dst_index, y.index_select(0, p.local_src_row))
-        return recv
 
     def _count_run(self) -> None:
         """One consumer run: every peer runs its own in lockstep and sends this rank the rows
@@ -468,19 +395,6 @@ class OverlapRunner:
 
     def error(self):
         return read_error(self.err)
-
-    def replan(self, plan: Any) -> None:
-        """Run the next steps on a new plan of the same cell (a layer's stage A on every
-        forward): the band counters restart from zero (a stream-ordered memset; the previous
-        run is joined already), the receive counters keep their epochs."""
-        if plan.tile_m != self.plan.tile_m or plan.rank != self.plan.rank:
-            raise ValueError("replan: the new plan must keep tile_m and rank")
-        self._set_plan(plan)
-        if self.band_ready.numel() < max(plan.n_bands, 1):
-            self.band_ready = torch.zeros(plan.n_bands, dtype=torch.int32, device=self.device)
-        else:
-            self.band_ready.zero_()
-        self.producer_runs = 0
 
     def reset(self) -> None:
         """Zero counters and the error record (after a time-out the counters are stale)."""

@@ -42,6 +42,7 @@ from harness.timing import time_fn
 from harness.workload import WorkloadSpec
 from systems.overlap.params import AUTO, OverlapParams
 from systems.overlap.plan import padded_input, plan_for_layout
+from systems.overlap.tuning import pick_config
 
 
 def _runner(plan, weights, transport, k: OverlapParams):
@@ -76,6 +77,8 @@ class _Rank:
             elem_bytes=x_recv.element_size(),
             device=x_recv.device,
             layout=k.layout,
+            order=k.order,
+            group_cap=pick_config(k.tile_m, weights.shape[1], spec.out, weights.dtype).group_cap,
         )
         self.x = padded_input(x_recv, self.plan.gather_index)
         self.y = torch.empty(self.x.shape[0], spec.out, dtype=x_recv.dtype, device=x_recv.device)
@@ -200,12 +203,14 @@ class _LayerRank:
             out_cols=spec.out,
             elem_bytes=self.x.element_size(),
             layout=layout,
+            order=k.order,
+            group_cap=pick_config(tile_m, self.w2.shape[1], spec.out, self.w2.dtype).group_cap,
         )
         self.builder = DevicePlanBuilder(**self.plan_shape)  # every step's plan, in place
         self.y: torch.Tensor | None = None  # every step's fc2 output [P', N]
         # one untimed step's state (bounds, plan facts), in its own plan
         self.held = self.stage_a(own_plan=True)
-        self.plan = self.held[1].to_host_plan()  # host view of the plan, for the row's facts
+        self.plan = self.held[1].trimmed()  # host view of the plan, for the row's facts
         self.runner = _runner(self.held[1], self.w2, transport, k)
         # band counters for the worst case of any step: every row of every rank comes here
         most = plan_bounds(
@@ -259,8 +264,7 @@ class _LayerRank:
         if not grouped_mm_usable(x_pad, self.w1):  # the per-expert fallback needs host ints
             counts = plan.expert_row_start.diff().tolist()
             x_pad = x_pad[: int(plan.expert_row_start[-1])]
-        n_padded = plan.n_padded if getattr(plan, "counts_on_device", False) else None
-        return activation(expert_gemm(x_pad, counts, self.w1, offs), n_padded)
+        return activation(expert_gemm(x_pad, counts, self.w1, offs), plan.n_padded)
 
     def _fc2_combine(self, plan, h: torch.Tensor, overlapped: bool = True) -> torch.Tensor:
         bands = plan.schedule.numel()  # a plan at a bound set past W*T*k (a test's) has more
@@ -386,7 +390,7 @@ class OverlapSystem(System):
         plan = rk.plan
         self.extra |= {
             "timed_rank": self.mode.busy,
-            "layout": getattr(plan, "layout", "aligned"),
+            "layout": plan.layout,
             "padded_rows": int(plan.n_padded),
             "valid_rows": int(plan.n_rows),
             "bands": int(plan.n_bands),

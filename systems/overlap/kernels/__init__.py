@@ -3,10 +3,12 @@
 producer.py    ONE persistent Triton GEMM per rank over all local experts, per-band ready counters
 consumer.py    ONE persistent Triton kernel of cCTA programs: wait for bands, copy valid rows,
                signal
+plan.py        stage A's kernels (systems/overlap/plan_device.py launches them)
 primitives.py  the device primitives both share (bounded spins, error record, timers, copies,
                flag publishing, NVSHMEM externs)
 The host state that pairs them (counters, streams, epochs) is systems/overlap/runner.py; the
-named modes are systems/overlap/modes.py. Importing this package imports triton.
+tile table is systems/overlap/tuning.py; the named modes are systems/overlap/modes.py.
+Importing this package imports triton.
 """
 
 from __future__ import annotations
@@ -19,15 +21,8 @@ from systems.overlap.kernels.consumer import (
     shared_consumer_config,
     vec_ok,
 )
-from systems.overlap.kernels.producer import (
-    TileConfig,
-    interpreter_config,
-    launch_producer,
-    pick_config,
-    producer_grid,
-    producer_input_args,
-    with_swizzle,
-)
+from systems.overlap.kernels.producer import launch_producer, producer_grid, producer_input_args
+from systems.overlap.tuning import TileConfig, interpreter_config, pick_config
 
 __all__ = [
     "ConsumerConfig",
@@ -42,5 +37,4 @@ __all__ = [
     "producer_input_args",
     "shared_consumer_config",
     "vec_ok",
-    "with_swizzle",
 ]

@@ -6,7 +6,7 @@ band of a segment (schedule[seg_start .. seg_start + seg_count)), in order:
     `tl.atomic_add(counter, 0, sem="acquire")` polls; time-out -> error record, see below);
   2 copy the band's VALID rows Y[band_row .. + band_valid) (contiguous, all N columns) to the
     destination's combine receive buffer at row band_offset (contiguous there too).
-A packed or compact plan (plan.py) walks PIECES instead of bands (constexpr PIECES): the
+A compact plan (plan.py) walks PIECES instead of bands (constexpr PIECES): the
 entries seg_start .. + seg_count are piece ids, step 1 waits for piece_band's counter, step 2
 copies the piece's rows Y[piece_row .. + piece_rows) to piece_offset. Same loop, same signal.
 Bands are copied as they become ready (a segment's copy is pipelined with the producer), and once
@@ -36,8 +36,7 @@ Why PUT_STORE is the fast path: NVSHMEM's block put on a load/store-reachable pe
 bound by its threads x 16 bytes per memory latency and scales with the warps (the signal is not
 the problem: put_signal costs the same as put). The Triton copy keeps BLOCK * elem bytes in
 flight per step. So: PUT_STORE wherever the peer is load/store reachable (NVLink: p2p and
-nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where it is not. The measurements behind
-these choices: results/reference/h200/README.md, "Kernel design notes and measurements".
+nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where it is not.
 
 One consumer CTA per SM, never sharing it with a producer CTA nor with another consumer CTA:
 the default consumer (1024 threads, a 64K-element block) holds too many of the SM's registers to
@@ -54,9 +53,8 @@ kernels on the first run). Two things keep a consumer CTA from taking a producer
   - the shared-memory carve-out: an SM runs with the L1 / shared-memory split of the kernels
     it holds, and the driver gives a kernel that needs no shared memory a small one; an SM
     that took a consumer CTA first could then not take a producer CTA (165 KiB) until it
-    drained. launch_consumer(carveout=100) asks for the largest split for the consumer
-    (prefer_shared_carveout). Measured on one H200 before it: 0.5 ms stalls in more than half
-    of the steps of some cells, and one 5 s time-out in 20 cells at cCTA 132;
+    drained. The runner asks for the largest split for the consumer (launch_consumer's
+    `prepare` hook, runner.prefer_shared_carveout);
   - the order: the producer is launched first on the higher-priority stream (runner.py).
 The producer never waits for the consumer, so a consumer CTA that must queue behind producer
 CTAs only delays its copies; were a producer CTA ever kept off its SM by consumer CTAs
@@ -75,6 +73,7 @@ synchronising (errors.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +85,6 @@ from harness.kernels.relaunch import LaunchMemo
 from systems.overlap import errors, modes
 from systems.overlap.kernels.primitives import (
     copy_rows,
-    count_arg,
     nvshmem_putmem_block,
     nvshmem_putmem_signal_block,
     nvshmem_quiet,
@@ -116,39 +114,10 @@ class ConsumerConfig:
     max_spins: int = 2000  # interpreter: iteration bound of every spin
     use_timer: bool = True  # False in the CPU interpreter
     streaming: bool = False  # evict-first loads, .cs stores
-    backoff_ns: int = 0  # GPU: nanosleep between the polls of a band wait (0: poll back to back)
 
     def shared_bytes(self, elem_bytes: int) -> int:
         """Shared memory the copy pipeline asks for (what keeps other CTAs off the SM)."""
         return self.block * elem_bytes * (self.stages - 1) if self.stages > 1 else 0
-
-
-#: cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (CUDA driver API)
-_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
-_carveout_done: dict[int, int] = {}  # CUfunction handle -> percent set
-
-
-def prefer_shared_carveout(compiled: Any, percent: int) -> None:
-    """Ask the driver to run SMs holding this compiled Triton kernel with `percent` of the
-    unified L1 / shared memory as shared memory (once per CUfunction). consumer="shared" sets
-    100 so that an SM that took a consumer CTA first still has room for a producer CTA."""
-    import ctypes
-
-    if not 0 <= percent <= 100:
-        raise ValueError(f"carveout must be a percentage in [0, 100], got {percent}")
-    compiled._init_handles()  # loads the module (what the first launch would do)
-    fn = int(compiled.function)
-    if _carveout_done.get(fn) == percent:
-        return
-    lib = ctypes.CDLL("libcuda.so.1")
-    rc = lib.cuFuncSetAttribute(
-        ctypes.c_void_p(fn),
-        ctypes.c_int(_CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT),
-        ctypes.c_int(percent),
-    )
-    if rc != 0:
-        raise RuntimeError(f"cuFuncSetAttribute(shared-memory carve-out {percent}%): CUresult {rc}")
-    _carveout_done[fn] = percent
 
 
 def shared_consumer_config() -> ConsumerConfig:
@@ -174,7 +143,7 @@ def _consumer_kernel(
     seg_start,
     seg_count,
     seg_dst,
-    n_segments_arg,
+    counts,
     recv_ptrs,
     signal_ptrs,
     err,
@@ -193,17 +162,15 @@ def _consumer_kernel(
     STAGES: tl.constexpr,
     STREAM: tl.constexpr,
     PUT_MODE: tl.constexpr,
-    DEV_COUNTS: tl.constexpr,
     PIECES: tl.constexpr,
-    BACKOFF: tl.constexpr,
 ):
     """All put modes in one kernel: PUT_MODE (constexpr) picks the data path at compile time,
     so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library).
-    n_segments_arg: a host int, or (DEV_COUNTS) a device int tensor holding the count.
-    PIECES (a packed or compact plan): a segment's entries seg_start .. + seg_count are piece ids u
+    counts: the plan's counts on the device (counts[4]: the segments).
+    PIECES (a compact plan): a segment's entries seg_start .. + seg_count are piece ids u
     (band_row / band_valid / band_offset hold the pieces' row / rows / offset), and the ready
     counter waited for is piece_band[u]; otherwise entry i is the band schedule[i]."""
-    n_segments = count_arg(n_segments_arg, DEV_COUNTS)
+    n_segments = tl.load(counts + 4).to(tl.int32)
     pid = tl.program_id(0)
     clock_p = clock + pid
     elem_ty = y_ptr.dtype.element_ty
@@ -233,7 +200,6 @@ def _consumer_kernel(
                             max_spins,
                             "gpu",
                             USE_TIMER,
-                            BACKOFF,
                         )
                         if status == 1:
                             record_error(
@@ -296,7 +262,7 @@ def _wait_signals_kernel(
         if status == 0:
             want = tl.load(expected + s)
             st, seen = spin_until(
-                signal + s, want, err, clock, timeout, max_spins, SCOPE, USE_TIMER, 0
+                signal + s, want, err, clock, timeout, max_spins, SCOPE, USE_TIMER
             )
             status = st
             if st == 1:
@@ -372,32 +338,27 @@ def launch_consumer(
     scope: str = "gpu",
     put_mode: int = PUT_STORE,
     vec: bool | None = None,
-    carveout: int | None = None,
+    prepare: Callable[[Any], None] | None = None,
     memo: LaunchMemo | None = None,
     memo_key: Any = None,
 ):
     """Launch the consumer on the current stream; returns Triton's compiled kernel.
 
-    y [P, N] producer output; plan: a systems.overlap.plan.CombinePlan on the device, or
-    anything with its schedule, band_row, band_valid, band_offset, seg_start, seg_count, seg_dst
-    (int32/int64) and rank (a packed or compact plan also with piece_band, piece_row, piece_rows,
-    piece_offset: its segments walk pieces), or a systems.overlap.plan_device.DevicePlan
-    (counts_on_device: the segment count is read on the device; segments past it are skipped);
-    band_ready [B] int32 producer counters; recv_ptrs [W] int64 receive-buffer addresses and
-    signal_ptrs [W] int64 receive-counter addresses per destination, as the put mode needs them
-    (transport.Transport.tables); err [ERR_SLOTS] int64; clock [>= ccta] int64 scratch;
-    ready_target: counter value of a complete band this run;
-    rank: the source slot this rank signals in the receivers' counters (None: plan.rank);
+    y [P, N] producer output; plan: a systems.overlap.plan.CombinePlan on the device (its
+    segment count read from plan.counts; segments past it are skipped; a compact plan's
+    segments walk its pieces); band_ready [B] int32 producer counters; recv_ptrs [W] int64
+    receive-buffer addresses and signal_ptrs [W] int64 receive-counter addresses per
+    destination, as the put mode needs them (transport.Transport.tables); err [ERR_SLOTS]
+    int64; clock [>= ccta] int64 scratch; ready_target: counter value of a complete band this
+    run; rank: the source slot this rank signals in the receivers' counters (None: plan.rank);
     wait=False skips the spins (flags taken as set: the comm-only bound); vec: 16-byte vector
     hints (None: checked, with a host synchronisation; pass vec_ok(y, transport.aligned, ...)
-    on a timed path); carveout: the shared-memory carve-out (percent) to ask for before the
-    launch (prefer_shared_carveout; PUT_STORE only; None: the driver's choice);
-    memo (GPU): remember this launch under memo_key (harness/kernels/relaunch.py); memo.launch(
-    ready_target=...) then launches it again (the carve-out stays set on the compiled kernel).
+    on a timed path); prepare (PUT_STORE only): called with the compiled kernel before its
+    launch (the runner's shared-memory carve-out request); memo (GPU): remember this launch
+    under memo_key (harness/kernels/relaunch.py); memo.launch(ready_target=...) relaunches it.
     """
-    n_seg = plan.seg_start.numel()  # S, or the bound S' of a DevicePlan
-    dev_counts = getattr(plan, "counts_on_device", False)
-    pieces = getattr(plan, "piece_band", None) is not None  # a packed or compact plan
+    n_seg = plan.seg_start.numel()
+    pieces = plan.layout == "compact"
     if rank is None:
         rank = plan.rank
     if err.numel() < ERR_SLOTS or err.dtype != torch.int64:
@@ -425,7 +386,7 @@ def launch_consumer(
         plan.seg_start,
         plan.seg_count,
         plan.seg_dst,
-        plan.n_segments.reshape(1) if dev_counts else n_seg,
+        plan.counts,
         recv_ptrs,
         signal_ptrs,
         err,
@@ -445,22 +406,19 @@ def launch_consumer(
         VEC=vec,
         STAGES=cfg.stages,
         STREAM=cfg.streaming,
-        DEV_COUNTS=dev_counts,
         PIECES=pieces,
-        BACKOFF=cfg.backoff_ns if cfg.use_timer else 0,
         num_warps=cfg.num_warps,
     )
     if put_mode == PUT_STORE:
         kernel = _consumer_kernel
         _nvshmem_module_init(False)
     else:
-        if carveout is not None:
-            raise ValueError("consumer carveout: the PUT_STORE kernel only")
+        if prepare is not None:
+            raise ValueError("consumer prepare: the PUT_STORE kernel only")
         kernel = _nvshmem_kernel()
         _nvshmem_module_init(True)
-    if carveout is not None:  # compiled (or found) without a launch, then the attribute
-        compiled = kernel.warmup(*args, grid=(ccta,), PUT_MODE=put_mode, **meta)
-        prefer_shared_carveout(compiled, carveout)
+    if prepare is not None:  # compiled (or found) without a launch
+        prepare(kernel.warmup(*args, grid=(ccta,), PUT_MODE=put_mode, **meta))
     meta["PUT_MODE"] = put_mode
     compiled = kernel[(ccta,)](*args, **meta)
     if memo is not None and put_mode == PUT_STORE:  # the NVSHMEM launch is torch's wrapper

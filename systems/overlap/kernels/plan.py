@@ -11,18 +11,16 @@ groups g = e * W + slot, slot = the owner's position: remote owners ascending, t
                   remote band counts, segments per group with the cut rule), the counts, and the
                   prefix over the blocks' local rows. The pairwise sums (_sums_before) read the
                   other experts' values back from the work rows in chunks of JB, so the code is
-                  [EP, JB] wide: built in registers as [EP, EP] tiles, the compact kernel took
-                  about a minute to compile at E=64, W=4
-  _fill_kernel    programs [0, G): one group each, writes its bands, schedule entries, their
-                  places in the order="expert" visiting order (`visit`) and segments;
-                  programs [G, G + n_blocks): one row block each, writes row_pos,
-                  gather_index and the local rows (in row order, like build_plan)
-layout="compact" has its own pair in place of the last two: `_groups_compact_kernel` (sections
-per expert, pieces per remote group, segments over pieces) and `_fill_compact_kernel` (programs
-[0, E) one expert's bands, [E, E + G) one remote group's pieces and segments, then the row
-blocks); `_segment_of` is the segment rule both fill kernels share.
-Two copy kernels use the device counts: `_gather_rows_kernel` (the padded GEMM input X and the
-local copy of stage B).
+                  [EP, JB] wide at any E (built as [EP, EP] tiles it compiled for a minute)
+  _fill_kernel    aligned: programs [0, G) one group each (its bands, schedule entries, their
+                  places in the order="expert" visiting order `visit`, segments); compact
+                  (COMPACT): [0, E) one expert's bands, [E, E + G) one remote group's pieces
+                  and segments; then one row block each: row_pos, gather_index, row_dst and
+                  the local rows (in row order, like build_plan)
+Both take the constexpr COMPACT (layout="compact": sections per expert, pieces per remote group,
+segments over pieces); `_segment_of` is the segment rule both layouts share. Two more kernels:
+`_gather_rows_kernel` (the padded GEMM input X, counts on the device) and
+`_producer_groups_kernel` (the producer's swizzle groups, plan.producer_groups in one launch).
 
 The encodings of the -1-filled work words: cnt_enc[g] = rows - 1 (atomic adds onto -1) and
 dmin_enc[g] = BIG - min dst (atomic max onto -1).
@@ -148,13 +146,14 @@ def _plan_fields(
     blk_local,
     blk_off,
     n_blocks,
+    Q,
     HAS_N: tl.constexpr,
     HAS_SEND: tl.constexpr,
     BLK: tl.constexpr,
 ):
-    """What both group kernels write alike from their [EP, WP] tiles (_group_tiles): the
-    per-expert and per-owner fields, the receive side, the six counts, and the first local-row
-    slot of each row block (exclusive prefix over the blocks)."""
+    """What both layouts' group programs write alike from their [EP, WP] tiles (_group_tiles):
+    the per-expert and per-owner fields, the receive side, the seven counts (Q: the pieces),
+    and the first local-row slot of each row block (exclusive prefix over the blocks)."""
     tl.store(expert_row_start + e1, e_row, mask=e1 < E)
     tl.store(expert_row_start + E, P)
     loc = inb & (s2 == W - 1)
@@ -175,6 +174,7 @@ def _plan_fields(
     tl.store(counts + 3, NR)
     tl.store(counts + 4, n_segments)
     tl.store(counts + 5, tl.sum(tl.where(loc, cnt, 0)))
+    tl.store(counts + 6, Q)
     carry = tl.zeros((), dtype=tl.int64)
     c = tl.arange(0, BLK)
     for b0 in range(0, n_blocks, BLK):
@@ -228,9 +228,14 @@ def _groups_kernel(
     n_rows_ptr,
     R,
     send_counts,
-    gw,  # [8, G] work: cnt, row, nb, band_first, sched_start, seg_before, min dst, visit base
-    ge,  # [13, E] work: rows 1, 10, 12 as _sums_before reads them (the rest unused here)
-    counts,  # [6] n_rows, n_padded, n_bands, n_remote_bands, n_segments, n_local
+    gw,  # [8, G] work (aligned: cnt, row, nb, band_first, sched_start, seg_before, min dst,
+    #      visit base; compact: cnt, first row, pieces, first band, piece base, seg base,
+    #      min dst, start within the expert)
+    ge,  # [13, E] work: expert start, remote bands, local bands, remote section rows, first band,
+    #      remote schedule start, local schedule start, visit start, remote rows, rows; rows
+    #      10-12 the bands, pieces and segments per expert that _sums_before reads back
+    #      (aligned: rows 1, 10, 12 only)
+    counts,  # [7] n_rows, n_padded, n_bands, n_remote_bands, n_segments, n_local, n_pieces
     expert_row_start,
     group_rows,
     group_padded,
@@ -248,64 +253,142 @@ def _groups_kernel(
     BLK: tl.constexpr,
     HAS_N: tl.constexpr,
     HAS_SEND: tl.constexpr,
+    COMPACT: tl.constexpr,
     JB: tl.constexpr = 32,
 ):
-    G = E * W
-    e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
-    loc = s2 == W - 1
-    rem = inb & (s2 < W - 1)
-    nb = (cnt + tm - 1) // tm
-    padded = tl.where(loc, cnt, nb * tm)
-    # layout: groups in g order; first padded row and first band id of each group
-    tot_p = tl.sum(padded, 1)
-    e_row = tl.cumsum(tot_p, 0) - tot_p
-    row = e_row[:, None] + tl.cumsum(padded, 1) - padded
-    tot_b = tl.sum(nb, 1)
-    bfirst = (tl.cumsum(tot_b, 0) - tot_b)[:, None] + tl.cumsum(nb, 1) - nb
-    # schedule: experts by (-remote bands, e); expert j precedes expert i: before[i, j]
-    nb_r = tl.where(rem, nb, 0)
-    rb = tl.sum(nb_r, 1)  # [EP]
-    lb = tl.sum(tl.where(loc & inb, nb, 0), 1)
-    me = e1 < E
-    tl.store(ge + E + e1, rb, mask=me)  # the sums over preceding experts read these back
-    tl.store(ge + 10 * E + e1, rb + lb, mask=me)
-    tl.debug_barrier()
-    rb_before, vstart, _ = _sums_before(ge, E, rb, e1, 1, 10, -1, EP, JB)
-    NR = tl.sum(rb, 0)
-    a = rb_before[:, None] + tl.cumsum(nb_r, 1) - nb_r
-    lstart = NR + tl.cumsum(lb, 0) - lb
-    sched = tl.where(loc, lstart[:, None], a)
-    # order="expert" (plan.producer_order): experts in the remote-first order (those without
-    # remote bands last, e ascending), each expert's remote bands then its local bands; a
-    # group's first entry in that visiting order
-    vbase = tl.where(loc, (vstart + rb)[:, None], vstart[:, None] + a - rb_before[:, None])
-    # segments per remote group: the first / last band alone, middle chunks of mgb (cut rule)
-    lo = tl.maximum(a, 1)
-    hi = tl.minimum(a + nb - 1, NR - 2)
-    mid = tl.maximum(hi - lo + 1, 0)
-    first = ((a == 0) & (nb > 0)).to(tl.int64)
-    last = ((NR - 1 > 0) & (a <= NR - 1) & (NR - 1 < a + nb)).to(tl.int64)
-    nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
-    segtot = tl.sum(nseg, 1)
-    tl.store(ge + 12 * E + e1, segtot, mask=me)
-    tl.debug_barrier()
-    seg_e, _, _ = _sums_before(ge, E, rb, e1, 12, -1, -1, EP, JB)
-    segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
-    tl.store(gw + g2, cnt, mask=inb)
-    tl.store(gw + G + g2, row, mask=inb)
-    tl.store(gw + 2 * G + g2, nb, mask=inb)
-    tl.store(gw + 3 * G + g2, bfirst, mask=inb)
-    tl.store(gw + 4 * G + g2, sched, mask=inb)
-    tl.store(gw + 5 * G + g2, segb, mask=inb)
-    tl.store(gw + 6 * G + g2, dmin, mask=inb)
-    tl.store(gw + 7 * G + g2, vbase, mask=inb)
-    _plan_fields(
-        e1, s1, e2, s2, inb, cnt, padded, nseg, e_row,
-        tl.sum(tot_p, 0), tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
-        rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
-        send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
-        blk_local, blk_off, n_blocks, HAS_N, HAS_SEND, BLK,
-    )  # fmt: skip
+    """ONE program: every group-level quantity. Aligned: groups padded to tile_m, the rule
+    (ii) expert order on remote bands, segments per remote group (cut rule). COMPACT:
+    per-expert sections (remote bands, then local-only bands), the rule (ii) order, and the
+    pieces (band, owner) of each remote group with their segments (the cut rule over pieces)."""
+    if COMPACT:
+        G = E * W
+        e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
+        loc = inb & (s2 == W - 1)
+        rem = inb & (s2 < W - 1)
+        # sections per expert: remote bands hold the remote rows (and the first local rows of the
+        # last one, a mixed band); the local-only bands hold the rest
+        rem_e = tl.sum(tl.where(rem, cnt, 0), 1)  # [EP]
+        n_e = rem_e + tl.sum(tl.where(loc, cnt, 0), 1)
+        nbr = (rem_e + tm - 1) // tm
+        rsec = tl.minimum(nbr * tm, n_e)
+        nbl = (n_e - rsec + tm - 1) // tm
+        e_row = tl.cumsum(n_e, 0) - n_e
+        cnt_in = tl.where(inb, cnt, 0)
+        within = tl.cumsum(cnt_in, 1) - cnt_in  # group start inside its expert (local: rem_e)
+        row = e_row[:, None] + within
+        tot_b = nbr + nbl
+        bfirst = tl.cumsum(tot_b, 0) - tot_b
+        # pieces of each remote group: the bands it touches, in send order (experts by rule (ii),
+        # owners ascending)
+        fb = within // tm
+        npc = tl.where(rem & (cnt > 0), (within + cnt - 1) // tm - fb + 1, 0)
+        ptot = tl.sum(npc, 1)
+        # rule (ii) on the remote bands (more remote bands first, then e): sums over the experts
+        # before each one, read back from ge (rows 1, 10, 11; 12 below) by _sums_before
+        me = e1 < E
+        tl.store(ge + E + e1, nbr, mask=me)
+        tl.store(ge + 10 * E + e1, tot_b, mask=me)
+        tl.store(ge + 11 * E + e1, ptot, mask=me)
+        tl.debug_barrier()
+        rstart, vstart, pb = _sums_before(ge, E, nbr, e1, 1, 10, 11, EP, JB)
+        NR = tl.sum(nbr, 0)
+        lstart = NR + tl.cumsum(nbl, 0) - nbl
+        a = pb[:, None] + tl.cumsum(npc, 1) - npc
+        Q = tl.sum(ptot, 0)
+        # segments per remote group over its pieces: first / last piece alone, middle chunks of mgb
+        lo = tl.maximum(a, 1)
+        hi = tl.minimum(a + npc - 1, Q - 2)
+        mid = tl.maximum(hi - lo + 1, 0)
+        first = ((a == 0) & (npc > 0)).to(tl.int64)
+        last = ((Q - 1 > 0) & (a <= Q - 1) & (Q - 1 < a + npc)).to(tl.int64)
+        nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
+        segtot = tl.sum(nseg, 1)
+        tl.store(ge + 12 * E + e1, segtot, mask=me)
+        tl.debug_barrier()
+        seg_e, _, _ = _sums_before(ge, E, nbr, e1, 12, -1, -1, EP, JB)
+        segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
+        tl.store(gw + g2, cnt, mask=inb)
+        tl.store(gw + G + g2, row, mask=inb)
+        tl.store(gw + 2 * G + g2, npc, mask=inb)
+        tl.store(gw + 3 * G + g2, fb, mask=inb)
+        tl.store(gw + 4 * G + g2, a, mask=inb)
+        tl.store(gw + 5 * G + g2, segb, mask=inb)
+        tl.store(gw + 6 * G + g2, dmin, mask=inb)
+        tl.store(gw + 7 * G + g2, within, mask=inb)
+        tl.store(ge + e1, e_row, mask=me)
+        tl.store(ge + 2 * E + e1, nbl, mask=me)
+        tl.store(ge + 3 * E + e1, rsec, mask=me)
+        tl.store(ge + 4 * E + e1, bfirst, mask=me)
+        tl.store(ge + 5 * E + e1, rstart, mask=me)
+        tl.store(ge + 6 * E + e1, lstart, mask=me)
+        tl.store(ge + 7 * E + e1, vstart, mask=me)
+        tl.store(ge + 8 * E + e1, rem_e, mask=me)
+        tl.store(ge + 9 * E + e1, n_e, mask=me)
+        # no padding: group_padded = group_rows
+        _plan_fields(
+            e1, s1, e2, s2, inb, cnt, cnt, nseg, e_row,
+            tl.sum(n_e, 0), tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
+            rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
+            send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
+            blk_local, blk_off, n_blocks, Q, HAS_N, HAS_SEND, BLK,
+        )  # fmt: skip
+    else:
+        G = E * W
+        e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
+        loc = s2 == W - 1
+        rem = inb & (s2 < W - 1)
+        nb = (cnt + tm - 1) // tm
+        padded = tl.where(loc, cnt, nb * tm)
+        # layout: groups in g order; first padded row and first band id of each group
+        tot_p = tl.sum(padded, 1)
+        e_row = tl.cumsum(tot_p, 0) - tot_p
+        row = e_row[:, None] + tl.cumsum(padded, 1) - padded
+        tot_b = tl.sum(nb, 1)
+        bfirst = (tl.cumsum(tot_b, 0) - tot_b)[:, None] + tl.cumsum(nb, 1) - nb
+        # schedule: experts by (-remote bands, e); expert j precedes expert i: before[i, j]
+        nb_r = tl.where(rem, nb, 0)
+        rb = tl.sum(nb_r, 1)  # [EP]
+        lb = tl.sum(tl.where(loc & inb, nb, 0), 1)
+        me = e1 < E
+        tl.store(ge + E + e1, rb, mask=me)  # the sums over preceding experts read these back
+        tl.store(ge + 10 * E + e1, rb + lb, mask=me)
+        tl.debug_barrier()
+        rb_before, vstart, _ = _sums_before(ge, E, rb, e1, 1, 10, -1, EP, JB)
+        NR = tl.sum(rb, 0)
+        a = rb_before[:, None] + tl.cumsum(nb_r, 1) - nb_r
+        lstart = NR + tl.cumsum(lb, 0) - lb
+        sched = tl.where(loc, lstart[:, None], a)
+        # order="expert" (plan.producer_order): experts in the remote-first order (those without
+        # remote bands last, e ascending), each expert's remote bands then its local bands; a
+        # group's first entry in that visiting order
+        vbase = tl.where(loc, (vstart + rb)[:, None], vstart[:, None] + a - rb_before[:, None])
+        # segments per remote group: the first / last band alone, middle chunks of mgb (cut rule)
+        lo = tl.maximum(a, 1)
+        hi = tl.minimum(a + nb - 1, NR - 2)
+        mid = tl.maximum(hi - lo + 1, 0)
+        first = ((a == 0) & (nb > 0)).to(tl.int64)
+        last = ((NR - 1 > 0) & (a <= NR - 1) & (NR - 1 < a + nb)).to(tl.int64)
+        nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
+        segtot = tl.sum(nseg, 1)
+        tl.store(ge + 12 * E + e1, segtot, mask=me)
+        tl.debug_barrier()
+        seg_e, _, _ = _sums_before(ge, E, rb, e1, 12, -1, -1, EP, JB)
+        segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
+        tl.store(gw + g2, cnt, mask=inb)
+        tl.store(gw + G + g2, row, mask=inb)
+        tl.store(gw + 2 * G + g2, nb, mask=inb)
+        tl.store(gw + 3 * G + g2, bfirst, mask=inb)
+        tl.store(gw + 4 * G + g2, sched, mask=inb)
+        tl.store(gw + 5 * G + g2, segb, mask=inb)
+        tl.store(gw + 6 * G + g2, dmin, mask=inb)
+        tl.store(gw + 7 * G + g2, vbase, mask=inb)
+        _plan_fields(
+            e1, s1, e2, s2, inb, cnt, padded, nseg, e_row,
+            tl.sum(tot_p, 0), tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
+            rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
+            send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
+            blk_local, blk_off, n_blocks, 0, HAS_N, HAS_SEND, BLK,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -333,6 +416,7 @@ def _fill_kernel(
     n_rows_ptr,
     R,
     gw,
+    ge,
     counts,
     blk_off,
     row_pos,
@@ -349,6 +433,11 @@ def _fill_kernel(
     band_segment,
     schedule,
     visit,
+    piece_band,
+    piece_row,
+    piece_rows,
+    piece_offset,
+    piece_dst,
     seg_start,
     seg_count,
     seg_dst,
@@ -357,79 +446,196 @@ def _fill_kernel(
     seg_src_row,
     seg_offset,
     rank,
+    E,
     W,
-    G,
     tm,
     mgb,
     row_bytes,
+    COMPACT: tl.constexpr,
     HAS_N: tl.constexpr,
     QB: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """Aligned: programs [0, G) one group each (its bands in layout order, schedule entries,
+    places in the order="expert" visiting order `visit`, segments). COMPACT: programs [0, E)
+    one expert's bands, schedule entries and visiting positions; [E, E + G) one remote
+    group's pieces and the segments that start there. Then one row block each (_fill_rows)."""
     pid = tl.program_id(0)
-    if pid < G:
-        # one group: its bands (layout order), schedule entries and segments
-        g = pid
-        nb = tl.load(gw + 2 * G + g)
-        if nb > 0:
-            e = g // W
-            s = g % W
-            is_loc = s == W - 1
-            owner = tl.where(is_loc, rank, s + (s >= rank).to(tl.int32))
-            cnt = tl.load(gw + g)
-            row = tl.load(gw + G + g)
-            bfirst = tl.load(gw + 3 * G + g)
-            a = tl.load(gw + 4 * G + g)
-            segb = tl.load(gw + 5 * G + g)
-            dmin = tl.load(gw + 6 * G + g)
-            NR = tl.load(counts + 3)
+    G = E * W
+    if COMPACT:
+        if pid < E:
+            e = pid
+            nbr = tl.load(ge + E + e)
+            nb = nbr + tl.load(ge + 2 * E + e)
+            e_row = tl.load(ge + e)
+            rsec = tl.load(ge + 3 * E + e)
+            bfirst = tl.load(ge + 4 * E + e)
+            rstart = tl.load(ge + 5 * E + e)
+            lstart = tl.load(ge + 6 * E + e)
+            vstart = tl.load(ge + 7 * E + e)
+            rem_e = tl.load(ge + 8 * E + e)
+            n_e = tl.load(ge + 9 * E + e)
+            NQ = tl.load(counts + 6)
             for q0 in range(0, nb, QB):
                 q = q0 + tl.arange(0, QB).to(tl.int64)
                 m = q < nb
+                is_r = q < nbr
+                qq = tl.where(is_r, q, q - nbr)
+                o = tl.where(is_r, 0, rsec) + qq * tm  # first row of the band inside the expert
+                rows = tl.minimum(tl.where(is_r, rsec, n_e) - o, tm)
                 band = bfirst + q
-                valid = tl.minimum(cnt - q * tm, tm)
                 tl.store(band_expert + band, e + q * 0, mask=m)
-                tl.store(band_row + band, row + q * tm, mask=m)
-                tl.store(band_rows + band, tl.where(is_loc, valid, tm), mask=m)
-                tl.store(band_dst + band, owner + q * 0, mask=m)
-                tl.store(band_valid + band, valid, mask=m)
-                tl.store(band_offset + band, dmin + q * tm, mask=m)
-                tl.store(schedule + a + q, band, mask=m)
-                tl.store(visit + tl.load(gw + 7 * G + g) + q, a + q, mask=m)
-                if s != W - 1:
-                    p = a + q  # schedule position
-                    seg, is_start, c = _segment_of(p, a, nb, segb, NR, mgb)
-                    tl.store(band_segment + band, seg, mask=m)
-                    rows = tl.minimum(cnt, (q + c) * tm) - q * tm
+                tl.store(band_row + band, e_row + o, mask=m)
+                tl.store(band_rows + band, rows, mask=m)
+                tl.store(band_valid + band, rows, mask=m)
+                # owner and destination row of the band's first row; a remote band's first piece
+                # and its segment
+                loc_g = e * W + W - 1
+                dst = rank + q * 0
+                off = tl.load(gw + 6 * G + loc_g) + o - rem_e
+                seg = q * 0 - 1
+                for s in range(0, W - 1):
+                    g = e * W + s
+                    c = tl.load(gw + g)
+                    ws = tl.load(gw + 7 * G + g)
+                    hit = is_r & (c > 0) & (ws <= o) & (o < ws + c)
+                    dst = tl.where(hit, s + (s >= rank).to(tl.int64), dst)
+                    off = tl.where(hit, tl.load(gw + 6 * G + g) + o - ws, off)
+                    a = tl.load(gw + 4 * G + g)
+                    p = a + q - tl.load(gw + 3 * G + g)  # the piece of owner s in band q
+                    npc = tl.load(gw + 2 * G + g)
+                    sg, _, _ = _segment_of(p, a, npc, tl.load(gw + 5 * G + g), NQ, mgb)
+                    seg = tl.where(hit, sg, seg)
+                tl.store(band_dst + band, dst, mask=m)
+                tl.store(band_offset + band, off, mask=m)
+                tl.store(band_segment + band, seg, mask=m & is_r)
+                pos = tl.where(is_r, rstart + q, lstart + qq)
+                tl.store(schedule + pos, band, mask=m)
+                tl.store(visit + vstart + q, pos, mask=m)
+        elif pid < E + G:
+            g = pid - E
+            npc = tl.load(gw + 2 * G + g)
+            if npc > 0:  # a remote group with rows
+                e = g // W
+                s = g % W
+                owner = s + (s >= rank).to(tl.int32)
+                c = tl.load(gw + g)
+                gs = tl.load(gw + G + g)
+                fb = tl.load(gw + 3 * G + g)
+                a = tl.load(gw + 4 * G + g)
+                segb = tl.load(gw + 5 * G + g)
+                dmin = tl.load(gw + 6 * G + g)
+                e_row = tl.load(ge + e)
+                bfirst = tl.load(ge + 4 * E + e)
+                NQ = tl.load(counts + 6)
+                for j0 in range(0, npc, QB):
+                    j = j0 + tl.arange(0, QB).to(tl.int64)
+                    m = j < npc
+                    brow = e_row + (fb + j) * tm
+                    prow = tl.maximum(gs, brow)
+                    prows = tl.minimum(gs + c, brow + tm) - prow
+                    off = dmin + prow - gs
+                    u = a + j  # piece position in send order
+                    tl.store(piece_band + u, bfirst + fb + j, mask=m)
+                    tl.store(piece_row + u, prow, mask=m)
+                    tl.store(piece_rows + u, prows, mask=m)
+                    tl.store(piece_offset + u, off, mask=m)
+                    tl.store(piece_dst + u, owner + j * 0, mask=m)
+                    seg, is_start, k = _segment_of(u, a, npc, segb, NQ, mgb)
+                    srows = tl.minimum(gs + c, e_row + (fb + j + k) * tm) - prow
                     ms = m & is_start
-                    tl.store(seg_start + seg, p, mask=ms)
-                    tl.store(seg_count + seg, c, mask=ms)
-                    tl.store(seg_dst + seg, owner + q * 0, mask=ms)
-                    tl.store(seg_rows + seg, rows, mask=ms)
-                    tl.store(seg_bytes + seg, rows * row_bytes, mask=ms)
-                    tl.store(seg_src_row + seg, row + q * tm, mask=ms)
-                    tl.store(seg_offset + seg, dmin + q * tm, mask=ms)
+                    tl.store(seg_start + seg, u, mask=ms)
+                    tl.store(seg_count + seg, k, mask=ms)
+                    tl.store(seg_dst + seg, owner + j * 0, mask=ms)
+                    tl.store(seg_rows + seg, srows, mask=ms)
+                    tl.store(seg_bytes + seg, srows * row_bytes, mask=ms)
+                    tl.store(seg_src_row + seg, prow, mask=ms)
+                    tl.store(seg_offset + seg, off, mask=ms)
+        else:
+            _fill_rows(
+                pid - E - G,
+                src_ptr,
+                exp_ptr,
+                dst_ptr,
+                n_rows_ptr,
+                R,
+                gw,
+                G,
+                blk_off,
+                row_pos,
+                gather_index,
+                local_src_row,
+                local_dst_index,
+                row_dst,
+                rank,
+                W,
+                HAS_N,
+                BLOCK,
+            )
     else:
-        _fill_rows(
-            pid - G,
-            src_ptr,
-            exp_ptr,
-            dst_ptr,
-            n_rows_ptr,
-            R,
-            gw,
-            G,
-            blk_off,
-            row_pos,
-            gather_index,
-            local_src_row,
-            local_dst_index,
-            row_dst,
-            rank,
-            W,
-            HAS_N,
-            BLOCK,
-        )
+        if pid < G:
+            # one group: its bands (layout order), schedule entries and segments
+            g = pid
+            nb = tl.load(gw + 2 * G + g)
+            if nb > 0:
+                e = g // W
+                s = g % W
+                is_loc = s == W - 1
+                owner = tl.where(is_loc, rank, s + (s >= rank).to(tl.int32))
+                cnt = tl.load(gw + g)
+                row = tl.load(gw + G + g)
+                bfirst = tl.load(gw + 3 * G + g)
+                a = tl.load(gw + 4 * G + g)
+                segb = tl.load(gw + 5 * G + g)
+                dmin = tl.load(gw + 6 * G + g)
+                NR = tl.load(counts + 3)
+                for q0 in range(0, nb, QB):
+                    q = q0 + tl.arange(0, QB).to(tl.int64)
+                    m = q < nb
+                    band = bfirst + q
+                    valid = tl.minimum(cnt - q * tm, tm)
+                    tl.store(band_expert + band, e + q * 0, mask=m)
+                    tl.store(band_row + band, row + q * tm, mask=m)
+                    tl.store(band_rows + band, tl.where(is_loc, valid, tm), mask=m)
+                    tl.store(band_dst + band, owner + q * 0, mask=m)
+                    tl.store(band_valid + band, valid, mask=m)
+                    tl.store(band_offset + band, dmin + q * tm, mask=m)
+                    tl.store(schedule + a + q, band, mask=m)
+                    tl.store(visit + tl.load(gw + 7 * G + g) + q, a + q, mask=m)
+                    if s != W - 1:
+                        p = a + q  # schedule position
+                        seg, is_start, c = _segment_of(p, a, nb, segb, NR, mgb)
+                        tl.store(band_segment + band, seg, mask=m)
+                        rows = tl.minimum(cnt, (q + c) * tm) - q * tm
+                        ms = m & is_start
+                        tl.store(seg_start + seg, p, mask=ms)
+                        tl.store(seg_count + seg, c, mask=ms)
+                        tl.store(seg_dst + seg, owner + q * 0, mask=ms)
+                        tl.store(seg_rows + seg, rows, mask=ms)
+                        tl.store(seg_bytes + seg, rows * row_bytes, mask=ms)
+                        tl.store(seg_src_row + seg, row + q * tm, mask=ms)
+                        tl.store(seg_offset + seg, dmin + q * tm, mask=ms)
+        else:
+            _fill_rows(
+                pid - G,
+                src_ptr,
+                exp_ptr,
+                dst_ptr,
+                n_rows_ptr,
+                R,
+                gw,
+                G,
+                blk_off,
+                row_pos,
+                gather_index,
+                local_src_row,
+                local_dst_index,
+                row_dst,
+                rank,
+                W,
+                HAS_N,
+                BLOCK,
+            )
 
 
 @triton.jit
@@ -472,28 +678,15 @@ def _fill_rows(
 
 
 @triton.jit
-def _gather_rows_kernel(
-    src,
-    dst,
-    src_index,
-    dst_index,
-    n_ptr,
-    K,
-    HAS_DST_INDEX: tl.constexpr,
-    BR: tl.constexpr,
-    BK: tl.constexpr,
-):
-    """dst[dst_index[i]] = src[src_index[i]] for i < *n_ptr (dst_index None: row i); a row with
-    src_index < 0 is written as zeros. BR rows a program, all K columns in BK steps."""
+def _gather_rows_kernel(src, dst, src_index, n_ptr, K, BR: tl.constexpr, BK: tl.constexpr):
+    """dst[i] = src[src_index[i]] for i < *n_ptr; a row with src_index < 0 is written as zeros.
+    BR rows a program, all K columns in BK steps."""
     pid = tl.program_id(0)
     n = tl.load(n_ptr)
     i = pid.to(tl.int64) * BR + tl.arange(0, BR)
     if pid.to(tl.int64) * BR < n:
         m = i < n
         si = tl.load(src_index + i, mask=m, other=-1)
-        di = i
-        if HAS_DST_INDEX:
-            di = tl.load(dst_index + i, mask=m, other=0)
         ok = si >= 0
         si = tl.where(ok, si, 0)
         cols = tl.arange(0, BK)
@@ -501,285 +694,7 @@ def _gather_rows_kernel(
             kk = k0 + cols
             mk = kk[None, :] < K
             v = tl.load(src + si[:, None] * K + kk[None, :], mask=ok[:, None] & mk, other=0.0)
-            tl.store(dst + di[:, None] * K + kk[None, :], v, mask=m[:, None] & mk)
-
-
-# -- layout="compact" (plan.py): per expert [remote rows of all owners][local rows], no padding --
-
-
-@triton.jit
-def _groups_compact_kernel(
-    cnt_enc,
-    dmin_enc,
-    blk_local,
-    blk_off,
-    n_blocks,
-    n_rows_ptr,
-    R,
-    send_counts,
-    gw,  # [8, G] work: cnt, first row, pieces, first band, piece base, seg base, dmin, within
-    ge,  # [13, E] work: expert start, remote bands, local bands, remote section rows, first band,
-    #      remote schedule start, local schedule start, visit start, remote rows, rows; rows
-    #      10-12 the bands, pieces and segments per expert that _sums_before reads back
-    counts,  # [6] as _groups_kernel's
-    n_pieces,  # [1]
-    expert_row_start,
-    group_rows,
-    group_padded,
-    sent_rows,
-    sent_segments,
-    recv_rows,
-    recv_row_start,
-    rank,
-    E,
-    W,
-    tm,
-    mgb,
-    EP: tl.constexpr,
-    WP: tl.constexpr,
-    BLK: tl.constexpr,
-    HAS_N: tl.constexpr,
-    HAS_SEND: tl.constexpr,
-    JB: tl.constexpr = 32,
-):
-    """_groups_kernel for the compact layout: per-expert sections (remote bands, then local-only
-    bands), the rule (ii) expert order on remote bands, and the pieces (band, owner) of each
-    remote group with their segments (the cut rule over pieces, as plan._build_packed)."""
-    G = E * W
-    e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
-    loc = inb & (s2 == W - 1)
-    rem = inb & (s2 < W - 1)
-    # sections per expert: remote bands hold the remote rows (and the first local rows of the
-    # last one, a mixed band); the local-only bands hold the rest
-    rem_e = tl.sum(tl.where(rem, cnt, 0), 1)  # [EP]
-    n_e = rem_e + tl.sum(tl.where(loc, cnt, 0), 1)
-    nbr = (rem_e + tm - 1) // tm
-    rsec = tl.minimum(nbr * tm, n_e)
-    nbl = (n_e - rsec + tm - 1) // tm
-    e_row = tl.cumsum(n_e, 0) - n_e
-    cnt_in = tl.where(inb, cnt, 0)
-    within = tl.cumsum(cnt_in, 1) - cnt_in  # group start inside its expert (local: rem_e)
-    row = e_row[:, None] + within
-    tot_b = nbr + nbl
-    bfirst = tl.cumsum(tot_b, 0) - tot_b
-    # pieces of each remote group: the bands it touches, in send order (experts by rule (ii),
-    # owners ascending)
-    fb = within // tm
-    npc = tl.where(rem & (cnt > 0), (within + cnt - 1) // tm - fb + 1, 0)
-    ptot = tl.sum(npc, 1)
-    # rule (ii) on the remote bands (more remote bands first, then e): sums over the experts
-    # before each one, read back from ge (rows 1, 10, 11; 12 below) by _sums_before
-    me = e1 < E
-    tl.store(ge + E + e1, nbr, mask=me)
-    tl.store(ge + 10 * E + e1, tot_b, mask=me)
-    tl.store(ge + 11 * E + e1, ptot, mask=me)
-    tl.debug_barrier()
-    rstart, vstart, pb = _sums_before(ge, E, nbr, e1, 1, 10, 11, EP, JB)
-    NR = tl.sum(nbr, 0)
-    lstart = NR + tl.cumsum(nbl, 0) - nbl
-    a = pb[:, None] + tl.cumsum(npc, 1) - npc
-    Q = tl.sum(ptot, 0)
-    # segments per remote group over its pieces: first / last piece alone, middle chunks of mgb
-    lo = tl.maximum(a, 1)
-    hi = tl.minimum(a + npc - 1, Q - 2)
-    mid = tl.maximum(hi - lo + 1, 0)
-    first = ((a == 0) & (npc > 0)).to(tl.int64)
-    last = ((Q - 1 > 0) & (a <= Q - 1) & (Q - 1 < a + npc)).to(tl.int64)
-    nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
-    segtot = tl.sum(nseg, 1)
-    tl.store(ge + 12 * E + e1, segtot, mask=me)
-    tl.debug_barrier()
-    seg_e, _, _ = _sums_before(ge, E, nbr, e1, 12, -1, -1, EP, JB)
-    segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
-    tl.store(gw + g2, cnt, mask=inb)
-    tl.store(gw + G + g2, row, mask=inb)
-    tl.store(gw + 2 * G + g2, npc, mask=inb)
-    tl.store(gw + 3 * G + g2, fb, mask=inb)
-    tl.store(gw + 4 * G + g2, a, mask=inb)
-    tl.store(gw + 5 * G + g2, segb, mask=inb)
-    tl.store(gw + 6 * G + g2, dmin, mask=inb)
-    tl.store(gw + 7 * G + g2, within, mask=inb)
-    tl.store(ge + e1, e_row, mask=me)
-    tl.store(ge + 2 * E + e1, nbl, mask=me)
-    tl.store(ge + 3 * E + e1, rsec, mask=me)
-    tl.store(ge + 4 * E + e1, bfirst, mask=me)
-    tl.store(ge + 5 * E + e1, rstart, mask=me)
-    tl.store(ge + 6 * E + e1, lstart, mask=me)
-    tl.store(ge + 7 * E + e1, vstart, mask=me)
-    tl.store(ge + 8 * E + e1, rem_e, mask=me)
-    tl.store(ge + 9 * E + e1, n_e, mask=me)
-    tl.store(n_pieces, Q)
-    # no padding: group_padded = group_rows
-    _plan_fields(
-        e1, s1, e2, s2, inb, cnt, cnt, nseg, e_row,
-        tl.sum(n_e, 0), tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
-        rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
-        send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
-        blk_local, blk_off, n_blocks, HAS_N, HAS_SEND, BLK,
-    )  # fmt: skip
-
-
-@triton.jit
-def _fill_compact_kernel(
-    src_ptr,
-    exp_ptr,
-    dst_ptr,
-    n_rows_ptr,
-    R,
-    gw,
-    ge,
-    n_pieces,
-    blk_off,
-    row_pos,
-    gather_index,
-    local_src_row,
-    local_dst_index,
-    row_dst,  # [P'] each local row's receive position at its padded row
-    band_expert,
-    band_row,
-    band_rows,
-    band_dst,
-    band_valid,
-    band_offset,
-    band_segment,
-    schedule,
-    visit,
-    piece_band,
-    piece_row,
-    piece_rows,
-    piece_offset,
-    piece_dst,
-    seg_start,
-    seg_count,
-    seg_dst,
-    seg_rows,
-    seg_bytes,
-    seg_src_row,
-    seg_offset,
-    rank,
-    E,
-    W,
-    tm,
-    mgb,
-    row_bytes,
-    HAS_N: tl.constexpr,
-    QB: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """_fill_kernel for the compact layout: programs [0, E) one expert's bands (layout order),
-    their schedule entries and visiting positions; [E, E + G) one remote group's pieces and
-    the segments that start there; then one row block each (_fill_rows)."""
-    pid = tl.program_id(0)
-    G = E * W
-    if pid < E:
-        e = pid
-        nbr = tl.load(ge + E + e)
-        nb = nbr + tl.load(ge + 2 * E + e)
-        e_row = tl.load(ge + e)
-        rsec = tl.load(ge + 3 * E + e)
-        bfirst = tl.load(ge + 4 * E + e)
-        rstart = tl.load(ge + 5 * E + e)
-        lstart = tl.load(ge + 6 * E + e)
-        vstart = tl.load(ge + 7 * E + e)
-        rem_e = tl.load(ge + 8 * E + e)
-        n_e = tl.load(ge + 9 * E + e)
-        NQ = tl.load(n_pieces)
-        for q0 in range(0, nb, QB):
-            q = q0 + tl.arange(0, QB).to(tl.int64)
-            m = q < nb
-            is_r = q < nbr
-            qq = tl.where(is_r, q, q - nbr)
-            o = tl.where(is_r, 0, rsec) + qq * tm  # first row of the band inside the expert
-            rows = tl.minimum(tl.where(is_r, rsec, n_e) - o, tm)
-            band = bfirst + q
-            tl.store(band_expert + band, e + q * 0, mask=m)
-            tl.store(band_row + band, e_row + o, mask=m)
-            tl.store(band_rows + band, rows, mask=m)
-            tl.store(band_valid + band, rows, mask=m)
-            # owner and destination row of the band's first row; a remote band's first piece
-            # and its segment
-            loc_g = e * W + W - 1
-            dst = rank + q * 0
-            off = tl.load(gw + 6 * G + loc_g) + o - rem_e
-            seg = q * 0 - 1
-            for s in range(0, W - 1):
-                g = e * W + s
-                c = tl.load(gw + g)
-                ws = tl.load(gw + 7 * G + g)
-                hit = is_r & (c > 0) & (ws <= o) & (o < ws + c)
-                dst = tl.where(hit, s + (s >= rank).to(tl.int64), dst)
-                off = tl.where(hit, tl.load(gw + 6 * G + g) + o - ws, off)
-                a = tl.load(gw + 4 * G + g)
-                p = a + q - tl.load(gw + 3 * G + g)  # the piece of owner s in band q
-                npc = tl.load(gw + 2 * G + g)
-                sg, _, _ = _segment_of(p, a, npc, tl.load(gw + 5 * G + g), NQ, mgb)
-                seg = tl.where(hit, sg, seg)
-            tl.store(band_dst + band, dst, mask=m)
-            tl.store(band_offset + band, off, mask=m)
-            tl.store(band_segment + band, seg, mask=m & is_r)
-            pos = tl.where(is_r, rstart + q, lstart + qq)
-            tl.store(schedule + pos, band, mask=m)
-            tl.store(visit + vstart + q, pos, mask=m)
-    elif pid < E + G:
-        g = pid - E
-        npc = tl.load(gw + 2 * G + g)
-        if npc > 0:  # a remote group with rows
-            e = g // W
-            s = g % W
-            owner = s + (s >= rank).to(tl.int32)
-            c = tl.load(gw + g)
-            gs = tl.load(gw + G + g)
-            fb = tl.load(gw + 3 * G + g)
-            a = tl.load(gw + 4 * G + g)
-            segb = tl.load(gw + 5 * G + g)
-            dmin = tl.load(gw + 6 * G + g)
-            e_row = tl.load(ge + e)
-            bfirst = tl.load(ge + 4 * E + e)
-            NQ = tl.load(n_pieces)
-            for j0 in range(0, npc, QB):
-                j = j0 + tl.arange(0, QB).to(tl.int64)
-                m = j < npc
-                brow = e_row + (fb + j) * tm
-                prow = tl.maximum(gs, brow)
-                prows = tl.minimum(gs + c, brow + tm) - prow
-                off = dmin + prow - gs
-                u = a + j  # piece position in send order
-                tl.store(piece_band + u, bfirst + fb + j, mask=m)
-                tl.store(piece_row + u, prow, mask=m)
-                tl.store(piece_rows + u, prows, mask=m)
-                tl.store(piece_offset + u, off, mask=m)
-                tl.store(piece_dst + u, owner + j * 0, mask=m)
-                seg, is_start, k = _segment_of(u, a, npc, segb, NQ, mgb)
-                srows = tl.minimum(gs + c, e_row + (fb + j + k) * tm) - prow
-                ms = m & is_start
-                tl.store(seg_start + seg, u, mask=ms)
-                tl.store(seg_count + seg, k, mask=ms)
-                tl.store(seg_dst + seg, owner + j * 0, mask=ms)
-                tl.store(seg_rows + seg, srows, mask=ms)
-                tl.store(seg_bytes + seg, srows * row_bytes, mask=ms)
-                tl.store(seg_src_row + seg, prow, mask=ms)
-                tl.store(seg_offset + seg, off, mask=ms)
-    else:
-        _fill_rows(
-            pid - E - G,
-            src_ptr,
-            exp_ptr,
-            dst_ptr,
-            n_rows_ptr,
-            R,
-            gw,
-            G,
-            blk_off,
-            row_pos,
-            gather_index,
-            local_src_row,
-            local_dst_index,
-            row_dst,
-            rank,
-            W,
-            HAS_N,
-            BLOCK,
-        )
+            tl.store(dst + i[:, None] * K + kk[None, :], v, mask=m[:, None] & mk)
 
 
 @triton.jit
@@ -809,13 +724,12 @@ def _producer_groups_kernel(
     visit,
     schedule,
     band_expert,
-    n_bands_arg,
+    counts,
     groups,
     B,
     cap,
     CODE: tl.constexpr,
     ORDERED: tl.constexpr,
-    DEV_COUNT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """ONE program: plan.producer_groups on the device (the same groups, one launch).
@@ -824,9 +738,7 @@ def _producer_groups_kernel(
     positions where the expert changes), kept in `groups`; pass 2 (blocks backward): the run's
     end (a reverse running min), then the run cut into ceil(run / cap) near-equal groups,
     stored as first * CODE + size."""
-    n_bands = B
-    if DEV_COUNT:
-        n_bands = tl.load(n_bands_arg).to(tl.int64)
+    n_bands = tl.load(counts + 2)
     lane = tl.arange(0, BLOCK).to(tl.int64)
     carry = tl.zeros((), tl.int64)
     for b0 in range(0, B, BLOCK):

@@ -7,20 +7,15 @@ Bounded waits
                   program recorded an error (err[0] != 0)
   record_error    the error record of errors.py, first writer wins (compare-and-swap on err[0])
   globaltimer     %globaltimer (inline PTX, GPU only)
-  poll_bound      the time-out / peer-error status of a polling loop (spin_until's, the ready
-                  scale's)
+  poll_bound      the time-out / peer-error status of a polling loop (spin_until's)
   uniform_now     %globaltimer read through a scalar atomic exchange on a per-program scratch
                   word: Triton runs a scalar atomic once per CTA and broadcasts its result, so
                   the loop condition stays uniform across the CTA's threads (a raw per-thread
                   timer read could diverge)
-Counts
-  count_arg       a count passed as a host int, or read from a device tensor (a DevicePlan's)
 Copies
   copy_rows       contiguous dst[0:n] = src[0:n], BLOCK elements a step, loads pipelined
 Producer readiness flags (the FLAG modes of producer.py, modes.py)
   publish_threads every thread adds 1 to a band's counter with release
-  warp_sync       bar.warp.sync (inline PTX, GPU only)
-  publish_warps   lane 0 of every warp adds 32 with release after a warp barrier
 NVSHMEM device functions (externs, resolved from libnvshmem_device.bc only when a kernel that
 calls them is launched through torch's `requires_nvshmem`; a kernel that never reaches a call,
 e.g. the consumer with PUT_MODE == PUT_STORE, never needs the library)
@@ -40,23 +35,6 @@ from triton.language import core
 def globaltimer():
     return tl.inline_asm_elementwise(
         "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def nanosleep(ns):
-    """nanosleep.u32 ns (GPU only): the warp sleeps about ns nanoseconds (at most 1 ms)."""
-    return tl.inline_asm_elementwise(
-        "nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def load_acquire(ptr):
-    """ld.acquire.gpu of every int32 at ptr (GPU only, a tensor of pointers, all valid): a poll
-    that reads the line in L2 instead of queueing an atomic read-modify-write at its address."""
-    return tl.inline_asm_elementwise(
-        "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1
     )
 
 
@@ -85,10 +63,8 @@ def spin_until(
     max_spins,
     SCOPE: tl.constexpr,
     USE_TIMER: tl.constexpr,
-    BACKOFF: tl.constexpr,
 ):
     """Poll *ptr (acquire) until >= target. Returns (status, last value seen).
-    BACKOFF > 0 (GPU only): sleep BACKOFF ns between polls (fewer atomics at L2 while waiting).
 
     status 0: reached; 1: timed out (timeout ns on the GPU, max_spins polls in the
     interpreter); 2: gave up because another program recorded an error (err[0] != 0).
@@ -100,8 +76,6 @@ def spin_until(
         t0 = uniform_now(clock)
     spins = tl.zeros((), dtype=tl.int32)
     while (seen < target) & (status == 0):
-        if USE_TIMER and BACKOFF > 0:
-            nanosleep(tl.full((), BACKOFF, tl.int32))
         seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
         spins += 1
         status = poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER)
@@ -145,15 +119,6 @@ def record_error(err, code, seg, band, rank, pid, seen, want, source):
 
 
 @triton.jit
-def count_arg(x, ON_DEVICE: tl.constexpr):
-    """x itself (a host int), or ON_DEVICE: the int32 value of the device int tensor x[0]."""
-    v = x
-    if ON_DEVICE:
-        v = tl.load(x).to(tl.int32)
-    return v
-
-
-@triton.jit
 def copy_rows(
     src, dst, n, BLOCK: tl.constexpr, VEC: tl.constexpr, STAGES: tl.constexpr, STREAM: tl.constexpr
 ):
@@ -189,32 +154,6 @@ def publish_threads(band_ready, band, lane):
     )
 
 
-@triton.jit
-def warp_sync():
-    """bar.warp.sync: orders the memory operations of the warp's lanes (GPU only)."""
-    return tl.inline_asm_elementwise(
-        "bar.warp.sync -1;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
-    )
-
-
-@triton.jit
-def publish_warps(band_ready, band, lane):
-    """Lane 0 of every warp adds 32 (its warp's share) with release after a warp barrier.
-
-    Needs lane (arange(0, 32 * num_warps)) held one element per thread, element i by thread i
-    (Triton's default layout; checked in the sm_90 PTX: one predicated atom per warp).
-    """
-    tok = warp_sync()
-    tl.atomic_add(
-        band_ready + band + lane * 0,
-        lane * 0 + 32 + tok,
-        mask=((lane * 0 + band) >= 0) & (lane % 32 == 0),
-        sem="release",
-        scope="gpu",
-    )
-
-
-# NVSHMEM device functions (see the module docstring)
 @core.extern
 def nvshmem_putmem_block(dest, source, nbytes, pe, _semantic=None):
     return core.extern_elementwise(

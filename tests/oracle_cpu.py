@@ -5,7 +5,7 @@ What the GPU producer and consumer do, in plain torch and in the same order:
   2 produce walk the schedule band by band: Y[rows of b] = X[rows of b] @ B_{band_expert[b]}
   3 send    as soon as the last band of a segment is computed, send its valid rows
             Y[seg_src_row : + seg_rows] to seg_dst at seg_offset (one message per segment;
-            any layout: in a packed or compact plan a segment is made of pieces, plan_pieces)
+            a compact plan's segments are made of pieces, plan_pieces)
   4 local   after the schedule, copy the local rows Y[local_src_row] -> own buffer
   5 scale   harness.reference.scale over the combine receive buffer [S_rows, N]
 
@@ -36,12 +36,12 @@ def produce(
 ) -> torch.Tensor:
     """Walk the schedule: compute each band of X [P, K] with weights [E, K, N] into Y [P, N],
     send each segment once the band of its last unit is done (a unit: a remote band, or a
-    piece of a packed or compact plan, plan_pieces). Returns Y (padding rows are zero)."""
+    piece of a compact plan, plan_pieces). Returns Y (padding rows are zero)."""
     y = x.new_zeros(plan.n_padded, weights.shape[2])
     sched = plan.schedule.tolist()
     b_exp, b_row, b_rows = (t.tolist() for t in (plan.band_expert, plan.band_row, plan.band_rows))
     pos = torch.empty_like(plan.schedule)
-    pos[plan.schedule] = torch.arange(plan.n_bands)
+    pos[plan.schedule] = torch.arange(int(plan.n_bands))
     units = plan_pieces(plan)
     # schedule position after which each segment can go (segments come in that order)
     seg_ready = pos[units.band[plan.seg_start + plan.seg_count - 1]].tolist()

@@ -1,0 +1,94 @@
+"""The producer's tile configurations: one table per shape class, importable without Triton.
+
+TileConfig holds the knobs of the persistent producer (kernels/producer.py); `pick_config`
+chooses the table's entry for a problem. Entries are keyed by (tile_m, N class): N class 0 is
+narrow (N < 4096), 1 wide (4096 <= N < 8192), 2 widest (N >= 8192). The measurements behind
+each choice are in docs/measurements.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from harness.kernels.ints import cdiv
+
+#: the readiness flag modes (kernels/producer.py): "cta" one release per CTA after a barrier,
+#: "thread" one release per thread, "deferred" per thread one tile later (off the critical path)
+FLAGS = ("cta", "thread", "deferred")
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile shape and schedule knobs of the producer. block_m must equal the plan's tile_m."""
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 1  # 1 = band-major (the paper's order); >1 = L2 swizzle over schedule entries
+    use_tma: bool = True
+    flatten: bool = True  # tl.range(flatten=True): one pipelined loop over tiles x K steps
+    flag: str = "thread"  # one of FLAGS
+    warp_specialize: bool = False  # tl.range(warp_specialize=True): Triton's Hopper warpspec
+    epi_split: int = 1  # the epilogue stores the tile in 1, 2 or 4 column slices
+    #: swizzle groups = runs of one expert's bands in the visiting order, at most group_m long
+    #: (the plan's `groups`), instead of fixed groups of group_m positions
+    expert_groups: bool = False
+
+    def tiles_n(self, n: int) -> int:
+        """Column tiles per band."""
+        return cdiv(n, self.block_n)
+
+    def tile_increment(self) -> int:
+        """What one finished tile adds to its band's ready counter."""
+        return 1 if self.flag == "cta" else 32 * self.num_warps
+
+    def band_increment(self, n: int) -> int:
+        """What one run adds to a signalled band's ready counter (tiles_n * tile_increment)."""
+        return self.tiles_n(n) * self.tile_increment()
+
+    @property
+    def group_cap(self) -> int:
+        """The plan builders' group_cap for this config: group_m with expert groups, else 0."""
+        return self.group_m if self.expert_groups else 0
+
+
+# Hopper (H200), bf16/fp16; all with TMA loads and the flattened tile loop. Why each entry:
+#   narrow N: 128-wide tiles keep enough tiles for every SM; thread flags (short tiles)
+#   wide N (tile_m 128): expert groups of <= 16 bands read each weight strip from HBM once
+#     per group; deferred flags and the 4-slice epilogue take the flags off the critical path
+#   wide N (tile_m 64): fixed groups of 4 positions, deferred flags, 4-slice epilogue
+TILE_TABLE: dict[tuple[int, int], TileConfig] = {
+    (128, 0): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
+    (128, 1): TileConfig(128, 256, 64, 8, 3, 16, flag="deferred", epi_split=4, expert_groups=True),
+    (128, 2): TileConfig(128, 256, 64, 8, 3, 16, flag="deferred", epi_split=4, expert_groups=True),
+    (64, 0): TileConfig(64, 128, 64, 4, 4, group_m=1, flag="thread"),
+    (64, 1): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred", epi_split=4),
+    (64, 2): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred", epi_split=4),
+}
+
+
+def n_class(n: int) -> int:
+    """TILE_TABLE's N class: 0 (N < 4096), 1 (N < 8192), 2 (N >= 8192)."""
+    return 0 if n < 4096 else 1 if n < 8192 else 2
+
+
+def pick_config(tile_m: int, k: int, n: int, dtype: torch.dtype) -> TileConfig:
+    """The table's tile configuration for a (tile_m, K, N) problem in fp16/bf16 (a shape not
+    in the table gets a generic entry of its tile_m)."""
+    cfg = TILE_TABLE.get((tile_m, n_class(n)))
+    if cfg is None:
+        cfg = TileConfig(tile_m, 128, 64, 4, 3, group_m=4, flag="deferred")
+    if k % cfg.block_k != 0:  # no TMA: pointer loads pipeline best without flattening
+        cfg = replace(cfg, use_tma=False, flatten=False, flag="cta")
+    if dtype == torch.float32:
+        cfg = replace(cfg, block_k=32, num_stages=2)
+    return cfg
+
+
+def interpreter_config(tile_m: int) -> TileConfig:
+    """Small tiles for the CPU interpreter (TRITON_INTERPRET=1)."""
+    return TileConfig(tile_m, 32, 16, 4, 1, 1, use_tma=False, flatten=False)
