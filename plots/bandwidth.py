@@ -11,7 +11,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from plots.common import cli, load, save
+from plots.common import load, main, save
 
 REFERENCE = "nccl_all_to_all"
 
@@ -45,6 +45,4 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
 
 
 if __name__ == "__main__":
-    args = cli("results/bandwidth.parquet", "bandwidth")
-    for p in plot(args.table, args.out, args.name):
-        print(p)
+    main(plot, "results/bandwidth.parquet", "bandwidth")

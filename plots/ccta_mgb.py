@@ -13,14 +13,13 @@ the cCTA=2 slowdown (against serial and against the best) and the auto pick agai
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from plots.common import FIG_DIR, load, save, transport_note
+from plots.common import load, main, save, transport_note
 
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k"]
 WORKLOAD += ["routing", "dtype"]
@@ -128,19 +127,5 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     return save(fig, out_dir, name)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", default="results/ccta_mgb.parquet")
-    ap.add_argument("--out", default=str(FIG_DIR))
-    ap.add_argument("--name", default="ccta_mgb")
-    ap.add_argument("--summary", action="store_true", help="print the summary, draw nothing")
-    args = ap.parse_args(argv)
-    if args.summary:
-        print(summary(pd.read_parquet(args.table)).to_string(index=False))
-        return
-    for p in plot(args.table, args.out, args.name):
-        print(p)
-
-
 if __name__ == "__main__":
-    main()
+    main(plot, "results/ccta_mgb.parquet", "ccta_mgb", summary)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from plots.common import cli, load, save, transport_note
+from plots.common import load, main, save, transport_note
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
@@ -48,6 +48,4 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
 
 
 if __name__ == "__main__":
-    args = cli("results/overlap_ccta.parquet", "overlap_ccta")
-    for p in plot(args.table, args.out, args.name):
-        print(p)
+    main(plot, "results/overlap_ccta.parquet", "overlap_ccta")

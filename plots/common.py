@@ -1,8 +1,10 @@
-"""Shared plot helpers: read a results table, label systems from the registry, save PNG + PDF."""
+"""Shared plot helpers: read a results table (without the rows of retired variants), label
+systems from the registry and the overlap system's kept knobs, lay out panels, save PNG + PDF."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -12,6 +14,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 FIG_DIR = Path("plots/figures")
+#: column -> the values a row may hold and still be a kept variant (rows of committed tables
+#: that ran a retired variant are left out of every figure and of the report)
+KEPT = {
+    "p_layout": {"aligned", "compact"},
+    "p_local": {"direct"},
+    "p_swizzle": {"table"},
+    "p_config": {"table"},
+}
 
 
 def label(system: str) -> str:
@@ -22,48 +32,48 @@ def label(system: str) -> str:
     return info.label if info else system
 
 
+def kept(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of kept variants. A missing p_local in a table that has the column ran `copy`
+    (the knob's hash-optional default then); p_backoff_ns must be 0 where present."""
+    over = df["system"] == "overlap" if "system" in df else pd.Series(True, index=df.index)
+    keep = pd.Series(True, index=df.index)
+    for col, values in KEPT.items():
+        if col in df:
+            v = df[col]
+            keep &= v.isin(values) | (v.isna() & (col != "p_local")) | ~over
+    if "p_backoff_ns" in df:
+        keep &= pd.to_numeric(df["p_backoff_ns"], errors="coerce").fillna(0) == 0
+    return df[keep]
+
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    return df[name] if name in df else pd.Series(None, index=df.index, dtype=object)
+
+
 def overlap_variant(df: pd.DataFrame) -> pd.Series:
-    """Per row, the overlap system's knobs that make it another line: the transport, then
-    `local copy` (p_local copy, or missing: tables from before the knob ran copy) and `packed`
-    (p_layout) and `expert order` (p_order) and `swizzle <s>` (p_swizzle) and `shared SMs, cCTA
-    <c>` (p_consumer shared) and `backoff <n> ns` (p_backoff_ns) where they differ from today's
-    defaults; "" for every other system."""
-    n = len(df)
-    tr = df["transport"].fillna("").astype(str) if "transport" in df else pd.Series([""] * n)
-    local = df["p_local"] if "p_local" in df else pd.Series([None] * n, index=df.index)
-    layout = df["p_layout"] if "p_layout" in df else pd.Series([None] * n, index=df.index)
-    order = df["p_order"] if "p_order" in df else pd.Series([None] * n, index=df.index)
-    swz = df["p_swizzle"] if "p_swizzle" in df else pd.Series([None] * n, index=df.index)
-    cons = df["p_consumer"] if "p_consumer" in df else pd.Series([None] * n, index=df.index)
-    ccta = df["p_ccta"] if "p_ccta" in df else pd.Series([None] * n, index=df.index)
-    back = df["p_backoff_ns"] if "p_backoff_ns" in df else pd.Series([None] * n, index=df.index)
+    """Per row, the overlap system's kept knobs that make it another line where they differ
+    from the defaults: the transport, the layout (compact), the order (expert, or what auto
+    chose), the consumer (`shared SMs, cCTA <c>`); "" for every other system."""
+    tr = _col(df, "transport").fillna("").astype(str)
     out = []
-    for s, t, lo, la, od, sw, co, cc, bo in zip(
-        df["system"], tr, local, layout, order, swz, cons, ccta, back
-    ):
-        if s != "overlap":
-            out.append("")
-            continue
+    for s, t, la, od, co, cc in zip(
+        df["system"], tr, _col(df, "p_layout"), _col(df, "p_order"), _col(df, "p_consumer"),
+        _col(df, "p_ccta"),
+    ):  # fmt: skip
         parts = [t] if t else []
-        if pd.isna(lo) or lo == "copy":
-            parts.append("local copy")
         if isinstance(la, str) and la != "aligned":
             parts.append(la)
-        if isinstance(od, str) and od != "remote_first":
+        if isinstance(od, str) and od not in ("remote_first", "auto"):
             parts.append(f"{od} order")
-        if isinstance(sw, str) and sw != "table":
-            parts.append(f"swizzle {sw}")
         if co == "shared":
             parts.append(f"shared SMs, cCTA {cc}")
-        if not pd.isna(bo) and int(bo):
-            parts.append(f"backoff {int(bo)} ns")
-        out.append(", ".join(parts))
+        out.append(", ".join(parts) if s == "overlap" else "")
     return pd.Series(out, index=df.index, dtype=object)
 
 
 def line_label(df: pd.DataFrame) -> pd.Series:
     """Per row, the plotted line: the system's label, the overlap system with its variant
-    ("Overlap (ours) (p2p, local copy)"); never a best-of over variants."""
+    ("Overlap (ours) (p2p, compact)"); never a best-of over variants."""
     var = overlap_variant(df)
     return pd.Series(
         [f"{label(s)} ({v})" if v else label(s) for s, v in zip(df["system"], var)],
@@ -74,27 +84,22 @@ def line_label(df: pd.DataFrame) -> pd.Series:
 
 def placements(df: pd.DataFrame) -> pd.DataFrame:
     """The ok overlap rows with a `placement` column: "<consumer>:<ccta asked>" ("own:auto"
-    where the auto pick chose per cell), plus ":b<ns>" where the consumer slept between its
-    polls (p_backoff_ns); tables from before the `consumer` knob are "own"."""
+    where the auto pick chose per cell); tables from before the `consumer` knob are "own"."""
     ok = df[(df["status"] == "ok") & (df["system"] == "overlap")].copy()
     if ok.empty:
         return ok.assign(placement=pd.Series(dtype=object))
-    consumer = ok["p_consumer"] if "p_consumer" in ok else pd.Series("own", index=ok.index)
+    consumer = _col(ok, "p_consumer").fillna("own").astype(str)
     ccta = ok["p_ccta_used"].astype(int).astype(str)
     if "p_ccta" in ok:
         ccta = ok["p_ccta"].where(ok["p_ccta"].astype(str) == "auto", ccta).astype(str)
-    ok["placement"] = consumer.fillna("own").astype(str) + ":" + ccta
-    if "p_backoff_ns" in ok:
-        ns = pd.to_numeric(ok["p_backoff_ns"], errors="coerce").fillna(0).astype(int)
-        ok["placement"] += ns.map(lambda v: f":b{v}" if v else "")
+    ok["placement"] = consumer + ":" + ccta
     return ok
 
 
 def load(table: str | Path, status: str | None = "ok") -> pd.DataFrame:
-    df = pd.read_parquet(table)
-    if status is not None:
-        df = df[df["status"] == status]
-    return df
+    """A table's rows of kept variants, with `status` only (None: every status)."""
+    df = kept(pd.read_parquet(table))
+    return df if status is None else df[df["status"] == status]
 
 
 def save(fig: plt.Figure, out_dir: str | Path, name: str) -> list[Path]:
@@ -110,14 +115,70 @@ def save(fig: plt.Figure, out_dir: str | Path, name: str) -> list[Path]:
 def transport_note(df: pd.DataFrame) -> str:
     """A caption fragment naming the transports and hardware, so proxies are never mistaken."""
     tr = ", ".join(sorted(set(df["transport"].dropna().astype(str)) - {""})) or "?"
-    gpu = ", ".join(sorted(set(df["gpu_name"].dropna().astype(str)))) or "?"
-    w = ", ".join(str(int(v)) for v in sorted(set(df["world_size"].dropna())))
+    gpu = ", ".join(sorted(set(_col(df, "gpu_name").dropna().astype(str)))) or "?"
+    w = ", ".join(str(int(v)) for v in sorted(set(_col(df, "world_size").dropna())))
     return f"transport: {tr}; W={w}; {gpu}"
 
 
-def cli(default_table: str, default_name: str) -> argparse.Namespace:
+def panel_grid(
+    df: pd.DataFrame,
+    line: str,
+    y: str,
+    ylabel: str,
+    title: str,
+    hlines: tuple[float, ...] = (1.0,),
+    extra: Callable[[plt.Axes, pd.DataFrame, dict], None] | None = None,
+) -> plt.Figure:
+    """One panel per (N, routing), x = experts per rank (log2), one line per value of `line`
+    (median of `y` per E); `extra(ax, rows of the line, style)` draws more of each line."""
+    ns, routings = sorted(df["out"].unique()), sorted(df["routing"].unique())
+    fig, axes = plt.subplots(
+        len(ns), len(routings), figsize=(3.6 * len(routings), 2.9 * len(ns)), squeeze=False
+    )
+    names = sorted(df[line].unique())
+    for i, n in enumerate(ns):
+        for j, routing in enumerate(routings):
+            ax = axes[i][j]
+            sub = df[(df["out"] == n) & (df["routing"] == routing)]
+            for k, v in enumerate(names):
+                s = sub[sub[line] == v]
+                m = s.groupby("experts_per_rank")[y].median()
+                style = dict(marker="o", ms=3, color=plt.cm.tab10(k % 10))
+                ax.plot(m.index, m.values, label=v, **style)
+                if extra is not None:
+                    extra(ax, s, style)
+            for h, ls in zip(hlines, ("-", "--")):
+                ax.axhline(h, color="k", lw=0.8, ls=ls)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"N={n} {routing}", fontsize=8)
+            ax.set_ylabel(ylabel, fontsize=8)
+            ax.tick_params(labelsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("experts per rank", fontsize=8)
+    handles, labels_ = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels_, fontsize=7, loc="upper center", ncol=min(len(names), 4),
+               bbox_to_anchor=(0.5, 1.0 + 0.04 * ((len(names) + 3) // 4)))  # fmt: skip
+    fig.suptitle(title, fontsize=9, y=1.02 + 0.05 * ((len(names) + 3) // 4))
+    return fig
+
+
+def main(
+    plot: Callable[..., list[Path]],
+    default_table: str,
+    default_name: str,
+    summary: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
+) -> None:
+    """The command line of a figure script: --table, --out, --name (and --summary: print the
+    script's summary table, draw nothing); prints the paths."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--table", default=default_table)
     ap.add_argument("--out", default=str(FIG_DIR))
     ap.add_argument("--name", default=default_name)
-    return ap.parse_args()
+    if summary is not None:
+        ap.add_argument("--summary", action="store_true", help="print the summary, draw nothing")
+    args = ap.parse_args()
+    if summary is not None and args.summary:
+        print(summary(pd.read_parquet(args.table)).to_string(index=False))
+        return
+    for p in plot(args.table, args.out, args.name):
+        print(p)

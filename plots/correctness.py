@@ -15,14 +15,13 @@ not checked, and max / quantiles of the relative error (`max_rel_err`) and of th
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from plots.common import FIG_DIR, save, transport_note
+from plots.common import kept, main, save, transport_note
 
 GROUP = ["layout", "transport", "world_size", "dtype"]
 QUANTILES = (0.5, 0.9, 0.99)
@@ -87,7 +86,7 @@ def _heatmap(ax: plt.Axes, g: pd.DataFrame) -> plt.cm.ScalarMappable:
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
-    df = with_layout(pd.read_parquet(table))
+    df = with_layout(kept(pd.read_parquet(table)))
     df = df[(df["system"] == "overlap") & df["status"].isin(["ok", "fail"])]
     if df.empty:
         raise ValueError(f"{table}: no checked overlap rows (status ok or fail)")
@@ -126,19 +125,5 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     return save(fig, out_dir, name)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--table", default="results/correctness.parquet")
-    ap.add_argument("--out", default=str(FIG_DIR))
-    ap.add_argument("--name", default="correctness")
-    ap.add_argument("--summary", action="store_true", help="print the summary, draw nothing")
-    args = ap.parse_args(argv)
-    if args.summary:
-        print(summary(pd.read_parquet(args.table)).to_string(index=False))
-        return
-    for p in plot(args.table, args.out, args.name):
-        print(p)
-
-
 if __name__ == "__main__":
-    main()
+    main(plot, "results/correctness.parquet", "correctness", summary)

@@ -18,7 +18,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from plots.common import cli, label, save, transport_note
+from plots.common import label, main, save, transport_note
 
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
 #: what the operator pass runs, for the caption when it is missing
@@ -104,6 +104,4 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
 
 
 if __name__ == "__main__":
-    args = cli("results/experts.parquet", "experts")
-    for p in plot(args.table, args.out, args.name):
-        print(p)
+    main(plot, "results/experts.parquet", "experts")

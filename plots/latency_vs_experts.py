@@ -14,7 +14,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from plots.common import cli, line_label, load, save, transport_note
+from plots.common import line_label, load, main, save, transport_note
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
@@ -61,6 +61,4 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
 
 
 if __name__ == "__main__":
-    args = cli("results/smoke.parquet", "smoke_latency_vs_experts")
-    for p in plot(args.table, args.out, args.name):
-        print(p)
+    main(plot, "results/smoke.parquet", "smoke_latency_vs_experts")

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from plots.common import cli, line_label, load, save, transport_note
+from plots.common import line_label, load, main, save, transport_note
 
 SHAPE = ["tokens_per_rank", "hidden"]
 WORKLOAD = ["world_size", *SHAPE, "ffn", "experts_per_rank", "top_k", "routing", "dtype"]
@@ -84,6 +84,4 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
 
 
 if __name__ == "__main__":
-    args = cli("results/layer.parquet", "layer")
-    for p in plot(args.table, args.out, args.name):
-        print(p)
+    main(plot, "results/layer.parquet", "layer")

@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from plots.common import cli, label, load, save, transport_note
+from plots.common import label, load, main, save, transport_note
 
 KEY = ["model", "world_size", "dtype"]
 OURS = "overlap"
@@ -58,6 +58,4 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
 
 
 if __name__ == "__main__":
-    args = cli("results/models.parquet", "models")
-    for p in plot(args.table, args.out, args.name):
-        print(p)
+    main(plot, "results/models.parquet", "models")

@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from plots.common import cli, label, load, save, transport_note
+from plots.common import label, load, main, save, transport_note
 
 WORKLOAD = [
     "world_size",
@@ -62,6 +62,4 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
 
 
 if __name__ == "__main__":
-    args = cli("results/overlap_sweep.parquet", "speedup_vs_serial")
-    for p in plot(args.table, args.out, args.name):
-        print(p)
+    main(plot, "results/overlap_sweep.parquet", "speedup_vs_serial")
