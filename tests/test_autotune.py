@@ -180,8 +180,8 @@ def test_setup_resolves_auto_on_the_host(monkeypatch):
     class FakeLoopback:
         name = "loopback"
 
-        def __init__(self, ranks, tile_m, mgb, ccta, runner_kw, layout):
-            seen.update(tile_m=tile_m, mgb=mgb, ccta=ccta, **runner_kw)
+        def __init__(self, ranks, k):
+            seen.update(k.as_dict())
             plan = SimpleNamespace(n_padded=1, n_rows=1, n_bands=1, n_remote_bands=0, n_segments=1)
             tile = SimpleNamespace(block_n=256, block_k=64)
             runner = SimpleNamespace(num_programs=100, tile=tile)

@@ -39,11 +39,7 @@ def test_params_fill_defaults_and_the_hash_covers_them():
     (point,) = system_points("overlap", {"params": {"ccta": 8}})
     assert point == {
         **{"ccta": 8, "mgb": 1, "tile_m": 128, "transport": ""},
-        **{"local": "direct", "layout": "aligned", "order": "auto", "swizzle": "table"},
-        "consumer": "own",
-        "backoff_ns": 0,
-        "handshake": "allreduce",
-        "handshake_stream": "step",
+        **{"layout": "aligned", "order": "auto", "consumer": "own"},
     }
     cfg = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=8")
     cfg2 = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=4")
@@ -58,7 +54,7 @@ def test_params_fill_defaults_and_the_hash_covers_them():
 @pytest.mark.parametrize(
     "conf, message",
     [
-        ({"params": {"cta": 8}}, "has no parameter 'cta'; it accepts: backoff_ns, ccta,"),
+        ({"params": {"cta": 8}}, "has no parameter 'cta'; it accepts: ccta, consumer,"),
         ({"sweep": {"mgbb": [1]}}, "has no parameter 'mgbb'"),
         ({"params": {"ccta": 8}, "sweep": {"ccta": [2, 4]}}, "both fixed (params) and swept"),
         ({"sweep": {"ccta": []}}, "sweep.ccta is empty"),
@@ -88,27 +84,11 @@ def test_rows_write_params_as_p_columns():
     assert "params" not in d and "ccta" not in d
 
 
-def test_a_hash_optional_param_stays_out_of_the_hash_only_at_its_old_value():
-    # overlap's `local` came after tables were measured with "copy"; its default is "direct"
-    from harness.measure import hashed_params
-
-    (default,) = system_points("overlap", {"params": {"transport": "p2p"}})
-    assert default["local"] == "direct" and hashed_params("overlap", default)["local"] == "direct"
-    pts = system_points("overlap", {"sweep": {"local": ["copy", "direct"]}})
-    assert [p["local"] for p in pts] == ["copy", "direct"]
-    assert "local" not in hashed_params("overlap", pts[0])
-    cfg = _compose("experiment=operator", "+experiment.systems.overlap.sweep.local=[copy,direct]")
-    cells = [c for c in expand_grid(cfg, 2) if c["system"] == "overlap"]
-    by_local = {c["params"]["local"]: c["cell_hash"] for c in cells[:2]}
-    assert len(set(by_local.values())) == 2  # copy and direct are different cells
-
-
-def test_the_committed_layer_table_still_resumes():
-    # the overlap p2p rows of the reference layer table measured before the `local` knob (no
-    # p_local: they ran copy) are cells of today's layer grid with local=copy (same hash), the
-    # rows at local=direct cells of the grid at order=remote_first (the order before the
-    # `order` knob), so a resumed run measures neither again; the default order ("auto") is a
-    # new cell
+def test_the_committed_layer_table_resumes_after_the_rehash_migration():
+    # results/reference/migrations/2026_12_03_params_rehash.py gave the overlap p2p rows of
+    # the reference layer table that ran local=direct today's hash of their cell (they ran the
+    # remote-first order, the only one then); the rows before the `local` knob (no p_local:
+    # they ran the retired copy path) kept their old hash, a cell of no grid now
     import pandas as pd
 
     ref = ROOT / "results/reference/h200x2/layer.parquet"
@@ -116,14 +96,9 @@ def test_the_committed_layer_table_still_resumes():
     p2p = df[(df["system"] == "overlap") & (df["transport"] == "p2p")]
     old = set(p2p[p2p["p_local"].isna()]["cell_hash"])
     new = set(p2p[p2p["p_local"] == "direct"]["cell_hash"])
-    copy = _compose(
-        "experiment=layer",
-        "+experiment.systems.overlap.params.local=copy",
-        "+experiment.systems.overlap.params.order=remote_first",
-    )
-    assert old and old <= {c["cell_hash"] for c in expand_grid(copy, 2)}
     first = _compose("experiment=layer", "+experiment.systems.overlap.params.order=remote_first")
     direct = {c["cell_hash"] for c in expand_grid(first, 2)}
-    assert new and new <= direct and not old & direct
+    assert old and new and new <= direct and not old & direct
     auto = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
-    assert not (old | new) & auto
+    assert not (old | new) & auto  # the default order ("auto") is a new cell
+    assert set(df[df["system"] != "overlap"]["cell_hash"]) <= auto  # every baseline row resumes

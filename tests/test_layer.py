@@ -104,8 +104,7 @@ def test_layer_cells_run_on_gloo_and_skip_systems_without_a_layer_scope(tmp_path
     assert other["reason"].str.contains("no layer scope").all()
 
 
-def test_operator_cell_hashes_do_not_change_with_the_ffn_axis():
-    """ffn enters a cell only when nonzero: tables made before the axis still resume."""
+def test_operator_cells_carry_ffn_0_and_the_default_axis_is_the_explicit_one():
     from hydra import compose, initialize_config_dir
 
     from harness.config import register_configs
@@ -116,7 +115,7 @@ def test_operator_cell_hashes_do_not_change_with_the_ffn_axis():
         cfg = compose("config", overrides=["hardware.world_size=2"])
         cfg2 = compose("config", overrides=["hardware.world_size=2", "experiment.grid.ffn=[0]"])
     cells = expand_grid(cfg, 2)
-    assert all("ffn" not in c for c in cells)
+    assert all(c["ffn"] == 0 for c in cells)
     assert [c["cell_hash"] for c in cells] == [c["cell_hash"] for c in expand_grid(cfg2, 2)]
 
 

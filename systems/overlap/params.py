@@ -87,7 +87,7 @@ class OverlapParams:
                 )
         elif ccta != AUTO and (ccta < 1 or (sm_count and ccta >= sm_count)):
             raise ValueError(f"overlap: ccta={ccta} must be in [1, {sm_count or 'SMs'}) or 'auto'")
-        if isinstance(self.tile_m, bool) or self.tile_m not in TILE_MS:
+        if type(self.tile_m) is not int or self.tile_m not in TILE_MS:  # 64.0 would hash apart
             raise ValueError(f"overlap: tile_m must be one of {TILE_MS}, got {self.tile_m}")
         if mgb != AUTO and mgb < 1:
             raise ValueError(f"overlap: mgb must be >= 1, got {mgb}")
