@@ -31,7 +31,7 @@ def spec(T=8192, K=2048, N=8192, E=16, W=4, routing="balanced"):
 def test_committed_table_loads_and_is_small():
     df = autotune.load_table()
     assert set(autotune.COLUMNS) <= set(df.columns)
-    assert set(df["consumer"]) <= set(autotune.CONSUMERS)  # "own" where the csv has none
+    assert set(df["consumer"]) <= set(autotune.CONSUMER_SMS)  # "own" where the csv has none
     assert len(df) > 0 and autotune.TABLE.stat().st_size < 32_000
     assert (df.groupby(["routing", "transport"])["rel_latency"].min() == 1.0).all()
 

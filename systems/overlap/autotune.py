@@ -1,7 +1,7 @@
 """ccta="auto" / mgb="auto" for the overlap system: a nearest-cells rule on a calibration table.
 
 Host code only (no GPU, no timing). The table (`autotune_table.csv`, written by
-`benchmarks/fit_autotune.py` from measured overlap sweeps) holds, per calibrated workload, its
+`systems/overlap/autotune_fit.py` from measured overlap sweeps) holds, per calibrated workload, its
 features and the latency of every measured (ccta, mgb) relative to that workload's best.
 
 The rule (`pick`):
@@ -15,7 +15,7 @@ The rule (`pick`):
      fixed (ccta=8, mgb="auto" picks the best mgb at the scored ccta nearest 8). Averaging
      over neighbours keeps one noisy cell of one sweep from deciding the pick: leave one
      workload out, the nearest cell alone lands within 3% of the best in 20 of 27 calibrated
-     workloads, the mean of the 4 nearest in 26 (benchmarks/fit_autotune.py);
+     workloads, the mean of the 4 nearest in 26 (systems/overlap/autotune_fit.py);
      with no calibrated workload that near: the documented DEFAULT (the system's defaults,
      the paper's setting);
   4. ccta clamped to [1, sm_count - 1] (sm_count 0: unknown, no clamp).
@@ -29,7 +29,7 @@ the producer) is a column of the table (`consumer`; a table without it is all "o
 reads only the rows of the cell's placement. Where no "shared" workload is calibrated near,
 shared picks SHARED_DEFAULT: one consumer CTA on every SM (cCTA = sm_count; DEFAULT's 16 where
 the SM count is unknown) and mgb 1, the best of cCTA {66, 132} at mgb 1 in every loopback cell
-measured (results/reference/h200/operator_consumer_loopback_n4096_relaunch.parquet); shared
+measured (experiment operator_consumer_loopback, one H200); shared
 cCTA is clamped to [1, sm_count].
 """
 
@@ -43,9 +43,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.workload import WorkloadSpec, imbalance_of
+from systems.overlap.params import AUTO, CONSUMER_SMS
 
 TABLE = Path(__file__).with_name("autotune_table.csv")
-AUTO = "auto"
 #: (ccta, mgb) when no calibrated workload is near: the system's PARAMS defaults
 DEFAULT = (16, 1)
 #: farthest calibrated workload still used (feature units: doublings)
@@ -55,8 +55,6 @@ MAX_DISTANCE = 1.5
 K_NEAREST = 4
 #: consumer="shared" with no calibrated workload near: cCTA = every SM (None), mgb 1
 SHARED_DEFAULT = (None, 1)
-#: the consumer placements the table may hold (systems/overlap/modes.py CONSUMER_SMS)
-CONSUMERS = ("own", "shared")
 #: distance added when the calibrated transport class differs from the cell's
 TRANSPORT_PENALTY = 1.0
 #: feature name -> column of the table (all compared as log2)
@@ -149,8 +147,8 @@ def pick_from(
     """The rule on feature `values` (FEATURES columns) and a transport class; a fixed ccta or
     mgb (int) is kept and only the other is picked; k: calibrated workloads averaged; only the
     table's rows of the `consumer` placement count."""
-    if consumer not in CONSUMERS:
-        raise ValueError(f"autotune: consumer must be one of {CONSUMERS}, got {consumer!r}")
+    if consumer not in CONSUMER_SMS:
+        raise ValueError(f"autotune: consumer must be one of {CONSUMER_SMS}, got {consumer!r}")
     fixed_c = None if ccta == AUTO else int(ccta)
     fixed_m = None if mgb == AUTO else int(mgb)
     table = with_consumer(table)
@@ -164,7 +162,7 @@ def pick_from(
             counts = "/".join(str(int(n)) for n in sorted(table["sm_count"].unique()))
             other_gpu = (
                 f"; calibrated on {counts}-SM GPUs, this one has {sm_count}: calibrate it with "
-                "experiment=ccta_auto and benchmarks/fit_autotune.py"
+                "experiment=ccta_auto and python -m systems.overlap.autotune_fit"
             )
     keys = [*FEATURES.values(), "transport", "routing"]
     near = []  # (distance, calibrated workload, its rows)
