@@ -30,7 +30,9 @@ from harness.routing import imbalance
 from harness.system import RunContext, int_param
 from harness.workload import WorkloadSpec, routing_of
 from systems.overlap.plan import (
-    LAYOUTS,
+    TILE_COUNT_LAYOUTS as LAYOUTS,
+)
+from systems.overlap.plan import (
     owner_expert_counts,
     packed_padding_rows,
     padding_rows,

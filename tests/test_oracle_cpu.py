@@ -10,7 +10,7 @@ import torch.multiprocessing as mp
 from harness.check import check
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens
-from systems.overlap.oracle_cpu import overlap_forward, overlap_loopback
+from tests.oracle_cpu import overlap_forward, overlap_loopback
 from systems.overlap.plan import padded_input, plans_for_spec
 
 W = 4
@@ -87,7 +87,7 @@ def test_overlap_loopback_bfloat16_within_paper_tolerance():
 
 def _receive_buffers(plans, x_recvs, weights, n_cols):
     """Every rank's combine receive buffer after the oracle's walk (sends + local copies)."""
-    from systems.overlap.oracle_cpu import _copy_local, produce
+    from tests.oracle_cpu import _copy_local, produce
 
     backs = [x_recvs[0].new_zeros(int(p.recv_rows.sum()), n_cols) for p in plans]
 
@@ -103,8 +103,8 @@ def _receive_buffers(plans, x_recvs, weights, n_cols):
 
 @pytest.mark.parametrize("routing", ROUTINGS)
 @pytest.mark.parametrize("W,E,tm,mgb", [(4, 3, 16, 1), (3, 5, 32, 2), (8, 2, 4, 3), (6, 2, 8, 1)])
-def test_packed_layout_delivers_what_the_aligned_one_delivers(routing, W, E, tm, mgb):
-    """Same x, weights and routing: every receive buffer ends up the same, aligned vs packed
+def test_compact_layout_delivers_what_the_aligned_one_delivers(routing, W, E, tm, mgb):
+    """Same x, weights and routing: every receive buffer ends up the same, aligned vs compact
     (integer-valued inputs, so every GEMM is exact and the comparison is bitwise)."""
     spec = _spec(routing, W=W, E=E)
     g = torch.Generator().manual_seed(W * 100 + E)
@@ -114,22 +114,21 @@ def test_packed_layout_delivers_what_the_aligned_one_delivers(routing, W, E, tm,
     ]
     weights = [torch.randint(-3, 4, (E, 32, 48), generator=g).float() for _ in range(W)]
     backs = {}
-    for layout in ("aligned", "packed", "compact"):
+    for layout in ("aligned", "compact"):
         plans = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout=layout)[0]
         backs[layout] = _receive_buffers(plans, x_recvs, weights, 48)
     for d in range(W):
-        assert torch.equal(backs["packed"][d], backs["aligned"][d]), d
         assert torch.equal(backs["compact"][d], backs["aligned"][d]), d
         assert backs["aligned"][d].abs().sum() > 0
-    packed = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout="packed")[0]
-    assert any(p.piece_band.unique().numel() < p.piece_band.numel() for p in packed), (
+    compact = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout="compact")[0]
+    assert any(p.piece_band.unique().numel() < p.piece_band.numel() for p in compact), (
         "no mixed band: the case would not test the split"
     )
 
 
-@pytest.mark.parametrize("layout", ["packed", "compact"])
+@pytest.mark.parametrize("layout", ["compact"])
 @pytest.mark.parametrize("routing", ROUTINGS)
-def test_packed_overlap_loopback_equals_reference(routing, layout):
+def test_compact_overlap_loopback_equals_reference(routing, layout):
     spec = _spec(routing, W=4, E=3)
     plans, lays = plans_for_spec(spec, tile_m=16, mgb=2, layout=layout)
     x_recvs = [dispatch_local(spec, lay, CPU) for lay in lays]
