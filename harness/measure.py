@@ -156,19 +156,29 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
             if base in seen:
                 continue
             seen.append(dict(base))
-        order = list(systems)
-        rng.shuffle(order)
-        for system in order:
-            for params in points[system]:
-                cell = {
-                    "experiment": cfg.experiment.name,
-                    "system": system,
-                    "seed": cfg.seed,
-                    **base,
-                    "params": params,
-                }
-                cell["cell_hash"] = hash_cell(cfg, process_world, cell)
-                cells.append(cell)
+        cells += workload_cells(cfg, process_world, base, points, rng)
+    return cells
+
+
+def workload_cells(
+    cfg: Any, process_world: int, base: dict, points: dict[str, list[dict]], rng: random.Random
+) -> list[dict]:
+    """One workload's cells (base: its axes): every system once per point of its sweep, the
+    systems in an order drawn from rng, each cell with its hash."""
+    order = list(points)
+    rng.shuffle(order)
+    cells = []
+    for system in order:
+        for params in points[system]:
+            cell = {
+                "experiment": cfg.experiment.name,
+                "system": system,
+                "seed": cfg.seed,
+                **base,
+                "params": params,
+            }
+            cell["cell_hash"] = hash_cell(cfg, process_world, cell)
+            cells.append(cell)
     return cells
 
 
