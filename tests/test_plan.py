@@ -17,10 +17,8 @@ from systems.overlap.plan import (
     plans_for_spec,
     producer_groups,
     producer_order,
-    split_groups,
-    split_tail_bands,
 )
-from systems.overlap.testing import synthetic_plan, synthetic_rows
+from tests.overlap_testing import synthetic_plan, synthetic_rows
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -300,7 +298,7 @@ def test_plan_on_gpu_equals_cpu_with_one_host_sync():
 
 
 def test_synthetic_plans_come_from_build_plan():
-    """systems.overlap.testing's plans (kernel tests, benchmarks) are stage-A plans."""
+    """tests.overlap_testing's plans (kernel tests, benchmarks) are stage-A plans."""
     rows = [[20, 16, 5], [0, 33, 18]]  # rows[e][s], this rank = 2
     plan = synthetic_plan(rows, rank=2, tile_m=16, mgb=2, dst_base=[3, 7, 0])
     src, expert, dst, dst_rows = synthetic_rows(rows, rank=2, dst_base=[3, 7, 0])
@@ -315,31 +313,21 @@ def test_synthetic_plans_come_from_build_plan():
     assert type(moved) is type(plan) and moved.dst_rows == plan.dst_rows
 
 
-def test_local_row_map_of_a_host_plan_and_of_worst_case_arrays():
-    from types import SimpleNamespace
-
-    from systems.overlap.plan import local_row_map, plan_for_layout
+def test_row_dst_holds_each_local_rows_receive_place():
+    from systems.overlap.plan import plan_for_layout
 
     spec = WorkloadSpec(64, 16, 16, 4, 2, 4, "stress_skew", seed=1)
     lay = rank_layout(spec, 2)
     shape = dict(world_size=4, experts_per_rank=4, tile_m=8, mgb=1, out_cols=16, elem_bytes=2)
-    plan = plan_for_layout(lay, **shape)
-    row_dst = local_row_map(plan)
-    assert row_dst.shape == (plan.n_padded,)
-    want = torch.full((plan.n_padded,), -1, dtype=torch.int64)
-    want[plan.local_src_row] = plan.local_dst_index
-    assert torch.equal(row_dst, want) and plan.n_local > 0
-    # a DevicePlan's arrays: worst-case sized, -1 past the real counts
-    dev = SimpleNamespace(
-        counts_on_device=True,
-        max_padded=plan.n_padded + 5,
-        local_src_row=torch.cat([plan.local_src_row, torch.full((3,), -1)]),
-        local_dst_index=torch.cat([plan.local_dst_index, torch.full((3,), -1)]),
-    )
-    assert torch.equal(local_row_map(dev), torch.cat([want, torch.full((5,), -1)]))
+    for layout in ("aligned", "compact"):
+        plan = plan_for_layout(lay, layout=layout, **shape)
+        assert plan.row_dst.shape == (plan.n_padded,)
+        want = torch.full((plan.n_padded,), -1, dtype=torch.int64)
+        want[plan.local_src_row] = plan.local_dst_index
+        assert torch.equal(plan.row_dst, want) and plan.n_local > 0
 
 
-# -- layout=packed -------------------------------------------------------------------------
+# -- layout=compact ------------------------------------------------------------------------
 
 
 def check_packed_plan(plan, src, expert, dst, buf_rows):
@@ -350,7 +338,7 @@ def check_packed_plan(plan, src, expert, dst, buf_rows):
     R, P, B, NR = plan.n_rows, plan.n_padded, plan.n_bands, plan.n_remote_bands
     gi = plan.gather_index
     compact = plan.layout == "compact"
-    assert plan.layout in ("packed", "compact")
+    assert plan.layout == "compact"
     # Layout: every x_recv row once; per expert remote rows (owners ascending) then local rows.
     assert torch.equal(gi[plan.row_pos], torch.arange(R))
     assert int(plan.expert_row_start[-1]) == P
@@ -478,7 +466,7 @@ def test_packed_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p
     src, expert, dst, buf_rows = _synthetic(W, E, rank, int(rows_mult * tm), p_empty, seed)
     kw = dict(world_size=W, rank=rank, experts_per_rank=E, tile_m=tm, mgb=mgb, out_cols=24)
     aligned = build_plan(src, expert, dst, elem_bytes=2, **kw)
-    for layout in ("packed", "compact"):
+    for layout in ("compact",):
         plan = build_plan(src, expert, dst, elem_bytes=2, layout=layout, **kw)
         check_packed_plan(plan, src, expert, dst, buf_rows)
         assert plan.n_padding <= aligned.n_padding
@@ -496,7 +484,7 @@ def test_packed_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p
     routing=st.sampled_from(["balanced", "moderate_skew", "stress_skew"]),
     tokens=st.integers(1, 120),
     seed=st.integers(0, 1000),
-    layout=st.sampled_from(["packed", "compact"]),
+    layout=st.sampled_from(["compact"]),
 )
 def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
     W, E, tm, mgb, routing, tokens, seed, layout
@@ -505,7 +493,7 @@ def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
     once with the right token, each rank's padding equals packed_padding_rows (the padding
     study) and its bands row_tiles."""
     from harness.workload import routing_of
-    from systems.overlap.plan import owner_expert_counts, packed_padding_rows, row_tiles
+    from systems.overlap.plan import owner_expert_counts, row_tiles
 
     if 2 > W * E:
         return
@@ -515,11 +503,7 @@ def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
     assert row_tiles(C, E, tm, layout).tolist() == [p.n_bands for p in plans]
     aligned = plans_for_spec(spec, tile_m=tm, mgb=mgb)[0]
     assert row_tiles(C, E, tm).tolist() == [p.n_bands for p in aligned]
-    if layout == "packed":
-        assert packed_padding_rows(C, E, tm).tolist() == [p.n_padding for p in plans]
-        assert all(p.n_padding <= E * (tm - 1) for p in plans)
-    else:
-        assert all(p.n_padding == 0 for p in plans)
+    assert all(p.n_padding == 0 for p in plans)
     S_rows = torch.stack([lay.send_counts.sum() for lay in lays])
     hits = [torch.zeros(int(n), dtype=torch.int64) for n in S_rows]
     for plan, lay in zip(plans, lays):
@@ -535,36 +519,6 @@ def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
         assert bool((hits[d] == 1).all())
 
 
-def test_packed_plan_splits_a_mixed_band_by_owner():
-    """rows[e][s], this rank 2, tile_m 16: expert 0's remote rows 20 (owner 0) + 7 (owner 1)
-    pack into 32 rows (5 zero rows, the aligned layout pads 12 + 9); band 1 holds owner 0's
-    rows 16..19 and owner 1's 7 rows: two pieces, to two destinations."""
-    rows = [[20, 7, 5], [3, 33, 18]]
-    src, expert, dst, dst_rows = synthetic_rows(rows, rank=2, dst_base=[3, 7, 0])
-    plan = synthetic_plan(rows, rank=2, tile_m=16, mgb=1, dst_base=[3, 7, 0], layout="packed")
-    check_packed_plan(plan, src, expert, dst, torch.tensor(dst_rows))
-    aligned = synthetic_plan(rows, rank=2, tile_m=16, mgb=1, dst_base=[3, 7, 0])
-    assert (plan.n_padding, aligned.n_padding) == (5 + 12, 12 + 9 + 13 + 15)
-    from systems.overlap.plan import plan_pieces
-
-    u = plan_pieces(plan)
-    # expert 1 (3 remote bands) before expert 0 (2): rule (ii)
-    got = list(zip(*(t.tolist() for t in (u.band, u.row, u.rows, u.dst, u.offset))))
-    e1 = int(plan.expert_row_start[1])
-    assert got == [
-        (3, e1, 3, 0, 3 + 20),  # expert 1, band 0: owner 0's 3 rows (after its 20 of expert 0)
-        (3, e1 + 3, 13, 1, 7 + 7),  # ... and owner 1's first 13 (after its 7 of expert 0)
-        (4, e1 + 16, 16, 1, 7 + 7 + 13),
-        (5, e1 + 32, 4, 1, 7 + 7 + 29),  # the last 4 of owner 1's 33; 12 zero rows follow
-        (0, 0, 16, 0, 3),
-        (1, 16, 4, 0, 3 + 16),  # the mixed band: owner 0's last 4 rows ...
-        (1, 20, 7, 1, 7),  # ... and owner 1's 7
-    ]
-    assert plan.n_segments == 7 and plan.seg_dst.tolist() == [0, 1, 1, 1, 0, 0, 1]
-    with pytest.raises(ValueError, match="layout must be one of"):
-        synthetic_plan(rows, rank=2, tile_m=16, layout="dense")
-
-
 def test_compact_plan_fills_the_padding_with_local_rows():
     """The rows of test_packed_plan_splits_a_mixed_band_by_owner, layout compact: expert 0 =
     27 remote + 5 local rows = 2 bands (band 1: owner 0's last 4, owner 1's 7, then the 5 local
@@ -578,8 +532,8 @@ def test_compact_plan_fills_the_padding_with_local_rows():
     kw = dict(rank=2, tile_m=16, mgb=1, dst_base=[3, 7, 0])
     plan = synthetic_plan(rows, layout="compact", **kw)
     check_packed_plan(plan, src, expert, dst, torch.tensor(dst_rows))
-    packed, aligned = synthetic_plan(rows, layout="packed", **kw), synthetic_plan(rows, **kw)
-    assert (plan.n_bands, packed.n_bands, aligned.n_bands) == (6, 8, 10)
+    aligned = synthetic_plan(rows, **kw)
+    assert (plan.n_bands, aligned.n_bands) == (6, 10)
     assert (plan.n_padded, plan.n_padding) == (86, 0)
     assert plan.expert_row_start.tolist() == [0, 32, 86]
     assert plan.band_rows.tolist() == [16, 16, 16, 16, 16, 6]
@@ -600,7 +554,7 @@ def test_compact_plan_fills_the_padding_with_local_rows():
     assert torch.equal(plan.local_dst_index, aligned.local_dst_index)
 
 
-@pytest.mark.parametrize("layout", ["aligned", "packed", "compact"])
+@pytest.mark.parametrize("layout", ["aligned", "compact"])
 @pytest.mark.parametrize("W", [2, 4])
 @pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
 def test_producer_order_groups_each_experts_bands_and_keeps_the_remote_order(W, routing, layout):
@@ -608,7 +562,7 @@ def test_producer_order_groups_each_experts_bands_and_keeps_the_remote_order(W, 
     plan = plans_for_spec(spec, tile_m=16, mgb=2, layout=layout)[0][0]
     order = producer_order(plan)
     B, NR = plan.n_bands, plan.n_remote_bands
-    assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(B))
+    assert order.dtype == torch.int64 and sorted(order.tolist()) == list(range(B))
     visit = order.tolist()
     # the remote bands keep their schedule order (the consumer waits on them in that order)
     assert [s for s in visit if s < NR] == list(range(NR))
@@ -663,43 +617,3 @@ def test_producer_groups_refuse_a_cap_out_of_range():
     for bad in (0, GROUP_CODE):
         with pytest.raises(ValueError, match="cap must be in"):
             producer_groups(plan, None, bad)
-
-
-@pytest.mark.parametrize("layout", ["aligned", "packed", "compact"])
-@pytest.mark.parametrize("ordered", [False, True])
-@pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
-def test_split_tail_bands_partitions_the_schedule_and_keeps_flags_and_order(
-    routing, ordered, layout
-):
-    """The two launches of a split plan: every band once, the tail launch exactly the bands of
-    at most tail_m rows, each launch's signalled bands first (the plan's remote bands), and
-    each launch visiting its bands in the plan's visiting order."""
-    spec = WorkloadSpec(512, 8, 16, 6, 2, 2, routing, seed=5, dtype="float16")
-    plan = plans_for_spec(spec, tile_m=16, mgb=2, layout=layout)[0][0]
-    order = producer_order(plan) if ordered else None
-    parts = split_tail_bands(plan, order, 8)
-    assert len(parts) == 2 and parts[0] is not None
-    visit = (order.long() if ordered else torch.arange(plan.n_bands)).tolist()
-    sched, NR = plan.schedule.tolist(), plan.n_remote_bands
-    remote = set(sched[:NR])
-    seen = []
-    for kind, part in zip(("main", "tail"), parts):
-        if part is None:
-            continue
-        sub, vis = part
-        bands = sub.schedule.tolist()
-        seen += bands
-        rows = plan.band_rows[sub.schedule.long()]
-        assert bool((rows <= 8).all()) if kind == "tail" else bool((rows > 8).all())
-        assert set(bands[: sub.n_remote_bands]) <= remote
-        assert not set(bands[sub.n_remote_bands :]) & remote
-        assert sorted(vis.tolist()) == list(range(len(bands)))
-        # the sub-launch visits its bands in the order the plan's visiting order has them
-        want = [sched[v] for v in visit if sched[v] in set(bands)]
-        assert [bands[v] for v in vis.tolist()] == want
-        g = split_groups(sub, vis, 4)
-        experts = plan.band_expert[sub.schedule.long()[vis.long()]].tolist()
-        first, size = (g // GROUP_CODE).tolist(), (g % GROUP_CODE).tolist()
-        for v in range(len(bands)):  # every group holds one expert
-            assert len(set(experts[first[v] : first[v] + size[v]])) == 1
-    assert sorted(seen) == sorted(sched)

@@ -187,7 +187,7 @@ class CombinePlan:
             v = getattr(self, f.name)
             key = next((k for k in cut if f.name.startswith(k)), None)
             kw[f.name] = v[: n[cut[key]]] if key is not None and v is not None else v
-        return CombinePlan(**kw)
+        return type(self)(**kw)
 
     def to(self, device: torch.device | str) -> CombinePlan:
         """A copy with every tensor on `device`."""
@@ -195,7 +195,7 @@ class CombinePlan:
         for f in fields(self):
             v = getattr(self, f.name)
             kw[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
-        return CombinePlan(**kw)
+        return type(self)(**kw)
 
 
 def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
