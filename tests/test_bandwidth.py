@@ -11,7 +11,7 @@ import torch
 
 from experiments.bandwidth import REFERENCE as REF
 from experiments.bandwidth import expected_region, sender_plan, sizes
-from systems.overlap.testing import expected_sends
+from tests.overlap_testing import expected_sends
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [

@@ -33,7 +33,7 @@ from systems.overlap.kernels import (  # noqa: E402
 )
 from systems.overlap.plan import padded_input  # noqa: E402
 from systems.overlap.runner import OverlapRunner, residency_report  # noqa: E402
-from systems.overlap.testing import (  # noqa: E402
+from tests.overlap_testing import (  # noqa: E402
     expected_sends,
     reference_y,
     rows_sent,
@@ -299,7 +299,7 @@ def test_runner_from_device_plans_equals_host_plans(layout, direct):
     compared at the other rows)."""
     from systems.overlap.plan import build_plan, local_row_map
     from systems.overlap.plan_device import build_plan_device, padded_input_device
-    from systems.overlap.testing import synthetic_rows
+    from tests.overlap_testing import synthetic_rows
 
     K, N, dtype = 512, 1024, torch.bfloat16
     g = torch.Generator().manual_seed(0)
@@ -436,7 +436,7 @@ if not symm_mem.is_nvshmem_available():
     print("NO_NVSHMEM"); sys.exit(0)
 dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 from dataclasses import replace
-from systems.overlap.testing import synthetic_plan, expected_sends
+from tests.overlap_testing import synthetic_plan, expected_sends
 from systems.overlap.errors import new_error_buffer, raise_if_error
 from systems.overlap.kernels import ConsumerConfig, launch_consumer
 from systems.overlap.modes import PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL

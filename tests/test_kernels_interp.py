@@ -72,7 +72,7 @@ from systems.overlap.plan import (  # noqa: E402
     split_tail_bands,
 )
 from systems.overlap.runner import OverlapRunner  # noqa: E402
-from systems.overlap.testing import (  # noqa: E402
+from tests.overlap_testing import (  # noqa: E402
     expected_sends,
     reference_y,
     rows_sent,

@@ -11,7 +11,7 @@ import torch
 
 from harness.layout import rank_layout
 from harness.workload import WorkloadSpec
-from systems.overlap.oracle_cpu import _copy_local, produce
+from tests.oracle_cpu import _copy_local, produce
 from systems.overlap.plan import padded_input, plan_for_layout
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -70,7 +70,7 @@ from systems.overlap.plan_device import (  # noqa: E402
     plan_bounds,
 )
 from systems.overlap.runner import OverlapRunner  # noqa: E402
-from systems.overlap.testing import expected_sends, reference_y, synthetic_rows  # noqa: E402
+from tests.overlap_testing import expected_sends, reference_y, synthetic_rows  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 
 # the fields of each worst-case bound (sentinel -1 past the count)
@@ -251,7 +251,7 @@ def test_plan_bounds_cover_the_worst_case():
 
 def test_compact_plan_bounds_are_reached():
     """Compact: no padding; one row per owner of one expert gives one band of W-1 pieces."""
-    from systems.overlap.testing import synthetic_plan
+    from tests.overlap_testing import synthetic_plan
 
     W, tm = 4, 16
     plan = synthetic_plan([[1, 1, 1, 0]], rank=3, tile_m=tm, layout="compact")
