@@ -42,7 +42,7 @@ def kept(df: pd.DataFrame) -> pd.DataFrame:
             v = df[col]
             keep &= v.isin(values) | (v.isna() & (col != "p_local")) | ~over
     if "p_backoff_ns" in df:
-        keep &= pd.to_numeric(df["p_backoff_ns"], errors="coerce").fillna(0) == 0
+        keep &= (pd.to_numeric(df["p_backoff_ns"], errors="coerce").fillna(0) == 0) | ~over
     return df[keep]
 
 

@@ -75,60 +75,66 @@ def test_latency_figure_reads_tables_older_than_the_scope_column(tmp_path):
     assert all(p.exists() for p in paths)
 
 
-def test_overlap_variant_names_transport_and_non_default_knobs():
-    import pandas as pd
-
+def test_overlap_variant_names_transport_and_the_kept_knobs_off_their_defaults():
     from plots.common import overlap_variant
 
     df = pd.DataFrame(
         {
             "system": ["overlap", "overlap", "overlap", "serial"],
             "transport": ["p2p", "p2p", "nvshmem", "nccl"],
-            "p_local": [None, "direct", "direct", None],
-            "p_layout": [None, "aligned", "packed", None],
+            "p_layout": [None, "aligned", "compact", None],
+            "p_order": ["auto", "expert", "remote_first", None],
+            "p_local": ["direct", None, "copy", None],  # retired: never a label
         }
     )
-    assert list(overlap_variant(df)) == ["p2p, local copy", "p2p", "nvshmem, packed", ""]
+    assert list(overlap_variant(df)) == ["p2p", "p2p, expert order", "nvshmem, compact", ""]
     df["p_consumer"] = [None, "shared", "own", None]
     df["p_ccta"] = ["16", "132", "16", None]
-    df["p_backoff_ns"] = [None, 200, 0, None]
-    assert list(overlap_variant(df))[:3] == [
-        "p2p, local copy",
-        "p2p, shared SMs, cCTA 132, backoff 200 ns",
-        "nvshmem, packed",
-    ]
+    assert overlap_variant(df)[1] == "p2p, expert order, shared SMs, cCTA 132"
+
+
+def test_kept_drops_the_overlap_rows_of_retired_variants_only():
+    from plots.common import kept
+
+    df = pd.DataFrame(
+        {
+            "system": ["overlap"] * 6 + ["serial", "torch_grouped_mm"],
+            "p_layout": ["aligned", "compact", "packed", None, "aligned", "aligned", None, None],
+            "p_local": ["direct", "direct", "direct", "direct", None, "copy", None, None],
+            "p_backoff_ns": [0, 0, 0, None, 0, 0, None, None],
+            "p_config": ["table", None, "table", "table", "table", "table", None, None],
+        }
+    )
+    # packed, a missing p_local (the old default: copy) and copy go; references stay
+    assert kept(df).index.tolist() == [0, 1, 3, 6, 7]
+    assert kept(df.assign(p_backoff_ns=200)).index.tolist() == [6, 7]
+    assert kept(df.assign(p_config="tails64")).index.tolist() == [6, 7]  # producer variants
+    assert len(kept(df.drop(columns=["p_local", "p_layout", "p_backoff_ns", "p_config"]))) == 8
 
 
 def test_variants_speedups_pair_each_variant_with_serial():
-    import pandas as pd
-
     from plots.variants import speedups
 
     w = {"world_size": 2, "tokens_per_rank": 8, "hidden": 4, "out": 4, "experts_per_rank": 2}
+    o = {**w, "routing": "balanced", "system": "overlap"}
     df = pd.DataFrame(
         [
             {**w, "routing": "balanced", "system": "serial", "latency_ms": 2.0},
-            {**w, "routing": "balanced", "system": "overlap", "latency_ms": 1.0, "p_local": None},
-            {
-                **w,
-                "routing": "balanced",
-                "system": "overlap",
-                "latency_ms": 0.5,
-                "p_local": "direct",
-            },  # fmt: skip
+            {**o, "latency_ms": 1.0, "p_layout": None, "p_order": "expert"},
+            {**o, "latency_ms": 0.5, "p_layout": "compact", "p_order": None},
         ]
     )
     sp = speedups(df).set_index("variant")["speedup"]
-    assert sp["copy/aligned"] == 2.0 and sp["direct/aligned"] == 4.0
+    assert sp["aligned/expert"] == 2.0 and sp["compact"] == 4.0
+    alone = speedups(df[df["system"] == "overlap"])  # no serial: latency only
+    assert alone["speedup"].isna().all() and sorted(alone["latency_ms"]) == [0.5, 1.0]
 
 
 def test_variants_name_a_ccta_or_mgb_other_than_the_default():
-    import pandas as pd
-
     from plots.variants import speedups
 
     w = {"world_size": 2, "tokens_per_rank": 8, "hidden": 4, "out": 4, "experts_per_rank": 2}
-    o = {**w, "routing": "balanced", "system": "overlap", "p_local": "direct"}
+    o = {**w, "routing": "balanced", "system": "overlap"}
     df = pd.DataFrame(
         [
             {**w, "routing": "balanced", "system": "serial", "latency_ms": 2.0},
@@ -136,10 +142,15 @@ def test_variants_name_a_ccta_or_mgb_other_than_the_default():
             {**o, "latency_ms": 0.8, "p_ccta": "auto", "p_mgb": "auto"},
         ]
     )
-    assert sorted(speedups(df)["variant"]) == [
-        "direct/aligned",
-        "direct/aligned, cCTA auto, mgb auto",
-    ]
+    assert sorted(speedups(df)["variant"]) == ["aligned", "aligned, cCTA auto, mgb auto"]
+
+
+def test_variants_and_producer_figures_draw_from_the_committed_tables(tmp_path):
+    from plots import producer, variants
+
+    for mod, stem in ((variants, "h200/operator_layouts_loopback"), (producer, "h200/producer")):
+        paths = mod.plot(ROOT / f"results/reference/{stem}.parquet", tmp_path, stem[5:])
+        assert all(p.exists() and p.stat().st_size > 0 for p in paths)
 
 
 def test_placement_figure_draws_each_placement_from_the_committed_table(tmp_path):
@@ -147,7 +158,7 @@ def test_placement_figure_draws_each_placement_from_the_committed_table(tmp_path
 
     from plots import placement
 
-    table = ROOT / "results/reference/h200/operator_consumer_loopback_n8192.parquet"
+    table = ROOT / "results/reference/h200/operator_consumer_loopback.parquet"
     paths = placement.plot(table, tmp_path, "placement")
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
     bad = tmp_path / "bad.parquet"
