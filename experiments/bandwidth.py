@@ -34,7 +34,13 @@ import torch
 import torch.distributed as dist
 
 from harness.errors import is_comm_failure
-from harness.measure import hash_cell, selected_systems, system_points, unused_knobs
+from harness.measure import (
+    experiment_options,
+    hash_cell,
+    selected_systems,
+    system_points,
+    unused_knobs,
+)
 from harness.preflight import memory_bytes
 from harness.records import Row, cell_row
 from harness.system import RunContext, int_param, list_param
@@ -51,11 +57,7 @@ MAX_SEGMENTS = 8192
 
 def options(cfg: Any) -> dict[str, Any]:
     """OPTIONS overridden by experiment.options; unknown keys are an error."""
-    given = dict(cfg.experiment.get("options") or {})
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"bandwidth: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
-    merged = {**OPTIONS, **given}
+    merged = experiment_options(cfg, "bandwidth", OPTIONS)
     for k in list_param("bandwidth", "options.segment_kib", merged["segment_kib"], True):
         int_param("bandwidth", "options.segment_kib", k, least=1)
     int_param("bandwidth", "options.min_total_mib", merged["min_total_mib"], least=1)

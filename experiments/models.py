@@ -37,10 +37,11 @@ from harness.check import CheckResult, check
 from harness.measure import (
     agree,
     cell_inputs,
+    experiment_options,
     guarded,
-    hash_cell,
     selected_systems,
     system_points,
+    workload_cells,
 )
 from harness.models import (
     ModelSpec,
@@ -79,11 +80,7 @@ class ModelRow(Row):
 
 def options(cfg: Any) -> dict[str, Any]:
     """OPTIONS overridden by experiment.options; unknown keys are an error."""
-    given = dict(cfg.experiment.get("options") or {})
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"models: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
-    return {**OPTIONS, **given}
+    return experiment_options(cfg, "models", OPTIONS)
 
 
 def model_specs(cfg: Any, dtype: str) -> list[ModelSpec]:
@@ -130,28 +127,15 @@ def model_specs(cfg: Any, dtype: str) -> list[ModelSpec]:
 
 def cells(cfg: Any, process_world: int) -> list[dict]:
     """Models x dtypes, then every system once per point of its sweep, in a seeded order per
-    model (as harness.measure.expand_grid orders the systems of a workload)."""
+    model (harness.measure.workload_cells, as expand_grid orders the systems of a workload)."""
     points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
     rng = random.Random(cfg.seed)
     out = []
     for dtype in cfg.experiment.grid.dtype:
         for m in model_specs(cfg, str(dtype)):
-            order = list(points)
-            rng.shuffle(order)
-            for system in order:
-                for params in points[system]:
-                    cell = {
-                        "experiment": cfg.experiment.name,
-                        "system": system,
-                        "seed": cfg.seed,
-                        "world_size": process_world,
-                        **m.as_dict(),
-                        "model": m.name,
-                        "params": params,
-                    }
-                    del cell["name"]
-                    cell["cell_hash"] = hash_cell(cfg, process_world, cell)
-                    out.append(cell)
+            base = {"world_size": process_world, **m.as_dict(), "model": m.name}
+            del base["name"]
+            out += workload_cells(cfg, process_world, base, points, rng)
     return out
 
 

@@ -7,8 +7,7 @@ global routing, for EVERY rank of the logical W (no plan is built, nothing is ti
   gemm[r]      rows rank r's experts compute after padding = valid[r] + pad[r]
   packed[r]    the same if r's remote rows of an expert were packed, all owners back to back and
                padded once: sum over r's experts g of (-sum_{s != r} C[s, g]) mod tile_m
-               (the `packed` layout beyond the paper; build_plan(..., layout="packed") pads
-               exactly this, tests/test_plan.py); the `compact` layout pads nothing
+               (what a packed layout would pad; the `compact` layout pads nothing)
   tiles_<layout>[r]  row tiles (bands) r's producer computes in each layout (plan.row_tiles):
                what padding costs in GEMM work; compact's equal torch._grouped_mm's
 Bounds drawn next to the data, per rank: the paper's (W-1)(tile_m-1) and the true worst case
@@ -26,9 +25,8 @@ import torch
 
 from harness.measure import hash_cell, selected_systems, system_points, unused_knobs
 from harness.records import Row, cell_row
-from harness.routing import imbalance
 from harness.system import RunContext, int_param
-from harness.workload import WorkloadSpec, routing_of
+from harness.workload import WorkloadSpec, imbalance_of, routing_of
 from systems.overlap.plan import (
     TILE_COUNT_LAYOUTS as LAYOUTS,
 )
@@ -41,7 +39,6 @@ from systems.overlap.plan import (
 
 AXES = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
 GRID_AXES = AXES  # the grid axes this experiment reads (harness.preflight.unread_settings)
-_CACHE: dict[tuple, tuple[torch.Tensor, dict]] = {}
 
 
 def cells(cfg: Any, process_world: int) -> list[dict]:
@@ -90,23 +87,10 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
 
 
 def counts_of(spec: WorkloadSpec) -> tuple[torch.Tensor, dict]:
-    """C [W, W*E] of a spec's routing and its imbalance, cached for the last routing."""
-    key = (
-        spec.world_size,
-        spec.tokens_per_rank,
-        spec.experts_per_rank,
-        spec.top_k,
-        spec.routing,
-        spec.seed,
-    )
-    if key not in _CACHE:
-        _CACHE.clear()
-        ids = routing_of(spec).expert_ids
-        _CACHE[key] = (
-            owner_expert_counts(ids, spec.experts_per_rank),
-            imbalance(ids, spec.world_size, spec.experts_per_rank),
-        )
-    return _CACHE[key]
+    """C [W, W*E] of a spec's routing and its imbalance (routing_of caches the routing, so the
+    tile_m sweep of one workload draws it once)."""
+    ids = routing_of(spec).expert_ids
+    return owner_expert_counts(ids, spec.experts_per_rank), imbalance_of(spec)
 
 
 def padding_metrics(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> dict[str, float]:

@@ -3,7 +3,7 @@
 One workload = (T, K, N, E, top_k, routing, W, dtype): the routing of W ranks is drawn as in
 every experiment (harness.workload.routing_of) and rank 0's expert problem is built from it:
 rows[e][s] = rows owner s sends to rank 0's expert e, laid out by the real stage-A builder
-(systems.overlap.testing.synthetic_plan -> build_plan), X [P, K] (zero padding rows included),
+(systems.overlap.plan.plan_from_rows -> build_plan), X [P, K] (zero padding rows included),
 weights [E, K, N]. Per workload, side by side in one run:
 
   overlap           the persistent Triton producer with the tuning table's tile configuration,
@@ -37,7 +37,13 @@ from typing import Any
 import torch
 
 from harness.check import check
-from harness.measure import SPEC_KEYS, hash_cell, selected_systems, system_points
+from harness.measure import (
+    SPEC_KEYS,
+    experiment_options,
+    hash_cell,
+    selected_systems,
+    system_points,
+)
 from harness.records import Row, command_line, provenance
 from harness.routing import imbalance
 from harness.system import RunContext, list_param
@@ -56,11 +62,7 @@ PRODUCER_KNOBS = ("tile_m", "layout", "order")
 
 def options(cfg: Any) -> dict[str, Any]:
     """OPTIONS overridden by experiment.options; unknown keys are an error."""
-    given = dict(cfg.experiment.get("options") or {})
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"producer: unknown option(s) {unknown}; accepted: {sorted(OPTIONS)}")
-    merged = {**OPTIONS, **given}
+    merged = experiment_options(cfg, "producer", OPTIONS)
     for key, value in merged.items():  # every option is a non-empty list
         list_param("producer", f"options.{key}", value, nonempty=True)
     if not all(isinstance(f, bool) for f in merged["flags"]):
@@ -152,15 +154,24 @@ def _operands(spec: WorkloadSpec, n_rows: int, device: torch.device):
     return _OPERANDS[key]
 
 
-def problem(spec: WorkloadSpec, tile_m: int, layout: str, device: torch.device):
-    """Rank 0's expert problem: plan, X [P, K] padded, weights [E, K, N], the valid rows grouped
-    by expert x_valid [R, K] with their expert offsets, and the float32 references."""
-    from systems.overlap.plan import padded_input
-    from systems.overlap.testing import reference_y, synthetic_plan
+def problem(
+    spec: WorkloadSpec,
+    tile_m: int,
+    layout: str,
+    device: torch.device,
+    *,
+    order: str = "remote_first",
+    group_cap: int = 0,
+):
+    """Rank 0's expert problem: plan (order, group_cap: the producer's walk), X [P, K] padded,
+    weights [E, K, N], the valid rows grouped by expert x_valid [R, K] with their expert
+    offsets, and the float32 reference Y [P, N]."""
+    from systems.overlap.plan import padded_input, plan_from_rows
 
     rows, imb = rank0_rows(spec)
-    plan = synthetic_plan(rows, rank=0, tile_m=tile_m, device=device, layout=layout)
-    x_recv, w = _operands(spec, plan.n_rows, device)
+    knobs = dict(layout=layout, order=order, group_cap=group_cap)
+    plan = plan_from_rows(rows, rank=0, tile_m=tile_m, device=device, **knobs)
+    x_recv, w = _operands(spec, int(plan.n_rows), device)
     x = padded_input(x_recv, plan.gather_index)
     valid = plan.gather_index >= 0
     per_expert = [sum(r) for r in rows]
@@ -174,9 +185,18 @@ def problem(spec: WorkloadSpec, tile_m: int, layout: str, device: torch.device):
         x_valid=x[valid],
         offsets=torch.tensor(per_expert, device=device).cumsum(0).to(torch.int32),
         per_expert=per_expert,
-        ref_y=lambda: reference_y(plan, x, w),
+        ref_y=lambda: reference_y(plan.expert_row_start.tolist(), x, w),
         imbalance=imb,
     )
+
+
+def reference_y(starts: list[int], x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Y [P, N] float32 of X [P, K] and weights [E, K, N], expert e owning the rows
+    starts[e]:starts[e+1] (zero padding rows give zero rows)."""
+    y = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float32, device=x.device)
+    for e, (a, b) in enumerate(zip(starts, starts[1:])):
+        y[a:b] = x[a:b].float() @ w[e].float()
+    return y
 
 
 def batched_rows(x_valid: torch.Tensor, e: int) -> torch.Tensor:
@@ -243,38 +263,50 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
 def _producer_kernel(
     ctx: RunContext, cell: dict, pb
 ) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
-    """The overlap producer's cell: the table's tile configuration, the local rows stored in a
-    receive buffer recv [S, N] through row_dst [P]; checked by reading them back from there."""
-    from systems.overlap.kernels import launch_producer, pick_config
-    from systems.overlap.plan import local_row_map, producer_groups, producer_order
+    """The overlap producer's cell: the table's tile configuration (pb.cfg; pb.plan built for
+    its group_cap and the cell's order), the local rows stored in a receive buffer recv [L, N]
+    through plan.row_dst [P]; checked by reading them back from there."""
+    from systems.overlap.kernels import launch_producer
 
-    p, flags = pb.plan, bool(cell["params"]["flags"])
-    cfg = pick_config(int(cell["params"]["tile_m"]), pb.x.shape[1], pb.w.shape[2], pb.x.dtype)
-    order = producer_order(p) if cell["params"].get("order") == "expert" else None
-    # per plan, like the order (the overlap runner builds both once per plan)
-    groups = producer_groups(p, order, cfg.group_m) if cfg.expert_groups else None
-    y = torch.zeros(p.n_padded, pb.w.shape[2], dtype=pb.x.dtype, device=pb.x.device)
-    ready = torch.zeros(p.n_bands, dtype=torch.int32, device=pb.x.device)
+    p, cfg, flags = pb.plan, pb.cfg, bool(cell["params"]["flags"])
+    n = p.sizes()
+    dev, dt, n_out = pb.x.device, pb.x.dtype, pb.w.shape[2]
+    y = torch.zeros(n["n_padded"], n_out, dtype=dt, device=dev)
+    ready = torch.zeros(p.max_bands, dtype=torch.int32, device=dev)
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
-    row_dst = local_row_map(p)
-    recv = torch.zeros(int(row_dst.max()) + 1, pb.w.shape[2], dtype=y.dtype, device=y.device)
-
-    kw = dict(num_programs=sms, config=cfg, signal=flags, order=order, groups=groups)
+    row_dst = p.row_dst
+    recv = torch.zeros(int(row_dst.max()) + 1 if n["n_padded"] else 0, n_out, dtype=dt, device=dev)
 
     def go():
-        launch_producer(pb.x, pb.w, y, p, ready, local_to=(recv, row_dst), **kw)
+        launch_producer(pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, signal=flags,
+                        recv=recv)  # fmt: skip
 
     go()
     # one run: every remote band's counter holds one run's increment
-    got = ready[p.schedule[: p.n_remote_bands]]
-    if flags and not bool((got == cfg.band_increment(pb.w.shape[2])).all()):
+    got = ready[p.schedule[: n["n_remote_bands"]]]
+    if flags and not bool((got == cfg.band_increment(n_out)).all()):
         raise RuntimeError("producer: a ready flag is wrong after one run")
-    metrics = {"gemm_rows": float(p.n_padded), "impl": "overlap producer (triton)"}
+    metrics = {"gemm_rows": float(n["n_padded"]), "impl": "overlap producer (triton)"}
     metrics["config"] = json.dumps(cfg.__dict__, default=str)
     mine = row_dst >= 0
     out = y.clone()
     out[mine] = recv[row_dst[mine]]
     return go, out[pb.valid], pb.ref_y()[pb.valid], metrics
+
+
+def _cell_problem(cell: dict, spec: WorkloadSpec, device: torch.device):
+    """problem() of a cell; an overlap cell's plan is built for its order and the tuning
+    table's tile configuration (pb.cfg), as the overlap runner builds it."""
+    p = cell["params"]
+    tile_m, layout = int(p.get("tile_m", 128)), p.get("layout", "aligned")
+    if cell["system"] != "overlap":
+        return problem(spec, tile_m, layout, device)
+    from systems.overlap.tuning import pick_config
+
+    cfg = pick_config(tile_m, spec.hidden, spec.out, DTYPES[spec.dtype])
+    pb = problem(spec, tile_m, layout, device, order=p["order"], group_cap=cfg.group_cap)
+    pb.cfg = cfg
+    return pb
 
 
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
@@ -286,7 +318,7 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
         return [row]
     try:
         p = cell["params"]
-        pb = problem(spec, int(p.get("tile_m", 128)), p.get("layout", "aligned"), ctx.device)
+        pb = _cell_problem(cell, spec, ctx.device)
         row.imbalance_rank = pb.imbalance["imbalance_rank"]
         row.imbalance_expert = pb.imbalance["imbalance_expert"]
         go, out, ref, m = _kernel(ctx, cell, pb)

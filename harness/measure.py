@@ -109,6 +109,16 @@ def selected_systems(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in systems.items() if not select or k in select}
 
 
+def experiment_options(cfg: Any, name: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """An experiment's options: defaults overridden by experiment.options; an unknown key is a
+    one-line error naming the experiment and the accepted keys."""
+    given = dict(cfg.experiment.get("options") or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ValueError(f"{name}: unknown option(s) {unknown}; accepted: {sorted(defaults)}")
+    return {**defaults, **given}
+
+
 def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
     """What changes a cell's numbers besides its workload and system: the measure settings, the
     hardware preset and backend, and the number of processes (which decides whether a process

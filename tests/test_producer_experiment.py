@@ -84,6 +84,27 @@ def test_valid_rows_are_grouped_by_expert_as_grouped_mm_reads_them(layout):
         torch.testing.assert_close(got, ref[a:b], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("order", ["remote_first", "expert"])
+def test_an_overlap_cell_builds_its_plan_for_its_order_and_the_tables_groups(order):
+    spec = WorkloadSpec(64, 32, 4096, 4, 2, 2, "stress_skew", dtype="bfloat16", seed=3)
+    params = {"tile_m": 128, "layout": "aligned", "order": order, "flags": True}
+    cell = {"system": "overlap", "params": params}
+    pb = producer._cell_problem(cell, spec, torch.device("cpu"))
+    plan = pb.plan
+    assert pb.cfg.expert_groups and plan.group_cap == pb.cfg.group_cap == pb.cfg.group_m
+    assert plan.order == order and (plan.visit is not None) == (order == "expert")
+    assert plan.groups is not None and plan.groups.numel() == plan.max_bands
+    # the float32 reference by expert equals the one by band
+    ref = pb.ref_y()
+    rows, n, e = (t.tolist() for t in (plan.band_row, plan.band_rows, plan.band_expert))
+    for r0, k, ex in zip(rows, n, e):
+        got = pb.x[r0 : r0 + k].float() @ pb.w[ex].float()
+        torch.testing.assert_close(ref[r0 : r0 + k], got)
+    assert bool((ref[~pb.valid] == 0).all())
+    reference = producer._cell_problem({"system": "cublas", "params": {}}, spec, pb.x.device)
+    assert reference.plan.visit is None and reference.plan.groups is None
+
+
 @pytest.mark.parametrize("tokens", [256, 1])
 def test_the_batched_reference_has_the_weights_and_about_the_rows_of_the_grouped_gemm(tokens):
     from harness.system import RunContext
@@ -137,8 +158,8 @@ def test_the_plot_ratios_pair_each_producer_with_its_references(tmp_path):
     df = pd.DataFrame([{**r, "status": "ok"} for r in rows])
     (r,) = ratios(df).itertuples()
     assert r.variant == "tile_m 128, aligned"
-    direct = df.assign(p_local=[None, None, None, "direct"])
-    assert ratios(direct)["variant"].tolist() == ["tile_m 128, aligned, local direct"]
+    direct = df.assign(p_local=[None, None, None, "direct"])  # a retired knob labels nothing
+    assert ratios(direct)["variant"].tolist() == ["tile_m 128, aligned"]
     assert r.vs_grouped_mm == pytest.approx(1.2) and r.vs_cublas == pytest.approx(0.9)
     assert r.vs_bmm == pytest.approx(1.1)
     older = ratios(df[df["system"] != "cublas_bmm"])  # a table from before the bmm reference
