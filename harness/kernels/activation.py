@@ -35,9 +35,7 @@ def _gelu_rows_kernel(h, n_ptr, F, BR: tl.constexpr, BF: tl.constexpr):
 
 def blocks(F: int) -> tuple[int, int]:
     """(rows, columns) per program for width F. On an H200 (bf16, F=2048, 50 launches, events)
-    2 x 2048 took 1.03-1.05x torch's gelu when every row is real and 0.58-0.73x it when half to
-    two thirds are; 4 x 1024 and 8 x 512 1.07-1.11x, 16 x 512 and 32 x 256 1.9x
-    (results/reference/h200/gelu_rows_301ac77.log)."""
+    2 x 2048 was the fastest block shape measured (the numbers: docs/measurements.md)."""
     bf = min(2048, next_power_of_2(F))
     return max(1, ELEMS // bf), bf
 

@@ -16,8 +16,8 @@ One program first writes the blocks' inclusive ends (source major) and their sta
 expert-major order (two chunked cumsums over the G blocks), and offs. Then program p labels rows
 [p*BLOCK, (p+1)*BLOCK): a row's block is the number of blocks that end at or before it (blocks
 with no rows end where they start), found by a binary search over the ends (log2 G loads a row:
-at W=64, E=64 the first kernel of this file compared every row against all 4096 blocks and took
-5.8 ms at 65536 rows; results/reference/h200/label_bound*.parquet). R may be a bound on the rows
+comparing every row against every block costs G loads a row, too slow at W=64, E=64: see
+docs/measurements.md). R may be a bound on the rows
 (the dispatch launches it before its host sync): rows past the blocks' total are -1 and search
 nothing, so programs past the total only write their -1 rows.
 """

@@ -1,8 +1,8 @@
 """A remembered Triton launch, launched again without Triton's per-call host work.
 
 Triton binds and specialises every argument on every launch, then our launchers check their
-operands and build TMA descriptors: 35-70 us of host time per launch on the H200 machine, where
-the compiled kernel's own launcher takes 9-12 us (benchmarks/host_profile.py --launches). A
+operands and build TMA descriptors: several times the host time of the compiled kernel's own
+launcher (docs/measurements.md, host time per step). A
 runner launches the same kernels with the same arguments on every step (only the consumer's
 epoch target changes), so it remembers each launch once and then re-runs the compiled kernel
 with the remembered argument list.
@@ -36,7 +36,7 @@ from triton.runtime import driver
 _I32 = (-(2**31), 2**31 - 1)
 
 # the fast path (resolved arguments straight to the C launcher); HARNESS_RELAUNCH=bound turns
-# it off (an A/B of its host time: benchmarks/host_profile.py --launches times both)
+# it off, so the two paths' host time can be compared on the same build
 FAST = os.environ.get("HARNESS_RELAUNCH", "fast") != "bound"
 
 
