@@ -7,10 +7,10 @@ behind a 1-cycle marker kernel on the step's stream. Per step and part (the kern
 PARTS; any other kernel under its own name) it takes the first start and the last end, relative
 to the marker's end, and the busy time (the union of the part's kernels); the row keeps the
 median over the steps. For the overlap system the derived `lead_us` (step start to the
-producer's start: the handshake on the step's stream, the launches), `tail_us` (the producer's
-end to the consumer's: the combine left after the compute) and `after_us` (the consumer's end to
-the step's: the receive wait and the scale) split its step into the waits the compute does not
-hide.
+producer's start: the handshake all-reduce on the step's stream, the launches), `tail_us` (the
+producer's end to the consumer's: the combine left after the compute) and `after_us` (the
+consumer's end to the step's: the receive wait and the scale) split its step into the waits the
+compute does not hide.
 
 One process: W > 1 cells are played on one GPU (loopback, a proxy). Under torchrun, one process
 per GPU: every rank profiles its own timeline and rank 0 prints and writes them all.
@@ -140,7 +140,7 @@ def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int
 
 #: part -> substrings of the kernel names that make it (the first match wins)
 PARTS = {
-    "handshake": ("AllReduce", "barrier"),
+    "handshake": ("AllReduce",),  # the overlap system's handshake is one all-reduce
     "producer": ("_producer_kernel",),
     "consumer": ("_consumer_kernel",),
     "wait": ("_wait_signals_kernel",),
