@@ -178,14 +178,14 @@ def sizes(cell: dict, ccta: int) -> tuple[int, int, int]:
 def sender_plan(me: int, world: int, rows_per_seg: int, n_seg: int, device: torch.device):
     """Rank `me`'s plan: segment i = one band of rows_per_seg rows to peer i mod (W-1); each
     source writes its own region of a receiver's buffer (rows me * n_seg * rows_per_seg on)."""
-    from systems.overlap.plan import plan_from_rows as synthetic_plan
+    from systems.overlap.plan import plan_from_rows
 
     peers = [d for d in range(world) if d != me]
     rows = [[0] * world for _ in range(n_seg)]
     for i in range(n_seg):
         rows[i][peers[i % len(peers)]] = rows_per_seg
     base = [me * n_seg * rows_per_seg] * world
-    return synthetic_plan(rows, rank=me, tile_m=rows_per_seg, device=device, dst_base=base)
+    return plan_from_rows(rows, rank=me, tile_m=rows_per_seg, device=device, dst_base=base)
 
 
 def sender_y(cell: dict, me: int, n_rows: int, device: torch.device) -> torch.Tensor:
@@ -199,7 +199,7 @@ def expected_region(plan, y: torch.Tensor, dst: int, recv: torch.Tensor) -> None
     """Write into recv what plan's consumer sends to `dst` (pure torch)."""
     rows, valid = plan.band_row.tolist(), plan.band_valid.tolist()
     bdst, off = plan.band_dst.tolist(), plan.band_offset.tolist()
-    for b in plan.schedule[: plan.n_remote_bands].tolist():
+    for b in plan.schedule[: int(plan.n_remote_bands)].tolist():
         if bdst[b] == dst:
             recv[off[b] : off[b] + valid[b]] = y[rows[b] : rows[b] + valid[b]]
 
@@ -325,12 +325,12 @@ def _consumer(ctx: RunContext, cfg: Any, cell: dict):
     rows_per_seg, n_seg, row_bytes = sizes(cell, ccta)
     me = 0 if name == "loopback" else ctx.rank
     plan = sender_plan(me, W, rows_per_seg, n_seg, ctx.device)
-    y = sender_y(cell, me, plan.n_padded, ctx.device)
+    y = sender_y(cell, me, int(plan.n_padded), ctx.device)
     rows_per_source = n_seg * rows_per_seg
     made = _transport(ctx, cfg, cell)
     tr = made.transport(0) if name == "loopback" else made
     recv_tab, sig_tab = tr.tables()
-    ready = torch.ones(plan.n_bands, dtype=torch.int32, device=ctx.device)
+    ready = torch.ones(plan.max_bands, dtype=torch.int32, device=ctx.device)
     err = new_error_buffer(ctx.device)
     clock = torch.zeros(ccta, dtype=torch.int64, device=ctx.device)
     cfg = ConsumerConfig()
@@ -357,7 +357,8 @@ def _consumer(ctx: RunContext, cfg: Any, cell: dict):
         senders = [0] if name == "loopback" else [s for s in range(W) if s != d]
         for s in senders:
             plan_s = plan if s == me else sender_plan(s, W, rows_per_seg, n_seg, ctx.device)
-            expected_region(plan_s, sender_y(cell, s, plan_s.n_padded, ctx.device), d, want)
+            y_s = sender_y(cell, s, int(plan_s.n_padded), ctx.device)
+            expected_region(plan_s, y_s, d, want)
         ok = ok and torch.equal(buf, want)
     ok = _agree_ok(ctx, ok)
     sent = rows_per_source * row_bytes  # every row of this rank goes to a peer

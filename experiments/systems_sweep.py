@@ -1,7 +1,8 @@
 """The generic experiment: every system of the config on every cell of the grid.
 
-Used by `smoke` (and later `operator`, the cCTA x mgb sweeps): each cell is one system on one
-workload, measured by harness.measure.measure_cell (check, then latency and the bounds).
+The module of every experiment without its own (smoke, operator, layer, the cCTA x mgb sweeps,
+...): each cell is one system on one workload, measured by harness.measure.measure_cell (check,
+then latency and the bounds).
 """
 
 from __future__ import annotations
