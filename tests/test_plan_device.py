@@ -1,9 +1,10 @@
 """Stage A on the device (systems/overlap/plan_device.py) on the CPU through Triton's interpreter.
 
-The device plan's valid prefixes equal build_plan's tensors and its counts build_plan's ints,
-entries past the counts are the -1 sentinel, building it reads nothing back to the host, and the
-producer + consumer + local copy run from it (worst-case grids, device counts) equal the
-reference, with the plan changing between runs.
+The device plan cut to its counts equals build_plan's field by field (aligned and compact, both
+visiting orders, expert swizzle groups), entries past the counts are the -1 sentinel, building it
+reads nothing back to the host, and the producer + consumer run from it (worst-case grids,
+device counts, local rows into the receive buffer) equal the reference, with the plan changing
+between runs.
 
 TRITON_INTERPRET must be set before triton is imported: as in test_kernels_interp.py, this
 module sets it, skips its interpreter tests when triton was imported earlier in the process, and
@@ -17,7 +18,7 @@ import importlib
 import os
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import pytest
 import torch
@@ -57,100 +58,91 @@ from systems.overlap.plan import (  # noqa: E402
     GROUP_CODE,
     CombinePlan,
     build_plan,
-    local_row_map,
     plans_for_spec,
     producer_groups,
-    producer_order,
 )
 from systems.overlap.plan_device import (  # noqa: E402
-    COUNT_NAMES,
-    DevicePlan,
+    DevicePlanBuilder,
     build_plan_device,
     padded_input_device,
     plan_bounds,
 )
 from systems.overlap.runner import OverlapRunner  # noqa: E402
-from tests.overlap_testing import expected_sends, reference_y, synthetic_rows  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
+from tests.overlap_testing import expected_sends, reference_y, synthetic_rows  # noqa: E402
 
-# the fields of each worst-case bound (sentinel -1 past the count)
+# the arrays of each count (the -1 sentinel past it in a device plan)
 BOUNDED = {
     "n_rows": ["row_pos"],
-    "n_padded": ["gather_index"],
+    "n_padded": ["gather_index", "row_dst"],
     "n_bands": ["band_expert", "band_row", "band_rows", "band_dst", "band_valid"]
     + ["band_offset", "band_segment", "schedule", "visit"],
     "n_segments": ["seg_start", "seg_count", "seg_dst", "seg_rows", "seg_bytes"]
     + ["seg_src_row", "seg_offset"],
     "n_local": ["local_src_row", "local_dst_index"],
+    "n_pieces": ["piece_band", "piece_row", "piece_rows", "piece_offset", "piece_dst"],
 }
 
 
-def assert_same_plan(dev: DevicePlan, ref: CombinePlan) -> None:
-    """dev's valid prefixes == ref's tensors, dev's counts == ref's ints, -1 past the counts."""
-    n = dict(zip(COUNT_NAMES, dev.counts.tolist()))
-    for name in COUNT_NAMES:
-        assert n[name] == getattr(ref, name), name
-    host = dev.to_host_plan()
+def assert_same_plan(dev: CombinePlan, ref: CombinePlan) -> None:
+    """dev (worst-case sized) cut to its counts == ref field by field, -1 past the counts, the
+    swizzle groups past n_bands groups of one, every count within dev's bounds."""
+    n = dev.sizes()
+    assert n == ref.sizes()
+    cut = dev.trimmed()
     for f in fields(CombinePlan):
-        a, b = getattr(ref, f.name), getattr(host, f.name)
+        a, b = getattr(ref, f.name), getattr(cut, f.name)
         if isinstance(a, torch.Tensor):
-            assert b is not None and b.dtype == torch.int64, f.name
+            assert b is not None and b.dtype == a.dtype, f.name
             assert torch.equal(a, b), f.name
         else:
             assert a == b, f.name
-    # the fill kernel's visiting order for order="expert" == plan.producer_order's
-    assert torch.equal(dev.visit[: ref.n_bands], producer_order(ref).long()), "visit"
-    # ... and its local row map == plan.local_row_map's (-1 at every other padded row)
-    assert torch.equal(dev.row_dst, local_row_map(dev)), "row_dst"
-    assert torch.equal(dev.row_dst[: ref.n_padded], local_row_map(ref)), "row_dst"
-    # the swizzle groups from the device plan's arrays == from the host plan's; the unused
-    # positions past n_bands are groups of one
-    # positions past n_bands are groups of one; the one-launch kernel gives the same groups
-    for cap in (2, 5):
-        g_dev = producer_groups(dev, dev.visit, cap)
-        g_ref = producer_groups(ref, producer_order(ref), cap)
-        assert torch.equal(g_dev[: ref.n_bands], g_ref), f"groups, cap {cap}"
-        tail = g_dev[ref.n_bands :].long()
-        assert torch.equal(tail // GROUP_CODE, torch.arange(ref.n_bands, g_dev.numel()))
-        assert bool((tail % GROUP_CODE == 1).all())
-        assert torch.equal(plan_device.producer_groups_device(dev, dev.visit, cap), g_dev)
-        assert torch.equal(
-            plan_device.producer_groups_device(ref, None, cap), producer_groups(ref, None, cap)
-        )
     for count, names in BOUNDED.items():
         for name in names:
-            rest = getattr(dev, name)[n[count] :]
-            assert bool((rest == -1).all()), f"{name} past {count}"
-    assert dev.layout == ref.layout
-    if dev.layout == "compact":
-        q = int(dev.n_pieces.item())
-        assert q == ref.piece_band.numel() <= dev.max_pieces
-        for name in ("piece_band", "piece_row", "piece_rows", "piece_offset", "piece_dst"):
-            assert bool((getattr(dev, name)[q:] == -1).all()), f"{name} past n_pieces"
-    else:
-        assert dev.n_pieces is None and dev.piece_band is None
-    bound = {"n_padded": dev.max_padded, "n_bands": dev.max_bands, "n_local": dev.max_local}
-    bound |= {"n_remote_bands": dev.max_remote_bands, "n_segments": dev.max_segments}
-    for name, b in bound.items():
-        assert n[name] <= b, name
-
-
-def _kw(W, rank, E, tm, mgb):
-    return dict(
-        world_size=W, rank=rank, experts_per_rank=E, tile_m=tm, mgb=mgb, out_cols=24, elem_bytes=2
+            t = getattr(dev, name)
+            assert t is None or bool((t[n[count] :] == -1).all()), f"{name} past {count}"
+    assert (dev.piece_band is None) == (dev.layout == "aligned")
+    if dev.groups is not None:
+        tail = dev.groups[n["n_bands"] :].long()
+        assert torch.equal(tail // GROUP_CODE, torch.arange(n["n_bands"], dev.max_bands))
+        assert bool((tail % GROUP_CODE == 1).all())
+    bd = plan_bounds(
+        dev.max_rows,
+        world_size=dev.world_size,
+        experts_per_rank=dev.experts_per_rank,
+        tile_m=dev.tile_m,
+        layout=dev.layout,
     )
+    assert (dev.max_padded, dev.max_bands, dev.max_segments) == (
+        bd["max_padded"], bd["max_bands"], bd["max_segments"]
+    )  # fmt: skip
+    for name, key in (("n_padded", "max_padded"), ("n_bands", "max_bands")):
+        assert n[name] <= bd[key], name
+    for name in ("n_remote_bands", "n_segments", "n_local", "n_pieces"):
+        assert n[name] <= bd["max_" + name[2:]], name
+
+
+def _kw(W, rank, E, tm, mgb, **knobs):
+    shape = dict(world_size=W, rank=rank, experts_per_rank=E, tile_m=tm, mgb=mgb)
+    return shape | dict(out_cols=24, elem_bytes=2) | knobs
+
+
+def _knobs(seed: int, layout: str) -> dict:
+    """A plan's layout with an order and group_cap taken from the case's seed (every pair
+    occurs across the cases without multiplying them)."""
+    return dict(layout=layout, order=ORDERS[seed % 2], group_cap=(0, 2, 5)[seed % 3])
+
+
+ORDERS = ("remote_first", "expert")
 
 
 @needs_interpreter
 @pytest.mark.parametrize("layout", ["aligned", "compact"])
-@pytest.mark.parametrize("routing", ["balanced", "stress_skew"])
-@pytest.mark.parametrize("mgb", [1, 2])
-@pytest.mark.parametrize("tm", [64, 128])
-@pytest.mark.parametrize("E", [1, 4, 16])
-@pytest.mark.parametrize("W", [1, 2, 4, 8])
+@pytest.mark.parametrize(
+    "tm,mgb,routing", [(64, 1, "balanced"), (128, 2, "stress_skew"), (64, 2, "stress_skew")]
+)
+@pytest.mark.parametrize("W,E", [(1, 4), (2, 1), (2, 16), (4, 4), (8, 1), (8, 16)])
 def test_device_plan_equals_build_plan(W, E, tm, mgb, routing, layout):
-    if W * E < 2:
-        pytest.skip("top-2 needs two experts")
     seed = W * 1000 + E * 10 + tm + mgb
     spec = WorkloadSpec(
         tokens_per_rank=160 if E < 16 else 320,
@@ -163,7 +155,8 @@ def test_device_plan_equals_build_plan(W, E, tm, mgb, routing, layout):
         seed=seed,
         dtype="float16",
     )
-    plans, lays = plans_for_spec(spec, tile_m=tm, mgb=mgb, layout=layout)
+    knobs = _knobs(seed, layout)
+    plans, lays = plans_for_spec(spec, tile_m=tm, mgb=mgb, **knobs)
     rank = seed % W  # one rank per case (the stress routing's hot rank 0 is among them)
     lay, ref = lays[rank], plans[rank]
     dev = build_plan_device(
@@ -171,13 +164,9 @@ def test_device_plan_equals_build_plan(W, E, tm, mgb, routing, layout):
         lay.recv_expert,
         lay.recv_dst_index,
         send_counts=lay.send_counts,
-        layout=layout,
-        **_kw(W, rank, E, tm, mgb),
+        **_kw(W, rank, E, tm, mgb, **knobs),
     )
     assert_same_plan(dev, ref)
-    # order="expert": the same visiting order of the valid positions, the unused ones last
-    order = producer_order(dev)
-    assert torch.equal(order[: ref.n_bands], producer_order(ref))
 
 
 def _shuffled(W, E, max_rows, seed):
@@ -208,8 +197,7 @@ def test_device_plan_any_row_order_and_worst_case_inputs(W, E, tm, mgb, seed, la
     plan. E=70 takes the group kernels' pairwise sums over three chunks of experts (JB=32),
     with many experts tied on their remote bands."""
     src, expert, dst = _shuffled(W, E, 3 * tm, seed)
-    rank = seed % W
-    kw = {**_kw(W, rank, E, tm, mgb), "layout": layout}
+    kw = _kw(W, seed % W, E, tm, mgb, **_knobs(seed, layout))
     ref = build_plan(src, expert, dst, **kw)
     assert_same_plan(build_plan_device(src.int(), expert.int(), dst.int(), **kw), ref)
     R, extra = src.numel(), 37
@@ -224,18 +212,18 @@ def test_device_plan_any_row_order_and_worst_case_inputs(W, E, tm, mgb, seed, la
 @pytest.mark.parametrize("layout", ["aligned", "compact"])
 def test_device_plan_of_empty_and_all_local_ranks(layout):
     e = torch.empty(0, dtype=torch.int64)
-    kw = {**_kw(3, 1, 4, 64, 2), "layout": layout}
+    kw = _kw(3, 1, 4, 64, 2, layout=layout, order="expert", group_cap=2)
     dev = build_plan_device(e, e, e, **kw)
-    assert dev.counts.tolist() == [0] * 6
+    assert dev.counts.tolist() == [0] * 7
     assert_same_plan(dev, build_plan(e, e, e, **kw))
     src = torch.full((70,), 2)
     expert = torch.arange(70) % 3
     dst = torch.argsort(torch.argsort(expert, stable=True))  # consecutive within an expert
-    kw = {**_kw(4, 2, 3, 16, 2), "layout": layout}
+    kw = _kw(4, 2, 3, 16, 2, layout=layout, order="expert", group_cap=2)
     ref = build_plan(src, expert, dst, **kw)
     assert ref.n_remote_bands == 0 and ref.n_local == 70
     assert_same_plan(build_plan_device(src, expert, dst, **kw), ref)
-    with pytest.raises(ValueError, match="the device plan builds layout aligned or compact"):
+    with pytest.raises(ValueError, match="layout must be one of aligned, compact, got 'packed'"):
         build_plan_device(src, expert, dst, **{**kw, "layout": "packed"})
 
 
@@ -277,19 +265,18 @@ class _FakeKernel:
         return launch
 
 
-@pytest.mark.parametrize("layout", ["aligned", "compact"])
-def test_build_plan_device_reads_nothing_back(monkeypatch, layout):
+@pytest.mark.parametrize("layout,cap", [("aligned", 0), ("compact", 2)])
+def test_build_plan_device_reads_nothing_back(monkeypatch, layout, cap):
     """No host synchronisation and few launches: with the kernels stubbed, the host glue runs no
     aten op that reads a tensor's value on the host (_local_scalar_dense is behind item(),
-    int(), bool(), tolist() of device tensors), no copy, and only the fill + the work
-    allocation; tolist / item / numpy / int / bool / index of a tensor raise."""
+    int(), bool(), tolist() of device tensors), no copy, and only the fill, the work
+    allocation (and the swizzle groups' buffer); tolist / item / numpy / int / bool / index of
+    a tensor raise."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     log = []
-    groups, fill = (
-        ("_groups", "_fill") if layout == "aligned" else ("_groups_compact", "_fill_compact")
-    )
-    kernels = ["_rows_kernel", f"{groups}_kernel", f"{fill}_kernel"]
+    kernels = ["_rows_kernel", "_groups_kernel", "_fill_kernel"]
+    kernels += ["_producer_groups_kernel"] if cap else []
     for name in kernels:
         monkeypatch.setattr(plan_device.kplan, name, _FakeKernel(log, name))
 
@@ -310,139 +297,126 @@ def test_build_plan_device_reads_nothing_back(monkeypatch, layout):
     def boom(*a, **k):
         raise AssertionError("host read of a tensor value")
 
+    kw = _kw(W, 1, E, tm, 2, layout=layout, order="expert", group_cap=cap)
     with monkeypatch.context() as m:
         for meth in ("tolist", "item", "numpy", "__int__", "__bool__", "__index__", "__float__"):
             m.setattr(torch.Tensor, meth, boom)
         with Ops() as mode:
-            plan = build_plan_device(
-                src,
-                expert,
-                dst,
-                send_counts=send_counts,
-                n_rows=n_rows,
-                layout=layout,
-                **_kw(W, 1, E, tm, 2),
-            )
+            plan = build_plan_device(src, expert, dst, send_counts=send_counts, n_rows=n_rows, **kw)
     assert [x[0] for x in log] == kernels
     views = {"aten.slice", "aten.view", "aten.reshape", "aten.alias", "aten.select"}
     compute = [op for op in mode.ops if op not in views]
-    assert sorted(compute) == ["aten.empty", "aten.full"], mode.ops
-    assert plan.counts.shape == (6,) and plan.n_bands.dim() == 0
+    assert sorted(compute) == ["aten.empty"] + ["aten.full"] * (2 if cap else 1), mode.ops
+    assert plan.counts.shape == (7,) and plan.n_bands.dim() == 0
     # the launch grids are host ints from the bounds
     grids = {x[0]: x[1] for x in log}
     n_blocks = triton.cdiv(src.numel(), plan_device.ROW_BLOCK)
     fill_programs = E * W + n_blocks + (E if layout == "compact" else 0)
-    assert grids == dict(zip(kernels, [(n_blocks,), (1,), (fill_programs,)]))
+    want = [(n_blocks,), (1,), (fill_programs,), (1,)]
+    assert grids == dict(zip(kernels, want))
 
 
 # -- stage B from a device plan (interpreter) ----------------------------------------------
 TILE_M = 16
 
 
-def _device_problem(rows, K, N, seed, mgb=2, layout="aligned"):
-    """A DevicePlan, its host twin, and operands for group sizes rows[e][s] (this rank = 2)."""
-    src, expert, dst, dst_rows = synthetic_rows(rows, rank=2)
-    kw = dict(_kw(3, 2, len(rows), TILE_M, mgb), out_cols=N, elem_bytes=4, layout=layout)
-    ref = build_plan(src, expert, dst, **kw)
-    dev = build_plan_device(src, expert, dst, **kw)
-    g = torch.Generator().manual_seed(seed)
-    x_recv = torch.randn(ref.n_rows, K, generator=g)
-    return dev, ref, x_recv, dst_rows
+def _tile(cap: int):
+    cfg = interpreter_config(TILE_M)
+    return replace(cfg, expert_groups=True, group_m=cap) if cap else cfg
+
+
+def _check_run(runner, fabric, ref, x, w, y):
+    """One overlapped run of `plan` (device-built, its host twin ref) against the reference:
+    Y's non-local rows, every destination buffer (the local rows from the producer's
+    epilogue), Y untouched at local rows and past n_padded, and the band counters re-armed:
+    this plan's remote bands at one run's increment, nothing else."""
+    P, N = ref.n_padded, w.shape[2]
+    y.fill_(float("nan"))
+    fabric.buffer.zero_()
+    runner.overlapped(x, y)
+    runner.check()
+    ref_y = reference_y(ref, x[:P], w)
+    in_y = ref.row_dst < 0
+    torch.testing.assert_close(y[:P][in_y], ref_y[in_y], rtol=1e-4, atol=1e-4)
+    assert bool(torch.isnan(y[:P][~in_y]).all()), "local rows skip Y"
+    assert bool(torch.isnan(y[P:]).all()), "rows past n_padded must stay untouched"
+    want = expected_sends(ref, y, [torch.zeros_like(fabric.recv(d)) for d in range(3)])
+    want[2][ref.local_dst_index] = ref_y[ref.local_src_row]
+    for d in range(3):
+        torch.testing.assert_close(fabric.recv(d), want[d], rtol=1e-4, atol=1e-4)
+    # a stale count from an earlier plan would let the consumer copy a band too early
+    ready = torch.zeros_like(runner.band_ready)
+    ready[ref.schedule[: ref.n_remote_bands]] = runner.tile.band_increment(N)
+    assert torch.equal(runner.band_ready, ready)
+
+
+def _runner(plan, w, fabric, cap):
+    return OverlapRunner(
+        plan,
+        w,
+        fabric.transport(2),
+        ccta=2,
+        tile=_tile(cap),
+        consumer=interpreter_consumer_config(),
+        num_programs=3,
+        order=plan.order,
+    )
 
 
 @needs_interpreter
 @pytest.mark.parametrize(
-    "order,layout,local",
-    [
-        ("remote_first", "aligned", "copy"),
-        ("expert", "aligned", "copy"),
-        ("expert", "compact", "copy"),
-        ("remote_first", "compact", "direct"),
-    ],
-)
-def test_runner_from_device_plans_on_loopback(order, layout, local):
-    """Producer (worst-case grid, device band counts) + consumer (device segment count) + the
-    local copy kernel from DevicePlans; the plan changes between runs (use_plan), so the band
-    counters must be re-armed every run. Y past n_padded and the counters past n_bands stay
-    untouched. (On the CPU the kernels run one after the other, so a stale counter cannot
-    change the copies here: the counters are checked directly.) compact: mixed bands, pieces
-    walked with device counts; local=direct: the epilogue stores the local rows."""
-    from systems.overlap.plan import local_row_map
-
+    "order,layout,cap", [("remote_first", "aligned", 0), ("expert", "aligned", 2)]
+    + [("expert", "compact", 0), ("remote_first", "compact", 2)],
+)  # fmt: skip
+def test_runner_from_device_plans_on_loopback(order, layout, cap):
+    """Producer (worst-case grid, device band counts, the plan's visit and groups) + consumer
+    (device segment count) from device-built plans; the plan changes between runs
+    (use_plan), so the band counters must be re-armed every run. (On the CPU the kernels run
+    one after the other, so a stale counter cannot change the copies here: the counters are
+    checked directly.) compact: mixed bands, pieces walked with device counts."""
     K, N = 24, 40
     g = torch.Generator().manual_seed(0)
     w = torch.randn(2, K, N, generator=g) / K**0.5
-    cases = [[[20, 16, 5], [0, 33, 18]], [[3, 40, 17], [18, 0, 0]], [[20, 16, 5], [0, 33, 18]]]
+    cases = [[[20, 16, 5], [0, 33, 18]], [[3, 40, 17], [18, 0, 0]]]
+    kw = _kw(3, 2, 2, TILE_M, 2, layout=layout, order=order, group_cap=cap) | {"elem_bytes": 4}
     fabric = LoopbackFabric([200] * 3, N, torch.float32, "cpu")
     runner = None
-    for i, rows in enumerate(cases):
-        dev, ref, x_recv, _ = _device_problem(rows, K, N, seed=i, layout=layout)
+    for rows in cases:
+        src, expert, dst, _ = synthetic_rows(rows, rank=2)
+        ref = build_plan(src, expert, dst, **kw | {"out_cols": N})
+        dev = build_plan_device(src, expert, dst, **kw | {"out_cols": N})
+        x_recv = torch.randn(ref.n_rows, K, generator=g)
         x = padded_input_device(x_recv, dev)
-        P = ref.n_padded
-        assert torch.equal(x[:P], plan_device.padded_input_device(x_recv, dev)[:P])
-        want_x = x_recv.new_zeros(P, K)
+        want_x = x_recv.new_zeros(ref.n_padded, K)
         want_x[ref.row_pos] = x_recv
-        assert torch.equal(x[:P], want_x)
+        assert torch.equal(x[: ref.n_padded], want_x)
         if runner is None:
-            runner = OverlapRunner(
-                dev,
-                w,
-                fabric.transport(2),
-                ccta=2,
-                tile=interpreter_config(TILE_M),
-                consumer=interpreter_consumer_config(),
-                num_programs=3,
-                order=order,
-                local_direct=local == "direct",
-            )
+            runner = _runner(dev, w, fabric, cap)
         else:
             runner.use_plan(dev)
-        y = torch.full((dev.max_padded, N), float("nan"))
-        fabric.buffer.zero_()
-        runner.overlapped(x, y)
-        runner.check()
-        runner.local_copy(y)
-        ref_y = reference_y(ref, x[:P], w)
-        in_y = local_row_map(ref) < 0 if local == "direct" else torch.ones(P, dtype=torch.bool)
-        torch.testing.assert_close(y[:P][in_y], ref_y[in_y], rtol=1e-4, atol=1e-4)
-        assert bool(torch.isnan(y[:P][~in_y]).all()), "local=direct: local rows skip Y"
-        assert bool(torch.isnan(y[P:]).all()), "rows past n_padded must stay untouched"
-        want = expected_sends(ref, y, [torch.zeros_like(fabric.recv(d)) for d in range(3)])
-        want[2][ref.local_dst_index] = ref_y[ref.local_src_row]
-        if layout == "compact":
-            assert dev.layout == "compact" and ref.n_padding == 0
-        for d in range(3):
-            torch.testing.assert_close(fabric.recv(d), want[d], rtol=1e-4, atol=1e-4)
-        # re-armed every run: this plan's remote bands hold one run's increment, nothing else
-        # (a stale count from an earlier plan would let the consumer copy a band too early)
-        ready = torch.zeros_like(runner.band_ready)
-        ready[ref.schedule[: ref.n_remote_bands]] = runner.tile.band_increment(N)
-        assert torch.equal(runner.band_ready, ready), f"run {i}"
+        _check_run(runner, fabric, ref, x, w, torch.empty(dev.max_padded, N))
 
 
 @needs_interpreter
 @pytest.mark.parametrize(
-    "order,layout,local", [("expert", "aligned", "direct"), ("remote_first", "compact", "copy")]
+    "order,layout,cap", [("expert", "aligned", 2), ("remote_first", "compact", 0)]
 )
-def test_builder_rewrites_one_plan_and_the_runner_follows_it(order, layout, local):
+def test_builder_rewrites_one_plan_and_the_runner_follows_it(order, layout, cap):
     """DevicePlanBuilder (a layer's stage A on every step): routings with the same row count
     give the SAME plan object, each call's contents build_plan's (the -1 sentinels restored),
     padded_input padded_input_device's rows in one buffer; a runner given that object again
-    rebuilds what it derives in place (plan_version stays) and runs each step's plan right;
-    another row count gives a new plan object (plan_version moves)."""
-    from systems.overlap.plan import local_row_map
-    from systems.overlap.plan_device import DevicePlanBuilder
-
+    keeps its plan_version and runs each step's plan right; another row count gives a new
+    plan object (plan_version moves)."""
     K, N = 24, 40
     g = torch.Generator().manual_seed(1)
     w = torch.randn(2, K, N, generator=g) / K**0.5
     cases = [  # [expert][owner] rows; 92 rows each but the last (78)
         [[20, 16, 5], [0, 33, 18]],
-        [[30, 6, 5], [10, 23, 18]],
         [[3, 40, 17], [18, 0, 14]],
         [[3, 40, 17], [18, 0, 0]],
     ]
-    kw = dict(_kw(3, 2, 2, TILE_M, 2), out_cols=N, elem_bytes=4, layout=layout)
+    kw = _kw(3, 2, 2, TILE_M, 2, layout=layout, order=order, group_cap=cap)
+    kw |= dict(out_cols=N, elem_bytes=4)
     fabric = LoopbackFabric([200] * 3, N, torch.float32, "cpu")
     build = DevicePlanBuilder(**kw)
     runner = first = prev_x = None
@@ -452,44 +426,20 @@ def test_builder_rewrites_one_plan_and_the_runner_follows_it(order, layout, loca
         ref = build_plan(src, expert, dst, send_counts=send, **kw)
         plan = build(src, expert, dst, send_counts=send)
         assert_same_plan(plan, ref)
-        assert (plan is first) == (0 < i < 3), f"step {i}: one plan object per row count"
+        assert (plan is first) == (i == 1), f"step {i}: one plan object per row count"
         first = first or plan
         x_recv = torch.randn(ref.n_rows, K, generator=g)
         x = build.padded_input(x_recv)
         P = ref.n_padded
         assert torch.equal(x[:P], padded_input_device(x_recv, plan)[:P])
-        assert (x is prev_x) == (0 < i < 3), f"step {i}: one input buffer per row count"
+        assert (x is prev_x) == (i == 1), f"step {i}: one input buffer per row count"
         prev_x = x
-        if runner is None:
-            runner = OverlapRunner(
-                plan,
-                w,
-                fabric.transport(2),
-                ccta=2,
-                tile=interpreter_config(TILE_M),
-                consumer=interpreter_consumer_config(),
-                num_programs=3,
-                order=order,
-                local_direct=local == "direct",
-            )
+        runner = runner or _runner(plan, w, fabric, cap)
         version = runner.plan_version
         runner.use_plan(plan)
-        assert (runner.plan_version == version) == (i < 3), f"step {i}: a new plan object"
-        if local == "direct":
-            assert torch.equal(runner.row_dst[:P], local_row_map(ref))
+        assert (runner.plan_version == version) == (i < 2), f"step {i}: a new plan object"
         assert torch.equal(runner.recv_step, send * torch.tensor([1, 1, 0]))
-        y = torch.full((plan.max_padded, N), float("nan"))
-        fabric.buffer.zero_()
-        runner.overlapped(x, y)
-        runner.check()
-        runner.local_copy(y)
-        ref_y = reference_y(ref, x[:P], w)
-        in_y = local_row_map(ref) < 0 if local == "direct" else torch.ones(P, dtype=torch.bool)
-        torch.testing.assert_close(y[:P][in_y], ref_y[in_y], rtol=1e-4, atol=1e-4)
-        want = expected_sends(ref, y, [torch.zeros_like(fabric.recv(d)) for d in range(3)])
-        want[2][ref.local_dst_index] = ref_y[ref.local_src_row]
-        for d in range(3):
-            torch.testing.assert_close(fabric.recv(d), want[d], rtol=1e-4, atol=1e-4)
+        _check_run(runner, fabric, ref, x, w, torch.empty(plan.max_padded, N))
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the interpreter tests itself")
@@ -512,7 +462,9 @@ def test_interpreter_in_subprocess():
 @pytest.mark.parametrize("block", [2, 4, 64])
 @pytest.mark.parametrize("cap", [1, 3, 8])
 def test_producer_groups_kernel_carries_runs_across_its_blocks(block, cap):
-    # runs of 7, 1, 12, 2 bands in a shuffled visiting order, over blocks of 2-64 positions
+    """The one-launch swizzle groups == plan.producer_groups over blocks of 2-64 positions
+    (runs of 7, 1, 12, 2 bands in a shuffled schedule; the builder's block covers up to 1024
+    positions, so the carries across blocks only show with small blocks)."""
     from types import SimpleNamespace
 
     experts = [3] * 7 + [0] + [2] * 12 + [1] * 2
@@ -521,8 +473,13 @@ def test_producer_groups_kernel_carries_runs_across_its_blocks(block, cap):
     sched = torch.randperm(B, generator=g)
     band_expert = torch.empty(B, dtype=torch.int64)
     band_expert[sched] = torch.tensor(experts)  # visiting position v reads expert experts[v]
-    plan = SimpleNamespace(schedule=sched, band_expert=band_expert, n_bands=B)
-    visit = torch.arange(B, dtype=torch.int32)
-    want = producer_groups(plan, visit, cap)
-    assert torch.equal(plan_device.producer_groups_device(plan, visit, cap, block=block), want)
-    assert torch.equal(plan_device.producer_groups_device(plan, None, cap, block=block), want)
+    counts = torch.tensor([0, 0, B, 0, 0, 0, 0])
+    plan = SimpleNamespace(schedule=sched, band_expert=band_expert, n_bands=counts[2])
+    visit = torch.randperm(B, generator=g)
+    for v in (None, visit):
+        out = torch.full((B,), -1, dtype=torch.int32)
+        plan_device.kplan._producer_groups_kernel[(1,)](
+            sched if v is None else v, sched, band_expert, counts, out, B, cap,
+            CODE=GROUP_CODE, ORDERED=v is not None, BLOCK=block,
+        )  # fmt: skip
+        assert torch.equal(out, producer_groups(plan, v, cap)), "visit" if v is not None else ""
