@@ -28,7 +28,4 @@ FLAG_THREAD = 2
 FLAG_DEFERRED = 3
 FLAG_CODES = {"cta": FLAG_CTA, "thread": FLAG_THREAD, "deferred": FLAG_DEFERRED}
 
-
 GROUP_CODE = 1024
-CONSUMER_SMS = ("own", "shared")
-

@@ -53,11 +53,8 @@ import torch
 from harness.layout import RankLayout, rank_layout
 from harness.workload import WorkloadSpec
 from systems.overlap.modes import GROUP_CODE
+from systems.overlap.params import LAYOUTS, ORDERS
 
-#: row layouts of stage A: the paper's remote-aligned one and the compact one (docstring)
-LAYOUTS = ("aligned", "compact")
-#: the producer's visiting orders of the schedule (OverlapSystem's `order` knob)
-ORDERS = ("remote_first", "expert")
 #: the plan's counts, in CombinePlan.counts order
 COUNT_NAMES = ("n_rows", "n_padded", "n_bands", "n_remote_bands", "n_segments", "n_local")
 COUNT_NAMES += ("n_pieces",)

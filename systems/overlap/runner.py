@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from harness.kernels.relaunch import LaunchMemo
-from systems.overlap.errors import new_error_buffer, raise_if_error, read_error
+from systems.overlap.errors import new_error_buffer, raise_if_error
 from systems.overlap.kernels import (
     ConsumerConfig,
     TileConfig,
@@ -45,7 +45,8 @@ from systems.overlap.kernels import (
     shared_consumer_config,
     vec_ok,
 )
-from systems.overlap.modes import CONSUMER_SMS, PUT_STORE
+from systems.overlap.modes import PUT_STORE
+from systems.overlap.params import CONSUMER_SMS
 from systems.overlap.plan import CombinePlan
 
 _INT32_MAX = 2**31 - 1
@@ -392,9 +393,6 @@ class OverlapRunner:
     def check(self) -> None:
         """Raise OverlapTimeoutError if any wait timed out (synchronises with the device)."""
         raise_if_error(self.err)
-
-    def error(self):
-        return read_error(self.err)
 
     def reset(self) -> None:
         """Zero counters and the error record (after a time-out the counters are stale)."""

@@ -67,9 +67,6 @@ class Transport:
     signal_symm: torch.Tensor | None = None
     aligned: bool = True
     keep: list = field(default_factory=list)  # owners of the memory (tensors, handles)
-    #: the symmetric-memory handle of the counters (p2p / nvshmem after rendezvous, else None):
-    #: its device-side barrier serves the overlap step's handshake=barrier
-    signal_handle: object | None = None
 
     def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(recv table, signal table) as the consumer's put mode needs them."""
@@ -216,7 +213,6 @@ def _symmetric_transport(
         signal_symm=_ptr_table([sig.data_ptr()] * world, device) if symm else None,
         aligned=_aligned(recv_ptrs),
         keep=[buf, sig, h_buf, h_sig],
-        signal_handle=h_sig,
     )
 
 
