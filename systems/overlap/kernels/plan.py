@@ -260,135 +260,108 @@ def _groups_kernel(
     (ii) expert order on remote bands, segments per remote group (cut rule). COMPACT:
     per-expert sections (remote bands, then local-only bands), the rule (ii) order, and the
     pieces (band, owner) of each remote group with their segments (the cut rule over pieces)."""
+    G = E * W
+    e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
+    loc = inb & (s2 == W - 1)
+    rem = inb & (s2 < W - 1)
+    me = e1 < E
     if COMPACT:
-        G = E * W
-        e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
-        loc = inb & (s2 == W - 1)
-        rem = inb & (s2 < W - 1)
         # sections per expert: remote bands hold the remote rows (and the first local rows of the
         # last one, a mixed band); the local-only bands hold the rest
         rem_e = tl.sum(tl.where(rem, cnt, 0), 1)  # [EP]
         n_e = rem_e + tl.sum(tl.where(loc, cnt, 0), 1)
-        nbr = (rem_e + tm - 1) // tm
-        rsec = tl.minimum(nbr * tm, n_e)
+        key = (rem_e + tm - 1) // tm  # remote bands per expert: rule (ii)'s key
+        rsec = tl.minimum(key * tm, n_e)
         nbl = (n_e - rsec + tm - 1) // tm
         e_row = tl.cumsum(n_e, 0) - n_e
         cnt_in = tl.where(inb, cnt, 0)
         within = tl.cumsum(cnt_in, 1) - cnt_in  # group start inside its expert (local: rem_e)
-        row = e_row[:, None] + within
-        tot_b = nbr + nbl
+        tot_b = key + nbl
         bfirst = tl.cumsum(tot_b, 0) - tot_b
         # pieces of each remote group: the bands it touches, in send order (experts by rule (ii),
         # owners ascending)
         fb = within // tm
-        npc = tl.where(rem & (cnt > 0), (within + cnt - 1) // tm - fb + 1, 0)
-        ptot = tl.sum(npc, 1)
+        n_units = tl.where(rem & (cnt > 0), (within + cnt - 1) // tm - fb + 1, 0)
+        ptot = tl.sum(n_units, 1)
         # rule (ii) on the remote bands (more remote bands first, then e): sums over the experts
-        # before each one, read back from ge (rows 1, 10, 11; 12 below) by _sums_before
-        me = e1 < E
-        tl.store(ge + E + e1, nbr, mask=me)
+        # before each one, read back from ge (rows 1, 10, 11; 12 in _group_segments)
+        tl.store(ge + E + e1, key, mask=me)
         tl.store(ge + 10 * E + e1, tot_b, mask=me)
         tl.store(ge + 11 * E + e1, ptot, mask=me)
         tl.debug_barrier()
-        rstart, vstart, pb = _sums_before(ge, E, nbr, e1, 1, 10, 11, EP, JB)
-        NR = tl.sum(nbr, 0)
-        lstart = NR + tl.cumsum(nbl, 0) - nbl
-        a = pb[:, None] + tl.cumsum(npc, 1) - npc
+        rstart, vstart, pb = _sums_before(ge, E, key, e1, 1, 10, 11, EP, JB)
+        NR = tl.sum(key, 0)
+        a = pb[:, None] + tl.cumsum(n_units, 1) - n_units
         Q = tl.sum(ptot, 0)
-        # segments per remote group over its pieces: first / last piece alone, middle chunks of mgb
-        lo = tl.maximum(a, 1)
-        hi = tl.minimum(a + npc - 1, Q - 2)
-        mid = tl.maximum(hi - lo + 1, 0)
-        first = ((a == 0) & (npc > 0)).to(tl.int64)
-        last = ((Q - 1 > 0) & (a <= Q - 1) & (Q - 1 < a + npc)).to(tl.int64)
-        nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
-        segtot = tl.sum(nseg, 1)
-        tl.store(ge + 12 * E + e1, segtot, mask=me)
-        tl.debug_barrier()
-        seg_e, _, _ = _sums_before(ge, E, nbr, e1, 12, -1, -1, EP, JB)
-        segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
-        tl.store(gw + g2, cnt, mask=inb)
-        tl.store(gw + G + g2, row, mask=inb)
-        tl.store(gw + 2 * G + g2, npc, mask=inb)
-        tl.store(gw + 3 * G + g2, fb, mask=inb)
-        tl.store(gw + 4 * G + g2, a, mask=inb)
-        tl.store(gw + 5 * G + g2, segb, mask=inb)
-        tl.store(gw + 6 * G + g2, dmin, mask=inb)
-        tl.store(gw + 7 * G + g2, within, mask=inb)
+        n_total = Q  # segments over pieces
+        padded = cnt  # no padding: group_padded = group_rows
+        P = tl.sum(n_e, 0)
+        w_first, w_start, w_visit = fb, a, within
         tl.store(ge + e1, e_row, mask=me)
         tl.store(ge + 2 * E + e1, nbl, mask=me)
         tl.store(ge + 3 * E + e1, rsec, mask=me)
         tl.store(ge + 4 * E + e1, bfirst, mask=me)
         tl.store(ge + 5 * E + e1, rstart, mask=me)
-        tl.store(ge + 6 * E + e1, lstart, mask=me)
+        tl.store(ge + 6 * E + e1, NR + tl.cumsum(nbl, 0) - nbl, mask=me)
         tl.store(ge + 7 * E + e1, vstart, mask=me)
         tl.store(ge + 8 * E + e1, rem_e, mask=me)
         tl.store(ge + 9 * E + e1, n_e, mask=me)
-        # no padding: group_padded = group_rows
-        _plan_fields(
-            e1, s1, e2, s2, inb, cnt, cnt, nseg, e_row,
-            tl.sum(n_e, 0), tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
-            rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
-            send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
-            blk_local, blk_off, n_blocks, Q, HAS_N, HAS_SEND, BLK,
-        )  # fmt: skip
     else:
-        G = E * W
-        e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
-        loc = s2 == W - 1
-        rem = inb & (s2 < W - 1)
-        nb = (cnt + tm - 1) // tm
-        padded = tl.where(loc, cnt, nb * tm)
+        n_units = (cnt + tm - 1) // tm  # bands per group
+        padded = tl.where(loc, cnt, n_units * tm)
         # layout: groups in g order; first padded row and first band id of each group
         tot_p = tl.sum(padded, 1)
         e_row = tl.cumsum(tot_p, 0) - tot_p
-        row = e_row[:, None] + tl.cumsum(padded, 1) - padded
-        tot_b = tl.sum(nb, 1)
-        bfirst = (tl.cumsum(tot_b, 0) - tot_b)[:, None] + tl.cumsum(nb, 1) - nb
-        # schedule: experts by (-remote bands, e); expert j precedes expert i: before[i, j]
-        nb_r = tl.where(rem, nb, 0)
-        rb = tl.sum(nb_r, 1)  # [EP]
-        lb = tl.sum(tl.where(loc & inb, nb, 0), 1)
-        me = e1 < E
-        tl.store(ge + E + e1, rb, mask=me)  # the sums over preceding experts read these back
-        tl.store(ge + 10 * E + e1, rb + lb, mask=me)
+        tot_b = tl.sum(n_units, 1)
+        bfirst = (tl.cumsum(tot_b, 0) - tot_b)[:, None] + tl.cumsum(n_units, 1) - n_units
+        # schedule: experts by (-remote bands, e), read back from ge (rows 1, 10)
+        nb_r = tl.where(rem, n_units, 0)
+        key = tl.sum(nb_r, 1)  # [EP] remote bands per expert
+        lb = tl.sum(tl.where(loc, n_units, 0), 1)
+        tl.store(ge + E + e1, key, mask=me)
+        tl.store(ge + 10 * E + e1, key + lb, mask=me)
         tl.debug_barrier()
-        rb_before, vstart, _ = _sums_before(ge, E, rb, e1, 1, 10, -1, EP, JB)
-        NR = tl.sum(rb, 0)
+        rb_before, vstart, _ = _sums_before(ge, E, key, e1, 1, 10, -1, EP, JB)
+        NR = tl.sum(key, 0)
         a = rb_before[:, None] + tl.cumsum(nb_r, 1) - nb_r
         lstart = NR + tl.cumsum(lb, 0) - lb
-        sched = tl.where(loc, lstart[:, None], a)
         # order="expert" (plan.producer_order): experts in the remote-first order (those without
         # remote bands last, e ascending), each expert's remote bands then its local bands; a
         # group's first entry in that visiting order
-        vbase = tl.where(loc, (vstart + rb)[:, None], vstart[:, None] + a - rb_before[:, None])
-        # segments per remote group: the first / last band alone, middle chunks of mgb (cut rule)
-        lo = tl.maximum(a, 1)
-        hi = tl.minimum(a + nb - 1, NR - 2)
-        mid = tl.maximum(hi - lo + 1, 0)
-        first = ((a == 0) & (nb > 0)).to(tl.int64)
-        last = ((NR - 1 > 0) & (a <= NR - 1) & (NR - 1 < a + nb)).to(tl.int64)
-        nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
-        segtot = tl.sum(nseg, 1)
-        tl.store(ge + 12 * E + e1, segtot, mask=me)
-        tl.debug_barrier()
-        seg_e, _, _ = _sums_before(ge, E, rb, e1, 12, -1, -1, EP, JB)
-        segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
-        tl.store(gw + g2, cnt, mask=inb)
-        tl.store(gw + G + g2, row, mask=inb)
-        tl.store(gw + 2 * G + g2, nb, mask=inb)
-        tl.store(gw + 3 * G + g2, bfirst, mask=inb)
-        tl.store(gw + 4 * G + g2, sched, mask=inb)
-        tl.store(gw + 5 * G + g2, segb, mask=inb)
-        tl.store(gw + 6 * G + g2, dmin, mask=inb)
-        tl.store(gw + 7 * G + g2, vbase, mask=inb)
-        _plan_fields(
-            e1, s1, e2, s2, inb, cnt, padded, nseg, e_row,
-            tl.sum(tot_p, 0), tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
-            rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
-            send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
-            blk_local, blk_off, n_blocks, 0, HAS_N, HAS_SEND, BLK,
-        )  # fmt: skip
+        vbase = tl.where(loc, (vstart + key)[:, None], vstart[:, None] + a - rb_before[:, None])
+        n_total = NR  # segments over remote bands
+        Q = 0
+        P = tl.sum(tot_p, 0)
+        w_first, w_start, w_visit = bfirst, tl.where(loc, lstart[:, None], a), vbase
+    # segments per remote group over its units (bands, or pieces): the first / last unit alone,
+    # middle chunks of mgb (cut rule)
+    lo = tl.maximum(a, 1)
+    hi = tl.minimum(a + n_units - 1, n_total - 2)
+    mid = tl.maximum(hi - lo + 1, 0)
+    first = ((a == 0) & (n_units > 0)).to(tl.int64)
+    last = ((n_total - 1 > 0) & (a <= n_total - 1) & (n_total - 1 < a + n_units)).to(tl.int64)
+    nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
+    segtot = tl.sum(nseg, 1)
+    tl.store(ge + 12 * E + e1, segtot, mask=me)
+    tl.debug_barrier()
+    seg_e, _, _ = _sums_before(ge, E, key, e1, 12, -1, -1, EP, JB)
+    segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
+    row = e_row[:, None] + tl.cumsum(padded, 1) - padded
+    tl.store(gw + g2, cnt, mask=inb)
+    tl.store(gw + G + g2, row, mask=inb)
+    tl.store(gw + 2 * G + g2, n_units, mask=inb)
+    tl.store(gw + 3 * G + g2, w_first, mask=inb)
+    tl.store(gw + 4 * G + g2, w_start, mask=inb)
+    tl.store(gw + 5 * G + g2, segb, mask=inb)
+    tl.store(gw + 6 * G + g2, dmin, mask=inb)
+    tl.store(gw + 7 * G + g2, w_visit, mask=inb)
+    _plan_fields(
+        e1, s1, e2, s2, inb, cnt, padded, nseg, e_row,
+        P, tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
+        rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
+        send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
+        blk_local, blk_off, n_blocks, Q, HAS_N, HAS_SEND, BLK,
+    )  # fmt: skip
 
 
 @triton.jit
