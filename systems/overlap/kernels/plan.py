@@ -116,41 +116,11 @@ def _group_tiles(cnt_enc, dmin_enc, E, W, EP: tl.constexpr, WP: tl.constexpr):
 
 @triton.jit
 def _plan_fields(
-    e1,
-    s1,
-    e2,
-    s2,
-    inb,
-    cnt,
-    padded,
-    nseg,
-    e_row,
-    P,
-    n_bands,
-    NR,
-    n_segments,
-    rank,
-    E,
-    W,
-    expert_row_start,
-    group_rows,
-    group_padded,
-    sent_rows,
-    sent_segments,
-    send_counts,
-    recv_rows,
-    recv_row_start,
-    counts,
-    n_rows_ptr,
-    R,
-    blk_local,
-    blk_off,
-    n_blocks,
-    Q,
-    HAS_N: tl.constexpr,
-    HAS_SEND: tl.constexpr,
-    BLK: tl.constexpr,
-):
+    e1, s1, e2, s2, inb, cnt, padded, nseg, e_row, P, n_bands, NR, n_segments, rank, E, W,
+    expert_row_start, group_rows, group_padded, sent_rows, sent_segments, send_counts,
+    recv_rows, recv_row_start, counts, n_rows_ptr, R, blk_local, blk_off, n_blocks, Q,
+    HAS_N: tl.constexpr, HAS_SEND: tl.constexpr, BLK: tl.constexpr,
+):  # fmt: skip
     """What both layouts' group programs write alike from their [EP, WP] tiles (_group_tiles):
     the per-expert and per-owner fields, the receive side, the seven counts (Q: the pieces),
     and the first local-row slot of each row block (exclusive prefix over the blocks)."""
@@ -382,6 +352,22 @@ def _segment_of(p, a, n, segb, NU, mgb):
 
 
 @triton.jit
+def _store_segment(
+    seg, mask, start, count, dst, rows, row_bytes, src_row, offset,
+    seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
+):  # fmt: skip
+    """The fields of the segments `seg` that start here (mask): first unit, units, owner,
+    rows, bytes, first padded row and destination row."""
+    tl.store(seg_start + seg, start, mask=mask)
+    tl.store(seg_count + seg, count, mask=mask)
+    tl.store(seg_dst + seg, dst, mask=mask)
+    tl.store(seg_rows + seg, rows, mask=mask)
+    tl.store(seg_bytes + seg, rows * row_bytes, mask=mask)
+    tl.store(seg_src_row + seg, src_row, mask=mask)
+    tl.store(seg_offset + seg, offset, mask=mask)
+
+
+@triton.jit
 def _fill_kernel(
     src_ptr,
     exp_ptr,
@@ -435,7 +421,15 @@ def _fill_kernel(
     group's pieces and the segments that start there. Then one row block each (_fill_rows)."""
     pid = tl.program_id(0)
     G = E * W
+    n_struct = G  # programs before the row blocks
     if COMPACT:
+        n_struct = G + E
+    if pid >= n_struct:
+        _fill_rows(
+            pid - n_struct, src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, gw, G, blk_off, row_pos,
+            gather_index, local_src_row, local_dst_index, row_dst, rank, W, HAS_N, BLOCK,
+        )  # fmt: skip
+    elif COMPACT:
         if pid < E:
             e = pid
             nbr = tl.load(ge + E + e)
@@ -485,7 +479,7 @@ def _fill_kernel(
                 pos = tl.where(is_r, rstart + q, lstart + qq)
                 tl.store(schedule + pos, band, mask=m)
                 tl.store(visit + vstart + q, pos, mask=m)
-        elif pid < E + G:
+        else:
             g = pid - E
             npc = tl.load(gw + 2 * G + g)
             if npc > 0:  # a remote group with rows
@@ -517,124 +511,59 @@ def _fill_kernel(
                     seg, is_start, k = _segment_of(u, a, npc, segb, NQ, mgb)
                     srows = tl.minimum(gs + c, e_row + (fb + j + k) * tm) - prow
                     ms = m & is_start
-                    tl.store(seg_start + seg, u, mask=ms)
-                    tl.store(seg_count + seg, k, mask=ms)
-                    tl.store(seg_dst + seg, owner + j * 0, mask=ms)
-                    tl.store(seg_rows + seg, srows, mask=ms)
-                    tl.store(seg_bytes + seg, srows * row_bytes, mask=ms)
-                    tl.store(seg_src_row + seg, prow, mask=ms)
-                    tl.store(seg_offset + seg, off, mask=ms)
-        else:
-            _fill_rows(
-                pid - E - G,
-                src_ptr,
-                exp_ptr,
-                dst_ptr,
-                n_rows_ptr,
-                R,
-                gw,
-                G,
-                blk_off,
-                row_pos,
-                gather_index,
-                local_src_row,
-                local_dst_index,
-                row_dst,
-                rank,
-                W,
-                HAS_N,
-                BLOCK,
-            )
+                    _store_segment(
+                        seg, ms, u, k, owner + j * 0, srows, row_bytes, prow, off,
+                        seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
+                    )  # fmt: skip
     else:
-        if pid < G:
-            # one group: its bands (layout order), schedule entries and segments
-            g = pid
-            nb = tl.load(gw + 2 * G + g)
-            if nb > 0:
-                e = g // W
-                s = g % W
-                is_loc = s == W - 1
-                owner = tl.where(is_loc, rank, s + (s >= rank).to(tl.int32))
-                cnt = tl.load(gw + g)
-                row = tl.load(gw + G + g)
-                bfirst = tl.load(gw + 3 * G + g)
-                a = tl.load(gw + 4 * G + g)
-                segb = tl.load(gw + 5 * G + g)
-                dmin = tl.load(gw + 6 * G + g)
-                NR = tl.load(counts + 3)
-                for q0 in range(0, nb, QB):
-                    q = q0 + tl.arange(0, QB).to(tl.int64)
-                    m = q < nb
-                    band = bfirst + q
-                    valid = tl.minimum(cnt - q * tm, tm)
-                    tl.store(band_expert + band, e + q * 0, mask=m)
-                    tl.store(band_row + band, row + q * tm, mask=m)
-                    tl.store(band_rows + band, tl.where(is_loc, valid, tm), mask=m)
-                    tl.store(band_dst + band, owner + q * 0, mask=m)
-                    tl.store(band_valid + band, valid, mask=m)
-                    tl.store(band_offset + band, dmin + q * tm, mask=m)
-                    tl.store(schedule + a + q, band, mask=m)
-                    tl.store(visit + tl.load(gw + 7 * G + g) + q, a + q, mask=m)
-                    if s != W - 1:
-                        p = a + q  # schedule position
-                        seg, is_start, c = _segment_of(p, a, nb, segb, NR, mgb)
-                        tl.store(band_segment + band, seg, mask=m)
-                        rows = tl.minimum(cnt, (q + c) * tm) - q * tm
-                        ms = m & is_start
-                        tl.store(seg_start + seg, p, mask=ms)
-                        tl.store(seg_count + seg, c, mask=ms)
-                        tl.store(seg_dst + seg, owner + q * 0, mask=ms)
-                        tl.store(seg_rows + seg, rows, mask=ms)
-                        tl.store(seg_bytes + seg, rows * row_bytes, mask=ms)
-                        tl.store(seg_src_row + seg, row + q * tm, mask=ms)
-                        tl.store(seg_offset + seg, dmin + q * tm, mask=ms)
-        else:
-            _fill_rows(
-                pid - G,
-                src_ptr,
-                exp_ptr,
-                dst_ptr,
-                n_rows_ptr,
-                R,
-                gw,
-                G,
-                blk_off,
-                row_pos,
-                gather_index,
-                local_src_row,
-                local_dst_index,
-                row_dst,
-                rank,
-                W,
-                HAS_N,
-                BLOCK,
-            )
+        # one group: its bands (layout order), schedule entries and segments
+        g = pid
+        nb = tl.load(gw + 2 * G + g)
+        if nb > 0:
+            e = g // W
+            s = g % W
+            is_loc = s == W - 1
+            owner = tl.where(is_loc, rank, s + (s >= rank).to(tl.int32))
+            cnt = tl.load(gw + g)
+            row = tl.load(gw + G + g)
+            bfirst = tl.load(gw + 3 * G + g)
+            a = tl.load(gw + 4 * G + g)
+            segb = tl.load(gw + 5 * G + g)
+            dmin = tl.load(gw + 6 * G + g)
+            NR = tl.load(counts + 3)
+            for q0 in range(0, nb, QB):
+                q = q0 + tl.arange(0, QB).to(tl.int64)
+                m = q < nb
+                band = bfirst + q
+                valid = tl.minimum(cnt - q * tm, tm)
+                tl.store(band_expert + band, e + q * 0, mask=m)
+                tl.store(band_row + band, row + q * tm, mask=m)
+                tl.store(band_rows + band, tl.where(is_loc, valid, tm), mask=m)
+                tl.store(band_dst + band, owner + q * 0, mask=m)
+                tl.store(band_valid + band, valid, mask=m)
+                tl.store(band_offset + band, dmin + q * tm, mask=m)
+                tl.store(schedule + a + q, band, mask=m)
+                tl.store(visit + tl.load(gw + 7 * G + g) + q, a + q, mask=m)
+                if s != W - 1:
+                    p = a + q  # schedule position
+                    seg, is_start, c = _segment_of(p, a, nb, segb, NR, mgb)
+                    tl.store(band_segment + band, seg, mask=m)
+                    rows = tl.minimum(cnt, (q + c) * tm) - q * tm
+                    ms = m & is_start
+                    _store_segment(
+                        seg, ms, p, c, owner + q * 0, rows, row_bytes, row + q * tm, dmin + q * tm,
+                        seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
+                    )  # fmt: skip
 
 
 @triton.jit
 def _fill_rows(
-    blk,
-    src_ptr,
-    exp_ptr,
-    dst_ptr,
-    n_rows_ptr,
-    R,
-    gw,
-    G,
-    blk_off,
-    row_pos,
-    gather_index,
-    local_src_row,
-    local_dst_index,
-    row_dst,
-    rank,
-    W,
-    HAS_N: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    blk, src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, gw, G, blk_off, row_pos, gather_index,
+    local_src_row, local_dst_index, row_dst, rank, W, HAS_N: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """One block of rows: padded position (the group's first row gw[1] + dst - its minimum dst
     gw[6]), gather index, the local rows in row order, and each local row's place in the own
-    receive buffer at its padded position (row_dst: plan.local_row_map; -1 is pre-filled)."""
+    receive buffer at its padded position (row_dst; -1 is pre-filled)."""
     j = tl.arange(0, BLOCK)
     i = blk.to(tl.int64) * BLOCK + j
     valid = i < _n_valid(n_rows_ptr, R, HAS_N)
