@@ -61,19 +61,9 @@ def _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W):
 
 @triton.jit
 def _rows_kernel(
-    src_ptr,
-    exp_ptr,
-    dst_ptr,
-    n_rows_ptr,
-    R,
-    cnt_enc,
-    dmin_enc,
-    blk_local,
-    rank,
-    W,
-    HAS_N: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, cnt_enc, dmin_enc, blk_local, rank, W,
+    HAS_N: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """Group row counts and minimum dst, by runs of one group in INPUT order within the block:
     a run [j_s, j_e] adds j_e + 1 - j_s to the count (two atomics, any input order); a row
     offers its dst to the minimum unless the row before it is of its group with a smaller dst
@@ -369,52 +359,16 @@ def _store_segment(
 
 @triton.jit
 def _fill_kernel(
-    src_ptr,
-    exp_ptr,
-    dst_ptr,
-    n_rows_ptr,
-    R,
-    gw,
-    ge,
-    counts,
-    blk_off,
-    row_pos,
-    gather_index,
-    local_src_row,
-    local_dst_index,
+    src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, gw, ge, counts, blk_off,  # inputs and work
+    row_pos, gather_index, local_src_row, local_dst_index,
     row_dst,  # [P'] each local row's receive position at its padded row
-    band_expert,
-    band_row,
-    band_rows,
-    band_dst,
-    band_valid,
-    band_offset,
-    band_segment,
-    schedule,
-    visit,
-    piece_band,
-    piece_row,
-    piece_rows,
-    piece_offset,
-    piece_dst,
-    seg_start,
-    seg_count,
-    seg_dst,
-    seg_rows,
-    seg_bytes,
-    seg_src_row,
-    seg_offset,
-    rank,
-    E,
-    W,
-    tm,
-    mgb,
-    row_bytes,
-    COMPACT: tl.constexpr,
-    HAS_N: tl.constexpr,
-    QB: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    band_expert, band_row, band_rows, band_dst, band_valid, band_offset, band_segment,
+    schedule, visit,
+    piece_band, piece_row, piece_rows, piece_offset, piece_dst,
+    seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
+    rank, E, W, tm, mgb, row_bytes,
+    COMPACT: tl.constexpr, HAS_N: tl.constexpr, QB: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """Aligned: programs [0, G) one group each (its bands in layout order, schedule entries,
     places in the order="expert" visiting order `visit`, segments). COMPACT: programs [0, E)
     one expert's bands, schedule entries and visiting positions; [E, E + G) one remote
