@@ -524,38 +524,13 @@ def plan_pieces(plan: CombinePlan) -> Pieces:
     return Pieces(b, plan.band_row[b], plan.band_valid[b], plan.band_offset[b], plan.band_dst[b])
 
 
-def plan_for_layout(
-    lay: RankLayout,
-    *,
-    world_size: int,
-    experts_per_rank: int,
-    tile_m: int,
-    mgb: int,
-    out_cols: int,
-    elem_bytes: int,
-    device: torch.device | None = None,
-    layout: str = "aligned",
-    order: str = "remote_first",
-    group_cap: int = 0,
-) -> CombinePlan:
-    """build_plan on a harness.layout.RankLayout (moved to `device` first)."""
+def plan_for_layout(lay: RankLayout, *, device: torch.device | None = None, **shape) -> CombinePlan:
+    """build_plan on a harness.layout.RankLayout (moved to `device` first), with its rank and
+    send_counts; shape: build_plan's other keywords (world_size, experts_per_rank, tile_m,
+    mgb, out_cols, elem_bytes, layout, order, group_cap)."""
     dev = device or lay.recv_src.device
-    return build_plan(
-        lay.recv_src.to(dev),
-        lay.recv_expert.to(dev),
-        lay.recv_dst_index.to(dev),
-        world_size=world_size,
-        rank=lay.rank,
-        experts_per_rank=experts_per_rank,
-        tile_m=tile_m,
-        mgb=mgb,
-        out_cols=out_cols,
-        elem_bytes=elem_bytes,
-        send_counts=lay.send_counts.to(dev),
-        layout=layout,
-        order=order,
-        group_cap=group_cap,
-    )
+    rows = (t.to(dev) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
+    return build_plan(*rows, rank=lay.rank, send_counts=lay.send_counts.to(dev), **shape)
 
 
 def plans_for_spec(

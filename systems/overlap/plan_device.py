@@ -109,13 +109,8 @@ class DevicePlanBuilder:
         self.shape = dict(world_size=world_size, rank=rank, experts_per_rank=experts_per_rank)
         self.shape |= dict(tile_m=tile_m, mgb=mgb, out_cols=out_cols, elem_bytes=elem_bytes)
         self.shape |= dict(layout=layout, order=order, group_cap=group_cap)
-        self.W, self.rank, self.E, self.tm, self.mgb = (
-            world_size,
-            rank,
-            experts_per_rank,
-            tile_m,
-            mgb,
-        )
+        self.W, self.rank, self.E = world_size, rank, experts_per_rank
+        self.tm, self.mgb = tile_m, mgb
         self.compact = layout == "compact"
         self.remember = remember
         self.bound_key = None  # (R, device, has_send, has_n) of the buffers below
@@ -148,10 +143,8 @@ class DevicePlanBuilder:
         self.blk_off = work[8 * G + n_ge + n_blocks :]
         self.out = out
         f = {k: v for k, v in out.items() if not k.startswith("_")}
-        f["group_rows"], f["group_padded"] = (
-            out["group_rows"].view(E, W),
-            out["group_padded"].view(E, W),
-        )
+        f["group_rows"] = out["group_rows"].view(E, W)
+        f["group_padded"] = out["group_padded"].view(E, W)
         for k in PIECES if not self.compact else ():
             f[k] = None
         if not has_send:
