@@ -57,23 +57,21 @@ def plan_bounds(
 
 
 def build_plan_device(
-    recv_src: torch.Tensor,
-    recv_expert: torch.Tensor,
-    recv_dst_index: torch.Tensor,
-    *,
+    *rows: torch.Tensor,
     send_counts: torch.Tensor | None = None,
     n_rows: torch.Tensor | None = None,
     **shape,
 ) -> CombinePlan:
     """build_plan's plan on the inputs' device without a host synchronisation, in new buffers.
 
-    recv_src, recv_expert, recv_dst_index [R] (any int dtype): build_plan's inputs; n_rows
-    (optional, a 1-element int device tensor): only rows [0, n_rows) are real; send_counts [W]
-    (optional): as in build_plan; shape: DevicePlanBuilder's arguments. The valid prefixes
-    equal build_plan's arrays. Triton kernels: on the GPU, or the CPU under TRITON_INTERPRET=1.
+    rows: recv_src, recv_expert, recv_dst_index [R] (any int dtype), build_plan's inputs;
+    n_rows (optional, a 1-element int device tensor): only rows [0, n_rows) are real;
+    send_counts [W] (optional): as in build_plan; shape: DevicePlanBuilder's arguments. The
+    valid prefixes equal build_plan's arrays. Triton kernels: on the GPU, or the CPU under
+    TRITON_INTERPRET=1.
     """
     build = DevicePlanBuilder(**shape, remember=False)
-    return build(recv_src, recv_expert, recv_dst_index, send_counts=send_counts, n_rows=n_rows)
+    return build(*rows, send_counts=send_counts, n_rows=n_rows)
 
 
 class DevicePlanBuilder:

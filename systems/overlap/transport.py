@@ -236,16 +236,7 @@ def nvshmem_transport(
     put_mode: int = PUT_STORE,
 ) -> Transport:
     """NVSHMEM-backed symmetric memory transport, W >= 2 processes (collective over `group`)."""
-    return _symmetric_transport(
-        "nvshmem",
-        "NVSHMEM",
-        None if group is None else group,
-        recv_rows,
-        n,
-        dtype,
-        device,
-        put_mode,
-    )
+    return _symmetric_transport("nvshmem", "NVSHMEM", group, recv_rows, n, dtype, device, put_mode)
 
 
 def nvshmem_self_transport(
