@@ -146,16 +146,9 @@ def _plan_fields(
 
 @triton.jit
 def _sums_before(
-    ge,
-    E,
-    key,
-    e1,
-    RA: tl.constexpr,
-    RB: tl.constexpr,
-    RC: tl.constexpr,
-    EP: tl.constexpr,
+    ge, E, key, e1, RA: tl.constexpr, RB: tl.constexpr, RC: tl.constexpr, EP: tl.constexpr,
     JB: tl.constexpr,
-):
+):  # fmt: skip
     """([EP], [EP], [EP]): for each expert i, the sums of ge[RA, j], ge[RB, j] and ge[RC, j] over
     the experts j that precede it in rule (ii)'s order (more remote bands first, then j < i;
     ge[1] holds each expert's remote bands, key [EP] the same in registers); a row -1 is not
@@ -180,14 +173,7 @@ def _sums_before(
 
 @triton.jit
 def _groups_kernel(
-    cnt_enc,
-    dmin_enc,
-    blk_local,
-    blk_off,
-    n_blocks,
-    n_rows_ptr,
-    R,
-    send_counts,
+    cnt_enc, dmin_enc, blk_local, blk_off, n_blocks, n_rows_ptr, R, send_counts,
     gw,  # [8, G] work (aligned: cnt, row, nb, band_first, sched_start, seg_before, min dst,
     #      visit base; compact: cnt, first row, pieces, first band, piece base, seg base,
     #      min dst, start within the expert)
@@ -196,26 +182,11 @@ def _groups_kernel(
     #      10-12 the bands, pieces and segments per expert that _sums_before reads back
     #      (aligned: rows 1, 10, 12 only)
     counts,  # [7] n_rows, n_padded, n_bands, n_remote_bands, n_segments, n_local, n_pieces
-    expert_row_start,
-    group_rows,
-    group_padded,
-    sent_rows,
-    sent_segments,
-    recv_rows,
-    recv_row_start,
-    rank,
-    E,
-    W,
-    tm,
-    mgb,
-    EP: tl.constexpr,
-    WP: tl.constexpr,
-    BLK: tl.constexpr,
-    HAS_N: tl.constexpr,
-    HAS_SEND: tl.constexpr,
-    COMPACT: tl.constexpr,
-    JB: tl.constexpr = 32,
-):
+    expert_row_start, group_rows, group_padded, sent_rows, sent_segments, recv_rows,
+    recv_row_start, rank, E, W, tm, mgb,
+    EP: tl.constexpr, WP: tl.constexpr, BLK: tl.constexpr, HAS_N: tl.constexpr,
+    HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr = 32,
+):  # fmt: skip
     """ONE program: every group-level quantity. Aligned: groups padded to tile_m, the rule
     (ii) expert order on remote bands, segments per remote group (cut rule). COMPACT:
     per-expert sections (remote bands, then local-only bands), the rule (ii) order, and the
@@ -577,17 +548,9 @@ def _visit_key(v, visit, schedule, band_expert, B, n_bands, ORDERED: tl.constexp
 
 @triton.jit
 def _producer_groups_kernel(
-    visit,
-    schedule,
-    band_expert,
-    counts,
-    groups,
-    B,
-    cap,
-    CODE: tl.constexpr,
-    ORDERED: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    visit, schedule, band_expert, counts, groups, B, cap,
+    CODE: tl.constexpr, ORDERED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """ONE program: plan.producer_groups on the device (the same groups, one launch).
 
     Pass 1 (blocks forward): each visiting position's run start (a running max of the
