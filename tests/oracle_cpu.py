@@ -6,7 +6,8 @@ What the GPU producer and consumer do, in plain torch and in the same order:
   3 send    as soon as the last band of a segment is computed, send its valid rows
             Y[seg_src_row : + seg_rows] to seg_dst at seg_offset (one message per segment;
             a compact plan's segments are made of pieces, plan_pieces)
-  4 local   after the schedule, copy the local rows Y[local_src_row] -> own buffer
+  4 local   after the schedule, the local rows Y[local_src_row] -> own buffer (the GPU producer's
+            epilogue stores them there directly, plan.row_dst: the same end state)
   5 scale   harness.reference.scale over the combine receive buffer [S_rows, N]
 
 Two transports: `overlap_forward` sends over a torch.distributed group (gloo: isend/irecv, tag =
