@@ -39,9 +39,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         ax.set_title(f"{tr}{note}, W={w:g}", fontsize=9)
         ax.legend(fontsize=7)
     gpu = ", ".join(sorted(set(df["gpu_name"].astype(str))))
-    fig.suptitle(f"Consumer bandwidth vs transfer size (Fig 3a); {gpu}", fontsize=9, y=1.03)
-    fig.tight_layout()
-    return save(fig, out_dir, name)
+    return save(fig, out_dir, name, f"Consumer bandwidth vs transfer size (Fig 3a); {gpu}")
 
 
 if __name__ == "__main__":

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from plots.common import load, main, save, transport_note
+from plots.common import grid, load, main, palette, save, transport_note
 
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k"]
 WORKLOAD += ["routing", "dtype"]
@@ -28,13 +27,16 @@ SHAPE = ["tokens_per_rank", "hidden", "out", "experts_per_rank"]
 
 def overlap_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The ok overlap rows with `ccta`/`mgb` (numbers, NaN for `auto`), `auto` (both asked
-    auto), and `serial_ms`/`speedup` against serial on the same workload (NaN without serial)."""
+    auto), `order` (the visiting order run: p_order_used, else p_order) and `serial_ms`/`speedup`
+    against serial on the same workload (NaN without serial)."""
     df = df[df["status"] == "ok"]
     ser = df[df["system"] == "serial"].groupby(WORKLOAD, as_index=False)["latency_ms"].min()
     o = df[df["system"] == "overlap"].copy()
     o["ccta"] = pd.to_numeric(o["p_ccta"], errors="coerce")
     o["mgb"] = pd.to_numeric(o["p_mgb"], errors="coerce")
     o["auto"] = (o["p_ccta"].astype(str) == "auto") & (o["p_mgb"].astype(str) == "auto")
+    order = o["p_order"] if "p_order" in o else pd.Series("remote_first", index=o.index)
+    o["order"] = (o["p_order_used"].fillna(order) if "p_order_used" in o else order).astype(str)
     o = o.merge(ser.rename(columns={"latency_ms": "serial_ms"}), on=WORKLOAD, how="left")
     o["speedup"] = o["serial_ms"] / o["latency_ms"]
     return o
@@ -81,24 +83,25 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     summ = summary(df).set_index(WORKLOAD + ["transport"])
     shapes = sorted(o.groupby(SHAPE).groups)
     routings = sorted(o["routing"].unique())
-    fig, axes = plt.subplots(
-        len(shapes), len(routings), figsize=(4.8 * len(routings), 3.8 * len(shapes)), squeeze=False
-    )
+    fig, axes = grid(len(shapes), len(routings), 4.8, 3.8)
+    order = (", " + o["order"] + " order") if o["order"].nunique() > 1 else ""
+    o["line"] = o["transport"].astype(str) + order + ", mgb=" + o["mgb"].map("{:g}".format)
+    colors = palette(o["line"].dropna())
     for i, shape in enumerate(shapes):
         for j, routing in enumerate(routings):
             ax = axes[i][j]
             sub = o[(o[SHAPE] == pd.Series(shape, index=SHAPE)).all(axis=1)]
             sub = sub[sub["routing"] == routing]
             notes = []
-            for (tr, mgb), s in sub.dropna(subset=["ccta", "mgb"]).groupby(["transport", "mgb"]):
+            for line, s in sub.dropna(subset=["ccta", "mgb"]).groupby("line"):
                 s = s.sort_values("ccta")
-                ax.plot(s["ccta"], s[y], "o-", ms=3, label=f"{tr}, mgb={mgb:g}")
+                ax.plot(s["ccta"], s[y], "o-", ms=3, color=colors[line], label=line)
             for key, g in sub.groupby(WORKLOAD + ["transport"]):
                 if key not in summ.index:
                     continue
                 r = summ.loc[key]
-                best = g[(g["ccta"] == r["best_ccta"]) & (g["mgb"] == r["best_mgb"])].iloc[0]
-                ax.plot(best["ccta"], best[y], "k*", ms=12, label="best measured")
+                best = r["best_speedup"] if vs_serial else r["best_ms"]
+                ax.plot(r["best_ccta"], best, "k*", ms=12, label="best measured")
                 a = g[g["auto"]]
                 if len(a):
                     ax.plot(a["p_ccta_used"], a[y], "rD", ms=7, label="auto pick")
@@ -122,9 +125,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
             )
             ax.legend(fontsize=6)
     what = "against serial" if vs_serial else "latency (no serial rows in this table)"
-    fig.suptitle(f"Overlap cCTA x mgb {what}\n{transport_note(df)}", fontsize=9, y=1.02)
-    fig.tight_layout()
-    return save(fig, out_dir, name)
+    return save(fig, out_dir, name, f"Overlap cCTA x mgb {what}\n{transport_note(df)}")
 
 
 if __name__ == "__main__":

@@ -42,9 +42,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         f"T/rank={r['tokens_per_rank']} K={r['hidden']} N={r['out']} "
         f"E={r['experts_per_rank']} {r['dtype']}"
     )
-    fig.suptitle(f"Overlap cCTA sweep, {shape}\n{transport_note(df)}", fontsize=9, y=1.03)
-    fig.tight_layout()
-    return save(fig, out_dir, name)
+    return save(fig, out_dir, name, f"Overlap cCTA sweep, {shape}\n{transport_note(df)}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 FIG_DIR = Path("plots/figures")
 #: column -> the values a row may hold and still be a kept variant (rows of committed tables
@@ -102,7 +103,11 @@ def load(table: str | Path, status: str | None = "ok") -> pd.DataFrame:
     return df if status is None else df[df["status"] == status]
 
 
-def save(fig: plt.Figure, out_dir: str | Path, name: str) -> list[Path]:
+def save(fig: plt.Figure, out_dir: str | Path, name: str, title: str = "") -> list[Path]:
+    """Write <out_dir>/<name>.png and .pdf (with `title` above a tight layout, where given)."""
+    if title:
+        fig.tight_layout()
+        fig.suptitle(title, fontsize=9, y=1.0, va="bottom")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
@@ -120,46 +125,98 @@ def transport_note(df: pd.DataFrame) -> str:
     return f"transport: {tr}; W={w}; {gpu}"
 
 
-def panel_grid(
-    df: pd.DataFrame,
-    line: str,
-    y: str,
-    ylabel: str,
-    title: str,
-    hlines: tuple[float, ...] = (1.0,),
-    extra: Callable[[plt.Axes, pd.DataFrame, dict], None] | None = None,
-) -> plt.Figure:
-    """One panel per (N, routing), x = experts per rank (log2), one line per value of `line`
-    (median of `y` per E); `extra(ax, rows of the line, style)` draws more of each line."""
-    ns, routings = sorted(df["out"].unique()), sorted(df["routing"].unique())
-    fig, axes = plt.subplots(
-        len(ns), len(routings), figsize=(3.6 * len(routings), 2.9 * len(ns)), squeeze=False
-    )
-    names = sorted(df[line].unique())
-    for i, n in enumerate(ns):
-        for j, routing in enumerate(routings):
+def against(
+    df: pd.DataFrame, keys: list[str], by: list[str], ref: str = "serial", agg: str = "min"
+) -> pd.DataFrame:
+    """One row per (keys, by) of df: `latency_ms` (agg over its rows), `ref_ms` (the `ref`
+    system's on the same keys, NaN where it has none) and `speedup` = ref_ms / latency_ms."""
+    lat = df.groupby(keys + by, as_index=False)["latency_ms"].agg(agg)
+    r = lat[lat["system"] == ref].groupby(keys, as_index=False)["latency_ms"].min()
+    out = lat.merge(r.rename(columns={"latency_ms": "ref_ms"}), on=keys, how="left")
+    return out.assign(speedup=out["ref_ms"] / out["latency_ms"])
+
+
+def palette(values) -> dict:
+    """value -> colour, in sorted order, so every panel of a figure draws a line alike."""
+    return {v: plt.cm.tab10(k % 10) for k, v in enumerate(sorted(set(values)))}
+
+
+def _keys(df: pd.DataFrame, cols: list[str]) -> list[tuple]:
+    return sorted(df[cols].drop_duplicates().itertuples(index=False, name=None))
+
+
+def _fixed(df: pd.DataFrame, rows: dict[str, str]) -> str:
+    """The `rows` columns that hold one value in df, for the title ("T/rank=8192 K=2048")."""
+    one = [(n, df[c].iloc[0]) for c, n in rows.items() if df[c].nunique() == 1]
+    return " ".join(f"{n}={v}" if n else str(v) for n, v in one)
+
+
+def draw_grid(
+    axes, df: pd.DataFrame, rows: dict[str, str], line: str, y: str, ylabel: str, colors: dict,
+    hlines: tuple[float, ...] = (1.0,), extra: Callable | None = None, logy: bool = False,
+) -> None:  # fmt: skip
+    """Fill axes[i][j] (i: a value of the `rows` columns, j: a routing): per value of `line`,
+    the median of `y` against experts per rank (log2); `rows` maps a column to its short name
+    in the panel titles (columns of one value are left to the figure's title: _fixed);
+    `extra(ax, rows of the line, style)` draws more of each line."""
+    vary = {c for c in rows if df[c].nunique() > 1}
+    for i, rk in enumerate(_keys(df, list(rows))):
+        for j, (routing,) in enumerate(_keys(df, ["routing"])):
             ax = axes[i][j]
-            sub = df[(df["out"] == n) & (df["routing"] == routing)]
-            for k, v in enumerate(names):
-                s = sub[sub[line] == v]
+            sub = df[(df[list(rows)] == list(rk)).all(axis=1) & (df["routing"] == routing)]
+            for v, s in sub.groupby(line):
                 m = s.groupby("experts_per_rank")[y].median()
-                style = dict(marker="o", ms=3, color=plt.cm.tab10(k % 10))
+                style = dict(marker="o", ms=3, color=colors[v])
                 ax.plot(m.index, m.values, label=v, **style)
                 if extra is not None:
                     extra(ax, s, style)
             for h, ls in zip(hlines, ("-", "--")):
                 ax.axhline(h, color="k", lw=0.8, ls=ls)
             ax.set_xscale("log", base=2)
-            ax.set_title(f"N={n} {routing}", fontsize=8)
+            if logy:
+                ax.set_yscale("log")
+            kv = [(n, v) for (c, n), v in zip(rows.items(), rk) if c in vary]
+            shape = [f"{n}={v}" if n else str(v) for n, v in kv]
+            ax.set_title(" ".join([*shape, routing]), fontsize=8)
             ax.set_ylabel(ylabel, fontsize=8)
             ax.tick_params(labelsize=7)
+
+
+def finish(fig: plt.Figure, axes, colors: dict, title: str) -> plt.Figure:
+    """x labels on the bottom row, one legend above the panels (a line per colour), the title
+    above the legend."""
     for ax in axes[-1]:
         ax.set_xlabel("experts per rank", fontsize=8)
-    handles, labels_ = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels_, fontsize=7, loc="upper center", ncol=min(len(names), 4),
-               bbox_to_anchor=(0.5, 1.0 + 0.04 * ((len(names) + 3) // 4)))  # fmt: skip
-    fig.suptitle(title, fontsize=9, y=1.02 + 0.05 * ((len(names) + 3) // 4))
+    fig.tight_layout()
+    handles = [Line2D([], [], marker="o", ms=3, color=c, label=v) for v, c in colors.items()]
+    ncol = min(len(handles), 4)
+    fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=ncol,
+               bbox_to_anchor=(0.5, 1.0))  # fmt: skip
+    legend_h = (0.1 + 0.19 * -(-len(handles) // ncol)) / fig.get_figheight()
+    fig.suptitle(title, fontsize=9, y=1.0 + legend_h, va="bottom")
     return fig
+
+
+def grid(n_rows: int, n_cols: int, w: float = 3.6, h: float = 2.9):
+    """(figure, axes[n_rows][n_cols]) of panels w x h inches."""
+    return plt.subplots(n_rows, n_cols, figsize=(w * n_cols, h * n_rows), squeeze=False)
+
+
+def panel_grid(
+    df: pd.DataFrame, line: str, y: str, ylabel: str, title: str,
+    rows: dict[str, str] | None = None, **kw,
+) -> plt.Figure:  # fmt: skip
+    """One panel per (rows, routing) (rows: N unless given), one line per value of `line`; the
+    `rows` columns of one value join the title's first line; kw: draw_grid's hlines, extra,
+    logy."""
+    rows = rows or {"out": "N"}
+    fig, axes = grid(len(_keys(df, list(rows))), df["routing"].nunique())
+    colors = palette(df[line])
+    draw_grid(axes, df, rows, line, y, ylabel, colors, **kw)
+    if fixed := _fixed(df, rows):
+        first, nl, rest = title.partition("\n")
+        title = f"{first}, {fixed}{nl}{rest}"
+    return finish(fig, axes, colors, title)
 
 
 def main(
@@ -167,18 +224,22 @@ def main(
     default_table: str,
     default_name: str,
     summary: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
+    options: tuple[str, ...] = (),
 ) -> None:
-    """The command line of a figure script: --table, --out, --name (and --summary: print the
-    script's summary table, draw nothing); prints the paths."""
+    """The command line of a figure script: --table, --out, --name, an integer option per name
+    in `options` (passed to plot by that name), and with `summary` --summary: print the
+    script's summary table, draw nothing; prints the paths."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--table", default=default_table)
     ap.add_argument("--out", default=str(FIG_DIR))
     ap.add_argument("--name", default=default_name)
+    for opt in options:
+        ap.add_argument(f"--{opt.replace('_', '-')}", type=int, default=None)
     if summary is not None:
         ap.add_argument("--summary", action="store_true", help="print the summary, draw nothing")
     args = ap.parse_args()
     if summary is not None and args.summary:
         print(summary(pd.read_parquet(args.table)).to_string(index=False))
         return
-    for p in plot(args.table, args.out, args.name):
+    for p in plot(args.table, args.out, args.name, **{o: getattr(args, o) for o in options}):
         print(p)

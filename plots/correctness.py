@@ -116,13 +116,11 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     for ax in axes[1][2:]:
         ax.axis("off")
     s = summary(df).iloc[-1]
-    fig.suptitle(
+    title = (
         f"Correctness matrix: {s['passed']}/{s['checks']} checks passed, max rel. error "
-        f"{s['rel_err_max']:.2e} (tol {tol:.0e})\n{transport_note(df)}",
-        fontsize=9,
+        f"{s['rel_err_max']:.2e} (tol {tol:.0e})\n{transport_note(df)}"
     )
-    fig.tight_layout()
-    return save(fig, out_dir, name)
+    return save(fig, out_dir, name, title)
 
 
 if __name__ == "__main__":

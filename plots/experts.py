@@ -92,15 +92,12 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     gone = missing_systems(df)
     note = "; ".join(f"{s}: {why}" for s, why in gone.items())
     layer = df[(df["status"] == "ok") & (_ffn(df) > 0)]
-    fig.suptitle(
+    title = (
         "Fig 5: overlap against every system per experts per rank (whole layer, F="
         f"{int(layer['ffn'].iloc[0])}); overlap ratio from the operator-scope rows\n"
-        f"{transport_note(layer)}" + (f"\nnot measured: {note}" if note else ""),
-        fontsize=8,
-        y=1.04,
+        f"{transport_note(layer)}" + (f"\nnot measured: {note}" if note else "")
     )
-    fig.tight_layout()
-    return save(fig, out_dir, name)
+    return save(fig, out_dir, name, title)
 
 
 if __name__ == "__main__":

@@ -53,8 +53,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         ax.set_ylabel(f"speedup of {OURS} ({title})")
         ax.set_title(title, fontsize=9)
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.suptitle(f"Models: overlap against each baseline\n{transport_note(df)}", fontsize=9, y=1.06)
-    return save(fig, out_dir, name)
+    title = f"Models: overlap against each baseline (higher is better)\n{transport_note(df)}"
+    return save(fig, out_dir, name, title)
 
 
 if __name__ == "__main__":

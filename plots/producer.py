@@ -56,9 +56,9 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = load(table, status=None)
     gpu = ", ".join(sorted(set(df.get("gpu_name", pd.Series(dtype=str)).dropna().astype(str))))
     title = (
-        "The expert GEMM (producer) alone on all SMs, t(reference) / t(producer), higher is "
-        f"better: solid vs torch._grouped_mm, dashed vs dense cuBLAS, dotted vs batched cuBLAS\n"
-        f"{gpu or '?'}"
+        "The expert GEMM (producer) alone on all SMs, higher is better\nt(reference) / "
+        f"t(producer): solid vs torch._grouped_mm, dashed vs dense cuBLAS, dotted vs batched "
+        f"cuBLAS; {gpu or '?'}"
     )
     fig = panel_grid(ratios(df), "variant", "vs_grouped_mm", "t(reference) / t(producer)", title,
                      extra=_references)  # fmt: skip

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plots.common import load, main, panel_grid, save, transport_note
+from plots.common import against, load, main, panel_grid, save, transport_note
 
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
 
@@ -40,17 +40,15 @@ def variant(o: pd.DataFrame) -> pd.Series:
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, variant): latency_ms, and serial_ms and speedup where the table
-    has serial rows (NaN where not)."""
-    o = df[df["system"] == "overlap"].copy()
-    if o.empty:
+    """One row per (workload, variant): latency_ms (median), and serial_ms and speedup where
+    the table has serial rows (NaN where not)."""
+    over = df["system"] == "overlap"
+    if not over.any():
         raise ValueError("a variants table needs ok overlap rows")
-    o["variant"] = variant(o)
-    out = o.groupby(WORKLOAD + ["variant"], as_index=False)["latency_ms"].median()
-    ser = df[df["system"] == "serial"].groupby(WORKLOAD, as_index=False)["latency_ms"].median()
-    out = out.merge(ser.rename(columns={"latency_ms": "serial_ms"}), on=WORKLOAD, how="left")
-    out["speedup"] = out["serial_ms"] / out["latency_ms"]
-    return out
+    df = df.assign(variant="").astype({"variant": object})
+    df.loc[over, "variant"] = variant(df[over])
+    out = against(df, WORKLOAD, ["system", "variant"], agg="median")
+    return out[out["system"] == "overlap"].rename(columns={"ref_ms": "serial_ms"})
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
