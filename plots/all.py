@@ -19,29 +19,17 @@ import pandas as pd
 
 from plots.common import FIG_DIR
 
+#: figure script -> the experiments (table stems) it draws
+_DRAWS = {
+    "latency_vs_experts": "smoke baselines_smoke multigpu_smoke layer_smoke operator",
+    "speedup_vs_serial": "overlap_sweep", "variants": "operator_order operator_layouts_loopback",
+    "placement": "operator_consumer_loopback", "padding": "padding", "ccta_sweep": "overlap_ccta",
+    "bandwidth": "bandwidth", "layer": "layer", "experts": "experts", "models": "models",
+    "ccta_mgb": "ccta_mgb ccta_auto", "correctness": "correctness correctness_loopback",
+    "producer": "producer",
+}  # fmt: skip
 #: experiment (table stem) -> plot module with plot(table, out_dir, name)
-FIGURES: dict[str, str] = {
-    "smoke": "plots.latency_vs_experts",
-    "baselines_smoke": "plots.latency_vs_experts",
-    "multigpu_smoke": "plots.latency_vs_experts",
-    "layer_smoke": "plots.latency_vs_experts",
-    "operator": "plots.latency_vs_experts",
-    "overlap_sweep": "plots.speedup_vs_serial",
-    "operator_order": "plots.variants",
-    "operator_layouts_loopback": "plots.variants",
-    "operator_consumer_loopback": "plots.placement",
-    "padding": "plots.padding",
-    "overlap_ccta": "plots.ccta_sweep",
-    "bandwidth": "plots.bandwidth",
-    "layer": "plots.layer",
-    "experts": "plots.experts",
-    "models": "plots.models",
-    "ccta_mgb": "plots.ccta_mgb",
-    "ccta_auto": "plots.ccta_mgb",
-    "correctness": "plots.correctness",
-    "correctness_loopback": "plots.correctness",
-    "producer": "plots.producer",
-}
+FIGURES = {stem: f"plots.{m}" for m, stems in _DRAWS.items() for stem in stems.split()}
 
 
 def _drop_old(out: Path, name: str) -> list[Path]:
@@ -85,11 +73,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[figures] error: {table}: {type(exc).__name__}: {exc}")
             failed.append(table)
     if failed:
-        print(
-            f"error: {len(failed)} figure(s) could not be redrawn (their old files were removed): "
-            + ", ".join(map(str, failed)),
-            file=sys.stderr,
-        )
+        why = f"error: {len(failed)} figure(s) could not be redrawn (their old files were removed)"
+        print(f"{why}: {', '.join(map(str, failed))}", file=sys.stderr)
         sys.exit(1)
 
 

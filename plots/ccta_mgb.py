@@ -54,22 +54,14 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         best = swept.loc[swept["latency_ms"].idxmin()]
         two = swept[swept["ccta"] == 2]["latency_ms"].min()
         auto = g[g["auto"]]
-        a = auto.iloc[0] if len(auto) else None
-        rows.append(
-            {
-                **dict(zip(WORKLOAD + ["transport"], key)),
-                "best_ccta": int(best["ccta"]),
-                "best_mgb": int(best["mgb"]),
-                "best_ms": best["latency_ms"],
-                "serial_ms": best["serial_ms"],
-                "best_speedup": best["speedup"],
-                "ccta2_vs_serial": two / best["serial_ms"],
-                "ccta2_vs_best": two / best["latency_ms"],
-                "auto_ccta": np.nan if a is None else a["p_ccta_used"],
-                "auto_mgb": np.nan if a is None else a["p_mgb_used"],
-                "auto_vs_best": np.nan if a is None else a["latency_ms"] / best["latency_ms"],
-            }
-        )
+        a = auto.iloc[0] if len(auto) else dict.fromkeys(("p_ccta_used", "p_mgb_used"), np.nan)
+        rows.append(dict(zip(WORKLOAD + ["transport"], key)) | dict(
+            best_ccta=int(best["ccta"]), best_mgb=int(best["mgb"]), best_ms=best["latency_ms"],
+            serial_ms=best["serial_ms"], best_speedup=best["speedup"],
+            ccta2_vs_serial=two / best["serial_ms"], ccta2_vs_best=two / best["latency_ms"],
+            auto_ccta=a["p_ccta_used"], auto_mgb=a["p_mgb_used"],
+            auto_vs_best=a.get("latency_ms", np.nan) / best["latency_ms"],
+        ))  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -80,6 +72,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         raise ValueError(f"{table}: no ok overlap rows with a numeric cCTA and mgb")
     vs_serial = o["speedup"].notna().any()
     y = "speedup" if vs_serial else "latency_ms"
+    ylabel = "speedup vs serial (higher is better)" if vs_serial else "ms (lower is better)"
     summ = summary(df).set_index(WORKLOAD + ["transport"])
     shapes = sorted(o.groupby(SHAPE).groups)
     routings = sorted(o["routing"].unique())
@@ -90,8 +83,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     for i, shape in enumerate(shapes):
         for j, routing in enumerate(routings):
             ax = axes[i][j]
-            sub = o[(o[SHAPE] == pd.Series(shape, index=SHAPE)).all(axis=1)]
-            sub = sub[sub["routing"] == routing]
+            sub = o[(o[SHAPE] == list(shape)).all(axis=1) & (o["routing"] == routing)]
             notes = []
             for line, s in sub.dropna(subset=["ccta", "mgb"]).groupby("line"):
                 s = s.sort_values("ccta")
@@ -105,24 +97,19 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
                 a = g[g["auto"]]
                 if len(a):
                     ax.plot(a["p_ccta_used"], a[y], "rD", ms=7, label="auto pick")
+                pick = f"({r['auto_ccta']:g}, {r['auto_mgb']:g}) {r['auto_vs_best']:.3f}x best"
+                two = f"{r['ccta2_vs_serial']:.2f}x serial, " if vs_serial else ""
                 notes.append(
-                    f"{key[-1]}: best ({r['best_ccta']:g}, {r['best_mgb']:g}); cCTA=2 "
-                    + (f"{r['ccta2_vs_serial']:.2f}x serial, " if vs_serial else "")
-                    + f"{r['ccta2_vs_best']:.2f}x best; auto "
-                    + (
-                        f"({r['auto_ccta']:g}, {r['auto_mgb']:g}) {r['auto_vs_best']:.3f}x best"
-                        if r["auto_vs_best"] == r["auto_vs_best"]
-                        else "not measured"
-                    )
+                    f"{key[-1]}: best ({r['best_ccta']:g}, {r['best_mgb']:g}); cCTA=2 {two}"
+                    f"{r['ccta2_vs_best']:.2f}x best; auto "
+                    + (pick if pd.notna(r["auto_vs_best"]) else "not measured")
                 )
             if vs_serial:
                 ax.axhline(1.0, color="k", lw=0.8)
             t, k, n, e = shape
             ax.set_title(f"T={t} K={k} N={n} E={e}, {routing}\n" + "\n".join(notes), fontsize=7)
             ax.set_xlabel("cCTA (consumer SMs)")
-            ax.set_ylabel(
-                "speedup vs serial (higher is better)" if vs_serial else "ms (lower is better)"
-            )
+            ax.set_ylabel(ylabel)
             ax.legend(fontsize=6)
     what = "against serial" if vs_serial else "latency (no serial rows in this table)"
     return save(fig, out_dir, name, f"Overlap cCTA x mgb {what}\n{transport_note(df)}")

@@ -45,18 +45,11 @@ def with_layout(df: pd.DataFrame) -> pd.DataFrame:
 def _stats(g: pd.DataFrame) -> dict:
     checked = g[g["status"].isin(["ok", "fail"])]
     rel, row = checked["max_rel_err"].dropna(), checked["max_row_rel_err"].dropna()
-    out = {
-        "checks": len(checked),
-        "passed": int((checked["status"] == "ok").sum()),
-        "failed": int((checked["status"] == "fail").sum()),
-        "not_checked": len(g) - len(checked),
-        "rel_err_max": rel.max() if len(rel) else np.nan,
-    }
-    for q in QUANTILES:
-        out[f"rel_err_p{round(100 * q)}"] = rel.quantile(q) if len(rel) else np.nan
-    out["row_err_max"] = row.max() if len(row) else np.nan
-    out["row_err_p99"] = row.quantile(0.99) if len(row) else np.nan
-    return out
+    ok = int((checked["status"] == "ok").sum())
+    out = dict(checks=len(checked), passed=ok, failed=len(checked) - ok,
+               not_checked=len(g) - len(checked), rel_err_max=rel.max())  # fmt: skip
+    out |= {f"rel_err_p{round(100 * q)}": rel.quantile(q) for q in QUANTILES}
+    return out | dict(row_err_max=row.max(), row_err_p99=row.quantile(0.99))
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:

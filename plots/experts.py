@@ -69,12 +69,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
             s = s.sort_values("experts_per_rank")
             ax.plot(s["experts_per_rank"], s["speedup"], "o-", ms=3, label=f"{label(system)} H={h}")
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(es, [str(e) for e in es])
-        ax.set_xlabel("experts per rank")
         ax.set_ylabel("speedup of overlap vs system (higher is better)")
         ax.set_title(f"layer, {routing}", fontsize=9)
-        ax.legend(fontsize=6)
         r = ra[ra["routing"] == routing]
         for (k, n), s in r.groupby(["hidden", "out"]):
             s = s.sort_values("experts_per_rank")
@@ -82,13 +78,14 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         if r.empty:
             msg = f"no operator-scope rows:\n{OPERATOR_PASS}"
             ax2.text(0.5, 0.5, msg, ha="center", va="center", fontsize=7, transform=ax2.transAxes)
-        else:
-            ax2.legend(fontsize=7)
-        ax2.set_xscale("log", base=2)
-        ax2.set_xticks(es, [str(e) for e in es])
         ax2.set_ylim(0, 1.05)
-        ax2.set_xlabel("experts per rank")
         ax2.set_ylabel("overlap ratio (higher is better)")
+        for a in (ax, ax2):
+            a.set_xscale("log", base=2)
+            a.set_xticks(es, [str(e) for e in es])
+            a.set_xlabel("experts per rank")
+            if a.get_legend_handles_labels()[0]:
+                a.legend(fontsize=6)
     gone = missing_systems(df)
     note = "; ".join(f"{s}: {why}" for s, why in gone.items())
     layer = df[(df["status"] == "ok") & (_ffn(df) > 0)]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from plots.all import FIGURES as DRAWN
-from plots.common import kept
+from plots.common import kept, placements
 from systems.overlap.autotune import DEFAULT, MAX_DISTANCE
 from systems.overlap.autotune import TABLE as AUTOTUNE_TABLE
 
@@ -225,12 +225,8 @@ def _operator(d):
     return "differs", s
 
 
-def _newest_ccta(d):
-    return d.get("h200/overlap_ccta")
-
-
 def _ccta(d):
-    if (df := _newest_ccta(d)) is None:
+    if (df := d.get("h200/overlap_ccta")) is None:
         return None
     o = _ok(df)
     best = o.groupby("routing")["latency_ms"].min()
@@ -246,7 +242,7 @@ def _ccta(d):
 
 
 def _bound(d):
-    if (df := _newest_ccta(d)) is None:
+    if (df := d.get("h200/overlap_ccta")) is None:
         return None
     o = _ok(df).dropna(subset=["compute_ms", "comm_ms"])
     b = (o["compute_ms"] + o["comm_ms"]) / o[["compute_ms", "comm_ms"]].max(axis=1)
@@ -316,8 +312,6 @@ KNOBS = {"operator_order": "p_order", "operator_layouts_loopback": "p_layout",
 
 def knob_ratios(df: pd.DataFrame, col: str) -> str:
     """Overlap latency of each value of `col` / that of the first value, per cell."""
-    from plots.common import placements
-
     o = placements(df)
     keys = [c for c in CELL if c in o and o[c].notna().all()]
     lat = o.pivot_table(index=keys, columns=col, values="latency_ms", aggfunc="min")
