@@ -179,7 +179,7 @@ def draw_grid(
             shape = [f"{n}={v}" if n else str(v) for n, v in kv]
             ax.set_title(" ".join([*shape, routing]), fontsize=8)
             ax.set_ylabel(ylabel, fontsize=8)
-            ax.tick_params(labelsize=7)
+            ax.tick_params(which="both", labelsize=7)
 
 
 def finish(fig: plt.Figure, axes, colors: dict, title: str) -> plt.Figure:
