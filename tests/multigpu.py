@@ -95,6 +95,7 @@ def one_gpu_cells(tmp_path, systems: list[str], shape: dict, params: dict | None
             "seed": 0,
             "world_size": 1,
             "routing": routing,
+            "ffn": 0,
             **shape,
             "params": {**get_system(system).load().PARAMS, **params.get(system, {})},
             "cell_hash": f"{system}-{routing}",

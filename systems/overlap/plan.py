@@ -292,8 +292,20 @@ def _unit_walk(units: torch.Tensor, n: torch.Tensor, first: torch.Tensor, B: int
     return first[u] + q - torch.repeat_interleave(_excl_cumsum(n), n, output_size=B)
 
 
-def _aligned(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple[list, dict]:
-    """The aligned layout's sizes [P, B, NR, S, Q] (host ints) and arrays."""
+def _sizes(rows: _Rows, W: int, E: int, P, B, NR, S, Q=None) -> tuple[torch.Tensor, list]:
+    """CombinePlan.counts [7] on the rows' device from the layout's 0-dim sizes, and the same as
+    host ints: the build's one host sync."""
+    dev = rows.cnt.device
+    R = torch.full((), rows.src.numel(), dtype=torch.int64, device=dev)
+    L = rows.cnt.view(E, W)[:, W - 1].sum()
+    Q = torch.zeros((), dtype=torch.int64, device=dev) if Q is None else Q
+    counts = torch.stack([R, P, B, NR, S, L, Q])
+    return counts, counts.tolist()
+
+
+def _aligned(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple:
+    """The aligned layout's counts [7] (CombinePlan.counts, on the device and as host ints)
+    and arrays."""
     cnt, dev = rows.cnt, rows.cnt.device
     G = E * W
     nb = (cnt + tm - 1) // tm  # bands per group
@@ -307,7 +319,8 @@ def _aligned(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple
     nb_r = nb_sched[: E * (W - 1)]
     a = _excl_cumsum(nb_r)  # first remote schedule position of each remote group
     n_seg = _n_segments(a, nb_r, rb.sum(), mgb)
-    P, B, NR, S = torch.stack([padded.sum(), nb.sum(), rb.sum(), n_seg]).tolist()
+    counts, host = _sizes(rows, W, E, padded.sum(), nb.sum(), rb.sum(), n_seg)
+    P, B, NR, S = host[1:5]
     row_pos, gather_index = _row_positions(rows, grp_row, P)
     band_first = _excl_cumsum(nb)
     band_group = torch.repeat_interleave(torch.arange(G, device=dev), nb, output_size=B)
@@ -346,11 +359,11 @@ def _aligned(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple
         seg_src_row=band_row[first],
         seg_offset=band_offset[first],
     )
-    return [P, B, NR, S, 0], out
+    return counts, host, out
 
 
-def _compact(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple[list, dict]:
-    """The compact layout's sizes [P, B, NR, S, Q] (host ints) and arrays: per expert a remote
+def _compact(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple:
+    """The compact layout's counts [7] (CombinePlan.counts) and arrays: per expert a remote
     section (bands holding remote rows; the last one may hold local rows too) and a local one."""
     cnt, dev = rows.cnt, rows.cnt.device
     i64 = {"dtype": torch.int64, "device": dev}
@@ -376,7 +389,9 @@ def _compact(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple
     npc = torch.where(c > 0, (ws + c - 1) // tm - fb + 1, 0)
     a = _excl_cumsum(npc)
     n_seg = _n_segments(a, npc, npc.sum(), mgb)
-    P, B, NR, S, Q = torch.stack([n_e.sum(), sec_nb.sum(), nbr.sum(), n_seg, npc.sum()]).tolist()
+    sizes = (n_e.sum(), sec_nb.sum(), nbr.sum(), n_seg, npc.sum())
+    counts, host = _sizes(rows, W, E, *sizes)
+    P, B, _, S, Q = *host[1:5], host[6]
     row_pos, gather_index = _row_positions(rows, grp_row, P)
     band_sec = torch.repeat_interleave(torch.arange(2 * E, device=dev), sec_nb, output_size=B)
     q = torch.arange(B, **i64) - sec_first[band_sec]
@@ -419,7 +434,7 @@ def _compact(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple
         piece_offset=piece_offset,
         piece_dst=piece_dst,
     )
-    return [P, B, NR, S, Q], out
+    return counts, host, out
 
 
 def build_plan(
@@ -452,9 +467,9 @@ def build_plan(
     i64 = {"dtype": torch.int64, "device": dev}
     rows = _group_rows(recv_src, recv_expert, recv_dst_index, W, rank, E)
     build = _aligned if layout == "aligned" else _compact
-    (P, B, NR, S, Q), f = build(rows, W, rank, E, tm, mgb)
+    counts, host, f = build(rows, W, rank, E, tm, mgb)
     cnt = rows.cnt.view(E, W)
-    L = int(cnt[:, W - 1].sum())  # the sizes' sync happened already
+    P, L = host[1], host[5]
     loc = torch.sort((rows.slot != W - 1).long(), stable=True).indices[:L]
     local_src = f["row_pos"][loc]
     recv_rows, recv_start = None, None
@@ -478,7 +493,7 @@ def build_plan(
         layout=layout,
         order=order,
         group_cap=group_cap,
-        counts=torch.tensor([rows.src.numel(), P, B, NR, S, L, Q], **i64),
+        counts=counts,
         row_dst=torch.full((P,), -1, **i64).scatter_(0, local_src, rows.dst[loc]),
         group_rows=by_owner(cnt),
         seg_bytes=seg_rows * (out_cols * elem_bytes),
