@@ -26,7 +26,6 @@ import argparse
 import itertools
 import os
 from collections.abc import Callable
-from dataclasses import fields
 from functools import partial
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from harness.measure import SPEC_KEYS
 from harness.routing import ROUTINGS
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, imbalance_of
-from systems.overlap.plan import build_plan
+from systems.overlap.plan import build_plan, plan_difference
 
 FULL = {"tokens": [8192, 16384], "experts": [4, 8, 16, 32, 64], "hidden": 2048, "out": 8192}
 SMALL = {"tokens": [128, 256], "experts": [4, 8], "hidden": 64, "out": 128}
@@ -81,18 +80,6 @@ def gemm_times(plan, lay, spec: WorkloadSpec, device, warmup: int, iters: int) -
         "gemm_padded_ms": _ms(partial(expert_gemm, xp, padded_counts, w), device, warmup, iters)[0],
         "gemm_impl": expert_gemm_impl(x, w),
     }
-
-
-def plan_difference(ref, got) -> str | None:
-    """The first field (dataclasses.fields) in which plan `got`, trimmed to its counts, differs
-    from plan `ref`; None when they are equal."""
-    got = got.trimmed()
-    for f in fields(ref):
-        a, b = getattr(ref, f.name), getattr(got, f.name)
-        same = (b is not None and torch.equal(a, b)) if isinstance(a, torch.Tensor) else a == b
-        if not same:
-            return f.name
-    return None
 
 
 def device_plan_times(plan, args: tuple, kw: dict, spec: WorkloadSpec, device, warmup, iters):

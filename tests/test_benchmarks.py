@@ -93,21 +93,3 @@ def test_plan_time_asks_for_the_cpu_device_without_a_gpu():
     proc = _run("plan_time")
     assert proc.returncode == 1
     assert proc.stderr.strip().endswith("no CUDA GPU is present (try --device cpu --small)")
-
-
-def test_plan_time_names_the_first_field_in_which_two_plans_differ():
-    from dataclasses import replace
-
-    from benchmarks.plan_time import plan_difference
-    from systems.overlap.plan import plan_from_rows
-
-    rows = [[3, 5], [0, 7]]  # rows[e][s] of rank 0's two experts from two owners
-    knobs = dict(rank=0, tile_m=4, mgb=2, order="expert", group_cap=2)
-    plan = plan_from_rows(rows, **knobs)
-    assert plan_difference(plan, plan_from_rows(rows, **knobs)) is None
-    other = plan_from_rows(rows, rank=0, tile_m=4, mgb=2)
-    assert plan_difference(plan, other) == "order"
-    moved = plan.band_offset.clone()
-    moved[-1] += 1
-    assert plan_difference(plan, replace(plan, band_offset=moved)) == "band_offset"
-    assert plan_difference(plan, replace(plan, visit=None)) == "visit"

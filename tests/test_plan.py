@@ -617,3 +617,20 @@ def test_producer_groups_refuse_a_cap_out_of_range():
     for bad in (0, GROUP_CODE):
         with pytest.raises(ValueError, match="cap must be in"):
             producer_groups(plan, None, bad)
+
+
+def test_plan_difference_names_the_first_field_in_which_two_plans_differ():
+    from dataclasses import replace
+
+    from systems.overlap.plan import plan_difference, plan_from_rows
+
+    rows = [[3, 5], [0, 7]]  # rows[e][s] of rank 0's two experts from two owners
+    knobs = dict(rank=0, tile_m=4, mgb=2, order="expert", group_cap=2)
+    plan = plan_from_rows(rows, **knobs)
+    assert plan_difference(plan, plan_from_rows(rows, **knobs)) is None
+    other = plan_from_rows(rows, rank=0, tile_m=4, mgb=2)
+    assert plan_difference(plan, other) == "order"
+    moved = plan.band_offset.clone()
+    moved[-1] += 1
+    assert plan_difference(plan, replace(plan, band_offset=moved)) == "band_offset"
+    assert plan_difference(plan, replace(plan, visit=None)) == "visit"

@@ -7,9 +7,8 @@ and raises OverlapTimeoutError naming the rank, segment, band (or source rank) a
 value seen versus wanted.
 
 Record layout (int64):
-  [0] code     CODE_NONE (0), CODE_BAND_TIMEOUT (1), CODE_SIGNAL_TIMEOUT (2),
-               CODE_SCALE_TIMEOUT (3: the ready scale's band wait, kernels/ready_scale.py)
-  [1] segment  plan segment id (-1 for a receiver wait; the token tile for a scale wait)
+  [0] code     CODE_NONE (0), CODE_BAND_TIMEOUT (1), CODE_SIGNAL_TIMEOUT (2)
+  [1] segment  plan segment id (-1 for a receiver wait)
   [2] band     plan band id (-1 for a receiver wait)
   [3] rank     rank whose kernel timed out
   [4] program  program id of the kernel
@@ -28,12 +27,10 @@ ERR_SLOTS = 8
 CODE_NONE = 0
 CODE_BAND_TIMEOUT = 1
 CODE_SIGNAL_TIMEOUT = 2
-CODE_SCALE_TIMEOUT = 3
 
 _CODE_NAMES = {
     CODE_BAND_TIMEOUT: "band wait",
     CODE_SIGNAL_TIMEOUT: "receive wait",
-    CODE_SCALE_TIMEOUT: "ready scale's band wait",
 }
 
 
@@ -52,8 +49,6 @@ class ErrorRecord:
         what = _CODE_NAMES.get(self.code, f"error code {self.code}")
         if self.code == CODE_SIGNAL_TIMEOUT:
             where = f"waiting for source rank {self.source}"
-        elif self.code == CODE_SCALE_TIMEOUT:
-            where = f"token tile {self.segment}, band {self.band}"
         else:
             where = f"segment {self.segment}, band {self.band}"
         return (

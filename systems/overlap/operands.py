@@ -1,5 +1,5 @@
-"""The producers' operand contract, shared by the Triton launcher (kernels/producer.py) and the
-CUTLASS one (cutlass_producer.py); importable without Triton."""
+"""The producer's operand contract (kernels/producer.py checks it before a launch); importable
+without Triton."""
 
 from __future__ import annotations
 

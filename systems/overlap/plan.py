@@ -727,3 +727,15 @@ def producer_groups(plan: CombinePlan, visit: torch.Tensor | None, cap: int) -> 
     )
     size = torch.where(o < big, base + 1, base)
     return ((run_first + first) * GROUP_CODE + size).to(torch.int32)
+
+
+def plan_difference(ref, got) -> str | None:
+    """The first field (dataclasses.fields) in which plan `got`, trimmed to its counts, differs
+    from plan `ref`; None when they are equal."""
+    got = got.trimmed()
+    for f in fields(ref):
+        a, b = getattr(ref, f.name), getattr(got, f.name)
+        same = (b is not None and torch.equal(a, b)) if isinstance(a, torch.Tensor) else a == b
+        if not same:
+            return f.name
+    return None
