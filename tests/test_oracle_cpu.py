@@ -10,8 +10,8 @@ import torch.multiprocessing as mp
 from harness.check import check
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens
-from tests.oracle_cpu import overlap_forward, overlap_loopback
 from systems.overlap.plan import padded_input, plans_for_spec
+from tests.oracle_cpu import overlap_forward, overlap_loopback
 
 W = 4
 CPU = torch.device("cpu")
