@@ -193,8 +193,9 @@ def workload_cells(
 
 
 def spec_of(cell: dict) -> WorkloadSpec:
-    keys = ("world_size", "seed", *SPEC_KEYS, "ffn")
-    return WorkloadSpec(**{k: cell[k] for k in keys})
+    """The cell's workload; a hand-built cell without `ffn` is the single-GEMM operator."""
+    keys = ("world_size", "seed", *SPEC_KEYS)
+    return WorkloadSpec(**{k: cell[k] for k in keys}, ffn=cell.get("ffn", 0))
 
 
 def validate_cells(cells: list[dict], sm_count: int) -> None:
@@ -206,10 +207,10 @@ def validate_cells(cells: list[dict], sm_count: int) -> None:
 
 def base_row(cell: dict, spec: WorkloadSpec) -> Row:
     imb = imbalance_of(spec)
-    keys = ("experiment", "system", "cell_hash", "world_size", *SPEC_KEYS, "ffn")
-    fields = {k: cell[k] for k in keys}
+    keys = ("experiment", "system", "cell_hash", "world_size", *SPEC_KEYS)
     return Row(
-        **fields,
+        **{k: cell[k] for k in keys},
+        ffn=spec.ffn,
         imbalance_rank=imb["imbalance_rank"],
         imbalance_expert=imb["imbalance_expert"],
         params=dict(cell["params"]),
