@@ -38,6 +38,10 @@ class MeasureConf:
     #: device time back to back, not the host's launch time (harness/timing.py); the host's
     #: enqueue time per iteration is reported either way (metric host_ms)
     queue_ahead: bool = False
+    #: GPU: time a CUDA graph of the step (harness/graphs.py): auto = every system whose step
+    #: declares itself capturable, true = every system (a failed capture runs eager and says
+    #: why), false = eager timing for all
+    graph: str = "auto"
 
 
 @dataclass

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.check import check
 from harness.errors import CommFailure, is_comm_failure
+from harness.graphs import capture, graph_choice, graph_mode
 from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
 from harness.reference import dispatch, dispatch_local, reference_local
@@ -123,15 +124,23 @@ def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
     """What changes a cell's numbers besides its workload and system: the measure settings, the
     hardware preset and backend, and the number of processes (which decides whether a process
     plays one rank or all of them). Part of every cell hash, so a changed setting re-runs the
-    cell; the time-out and the table path are not (they change no number)."""
+    cell; the time-out and the table path are not (they change no number). queue_ahead and
+    graph enter only where they change the timing (queued; a graph on a GPU), so the hashes of
+    eager rows stay those they had before the two settings existed."""
     m, hw = cfg.measure, cfg.hardware
+    timing = {
+        "warmup": int(m.warmup),
+        "iters": int(m.iters),
+        "tol": float(m.tol),
+        "rounds": int(m.rounds),
+    }
+    if bool(getattr(m, "queue_ahead", False)):
+        timing["queue_ahead"] = True
+    graph = graph_mode(getattr(m, "graph", "false"))
+    if hw.device == "cuda" and graph != "false":
+        timing["graph"] = graph
     return {
-        "measure": {
-            "warmup": int(m.warmup),
-            "iters": int(m.iters),
-            "tol": float(m.tol),
-            "rounds": int(m.rounds),
-        },
+        "measure": timing,
         "hardware": {"name": hw.name, "device": hw.device, "backend": hw.backend},
         "processes": process_world,
     }
@@ -290,14 +299,51 @@ def _checked(ctx: RunContext, row: Row, res: Any, when: str = "") -> bool:
 
 
 class _Prepared:
-    """A cell set up and checked, ready to be timed: its row, system and reference."""
+    """A cell set up and checked, ready to be timed: its row, system, reference and the step
+    to time (the system's timed(), or the replay of its CUDA graph)."""
 
     def __init__(self, row: Row, system: Any, ref: torch.Tensor, spec: WorkloadSpec) -> None:
         self.row, self.system, self.ref, self.spec = row, system, ref, spec
+        self.step = system.timed
         self.samples: list[float] = []
         #: per timed call: the host's median enqueue time (ms) and whether it queued ahead
         self.host_ms: list[float] = []
         self.queued: list[bool | None] = []
+
+    def timed_ref(self) -> torch.Tensor:
+        """The reference of what the step returns: the played rank system.timed_rank's rows
+        [T, N] of the stacked reference (None: all of it)."""
+        r, T = self.system.timed_rank, self.spec.tokens_per_rank
+        return self.ref if r is None else self.ref[r * T : (r + 1) * T]
+
+
+def check_step(ctx: RunContext, cfg: Any, p: _Prepared, when: str) -> bool:
+    """Run the step to time once and check ITS output (not forward()'s) against the reference,
+    then the system's device-side error words; False after a failure (recorded in the row)."""
+    out = p.step()
+    p.system.check_errors()
+    if not isinstance(out, torch.Tensor):
+        p.row.status, p.row.reason = "fail", f"{when}: the timed step returned no output tensor"
+        return False
+    return _checked(ctx, p.row, check(out, p.timed_ref(), cfg.measure.tol), when)
+
+
+def arm_step(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
+    """Choose eager or graph timing (harness/graphs.py), capture where chosen, and check the
+    step's output once. A capture that fails leaves the step eager with the reason in the row.
+    False where the check failed."""
+    mode = graph_mode(getattr(cfg.measure, "graph", "false"))
+    why = graph_choice(mode, ctx.device, p.system.capture_blocker())
+    if why is None:
+        try:
+            p.step = capture(p.system.timed, ctx.device).replay
+            p.row.graph = True
+        except RuntimeError as exc:
+            why = str(exc)
+    if why is not None:
+        p.row.graph_reason = why
+    when = "graph replay" if p.row.graph else "timed step"
+    return check_step(ctx, cfg, p, when)
 
 
 def guarded(ctx: RunContext, row: Row, fn) -> Any:
@@ -360,7 +406,8 @@ def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
         row.params.update(system.resolved_params())
         if not _checked(ctx, row, check(system.forward(), ref, cfg.measure.tol)):
             return None
-        return _Prepared(row, system, ref, spec)
+        p = _Prepared(row, system, ref, spec)
+        return p if arm_step(ctx, cfg, p) else None
 
     prepared = guarded(ctx, row, setup)
     return row if prepared is None else prepared
@@ -379,7 +426,13 @@ def _timing_kw(ctx: RunContext, cfg: Any, iters: int, warmup: int) -> dict:
 def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: int) -> bool:
     """Add `iters` timed iterations of the cell to its samples; False after a failure."""
     kw = _timing_kw(ctx, cfg, iters, warmup)
-    t = guarded(ctx, p.row, lambda: time_fn(p.system.timed, **kw))
+
+    def timed_loop():
+        t = time_fn(p.step, **kw)
+        p.system.check_errors()  # a wait that timed out in the loop: the cell's error
+        return t
+
+    t = guarded(ctx, p.row, timed_loop)
     if t is None:
         return False
     p.samples.extend(t.samples)
@@ -389,10 +442,13 @@ def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: i
 
 
 def _timing_note(kw: dict, p: _Prepared) -> dict:
-    """extra's `timing`: "queued" (device time, harness.timing) or "eager", and where a queued
-    run's host did not finish enqueueing before the device started, how often."""
+    """extra's `timing`: "graph" (replays of a CUDA graph), "queued" (device time,
+    harness.timing) or "eager", and where a queued run's host did not finish enqueueing before
+    the device started, how often."""
     if kw["device"].type != "cuda":
         return {}
+    if p.row.graph:
+        return {"timing": "graph"}
     if not kw["queue_ahead"]:
         return {"timing": "eager"}
     late = sum(q is False for q in p.queued)
@@ -424,9 +480,11 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
                 system.extra["overlap_ratio"] = "undefined at W=1: no bytes leave the rank"
         for name, fn in system.extra_bounds().items():
             row.metrics[f"{name}_ms"] = time_fn(fn, **kw).median_ms
-        # the output must still be right after every timed run (no reused buffer overwritten)
+        # the timed step's output and every rank's output must still be right after every
+        # timed run (no reused buffer overwritten, no wait timed out)
         res = check(system.forward(), p.ref, cfg.measure.tol)
-        if not _checked(ctx, row, res, "after timing"):
+        after = "after timing"
+        if not (_checked(ctx, row, res, after) and check_step(ctx, cfg, p, f"{after} (step)")):
             row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
             row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
             return
@@ -437,7 +495,7 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
         if p.host_ms and all(v == v for v in p.host_ms):  # GPU: the host's enqueue time
             row.metrics["host_ms"] = float(torch.tensor(p.host_ms).median())
         # GPU: the host synchronisations of one timed call (the most on any rank)
-        syncs = count_host_syncs(system.timed, ctx.device)
+        syncs = count_host_syncs(p.step, ctx.device)
         if syncs is not None:
             row.metrics["host_syncs"] = agree(ctx, float(syncs))
 

@@ -70,6 +70,9 @@ class Row:
     max_row_rel_err: float = float("nan")
     status: str = "ok"
     reason: str = ""
+    #: timed as a CUDA graph's replays (harness/graphs.py); where not, graph_reason says why
+    graph: bool = False
+    graph_reason: str = ""
     extra: str = "{}"
     # how the cell was run (stamped by the runner; part of the cell hash)
     hardware: str = ""  # the hardware preset

@@ -3,7 +3,10 @@
 A system is set up once per cell on the ranks this process plays (one, unless it simulates
 ranks), then called:
   forward()       out [T, N] of every played rank, stacked (checked vs the reference)
-  timed()         the timed region (default: forward())
+  timed()         the timed region (default: forward()); its output is checked too: the
+                  output of the played rank `timed_rank` (None: of every played rank, stacked)
+  capture_blocker() why timed() cannot be captured in a CUDA graph, or None (harness/graphs.py)
+  check_errors()  raise if a device-side wait of the last steps timed out (after every loop)
   compute_only()  everything but the communication (for the overlap ratio), or None
   comm_only()     the combine communication alone, or None
 The catalogue of systems lives one floor up, in systems/__init__.py: its entries name their class
@@ -111,6 +114,8 @@ class System:
         #: numbers the system measured itself while setting up (e.g. the overlap system's
         #: plan_ms), written as m_<name> columns of the row
         self.metrics: dict[str, float] = {}
+        #: whose output timed() returns: an index into setup's `ranks` (None: all, stacked)
+        self.timed_rank: int | None = 0
 
     @classmethod
     def check_params(cls, params: dict[str, Any]) -> None:
@@ -147,6 +152,15 @@ class System:
         """The timed region; by default forward(). A system that plays several ranks times one
         of them here (forward() runs them all for the check)."""
         return self.forward()
+
+    def capture_blocker(self) -> str | None:
+        """Why timed() cannot be captured in a CUDA graph (a host synchronisation, a library
+        call that refuses capture), or None where it can (called after setup)."""
+        return f"{self.name}: its step is not declared capturable"
+
+    def check_errors(self) -> None:
+        """Raise where a device-side wait of the steps run so far timed out (the overlap
+        system's error word); called after every timed loop and every graph replay loop."""
 
     def compute_only(self) -> object:
         """Everything timed() does but the communication, or None if not defined."""

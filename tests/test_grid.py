@@ -96,9 +96,15 @@ def test_the_committed_layer_table_resumes_after_the_rehash_migration():
     p2p = df[(df["system"] == "overlap") & (df["transport"] == "p2p")]
     old = set(p2p[p2p["p_local"].isna()]["cell_hash"])
     new = set(p2p[p2p["p_local"] == "direct"]["cell_hash"])
-    first = _compose("experiment=layer", "+experiment.systems.overlap.params.order=remote_first")
+    # the committed rows were timed eagerly: they resume under measure.graph=false
+    eager = "measure.graph=false"
+    first = _compose(
+        "experiment=layer", "+experiment.systems.overlap.params.order=remote_first", eager
+    )
     direct = {c["cell_hash"] for c in expand_grid(first, 2)}
     assert old and new and new <= direct and not old & direct
-    auto = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
+    auto = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer", eager), 2)}
     assert not (old | new) & auto  # the default order ("auto") is a new cell
     assert set(df[df["system"] != "overlap"]["cell_hash"]) <= auto  # every baseline row resumes
+    graphed = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
+    assert not set(df["cell_hash"]) & graphed  # graph timing (the default) is another cell

@@ -1,0 +1,79 @@
+"""CUDA-graph timing: a system's step captured once, then timed as the graph's replays.
+
+measure.graph chooses per cell (graph_choice): "auto" captures every system whose step says it
+is capturable (System.capture_blocker() is None), "true" tries every system, "false" none; off
+CUDA nothing is captured. The capture follows torch's recipe: the caller has already run the
+step (allocations, Triton compiles, symmetric-memory rendezvous happen before), three more
+steps run on a side stream, then one step is captured into a graph with a private memory pool.
+The step's output tensor at capture time is the graph's static output: every replay rewrites
+it, so the harness checks that tensor after a replay, before and after timing. A capture that
+fails (a host synchronisation inside the step, an uncapturable library call) leaves the
+system eager with the error as the reason; the sweep goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+MODES = ("auto", "true", "false")
+#: steps run on the side stream before the capture (torch's recipe: warms lazy state)
+SIDE_WARMUP = 3
+
+
+def graph_mode(value: object) -> str:
+    """measure.graph as one of MODES (Hydra may hand a bool for true/false); anything else is a
+    one-line ValueError."""
+    mode = str(value).lower()
+    if mode not in MODES:
+        raise ValueError(f"measure.graph must be one of {', '.join(MODES)}, got {value!r}")
+    return mode
+
+
+def graph_choice(mode: str, device: torch.device, blocker: str | None) -> str | None:
+    """None where the step should be captured, else why it runs eager (one line)."""
+    if mode == "false":
+        return "measure.graph=false"
+    if device.type != "cuda":
+        return "no CUDA device: eager host timing"
+    if mode == "auto" and blocker is not None:
+        return blocker
+    return None
+
+
+@dataclass
+class Captured:
+    """A step captured once: replay() reruns it, `out` is its static output tensor."""
+
+    graph: torch.cuda.CUDAGraph
+    out: object
+
+    def replay(self) -> object:
+        self.graph.replay()
+        return self.out
+
+
+def capture(step: Callable[[], object], device: torch.device) -> Captured:
+    """Capture one call of step() (already run eagerly at least once) into a CUDA graph.
+
+    Raises RuntimeError naming the cause when the step cannot be captured; the device is
+    synchronised and usable afterwards."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(SIDE_WARMUP):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            out = step()
+    except Exception as exc:  # noqa: BLE001 - any failure of the capture means: run eager
+        torch.cuda.synchronize(device)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise RuntimeError(f"capture failed: {type(exc).__name__}: {first}"[:300]) from exc
+    torch.cuda.synchronize(device)
+    return Captured(graph, out)
