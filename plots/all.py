@@ -4,8 +4,9 @@ Each table's file name (its experiment) picks the figure script in FIGURES; the 
 after the table's path so reference and local tables never overwrite each other.
 
 A figure that cannot be redrawn never stays behind looking current: its old files are removed.
-A table that cannot be read (or a figure script that crashes) is an error: every other figure is
-still drawn, then the command exits 1 naming the tables.
+A table that cannot be read whole (a damaged footer or a damaged page in the middle), or a figure
+script that crashes, is an error: every other figure is still drawn, then the command exits 1
+naming the tables.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         name = "_".join(table.with_suffix("").relative_to(results).parts)
         try:
-            pd.read_parquet(table, columns=[])  # readable at all?
+            pd.read_parquet(table)  # every page: a footer that reads is not a whole table
         except Exception as exc:  # noqa: BLE001 - any reader error: a damaged table
             why = (str(exc).strip().splitlines() or [""])[0][:160]
             old = _drop_old(out, name)
