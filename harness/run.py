@@ -58,7 +58,7 @@ __all__ = ["launch", "main", "summary", "table_path"]
 
 def summary(rows: list[dict], path: Path) -> list[str]:
     """At most about 20 lines: counts, up to SUMMARY_ROWS rows (errors and fails first), the
-    first reasons, and where the table is."""
+    first reasons (of fail and error cells, then of skipped ones), and where the table is."""
     if not rows:
         return [f"[harness] nothing new; table at {path}"]
     import pandas as pd
@@ -81,10 +81,21 @@ def summary(rows: list[dict], path: Path) -> list[str]:
     lines = out.splitlines()
     if len(df) > SUMMARY_ROWS:
         lines.append(f"... {len(df) - SUMMARY_ROWS} more row(s) in the table")
-    for _, r in df[df["status"].isin(["fail", "error"])].head(3).iterrows():
-        lines.append(
-            f"[harness] {r['status']}: {r['system']} {r['cell_hash']}: {r['reason']}"[:160]
-        )
+    reasons = [
+        f"[harness] {r['status']}: {r['system']} {r['cell_hash']}: {r['reason']}"[:160]
+        for _, r in df[df["status"].isin(["fail", "error"])].iterrows()
+    ]
+    # skipped cells of one system mostly share a reason: one line per (system, reason)
+    skipped = df[df["status"] == "skipped"].groupby(["system", "reason"], dropna=False).size()
+    reasons += [
+        f"[harness] skipped: {s} ({n} cell{'s' * (n > 1)}): {why}"[:200]
+        for (s, why), n in skipped.items()
+    ]
+    most = 4  # reason lines
+    lines += reasons[:most]
+    if len(reasons) > most:
+        more = len(reasons) - most
+        lines.append(f"[harness] ... {more} more reason(s) in the table's `reason` column")
     counts = ", ".join(f"{n} {s}" for s, n in df["status"].value_counts().sort_index().items())
     lines.append(f"[harness] wrote {len(df)} row(s) ({counts}) to {path}")
     return lines
