@@ -279,7 +279,7 @@ def redispatch(d: Dispatched, x: torch.Tensor, top_k: int, group=None) -> torch.
     """The dispatch's row exchange alone, with a held dispatch's splits (a comm bound):
     x [T, H] -> rows [R, H] in the received order."""
     x_send = x.index_select(0, d.send_order // top_k)
-    if len(d.send_splits) == 1:
+    if d.send_splits is None or len(d.send_splits) == 1:  # W=1: every row stays
         return x_send
     recv = torch.empty_like(d.x_recv)
     dist.all_to_all_single(recv, x_send, d.recv_splits, d.send_splits, group=group)
@@ -288,6 +288,10 @@ def redispatch(d: Dispatched, x: torch.Tensor, top_k: int, group=None) -> torch.
 
 def combine(d: Dispatched, y_recv: torch.Tensor, group=None) -> torch.Tensor:
     """y_recv [R, N] in the received order -> y_back [S, N] in this rank's send order."""
+    if d.send_splits is None:  # a host-free dispatch (harness/dispatch_device.py)
+        if d.send_counts.numel() != 1:
+            raise ValueError("combine: a host-free dispatch at W > 1 has no NCCL combine")
+        return y_recv  # W=1: the received order is the send order
     back = y_recv.new_empty(sum(d.send_splits), y_recv.shape[1])
     if len(d.send_splits) > 1:
         dist.all_to_all_single(back, y_recv, d.send_splits, d.recv_splits, group=group)

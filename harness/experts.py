@@ -35,7 +35,8 @@ def expert_gemm(
 ) -> torch.Tensor:
     """Y = per-expert X_e @ B_e over rows grouped by expert.
 
-    x: [R, K] rows sorted by local expert; counts: rows per expert (len E, host ints);
+    x: [R, K] rows sorted by local expert; counts: rows per expert (len E, host ints; None:
+    read from offs, a host sync where the per-expert loop runs);
     w: [E, K, N]; offs: the same counts as int32 cumulative sums on the device, if at hand.
     Returns y [R, N] in x.dtype.
     Without offs, torch._grouped_mm's offsets are copied from the host on every call
@@ -48,6 +49,8 @@ def expert_gemm(
         if offs is None:
             offs = device_offsets(counts, x.device)
         return torch._grouped_mm(x, w, offs=offs.to(torch.int32))
+    if counts is None:  # the per-expert loop needs host ints (a host sync)
+        counts = torch.diff(offs.long(), prepend=offs.new_zeros(1).long()).tolist()
     y = x.new_empty(x.shape[0], w.shape[2])
     start = 0
     for e, c in enumerate(counts):

@@ -4,9 +4,12 @@ Operator cells (scope gemm+combine), timed region: grouped GEMM over rows sorted
 [R, K] x [E, K, N] -> [R, N], un-permute to source order, all_to_all_single back to the owners,
 gate-weighted scale -> [T, N].
 Layer cells (ffn > 0, scope layer), timed region from x [T, H] and the routing: sort by expert,
-counts exchange (+ the split sizes' host sync), dispatch all-to-all, rows grouped by expert
-(skipped where the received (source, expert) order already is), fc1, GELU, fc2, back to the
-received order, combine all-to-all, scale -> [T, H] (harness/dispatch.py).
+counts exchange, dispatch, rows grouped by expert (skipped where the received (source, expert)
+order already is), fc1, GELU, fc2, back to the received order, combine, scale -> [T, H].
+Param `dispatch` (harness/dispatch_device.py DISPATCHES): at W=1 "device" (the default, auto)
+needs no host sync (harness/dispatch_device.py), so the step captures in a CUDA graph; "nccl"
+is harness/dispatch.py's all-to-all dispatch with the split sizes' host sync (what W > 1 runs,
+one process per rank).
 The GEMM is torch._grouped_mm where it applies (Hopper, bf16), a per-expert matmul elsewhere.
 """
 
@@ -15,15 +18,41 @@ from __future__ import annotations
 import torch
 
 from harness import dispatch as ld
-from harness.experts import device_offsets, expert_gemm, expert_gemm_impl, ffn_experts
+from harness.dispatch_device import DISPATCHES, PlayedDispatch, dispatch_used
+from harness.experts import (
+    device_offsets,
+    expert_gemm,
+    expert_gemm_impl,
+    ffn_experts,
+    grouped_mm_usable,
+)
 from harness.reference import combine
 from harness.scale import Scaler
 from harness.system import CellInputs, System
+from harness.workload import WorkloadSpec
 
 
 class SerialSystem(System):
     name = "serial"
     layer_scope = True
+    PARAMS = {"dispatch": "auto"}
+
+    @classmethod
+    def unsupported(cls, spec: WorkloadSpec, params: dict) -> str | None:
+        if params["dispatch"] not in DISPATCHES:
+            return None  # validate's error
+        try:  # serial plays one rank a process: W > 1 is one process per rank
+            dispatch_used(params["dispatch"], spec.world_size, spec.world_size == 1)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    @classmethod
+    def validate(cls, spec: WorkloadSpec, params: dict, sm_count: int) -> None:
+        if params["dispatch"] not in DISPATCHES:
+            raise ValueError(
+                f"serial: dispatch must be one of {DISPATCHES}, got {params['dispatch']!r}"
+            )
 
     def setup(self, ranks: list[CellInputs]) -> None:
         (inputs,) = ranks
@@ -31,6 +60,7 @@ class SerialSystem(System):
             self._setup_layer(inputs)
             return
         self.layer = False
+        self.W = inputs.spec.world_size
         lay = inputs.layout
         dev = inputs.x_recv.device
         self.lay = lay
@@ -53,9 +83,16 @@ class SerialSystem(System):
     def _setup_layer(self, inputs: CellInputs) -> None:
         spec = inputs.spec
         self.layer = True
+        self.W = spec.world_size
         self.x, self.ids, self.gate = inputs.x, inputs.expert_ids, inputs.gate
         self.w1, self.w2 = inputs.w1, inputs.weights
-        self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, self.ctx.group)
+        self.used = dispatch_used(self.params["dispatch"], spec.world_size, spec.world_size == 1)
+        if self.used == "device":  # W=1: every row stays, no host sync
+            T, k = spec.tokens_per_rank, spec.top_k
+            played = PlayedDispatch(1, spec.experts_per_rank, T, k, self.x)
+            self.dispatch = lambda x, ids: played([x], [ids])[0]
+        else:
+            self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, self.ctx.group)
         self.rows = spec.tokens_per_rank * spec.top_k
         # one untimed forward's state, for the bounds
         self.d = self.dispatch(self.x, self.ids)
@@ -63,7 +100,8 @@ class SerialSystem(System):
         self.y_recv = ld.from_expert_order(self.d, self._experts(self.d, self.xs))
         self.y_back = ld.combine(self.d, self.y_recv, self.ctx.group)
         self._impl = expert_gemm_impl(self.xs, self.w1)
-        self.extra = {"host_syncs": 1, "permute": self.d.expert_pos is not None}
+        host_free = self.used == "device" and grouped_mm_usable(self.xs, self.w1)
+        self.extra = {"host_syncs": 0 if host_free else 1, "permute": self.d.expert_pos is not None}
 
     def _gemm(self) -> torch.Tensor:
         """Operator cells: the grouped GEMM, back in the received order [R, N]."""
@@ -83,6 +121,20 @@ class SerialSystem(System):
         if self.layer:
             return self._layer()
         return self.scale(combine(self._gemm(), self.lay, self.ctx.group))
+
+    def capture_blocker(self) -> str | None:
+        if not self.layer:
+            if self.W == 1:
+                return None
+            return "serial operator at W > 1: NCCL capture across processes not tried yet"
+        if self.used != "device":
+            return "dispatch=nccl: the split sizes' host sync"
+        if not grouped_mm_usable(self.xs, self.w1):
+            return "the per-expert matmul fallback needs the expert counts on the host"
+        return None
+
+    def resolved_params(self) -> dict:
+        return {"dispatch_used": self.used} if self.layer else {}
 
     def compute_only(self) -> torch.Tensor:
         """Everything forward does except the all-to-all(s) (scale reads the last combine's

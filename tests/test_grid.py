@@ -27,7 +27,7 @@ def test_a_system_without_a_sweep_runs_once_per_workload():
     overlap = [c for c in cells if c["system"] == "overlap"]
     assert len(serial) == workloads
     assert len(overlap) == workloads * 7 * 2  # its own cCTA x mgb sweep
-    assert all(c["params"] == {} for c in serial)
+    assert all(c["params"] == {"dispatch": "auto"} for c in serial)
     assert {(c["params"]["ccta"], c["params"]["mgb"]) for c in overlap} == {
         (c, m) for c in (2, 4, 8, 14, 16, 20, 24) for m in (1, 2)
     }
@@ -39,7 +39,7 @@ def test_params_fill_defaults_and_the_hash_covers_them():
     (point,) = system_points("overlap", {"params": {"ccta": 8}})
     assert point == {
         **{"ccta": 8, "mgb": 1, "tile_m": 128, "transport": ""},
-        **{"layout": "aligned", "order": "auto", "consumer": "own"},
+        **{"layout": "aligned", "order": "auto", "consumer": "own", "dispatch": "auto"},
     }
     cfg = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=8")
     cfg2 = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=4")

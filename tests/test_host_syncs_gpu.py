@@ -72,9 +72,11 @@ def test_operator_steps_of_serial_and_overlap_never_wait_for_the_device(tmp_path
     assert syncs.to_dict() == {"serial": 0.0, "overlap": 0.0}
 
 
-def test_layer_step_of_serial_waits_once_for_the_split_sizes(tmp_path):
-    syncs = run(
-        tmp_path / "layer.parquet", "experiment=layer_smoke", "experiment.select=[serial]",
-        "experiment.grid.routing=[balanced]",
-    )  # fmt: skip
+def test_layer_step_of_serial_waits_only_with_the_nccl_dispatch(tmp_path):
+    # W=1: the device dispatch (the default) needs no host sync, the NCCL one its split sizes'
+    base = ("experiment=layer_smoke", "experiment.select=[serial]", "measure.graph=false")
+    syncs = run(tmp_path / "layer.parquet", *base, "experiment.grid.routing=[balanced]")
+    assert syncs.to_dict() == {"serial": 0.0}
+    nccl = "+experiment.systems.serial.params.dispatch=nccl"
+    syncs = run(tmp_path / "nccl.parquet", *base, "experiment.grid.routing=[balanced]", nccl)
     assert syncs.to_dict() == {"serial": 1.0}

@@ -52,9 +52,10 @@ def _resolved(monkeypatch, params: dict, spec=None) -> OverlapParams:
     return seen["k"]
 
 
-def test_the_params_are_one_frozen_type_with_seven_knobs_importable_without_triton():
+def test_the_params_are_one_frozen_type_with_eight_knobs_importable_without_triton():
     assert P == OverlapParams().as_dict()
-    assert list(P) == ["ccta", "mgb", "tile_m", "transport", "layout", "order", "consumer"]
+    keys = ["ccta", "mgb", "tile_m", "transport", "layout", "order", "consumer", "dispatch"]
+    assert list(P) == keys
     assert P == {
         "ccta": 16,
         "mgb": 1,
@@ -63,6 +64,7 @@ def test_the_params_are_one_frozen_type_with_seven_knobs_importable_without_trit
         "layout": "aligned",
         "order": "auto",
         "consumer": "own",
+        "dispatch": "auto",
     }
     with pytest.raises(FrozenInstanceError):
         OverlapParams().ccta = 8  # type: ignore[misc]
@@ -118,10 +120,16 @@ def test_consumer_bounds_ccta():
     osys.OverlapSystem.validate(_spec(), {**P, "ccta": 500}, 0)  # SM count unknown: no bound
 
 
-def test_unsupported_skips_layer_loopback_at_several_ranks_only():
-    reason = osys.OverlapSystem.unsupported(_spec(ffn=128), {**P, "transport": "loopback"})
-    assert reason is not None and "loopback only at W=1" in reason
+def test_unsupported_names_a_dispatch_the_transport_cannot_run():
+    loop = {**P, "transport": "loopback"}
+    reason = osys.OverlapSystem.unsupported(_spec(ffn=128), {**loop, "dispatch": "nccl"})
+    assert reason is not None and "one process per rank" in reason
+    reason = osys.OverlapSystem.unsupported(
+        _spec(ffn=128), {**P, "transport": "p2p", "dispatch": "device"}
+    )
+    assert reason is not None and "dispatch=device needs one process" in reason
     for params, spec in (
+        (loop, _spec(ffn=128)),  # W > 1 loopback layers: the host-free dispatch
         ({**P, "transport": "p2p", "layout": "compact"}, _spec(ffn=128)),
         ({**P, "transport": "loopback", "consumer": "shared"}, _spec()),
         ({**P, "ccta": "auto"}, _spec()),

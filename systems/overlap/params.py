@@ -13,12 +13,17 @@ read it on any machine).
   consumer   own (the paper's: cCTA SMs of its own, one big consumer CTA each, the producer on
              SMs - cCTA) or shared (cCTA small consumer CTAs, kernels/consumer.py
              shared_consumer_config, next to the producer's CTAs on every SM)
+  dispatch   the layer scope's dispatch (harness/dispatch_device.py DISPATCHES): auto (device
+             where one process plays every rank: W=1 or loopback; nccl with one process per
+             rank), device (no host sync) or nccl (the all-to-all with its host sync)
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+from harness.dispatch_device import DISPATCHES, dispatch_used
 
 AUTO = "auto"
 TILE_MS = (64, 128)
@@ -54,6 +59,7 @@ class OverlapParams:
     layout: str = "aligned"
     order: str = AUTO
     consumer: str = "own"
+    dispatch: str = AUTO
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OverlapParams:
@@ -92,6 +98,7 @@ class OverlapParams:
         if mgb != AUTO and mgb < 1:
             raise ValueError(f"overlap: mgb must be >= 1, got {mgb}")
         _choice("layout", self.layout, LAYOUTS)
+        _choice("dispatch", self.dispatch, DISPATCHES)
         _choice("order", self.order, (*ORDERS, AUTO))
         if self.transport not in TRANSPORTS:
             raise ValueError(
@@ -105,9 +112,10 @@ class OverlapParams:
 
     def unsupported(self, spec: Any) -> str | None:
         """Why a valid cell cannot run (recorded as skipped with this reason), or None."""
-        if spec.ffn and spec.world_size > 1 and self.transport == "loopback":
-            return (
-                "overlap's layer scope plays one rank per process: loopback only at W=1; run "
-                "W>1 layer cells with one process per GPU (p2p or nvshmem)"
-            )
+        if spec.ffn and self.transport in ("p2p", "nvshmem", "loopback"):
+            try:  # "" is decided in setup by the number of processes
+                plays = self.transport == "loopback"
+                dispatch_used(self.dispatch, spec.world_size, plays)
+            except ValueError as exc:
+                return f"transport={self.transport}: {exc}"
         return None

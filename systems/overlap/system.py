@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import torch
 
 from harness import dispatch as ld
+from harness.dispatch_device import dispatch_used
 from harness.experts import activation, expert_gemm, grouped_mm_usable
 from harness.scale import Scaler
 from harness.system import CellInputs, System
@@ -183,7 +184,11 @@ class _LayerRank:
     once, in the dispatch, and every launch after it is on the step's critical path).
     """
 
-    def __init__(self, inp: CellInputs, transport, group, k: OverlapParams):
+    def __init__(
+        self, inp: CellInputs, transport, group, k: OverlapParams, first: ld.Dispatched | None
+    ):
+        """first: this rank's first dispatch by a host-free dispatch of every played rank
+        (harness/dispatch_device.py), or None: the rank dispatches itself (LayerDispatch)."""
         from systems.overlap.plan_device import DevicePlanBuilder, plan_bounds
 
         spec, tile_m, mgb, layout = inp.spec, k.tile_m, k.mgb, k.layout
@@ -192,7 +197,9 @@ class _LayerRank:
         self.x, self.ids, self.gate = inp.x, inp.expert_ids, inp.gate
         self.w1, self.w2 = inp.w1, inp.weights
         self.rank = inp.layout.rank
-        self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, group)
+        self.dispatch = None
+        if first is None:
+            self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, group)
         self.rows = spec.tokens_per_rank * spec.top_k
         self.plan_shape = dict(
             world_size=spec.world_size,
@@ -209,7 +216,10 @@ class _LayerRank:
         self.builder = DevicePlanBuilder(**self.plan_shape)  # every step's plan, in place
         self.y: torch.Tensor | None = None  # every step's fc2 output [P', N]
         # one untimed step's state (bounds, plan facts), in its own plan
-        self.held = self.stage_a(own_plan=True)
+        if first is None:
+            self.held = self.stage_a(own_plan=True)
+        else:
+            self.held = (first, *self.plan_for(first, own_plan=True))
         self.plan = self.held[1].trimmed()  # host view of the plan, for the row's facts
         self.runner = _runner(self.held[1], self.w2, transport, k)
         # band counters for the worst case of any step: every row of every rank comes here
@@ -235,7 +245,8 @@ class _LayerRank:
 
         if own_plan:
             ins = (d.recv_src, d.recv_expert, d.recv_dst_index)
-            plan = build_plan_device(*ins, send_counts=d.send_counts, **self.plan_shape)
+            n = None if d.received is None else d.received.n_rows
+            plan = build_plan_device(*ins, send_counts=d.send_counts, n_rows=n, **self.plan_shape)
             return plan, padded_input_device(d.x_recv, plan)
         return self.build(d.received), self.builder.padded_input(d.x_recv)
 
@@ -284,6 +295,16 @@ class _LayerRank:
         self._fc2_combine(plan, self.fc1(plan, x_pad))
         if self.spec.world_size > 1:
             self.runner.wait_received()  # every peer's rows of every step so far
+        return self.scale(d)
+
+    def experts(self, d: ld.Dispatched) -> None:
+        """After a host-free dispatch: stage A from its labels, fc1 + GELU, fc2 overlapped with
+        the combine's puts."""
+        plan, x_pad = self.plan_for(d)
+        self._fc2_combine(plan, self.fc1(plan, x_pad))
+
+    def scale(self, d: ld.Dispatched) -> torch.Tensor:
+        """out [T, H] from this rank's combine receive buffer."""
         return Scaler.on_device(d.pos, self.gate, self.rows)(self.runner.transport.recv)
 
     def compute_only(self) -> torch.Tensor:
@@ -292,12 +313,12 @@ class _LayerRank:
         d = self.held[0]
         plan, x_pad = self.plan_for(d)
         self._fc2_combine(plan, self.fc1(plan, x_pad), overlapped=False)
-        return Scaler.on_device(d.pos, self.gate, self.rows)(self.runner.transport.recv)
+        return self.scale(d)
 
     def comm_only(self) -> None:
         """The dispatch all-to-all and the consumer's combine alone (flags taken as set)."""
         d, plan, x_pad = self.held
-        if self.spec.world_size > 1:
+        if self.dispatch is not None and self.spec.world_size > 1:
             ld.redispatch(d, self.x, self.ids.shape[1], self.group)
         self.runner.use_plan(plan)
         self.runner.comm_only(self._y(x_pad.shape[0], self.x))
@@ -318,9 +339,14 @@ class _Layer:
         else:
             t = _peer_transport(name, group, spec, inp.x.device)
         self.name = name
-        self.layer = _LayerRank(inp, t, group, k)
+        self.layer = _LayerRank(inp, t, group, k, None)
         self.ranks = [self.layer]
         self.busy = 0
+        self.dispatch = "nccl"
+        self.timed_rank = 0
+
+    def capture_blocker(self) -> str | None:
+        return "dispatch=nccl: the split sizes' host sync"
 
     def forward(self) -> torch.Tensor:
         out = self.layer.step()
@@ -329,6 +355,62 @@ class _Layer:
 
     def timed(self) -> torch.Tensor:
         return self.layer.step()
+
+    def check(self) -> None:
+        self.layer.runner.check()
+
+
+class _PlayedLayer:
+    """The layer scope with one process playing every rank (W=1, or loopback at W > 1): the
+    host-free dispatch of every rank (harness/dispatch_device.py), then each rank's stage A,
+    fc1, fc2 overlapped with its combine puts into the LoopbackFabric, then each rank's scale.
+    No host synchronisation: the step captures in a CUDA graph. The timed region is the
+    whole step of every played rank in turn (at W > 1 a development proxy, never an
+    interconnect number); it returns every rank's output, stacked [W*T, H]."""
+
+    name = "loopback"
+    dispatch = "device"
+
+    def __init__(self, ranks: list[CellInputs], k: OverlapParams) -> None:
+        from harness.dispatch_device import PlayedDispatch
+        from systems.overlap.transport import LoopbackFabric
+
+        spec = ranks[0].spec
+        W, T, kk = spec.world_size, spec.tokens_per_rank, spec.top_k
+        x0 = ranks[0].x
+        self.played = PlayedDispatch(W, spec.experts_per_rank, T, kk, x0)
+        self.xs = [inp.x for inp in ranks]
+        self.ids = [inp.expert_ids for inp in ranks]
+        self.fabric = LoopbackFabric([T * kk] * W, spec.out, spec.torch_dtype, x0.device)
+        first = self.played(self.xs, self.ids)
+        self.ranks = [
+            _LayerRank(inp, self.fabric.transport(r), None, k, first[r])
+            for r, inp in enumerate(ranks)
+        ]
+        self.layer = self.ranks[0] if W == 1 else None  # the bounds: W=1 only
+        self.busy = 0
+        self.timed_rank = None if W > 1 else 0
+
+    def capture_blocker(self) -> str | None:
+        rk = self.ranks[0]
+        if not grouped_mm_usable(rk.x, rk.w1):
+            return "the per-expert fc1 fallback needs the expert counts on the host"
+        return None
+
+    def timed(self) -> torch.Tensor:
+        ds = self.played(self.xs, self.ids)
+        for rk, d in zip(self.ranks, ds):
+            rk.experts(d)
+        return torch.cat([rk.scale(d) for rk, d in zip(self.ranks, ds)])
+
+    def forward(self) -> torch.Tensor:
+        out = self.timed()
+        self.check()
+        return out
+
+    def check(self) -> None:
+        for rk in self.ranks:
+            rk.runner.check()
 
 
 class OverlapSystem(System):
@@ -370,9 +452,14 @@ class OverlapSystem(System):
         k = self._resolved(ranks[0].spec, name)
         self.layer = bool(ranks[0].spec.ffn)
         if self.layer:
-            if len(ranks) != 1:
-                raise ValueError("the layer scope needs one process per rank (or W=1)")
-            self.mode = _Layer(ranks[0], ctx.group, name, k)
+            spec = ranks[0].spec
+            plays = len(ranks) == spec.world_size and ctx.world_size == 1
+            self.used["dispatch_used"] = dispatch_used(k.dispatch, spec.world_size, plays)
+            if self.used["dispatch_used"] == "device":
+                self.mode = _PlayedLayer(ranks, k)
+            else:
+                self.mode = _Layer(ranks[0], ctx.group, name, k)
+            self.timed_rank = self.mode.timed_rank
         elif name == "loopback":
             if ctx.world_size != 1:
                 raise ValueError("loopback plays every rank in one process: run with 1 process")
@@ -405,9 +492,15 @@ class OverlapSystem(System):
             return time_fn(fn, device=dev, group=group, warmup=2, iters=10).median_ms
 
         if self.layer:  # both inside the timed region
-            self.metrics = {
+            m = self.mode
+            if m.dispatch == "device":
+                dispatch, group = (lambda: m.played(m.xs, m.ids)), None
+                self.metrics["recv_worst_mib"] = m.played.recv_mib
+            else:
+                dispatch, group = (lambda: rk.dispatch(rk.x, rk.ids)), self.ctx.group
+            self.metrics |= {
                 "plan_ms": t(lambda: rk.plan_for(rk.held[0])),
-                "dispatch_ms": t(lambda: rk.dispatch(rk.x, rk.ids), self.ctx.group),
+                "dispatch_ms": t(dispatch, group),
             }
             self.extra["plan_ms_scope"] = (
                 "inside the timed region: device plan + padded gather (plan_ms), after the "
@@ -455,6 +548,21 @@ class OverlapSystem(System):
 
     def timed(self) -> torch.Tensor:
         return self.mode.timed()
+
+    def capture_blocker(self) -> str | None:
+        if not self.layer:
+            return "overlap operator step: its band counters' epochs advance on the host"
+        return self.mode.capture_blocker()
+
+    def check_errors(self) -> None:
+        if self.layer:
+            self.mode.check()
+        else:
+            for rk in self.mode.ranks:
+                rk.runner.check()
+
+    def has_bounds(self) -> bool:
+        return not (self.layer and self.mode.layer is None)  # loopback layers at W > 1: none
 
     def compute_only(self) -> torch.Tensor:
         """Everything timed() does but the communication: producer on ALL SMs without flags

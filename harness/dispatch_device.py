@@ -1,0 +1,152 @@
+"""The layer's dispatch with no host synchronisation, when one process plays every rank.
+
+harness/dispatch.py's LayerDispatch exchanges counts and rows between processes with NCCL's
+all_to_all_single, whose uneven splits must be on the host: one host synchronisation a step.
+Here one process plays every rank of the cell (W=1, or loopback: W ranks on one GPU), so the
+ranks read each other's send metadata and tokens directly, and everything a step sizes is its
+worst case, fixed per cell: a rank receives at most W*T*k rows (every source sends it all its
+rows), so its receive buffer and labels have `bound` = W*T*k rows (T*k at W=1, where every row
+stays). The rows a step really receives (n_rows) and the per-expert offsets stay on the device,
+so a step captures whole in a CUDA graph.
+
+Per step, per source s: the stable sort of its routing's global experts and send_meta (its
+send order, positions and per-(destination, expert) counts and offsets, as LayerDispatch). The
+counts exchange is a transpose of the stacked metadata [W_src, W_dst, 2E]; each destination's
+rows are labelled at the bound (recv_rows: rows past n_rows are -1) and gathered in one
+index_select from the played ranks' stacked tokens (source s's send-order row j is token
+token_s[j] of s). Rows and labels follow harness/layout.py's order, as LayerDispatch's do.
+Memory: the receive buffers are W * bound * H elements (recv_bytes), checked before any
+allocation against what the device has free (a one-line error).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness import dispatch as ld
+
+#: a layer's dispatch: auto (device where one process plays every rank, else nccl), device
+#: (this module: no host sync) or nccl (harness/dispatch.py LayerDispatch: one host sync a step)
+DISPATCHES = ("auto", "device", "nccl")
+
+
+def dispatch_used(choice: object, world_size: int, plays_every_rank: bool) -> str:
+    """The dispatch a layer step runs for the asked `choice`; a one-line ValueError where it
+    cannot run this way (a choice outside DISPATCHES, device with one process per rank, nccl
+    with one process playing W > 1 ranks)."""
+    if choice not in DISPATCHES:
+        raise ValueError(f"dispatch must be one of {', '.join(DISPATCHES)}, got {choice!r}")
+    if choice == "auto":
+        return "device" if plays_every_rank else "nccl"
+    if choice == "device" and not plays_every_rank:
+        raise ValueError(
+            "dispatch=device needs one process to play every rank of the cell (W=1 or "
+            "loopback); with one process per rank run dispatch=nccl (or auto)"
+        )
+    if choice == "nccl" and plays_every_rank and world_size > 1:
+        raise ValueError("dispatch=nccl needs one process per rank at W > 1")
+    return str(choice)
+
+
+def recv_bytes(world_size: int, tokens: int, top_k: int, hidden: int, elem_bytes: int) -> int:
+    """Bytes of the worst-case receive buffers of every played rank: W * (W*T*k) * H."""
+    return world_size * world_size * tokens * top_k * hidden * elem_bytes
+
+
+class PlayedDispatch:
+    """dispatch(xs, ids) for every rank of a cell played by this process, host-free.
+
+    xs[r] [T, H] and ids[r] [T, k] (global experts) of rank r = 0..W-1; returns one
+    harness.dispatch.Dispatched per rank with x_recv [bound, H] (rows past n_rows are junk),
+    labels at the bound, and no host lists (send_splits, recv_splits, expert_rows are None).
+    The receive buffers are allocated once (their addresses stay, for graphs and launch memos).
+    device_labels: the Triton kernels (None: on a GPU; True on the CPU: the interpreter).
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        experts_per_rank: int,
+        tokens: int,
+        top_k: int,
+        like: torch.Tensor,
+        device_labels: bool | None = None,
+    ) -> None:
+        W, H = world_size, like.shape[1]
+        self.W, self.E, self.T, self.k = W, experts_per_rank, tokens, top_k
+        self.bound = W * tokens * top_k
+        need = recv_bytes(W, tokens, top_k, H, like.element_size())
+        if like.is_cuda:
+            free = torch.cuda.mem_get_info(like.device)[0]
+            if need > free:
+                raise ValueError(
+                    f"dispatch: the worst-case receive buffers need {need / 2**30:.1f} GiB "
+                    f"(W={W} ranks x W*T*k={self.bound} rows x H={H}), the GPU has "
+                    f"{free / 2**30:.1f} GiB free"
+                )
+        self.recv_mib = need / 2**20
+        on_device = like.is_cuda if device_labels is None else device_labels
+        if on_device:
+            from harness.kernels.dispatch import recv_rows, send_meta, split_sizes
+
+            self._ops = (send_meta, split_sizes, recv_rows)
+        else:
+            self._ops = (ld.send_meta_torch, ld.split_sizes_torch, None)
+        self.x_recv = like.new_empty(W, self.bound, H)
+
+    def _labels(self, counts: torch.Tensor, off: torch.Tensor, epos: bool):
+        """recv_rows at the bound; the torch path needs the real row count on the host (CPU
+        only) and pads its labels with -1 to the bound."""
+        recv_rows = self._ops[2]
+        if recv_rows is not None:
+            return recv_rows(counts, off, self.bound, epos)
+        src, exp, dst, pos, offs = ld.recv_rows_torch(counts, off, int(counts.sum()), epos)
+        pad = self.bound - src.numel()
+
+        def padded(t):
+            return None if t is None else torch.cat([t, t.new_full((pad,), -1)])
+
+        return padded(src), padded(exp), padded(dst), padded(pos), offs
+
+    def __call__(self, xs: list[torch.Tensor], ids: list[torch.Tensor]) -> list[ld.Dispatched]:
+        W, E, T, k = self.W, self.E, self.T, self.k
+        send_meta, split_sizes, _ = self._ops
+        sends = []
+        for r in range(W):  # each source's send side: (order, pos, token, meta)
+            keys, order = torch.sort(ids[r].reshape(-1), stable=True)
+            sends.append((order, *send_meta(keys, order, W, E, k)))
+        metas = torch.stack([m for *_, m in sends])  # [W_src, W_dst, 2E]
+        # source s's send-order row j is row s*T + token_s[j] of the stacked tokens
+        shift = torch.arange(W, device=metas.device).view(W, 1) * T
+        token_all = (torch.stack([t for _, _, t, _ in sends]) + shift).reshape(-1)  # [W*S]
+        x_all = torch.cat(xs) if W > 1 else xs[0]
+        S, epos = T * k, W > 1 and E > 1
+        out = []
+        for d in range(W):
+            got = metas[:, d].contiguous()  # [W_src, 2E]: what every source sends rank d
+            counts, off = got.view(W, E, 2)[..., 0], got.view(W, E, 2)[..., 1]
+            sizes = split_sizes(metas[d], got, W, E)
+            src, expert, dst, expert_pos, offs = self._labels(counts, off, epos)
+            rows = token_all.index_select(0, (src * S + dst).clamp_min(0))
+            torch.index_select(x_all, 0, rows, out=self.x_recv[d])
+            received = ld.Received(src, expert, dst, sizes[2 * W + E :], sizes[:W])
+            order, pos, _, _ = sends[d]
+            out.append(
+                ld.Dispatched(
+                    x_recv=self.x_recv[d],
+                    send_order=order,
+                    pos=pos.view(T, k),
+                    send_counts=sizes[:W],
+                    recv_counts=counts,
+                    recv_expert=expert,
+                    recv_src=src,
+                    recv_dst_index=dst,
+                    expert_pos=expert_pos,
+                    offs=offs,
+                    send_splits=None,
+                    recv_splits=None,
+                    expert_rows=None,
+                    received=received,
+                )
+            )
+        return out
