@@ -169,15 +169,20 @@ def memory_bytes(cfg: Any) -> int | None:
 def rank_floor_bytes(cell: dict) -> int:
     """A lower bound on one rank's bytes for a workload cell: its tokens x [T, K], its experts'
     weights (E x K x N; an FFN cell E x 2 x H x F), its expert rows out [T * k, N] (the busiest
-    rank receives at least the mean) and the combined output [T, N]. 0 for a cell that is not
-    a workload (another experiment's own kind of cell)."""
+    rank receives at least the mean) and the combined output [T, N]; an FFN cell whose system
+    dispatches on the device (params dispatch auto or device) also its worst-case receive
+    buffer [W * T * k, K] (harness/dispatch_device.py). 0 for a cell that is not a workload
+    (another experiment's own kind of cell)."""
     keys = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "dtype")
     if not all(k in cell for k in keys) or cell["dtype"] not in DTYPES:
         return 0
     t, k, n, e, top = (int(cell[a]) for a in keys[:5])
     f = int(cell.get("ffn", 0) or 0)
     weights = e * 2 * k * f if f else e * k * n
-    return (t * k + weights + t * top * n + t * n) * DTYPES[cell["dtype"]].itemsize
+    worst = 0
+    if f and (cell.get("params") or {}).get("dispatch") in ("auto", "device"):
+        worst = int(cell.get("world_size", 1) or 1) * t * top * k
+    return (t * k + weights + t * top * n + t * n + worst) * DTYPES[cell["dtype"]].itemsize
 
 
 def check_memory(cfg: Any, cells: list[dict], world: int, one_rank: bool = False) -> None:
