@@ -6,6 +6,10 @@ Definition (the project owns it; PAPER.md suggests it):
     sampling without replacement from p (the same law as torch.multinomial(replacement=False)).
     Gate weights are a softmax over top_k seeded logits, so they sum to one per token.
 
+Two draws of that one law: redrawing collisions (every cell whose expected redraws are few,
+so every committed table's routing), and an exponential race for the rest, such as top_k = E
+under stress_skew, where the last slots would redraw for hours (sample_topk says which).
+
     balanced       s = 0.0
     moderate_skew  s = 0.8
     stress_skew    s = 1.6
@@ -37,17 +41,39 @@ def popularity(n_experts: int, s: float) -> torch.Tensor:
     return p / p.sum()
 
 
+#: the collision redraw serves a cell up to this many expected draws per token (worst case);
+#: above it the exponential race does, so the routing of every cell the redraw finishes
+#: quickly stays as it was drawn before the race existed
+REDRAW_MAX_DRAWS = 32.0
+#: elements of one chunk of the race's keys [tokens, experts] (bounds its memory)
+RACE_CHUNK = 1 << 22
+
+
+def redraw_cost(n_experts: int, top_k: int, s: float) -> float:
+    """Expected draws per token of the collision redraw, worst case: the sum over slots j of
+    1 / (the mass outside the j most popular experts), which bounds a slot's redraws."""
+    p = popularity(n_experts, s)
+    outside = torch.flip(torch.cumsum(torch.flip(p, [0]), 0), [0])[:top_k]  # sum_{g >= j} p_g
+    return float((1.0 / outside.clamp_min(1e-300)).sum())
+
+
 def sample_topk(
     n_tokens: int, n_experts: int, top_k: int, s: float, gen: torch.Generator
 ) -> torch.Tensor:
-    """Top-k distinct expert ids [n_tokens, top_k] (int64) drawn from popularity (g+1)^-s.
-
-    Successive sampling without replacement: slot j draws from p by inverse CDF, and tokens whose
-    draw collides with an earlier slot redraw until none collide. Vectorised over tokens; loops
-    only over slots and collision rounds.
-    """
+    """Top-k distinct expert ids [n_tokens, top_k] (int64) drawn from popularity (g+1)^-s by
+    successive sampling without replacement: the collision redraw (_redraw) where its expected
+    cost redraw_cost is at most REDRAW_MAX_DRAWS, else the exponential race (_race)."""
     if top_k > n_experts:
         raise ValueError(f"top_k={top_k} exceeds the number of experts {n_experts}")
+    if redraw_cost(n_experts, top_k, s) <= REDRAW_MAX_DRAWS:
+        return _redraw(n_tokens, n_experts, top_k, s, gen)
+    return _race(n_tokens, n_experts, top_k, s, gen)
+
+
+def _redraw(n_tokens: int, n_experts: int, top_k: int, s: float, gen: torch.Generator):
+    """[n_tokens, top_k]: slot j draws from p by inverse CDF, and tokens whose draw collides
+    with an earlier slot redraw until none collide. Vectorised over tokens; loops only over
+    slots and collision rounds (slow where the experts left to a slot hold little mass)."""
     cdf = torch.cumsum(popularity(n_experts, s), 0)
     cdf[-1] = 1.0
     ids = torch.empty(n_tokens, top_k, dtype=torch.int64)
@@ -64,6 +90,22 @@ def sample_topk(
             todo = todo[clash]
         ids[:, j] = col
     return ids
+
+
+def _race(n_tokens: int, n_experts: int, top_k: int, s: float, gen: torch.Generator):
+    """[n_tokens, top_k]: every expert g of a token gets the key X_g / p_g, X_g ~ Exp(1); the
+    top_k smallest keys in increasing order are a draw of successive sampling without
+    replacement (the first is expert g with probability p_g, the next from the rest, ...).
+    Work n_tokens x n_experts whatever the skew, in chunks of RACE_CHUNK keys."""
+    p = popularity(n_experts, s)
+    rows = max(1, RACE_CHUNK // n_experts)
+    out = []
+    for t0 in range(0, n_tokens, rows):
+        n = min(rows, n_tokens - t0)
+        u = torch.rand(n, n_experts, generator=gen, dtype=torch.float64)
+        keys = -torch.log1p(-u) / p  # -log(1 - u) ~ Exp(1), finite for u in [0, 1)
+        out.append(torch.topk(keys, top_k, dim=1, largest=False, sorted=True).indices)
+    return torch.cat(out) if out else torch.empty(0, top_k, dtype=torch.int64)
 
 
 @dataclass(frozen=True)
