@@ -13,6 +13,8 @@ import hashlib
 import json
 import os
 import platform
+import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -276,6 +278,7 @@ class ResultsTable:
                     f"cannot write the table {self.path}: {p} is a file, not a directory; "
                     "choose a writable path with table=<path>"
                 )
+        self.refuse_read_only()
         try:
             parent.mkdir(parents=True, exist_ok=True)
             fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{self.path.name}.", suffix=".probe")
@@ -286,8 +289,21 @@ class ResultsTable:
                 f"cannot write the table {self.path} ({exc.strerror or exc}); "
                 "choose a writable path with table=<path>"
             ) from exc
-        if self.path.exists() and not os.access(self.path, os.W_OK):
-            raise HarnessUserError(f"table {self.path} is read-only; choose another with table=")
+
+    def refuse_read_only(self) -> None:
+        """A HarnessUserError if the table, or the folder it is (or would be) written in, is
+        read-only: by os.access and by the mode bits, since os.access is always true for root
+        (who would rewrite a table of mode 0444 or one in a folder of mode 0555)."""
+        folder = next((p for p in self.path.parents if p.exists()), Path("."))
+        for p, what in ((self.path, "it"), (folder, f"its folder {folder}")):
+            if not p.exists():
+                continue
+            mode = p.stat().st_mode
+            if not os.access(p, os.W_OK) or not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+                raise HarnessUserError(
+                    f"cannot write the table {self.path}: {what} is read-only (mode "
+                    f"{stat.filemode(mode)}); make it writable or choose another with table=<path>"
+                )
 
     def load(self) -> pd.DataFrame:
         return read_table(self.path)
@@ -308,6 +324,7 @@ class ResultsTable:
         if not rows:
             return
         new = pd.DataFrame([row_dict(r) for r in rows])
+        self.refuse_read_only()  # also a table made read-only while the run went on
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self.lock:
@@ -331,6 +348,8 @@ class ResultsTable:
         tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
             df.to_parquet(tmp, index=False)
+            if self.path.exists():  # the table keeps its permissions
+                shutil.copymode(self.path, tmp)
             os.replace(tmp, self.path)
         finally:
             if os.path.exists(tmp):
