@@ -4,7 +4,10 @@ cell's rows), and the Reporter that tells the supervising parent which cell runs
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 import threading
 import time
 import traceback
@@ -33,18 +36,43 @@ from harness.system import RunContext
 
 #: bound on a rank's start (imports, rendezvous) before its first cell, in seconds
 STARTUP_S = 120.0
+#: prctl(2) option: the signal the kernel sends a process when its parent ends (Linux)
+PR_SET_PDEATHSIG = 1
 
 
 # ------------------------------------------------------------------------------- the ranks
 
 
+def end_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel SIGKILL this rank the moment the process that spawned it ends
+    (prctl PR_SET_PDEATHSIG), also a rank that is stopped or blocked in a collective, so a
+    parent killed with SIGKILL leaves no rank that holds a GPU or writes a row. The Reporter's
+    heartbeat notices a lost parent too (any platform), within one beat."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no usable libc: the heartbeat still notices
+            pass
+    if os.getppid() != parent_pid:  # the parent ended before the signal was asked for
+        os._exit(1)
+
+
 class Reporter:
     """A rank's reports to the supervising parent through its own pipe (one writer per pipe, so
-    a rank killed or stopped mid-write cannot block another rank's reports). Without a parent
-    (torchrun) it only draws rank 0's progress bar."""
+    a rank killed or stopped mid-write cannot block another rank's reports). With a parent, a
+    heartbeat every `beat_s`; when the parent is gone (the pipe broke, or the parent process
+    `parent_pid` is no longer this process's parent) the rank ends at once, writing nothing.
+    Without a parent (torchrun) it only draws rank 0's progress bar."""
 
-    def __init__(self, rank: int, conn: Connection | None, beat_s: float, bar: Any = None):
-        self.rank, self.conn, self.bar = rank, conn, bar
+    def __init__(
+        self,
+        rank: int,
+        conn: Connection | None,
+        beat_s: float,
+        bar: Any = None,
+        parent_pid: int | None = None,
+    ):
+        self.rank, self.conn, self.bar, self.parent_pid = rank, conn, bar, parent_pid
         #: indexes of the cells whose rows this rank wrote
         self.written_cells: set[int] = set()
         self._lock = threading.Lock()
@@ -56,12 +84,18 @@ class Reporter:
             with self._lock:
                 self.conn.send(msg)
 
+    def check_parent(self) -> None:
+        """End this process now if its supervising parent is gone (a no-op without one)."""
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            os._exit(1)
+
     def _beat(self, every: float) -> None:
         while True:
             try:
                 self.send("beat")
-            except OSError:
-                return
+            except OSError:  # the parent's end of the pipe closed: nobody supervises this rank
+                os._exit(1)
+            self.check_parent()
             time.sleep(every)
 
     def cell(self, index: int) -> None:
@@ -189,6 +223,7 @@ def _walk(ctx: RunContext, cfg: Any, todo: list[dict], report: Reporter) -> None
                 if r.status == "error" and looks_like_comm_failure(r.reason):
                     raise CommFailure(r.reason)
             if ctx.rank == 0:
+                report.check_parent()  # an orphaned rank writes no row
                 table.append(_stamp(rows, cfg, ctx))
                 report.written(i, rows)
             lost += [
@@ -206,9 +241,11 @@ def spawn_entry(
     cells: list[dict],
     rendezvous: tuple[str, int],
     conn: Connection,
+    parent_pid: int,
 ) -> None:
+    end_with_parent(parent_pid)
     beat_s = min(0.5, float(cfg_dict["hardware"]["timeout_s"]) / 10)
-    report = Reporter(rank, conn, beat_s)
+    report = Reporter(rank, conn, beat_s, parent_pid=parent_pid)
     try:
         worker(rank, world, rank, cfg_dict, cells, report, rendezvous)
     except BaseException as exc:  # noqa: BLE001 - reported once to the parent, which decides

@@ -183,14 +183,16 @@ def progress_bar(cfg: Any, total: int):
 def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
     """Spawn one process per rank and supervise them: the reason the run stopped (None when it
     did not), the indexes of the cells whose rows rank 0 wrote, and the index of the unwritten
-    cell in flight when it stopped (None when there is none)."""
+    cell in flight when it stopped (None when there is none). A rank ends as soon as this
+    process does, also by SIGKILL (harness.rank.end_with_parent: on Linux when the thread that
+    called this ends, so call it from a thread that lives as long as the run)."""
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     ctx = mp.get_context("spawn")
     rendezvous = ("127.0.0.1", _free_port())
     ranks = []
     for rank in range(plan.world):
         recv, send = ctx.Pipe(duplex=False)
-        args = (rank, plan.world, cfg_dict, plan.todo, rendezvous, send)
+        args = (rank, plan.world, cfg_dict, plan.todo, rendezvous, send, os.getpid())
         proc = ctx.Process(target=spawn_entry, args=args, name=f"harness-rank{rank}")
         proc.start()
         send.close()
