@@ -27,7 +27,7 @@ pytestmark = pytest.mark.gpu
 CALLS = 6
 
 
-def _worker(rank: int, world: int, port: int, bound_scale: float, errs) -> None:
+def _worker(rank: int, world: int, port: int, bound_scale: float, dispatch: str, errs) -> None:
     from harness.measure import cell_inputs
     from harness.models import owned_inputs
     from harness.system import RunContext
@@ -53,9 +53,10 @@ def _worker(rank: int, world: int, port: int, bound_scale: float, errs) -> None:
             inputs, ref = cell_inputs(ctx, dataclasses.replace(spec, routing=routing), [rank])
             calls.append((owned_inputs(inputs[0]), ref.float().clone()))
         held = owned_inputs(calls[0][0])
-        system = OverlapSystem(ctx, {"transport": "p2p" if world > 1 else "loopback"})
+        transport = "p2p" if world > 1 else "loopback"
+        system = OverlapSystem(ctx, {"transport": transport, "dispatch": dispatch})
         system.setup([held])
-        dispatch = system.mode.layer.dispatch
+        dispatch = system.mode.layer.dispatch  # None: the host-free dispatch (no bound)
         if bound_scale:  # the labels' bound at bound_scale x this rank's rows T*k
             dispatch.bound = int(bound_scale * spec.tokens_per_rank * spec.top_k)
         from triton.runtime.jit import JITFunction
@@ -84,7 +85,7 @@ def _worker(rank: int, world: int, port: int, bound_scale: float, errs) -> None:
             want = calls[i % 2][1]
             errs[rank * (CALLS + 2) + i] = float((out.float() - want).norm() / want.norm())
         errs[rank * (CALLS + 2) + CALLS] = len(through_triton)
-        errs[rank * (CALLS + 2) + CALLS + 1] = dispatch.regrown
+        errs[rank * (CALLS + 2) + CALLS + 1] = 0 if dispatch is None else dispatch.regrown
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -93,20 +94,22 @@ def _worker(rank: int, world: int, port: int, bound_scale: float, errs) -> None:
 @pytest.mark.skipif(gpu_world() < 2, reason="needs 2 GPUs (one process per GPU)")
 def test_layer_follows_a_routing_that_changes_between_calls():
     """W = every visible GPU (up to 8), one process each."""
-    got = run_ranks(_worker, gpu_world(), CALLS + 2, 0.0)
+    got = run_ranks(_worker, gpu_world(), CALLS + 2, 0.0, "auto")
     assert max(max(e[:CALLS]) for e in got) < 8e-3, got
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("bound_scale", [0.0, 1.5, 0.5])
-def test_layer_follows_a_routing_that_changes_between_calls_on_one_gpu(bound_scale):
+@pytest.mark.parametrize(
+    "bound_scale, dispatch", [(0.0, "device"), (0.0, "nccl"), (1.5, "nccl"), (0.5, "nccl")]
+)
+def test_layer_follows_a_routing_that_changes_between_calls_on_one_gpu(bound_scale, dispatch):
     """W=1: one plan object rewritten in place every call, and from the third call on no
     overlap kernel goes through Triton's launch path (every launch remembered). With the
     dispatch's label bound set (bound_scale x T*k) the W > 1 paths run on one GPU: at 1.5 the
     labels, the plan, fc1's GELU and the padded gather run at a bound past the real rows; at
     0.5 the first call receives more rows than the bound, labels and plans again after the
-    sync and grows the bound once."""
-    got = run_ranks(_worker, 1, CALLS + 2, bound_scale)[0]
+    sync and grows the bound once (the NCCL dispatch's bound; the device dispatch has none)."""
+    got = run_ranks(_worker, 1, CALLS + 2, bound_scale, dispatch)[0]
     assert max(got[:CALLS]) < 8e-3, got
     assert got[CALLS] == 0, f"{got[CALLS]:.0f} launches through Triton after the second call"
     assert got[CALLS + 1] == (1 if bound_scale == 0.5 else 0), got
