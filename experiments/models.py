@@ -12,7 +12,9 @@ Per cell:
              near-tie cannot flip a token between two bf16 runs): (a) every MoE call against the
              float32 oracle on the same inputs (harness.check, measure.tol), (b) the model output
              against the reference model's (the same model with the float32 oracle as MoE),
-             options.model_tol; both agreed over the ranks. A failure records `fail`, no latency
+             options.model_tol; both agreed over the ranks. A failure records `fail`, no latency.
+             The row's `tol` is model_tol (it gates max_rel_err, the output's error), m_moe_tol
+             is measure.tol (it gates m_moe_max_rel_err, the worst MoE call's)
   4 timed    the plain forward (the model's own routing), harness.timing.time_fn: latency_ms;
              the MoE calls inside it timed per forward (events around system.timed(), summed):
              m_moe_ms
@@ -280,10 +282,18 @@ def _agreed(ctx: RunContext, res: CheckResult) -> tuple[bool, float, float]:
     return ok, worst(res.max_rel_err), worst(res.max_row_rel_err)
 
 
+def gate_tolerances(cfg: Any, row: ModelRow) -> tuple[float, float]:
+    """(measure.tol, model_tol), the two tolerances of the check, recorded in the row: `tol` is
+    the one that gates its max_rel_err (the model output's), m_moe_tol that of each MoE call."""
+    tol, model_tol = float(cfg.measure.tol), float(options(cfg)["model_tol"])
+    row.tol, row.metrics["moe_tol"] = model_tol, tol
+    return tol, model_tol
+
+
 def checked_forward(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, moe: SystemMoE):
     """Step 3 (and 5): the forced-routing forward, checks (a) and (b); False after a failure
     (the row then says which and why). Returns the model output on success."""
-    tol, model_tol = float(cfg.measure.tol), float(options(cfg)["model_tol"])
+    tol, model_tol = gate_tolerances(cfg, row)
     checked = _Checked(moe, ref.oracle, tol)
     out = ref.model(ref.x0, checked, forced=ref.ids)
     a = checked.worst()
@@ -304,6 +314,7 @@ def checked_forward(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, mo
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
     m = spec_of(cell)
     row = _row(cell, m)
+    gate_tolerances(cfg, row)
     reason = skip_reason(ctx, cell, m)
     if reason is not None:
         row.status, row.reason = "skipped", reason

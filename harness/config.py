@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,3 +114,23 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
     cs.store(group="hardware", name="base_hardware", node=HardwareConf)
     cs.store(group="experiment", name="base_experiment", node=ExperimentConf)
+
+
+def nearest_key(key: str) -> str | None:
+    """The schema's key nearest a misspelt dotted `key` (difflib on each part below a typed
+    node; the parts below an untyped node, such as experiment.systems, kept), or None when no
+    part is near a key or `key` is a key of the schema already."""
+    node: Any = Config
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(node):
+            break
+        names = [f.name for f in dataclasses.fields(node)]
+        if part not in names:
+            close = difflib.get_close_matches(part, names, n=1, cutoff=0.6)
+            if not close:
+                return None
+            parts[i] = close[0]
+        node = typing.get_type_hints(node).get(parts[i])
+    fixed = ".".join(parts)
+    return fixed if fixed != key else None

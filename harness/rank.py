@@ -167,10 +167,13 @@ def worker(
 
 
 def _stamp(rows: list[Row], cfg: Any, ctx: RunContext) -> list[Row]:
-    """Every row says how it was run (the settings that are part of its cell hash)."""
+    """Every row says how it was run (the settings that are part of its cell hash); `tol` is
+    measure.tol unless the experiment recorded the tolerance that gated the row itself."""
     for r in rows:
         r.hardware, r.backend = cfg.hardware.name, ctx.backend
-        r.warmup, r.iters, r.tol = cfg.measure.warmup, cfg.measure.iters, cfg.measure.tol
+        r.warmup, r.iters = cfg.measure.warmup, cfg.measure.iters
+        if r.tol != r.tol:  # NaN: not set by the experiment
+            r.tol = cfg.measure.tol
     return rows
 
 

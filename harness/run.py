@@ -9,8 +9,10 @@ On one node the parent spawns W ranks (one process per GPU with NCCL, or W CPU p
 gloo) and supervises them: every rank reports each cell it starts and a heartbeat through its
 own pipe. A rank that dies, fails, or makes no progress for `hardware.timeout_s` (a stalled
 peer, a hung collective or kernel) ends the whole run within that bound: the parent kills every
-rank and prints one line naming the rank and the cell. Rank 0 writes each cell's rows as soon as
-every rank finished it; the cell in flight is lost and runs again on the next (plain) re-run.
+rank and prints one line naming the rank and the cell; a parent that ends, even by SIGKILL,
+takes its ranks with it (harness.rank.end_with_parent), and they write nothing. Rank 0 writes
+each cell's rows as soon as every rank finished it; the cell in flight is lost and runs again
+on the next (plain) re-run.
 With `hardware.restarts=n` (n > 0) the parent instead records that cell as `error` (reason
 `crashed: ...`) and starts fresh ranks for the remaining cells, up to n times per run. A cell
 that ends in a sticky CUDA error (an illegal memory access) is recorded as `error`, then its rank
@@ -26,8 +28,10 @@ cells, heartbeats); this module composes them and prints the end.
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -38,7 +42,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import register_configs
+from harness.config import nearest_key, register_configs
 from harness.errors import HarnessUserError, is_comm_failure
 from harness.preflight import Plan, dry_run, preflight, resolve_world, start_message, table_path
 from harness.rank import Reporter, worker
@@ -263,26 +267,49 @@ class _HeldStderr(io.TextIOBase):
         self.real.flush()
 
 
+#: Hydra's hints, dropped from its messages (the one line says what to do instead)
+HYDRA_HINTS = ("To append to your config", "Set the environment variable", "Available options")
+
+
 def hydra_error_line(text: str) -> str:
-    """One line from Hydra's composition error message: its statements joined, the choices of a
-    missing group listed (not the schema bases), its hints (`+key`, HYDRA_FULL_ERROR), search
-    path and indented details dropped; a trace: its last line."""
+    """One line from Hydra's error message before the task starts: its statements joined, the
+    choices of a missing group listed (not the schema bases), the key nearest a misspelt one,
+    its hints (`+key`, HYDRA_FULL_ERROR), search path and indented details dropped; a trace:
+    its exception line (an OSError: the run folder Hydra could not create or write)."""
     lines = [x.rstrip() for x in text.splitlines() if x.strip()]
     if any(x.startswith("Traceback") for x in lines):
-        return lines[-1].strip()
+        return _trace_line([x for x in lines if not x.startswith(HYDRA_HINTS)])
     choices = [
         x.strip()
         for x in lines
         if x.startswith("\t") and "provider=" not in x and not x.strip().startswith("base_")
     ]
-    drop = ("To append to your config", "Set the environment variable", "Available options")
     keep = [
         x.strip().rstrip(".")
         for x in lines
-        if not x[0].isspace() and not x.startswith(drop) and x.strip() != "Config search path:"
+        if not x[0].isspace() and not x.startswith((*HYDRA_HINTS, "Config search path:"))
     ]
     out = "; ".join(keep) or "the configuration did not compose"
+    typo = re.search(r"Could not override '([^']+)'", text)
+    near = nearest_key(typo.group(1)) if typo else None
+    if near:
+        out += f"; did you mean {near}?"
     return out + (f"; choices: {', '.join(choices)}" if choices else "")
+
+
+def _trace_line(lines: list[str]) -> str:
+    """The exception line of a trace (its last unindented line); for an OSError, such as a run
+    folder under a file or without write permission, what Hydra was doing and the way out."""
+    line = next((x.strip() for x in reversed(lines) if not x[0].isspace()), "")
+    name = line.split(":", 1)[0]
+    kind = getattr(builtins, name, None)
+    if isinstance(kind, type) and issubclass(kind, OSError):
+        line += (
+            "; Hydra could not create or write its run folder (hydra.run.dir, with -m "
+            "hydra.sweep.dir; results/hydra/ by default): make it writable or choose another "
+            "with hydra.run.dir=<folder>"
+        )
+    return line or "Hydra failed before the run started"
 
 
 def _main() -> None:

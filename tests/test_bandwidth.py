@@ -108,7 +108,8 @@ def test_an_option_of_the_wrong_kind_is_one_line(option, message):
     from harness.config import register_configs
 
     register_configs()
-    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), "1.3"):
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(conf, version_base="1.3"):
         cfg = compose("config", overrides=["experiment=bandwidth", "hardware=cpu", option])
     with pytest.raises(ValueError) as exc:
         bandwidth.cells(cfg, 1)
@@ -124,7 +125,7 @@ def test_a_loopback_fabric_larger_than_the_memory_is_one_line(monkeypatch):
 
     register_configs()
     conf = str(Path(__file__).resolve().parents[1] / "conf")
-    with initialize_config_dir(conf, "1.3"):
+    with initialize_config_dir(conf, version_base="1.3"):
         base = ["experiment=bandwidth", "hardware=h200", "hardware.world_size=1"]
         ok = compose("config", overrides=base)
         big = compose("config", overrides=[*base, "experiment.options.loopback_ranks=64"])
@@ -136,7 +137,7 @@ def test_a_loopback_fabric_larger_than_the_memory_is_one_line(monkeypatch):
     assert "loopback_ranks=64 needs 1536.0 GiB" in str(exc.value)
     assert "more than the 64.0 GiB here" in str(exc.value) and "\n" not in str(exc.value)
     # with several processes (or on the CPU) the loopback cells are skipped: nothing to check
-    with initialize_config_dir(conf, "1.3"):
+    with initialize_config_dir(conf, version_base="1.3"):
         two = compose(
             "config",
             overrides=[
