@@ -24,7 +24,7 @@ tests() {  # tests <timeout> <pytest args...>
 }
 experiment() {  # experiment <name>: run it into $OUT/<name>.parquet, resumed from the reference
   local table="$OUT/$1.parquet" ref="results/reference/$MACHINE/$1.parquet"
-  [ -f "$table" ] || [ ! -f "$ref" ] || cp "$ref" "$table"
+  [ -f "$table" ] || [ ! -f "$ref" ] || { cp "$ref" "$table" && chmod u+w "$table"; }
   timeout "${STEP_S:-520}" python3 -m harness.run "experiment=$1" hardware=h200 progress=false table="$table" "${extra[@]}" 2>&1 | tee "$OUT/$1.log" | tail -8
   python3 -m benchmarks.table_summary "$table" | tail -40
 }

@@ -84,11 +84,12 @@ def test_rows_write_params_as_p_columns():
     assert "params" not in d and "ccta" not in d
 
 
-def test_the_committed_layer_table_resumes_after_the_rehash_migration():
+def test_the_committed_layer_table_resumes_after_the_migrations():
     # results/reference/migrations/2026_12_03_params_rehash.py gave the overlap p2p rows of
     # the reference layer table that ran local=direct today's hash of their cell (they ran the
     # remote-first order, the only one then); the rows before the `local` knob (no p_local:
-    # they ran the retired copy path) kept their old hash, a cell of no grid now
+    # they ran the retired copy path) kept their old hash, a cell of no grid now.
+    # 2026_12_03_dispatch_param.py gave serial's and overlap's rows the dispatch they ran (nccl)
     import pandas as pd
 
     ref = ROOT / "results/reference/h200x2/layer.parquet"
@@ -96,14 +97,18 @@ def test_the_committed_layer_table_resumes_after_the_rehash_migration():
     p2p = df[(df["system"] == "overlap") & (df["transport"] == "p2p")]
     old = set(p2p[p2p["p_local"].isna()]["cell_hash"])
     new = set(p2p[p2p["p_local"] == "direct"]["cell_hash"])
-    # the committed rows were timed eagerly: they resume under measure.graph=false
-    eager = "measure.graph=false"
+    # the committed rows were timed eagerly with the NCCL dispatch: they resume so
+    ran = (
+        "measure.graph=false",
+        "+experiment.systems.overlap.params.dispatch=nccl",
+        "+experiment.systems.serial.params.dispatch=nccl",
+    )
     first = _compose(
-        "experiment=layer", "+experiment.systems.overlap.params.order=remote_first", eager
+        "experiment=layer", "+experiment.systems.overlap.params.order=remote_first", *ran
     )
     direct = {c["cell_hash"] for c in expand_grid(first, 2)}
     assert old and new and new <= direct and not old & direct
-    auto = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer", eager), 2)}
+    auto = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer", *ran), 2)}
     assert not (old | new) & auto  # the default order ("auto") is a new cell
     assert set(df[df["system"] != "overlap"]["cell_hash"]) <= auto  # every baseline row resumes
     graphed = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}

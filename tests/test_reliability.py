@@ -496,7 +496,7 @@ def test_2_rounds_interleave_the_systems_of_a_workload():
     def prepare(ctx, cfg, cell):
         log.append(("setup", cell["system"]))
         row = SimpleNamespace(status="ok")
-        return measure._Prepared(row, SimpleNamespace(extra={}), None, None)
+        return measure._Prepared(row, SimpleNamespace(extra={}, timed=None), None, None)
 
     def time_it(ctx, cfg, p, iters, warmup):
         log.append(("time", p.system, iters, warmup))
