@@ -1,7 +1,9 @@
 """Regenerate every figure from results/*.parquet and results/reference/**/*.parquet.
 
-Each table's file name (its experiment) picks the figure script in FIGURES; the figure is named
-after the table's path so reference and local tables never overwrite each other.
+Each table's file name (its experiment) picks the figure script in FIGURES; figures are named by
+experiment and machine (figure_names): `reference_<machine>_<experiment>` for a committed table,
+`<machine>_<experiment>` for a local one (the machine of its newest rows), so reference and local
+tables never overwrite each other. results/REPORT.md indexes the committed tables' figures.
 
 A figure that cannot be redrawn never stays behind looking current: its old files are removed.
 A table that cannot be read whole (a damaged footer or a damaged page in the middle), or a figure
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plots.common import FIG_DIR
+from plots.common import FIG_DIR, machine
 
 #: figure script -> the experiments (table stems) it draws
 _DRAWS = {
@@ -27,14 +29,69 @@ _DRAWS = {
     "placement": "operator_consumer_loopback", "padding": "padding", "ccta_sweep": "overlap_ccta",
     "bandwidth": "bandwidth", "layer": "layer", "experts": "experts", "models": "models",
     "ccta_mgb": "ccta_mgb ccta_auto", "correctness": "correctness correctness_loopback",
-    "producer": "producer",
+    "producer": "producer", "functional": "overlap_functional",
 }  # fmt: skip
 #: experiment (table stem) -> plot module with plot(table, out_dir, name)
 FIGURES = {stem: f"plots.{m}" for m, stems in _DRAWS.items() for stem in stems.split()}
+#: figure script -> what its figure shows (results/REPORT.md's figure index)
+SHOWS = {
+    "latency_vs_experts": "latency per system against experts per rank (bars at one expert "
+    "count); lower is better",
+    "speedup_vs_serial": "the best overlap cell against serial, per routing",
+    "variants": "the overlap system's variants (layout, order) against serial",
+    "placement": "consumer placement: step time against the compute bound",
+    "padding": "padding rows of the remote-aligned layout against the paper's bounds",
+    "ccta_sweep": "latency per cCTA with the compute and comm bounds (loopback)",
+    "bandwidth": "Fig 3a: the consumer's GB/s against the segment size",
+    "layer": "the whole layer: latency (_latency) and speedup against serial (_speedup)",
+    "experts": "Fig 5: layer speedup and overlap ratio against experts per rank",
+    "models": "Fig 4: the models end to end and per MoE layer",
+    "ccta_mgb": "Figs 6-8: speedup per cCTA and mgb, and the auto pick",
+    "correctness": "correctness: error heatmaps and histograms against the tolerance",
+    "producer": "the producer against torch._grouped_mm and cuBLAS",
+    "functional": "the overlap kernels in Triton's CPU interpreter: error against the tolerance "
+    "per cell (functional, not a timing)",
+}
+#: figure script -> the files it draws per table (<name><part>); others draw one, <name>
+PARTS = {"layer": ("_latency", "_speedup")}
 
 
-def _drop_old(out: Path, name: str) -> list[Path]:
-    old = [p for p in (out / f"{name}.png", out / f"{name}.pdf") if p.exists()]
+def _parts(table: Path) -> tuple[str, ...]:
+    return PARTS.get(FIGURES.get(table.stem, "").removeprefix("plots."), ("",))
+
+
+def reference_names(key: str) -> list[str]:
+    """The figure files (no suffix) of the committed table `<machine>/<experiment>`."""
+    machine_, stem = key.split("/")
+    parts = PARTS.get(FIGURES.get(stem, "").removeprefix("plots."), ("",))
+    return [f"reference_{machine_}_{stem}{part}" for part in parts]
+
+
+def figure_base(table: Path, results: Path, df: pd.DataFrame | None = None) -> str:
+    """A table's figure name: `reference_<machine>_<experiment>` under
+    results/reference/<machine>/, else `<machine>_<experiment>` with the machine of df's newest
+    rows (plots.common.machine)."""
+    rel = table.with_suffix("").relative_to(results).parts
+    if rel[0] == "reference":
+        return "_".join(rel)
+    return f"{machine(df if df is not None else pd.DataFrame())}_{table.stem}"
+
+
+def figure_names(table: Path, results: Path, df: pd.DataFrame | None = None) -> list[str]:
+    """The names (no suffix) of a table's figure files: figure_base, one per part (PARTS)."""
+    return [figure_base(table, results, df) + part for part in _parts(table)]
+
+
+def _local_names(out: Path, table: Path) -> list[str]:
+    """Every figure name a local table's experiment may have in `out`: `<m>_<experiment>` for
+    each machine m found there, and `<experiment>` (the names before the machine was in them)."""
+    machines = {p.stem.split("_", 1)[0] for p in out.glob(f"*_{table.stem}*.png")}
+    bases = [table.stem, *(f"{m}_{table.stem}" for m in sorted(machines - {"reference"}))]
+    return [b + part for b in bases for part in _parts(table)]
+
+
+def _drop_old(out: Path, names: list[str]) -> list[Path]:
+    old = [p for n in names for p in (out / f"{n}.png", out / f"{n}.pdf") if p.exists()]
     for p in old:
         p.unlink()
     return old
@@ -53,24 +110,28 @@ def main(argv: list[str] | None = None) -> None:
         if module is None:
             print(f"[figures] no figure for {table}")
             continue
-        name = "_".join(table.with_suffix("").relative_to(results).parts)
         try:
-            pd.read_parquet(table)  # every page: a footer that reads is not a whole table
+            df = pd.read_parquet(table)  # every page: a footer that reads is not a whole table
         except Exception as exc:  # noqa: BLE001 - any reader error: a damaged table
             why = (str(exc).strip().splitlines() or [""])[0][:160]
-            old = _drop_old(out, name)
+            local = table.parent == results
+            names = _local_names(out, table) if local else figure_names(table, results)
+            old = _drop_old(out, names)
             gone = f"; removed the old {', '.join(p.name for p in old)}" if old else ""
             print(f"[figures] error: cannot read {table} ({type(exc).__name__}: {why}){gone}")
             failed.append(table)
             continue
+        base, names = figure_base(table, results, df), figure_names(table, results, df)
+        if table.parent == results:  # its figure under the name before the machine was in it
+            _drop_old(out, [table.stem + part for part in _parts(table)])
         try:
-            paths = importlib.import_module(module).plot(table, out, name)
+            paths = importlib.import_module(module).plot(table, out, base)
             print(f"[figures] {table} -> {', '.join(map(str, paths))}")
         except (ValueError, ModuleNotFoundError) as exc:
-            _drop_old(out, name)
+            _drop_old(out, names)
             print(f"[figures] {table}: skipped, no figure ({exc})")
         except Exception as exc:  # noqa: BLE001 - one broken figure must not hide the others
-            _drop_old(out, name)
+            _drop_old(out, names)
             print(f"[figures] error: {table}: {type(exc).__name__}: {exc}")
             failed.append(table)
     if failed:

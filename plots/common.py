@@ -1,5 +1,6 @@
-"""Shared plot helpers: read a results table (without the rows of retired variants), label
-systems from the registry and the overlap system's kept knobs, lay out panels, save PNG + PDF."""
+"""Shared plot helpers: read a results table (without the rows of retired variants, in its
+newest measurement setting), label systems from the registry and the overlap system's kept knobs,
+name the machine, lay out panels, save PNG + PDF."""
 
 from __future__ import annotations
 
@@ -97,9 +98,62 @@ def placements(df: pd.DataFrame) -> pd.DataFrame:
     return ok
 
 
+#: the columns of a row that say how it was measured (where the table has them): rows of two
+#: settings are never drawn in one figure
+SETTING = ("hardware", "backend", "warmup", "iters", "rounds", "queue_ahead")
+
+
+def settings(df: pd.DataFrame) -> list[tuple]:
+    """The table's measurement settings (values of its SETTING columns), newest last (by the
+    newest row of each)."""
+    cols = [c for c in SETTING if c in df]
+    if not cols or df.empty:
+        return []
+    t = _col(df, "timestamp").fillna(0).astype(float)
+    newest = t.groupby([df[c].astype(str) for c in cols]).max().sort_values(kind="stable")
+    return [k if isinstance(k, tuple) else (k,) for k in newest.index]
+
+
+def newest_setting(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
+    """The rows of the table's newest measurement setting; says on stdout what it left out."""
+    found = settings(df)
+    if len(found) < 2:
+        return df
+    cols = [c for c in SETTING if c in df]
+    keep = (df[cols].astype(str) == list(found[-1])).all(axis=1)
+    print(f"[figures] {table}: the newest measurement setting only ({setting_note(df[keep])}); "
+          f"left out {int((~keep).sum())} row(s) of {len(found) - 1} other setting(s)")  # fmt: skip
+    return df[keep]
+
+
+def setting_note(df: pd.DataFrame) -> str:
+    """ "warmup 1, iters 5": the measurement setting of df's rows, for a title."""
+    parts = [f"{c} {_join(df[c])}" for c in ("warmup", "iters", "rounds") if c in df]
+    return ", ".join(parts)
+
+
+def _join(v: pd.Series) -> str:
+    return "/".join(str(x) for x in sorted(v.dropna().unique(), key=str)) or "?"
+
+
+def machine(df: pd.DataFrame) -> str:
+    """The machine of a table's newest rows, named as the folders of results/reference/ are:
+    "cpu", "h200", "h200x2" (the GPU's model, and the count where more than one)."""
+    if df.empty or "gpu_count" not in df:
+        return "local"
+    row = df.iloc[int(_col(df, "timestamp").fillna(0).astype(float).to_numpy().argmax())]
+    n = int(row["gpu_count"]) if row["gpu_count"] == row["gpu_count"] else 0
+    if n == 0:
+        return "cpu"
+    words = str(row.get("gpu_name", "")).replace("-", " ").split()
+    model = next((w for w in words if any(ch.isdigit() for ch in w)), "gpu").lower()
+    return model if n == 1 else f"{model}x{n}"
+
+
 def load(table: str | Path, status: str | None = "ok") -> pd.DataFrame:
-    """A table's rows of kept variants, with `status` only (None: every status)."""
-    df = kept(pd.read_parquet(table))
+    """A table's rows of kept variants of its newest measurement setting, with `status` only
+    (None: every status)."""
+    df = newest_setting(kept(pd.read_parquet(table)), table)
     return df if status is None else df[df["status"] == status]
 
 
@@ -122,7 +176,8 @@ def transport_note(df: pd.DataFrame) -> str:
     tr = ", ".join(sorted(set(df["transport"].dropna().astype(str)) - {""})) or "?"
     gpu = ", ".join(sorted(set(_col(df, "gpu_name").dropna().astype(str)))) or "?"
     w = ", ".join(str(int(v)) for v in sorted(set(_col(df, "world_size").dropna())))
-    return f"transport: {tr}; W={w}; {gpu}"
+    how = setting_note(df)
+    return f"transport: {tr}; W={w}; {gpu}" + (f"; measured with {how}" if how else "")
 
 
 def against(

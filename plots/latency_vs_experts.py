@@ -5,6 +5,9 @@ Median with the p10-p90 spread; lower is better.
 Each system's timed region (its `scope`) is named in the title, and in the legend wherever a
 system's scope differs from the rest (native Tutel and FasterMoE time the whole layer).
 
+A table of one expert count (baselines_smoke) gets bars instead: per (shape, routing) panel one
+bar per line, the median with its p10-p90 spread (lines would put every point at one x).
+
 Input: any systems-sweep table (smoke, operator). Output: <out>/<name>.png and .pdf.
 """
 
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from plots import common as pc
 from plots.common import line_label, load, main, panel_grid, save, transport_note
 
 SHAPE = {"tokens_per_rank": "T/rank", "hidden": "K", "out": "N", "dtype": ""}
@@ -26,15 +30,53 @@ def _spread(ax, s: pd.DataFrame, style: dict) -> None:
                 color=style["color"], capsize=2)  # fmt: skip
 
 
+def _bars(df: pd.DataFrame, title: str) -> tuple:
+    """One panel per (shape, routing), one horizontal bar per line (every panel lists every
+    line, in one order and colour): median latency, p10-p90 whiskers; lower is better."""
+    shapes, routings = pc._keys(df, list(SHAPE)), sorted(df["routing"].unique())
+    lines = sorted(df["line"].unique())
+    colors = pc.palette(lines)
+    fig, axes = pc.grid(len(shapes), len(routings), w=3.4, h=0.9 + 0.32 * len(lines))
+    right = 1.05 * df[["latency_ms", "latency_p90_ms"]].max().max()  # one scale for all panels
+    for i, shape in enumerate(shapes):
+        for j, routing in enumerate(routings):
+            ax = axes[i][j]
+            sub = df[(df[list(SHAPE)] == list(shape)).all(axis=1) & (df["routing"] == routing)]
+            m = sub.groupby("line")[["latency_ms", "latency_p10_ms", "latency_p90_ms"]].median()
+            m = m.reindex(lines)
+            err = [m["latency_ms"] - m["latency_p10_ms"], m["latency_p90_ms"] - m["latency_ms"]]
+            ax.barh(range(len(lines)), m["latency_ms"], xerr=err, capsize=2,
+                    color=[colors[v] for v in lines])  # fmt: skip
+            ax.set_yticks(range(len(lines)), lines if j == 0 else [""] * len(lines), fontsize=7)
+            ax.invert_yaxis()
+            vary = [f"{n}={v}" if n else str(v) for (c, n), v in zip(SHAPE.items(), shape)
+                    if df[c].nunique() > 1]  # fmt: skip
+            ax.set_title(" ".join([*vary, routing]), fontsize=8)
+            ax.set_xlim(0, right)
+            ax.set_xlabel("latency (ms, median, p10-p90)", fontsize=8)
+            ax.tick_params(axis="x", labelsize=7)
+    (e,) = df["experts_per_rank"].unique()
+    first, nl, rest = title.partition("\n")
+    fixed = pc._fixed(df, SHAPE)
+    return fig, f"{first}, E/rank={int(e)} {fixed}{nl}{rest}"  # (figure, its title)
+
+
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
-    df = load(table)
+    every = load(table, status=None)
+    df = every[every["status"] == "ok"]
     if df.empty:
         raise ValueError(f"{table}: no rows with status ok to plot")
+    absent = sorted(set(every["system"]) - set(df["system"]))
     line = line_label(df)
     scope = df["scope"].fillna("") if "scope" in df else line.map(lambda _: "")
     common = scope.mode().iloc[0]  # older tables have no scope
     df = df.assign(line=line + scope.map(lambda sc: f" [{sc}]" if sc and sc != common else ""))
     title = f"MoE {common or 'gemm+combine'} latency (lower is better)\n{transport_note(df)}"
+    if absent:
+        title += f"\nno ok row (see the table's reason column): {', '.join(absent)}"
+    if df["experts_per_rank"].nunique() == 1:
+        fig, title = _bars(df, title)
+        return save(fig, out_dir, name, title)
     fig = panel_grid(df, "line", "latency_ms", "latency (ms, median, p10-p90)", title,
                      rows=SHAPE, hlines=(), extra=_spread, logy=True)  # fmt: skip
     return save(fig, out_dir, name)

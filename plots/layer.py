@@ -1,10 +1,9 @@
-"""The layer table (scope `layer`): latency and the speedup against serial, per routing, one
-panel row per shape (T, H).
+"""The layer table (scope `layer`): two figures, each one panel row per shape (T, H) and one
+column per routing, against experts per rank.
 
-Left block: latency (ms) of every system against experts per rank, one column per routing.
-Right block: latency(serial) / latency(system) on the same workload (same table). The overlap
-system's rows are split by variant (transport, kept knobs off their defaults): each its own
-line, never a best-of.
+<name>_latency: latency (ms) of every system. <name>_speedup: latency(serial) / latency(system)
+on the same workload (same table). The overlap system's rows are split by variant (transport,
+kept knobs off their defaults): each its own line, never a best-of.
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ import pandas as pd
 from plots import common as pc
 
 SHAPE = {"tokens_per_rank": "T", "hidden": "H"}
+#: the figures of one table: <name><part>
+PARTS = ("_latency", "_speedup")
 WORKLOAD = ["world_size", *SHAPE, "ffn", "experts_per_rank", "top_k", "routing", "dtype"]
 
 
@@ -32,15 +33,17 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     if "serial" not in set(df["system"]):
         raise ValueError(f"{table}: no ok serial layer rows to compare against")
     sp = series(df)
-    n_r = sp["routing"].nunique()
-    fig, axes = pc.grid(sp.groupby(list(SHAPE)).ngroups, 2 * n_r)
     colors = pc.palette(sp["line"])
-    pc.draw_grid(axes[:, :n_r], sp, SHAPE, "line", "latency_ms", "latency (ms), lower is better",
-              colors, hlines=(), logy=True)  # fmt: skip
-    pc.draw_grid(axes[:, n_r:], sp, SHAPE, "line", "speedup", "speedup vs serial, higher is better",
-              colors)  # fmt: skip
-    title = "The MoE layer (scope layer): latency and speedup against serial"
-    return pc.save(pc.finish(fig, axes, colors, f"{title}\n{pc.transport_note(df)}"), out_dir, name)
+    paths = []
+    for part, y, what, kw in (
+        ("_latency", "latency_ms", "latency (ms), lower is better", dict(hlines=(), logy=True)),
+        ("_speedup", "speedup", "speedup vs serial, higher is better", {}),
+    ):
+        fig, axes = pc.grid(sp.groupby(list(SHAPE)).ngroups, sp["routing"].nunique())
+        pc.draw_grid(axes, sp, SHAPE, "line", y, what, colors, **kw)
+        title = f"The MoE layer (scope layer): {what}\n{pc.transport_note(df)}"
+        paths += pc.save(pc.finish(fig, axes, colors, title), out_dir, name + part)
+    return paths
 
 
 if __name__ == "__main__":

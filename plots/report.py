@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from plots.all import FIGURES as DRAWN
+from plots.all import SHOWS, reference_names
 from plots.common import kept, placements
 from systems.overlap.autotune import DEFAULT, MAX_DISTANCE
 from systems.overlap.autotune import TABLE as AUTOTUNE_TABLE
@@ -342,15 +343,34 @@ def summary(key: str, df: pd.DataFrame) -> str:
     if stem == "autotune_heldout":
         r = df["pick_ratio"].dropna()
         s += f"; the pick within 3% of the best in {int((r <= 1.03).sum())} of {len(r)} workloads"
-    fig = f"`{DRAWN[stem].replace('.', '/')}.py`" if stem in DRAWN else "none"
-    return f"- `{key}`: {s}; figure: {fig}"
+    return f"- `{key}`: {s}{'' if stem in DRAWN else '; no figure'}"
 
 
 def tables_section(d: dict[str, pd.DataFrame]) -> list[str]:
     return ["## The tables", "",
             "The command that made each is in `results/reference/<machine>/README.md` and in "
-            "every row's `command` column; figures: `make figures` (`plots/all.py`).", "",
+            "every row's `command` column; their figures are in the index below.", "",
             *(summary(k, d[k]) for k in sorted(d)), ""]  # fmt: skip
+
+
+def figures_section(d: dict[str, pd.DataFrame], figures: Path = FIGURES) -> list[str]:
+    """The figure index: per committed table with a figure script, its files, what they show,
+    the table and the command that redraws them (`make figures` redraws all)."""
+    out = ["## Figures", "",
+           f"`make figures` draws every figure into `{figures}/` from its table alone (no GPU); "
+           "each row's command redraws one. Each figure draws one measurement setting (the "
+           "table's newest).", "",
+           "| figure | what it shows | table | command |", "| --- | --- | --- | --- |"]  # fmt: skip
+    for key in sorted(k for k in d if k.split("/")[1] in DRAWN):
+        module = DRAWN[key.split("/")[1]]
+        names = reference_names(key)
+        files = ", ".join(f"`{n}.png`" for n in names)
+        name = f"reference_{key.replace('/', '_')}"
+        cmd = f"python -m {module} --table results/reference/{key}.parquet --name {name}"
+        shows = SHOWS[module.removeprefix("plots.")]
+        out.append(f"| {files} | {shows}; {_machine(key.split('/')[0], d[key])} | `{key}` | "
+                   f"`{cmd}` |")  # fmt: skip
+    return out + [""]
 
 
 def autotune_coverage(path: Path = AUTOTUNE_TABLE) -> str:
@@ -385,7 +405,8 @@ def render(ref: Path = REF, figures: Path = FIGURES) -> str:
              "GPU playing W ranks) are a development proxy, never an interconnect result. Rows "
              "of retired variants (layout packed, local copy, swizzle and tile-config variants) "
              "are left out; `docs/measurements.md` keeps what they measured.", ""]  # fmt: skip
-    lines += headline(d) + claims_section(d) + tables_section(d) + unmeasured_section(d)
+    lines += headline(d) + claims_section(d) + tables_section(d) + figures_section(d, figures)
+    lines += unmeasured_section(d)
     return "\n".join(lines)
 
 

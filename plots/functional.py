@@ -1,0 +1,70 @@
+"""The functional run (experiment overlap_functional): the overlap system's Triton kernels run in
+Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny loopback cells, each checked against the
+reference layer. Functional, not a timing: the figure shows each cell's error against the
+tolerance that gated it (lower is better) and its status, never a latency.
+
+One horizontal bar per cell (W, E/rank, routing, shape): max relative error on a log axis, the
+tolerance as a dashed line; a cell without an error value (error, skipped) shows its status.
+Input: results/overlap_functional.parquet. Output: <out>/<name>.png and .pdf.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from plots.common import load, main, save, transport_note
+
+CELL = ["world_size", "experts_per_rank", "routing", "tokens_per_rank", "hidden", "out", "dtype"]
+LABEL = "functional (Triton interpreter), not a timing"
+COLOURS = {"ok": "tab:green", "fail": "tab:red", "error": "tab:gray", "skipped": "tab:gray"}
+
+
+def cells(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per overlap cell: its label ("W=2 E=2 balanced T=32 K=32 N=64"), status,
+    max_rel_err and tol (NaN where none), in grid order."""
+    o = df[df["system"] == "overlap"].sort_values(CELL, kind="stable")
+    if o.empty:
+        raise ValueError("a functional table needs overlap rows")
+    lab = [
+        f"W={w} E={e} {r} T={t} K={k} N={n}" for w, e, r, t, k, n in zip(*(o[c] for c in CELL[:-1]))
+    ]
+    tol = o["tol"] if "tol" in o else pd.Series(float("nan"), index=o.index)
+    return pd.DataFrame(
+        {"cell": lab, "status": o["status"].values, "max_rel_err": o["max_rel_err"].values,
+         "tol": tol.values}
+    )  # fmt: skip
+
+
+def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
+    df = load(table, status=None)
+    c = cells(df)
+    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.3 * len(c)))
+    y = range(len(c))
+    err = c["max_rel_err"].where(c["max_rel_err"] > 0)
+    ax.barh(y, err, color=[COLOURS.get(s, "k") for s in c["status"]])
+    floor = (err.min() / 10) if err.notna().any() else 1e-6
+    for i, (s, e) in enumerate(zip(c["status"], err)):
+        ax.text(floor if e != e else e, i, f" {s}", va="center", fontsize=7)
+    for t in sorted(set(c["tol"].dropna())):
+        ax.axvline(t, color="k", ls="--", lw=0.8, label=f"tolerance {t:g}")
+    ax.set_xscale("log")
+    top = max([1.0, *c["tol"].dropna(), *err.dropna()])
+    ax.set_xlim(min(1e-5, floor), 2 * top)  # decades wide: major ticks only, none crowded
+    ax.set_yticks(list(y), list(c["cell"]), fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("max relative error against the reference (lower is better)", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="lower right")
+    ok = int((c["status"] == "ok").sum())
+    title = (
+        f"The overlap system's kernels on the CPU: {LABEL}\n"
+        f"{ok} of {len(c)} cells ok; {transport_note(df)}"
+    )
+    return save(fig, out_dir, name, title)
+
+
+if __name__ == "__main__":
+    main(plot, "results/overlap_functional.parquet", "cpu_overlap_functional")
