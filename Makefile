@@ -11,7 +11,7 @@ REPRO := $(if $(filter 0,$(N_GPU)),$(REPRO_CPU),$(if $(filter 1,$(N_GPU)),$(REPR
 HW := $(if $(filter 1,$(HAS_GPU)),h200,cpu)
 WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
-.PHONY: help setup test test-gpu smoke reproduce report figures wheels-gpu lint format clean-results
+.PHONY: help setup test test-gpu smoke functional reproduce report figures wheels-gpu lint format clean-results
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -34,6 +34,14 @@ test-gpu: ## the gpu-marked tests (on a machine with a CUDA GPU)
 smoke: ## tiny end-to-end run (W=4 gloo on CPU; one process per GPU with NCCL on a GPU) + its figure
 	$(PY) -m harness.run experiment=smoke hardware=$(HW) $(if $(filter 1,$(HAS_GPU)),'experiment.grid.dtype=[bfloat16]')
 	$(PY) -m plots.latency_vs_experts --table results/smoke.parquet
+
+# what makes a functional run: the catalogue lets the overlap system run its kernels in Triton's
+# CPU interpreter (systems/__init__.py: FUNCTIONAL)
+FUNCTIONAL_ENV := HARNESS_FUNCTIONAL=1 TRITON_INTERPRET=1
+
+functional: ## the overlap system's kernels in Triton's CPU interpreter on tiny loopback cells, checked (not a timing) + its figure
+	$(FUNCTIONAL_ENV) $(PY) -m harness.run experiment=overlap_functional hardware=cpu
+	$(PY) -m plots.functional --table results/overlap_functional.parquet --name cpu_overlap_functional
 
 reproduce: setup ## run the preset for the hardware found (CPU, one GPU, several GPUs), then the figures
 	@echo "reproduce on $(HW) with $(N_GPU) GPU(s): $(REPRO)"

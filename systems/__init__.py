@@ -5,7 +5,16 @@ system = one module (a harness.system.System subclass with its PARAMS) + one ent
 experiment runs it) its entry under `experiment.systems` in conf/experiment/*.yaml.
 """
 
+import os
+
 from harness.system import SystemInfo, register
+
+#: a functional run (`make functional`): the overlap system's kernels in Triton's CPU interpreter,
+#: checked, never timed. TRITON_INTERPRET=1 alone does not make one: the kernel tests set it for
+#: their whole process, whose other runs must keep skipping the overlap system on the CPU.
+FUNCTIONAL = (
+    os.environ.get("HARNESS_FUNCTIONAL") == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+)
 
 register(
     SystemInfo(
@@ -21,7 +30,7 @@ register(
         label="Overlap (tile-level signalling, this paper)",
         target="systems.overlap.system:OverlapSystem",
         baseline=False,
-        needs_gpu=True,
+        needs_gpu=not FUNCTIONAL,
         optional_imports=("triton",),
         description="Stage A plan, persistent Triton producer with per-band ready counters, "
         "flag-polling consumer on cCTA SMs (loopback / p2p / nvshmem), scale.",
