@@ -464,6 +464,7 @@ class OverlapSystem(System):
             if ctx.world_size != 1:
                 raise ValueError("loopback plays every rank in one process: run with 1 process")
             self.mode = _Loopback(ranks, k)
+            self.timed_rank = self.mode.busy  # timed() runs the busiest played rank
         else:
             if len(ranks) != 1 or ctx.world_size < 2:
                 raise ValueError(f"{name} needs one process per rank and at least 2 ranks")
