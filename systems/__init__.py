@@ -100,3 +100,29 @@ register(
         "expert; layer cells: the whole TEGroupedMLP.",
     )
 )
+register(
+    SystemInfo(
+        name="deepep",
+        label="DeepEP low-latency (dispatch, grouped FFN, combine)",
+        target="systems.deepep:DeepEPSystem",
+        needs_gpu=True,
+        optional_imports=("deep_ep",),
+        description="deepseek-ai/DeepEP@567632d low-latency Buffer sized for the cell: "
+        "low_latency_dispatch into worst-case per-expert buffers plus counts, the FFN experts "
+        "over the real rows (torch._grouped_mm, device offsets), low_latency_combine with the "
+        "gate; no host sync, graph-captured; layer cells only.",
+    )
+)
+register(
+    SystemInfo(
+        name="megatron_deepep",
+        label="Megatron-core + DeepEP (flex dispatcher)",
+        target="systems.megatron_deepep:MegatronDeepEPSystem",
+        needs_gpu=True,
+        min_ranks=2,
+        optional_imports=("megatron", "transformer_engine", "deep_ep"),
+        description="megatron-core MoELayer, flex token dispatcher on deepseek-ai/DeepEP@567632d "
+        "normal kernels (moe_flex_dispatcher_backend=deepep, fp32 router probs), TE grouped "
+        "experts; layer cells only; DeepEP's normal kernels need 2+ ranks.",
+    )
+)

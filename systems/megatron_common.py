@@ -580,7 +580,14 @@ class MegatronLayer:
     comm_only = the dispatch (rows and probs) and combine all-to-alls.
     """
 
-    def __init__(self, inputs: Any, experts: str = "grouped", permute_fusion: bool = False) -> None:
+    def __init__(
+        self,
+        inputs: Any,
+        experts: str = "grouped",
+        permute_fusion: bool = False,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        """config: further TransformerConfig fields (megatron_deepep: the flex dispatcher)."""
         from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
 
         spec = inputs.spec
@@ -593,6 +600,7 @@ class MegatronLayer:
             spec,
             moe_permute_fusion=permute_fusion,
             use_cpu_initialization=dev.type != "cuda",
+            **(config or {}),
         )
         submodules = MoESubmodules(
             experts=layer_experts_spec(experts, spec.n_experts), router=FixedRouter
@@ -610,7 +618,8 @@ class MegatronLayer:
             probs, rmap = layer.route(self.x)
             self.hidden, self.probs = layer.preprocess(self.x, probs, rmap)
             self.disp, self.disp_probs = layer.dispatch(self.hidden, self.probs)
-        self.tokens_per_expert = self.dispatcher.tokens_per_expert
+        # the flex dispatcher keeps its counts in its comm manager, set by every dispatch
+        self.tokens_per_expert = getattr(self.dispatcher, "tokens_per_expert", None)
         self.y = self.experts()
         with torch.no_grad():
             self.back = layer.combine(self.y)
@@ -627,7 +636,8 @@ class MegatronLayer:
 
     def experts(self) -> torch.Tensor:
         """routed_experts_compute on the held dispatched rows [R, H] -> [R, H] (x probs)."""
-        self.dispatcher.tokens_per_expert = self.tokens_per_expert
+        if self.tokens_per_expert is not None:
+            self.dispatcher.tokens_per_expert = self.tokens_per_expert
         with torch.no_grad():
             out, _ = self.layer.routed_experts_compute(self.disp, self.disp_probs)
         return out

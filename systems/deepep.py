@@ -1,0 +1,344 @@
+"""DeepEP's low-latency kernels as a layer baseline (deepseek-ai/DeepEP at 567632d, v1 API).
+
+The field's host-free dispatch and combine: worst-case per-expert receive buffers plus a count
+on the device, no host synchronisation, capturable in a CUDA graph (DeepEP's README: "compatible
+with CUDA graph"). One process per rank (NVSHMEM: one PE per GPU), any W, one GPU included.
+
+Timed region (layer cells only, scope "layer"), from x [T, H] bf16, expert_ids [T, k] and the
+gate [T, k] float32 of this rank:
+  1 Buffer.low_latency_dispatch(x, ids, M, G, use_fp8=False) -> recv_x [E, W*M, H] bf16 (expert
+    e's rows at recv_x[e, :count[e]], grouped by source rank) and count [E] int32 on the device
+    (M = num_max_dispatch_tokens_per_rank = T, G = W * E experts);
+  2 the FFN experts over ONLY the real rows, the math of harness/experts.py ffn_experts: the
+    rows are packed by a device-computed index (pack_index) into [P, H], P = W * M * min(k, E)
+    (the most rows this rank can receive), fc1 and fc2 are torch._grouped_mm with the counts'
+    cumulative sums as device offsets, GELU in place over the real rows only, and fc2's rows are
+    scattered back into y [E, W*M, H] (rows past a count are never read). DeepEP's users run
+    DeepGEMM's masked grouped GEMM on recv_x directly (it reads the same count); a batched GEMM
+    over the worst case would multiply the FLOPs by W*M*E / (T*k), so the packed grouped GEMM
+    stands in for the masked one;
+  3 Buffer.low_latency_combine(y, ids, gate, handle) -> out [T, H] bf16: each token's rows
+    weighted by the gate and summed in float32 (the harness's scale, harness/scale.py).
+No step synchronises the host: DeepEP's Python checks host ints only (deep_ep/buffer.py:602,
+656) and its C++ allocates, launches and joins its comm stream by events (csrc/deep_ep.cpp:
+1534-1795); the offsets and the packing index are computed on the device.
+
+Setup (untimed): one low-latency Buffer per process, sized for the cell
+(Buffer.get_low_latency_rdma_size_hint(M, H, W, G)), num_qps_per_rank = E (its kernels assert
+at least one QP per local expert, csrc/kernels/internode_ll.cu:285), reused by later cells that
+fit and grown (destroyed, re-made) for one that does not; cleaned for the cell's layout
+(clean_low_latency_buffer). NVSHMEM_QP_DEPTH is raised to 2 (M + 1) where the default 1024 is
+less (deep_ep/buffer.py:602 asserts it). Cells the kernels cannot take are skipped before any
+GPU work (unsupported(): each limit with where it sits in DeepEP's source).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.experts import activation, expert_gemm, expert_gemm_impl, grouped_mm_usable
+from harness.system import CellInputs, System
+from harness.workload import WorkloadSpec
+
+UPSTREAM = "deepseek-ai/DeepEP@567632d"
+#: hidden sizes the low-latency kernels are compiled for (csrc/kernels/launch.cuh:114-135,
+#: SWITCH_HIDDEN; any other is "Unsupported hidden")
+LL_HIDDEN = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
+#: most experts a token may choose (kNumMaxTopK, csrc/kernels/internode_ll.cu:494/502 dispatch,
+#: 1167/1180 combine)
+LL_MAX_TOPK = 11
+#: warp groups per SM the dispatch's receive takes: ceil(G / SMs) < 15
+#: (csrc/kernels/internode_ll.cu:383)
+LL_MAX_WARP_GROUPS = 14
+#: NVSHMEM's QP depth when unset (deep_ep/buffer.py:113); it must be >= 2 (M + 1) (buffer.py:602)
+QP_DEPTH_DEFAULT = 1024
+#: csrc/kernels/configs.cuh:7
+BUFFER_ALIGNMENT = 128
+#: NVSHMEM_CUMEM_GRANULARITY that DeepEP sets (deep_ep/buffer.py:122): the heap's rounding
+NVSHMEM_GRANULE = 2**29
+
+
+def ll_rdma_bytes(max_tokens: int, hidden: int, world: int, n_experts: int) -> int:
+    """Buffer.get_low_latency_rdma_size_hint(M, H, W, G) without the package: the bytes of
+    LowLatencyLayout (csrc/config.hpp:136-193), two send, two receive and two signalling
+    buffers, bf16 rows of H with 16 bytes of metadata (dispatch) or H / 128 bf16 pairs (combine)."""
+    scales = hidden // 128
+    dispatch_msg = 16 + max(hidden * 2, hidden + scales * 4)
+    combine_msg = scales * 4 + hidden * 2
+    send = max(max_tokens * dispatch_msg, n_experts * max_tokens * combine_msg)
+    recv = n_experts * max_tokens * max(dispatch_msg, combine_msg)
+    signal = -(-n_experts * 4 // 128) * 128
+    total = 2 * (send + recv + signal)
+    return (total + BUFFER_ALIGNMENT) // BUFFER_ALIGNMENT * BUFFER_ALIGNMENT
+
+
+def packed_rows(spec: WorkloadSpec) -> int:
+    """P: the most rows one rank can receive (each of W * M source tokens sends one row to
+    each of its k experts that live here)."""
+    W, M = spec.world_size, spec.tokens_per_rank
+    return W * M * min(spec.top_k, spec.experts_per_rank)
+
+
+def cell_bytes(spec: WorkloadSpec) -> int:
+    """Device bytes of one rank's cell: the RDMA buffer (rounded up to NVSHMEM's granule), the
+    dispatch's recv_x [E, W*M, H] and the combine's y of the same shape, the packed rows
+    [P, H + F + H], the experts' W1 and W2, x and out [T, H] (bf16)."""
+    W, M, H, F, E = (
+        spec.world_size,
+        spec.tokens_per_rank,
+        spec.hidden,
+        spec.ffn,
+        spec.experts_per_rank,
+    )
+    rdma = -(-ll_rdma_bytes(M, H, W, spec.n_experts) // NVSHMEM_GRANULE) * NVSHMEM_GRANULE
+    worst = E * W * M
+    return rdma + 2 * (2 * worst * H + packed_rows(spec) * (2 * H + F) + 2 * E * H * F + 2 * M * H)
+
+
+def device_sms() -> int | None:
+    """SMs of this process's GPU, None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def device_memory() -> int | None:
+    """Bytes of this process's GPU, None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def ll_limits(spec: WorkloadSpec) -> list[str]:
+    """Every limit of the low-latency kernels the cell exceeds, one phrase each (empty: none)."""
+    why = []
+    if spec.dtype != "bfloat16":
+        why.append(
+            f"dtype {spec.dtype}: the low-latency dispatch takes bf16 only (csrc/deep_ep.cpp:1550)"
+        )
+    if spec.hidden not in LL_HIDDEN:
+        why.append(
+            f"hidden {spec.hidden} is not one its kernels are compiled for {list(LL_HIDDEN)} "
+            "(SWITCH_HIDDEN, csrc/kernels/launch.cuh:114-135)"
+        )
+    if spec.top_k > LL_MAX_TOPK:
+        why.append(
+            f"top_k {spec.top_k} > {LL_MAX_TOPK} (kNumMaxTopK, csrc/kernels/internode_ll.cu:494)"
+        )
+    if spec.n_experts < 2:
+        why.append(
+            "1 expert in all: the dispatch runs one SM per expert group and asserts more than "
+            "one (csrc/kernels/internode_ll.cu:282)"
+        )
+    if (spec.world_size * spec.tokens_per_rank) % 4:
+        why.append(
+            f"W * M = {spec.world_size * spec.tokens_per_rank} is not a multiple of 4 (TMA, "
+            "csrc/deep_ep.cpp:1598)"
+        )
+    sms = device_sms()
+    if sms and -(-spec.n_experts // sms) > LL_MAX_WARP_GROUPS:
+        why.append(
+            f"{spec.n_experts} experts need {-(-spec.n_experts // sms)} warp groups per SM on "
+            f"{sms} SMs, at most {LL_MAX_WARP_GROUPS} (csrc/kernels/internode_ll.cu:383)"
+        )
+    have, need = device_memory(), cell_bytes(spec)
+    if have and need > have:
+        M, H, W, G = spec.tokens_per_rank, spec.hidden, spec.world_size, spec.n_experts
+        why.append(
+            f"its buffers need {need / 2**30:.1f} GiB (the RDMA buffer "
+            f"{ll_rdma_bytes(M, H, W, G) / 2**30:.1f} GiB, csrc/config.hpp:136-193, and the "
+            f"worst-case [E, W*M, H] rows), more than the GPU's {have / 2**30:.1f} GiB"
+        )
+    return why
+
+
+def pack_index(
+    count: torch.Tensor, slots: int, rows: torch.Tensor, spare: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packing of the real rows of a [E, slots, H] receive buffer, on the device.
+
+    count [E] int: real rows of each expert (its first count[e] slots); rows = arange(P) int64.
+    Returns src [P] (the row of recv.view(-1, H) that packed row p holds; 0 past the real rows),
+    dst [P] (the same, `spare` past the real rows: where their outputs are dropped), offs [E]
+    int32 (the inclusive cumulative counts: torch._grouped_mm's offsets) and n [1] (real rows).
+    """
+    ends = torch.cumsum(count.long(), 0)
+    expert = torch.searchsorted(ends, rows, right=True).clamp_(max=count.numel() - 1)
+    row = expert * slots + rows - (ends - count.long())[expert]
+    real = rows < ends[-1]
+    src = torch.where(real, row, torch.zeros_like(row))
+    dst = torch.where(real, row, torch.full_like(row, spare))
+    return src, dst, ends.to(torch.int32), ends[-1:]
+
+
+def packed_ffn(
+    recv: torch.Tensor,
+    count: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    rows: torch.Tensor,
+    y: torch.Tensor,
+) -> torch.Tensor:
+    """The FFN experts over the real rows of recv [E, S, H] (expert e's first count[e] rows):
+    y[e, s] = gelu(recv[e, s] @ W1_e) @ W2_e for s < count[e], written into y [E * S + 1, H]
+    (its last row takes the padding rows' outputs); rows past a count keep what they held.
+    w1 [E, H, F], w2 [E, F, H], rows = arange(P). Returns y[:-1] viewed [E, S, H]."""
+    E, S, H = recv.shape
+    src, dst, offs, n = pack_index(count, S, rows, E * S)
+    xs = recv.view(E * S, H).index_select(0, src)
+    h = activation(expert_gemm(xs, None, w1, offs), n)
+    y.index_copy_(0, dst, expert_gemm(h, None, w2, offs))
+    return y[:-1].view(E, S, H)
+
+
+class _Held:
+    """The process's low-latency Buffer, reused by every cell it fits (DeepEP's get_buffer
+    pattern, README "Example use in inference decoding"); a cell it does not fit grows it."""
+
+    buffer: Any = None
+    qps: int = 0
+
+
+def ll_buffer(deep_ep: Any, group: Any, rdma_bytes: int, qps: int, qp_depth: int) -> Any:
+    """The held Buffer if it fits (same group, enough bytes, QPs and QP depth), else a new one
+    of the larger of the held and the asked sizes (the held one destroyed first: every rank
+    walks the same cells, so every rank does it at the same cell)."""
+    held = _Held.buffer
+    if held is not None:
+        fits = (
+            held.group is group
+            and held.num_rdma_bytes >= rdma_bytes
+            and _Held.qps >= qps
+            and held.nvshmem_qp_depth >= qp_depth
+        )
+        if fits:
+            return held
+        if held.group is group:
+            rdma_bytes = max(rdma_bytes, held.num_rdma_bytes)
+            qps, qp_depth = max(qps, _Held.qps), max(qp_depth, held.nvshmem_qp_depth)
+        _Held.buffer = None
+        held.destroy()
+    depth = max(qp_depth, int(os.environ.get("NVSHMEM_QP_DEPTH", QP_DEPTH_DEFAULT)))
+    os.environ["NVSHMEM_QP_DEPTH"] = str(depth)  # read by Buffer() and NVSHMEM's init
+    _Held.buffer = deep_ep.Buffer(
+        group,
+        0,
+        rdma_bytes,
+        low_latency_mode=True,
+        num_qps_per_rank=qps,
+        explicitly_destroy=True,
+    )
+    _Held.qps = qps
+    return _Held.buffer
+
+
+class DeepEPSystem(System):
+    name = "deepep"
+    scope = "layer"
+    layer_scope = True
+
+    @classmethod
+    def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
+        if not spec.ffn:
+            return (
+                "deepep times the whole layer (dispatch, FFN experts, combine): operator cells "
+                "(ffn=0) start from dispatched rows it does not take"
+            )
+        why = ll_limits(spec)
+        if why:
+            return f"deepep ({UPSTREAM}) low-latency kernels: " + "; ".join(why)
+        return None
+
+    def setup(self, ranks: list[CellInputs]) -> None:
+        import deep_ep
+
+        (inputs,) = ranks
+        spec = inputs.spec
+        self.M, self.G = spec.tokens_per_rank, spec.n_experts
+        self.S = spec.world_size * self.M  # slots per expert in the receive buffer
+        self.x, self.ids, self.gate = inputs.x, inputs.expert_ids, inputs.gate
+        self.w1, self.w2 = inputs.w1, inputs.weights
+        self.idx_t = deep_ep.topk_idx_t
+        group = self.ctx.group if self.ctx.group is not None else dist.group.WORLD
+        hint = deep_ep.Buffer.get_low_latency_rdma_size_hint
+        rdma = hint(self.M, spec.hidden, spec.world_size, self.G)
+        self.buffer = ll_buffer(deep_ep, group, rdma, spec.experts_per_rank, 2 * (self.M + 1))
+        self.buffer.clean_low_latency_buffer(self.M, spec.hidden, self.G)
+        dev, E, H = self.x.device, spec.experts_per_rank, spec.hidden
+        self.rows = torch.arange(packed_rows(spec), device=dev)
+        self.y_rows = torch.zeros(E * self.S + 1, H, dtype=self.x.dtype, device=dev)
+        # one untimed step's state, for the bounds
+        self.recv, self.count, handle = self._dispatch()
+        self.y = packed_ffn(self.recv, self.count, self.w1, self.w2, self.rows, self.y_rows)
+        self._combine(self.y, handle)
+        self.host_free = grouped_mm_usable(self.recv.view(-1, H), self.w1)
+        self._impl = (
+            f"native (deep_ep {deepep_version()} low-latency bf16; experts "
+            f"{expert_gemm_impl(self.recv.view(-1, H), self.w1)} over packed rows)"
+        )
+        self.extra = {
+            "deep_ep": UPSTREAM,
+            "host_syncs": 0 if self.host_free else 1,
+            "max_tokens": self.M,
+            "packed_rows": int(self.rows.numel()),
+            "rdma_bytes": int(self.buffer.num_rdma_bytes),
+            "qp_depth": int(self.buffer.nvshmem_qp_depth),
+        }
+
+    def _topk(self) -> torch.Tensor:
+        ids = self.ids if self.ids.dtype == self.idx_t else self.ids.to(self.idx_t)
+        return ids.contiguous()
+
+    def _dispatch(self) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+        """x [T, H] -> recv [E, W*M, H], count [E] int32, the combine's handle."""
+        recv, count, handle, _, _ = self.buffer.low_latency_dispatch(
+            self.x, self._topk(), self.M, self.G, use_fp8=False
+        )
+        return recv, count, handle
+
+    def _combine(self, y: torch.Tensor, handle: tuple) -> torch.Tensor:
+        """y [E, W*M, H] -> out [T, H]: each token's rows times its gate weights, summed."""
+        gate = self.gate.float().contiguous()
+        out, _, _ = self.buffer.low_latency_combine(y, self._topk(), gate, handle)
+        return out
+
+    def forward(self) -> torch.Tensor:
+        recv, count, handle = self._dispatch()
+        y = packed_ffn(recv, count, self.w1, self.w2, self.rows, self.y_rows)
+        return self._combine(y, handle)
+
+    def capture_blocker(self) -> str | None:
+        if not self.host_free:
+            return "no torch._grouped_mm here: the per-expert matmul reads the counts on the host"
+        return None
+
+    def compute_only(self) -> torch.Tensor:
+        """The packed FFN on the held receive buffer and counts."""
+        return packed_ffn(self.recv, self.count, self.w1, self.w2, self.rows, self.y_rows)
+
+    def comm_only(self) -> torch.Tensor:
+        """The dispatch and the combine of the held expert outputs (for its time only: a new
+        dispatch may fill the slots in another order, DeepEP's atomics)."""
+        _, _, handle = self._dispatch()
+        return self._combine(self.y, handle)
+
+    @property
+    def impl(self) -> str:
+        return self._impl
+
+    @property
+    def transport(self) -> str:
+        return "nvshmem"
+
+
+def deepep_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("deep_ep")
+    except Exception:  # noqa: BLE001 - metadata missing: the commit still names it
+        return "?"
