@@ -49,6 +49,7 @@ reproduce: setup ## run the preset for the hardware found (CPU, one GPU, several
 	  $(PY) -m harness.run experiment=$$e hardware=$(HW) || { \
 	    echo "reproduce: experiment $$e failed (see the error above); run make reproduce again to resume"; \
 	    exit 1; }; done
+	$(if $(filter 0,$(N_GPU)),$(MAKE) functional)
 	$(MAKE) figures
 
 report: ## results/REPORT.md from the committed tables (no GPU): tables, the paper's claims next to ours

@@ -97,11 +97,6 @@ def test_the_functional_figure_draws_errors_against_the_tolerance_and_says_it_is
     assert [t.get_text().strip() for t in ax.texts] == ["ok", "error", "fail", "ok"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="systems/overlap/system.py builds its runner for a CUDA device only (the producer's "
-    "grid from the SM count, the GPU tile and consumer configs): no CPU runner yet",
-)
 def test_the_functional_run_checks_the_overlap_kernels_in_the_interpreter(tmp_path):
     pytest.importorskip("triton")
     table = tmp_path / "overlap_functional.parquet"

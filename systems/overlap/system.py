@@ -45,14 +45,31 @@ from systems.overlap.params import AUTO, OverlapParams
 from systems.overlap.plan import padded_input, plan_for_layout
 from systems.overlap.tuning import pick_config
 
+#: producer programs in Triton's CPU interpreter (no SMs to count; the programs run in turn)
+INTERPRETER_PROGRAMS = 2
+
 
 def _runner(plan, weights, transport, k: OverlapParams):
-    """The runner of one rank's plan for the resolved knobs k (no "auto" left)."""
+    """The runner of one rank's plan for the resolved knobs k (no "auto" left); on the CPU
+    (Triton's interpreter) with the interpreter's small tiles, bounded spins and no timer."""
+    from systems.overlap.kernels.consumer import interpreter_consumer_config
     from systems.overlap.runner import OverlapRunner
+    from systems.overlap.tuning import interpreter_config
 
+    cpu = {}
+    if weights.device.type != "cuda":
+        cpu = dict(tile=interpreter_config(k.tile_m), consumer=interpreter_consumer_config(),
+                   num_programs=INTERPRETER_PROGRAMS)  # fmt: skip
     return OverlapRunner(
-        plan, weights, transport, ccta=k.ccta, order=k.order, consumer_sms=k.consumer
+        plan, weights, transport, ccta=k.ccta, order=k.order, consumer_sms=k.consumer, **cpu
     )
+
+
+def _all_sms(device: torch.device) -> int:
+    """The producer's grid on ALL SMs (the compute bound); the interpreter's on the CPU."""
+    if device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _peer_transport(name: str, group, spec: WorkloadSpec, device):
@@ -286,8 +303,7 @@ class _LayerRank:
         if overlapped:
             self.runner.overlapped(h, y)
         else:  # the compute bound: the producer alone on ALL SMs, no flags
-            sms = torch.cuda.get_device_properties(h.device).multi_processor_count
-            self.runner.compute_only(h, y, num_programs=sms)
+            self.runner.compute_only(h, y, num_programs=_all_sms(h.device))
         return y
 
     def step(self) -> torch.Tensor:
@@ -571,9 +587,7 @@ class OverlapSystem(System):
         if self.layer:
             return self.mode.layer.compute_only()
         rk = self.mode.ranks[self.mode.busy]
-        return self._compute_shared(
-            torch.cuda.get_device_properties(rk.x.device).multi_processor_count
-        )
+        return self._compute_shared(_all_sms(rk.x.device))
 
     def extra_bounds(self) -> dict[str, Any]:
         """compute_shared (operator scope): compute_only with the producer on the SMs the
