@@ -135,6 +135,11 @@ def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int
     out = {k: mid[k] for k in ("span_us", "busy_us", "idle_us")}
     out["gaps"] = dict(sorted(gaps.items(), key=lambda kv: -kv[1])[:top])
     out["steps"] = len(per)
+    busy: dict[str, float] = {}  # kernel time per step by name (what the device spends)
+    for step in split_steps(ks)[1:]:
+        for s0, e0, name in step:
+            busy[name] = busy.get(name, 0.0) + (e0 - s0) / len(per)
+    out["kernels"] = dict(sorted(busy.items(), key=lambda kv: -kv[1])[:top])
     return out
 
 
@@ -268,14 +273,18 @@ def prepared_cells(overrides: list[str], who: str):
 
 
 def idle_report(fn, steps: int) -> str:
-    """The device's idle time per eager step of fn and its longest gaps."""
+    """The device's idle time per step of fn (eager or a graph's replay), its longest gaps and
+    the kernels it spends its time in."""
     r = device_idle(fn, steps)
     head = (
         f"device, median of {r['steps']} steps: span {r['span_us']:.1f} us, busy "
         f"{r['busy_us']:.1f}, idle {r['idle_us']:.1f} "
         f"({r['idle_us'] / max(r['span_us'], 1e-9):.1%}); idle us per step before:"
     )
-    return "\n".join([head, *(f"  {us:7.1f} us  {k[:100]}" for k, us in r["gaps"].items())])
+    lines = [head, *(f"  {us:7.1f} us  {k[:100]}" for k, us in r["gaps"].items())]
+    lines.append("kernel time per step:")
+    lines += [f"  {us:7.1f} us  {k[:100]}" for k, us in r["kernels"].items()]
+    return "\n".join(lines)
 
 
 def _show(name: str, found: pd.DataFrame) -> None:
@@ -302,11 +311,12 @@ def main() -> None:
     for ctx, world, name, cell, p in prepared_cells(args.overrides, "step_profile"):
         ok = not isinstance(p, Row)
         if ok and args.idle:
-            print(f"== {name} (rank {ctx.rank})\n{idle_report(p.system.timed, args.steps)}")
+            how = "graph replay" if p.row.graph else "eager"  # the step the harness times
+            print(f"== {name} [{how}] (rank {ctx.rank})\n{idle_report(p.step, args.steps)}")
             continue
         got = None
         if ok:
-            parts = median_parts(profile_steps(p.system.timed, args.steps))
+            parts = median_parts(profile_steps(p.step, args.steps))
             got = cell_rows(cell, ctx.rank, world, parts, provenance())
         every = [got]
         if world > 1:

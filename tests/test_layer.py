@@ -129,7 +129,7 @@ def test_layer_grid_takes_out_from_hidden_and_counts_each_shape_once():
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=layer", "hardware.world_size=2"])
     cells = expand_grid(cfg, 2)
-    assert len(cells) == 2 * 2 * 5 * 3 * 8  # T x H x E x routings x systems
+    assert len(cells) == 2 * 2 * 5 * 3 * 10  # T x H x E x routings x systems
     assert all(c["out"] == c["hidden"] and c["ffn"] == 2048 for c in cells)
     assert len({c["cell_hash"] for c in cells}) == len(cells)
 

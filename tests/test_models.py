@@ -74,7 +74,7 @@ def test_the_models_config_composes_with_the_papers_three_models():
 
     cfg = _compose("experiment=models")
     cells = exp.cells(cfg, 4)
-    assert len(cells) == 3 * 6 and len({c["cell_hash"] for c in cells}) == len(cells)
+    assert len(cells) == 3 * 8 and len({c["cell_hash"] for c in cells}) == len(cells)
     specs = {m.name: m for m in exp.model_specs(cfg, "bfloat16")}
     assert specs["m_gpt"].moe_blocks == (11,) and specs["m_gpt"].tokens == 8 * 1024
     assert specs["m_bert"].moe_blocks == (2, 5, 8, 11) and not specs["m_bert"].causal
@@ -91,6 +91,8 @@ def test_the_models_config_composes_with_the_papers_three_models():
         "megatron_te",
         "tutel",
         "fastermoe",
+        "deepep",
+        "megatron_deepep",
     }
 
 
