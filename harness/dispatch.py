@@ -128,6 +128,9 @@ class Dispatched:
     offs           [E]     int32 cumulative rows per local expert (torch._grouped_mm's offs)
     send_splits, recv_splits: host lists [W]; expert_rows: host list [E] (rows per expert)
     received       the labels before the host sync, at their bound (Received)
+    tokens, token_rows  (harness/dispatch_device.py only) the played ranks' tokens stacked
+                   [W*T, H] and each received row's row of them [bound]; x_recv is None where
+                   the dispatch left the gather of the rows to the caller (gather=False)
     """
 
     x_recv: torch.Tensor
@@ -144,6 +147,8 @@ class Dispatched:
     recv_splits: list[int]
     expert_rows: list[int]
     received: Received | None = None
+    tokens: torch.Tensor | None = None
+    token_rows: torch.Tensor | None = None
 
 
 class LayerDispatch:

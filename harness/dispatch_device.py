@@ -108,7 +108,11 @@ class PlayedDispatch:
 
         return padded(src), padded(exp), padded(dst), padded(pos), offs
 
-    def __call__(self, xs: list[torch.Tensor], ids: list[torch.Tensor]) -> list[ld.Dispatched]:
+    def __call__(
+        self, xs: list[torch.Tensor], ids: list[torch.Tensor], gather: bool = True
+    ) -> list[ld.Dispatched]:
+        """gather=False: no x_recv; the caller gathers the rows it needs from `tokens` by
+        `token_rows` (the overlap system straight into its padded layout: one copy, not two)."""
         W, E, T, k = self.W, self.E, self.T, self.k
         send_meta, split_sizes, _ = self._ops
         sends = []
@@ -128,12 +132,13 @@ class PlayedDispatch:
             sizes = split_sizes(metas[d], got, W, E)
             src, expert, dst, expert_pos, offs = self._labels(counts, off, epos)
             rows = token_all.index_select(0, (src * S + dst).clamp_min(0))
-            torch.index_select(x_all, 0, rows, out=self.x_recv[d])
+            if gather:
+                torch.index_select(x_all, 0, rows, out=self.x_recv[d])
             received = ld.Received(src, expert, dst, sizes[2 * W + E :], sizes[:W])
             order, pos, _, _ = sends[d]
             out.append(
                 ld.Dispatched(
-                    x_recv=self.x_recv[d],
+                    x_recv=self.x_recv[d] if gather else None,
                     send_order=order,
                     pos=pos.view(T, k),
                     send_counts=sizes[:W],
@@ -147,6 +152,8 @@ class PlayedDispatch:
                     recv_splits=None,
                     expert_rows=None,
                     received=received,
+                    tokens=x_all,
+                    token_rows=rows,
                 )
             )
         return out

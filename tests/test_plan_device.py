@@ -429,8 +429,12 @@ def test_builder_rewrites_one_plan_and_the_runner_follows_it(order, layout, cap)
         assert (plan is first) == (i == 1), f"step {i}: one plan object per row count"
         first = first or plan
         x_recv = torch.randn(ref.n_rows, K, generator=g)
-        x = build.padded_input(x_recv)
         P = ref.n_padded
+        tokens = torch.randn(ref.n_rows + 5, K, generator=g)  # rows gathered from the tokens
+        where = torch.randperm(ref.n_rows + 5, generator=g)[: ref.n_rows]
+        x = build.padded_input(tokens, rows=where)
+        assert torch.equal(x[:P], padded_input_device(tokens[where], plan)[:P])
+        x = build.padded_input(x_recv)
         assert torch.equal(x[:P], padded_input_device(x_recv, plan)[:P])
         assert (x is prev_x) == (i == 1), f"step {i}: one input buffer per row count"
         prev_x = x

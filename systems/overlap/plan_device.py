@@ -231,9 +231,11 @@ class DevicePlanBuilder:
         kw["BLOCK"] = min(1024, next_power_of_2(B))
         self._launch("producer_groups", kplan._producer_groups_kernel, (1,), args, kw, {})
 
-    def padded_input(self, x_recv: torch.Tensor) -> torch.Tensor:
+    def padded_input(self, x_recv: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """padded_input_device(x_recv, self.plan) into the builder's one buffer
-        [max_padded, K] (the same tensor every call with this bound, K and dtype)."""
+        [max_padded, K] (the same tensor every call with this bound, K and dtype). rows [R]
+        (optional): received row r is x_recv[rows[r]] (x_recv: the tokens the rows come from,
+        so the dispatch's own gather of the received rows is skipped)."""
         plan = self.plan
         if plan is None:
             raise ValueError("padded_input: build a plan first")
@@ -246,9 +248,10 @@ class DevicePlanBuilder:
             self.x_pad = x
         if plan.max_padded == 0:
             return x
-        grid, args, kw = _gather_rows_launch(x_recv, x, plan)
-        extra = (x.data_ptr(), K, x.dtype)
-        self._launch("gather", kplan._gather_rows_kernel, grid, args, kw, {"src": x_recv}, extra)
+        grid, args, kw = _gather_rows_launch(x_recv, x, plan, rows)
+        extra = (x.data_ptr(), K, x.dtype, rows is None)
+        volatile = {"src": x_recv} if rows is None else {"src": x_recv, "row_of": rows}
+        self._launch("gather", kplan._gather_rows_kernel, grid, args, kw, volatile, extra)
         return x
 
 
@@ -269,11 +272,19 @@ def padded_input_device(
     return out
 
 
-def _gather_rows_launch(src, dst, plan: CombinePlan, br: int = 16):
-    """(grid, args, kwargs) of the padded gather dst[p] = src[gather_index[p]] (checked)."""
+def _gather_rows_launch(src, dst, plan: CombinePlan, rows=None, br: int = 16):
+    """(grid, args, kwargs) of the padded gather dst[p] = src[gather_index[p]] (checked);
+    rows [R] (optional): dst[p] = src[rows[gather_index[p]]]."""
     if not (src.is_contiguous() and dst.is_contiguous()) or src.shape[1] != dst.shape[1]:
         raise ValueError("row gather: contiguous [*, K] operands with the same K")
     K = src.shape[1]
-    args = (src, dst, plan.gather_index, plan.counts[1:2], K)
-    kw = dict(BR=br, BK=min(next_power_of_2(K), 256), num_warps=4)
+    args = (
+        src,
+        dst,
+        plan.gather_index,
+        plan.counts[1:2],
+        K,
+        plan.gather_index if rows is None else rows,
+    )
+    kw = dict(BR=br, BK=min(next_power_of_2(K), 256), HAS_ROWS=rows is not None, num_warps=4)
     return (cdiv(plan.max_padded, br),), args, kw

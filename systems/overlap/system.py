@@ -265,7 +265,10 @@ class _LayerRank:
             n = None if d.received is None else d.received.n_rows
             plan = build_plan_device(*ins, send_counts=d.send_counts, n_rows=n, **self.plan_shape)
             return plan, padded_input_device(d.x_recv, plan)
-        return self.build(d.received), self.builder.padded_input(d.x_recv)
+        plan = self.build(d.received)
+        if d.x_recv is None:  # straight from the tokens into the padded layout
+            return plan, self.builder.padded_input(d.tokens, rows=d.token_rows)
+        return plan, self.builder.padded_input(d.x_recv)
 
     def stage_a(self, own_plan: bool = False):
         """Dispatch, plan and the padded fc1 input: (Dispatched, DevicePlan, x_pad [P', H]).
@@ -414,10 +417,11 @@ class _PlayedLayer:
         return None
 
     def timed(self) -> torch.Tensor:
-        ds = self.played(self.xs, self.ids)
+        ds = self.played(self.xs, self.ids, gather=False)  # rows gathered into x_pad directly
         for rk, d in zip(self.ranks, ds):
             rk.experts(d)
-        return torch.cat([rk.scale(d) for rk, d in zip(self.ranks, ds)])
+        outs = [rk.scale(d) for rk, d in zip(self.ranks, ds)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)  # W=1: no copy of the output
 
     def forward(self) -> torch.Tensor:
         out = self.timed()

@@ -505,9 +505,13 @@ def _fill_rows(
 
 
 @triton.jit
-def _gather_rows_kernel(src, dst, src_index, n_ptr, K, BR: tl.constexpr, BK: tl.constexpr):
-    """dst[i] = src[src_index[i]] for i < *n_ptr; a row with src_index < 0 is written as zeros.
-    BR rows a program, all K columns in BK steps."""
+def _gather_rows_kernel(
+    src, dst, src_index, n_ptr, K, row_of, BR: tl.constexpr, BK: tl.constexpr,
+    HAS_ROWS: tl.constexpr,
+):  # fmt: skip
+    """dst[i] = src[src_index[i]] for i < *n_ptr (HAS_ROWS: src[row_of[src_index[i]]], the
+    received row's row of the tokens it came from); a row with src_index < 0 is written as
+    zeros. BR rows a program, all K columns in BK steps."""
     pid = tl.program_id(0)
     n = tl.load(n_ptr)
     i = pid.to(tl.int64) * BR + tl.arange(0, BR)
@@ -516,6 +520,8 @@ def _gather_rows_kernel(src, dst, src_index, n_ptr, K, BR: tl.constexpr, BK: tl.
         si = tl.load(src_index + i, mask=m, other=-1)
         ok = si >= 0
         si = tl.where(ok, si, 0)
+        if HAS_ROWS:
+            si = tl.load(row_of + si, mask=ok, other=0)
         cols = tl.arange(0, BK)
         for k0 in range(0, K, BK):
             kk = k0 + cols
