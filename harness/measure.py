@@ -472,7 +472,10 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
         if system.has_bounds():
             row.compute_ms = time_fn(system.compute_only, **kw).median_ms
             row.comm_ms = time_fn(system.comm_only, **kw).median_ms
-            if spec.ffn:  # the bounds leave the dispatch's metadata and host sync out
+            if not system.overlaps:
+                system.extra["overlap_ratio"] = f"{system.name} overlaps nothing: it runs its "
+                system.extra["overlap_ratio"] += "communication after its compute"
+            elif spec.ffn:  # the bounds leave the dispatch's metadata and host sync out
                 system.extra["overlap_ratio"] = LAYER_RATIO_NOTE
             elif spec.world_size > 1:
                 row.overlap_ratio = overlap_ratio(row.compute_ms, row.comm_ms, row.latency_ms)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from harness.config import Config, ExperimentConf, GridConf, HardwareConf, MeasureConf
+from harness.config import Config, ExperimentConf, GridConf, HardwareConf, MeasureConf, nearest_key
 from harness.errors import HarnessUserError
 from harness.records import (
     KEEP_STATUSES,
@@ -84,9 +84,11 @@ def unknown_keys(cfg: Any) -> None:
         extra = sorted(set(node.keys()) - set(schema.__dataclass_fields__) - {"hydra"})
         if extra:
             where = f"{path}." if path else ""
+            near = nearest_key(f"{where}{extra[0]}")
+            hint = f"; did you mean {near}?" if near else ""
             raise HarnessUserError(
                 f"unknown key {where}{extra[0]}: not in the config schema (harness/config.py); "
-                f"{path or 'top-level'} keys are {', '.join(schema.__dataclass_fields__)}"
+                f"{path or 'top-level'} keys are {', '.join(schema.__dataclass_fields__)}{hint}"
             )
 
 
@@ -118,6 +120,11 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
     for axis in NONEMPTY_AXES:
         if len(cfg.experiment.grid[axis]) == 0:
             raise HarnessUserError(f"experiment.grid.{axis} is empty; give it at least one value")
+    for axis, values in cfg.experiment.grid.items():
+        values = list(values)
+        twice = sorted({repr(v) for i, v in enumerate(values) if v in values[:i]})
+        if twice:  # the cell would run twice and the counts would be wrong
+            raise HarnessUserError(f"experiment.grid.{axis} lists {', '.join(twice)} twice")
     if not cfg.experiment.systems:
         raise HarnessUserError(
             "experiment.systems is empty; name at least one system "
@@ -293,6 +300,10 @@ def start_message(cfg: Any, plan: Plan) -> str:
     )
     if plan.others:
         msg += f"; {plan.others} row(s) of other settings in the table are kept"
+    g = cfg.experiment.grid
+    ignored = sorted(set(g.out) - set(g.hidden)) if any(g.ffn) else []
+    if ignored:  # expand_grid: an FFN cell returns its input width
+        msg += f"; FFN cells take out = hidden (experiment.grid.out {ignored} is not used for them)"
     return msg
 
 

@@ -102,6 +102,10 @@ class System:
     layer_scope: ClassVar[bool] = False
     #: the system's own knobs and their defaults; an experiment may set only these keys
     PARAMS: ClassVar[dict[str, Any]] = {}
+    #: does the step hide any communication behind compute? A system that runs them one after
+    #: the other (serial, Megatron's dispatcher) has no overlap ratio (NaN, with the reason):
+    #: its bounds' sum differs from its latency by noise only
+    overlaps: ClassVar[bool] = True
     #: can ONE process play every rank of a cell (loopback)? If not, a cell whose W differs
     #: from the number of processes is recorded as skipped with the reason.
     simulates_ranks: ClassVar[bool] = False

@@ -30,6 +30,7 @@ from harness.system import CellInputs, System
 
 class MegatronCutlassSystem(System):
     name = "megatron_cutlass"
+    overlaps = False  # the combine runs after the experts
     layer_scope = True
     #: Megatron experts of layer cells: "grouped" (GroupedMLP) or "te" (TEGroupedMLP)
     layer_experts = "grouped"

@@ -34,6 +34,7 @@ from harness.workload import WorkloadSpec
 
 class SerialSystem(System):
     name = "serial"
+    overlaps = False  # the combine runs after the experts
     layer_scope = True
     PARAMS = {"dispatch": "auto"}
 

@@ -132,3 +132,55 @@ def test_the_tests_give_hydra_its_version_base_by_name():
                 if name in ("initialize", "initialize_config_dir", "initialize_config_module"):
                     wrong.append(f"{path.name}:{node.lineno}")
     assert not wrong, f"a positional job_name (meant as version_base?) at {wrong}"
+
+
+def test_a_misspelt_key_added_with_plus_names_the_nearest_valid_key():
+    proc = _run("+measure.iter=3")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "unknown key measure.iter" in line and "did you mean measure.iters?" in line, line
+
+
+def test_a_value_listed_twice_on_a_grid_axis_is_rejected_before_any_rank():
+    proc = _run("experiment.grid.experts_per_rank=[2,4,2]")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == "error: experiment.grid.experts_per_rank lists 2 twice", line
+
+
+def test_the_start_message_says_ffn_cells_take_out_equal_to_hidden(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from harness.config import register_configs
+    from harness.preflight import preflight, start_message
+
+    register_configs()
+    over = ["experiment=layer", "hardware=cpu", f"table={tmp_path / 't.parquet'}"]
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=over)
+    msg = start_message(cfg, preflight(cfg, 2, writable=False))
+    assert "FFN cells take out = hidden (experiment.grid.out [4096] is not used" not in msg
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[*over, "experiment.grid.out=[1024]"])
+    msg = start_message(cfg, preflight(cfg, 2, writable=False))
+    assert "FFN cells take out = hidden (experiment.grid.out [1024] is not used" in msg, msg
+
+
+def test_a_system_that_overlaps_nothing_has_no_overlap_ratio_and_says_why(tmp_path):
+    import json
+
+    import pandas as pd
+
+    table = tmp_path / "smoke.parquet"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.run", "progress=false", "experiment=smoke",
+         "hardware.world_size=2", "experiment.grid.experts_per_rank=[2]",
+         "experiment.grid.routing=[balanced]", f"table={table}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (row,) = pd.read_parquet(table).to_dict("records")
+    assert row["system"] == "serial" and row["status"] == "ok"
+    assert row["compute_ms"] > 0 and row["comm_ms"] > 0
+    assert row["overlap_ratio"] != row["overlap_ratio"]  # NaN, not the bounds' noise
+    assert "serial overlaps nothing" in json.loads(row["extra"])["overlap_ratio"]
