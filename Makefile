@@ -5,7 +5,7 @@ N_GPU := $(shell $(PY) -c "import torch; print(torch.cuda.device_count() if torc
 HAS_GPU := $(if $(filter 0,$(N_GPU)),0,1)
 # Experiments of each preset (see README, "Experiments"); each resumes from its table
 REPRO_CPU ?= smoke baselines_smoke padding
-REPRO_GPU1 ?= smoke correctness_loopback operator overlap_ccta bandwidth producer
+REPRO_GPU1 ?= smoke correctness_loopback operator overlap_ccta bandwidth producer layer_w1 layer_loopback
 REPRO_GPUN ?= smoke multigpu_smoke layer_smoke bandwidth bandwidth_nvshmem experts experts_operator models ccta_mgb overlap_sweep correctness correctness_nvshmem operator layer producer
 REPRO := $(if $(filter 0,$(N_GPU)),$(REPRO_CPU),$(if $(filter 1,$(N_GPU)),$(REPRO_GPU1),$(REPRO_GPUN)))
 HW := $(if $(filter 1,$(HAS_GPU)),h200,cpu)
