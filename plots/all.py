@@ -29,7 +29,8 @@ _DRAWS = {
     "placement": "operator_consumer_loopback", "padding": "padding", "ccta_sweep": "overlap_ccta",
     "bandwidth": "bandwidth", "layer": "layer", "experts": "experts", "models": "models",
     "ccta_mgb": "ccta_mgb ccta_auto", "correctness": "correctness correctness_loopback",
-    "producer": "producer", "functional": "overlap_functional",
+    "producer": "producer", "functional": "overlap_functional", "layer_w1": "layer_w1",
+    "layer_loopback": "layer_loopback",
 }  # fmt: skip
 #: experiment (table stem) -> plot module with plot(table, out_dir, name)
 FIGURES = {stem: f"plots.{m}" for m, stems in _DRAWS.items() for stem in stems.split()}
@@ -51,9 +52,12 @@ SHOWS = {
     "producer": "the producer against torch._grouped_mm and cuBLAS",
     "functional": "the overlap kernels in Triton's CPU interpreter: error against the tolerance "
     "per cell (functional, not a timing)",
+    "layer_w1": "the layer at W=1: each system vs serial (_systems), eager vs graph replay "
+    "(_graph)",
+    "layer_loopback": "the layer, one GPU playing W ranks: errors, receive memory, latency",
 }
 #: figure script -> the files it draws per table (<name><part>); others draw one, <name>
-PARTS = {"layer": ("_latency", "_speedup")}
+PARTS = {"layer": ("_latency", "_speedup"), "layer_w1": ("_systems", "_graph")}
 
 
 def _parts(table: Path) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """Shared plot helpers: read a results table (without the rows of retired variants, in its
-newest measurement setting), label systems from the registry and the overlap system's kept knobs,
-name the machine, lay out panels, save PNG + PDF."""
+newest measurement setting, a cell's CUDA-graph rows before its eager ones), label systems from
+the registry and the overlap system's kept knobs, name the machine and the timing, lay out
+panels, save PNG + PDF."""
 
 from __future__ import annotations
 
@@ -150,10 +151,59 @@ def machine(df: pd.DataFrame) -> str:
     return model if n == 1 else f"{model}x{n}"
 
 
-def load(table: str | Path, status: str | None = "ok") -> pd.DataFrame:
+#: the columns of a system's cell, with its knobs (p_*, not the *_used outcomes) apart from
+#: TIMING_KNOBS: rows that differ in nothing else differ only in how the step was timed
+SYSTEM_CELL = ("system", "scope", "transport", "world_size", "tokens_per_rank", "hidden", "out",
+               "ffn", "experts_per_rank", "top_k", "routing", "dtype", "model")  # fmt: skip
+#: knobs that decide whether a step can be captured: the NCCL dispatch syncs the host, so it is
+#: the eager-only path of a system whose device dispatch is graphed
+TIMING_KNOBS = ("p_dispatch",)
+
+
+def graphed(df: pd.DataFrame) -> pd.Series:
+    """Per row, True where its step was timed as CUDA-graph replays (`graph`); a table older
+    than the column, or a missing value, is eager."""
+    g = _col(df, "graph")
+    return g.where(g.notna(), False).astype(bool)
+
+
+def prefer_graph(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
+    """The rows a figure of one latency per (system, cell) draws: where a system's cell
+    (SYSTEM_CELL and its knobs, TIMING_KNOBS aside) has an ok row timed as CUDA-graph replays,
+    that cell's eager rows leave; a cell without one keeps every row. Says on stdout what it
+    left out."""
+    g = graphed(df)
+    ok = g & (df["status"] == "ok") if "status" in df else g
+    if not ok.any():
+        return df
+    knobs = [c for c in df if c.startswith("p_") and not c.endswith("_used")]
+    keys = [c for c in (*SYSTEM_CELL, *knobs) if c in df and c not in TIMING_KNOBS]
+    has = ok.groupby([df[c].astype(str) for c in keys], dropna=False).transform("any")
+    keep = g | ~has
+    if (~keep).any() and table:
+        print(f"[figures] {table}: CUDA-graph rows preferred; left out {int((~keep).sum())} "
+              "eager row(s) of cells that have one")  # fmt: skip
+    return df[keep]
+
+
+def timing_note(df: pd.DataFrame) -> str:
+    """ "timing: CUDA-graph replay", "timing: eager", or which systems' rows are graph replays
+    (the rest eager): the timing of df's rows, for a title."""
+    g = graphed(df)
+    if len(df) and g.all():
+        return "timing: CUDA-graph replay"
+    if not g.any():
+        return "timing: eager"
+    graph_systems = ", ".join(sorted(set(_col(df, "system")[g].astype(str))))
+    return f"timing: CUDA-graph replay ({graph_systems}), eager (the rest)"
+
+
+def load(table: str | Path, status: str | None = "ok", prefer: bool = True) -> pd.DataFrame:
     """A table's rows of kept variants of its newest measurement setting, with `status` only
-    (None: every status)."""
+    (None: every status); with `prefer`, a cell's CUDA-graph rows only where it has them
+    (prefer_graph)."""
     df = newest_setting(kept(pd.read_parquet(table)), table)
+    df = prefer_graph(df, table) if prefer else df
     return df if status is None else df[df["status"] == status]
 
 
@@ -171,13 +221,15 @@ def save(fig: plt.Figure, out_dir: str | Path, name: str, title: str = "") -> li
     return paths
 
 
-def transport_note(df: pd.DataFrame) -> str:
-    """A caption fragment naming the transports and hardware, so proxies are never mistaken."""
+def transport_note(df: pd.DataFrame, timing: bool = True) -> str:
+    """A caption fragment naming the transports and hardware, so proxies are never mistaken,
+    and (with `timing`: figures of latencies) the timing (timing_note)."""
     tr = ", ".join(sorted(set(df["transport"].dropna().astype(str)) - {""})) or "?"
     gpu = ", ".join(sorted(set(_col(df, "gpu_name").dropna().astype(str)))) or "?"
     w = ", ".join(str(int(v)) for v in sorted(set(_col(df, "world_size").dropna())))
     how = setting_note(df)
-    return f"transport: {tr}; W={w}; {gpu}" + (f"; measured with {how}" if how else "")
+    note = f"transport: {tr}; W={w}; {gpu}" + (f"; {timing_note(df)}" if timing else "")
+    return note + (f"; measured with {how}" if how else "")
 
 
 def against(
@@ -237,14 +289,14 @@ def draw_grid(
             ax.tick_params(which="both", labelsize=7)
 
 
-def finish(fig: plt.Figure, axes, colors: dict, title: str) -> plt.Figure:
-    """x labels on the bottom row, one legend above the panels (a line per colour), the title
-    above the legend."""
+def finish(fig: plt.Figure, axes, colors: dict, title: str, ncol: int = 4) -> plt.Figure:
+    """x labels on the bottom row, one legend above the panels (a line per colour, in at most
+    `ncol` columns), the title above the legend."""
     for ax in axes[-1]:
         ax.set_xlabel("experts per rank", fontsize=8)
     fig.tight_layout()
     handles = [Line2D([], [], marker="o", ms=3, color=c, label=v) for v, c in colors.items()]
-    ncol = min(len(handles), 4)
+    ncol = min(len(handles), ncol)
     fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=ncol,
                bbox_to_anchor=(0.5, 1.0))  # fmt: skip
     legend_h = (0.1 + 0.19 * -(-len(handles) // ncol)) / fig.get_figheight()

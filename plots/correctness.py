@@ -111,7 +111,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     s = summary(df).iloc[-1]
     title = (
         f"Correctness matrix: {s['passed']}/{s['checks']} checks passed, max rel. error "
-        f"{s['rel_err_max']:.2e} (tol {tol:.0e})\n{transport_note(df)}"
+        f"{s['rel_err_max']:.2e} (tol {tol:.0e})\n{transport_note(df, timing=False)}"
     )
     return save(fig, out_dir, name, title)
 

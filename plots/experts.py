@@ -18,7 +18,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from plots.common import label, main, save, transport_note
+from plots.common import label, main, prefer_graph, save, transport_note
 
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
 #: what the operator pass runs, for the caption when it is missing
@@ -56,7 +56,7 @@ def missing_systems(df: pd.DataFrame) -> dict[str, str]:
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
-    df = pd.read_parquet(table)
+    df = prefer_graph(pd.read_parquet(table), table)
     sp, ra = speedups(df), ratios(df)
     if sp.empty:
         raise ValueError(f"{table}: no layer workload with an ok overlap row and another system")

@@ -61,7 +61,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     ok = int((c["status"] == "ok").sum())
     title = (
         f"The overlap system's kernels on the CPU: {LABEL}\n"
-        f"{ok} of {len(c)} cells ok; {transport_note(df)}"
+        f"{ok} of {len(c)} cells ok; {transport_note(df, timing=False)}"
     )
     return save(fig, out_dir, name, title)
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from plots.all import FIGURES as DRAWN
 from plots.all import SHOWS, reference_names
-from plots.common import kept, placements
+from plots.common import kept, placements, prefer_graph
 from systems.overlap.autotune import DEFAULT, MAX_DISTANCE
 from systems.overlap.autotune import TABLE as AUTOTUNE_TABLE
 
@@ -66,7 +66,7 @@ def cells(df: pd.DataFrame, scope: str | None = None) -> pd.DataFrame:
     """Per workload cell of the ok rows (of `scope`, where the table has the column): each
     system's fastest latency (columns = systems; the overlap system over p2p or its default
     transport, not nvshmem, so a cell is one variant)."""
-    o = _ok(df)
+    o = prefer_graph(_ok(df))
     if scope is not None and "scope" in o:
         o = o[o["scope"].fillna("") == scope]
     if "p_transport" in o:
@@ -124,6 +124,69 @@ def headline(d: dict[str, pd.DataFrame]) -> list[str]:
                 f"| {scope} ({value}) | {_machine(key.split('/')[0], d[key])} | `{key}` | "
                 f"{len(v)} | {_med(v['serial'])}{note} | {_med(v['best'])} | {who} |"
             )
+    return out + [""]
+
+
+#: the host-free layer's table: every system's layer at W=1 on one H200
+HOST_FREE = "h200/layer_w1"
+HOST_FREE_COLS = ("serial graph", "overlap graph", "overlap eager", "overlap nccl")
+
+
+def host_free_cells(df: pd.DataFrame) -> pd.DataFrame:
+    """Per cell (hidden, ffn, E, routing) of the ok rows: serial's and overlap's latency per
+    timing (HOST_FREE_COLS: graph replay, eager step, NCCL dispatch; plots.layer_w1.modes), the
+    best baseline (its CUDA-graph row where it has one: plots.common.prefer_graph) and its name,
+    and the latency ratios overlap graph / serial graph and eager / graph of each."""
+    from plots.layer_w1 import modes
+
+    o = _ok(df)
+    keys = ["hidden", "ffn", "experts_per_rank", "routing"]
+    ours = o[o["system"].isin(["serial", "overlap"])]
+    ours = ours.assign(col=ours["system"] + " " + modes(ours))
+    out = ours.pivot_table(index=keys, columns="col", values="latency_ms", aggfunc="median")
+    base = prefer_graph(o[~o["system"].isin(["serial", "overlap"])])
+    base = base.pivot_table(index=keys, columns="system", values="latency_ms", aggfunc="min")
+    out = out.reindex(columns=list(HOST_FREE_COLS) + ["serial eager"])
+    out["best"], out["best_name"] = base.min(axis=1), base.idxmin(axis=1)
+    out["vs_serial"] = out["overlap graph"] / out["serial graph"]
+    out["overlap_gain"] = out["overlap eager"] / out["overlap graph"]
+    out["serial_gain"] = out["serial eager"] / out["serial graph"]
+    return out
+
+
+def _loopback_line(df: pd.DataFrame) -> str:
+    o = df[df["system"] == "overlap"]
+    ok = _ok(o)
+    ws = _join(o["world_size"].astype(int))
+    mem = _range(ok["m_recv_worst_mib"], ".0f", " MiB")
+    return (f"Loopback (`h200/layer_loopback`, one H200 as W={ws}; {_join(o['p_layout'])}): "
+            f"{len(ok)} of {len(o)} cells pass both checks (max rel. error "
+            f"{o['max_rel_err'].max():.2e}, worst row {o['max_row_rel_err'].max():.2e}); "
+            f"worst-case receive buffers {mem}; latency a proxy.")  # fmt: skip
+
+
+def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
+    """The host-free layer at W=1 (HOST_FREE), per cell: serial and overlap per timing, the
+    best baseline, the ratios; the loopback correctness line. [] without the table."""
+    if HOST_FREE not in d:
+        return []
+    df = d[HOST_FREE]
+    c = host_free_cells(df)
+    shape = f"T={_join(df['tokens_per_rank'])}, top-{_join(df['top_k'])}, {_join(df['dtype'])}"
+    out = ["## Host-free layer (one H200, W=1)", "",
+           f"`{HOST_FREE}`, {shape}; median ms. graph: CUDA-graph replay; eager: "
+           "the same step eager; nccl: the NCCL dispatch (host sync). Best baseline: CUDA graph "
+           "where capturable (deepep), else eager.", "",
+           "| H, F | E | routing | " + " | ".join(HOST_FREE_COLS) + " | best baseline | "
+           "overlap / serial | eager / graph: overlap, serial |",
+           "| --- " * 10 + "|"]  # fmt: skip
+    for (h, f, e, r), row in c.iterrows():
+        lat = " | ".join(f"{row[k]:.3f}" for k in HOST_FREE_COLS)
+        out.append(f"| {h}, {f} | {e} | {r} | {lat} | {row['best_name']} {row['best']:.3f} | "
+                   f"{row['vs_serial']:.2f}x | {row['overlap_gain']:.2f}x, "
+                   f"{row['serial_gain']:.2f}x |")  # fmt: skip
+    if "h200/layer_loopback" in d:
+        out += ["", _loopback_line(d["h200/layer_loopback"])]
     return out + [""]
 
 
@@ -405,7 +468,8 @@ def render(ref: Path = REF, figures: Path = FIGURES) -> str:
              "GPU playing W ranks) are a development proxy, never an interconnect result. Rows "
              "of retired variants (layout packed, local copy, swizzle and tile-config variants) "
              "are left out; `docs/measurements.md` keeps what they measured.", ""]  # fmt: skip
-    lines += headline(d) + claims_section(d) + tables_section(d) + figures_section(d, figures)
+    lines += headline(d) + host_free_section(d) + claims_section(d) + tables_section(d)
+    lines += figures_section(d, figures)
     lines += unmeasured_section(d)
     return "\n".join(lines)
 

@@ -1,0 +1,83 @@
+"""The overlap layer with one GPU playing W ranks (experiment layer_loopback): correctness at
+every W per layout, the worst-case receive memory, and the latency as what it is, a loopback
+proxy (the W ranks' steps in turn on one GPU), never an interconnect number.
+
+Three panels against W: the worst relative error over the cells (the relative Frobenius check,
+max_rel_err, and the worst-row check, max_row_rel_err) per layout with their tolerances (lower
+is better; a point under its tolerance passes); the worst-case receive buffer per H
+(m_recv_worst_mib); the latency per (layout, H), the median over E and routing (lower is
+better).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harness.check import DEFAULT_TOL, ROW_TOL_FACTOR
+from plots import common as pc
+
+ERRORS = {"max_rel_err": "relative Frobenius", "max_row_rel_err": "worst row"}
+
+
+def errors(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (W, layout, check): the worst error over the cells checked (every status
+    with an error recorded), `line` = "<layout>: <check>"."""
+    d = df.assign(layout=pc._col(df, "p_layout").fillna("aligned"))
+    long = d.melt(id_vars=["world_size", "layout"], value_vars=list(ERRORS), var_name="check")
+    long = long.dropna(subset=["value"])
+    out = long.groupby(["world_size", "layout", "check"], as_index=False)["value"].max()
+    return out.assign(line=out["layout"] + ": " + out["check"].map(ERRORS))
+
+
+def _lines(ax, d: pd.DataFrame, y: str, line: str, logy: bool = False) -> None:
+    colors = pc.palette(d[line])
+    for v, s in d.groupby(line):
+        m = s.groupby("world_size")[y].median()
+        compact = "compact" in str(v)  # drawn dashed: its points may sit on the aligned ones
+        style = dict(marker="x" if compact else "o", ls="--" if compact else "-", ms=4)
+        ax.plot(m.index, m.values, color=colors[v], label=v, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(d["world_size"].unique()), [str(int(w)) for w in
+                  sorted(d["world_size"].unique())])  # fmt: skip
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("W (ranks played by one GPU)", fontsize=8)
+    ax.tick_params(which="both", labelsize=7)
+    ax.legend(fontsize=6)
+
+
+def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
+    every = pc.load(table, status=None)
+    every = every[every["system"] == "overlap"]
+    ok = every[every["status"] == "ok"]
+    if ok.empty:
+        raise ValueError(f"{table}: no ok overlap rows to plot")
+    fig, axes = pc.grid(1, 3, w=3.8, h=3.2)
+    ax = axes[0][0]
+    _lines(ax, errors(every), "value", "line")
+    tol = float(every["tol"].max()) if "tol" in every else DEFAULT_TOL
+    ax.axhline(tol, color="k", lw=0.8, ls="--", label=f"tolerance {tol:.0e}")
+    ax.axhline(ROW_TOL_FACTOR * tol, color="k", lw=0.8, ls=":",
+               label=f"row tolerance {ROW_TOL_FACTOR * tol:.0e}")  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_title("worst error over the cells (lower is better)", fontsize=8)
+    ax.legend(fontsize=6, loc="center right")
+    ax = axes[0][1]
+    mem = ok.assign(H=ok["hidden"].map(lambda h: f"H={int(h)}"))
+    _lines(ax, mem, "m_recv_worst_mib", "H", logy=True)
+    ax.set_title("worst-case receive memory (MiB)", fontsize=8)
+    ax = axes[0][2]
+    lat = ok.assign(line=ok["p_layout"].fillna("aligned") + ok["hidden"].map(lambda h: f" H={h}"))
+    _lines(ax, lat, "latency_ms", "line", logy=True)
+    ax.set_title("latency (ms): loopback proxy, not an interconnect number", fontsize=8)
+    ax.set_ylabel("median over E and routing (lower is better)", fontsize=7)
+    n_ok, n = len(ok), len(every)
+    title = (f"The overlap layer, one GPU playing W ranks (loopback): {n_ok} of {n} cells pass "
+             f"both checks\n{pc.transport_note(every)}")  # fmt: skip
+    return pc.save(fig, out_dir, name, title)
+
+
+if __name__ == "__main__":
+    pc.main(plot, "results/layer_loopback.parquet", "layer_loopback")

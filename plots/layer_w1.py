@@ -1,0 +1,116 @@
+"""The whole MoE layer on ONE GPU at W=1 (experiment layer_w1): every system from x [T, H] and
+the routing to out [T, H]; nothing leaves the rank, so nothing is overlapped. Two figures, one
+panel row per shape (H, F) and one column per routing, against experts per rank:
+
+<name>_systems: latency(serial) / latency(system), each system's CUDA-graph replay where its
+step is capturable (plots.common.prefer_graph) and its eager step where it is not; each legend
+entry says which. Higher is better.
+<name>_graph: what graph replay buys serial and overlap: the eager step of the same code (the
+device dispatch, `measure.graph=false`) and the NCCL dispatch (its split sizes' host sync, so
+eager), each over that system's graph replay. Higher is better; 1 = no gain.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from plots import common as pc
+
+SHAPE = {"hidden": "H", "ffn": "F"}
+#: the figures of one table: <name><part>
+PARTS = ("_systems", "_graph")
+CELL = ["world_size", "tokens_per_rank", *SHAPE, "experts_per_rank", "top_k", "routing", "dtype"]
+#: how a serial or overlap row was timed, other than a graph replay -> its line in <name>_graph
+MODES = {"eager": "eager step / CUDA graph", "nccl": "NCCL dispatch (host sync) / CUDA graph"}
+
+
+def systems(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (cell, line) of df's ok rows, each system's CUDA-graph rows where its cell
+    has them: latency_ms (median), ref_ms (serial's), speedup = ref_ms / latency_ms, and `line`,
+    the system's label with its timing ("... [CUDA graph]", "... [eager]")."""
+    d = pc.prefer_graph(df[df["status"] == "ok"])
+    how = pc.graphed(d).map({True: " [CUDA graph]", False: " [eager]"})
+    line = pc.line_label(d) + how
+    out = pc.against(d.assign(line=line), CELL, ["system", "line"], agg="median")
+    return out[out["ref_ms"].notna()]
+
+
+def modes(df: pd.DataFrame) -> pd.Series:
+    """Per row, how its step was timed: "graph" (CUDA-graph replay), "eager" (the device
+    dispatch, eager) or "nccl" (the NCCL dispatch: eager); a row without p_dispatch_used (a
+    table older than the device dispatch) ran the NCCL one."""
+    used = df["p_dispatch_used"] if "p_dispatch_used" in df else pd.Series(None, index=df.index)
+    eager = used.map(lambda u: "eager" if u == "device" else "nccl")
+    return eager.where(~pc.graphed(df), "graph")
+
+
+def graph_gain(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (cell, line) of serial's and overlap's ok eager rows whose cell has a graph
+    replay of the same system: gain = latency(eager row) / latency(graph replay) (> 1: the
+    replay is faster); `line` names the system and the eager mode (MODES)."""
+    d = df[(df["status"] == "ok") & df["system"].isin(["serial", "overlap"])]
+    d = d.assign(mode=modes(d), line=pc.line_label(d))
+    keys = [*CELL, "system", "line"]
+    lat = d.groupby([*keys, "mode"], as_index=False)["latency_ms"].median()
+    graph = lat[lat["mode"] == "graph"].drop(columns="mode")
+    out = lat[lat["mode"] != "graph"].merge(graph, on=keys, suffixes=("", "_graph"))
+    out["gain"] = out["latency_ms"] / out["latency_ms_graph"]
+    return out.assign(line=out["line"] + ": " + out["mode"].map(MODES))
+
+
+def where(df: pd.DataFrame) -> str:
+    """ "one H200, W=1": the machine and the world size of df's rows, for a title."""
+    n = int(df["gpu_count"].max()) if "gpu_count" in df and df["gpu_count"].notna().any() else 0
+    model = pc.machine(df).split("x")[0].upper()
+    gpus = "the CPU" if n == 0 else ("one " + model if n == 1 else f"{n} {model}s")
+    w = ", ".join(str(int(v)) for v in sorted(df["world_size"].dropna().unique()))
+    return f"{gpus}, W={w}"
+
+
+def _pairs(gain: pd.DataFrame) -> dict:
+    """line -> colour: a system's two lines in one hue, dark for the eager step, light for the
+    NCCL dispatch."""
+    order = sorted(gain["system"].unique())
+    return {line: plt.cm.tab20(2 * order.index(s) + (m == "nccl"))
+            for line, s, m in gain[["line", "system", "mode"]].drop_duplicates().itertuples(
+                index=False)}  # fmt: skip
+
+
+def _draw(d: pd.DataFrame, y: str, what: str, title: str, colors: dict) -> plt.Figure:
+    fig, axes = pc.grid(d.groupby(list(SHAPE)).ngroups, d["routing"].nunique())
+    pc.draw_grid(axes, d, SHAPE, "line", y, what, colors)
+    return pc.finish(fig, axes, colors, title, ncol=2)
+
+
+def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
+    df = pc.load(table, prefer=False)
+    sp, gain = systems(df), graph_gain(df)
+    if sp.empty:
+        raise ValueError(f"{table}: no ok serial layer rows to compare against")
+    drawn = pc.prefer_graph(df)
+    head = f"The MoE layer on {where(df)}, T={_one(df, 'tokens_per_rank')}"
+    title = f"{head}: speedup against serial, higher is better\n{pc.transport_note(drawn)}"
+    fig = _draw(sp, "speedup", "speedup vs serial", title, pc.palette(sp["line"]))
+    paths = pc.save(fig, out_dir, name + "_systems")
+    stale = [Path(out_dir) / f"{name}_graph{ext}" for ext in (".png", ".pdf")]
+    if gain.empty:  # no graph replay to compare with: no figure, and none left looking current
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return paths
+    ours = df[df["system"].isin(["serial", "overlap"])]
+    title = (f"{head}: what CUDA-graph replay buys, higher is better\neager latency / graph "
+             f"replay latency of the same system and cell\n"
+             f"{pc.transport_note(ours, timing=False)}")  # fmt: skip
+    fig = _draw(gain, "gain", "eager / CUDA graph", title, _pairs(gain))
+    return paths + pc.save(fig, out_dir, stale[0].stem)
+
+
+def _one(df: pd.DataFrame, col: str) -> str:
+    return "/".join(str(int(v)) for v in sorted(df[col].dropna().unique()))
+
+
+if __name__ == "__main__":
+    pc.main(plot, "results/layer_w1.parquet", "layer_w1")
