@@ -150,7 +150,7 @@ def test_named_workloads_set_the_operator_shape(workload, shape):
 
 @pytest.mark.parametrize(
     "n_gpu, first, last",
-    [("0", "smoke", "padding"), ("1", "smoke", "producer"), ("2", "smoke", "producer")],
+    [("0", "smoke", "padding"), ("1", "smoke", "layer_loopback"), ("2", "smoke", "producer")],
 )
 def test_reproduce_preset_follows_the_gpu_count(n_gpu, first, last):
     out = subprocess.run(

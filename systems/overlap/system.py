@@ -57,7 +57,7 @@ def _runner(plan, weights, transport, k: OverlapParams):
     from systems.overlap.tuning import interpreter_config
 
     cpu = {}
-    if weights.device.type != "cuda":
+    if getattr(weights, "device", None) is not None and weights.device.type != "cuda":
         cpu = dict(tile=interpreter_config(k.tile_m), consumer=interpreter_consumer_config(),
                    num_programs=INTERPRETER_PROGRAMS)  # fmt: skip
     return OverlapRunner(
