@@ -164,23 +164,3 @@ def test_the_start_message_says_ffn_cells_take_out_equal_to_hidden(tmp_path):
         cfg = compose("config", overrides=[*over, "experiment.grid.out=[1024]"])
     msg = start_message(cfg, preflight(cfg, 2, writable=False))
     assert "FFN cells take out = hidden (experiment.grid.out [1024] is not used" in msg, msg
-
-
-def test_a_system_that_overlaps_nothing_has_no_overlap_ratio_and_says_why(tmp_path):
-    import json
-
-    import pandas as pd
-
-    table = tmp_path / "smoke.parquet"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.run", "progress=false", "experiment=smoke",
-         "hardware.world_size=2", "experiment.grid.experts_per_rank=[2]",
-         "experiment.grid.routing=[balanced]", f"table={table}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (row,) = pd.read_parquet(table).to_dict("records")
-    assert row["system"] == "serial" and row["status"] == "ok"
-    assert row["compute_ms"] > 0 and row["comm_ms"] > 0
-    assert row["overlap_ratio"] != row["overlap_ratio"]  # NaN, not the bounds' noise
-    assert "serial overlaps nothing" in json.loads(row["extra"])["overlap_ratio"]

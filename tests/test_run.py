@@ -38,6 +38,9 @@ def test_smoke_runs_checks_and_resumes(tmp_path):
     assert set(df["routing"]) == {"balanced", "stress_skew"}
     assert set(df["experts_per_rank"]) == {2, 4}
     assert (df["imbalance_rank"] >= 1).all() and df["git_rev"].str.len().gt(0).all()
+    # serial overlaps nothing: no overlap ratio (not the bounds' noise), and the row says why
+    assert (df["compute_ms"] > 0).all() and df["overlap_ratio"].isna().all()
+    assert df["extra"].str.contains("serial overlaps nothing").all()
     # a re-run skips every recorded cell and writes no duplicate rows
     again = run(f"table={table}").stdout
     assert "0 to run" in again
