@@ -49,23 +49,13 @@ def test_smoke_runs_checks_and_resumes(tmp_path):
 
 @pytest.mark.parametrize(
     "override, message",
-    [
-        ("+experiment.systems.nope={}", "unknown system 'nope'; choices"),
-        ("experiment.select=[nope]", "experiment.select names ['nope']"),
-        ("+experiment.systems.serial.params.ccta=4", "system 'serial' has no parameter 'ccta'"),
-        ("+experiment.params.tutel_degres=[1]", "unknown key experiment.params"),
-        ("+measure.iter=3", "unknown key measure.iter"),
-        ("experiment.grid.routing=[zipf]", "unknown routing 'zipf'; choices"),
-        ("hardware=h200", "needs CUDA GPUs"),
+    [  # Hydra's own parsing and composition: through the command line
         ("experiment=nope", "experiment/nope"),
         ("experiment.grid.tokns=[1]", "tokns"),
-        ("experiment.grid.experts_per_rank=[0]", "experts_per_rank must be >= 1"),
         ("measure.iter=3", "error: Could not override 'measure.iter'; Key 'iter' not in"),
         ("measure.iters=abc", "error: Error merging override measure.iters=abc"),
         ("workload=nope", "Could not find 'workload/nope'; choices: m_bert, m_gpt"),
-        ("+experiment.systems.overlap.params.tile_m=null", "tile_m must be one of (64, 128)"),
         ("+experiment.systems.overlap.params=[1]", "wrong type or shape (TypeError"),
-        ("experiment.grid.tokens_per_rank=[1000000000]", "GiB (tokens, weights, expert rows"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, override, message):
@@ -74,6 +64,38 @@ def test_bad_input_is_a_clear_error(tmp_path, override, message):
     assert message in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "HYDRA_FULL_ERROR=1 for a complete stack trace" not in proc.stderr  # Hydra's dump
+    assert not (tmp_path / "t.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [  # the harness's checks (one line each before any rank: the CLI path as above)
+        ("+experiment.systems.nope={}", "unknown system 'nope'; choices"),
+        ("experiment.select=[nope]", "experiment.select names ['nope']"),
+        ("+experiment.systems.serial.params.ccta=4", "system 'serial' has no parameter 'ccta'"),
+        ("+experiment.params.tutel_degres=[1]", "unknown key experiment.params"),
+        ("+measure.iter=3", "unknown key measure.iter"),
+        ("experiment.grid.routing=[zipf]", "unknown routing 'zipf'; choices"),
+        ("hardware=h200", "needs CUDA GPUs"),
+        ("experiment.grid.experts_per_rank=[0]", "experts_per_rank must be >= 1"),
+        ("+experiment.systems.overlap.params.tile_m=null", "tile_m must be one of (64, 128)"),
+        ("experiment.grid.tokens_per_rank=[1000000000]", "GiB (tokens, weights, expert rows"),
+    ],
+)
+def test_bad_settings_are_one_line_errors_before_any_rank(tmp_path, monkeypatch, override, message):
+    import harness.run as hr
+    from harness.errors import HarnessUserError
+
+    def no_ranks(*a, **k):
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(hr, "run_ranks", no_ranks)
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"table={tmp_path / 't.parquet'}", override])
+    with pytest.raises((HarnessUserError, ValueError)) as exc:
+        hr.launch(cfg, None)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
     assert not (tmp_path / "t.parquet").exists()
 
 
