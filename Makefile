@@ -1,7 +1,9 @@
 # MoE tile-level overlap harness. `make help` lists the targets.
 PY ?= python3
 # GPUs present (decides what `make reproduce` runs): 0, 1, or several (one process per GPU)
+ifeq ($(origin N_GPU), undefined)  # counted once (torch imports in 2 s); make N_GPU=<n> skips it
 N_GPU := $(shell $(PY) -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
+endif
 HAS_GPU := $(if $(filter 0,$(N_GPU)),0,1)
 # Experiments of each preset (see README, "Experiments"); each resumes from its table
 REPRO_CPU ?= smoke baselines_smoke padding
