@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from harness.check import CheckResult, check
+from harness.graphs import Captured, capture, graph_choice, graph_mode
 from harness.measure import (
     agree,
     cell_inputs,
@@ -256,20 +257,25 @@ def tutel_reason(ref: Reference, m: ModelSpec) -> str | None:
 
 
 class _Checked:
-    """The model's MoE call, each call checked against the float32 oracle on its own inputs."""
+    """The model's MoE call, each call checked against the float32 oracle on its own inputs;
+    `calls` keeps every call's (block, h [T, H], ids [T, k], gate [T, k], oracle [T, H])."""
 
     def __init__(self, moe: SystemMoE, oracle: ReferenceMoE, tol: float) -> None:
         self.moe, self.oracle, self.tol = moe, oracle, tol
         self.results: list[CheckResult] = []
+        self.calls: list[tuple] = []
 
     def __call__(self, block: int, h, ids, gate):
         out = self.moe(block, h, ids, gate)
-        self.results.append(check(out, self.oracle(block, h, ids, gate), self.tol))
+        want = self.oracle(block, h, ids, gate)
+        self.calls.append((block, h, ids, gate, want))
+        self.results.append(check(out, want, self.tol))
         return out
 
-    def worst(self) -> CheckResult:
-        bad = [r for r in self.results if not r.ok]
-        return bad[0] if bad else max(self.results, key=lambda r: r.max_rel_err)
+
+def _worst(results: list[CheckResult]) -> CheckResult:
+    bad = [r for r in results if not r.ok]
+    return bad[0] if bad else max(results, key=lambda r: r.max_rel_err)
 
 
 def _agreed(ctx: RunContext, res: CheckResult) -> tuple[bool, float, float]:
@@ -290,25 +296,39 @@ def gate_tolerances(cfg: Any, row: ModelRow) -> tuple[float, float]:
     return tol, model_tol
 
 
-def checked_forward(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, moe: SystemMoE):
-    """Step 3 (and 5): the forced-routing forward, checks (a) and (b); False after a failure
-    (the row then says which and why). Returns the model output on success."""
-    tol, model_tol = gate_tolerances(cfg, row)
-    checked = _Checked(moe, ref.oracle, tol)
-    out = ref.model(ref.x0, checked, forced=ref.ids)
-    a = checked.worst()
+def _verdict(ctx: RunContext, row: ModelRow, a: CheckResult, b: CheckResult, when: str) -> bool:
+    """Record check (a), the worst MoE call, and (b), the model output, agreed over the ranks;
+    False after a failure (the row says which, `when` and why)."""
     ok_a, err_a, row_a = _agreed(ctx, a)
-    b = check(out.reshape(-1, out.shape[-1]), ref.out.reshape(-1, out.shape[-1]), model_tol)
     ok_b, err_b, row_b = _agreed(ctx, b)
     row.metrics.update(moe_max_rel_err=max(row.metrics.get("moe_max_rel_err", 0.0), err_a))
     row.metrics["moe_max_row_rel_err"] = max(row.metrics.get("moe_max_row_rel_err", 0.0), row_a)
     row.max_rel_err = max(err_b, row.max_rel_err) if row.max_rel_err == row.max_rel_err else err_b
     row.max_row_rel_err = row_b
+    at = f"{when}: " if when else ""
     if not ok_a:
-        row.status, row.reason = "fail", f"a MoE call: {a.message or 'failed on another rank'}"
+        row.status, row.reason = "fail", f"{at}a MoE call: {a.message or 'failed on another rank'}"
     elif not ok_b:
-        row.status, row.reason = "fail", f"model output: {b.message or 'failed on another rank'}"
+        reason = b.message or "failed on another rank"
+        row.status, row.reason = "fail", f"{at}model output: {reason}"
     return row.status == "ok"
+
+
+def _output_check(out: torch.Tensor, ref: Reference, model_tol: float) -> CheckResult:
+    H = out.shape[-1]
+    return check(out.reshape(-1, H), ref.out.reshape(-1, H), model_tol)
+
+
+def checked_forward(
+    ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, moe: SystemMoE, when: str = ""
+) -> _Checked | None:
+    """Step 3 (and 5): the forced-routing forward, checks (a) and (b); None after a failure
+    (the row then says which and why), else the checked calls."""
+    tol, model_tol = gate_tolerances(cfg, row)
+    checked = _Checked(moe, ref.oracle, tol)
+    out = ref.model(ref.x0, checked, forced=ref.ids)
+    ok = _verdict(ctx, row, _worst(checked.results), _output_check(out, ref, model_tol), when)
+    return checked if ok else None
 
 
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
@@ -335,8 +355,55 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
     system.setup([inputs])
     row.impl, row.transport = system.impl, system.transport
     row.params.update(system.resolved_params())
-    if not checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs)):
+    checked = checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs))
+    if checked is None:
         return
+    why = graph_choice(
+        graph_mode(getattr(cfg.measure, "graph", "false")), ctx.device, system.capture_blocker()
+    )
+    graphs = None
+    if why is None:
+        try:
+            graphs = _Graphs.capture(ctx, ref, system, inputs, checked.calls)
+        except RuntimeError as exc:
+            why = str(exc)
+    row.graph, row.graph_reason = graphs is not None, why or ""
+    timings = (
+        _timed_graphs(ctx, cfg, row, ref, graphs)
+        if graphs
+        else _timed_eager(ctx, cfg, ref, m, system, inputs)
+    )
+    if timings is None:
+        return
+    if graphs is None and not checked_forward(
+        ctx, cfg, row, ref, SystemMoE(system, inputs), "after timing"
+    ):
+        return
+    t, tm = timings
+    copy_in = _copy_in_time(ctx, cfg, ref, m, SystemMoE(system, inputs))
+    row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
+    row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
+    row.metrics.update(
+        moe_ms=tm.median_ms,
+        moe_p10_ms=tm.p10_ms,
+        moe_p90_ms=tm.p90_ms,
+        moe_blocks=float(len(m.moe_blocks)),
+        copy_in_ms=copy_in,
+    )
+    row.extra = _extra(m, system, row.graph)
+
+
+def _max_over_ranks(ctx: RunContext, ms: list[float]) -> list[float]:
+    """Per-iteration times, the slowest rank's (as time_fn)."""
+    t = torch.tensor(ms, dtype=torch.float64, device=ctx.device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=ctx.group)
+    return t.cpu().tolist()
+
+
+def _timed_eager(ctx: RunContext, cfg: Any, ref: Reference, m: ModelSpec, system, inputs):
+    """Step 4, eager: the plain forward (the model's own routing) timed, and the MoE calls in it
+    (events around system.timed(), summed per forward). Returns (forward, MoE) Timings."""
     timer = MoETimer(ctx.device)
     moe = SystemMoE(system, inputs, timer)
 
@@ -346,36 +413,100 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
 
     kw = dict(device=ctx.device, group=ctx.group)
     t = time_fn(forward, warmup=cfg.measure.warmup, iters=cfg.measure.iters, **kw)
-    moe_ms = torch.tensor(timer.per_forward_ms()[-cfg.measure.iters :], dtype=torch.float64)
-    moe_ms = moe_ms.to(ctx.device)
-    if torch.distributed.is_initialized():  # the slowest rank, per forward (as time_fn)
-        torch.distributed.all_reduce(moe_ms, op=torch.distributed.ReduceOp.MAX, group=ctx.group)
-    tm = summarize(moe_ms.cpu().tolist())
+    system.check_errors()
+    moe_ms = _max_over_ranks(ctx, timer.per_forward_ms()[-cfg.measure.iters :])
+    return t, summarize(moe_ms)
+
+
+def _copy_in_time(ctx: RunContext, cfg: Any, ref: Reference, m: ModelSpec, moe: SystemMoE):
+    """One copy-in of h, ids and gate, eager (ms): what latency_ms pays per MoE call beyond
+    system.timed()."""
     h = ref.x0.reshape(-1, m.hidden)
     ids = ref.ids[m.moe_blocks[0]]
     gate = torch.full(ids.shape, 0.5, device=ids.device)  # any [T, k] float32: only copied
-    copy = time_fn(lambda: moe.copy_in(h, ids, gate), warmup=1, iters=cfg.measure.iters, **kw)
-    if not checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs)):
-        row.reason = f"after timing: {row.reason}"
-        return
-    row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
-    row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
-    row.metrics.update(
-        moe_ms=tm.median_ms,
-        moe_p10_ms=tm.p10_ms,
-        moe_p90_ms=tm.p90_ms,
-        moe_blocks=float(len(m.moe_blocks)),
-        copy_in_ms=copy.median_ms,
+    kw = dict(device=ctx.device, group=ctx.group)
+    return time_fn(
+        lambda: moe.copy_in(h, ids, gate), warmup=1, iters=cfg.measure.iters, **kw
+    ).median_ms
+
+
+@dataclass
+class _Graphs:
+    """The forced-routing forward captured whole (`model`: its replay rewrites the output) and
+    the system's step alone (`moe`, reading the CellInputs that `copy` fills), with the checked
+    calls (block, h, ids, gate, oracle) the step is replayed on."""
+
+    model: Captured
+    moe: Captured
+    copy: SystemMoE
+    calls: list[tuple]
+    system: Any
+
+    @staticmethod
+    def capture(ctx: RunContext, ref: Reference, system, inputs, calls) -> _Graphs:
+        moe = SystemMoE(system, inputs)
+        model = capture(lambda: ref.model(ref.x0, moe, forced=ref.ids), ctx.device)
+        _, h, ids, gate, _ = calls[0]
+        moe.copy_in(h, ids, gate)
+        step = capture(system.timed, ctx.device)
+        return _Graphs(model, step, moe, calls, system)
+
+    def check(self, ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, when: str) -> bool:
+        """Check (b) on a replay of the model's graph, (a) on a replay of the step's graph per
+        MoE call (its inputs copied in), then the system's error words."""
+        tol, model_tol = gate_tolerances(cfg, row)
+        b = _output_check(self.model.replay(), ref, model_tol)
+        results = []
+        for _, h, ids, gate, want in self.calls:
+            self.copy.copy_in(h, ids, gate)
+            results.append(check(self.moe.replay(), want, tol))
+        self.system.check_errors()
+        return _verdict(ctx, row, _worst(results), b, when)
+
+
+def _timed_graphs(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, g: _Graphs):
+    """Step 4 under graphs: the forward graph's replays timed; the MoE time per forward is the
+    step graph's replay time on each MoE call's inputs, summed per iteration. Checked on a
+    replay before and after timing. Returns (forward, MoE) Timings, None after a failure."""
+    if not g.check(ctx, cfg, row, ref, "graph replay"):
+        return None
+    kw = dict(
+        device=ctx.device, group=ctx.group, warmup=cfg.measure.warmup, iters=cfg.measure.iters
     )
-    row.extra = json.dumps(
+    t = time_fn(g.model.replay, **kw)
+    per_call = []
+    for _, h, ids, gate, _ in g.calls:
+        g.copy.copy_in(h, ids, gate)
+        per_call.append(time_fn(g.moe.replay, **kw).samples)
+    g.system.check_errors()
+    if not g.check(ctx, cfg, row, ref, "graph replay after timing"):
+        return None
+    return t, summarize([sum(s) for s in zip(*per_call)])
+
+
+def _extra(m: ModelSpec, system, graph: bool) -> str:
+    timing = (
+        {
+            "timing": "graph: the forward with the reference's top-k (forced; the router still "
+            "runs) captured whole and replayed",
+            "moe_ms": "the system's step captured alone, replayed on each MoE call's inputs, "
+            "summed per forward",
+        }
+        if graph
+        else {
+            "timing": "eager: the plain forward (the model's own top-k)",
+            "moe_ms": "events around system.timed() per MoE call, summed per forward",
+        }
+    )
+    return json.dumps(
         {
             "model": m.as_dict(),
             "attention": "data parallel, sdpa" + (" causal" if m.causal else ""),
             "router": f"softmax fp32, top-{m.top_k}, gates renormalised",
             "experts": "one set per model, shared by its MoE blocks",
-            "moe_ms": "events around system.timed() per MoE call, summed per forward",
+            **timing,
             "copy_in": "h, ids, gate into the system's CellInputs per call: in latency_ms, "
-            "not in m_moe_ms (m_copy_in_ms: one copy-in)",
+            "not in m_moe_ms (m_copy_in_ms: one copy-in, eager)",
             "check": "top-k forced to the reference model's; each MoE call vs the fp32 oracle "
             "(measure.tol), the output vs the reference model (model_tol)",
             **system.extra,

@@ -260,7 +260,7 @@ def cell_inputs(
             x = make_tokens(spec, r, ctx.device)
             w = make_rank_weights(spec, r, ctx.device)
             w1 = make_rank_fc1(spec, r, ctx.device) if spec.ffn else None
-            if played == [ctx.rank]:
+            if played == [ctx.rank] and ctx.world_size > 1:
                 x_recv = dispatch(x, lay, ctx.group)  # the real exchange between processes
             else:
                 x_recv = dispatch_local(spec, lay, ctx.device)

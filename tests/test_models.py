@@ -393,3 +393,6 @@ def test_models_smoke_every_layer_scope_system_on_gpus(tmp_path):
     assert (ok["m_moe_max_rel_err"] < 8e-3).all() and (ok["max_rel_err"] < 5e-2).all()
     assert (ok["m_moe_ms"] > 0).all() and (ok["world_size"] == n).all()
     assert df[df["status"] == "skipped"]["reason"].str.len().gt(0).all()
+    if n == 1:  # the played device dispatch: serial and overlap capture whole (measure.graph=auto)
+        host_free = ok[ok["system"].isin(["serial", "overlap"])]
+        assert host_free["graph"].all(), host_free[["system", "graph_reason"]]
