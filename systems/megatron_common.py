@@ -58,6 +58,21 @@ unpermute. Experts are built as Megatron's specs build them (moe_grouped_gemm=Tr
 Both apply the probs after the activation (activation_func_with_probs), i.e. gelu(h) * p before
 fc2, the same sum_j w_j gelu(x W1_j) W2_j as the reference's gate-after.
 
+Capacity (layer cells, param `capacity`): "dropless" (the default) is the dispatcher above; its
+preprocess copies tokens_per_expert and the split sizes to the host and waits for them
+(token_dispatcher.py _maybe_dtoh_and_synchronize), so the step cannot be captured in a CUDA
+graph. "padded" is Megatron's drop-and-pad route, the one its CUDA-graph scope `moe` requires
+(transformer_config.py: "moe cuda graph is only supported with drop-padding MoE"):
+moe_expert_capacity_factor = f and moe_pad_expert_input_to_capacity = True. The router stub
+then applies Megatron's apply_router_token_dropping (what TopKRouter.routing does after its
+top-k): each expert keeps its `capacity` = ceil(T*k/G * f) highest-prob tokens of this rank and
+is padded to exactly that many with zero-prob tokens. The dispatcher's counts become host
+constants (torch.full), the all-to-all splits equal (None), permute / unpermute index by the
+fixed [G, capacity] layout, every expert computes W * capacity rows: nothing in the step reads
+a device value on the host. f is the smallest factor that drops nothing for the cell's routing
+(no_drop_capacity: capacity = the busiest (source rank, expert) count, computed on the host at
+setup); setup counts the (token, expert) pairs Megatron's map dropped anyway (must be 0).
+
 Parallel state: Megatron's model-parallel groups are created once per process over the default
 process group with expert-model-parallel size = world size (TP = PP = CP = 1); repeated calls
 with the same world size are no-ops.
@@ -76,7 +91,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.experts import expert_gemm, expert_gemm_impl
+from harness.experts import device_offsets, expert_gemm, expert_gemm_impl
 from harness.workload import WorkloadSpec, routing_of
 
 MCORE_VERSION = "0.16.1"
@@ -237,6 +252,41 @@ def transformer_config(spec: WorkloadSpec, **overrides: Any):
     return TransformerConfig(**kw)
 
 
+def megatron_capacity(spec: WorkloadSpec, factor: float) -> int:
+    """Megatron's expert capacity for a cell (moe_utils.get_capacity, as its router and its
+    dispatcher compute it): rows each rank sends each expert, ceil(T*k/G * factor)."""
+    from megatron.core.transformer.moe.moe_utils import get_capacity
+
+    return get_capacity(spec.tokens_per_rank * spec.top_k, spec.n_experts, factor)
+
+
+def capacity_factor_for(spec: WorkloadSpec, capacity: int) -> float:
+    """A capacity factor f with megatron_capacity(spec, f) == capacity (capacity >= 1): the
+    quotient capacity / (T*k/G), moved by a few ulps where the float product rounds across
+    an integer."""
+    import math
+
+    if capacity < 1:
+        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    f = capacity * spec.n_experts / (spec.tokens_per_rank * spec.top_k)
+    for _ in range(64):
+        got = megatron_capacity(spec, f)
+        if got == capacity:
+            return f
+        f = math.nextafter(f, math.inf if got < capacity else 0.0)
+    raise RuntimeError(f"no capacity factor gives capacity {capacity} (T*k/G rounding)")
+
+
+def no_drop_capacity(spec: WorkloadSpec) -> tuple[int, float]:
+    """(capacity, factor): the smallest capacity that drops no token of the cell's routing
+    (the most tokens any rank routes to any one expert; Megatron's capacity is per source
+    rank and expert) and a factor that gives it. Host work on the seeded routing [W, T, k]."""
+    ids = routing_of(spec).expert_ids  # [W, T, k] global experts
+    counts = torch.stack([torch.bincount(r.flatten(), minlength=spec.n_experts) for r in ids])
+    capacity = int(counts.max())
+    return capacity, capacity_factor_for(spec, capacity)
+
+
 def routing_tensors(
     spec: WorkloadSpec, rank: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -351,7 +401,12 @@ def topk_to_dense(
 
 
 class FixedRouter(torch.nn.Module):
-    """Router stub: forward(hidden, padding_mask) -> the probs / routing_map set beforehand."""
+    """Router stub: forward(hidden, padding_mask) -> the probs / routing_map set beforehand.
+
+    Where the config sets moe_expert_capacity_factor, the map then goes through Megatron's
+    apply_router_token_dropping as TopKRouter.routing sends its top-k (capacity, drop policy
+    and padding from the config): probs [T, G] f32 zero where dropped or padded, routing_map
+    [T, G] with `capacity` entries per expert when padded."""
 
     def __init__(self, config: Any = None, pg_collection: Any = None) -> None:
         super().__init__()
@@ -372,10 +427,28 @@ class FixedRouter(torch.nn.Module):
         if self.topk is not None:
             if self.topk[0].shape[0] != tokens:
                 raise RuntimeError("FixedRouter: set_topk() for this input first")
-            return topk_to_dense(*self.topk)
+            return self.token_dropping(*topk_to_dense(*self.topk))
         if self.probs is None or self.probs.shape[0] != tokens:
             raise RuntimeError("FixedRouter: set_routing() for this input first")
-        return self.probs, self.routing_map
+        return self.token_dropping(self.probs, self.routing_map)
+
+    def token_dropping(
+        self, probs: torch.Tensor, routing_map: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """TopKRouter.routing's capacity step (a no-op without a capacity factor)."""
+        cfg = self.config
+        if cfg is None or cfg.moe_expert_capacity_factor is None:
+            return probs, routing_map
+        from megatron.core.transformer.moe.moe_utils import apply_router_token_dropping
+
+        return apply_router_token_dropping(
+            probs,
+            routing_map,
+            router_topk=cfg.moe_router_topk,
+            capacity_factor=cfg.moe_expert_capacity_factor,
+            drop_policy=cfg.moe_token_drop_policy,
+            pad_to_capacity=cfg.moe_pad_expert_input_to_capacity,
+        )
 
     def set_layer_number(self, layer_number: int) -> None:
         pass
@@ -511,6 +584,20 @@ class MegatronOperator:
 # layer scope: the real MoELayer with Megatron's real experts -------------------------------
 
 
+#: torch._grouped_mm offsets of padded layers, (host counts, device) -> int32 [E] on the device.
+#: gmm's signature carries host counts only; a padded layer's counts are fixed per cell, so its
+#: offsets are copied once at setup: a copy made inside a captured step would be replayed from
+#: a pinned host buffer that may hold other data by then.
+_FIXED_OFFS: dict[tuple[tuple[int, ...], str], torch.Tensor] = {}
+
+
+def fix_gmm_offsets(counts: list[int], device: torch.device) -> None:
+    """Make the stand-in gmm use offsets made now for these host counts (padded layers)."""
+    key = (tuple(counts), str(device))
+    if key not in _FIXED_OFFS:
+        _FIXED_OFFS[key] = device_offsets(counts, device)
+
+
 def _torch_gmm(
     a: torch.Tensor, b: torch.Tensor, batch_sizes: torch.Tensor, trans_b: bool = False
 ) -> torch.Tensor:
@@ -518,7 +605,8 @@ def _torch_gmm(
     [E, N, K] with trans_b), batch_sizes [E] rows per expert (host) -> [R, N]."""
     if trans_b:
         b = b.transpose(1, 2)
-    return expert_gemm(a, [int(c) for c in batch_sizes.tolist()], b)
+    counts = [int(c) for c in batch_sizes.tolist()]
+    return expert_gemm(a, counts, b, _FIXED_OFFS.get((tuple(counts), str(a.device))))
 
 
 #: stands in for the `grouped_gemm` package (its `ops.gmm`) where it is not installed
@@ -578,6 +666,10 @@ class MegatronLayer:
     route / preprocess / dispatch / experts / combine once (untimed); the bounds reuse those
     rows: compute_only = experts (sort by expert, fc1, gelu x probs, fc2, unsort) + unpermute,
     comm_only = the dispatch (rows and probs) and combine all-to-alls.
+    capacity_factor (None: dropless) sets Megatron's drop-and-pad route (module doc); then
+    `capacity` is Megatron's rows per (source rank, expert), every local expert computes
+    W * capacity rows, and `dropped` counts the (token, expert) pairs of the whole cell that
+    Megatron's map left out (None where dropless).
     """
 
     def __init__(
@@ -586,6 +678,7 @@ class MegatronLayer:
         experts: str = "grouped",
         permute_fusion: bool = False,
         config: dict[str, Any] | None = None,
+        capacity_factor: float | None = None,
     ) -> None:
         """config: further TransformerConfig fields (megatron_deepep: the flex dispatcher)."""
         from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
@@ -596,11 +689,16 @@ class MegatronLayer:
         ensure_parallel_state(spec.world_size)
         dev = inputs.x.device
         self.spec = spec
+        padded = {}
+        if capacity_factor is not None:
+            padded = dict(
+                moe_expert_capacity_factor=capacity_factor, moe_pad_expert_input_to_capacity=True
+            )
         self.config = transformer_config(
             spec,
             moe_permute_fusion=permute_fusion,
             use_cpu_initialization=dev.type != "cuda",
-            **(config or {}),
+            **{**padded, **(config or {})},
         )
         submodules = MoESubmodules(
             experts=layer_experts_spec(experts, spec.n_experts), router=FixedRouter
@@ -620,19 +718,36 @@ class MegatronLayer:
             self.disp, self.disp_probs = layer.dispatch(self.hidden, self.probs)
         # the flex dispatcher keeps its counts in its comm manager, set by every dispatch
         self.tokens_per_expert = getattr(self.dispatcher, "tokens_per_expert", None)
+        self.capacity: int | None = getattr(self.dispatcher, "capacity", None)
+        self.dropped = None if capacity_factor is None else self._dropped(rmap)
+        if capacity_factor is not None and experts == "grouped" and not real_gg:
+            fix_gmm_offsets([int(c) for c in self.tokens_per_expert.tolist()], dev)
         self.y = self.experts()
         with torch.no_grad():
             self.back = layer.combine(self.y)
+        self.gemm = self._gemm_name(experts, real_gg)
+        self.real_grouped_gemm = bool(real_gg) and experts == "grouped"
+        self.experts_name = type(layer.experts).__name__
+
+    def _dropped(self, routing_map: torch.Tensor) -> int:
+        """(token, expert) pairs of the harness routing missing from Megatron's routing_map
+        [T, G] after its capacity step, summed over the ranks (setup only: reads the device)."""
+        wanted = topk_to_dense(*self.layer.router.topk)[1]
+        n = (wanted & ~routing_map).sum().reshape(1)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(n)
+        return int(n.item())
+
+    def _gemm_name(self, experts: str, real_gg: bool) -> str:
+        """Which grouped GEMM the experts run (for `impl`)."""
         if experts == "te":
             import transformer_engine
 
-            self.gemm = f"TE {getattr(transformer_engine, '__version__', '?')} GroupedLinear"
-        elif real_gg:
-            self.gemm = "grouped_gemm.gmm"
-        else:
-            w1 = layer.experts.weight1.view(spec.experts_per_rank, H, -1)
-            self.gemm = f"{expert_gemm_impl(self.disp, w1)} (gmm stand-in: no grouped_gemm)"
-        self.experts_name = type(layer.experts).__name__
+            return f"TE {getattr(transformer_engine, '__version__', '?')} GroupedLinear"
+        if real_gg:
+            return "grouped_gemm.gmm"
+        w1 = self.layer.experts.weight1.view(self.spec.experts_per_rank, self.spec.hidden, -1)
+        return f"{expert_gemm_impl(self.disp, w1)} (gmm stand-in: no grouped_gemm)"
 
     def experts(self) -> torch.Tensor:
         """routed_experts_compute on the held dispatched rows [R, H] -> [R, H] (x probs)."""

@@ -19,6 +19,15 @@ asserts), timed as the whole layer(x [T, 1, H]) forward -> out [T, H]: router st
 dispatch all-to-all, experts, combine all-to-all, unpermute (megatron_common.MegatronLayer).
 Its GEMM is grouped_gemm.ops.gmm; without the grouped_gemm package a torch._grouped_mm stand-in
 with gmm's signature (impl says which).
+
+Param `capacity` (layer cells): "dropless" (default) is the dispatcher above, whose host sync
+keeps the step out of a CUDA graph; "padded" is Megatron's drop-and-pad route (capacity factor
+plus moe_pad_expert_input_to_capacity), with the smallest factor that drops no token of the
+cell (megatron_common.no_drop_capacity): no host read in the step, so it may be captured.
+The row's extra records capacity (rows per source rank and expert), expert_rows (W * capacity,
+what each expert computes), capacity_factor and dropped_tokens (0); a capacity that drops a
+(token, expert) pair anyway makes setup fail with the count (a dropped low-gate pair can pass
+the output check), so no row times a layer that computed less.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from harness.system import CellInputs, System
+
+#: the `capacity` param's choices (systems/megatron_common.py explains both routes)
+CAPACITIES = ("dropless", "padded")
 
 
 class MegatronCutlassSystem(System):
@@ -36,7 +48,9 @@ class MegatronCutlassSystem(System):
     layer_experts = "grouped"
     #: permute_fusion: Megatron's moe_permute_fusion (TE's fused permute / unpermute kernels);
     #: "auto" = on where TE provides them, as Megatron users run it
-    PARAMS: ClassVar[dict[str, Any]] = {"permute_fusion": "auto"}
+    #: capacity: "dropless" (Megatron's dropless all-to-all dispatcher) or "padded" (its
+    #: drop-and-pad route at the smallest capacity that drops nothing; layer cells only)
+    PARAMS: ClassVar[dict[str, Any]] = {"permute_fusion": "auto", "capacity": "dropless"}
 
     @classmethod
     def validate(cls, spec, params: dict[str, Any], sm_count: int) -> None:
@@ -45,9 +59,24 @@ class MegatronCutlassSystem(System):
                 f"{cls.name}: permute_fusion must be 'auto', true or false, "
                 f"got {params['permute_fusion']!r}"
             )
+        capacity = params.get("capacity", "dropless")  # a subclass may not have the knob
+        if capacity not in CAPACITIES:
+            raise ValueError(
+                f"{cls.name}: capacity must be one of {', '.join(CAPACITIES)}, got {capacity!r}"
+            )
 
     @classmethod
     def unsupported(cls, spec, params: dict[str, Any]) -> str | None:
+        if not spec.ffn and params.get("capacity") == "padded":
+            return (
+                f"{cls.name}: capacity=padded is Megatron's layer route; the operator scope "
+                "starts from the harness's dropless dispatched rows (x_recv)"
+            )
+        return cls.experts_unsupported(spec)
+
+    @classmethod
+    def experts_unsupported(cls, spec) -> str | None:
+        """Why the experts module cannot take the cell, or None."""
         if spec.ffn and spec.dtype != "bfloat16":
             return f"{cls.name}: Megatron's legacy GroupedMLP runs bf16 only, cell is {spec.dtype}"
         return None
@@ -59,18 +88,9 @@ class MegatronCutlassSystem(System):
         (inputs,) = ranks
         self.fusion = mc.resolve_permute_fusion(self.params["permute_fusion"])
         self.layer = bool(inputs.spec.ffn)
+        self.padded = self.layer and self.params.get("capacity") == "padded"
         if self.layer:
-            self.op = mc.MegatronLayer(inputs, self.layer_experts, permute_fusion=self.fusion)
-            self._impl = (
-                f"native (mcore {mc.mcore_version()} MoELayer+alltoall; "
-                f"experts {self.op.experts_name}, {self.op.gemm})"
-            )
-            self.extra = {
-                "megatron_core": mc.mcore_version(),
-                "dispatcher": "alltoall",
-                "experts": self.op.experts_name,
-                "gemm": self.op.gemm,
-            }
+            self._setup_layer(mc, inputs)
             return
         self.op = mc.MegatronOperator(
             inputs.spec,
@@ -83,6 +103,55 @@ class MegatronCutlassSystem(System):
         )
         self._impl = self.impl_name(mc, inputs)
         self.extra = {"megatron_core": mc.mcore_version(), "dispatcher": "alltoall"}
+
+    def _setup_layer(self, mc, inputs: CellInputs) -> None:
+        """The real MoELayer, dropless or padded to the cell's no-drop capacity."""
+        factor = mc.no_drop_capacity(inputs.spec)[1] if self.padded else None
+        self.op = mc.MegatronLayer(
+            inputs, self.layer_experts, permute_fusion=self.fusion, capacity_factor=factor
+        )
+        route = "alltoall, drop-and-pad" if self.padded else "alltoall"
+        self._impl = (
+            f"native (mcore {mc.mcore_version()} MoELayer+{route}; "
+            f"experts {self.op.experts_name}, {self.op.gemm})"
+        )
+        self.extra = {
+            "megatron_core": mc.mcore_version(),
+            "dispatcher": route,
+            "experts": self.op.experts_name,
+            "gemm": self.op.gemm,
+        }
+        if self.padded:
+            self.extra.update(
+                capacity=self.op.capacity,
+                expert_rows=self.op.capacity * inputs.spec.world_size,
+                capacity_factor=factor,
+                dropped_tokens=self.op.dropped,
+            )
+            if self.op.dropped:  # a dropped low-gate pair can pass the output check
+                raise RuntimeError(
+                    f"{self.name} capacity=padded: Megatron dropped {self.op.dropped} (token, "
+                    f"expert) pairs at capacity {self.op.capacity} (factor {factor:.6g})"
+                )
+
+    def capture_blocker(self) -> str | None:
+        if not self.padded:
+            return (
+                f"{self.name} capacity=dropless: Megatron's all-to-all dispatcher copies "
+                "tokens_per_expert and the split sizes to the host and waits for them "
+                "(token_dispatcher.py _maybe_dtoh_and_synchronize: d2h_event.synchronize())"
+            )
+        if self.op.spec.world_size > 1:
+            return (
+                f"{self.name} capacity=padded at W > 1: no host read, but the equal-split NCCL "
+                "all-to-all's capture across processes is not tried yet"
+            )
+        if self.op.real_grouped_gemm:
+            return (
+                f"{self.name}: the grouped_gemm package's gmm is not verified under capture "
+                "(not installed where this was checked)"
+            )
+        return None
 
     def resolved_params(self) -> dict[str, Any]:
         return {"permute_fusion_used": self.fusion}

@@ -14,12 +14,11 @@ Layer cells (ffn = F > 0, scope "layer"): the real MoELayer with TEGroupedMLP as
 spec builds it (MLPSubmodules(linear_fc1=TEColumnParallelGroupedLinear,
 linear_fc2=TERowParallelGroupedLinear)): fc1 weight{e} [F, H] = W1_e^T, gelu (config's
 F.gelu, not TE's op) x probs, fc2 weight{e} [H, F] = W2_e^T; timed as the whole layer forward
-x [T, 1, H] -> out [T, H] (megatron_common.MegatronLayer).
+x [T, 1, H] -> out [T, H] (megatron_common.MegatronLayer). Param `capacity` as megatron_cutlass:
+"padded" runs Megatron's drop-and-pad route (TEGroupedMLP gets fixed host counts).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from harness.system import CellInputs
 from systems.megatron_cutlass import MegatronCutlassSystem
@@ -30,7 +29,7 @@ class MegatronTESystem(MegatronCutlassSystem):
     layer_experts = "te"
 
     @classmethod
-    def unsupported(cls, spec, params: dict[str, Any]) -> str | None:
+    def experts_unsupported(cls, spec) -> str | None:
         return None  # unlike GroupedMLP, TEGroupedMLP asserts no dtype
 
     def experts_cls(self, mc):
