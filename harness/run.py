@@ -35,7 +35,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -43,18 +43,33 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import nearest_key, register_configs
-from harness.errors import HarnessUserError, is_comm_failure
-from harness.preflight import Plan, dry_run, preflight, resolve_world, start_message, table_path
-from harness.rank import Reporter, worker
 from harness.slurm import export_torch_env
-from harness.supervisor import progress_bar, run_ranks
 
+if TYPE_CHECKING:
+    from harness.preflight import Plan
+
+# torch and everything that needs it are imported once the task starts (inside the functions
+# below): a command line Hydra cannot compose is answered without the 2-3 s import of torch
 register_configs()
 
 #: most summary rows printed (the rest are in the table)
 SUMMARY_ROWS = 15
 
 __all__ = ["launch", "main", "summary", "table_path"]
+
+
+def table_path(cfg: Any) -> Path:
+    """The run's table (harness.preflight.table_path)."""
+    from harness.preflight import table_path as path
+
+    return path(cfg)
+
+
+def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
+    """Spawn and supervise the ranks (harness.supervisor.run_ranks)."""
+    from harness.supervisor import run_ranks as run
+
+    return run(cfg, plan)
 
 
 # ------------------------------------------------------------------------------ the end
@@ -107,6 +122,8 @@ def summary(rows: list[dict], path: Path) -> list[str]:
 
 def finish(cfg: Any, plan: Plan, stopped: str | None, hashes: set[str]) -> int:
     """Print what this run wrote (the cells of `hashes`) and why it stopped; the exit code."""
+    from harness.errors import HarnessUserError
+
     try:
         df = plan.table.load()
     except HarnessUserError:  # damaged during the run: the reason it stopped says so
@@ -140,6 +157,8 @@ def finish(cfg: Any, plan: Plan, stopped: str | None, hashes: set[str]) -> int:
 
 def launch(cfg: DictConfig, workload: str | None = None) -> int:
     """Validate, spawn, supervise; the exit code (bad input raises HarnessUserError)."""
+    from harness.preflight import Plan, dry_run, preflight, resolve_world, start_message
+
     export_torch_env()  # one task of a Slurm / submitit job of several: ranks from the job
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun / Slurm
         return _launch_torchrun(cfg, workload)
@@ -192,6 +211,11 @@ def record_crash(cfg: Any, cell: dict, reason: str) -> None:
 def _launch_torchrun(cfg: DictConfig, workload: str | None) -> int:
     """Every rank validates the config (so all fail alike); rank 0 reads the table, walks with
     the others, then prints the summary."""
+    from harness.errors import is_comm_failure
+    from harness.preflight import preflight, start_message
+    from harness.rank import Reporter, worker
+    from harness.supervisor import progress_bar
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     plan = preflight(cfg, world, workload, table=rank == 0)
     if rank == 0:
@@ -226,6 +250,8 @@ def main(cfg: DictConfig) -> None:
     global _TASK_STARTED
     _TASK_STARTED = True
     signal.signal(signal.SIGTERM, _stop)
+    from harness.errors import HarnessUserError
+
     hc = HydraConfig.get()
     workload = hc.runtime.choices.get("workload")
     try:

@@ -67,6 +67,14 @@ def test_bad_input_is_a_clear_error(tmp_path, override, message):
     assert not (tmp_path / "t.parquet").exists()
 
 
+def test_a_command_line_hydra_cannot_compose_is_answered_without_importing_torch():
+    """harness.run imports torch once its task starts, so the one-line answer to a misspelt
+    key or group takes well under a second, not the 2-3 s of torch's import."""
+    code = "import sys, harness.run; print(sorted(m for m in sys.modules if m.startswith('torch')))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout[:300] + proc.stderr
+
+
 @pytest.mark.parametrize(
     "override, message",
     [  # the harness's checks (one line each before any rank: the CLI path as above)
