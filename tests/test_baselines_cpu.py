@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,8 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests import ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUTINGS = ("balanced", "moderate_skew", "stress_skew")
@@ -130,17 +130,11 @@ def _variant_worker(rank: int, init: str, out_path: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def variant_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("variants") / "rows.json"
-    init = f"tcp://127.0.0.1:{_free_port()}"
-    mp.spawn(_variant_worker, args=(init, str(out)), nprocs=W, join=True)
+    init = f"tcp://127.0.0.1:{ranks.free_port()}"
+    ranks.run_ranks(_variant_worker, (init, str(out)), W)
     return json.loads(out.read_text())
 
 

@@ -3,12 +3,11 @@ Triton's interpreter: the W > 1 paths of the labels' bound (rows from several so
 by expert, expert_pos cut to the R real rows, a rank that receives nothing, the regrowth after
 the sync) give the torch path's Dispatched on every rank. The one-GPU tests reach W = 1 only."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests import ranks
 
 FIELDS = (
     "x_recv",
@@ -78,12 +77,9 @@ def _worker(rank: int, world: int, init: str, q) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_dispatch_labels_at_a_bound_equal_the_torch_path_on_every_rank(world, monkeypatch):
     pytest.importorskip("triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the spawned ranks import triton afresh
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    q = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_worker, args=(world, f"tcp://127.0.0.1:{port}", q), nprocs=world, join=True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the ranks import triton afresh
+    q = ranks.context().SimpleQueue()
+    ranks.run_ranks(_worker, (world, f"tcp://127.0.0.1:{ranks.free_port()}", q), world)
     got = dict(q.get() for _ in range(world))
     assert sorted(got) == list(range(world))
     # rank 0 receives every row of the hot routing (past the first bound at W = 3), the others

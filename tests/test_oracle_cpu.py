@@ -1,16 +1,14 @@
 """The CPU oracle of the overlapped combine equals the reference layer (W=4 gloo and loopback)."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from harness.check import check
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens
 from systems.overlap.plan import padded_input, plans_for_spec
+from tests import ranks
 from tests.oracle_cpu import overlap_forward, overlap_loopback
 
 W = 4
@@ -50,11 +48,8 @@ def _worker(rank, init, q):
 
 
 def test_overlap_gloo_w4_equals_reference():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    q = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_worker, args=(f"tcp://127.0.0.1:{port}", q), nprocs=W, join=True)
+    q = ranks.context().SimpleQueue()
+    ranks.run_ranks(_worker, (f"tcp://127.0.0.1:{ranks.free_port()}", q), W)
     results = [q.get() for _ in range(len(COMBOS) * W)]
     bad = [r for r in results if not r[4]]
     assert not bad, bad

@@ -1,15 +1,13 @@
 """The reference layer over a real gloo process group (W=4) equals the single-process oracle."""
 
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from harness.check import check
 from harness.layout import rank_layout
 from harness.reference import reference_distributed, reference_local
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens
+from tests import ranks
 
 W = 4
 
@@ -39,12 +37,8 @@ def _worker(rank, init, q):
 
 
 def test_distributed_reference_equals_oracle():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    mp.spawn(_worker, args=(f"tcp://127.0.0.1:{port}", q), nprocs=W, join=True)
+    q = ranks.context().SimpleQueue()
+    ranks.run_ranks(_worker, (f"tcp://127.0.0.1:{ranks.free_port()}", q), W)
     results = [q.get() for _ in range(3 * W)]
     assert len(results) == 3 * W
     assert all(ok for _, _, ok, _ in results), [r for r in results if not r[2]]
