@@ -1,0 +1,65 @@
+"""The 2026-12-03 capacity migration: megatron_cutlass's and megatron_te's rows hashed before
+the param `capacity` get the hash of the cell with capacity=dropless (what they ran), eager and
+graph-mode rows alike; other systems' rows stay; a second run changes nothing."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+from hydra import compose, initialize_config_dir
+
+from harness.config import register_configs
+from harness.measure import expand_grid, hash_cell
+from harness.records import ResultsTable, Row
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "results/reference/migrations/2026_12_03_megatron_capacity.py"
+SPEC = ("world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "routing")
+MEGATRON = ("megatron_cutlass", "megatron_te")
+
+
+def _migration():
+    spec = importlib.util.spec_from_file_location("megatron_capacity", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(cfg, cell: dict, params: dict, h: str) -> Row:
+    m, hw = cfg.measure, cfg.hardware
+    return Row(
+        experiment=cell["experiment"], system=cell["system"], cell_hash=h,
+        **{k: cell[k] for k in (*SPEC, "dtype", "ffn")}, params=params, hardware=hw.name,
+        backend=hw.backend, warmup=int(m.warmup), iters=int(m.iters), tol=float(m.tol),
+        command="python -m harness.run", extra=json.dumps({"rounds": int(m.rounds)}),
+    )  # fmt: skip
+
+
+def test_the_migration_gives_megatron_rows_dropless_and_todays_hash(tmp_path):
+    register_configs()
+    rows, want, moved = [], [], 0
+    for graph in ("false", "auto"):
+        over = ["experiment=layer_w1", "hardware=h200", f"measure.graph={graph}"]
+        with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=over)
+        for c in expand_grid(cfg, 1):
+            if c["system"] not in (*MEGATRON, "serial"):
+                continue
+            del c["cell_hash"]
+            before = {k: v for k, v in c["params"].items() if k != "capacity"}
+            if c["system"] == "serial":  # not migrated: keeps its hash
+                rows.append(_row(cfg, c, c["params"], hash_cell(cfg, 1, c)))
+                want.append(rows[-1].cell_hash)
+                continue
+            rows.append(_row(cfg, c, before, hash_cell(cfg, 1, {**c, "params": before})))
+            want.append(hash_cell(cfg, 1, {**c, "params": {**c["params"], "capacity": "dropless"}}))
+            moved += 1
+    path = tmp_path / "t.parquet"
+    ResultsTable(path).append(rows)
+    mig = _migration()
+    assert moved and mig.migrate(path) == {"migrated": moved, "done": len(rows) - moved}
+    df = pd.read_parquet(path)
+    assert sorted(df["cell_hash"]) == sorted(want)
+    assert (df[df["system"].isin(MEGATRON)]["p_capacity"] == "dropless").all()
+    assert mig.migrate(path) == {"done": len(rows)}  # idempotent
