@@ -65,37 +65,56 @@ def _compose(*overrides: str):
 # ---- 1. a stalled or dead rank ends the run within the time-out; nothing broken is recorded
 
 
-def _assert_stopped_then_resumed(tmp_path: Path, fault: str, expect: str, bound_s: float) -> None:
-    table = tmp_path / "t.parquet"
+@pytest.fixture(scope="module")
+def stopped_runs(tmp_path_factory):
+    """Three runs (W=2) on one table: rank 1 killed at its 2nd cell; a re-run (it resumes) in
+    which rank 1 stops itself at its 2nd cell; a plain re-run. The smoke cells, and per run its
+    process, its time and the table after it."""
+    table = tmp_path_factory.mktemp("stopped") / "t.parquet"
     common = (f"table={table}", "hardware.world_size=2", FAULTY, "hardware.timeout_s=3")
-    t0 = time.monotonic()
-    proc = run(*common, env={"HARNESS_TEST_FAULT": fault})
-    took = time.monotonic() - t0
+    runs = []
+    for fault in ("kill:1:1", "stop:1:1", None):
+        t0 = time.monotonic()
+        proc = run(*common, env={"HARNESS_TEST_FAULT": fault} if fault else None)
+        runs.append((proc, time.monotonic() - t0, read_table(table)))
+    return expand_grid(_compose(f"table={table}", "hardware.world_size=2")[0], 2), runs
+
+
+def _assert_stopped(run_: tuple, expect: str, cell: dict, done: list[dict], bound_s: float):
+    """The run ended with exit code 1 within bound_s, one line naming `expect` and the cell in
+    flight, which is not recorded: the table holds the `done` cells only, all ok."""
+    proc, took, df = run_
     assert proc.returncode == 1, _out(proc)
     assert took < bound_s, f"took {took:.1f} s: {_out(proc)}"
     (line,) = _error_lines(proc)  # one message
-    cells = expand_grid(_compose(f"table={table}", "hardware.world_size=2")[0], 2)
-    assert expect in line and f"in cell {cells[1]['cell_hash']}" in line, line
+    assert expect in line and f"in cell {cell['cell_hash']}" in line, line
     assert "Traceback" not in _out(proc)
-    df = read_table(table)
-    assert list(df["cell_hash"]) == [cells[0]["cell_hash"]]  # the cell in flight is not recorded
+    assert list(df["cell_hash"]) == [c["cell_hash"] for c in done]
     assert set(df["status"]) == {"ok"}
-    again = run(*common)
-    assert again.returncode == 0, _out(again)
-    assert "1 already in" in again.stdout and "3 to run" in again.stdout
-    df = read_table(table)
+
+
+def _assert_resumed(cells: list[dict], run_: tuple, found: int) -> None:
+    proc, _, df = run_
+    assert proc.returncode == 0, _out(proc)
+    assert f"{found} already in" in proc.stdout and f"{4 - found} to run" in proc.stdout
     assert sorted(df["cell_hash"]) == sorted(c["cell_hash"] for c in cells)  # no dup, no loss
     assert set(df["status"]) == {"ok"}
 
 
-def test_1_killed_rank_ends_the_run_naming_rank_and_cell(tmp_path):
-    _assert_stopped_then_resumed(tmp_path, "kill:1:1", "rank 1 died (killed by SIGKILL)", 30)
+def test_1_killed_rank_ends_the_run_naming_rank_and_cell(stopped_runs):
+    cells, (killed, resumed, last) = stopped_runs
+    _assert_stopped(killed, "rank 1 died (killed by SIGKILL)", cells[1], cells[:1], 30)
+    assert "1 already in" in resumed[0].stdout and "3 to run" in resumed[0].stdout
+    assert resumed[2]["cell_hash"].iloc[1] == cells[1]["cell_hash"]  # the lost cell ran again
+    _assert_resumed(cells, last, 2)
 
 
-def test_1_stopped_rank_ends_the_run_within_the_timeout(tmp_path):
+def test_1_stopped_rank_ends_the_run_within_the_timeout(stopped_runs):
     # SIGSTOP: the rank is alive but silent; its peer blocks in a collective. The bound is the
     # 3 s time-out plus start-up, far below the 10-minute process-group default of old.
-    _assert_stopped_then_resumed(tmp_path, "stop:1:1", "rank 1 stopped responding", 30)
+    cells, (_, stopped, again) = stopped_runs
+    _assert_stopped(stopped, "rank 1 stopped responding", cells[2], cells[:2], 30)
+    _assert_resumed(cells, again, 2)
 
 
 def _children(pid: int) -> list[int]:
@@ -179,7 +198,7 @@ def test_2_the_hash_covers_every_setting_that_changes_a_number():
     assert {c["cell_hash"] for c in expand_grid(_compose()[0], 2)} != base  # process count
 
 
-def test_2_a_changed_measure_setting_reruns_the_cell(tmp_path):
+def test_2_a_changed_measure_setting_reruns_the_cell(tmp_path, monkeypatch, capsys):
     table = tmp_path / "t.parquet"
     first = run(f"table={table}", "hardware.world_size=1", "progress=true")
     assert first.returncode == 0, _out(first)
@@ -190,8 +209,17 @@ def test_2_a_changed_measure_setting_reruns_the_cell(tmp_path):
     df = read_table(table)
     assert len(df) == 8 and df["cell_hash"].is_unique
     assert sorted(df["iters"].unique()) == [5, 7] and sorted(df["tol"].unique()) == [1e-3, 8e-3]
-    same = run(f"table={table}", "hardware.world_size=1", "measure.iters=7", "measure.tol=1e-3")
-    assert "4 already in" in same.stdout and "0 to run" in same.stdout, same.stdout
+    # the same settings again: every cell is in (in-process: nothing would run)
+    import harness.run as hr
+
+    monkeypatch.setattr(hr, "run_ranks", lambda *a: pytest.fail("ranks started"))
+    capsys.readouterr()
+    cfg, workload = _compose(
+        f"table={table}", "hardware.world_size=1", "measure.iters=7", "measure.tol=1e-3"
+    )
+    assert hr.launch(cfg, workload) == 0
+    same = capsys.readouterr().out
+    assert "4 already in" in same and "0 to run" in same, same
 
 
 # ---- 3. every setting is validated before any process starts
@@ -236,9 +264,15 @@ def test_3_bad_settings_are_rejected_before_any_process_starts(
     assert not (tmp_path / "t.parquet").exists()
 
 
-def test_3_iters_0_exits_2_with_one_line_before_any_process_starts(tmp_path):
-    table = tmp_path / "t.parquet"
-    proc = run(f"table={table}", "measure.iters=0")
+@pytest.fixture(scope="module")
+def iters_0(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """`measure.iters=0` on the command line: its table path and the process."""
+    table = tmp_path_factory.mktemp("iters_0") / "t.parquet"
+    return table, run(f"table={table}", "measure.iters=0")
+
+
+def test_3_iters_0_exits_2_with_one_line_before_any_process_starts(iters_0):
+    table, proc = iters_0
     assert proc.returncode == 2, _out(proc)
     assert _error_lines(proc) == ["error: measure.iters must be >= 1, got 0"]
     assert "[harness]" not in proc.stdout and "Traceback" not in _out(proc)
@@ -259,9 +293,8 @@ def _good_table(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "no cell_hash"])
-def test_4_a_damaged_table_is_one_line_and_never_overwritten(tmp_path, damage):
-    table = _good_table(tmp_path / "t.parquet")
+def _damaged(path: Path, damage: str) -> Path:
+    table = _good_table(path)
     data = table.read_bytes()
     if damage == "empty":
         table.write_bytes(b"")
@@ -271,6 +304,28 @@ def test_4_a_damaged_table_is_one_line_and_never_overwritten(tmp_path, damage):
         table.write_bytes(os.urandom(len(data)))
     else:
         read_table(table).drop(columns=["cell_hash"]).to_parquet(table)
+    return table
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "garbage", "no cell_hash"])
+def test_4_a_damaged_table_is_one_line_and_never_overwritten(tmp_path, monkeypatch, capsys, damage):
+    # in-process (the command line's exit code 2 and `error:` line for this error: below)
+    import harness.run as hr
+
+    table = _damaged(tmp_path / "t.parquet", damage)
+    before = table.read_bytes()
+    monkeypatch.setattr(hr, "run_ranks", lambda *a: pytest.fail("ranks started"))
+    cfg, workload = _compose(f"table={table}")
+    with pytest.raises(HarnessUserError) as exc:
+        hr.launch(cfg, workload)
+    line = str(exc.value)
+    assert f"table {table}" in line and "table=<path>" in line and "\n" not in line, line
+    assert "[harness]" not in capsys.readouterr().out
+    assert table.read_bytes() == before
+
+
+def test_4_a_damaged_table_on_the_command_line_is_one_line_and_exit_code_2(tmp_path):
+    table = _damaged(tmp_path / "t.parquet", "truncated")
     before = table.read_bytes()
     proc = run(f"table={table}")
     assert proc.returncode == 2, _out(proc)
@@ -341,12 +396,12 @@ def test_5_two_runs_on_one_table_keep_every_row(tmp_path):
 # ---- 6. errors a person can read
 
 
-def test_6_a_user_error_is_one_line_and_the_trace_comes_only_when_asked(tmp_path):
-    proc = run(f"table={tmp_path / 't.parquet'}", "measure.tol=-1")
+def test_6_a_user_error_is_one_line_and_the_trace_comes_only_when_asked(iters_0):
+    table, proc = iters_0
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    full = run(f"table={tmp_path / 't.parquet'}", "measure.tol=-1", env={"HYDRA_FULL_ERROR": "1"})
+    full = run(f"table={table}", "measure.iters=0", env={"HYDRA_FULL_ERROR": "1"})
     assert full.returncode != 0 and "Traceback" in full.stderr
-    assert "measure.tol must be a number > 0" in full.stderr
+    assert "measure.iters must be >= 1" in full.stderr
 
 
 def test_6_a_rank_failure_prints_its_root_cause_once(tmp_path):
@@ -393,7 +448,9 @@ def test_7_dry_run_of_a_gpu_experiment_needs_no_gpu():
     assert len(proc.stdout.splitlines()) < 30  # a short table, not 225 lines
 
 
-def test_7_dry_run_marks_the_cells_already_in_the_table(tmp_path):
+def test_7_dry_run_marks_the_cells_already_in_the_table(tmp_path, monkeypatch, capsys):
+    import harness.run as hr
+
     table = tmp_path / "t.parquet"
     cells = expand_grid(_compose(f"table={table}")[0], 4)
     ResultsTable(table).append(
@@ -402,13 +459,15 @@ def test_7_dry_run_marks_the_cells_already_in_the_table(tmp_path):
             Row("smoke", "serial", cell_hash=cells[1]["cell_hash"], status="error"),
         ]
     )
-    proc = run(f"table={table}", "dry_run=true")
-    assert proc.returncode == 0, _out(proc)
-    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    # in-process (the command line's dry run: test_7_dry_run_of_a_gpu_experiment_needs_no_gpu)
+    monkeypatch.setattr(hr, "run_ranks", lambda *a: pytest.fail("ranks started"))
+    assert hr.launch(*_compose(f"table={table}", "dry_run=true")) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert lines[cells[0]["cell_hash"]].rstrip().endswith("ok")
     assert lines[cells[1]["cell_hash"]].rstrip().endswith("error, runs again")
     assert lines[cells[2]["cell_hash"]].rstrip().endswith("-")
-    assert "1 already in" in proc.stdout and "3 to run" in proc.stdout
+    assert "1 already in" in out and "3 to run" in out
 
 
 # ---- 8. progress, short summaries, loud figures
