@@ -165,6 +165,23 @@ def _loopback_line(df: pd.DataFrame) -> str:
             f"worst-case receive buffers {mem}; latency a proxy.")  # fmt: skip
 
 
+def _models_line(df: pd.DataFrame) -> str:
+    """The models at W=1: graphed overlap against graphed serial (end to end and MoE calls) and
+    against each model's fastest baseline row (its CUDA-graph row where it has one)."""
+    o = _ok(df)
+    g = o[o["graph"].fillna(False).astype(bool)]
+    per = g.pivot_table(index="model", columns="system", values=["latency_ms", "m_moe_ms"])
+    if not {"overlap", "serial"} <= set(per["latency_ms"].columns):
+        return ""
+    lat, moe = per["latency_ms"], per["m_moe_ms"]
+    base = prefer_graph(o[~o["system"].isin(["serial", "overlap"])])
+    best = base.groupby("model")["latency_ms"].min()
+    return (f"Models at W=1 (`h200/models`, CUDA-graph rows of serial and overlap): overlap / "
+            f"serial end to end {_range(lat['overlap'] / lat['serial'], unit='x')}, MoE calls "
+            f"{_range(moe['overlap'] / moe['serial'], unit='x')}; the fastest baseline / overlap "
+            f"end to end {_range(best / lat['overlap'], unit='x')}.")  # fmt: skip
+
+
 def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
     """The host-free layer at W=1 (HOST_FREE), per cell: serial and overlap per timing, the
     best baseline, the ratios; the loopback correctness line. [] without the table."""
@@ -187,6 +204,8 @@ def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
                    f"{row['serial_gain']:.2f}x |")  # fmt: skip
     if "h200/layer_loopback" in d:
         out += ["", _loopback_line(d["h200/layer_loopback"])]
+    if "h200/models" in d and (line := _models_line(d["h200/models"])):
+        out += ["", line]
     return out + [""]
 
 
