@@ -10,6 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from harness.config import register_configs
+from tests.inprocess import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,23 +28,6 @@ def run(*overrides, check=True):
     return proc
 
 
-def _launch(*overrides: str) -> int:
-    """harness.run's launch in this process, with no rank allowed to start."""
-    import harness.run as hr
-
-    def no_ranks(*a, **k):
-        raise AssertionError("ranks started")
-
-    register_configs()
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    orig, hr.run_ranks = hr.run_ranks, no_ranks
-    try:
-        return hr.launch(cfg, None)
-    finally:
-        hr.run_ranks = orig
-
-
 def test_smoke_runs_checks_and_resumes(tmp_path, capsys):
     table = tmp_path / "smoke.parquet"
     out = run(f"table={table}").stdout
@@ -59,7 +43,7 @@ def test_smoke_runs_checks_and_resumes(tmp_path, capsys):
     assert (df["compute_ms"] > 0).all() and df["overlap_ratio"].isna().all()
     assert df["extra"].str.contains("serial overlaps nothing").all()
     # a re-run skips every recorded cell and writes no duplicate rows (in-process: no rank)
-    assert _launch(f"table={table}", "progress=false") == 0
+    assert launch(f"table={table}", "progress=false", ranks=False) == 0
     assert "0 to run" in capsys.readouterr().out
     assert len(pd.read_parquet(table)) == 4
 
@@ -176,7 +160,8 @@ def test_every_experiment_config_composes_and_dry_runs(capsys):
             # a second pass of an experiment writes into its table (torch's one symmetric-memory
             # backend per process: the nvshmem passes; the loopback and operator-scope passes)
             assert cfg.experiment.name == PASSES.get(name, name)
-    assert _launch("experiment=smoke", "dry_run=true") == 0  # the command line's: test_reliability
+    # in-process (the command line's dry run: test_reliability's test_7)
+    assert launch("experiment=smoke", "dry_run=true", ranks=False) == 0
     assert "dry run of smoke: 4 cells" in capsys.readouterr().out
 
 
