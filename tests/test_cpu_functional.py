@@ -14,12 +14,21 @@ import pandas as pd
 import pytest
 
 from harness.records import ResultsTable, Row
+from tests import ranks
 
 ROOT = Path(__file__).resolve().parents[1]
-GATE = (
-    "import torch; from harness.system import RunContext, get_system; "
-    "print(get_system('overlap').unavailable_reason(RunContext(0, 1, torch.device('cpu')), 2))"
-)
+
+
+def _gate(rank: int, q) -> None:
+    """In a fresh process (forked from tests/ranks.py's server, which imported torch only):
+    whether the catalogue and triton were still unimported, and why overlap cannot run here."""
+    fresh = not [m for m in sys.modules if m.split(".")[0] in ("systems", "triton")]
+    import torch
+
+    from harness.system import RunContext, get_system
+
+    ctx = RunContext(0, 1, torch.device("cpu"))
+    q.put((fresh, str(get_system("overlap").unavailable_reason(ctx, 2))))
 
 
 def _env(**set_vars: str) -> dict:
@@ -29,18 +38,22 @@ def _env(**set_vars: str) -> dict:
     return {**env, "PYTHONPATH": str(ROOT), **set_vars}
 
 
-def test_the_catalogue_lets_overlap_onto_the_cpu_in_a_functional_run_only():
+def test_the_catalogue_lets_overlap_onto_the_cpu_in_a_functional_run_only(monkeypatch):
     pytest.importorskip("triton")
     said = {}
+    q = ranks.context().SimpleQueue()
     for name, env in (
         ("plain", {}),
         ("interpreter only", {"TRITON_INTERPRET": "1"}),
         ("functional", {"TRITON_INTERPRET": "1", "HARNESS_FUNCTIONAL": "1"}),
     ):
-        proc = subprocess.run([sys.executable, "-c", GATE], cwd=ROOT, env=_env(**env),
-                              capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        said[name] = proc.stdout.strip()
+        for var in ("HARNESS_FUNCTIONAL", "TRITON_INTERPRET"):
+            monkeypatch.delenv(var, raising=False)
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+        ranks.run_ranks(_gate, (q,), 1)  # a process of its own: the catalogue reads env once
+        fresh, said[name] = q.get()
+        assert fresh, "the catalogue was imported before this environment was set"
     assert "needs a CUDA GPU" in said["plain"] and "needs a CUDA GPU" in said["interpreter only"]
     assert said["functional"] == "None", said
 
