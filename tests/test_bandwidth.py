@@ -11,6 +11,7 @@ import torch
 
 from experiments.bandwidth import REFERENCE as REF
 from experiments.bandwidth import expected_region, sender_plan, sizes
+from tests.inprocess import launch
 from tests.overlap_testing import expected_sends
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,10 +52,10 @@ def test_sender_plan_sends_every_row_to_a_peer_in_its_own_region(W, me):
     assert not want[me].any()  # nothing to itself
 
 
-def test_cells_and_a_bad_option_before_any_process():
-    proc = _run("dry_run=true", "hardware.world_size=3")
-    assert proc.returncode == 0, proc.stderr
-    lines = [x for x in proc.stdout.splitlines() if x.split()[1:2] in (["overlap"], [REF])]
+def test_cells_and_a_bad_option_before_any_process(capsys):
+    assert launch(*TINY, "dry_run=true", "hardware.world_size=3", ranks=False) == 0
+    out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.split()[1:2] in (["overlap"], [REF])]
     assert len(lines) == 2 * 2 + 2  # 2 sizes x (loopback, p2p) + the reference per size
     bad = _run("dry_run=true", "hardware.world_size=3", "+experiment.options.segment_kb=[1]")
     assert bad.returncode != 0 and "unknown option(s) ['segment_kb']" in bad.stdout + bad.stderr
@@ -62,8 +63,7 @@ def test_cells_and_a_bad_option_before_any_process():
 
 def test_reference_moves_the_right_rows_on_gloo(tmp_path):
     table = tmp_path / "bw.parquet"
-    proc = _run(f"table={table}", "hardware.world_size=3")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert launch(*TINY, f"table={table}", "hardware.world_size=3") == 0
     df = pd.read_parquet(table)
     ref = df[df.system == "nccl_all_to_all"]
     assert len(ref) == 2 and (ref.status == "ok").all(), ref[["status", "reason"]]
