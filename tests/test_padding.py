@@ -1,7 +1,5 @@
 """Padding study: the exact count equals the plan's padding; a tiny end-to-end run and figure."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -19,8 +17,7 @@ from systems.overlap.plan import (
     plans_for_spec,
     row_tiles,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.inprocess import launch
 
 
 @pytest.mark.parametrize("routing", ["balanced", "moderate_skew", "stress_skew"])
@@ -92,10 +89,7 @@ def test_padding_rows_hand_example():
 
 def test_padding_experiment_tiny_run_and_figure(tmp_path):
     table = tmp_path / "padding.parquet"
-    cmd = [
-        sys.executable,
-        "-m",
-        "harness.run",
+    code = launch(
         "experiment=padding",
         "progress=false",
         f"table={table}",
@@ -103,9 +97,8 @@ def test_padding_experiment_tiny_run_and_figure(tmp_path):
         "experiment.grid.tokens_per_rank=[64]",
         "experiment.grid.experts_per_rank=[2,16]",
         "experiment.systems.overlap.sweep.tile_m=[16,128]",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    )
+    assert code == 0
     df = pd.read_parquet(table)
     assert len(df) == 2 * 2 * 3 * 2 and set(df["status"]) == {"ok"}
     assert {"m_pad_share", "m_pad_rows_max", "m_bound_paper_rows", "m_bound_expert_rows"} <= set(df)
