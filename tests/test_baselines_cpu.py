@@ -1,9 +1,9 @@
 """Baselines on the CPU: W=4 gloo ranks, every routing, checked against the reference.
 
-1. The CI config end to end (`python -m harness.run experiment=baselines_smoke`): serial,
+1. The CI config end to end (`experiment=baselines_smoke`, launched in-process): serial,
    tutel_reimpl and fastermoe_reimpl pass the check on all three routings; the native tutel and
    fastermoe rows and the Megatron rows are skipped with a reason (no GPU, no package).
-2. One spawn of 4 ranks running the variants the smoke grid does not: tutel_reimpl with fixed
+2. One start of 4 ranks running the variants the smoke grid does not: tutel_reimpl with fixed
    degrees (chunked pipeline d > 1) and the layer scope, fastermoe_reimpl with group sizes 1 and
    4 and the layer scope, and bfloat16 cells.
 """
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from tests import ranks
+from tests.inprocess import launch
 
-ROOT = Path(__file__).resolve().parents[1]
 ROUTINGS = ("balanced", "moderate_skew", "stress_skew")
 W = 4
 
@@ -35,9 +33,7 @@ def _have(mod: str) -> bool:
 
 def test_baselines_smoke_end_to_end(tmp_path: Path) -> None:
     table = tmp_path / "smoke.parquet"
-    cmd = [sys.executable, "-m", "harness.run", "experiment=baselines_smoke", f"table={table}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert launch("experiment=baselines_smoke", f"table={table}", "progress=false") == 0
     df = pd.read_parquet(table)
     assert len(df) == 7 * len(ROUTINGS)
     for system in ("serial", "tutel_reimpl", "fastermoe_reimpl"):
