@@ -14,39 +14,13 @@ from pathlib import Path
 import pytest
 
 from harness.rank import Reporter
+from tests.cli import alive, children, cmdline
 
 ROOT = Path(__file__).resolve().parents[1]
 #: how long each rank holds a cell (tests/slow_experiment.py)
 HOLD_S = 3.0
 
 pytestmark = pytest.mark.skipif(not Path("/proc").exists(), reason="reads /proc")
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:  # field 4 of stat: the parent pid
-            kids.append(int(stat.parent.name))
-    return kids
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_ranks_end_within_a_second_of_a_killed_parent_and_write_no_row(tmp_path):
@@ -65,14 +39,14 @@ def test_ranks_end_within_a_second_of_a_killed_parent_and_write_no_row(tmp_path)
         while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:
             assert proc.poll() is None, "the run ended before its ranks were in a cell"
             time.sleep(0.1)
-        ranks = [k for k in _children(proc.pid) if "spawn_main" in _cmdline(k)]
+        ranks = [k for k in children(proc.pid) if "spawn_main" in cmdline(k)]
         assert len(ranks) == 2 and len(list(marks.iterdir())) == 2, "ranks not in a cell"
         killed = time.monotonic()
         proc.kill()
         proc.wait(10)
-        while [r for r in ranks if _alive(r)] and time.monotonic() - killed < 3:
+        while [r for r in ranks if alive(r)] and time.monotonic() - killed < 3:
             time.sleep(0.05)
-        alive = [r for r in ranks if _alive(r)]
+        alive = [r for r in ranks if alive(r)]
         took = time.monotonic() - killed
         assert not alive, f"{len(alive)} rank(s) outlived their killed parent by {took:.1f} s"
         time.sleep(max(0.0, killed + HOLD_S + 1 - time.monotonic()))  # past the cell's end
@@ -81,7 +55,7 @@ def test_ranks_end_within_a_second_of_a_killed_parent_and_write_no_row(tmp_path)
         if proc.poll() is None:
             proc.kill()
         for r in ranks:  # orphans of a run that does not end them (the old code)
-            if _alive(r):
+            if alive(r):
                 os.kill(r, signal.SIGKILL)
 
 
