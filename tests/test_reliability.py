@@ -18,7 +18,7 @@ from harness.errors import HarnessUserError
 from harness.measure import expand_grid
 from harness.records import ResultsTable, Row, read_table
 from tests.cli import ROOT, error_lines, out, run
-from tests.inprocess import compose_run
+from tests.inprocess import compose_run, launch
 
 # ---- 2. resume by everything that changes a number
 
@@ -42,26 +42,20 @@ def test_2_the_hash_covers_every_setting_that_changes_a_number():
     assert {c["cell_hash"] for c in expand_grid(compose_run()[0], 2)} != base  # process count
 
 
-def test_2_a_changed_measure_setting_reruns_the_cell(tmp_path, monkeypatch, capsys):
+def test_2_a_changed_measure_setting_reruns_the_cell(tmp_path, capsys):
     table = tmp_path / "t.parquet"
     first = run(f"table={table}", "hardware.world_size=1", "progress=true")
     assert first.returncode == 0, out(first)
     assert "4/4" in first.stderr and "cell/s" in first.stderr  # the progress bar (finding 8)
-    again = run(f"table={table}", "hardware.world_size=1", "measure.iters=7", "measure.tol=1e-3")
-    assert again.returncode == 0, out(again)
-    assert "0 already in" in again.stdout and "4 to run" in again.stdout, again.stdout
+    # the re-runs in-process (the same launch; the command line's resume: test_failing_ranks)
+    changed = (f"table={table}", "hardware.world_size=1", "measure.iters=7", "measure.tol=1e-3")
+    assert launch(*changed, "progress=false") == 0
+    again = capsys.readouterr().out
+    assert "0 already in" in again and "4 to run" in again, again
     df = read_table(table)
     assert len(df) == 8 and df["cell_hash"].is_unique
     assert sorted(df["iters"].unique()) == [5, 7] and sorted(df["tol"].unique()) == [1e-3, 8e-3]
-    # the same settings again: every cell is in (in-process: nothing would run)
-    import harness.run as hr
-
-    monkeypatch.setattr(hr, "run_ranks", lambda *a: pytest.fail("ranks started"))
-    capsys.readouterr()
-    cfg, workload = compose_run(
-        f"table={table}", "hardware.world_size=1", "measure.iters=7", "measure.tol=1e-3"
-    )
-    assert hr.launch(cfg, workload) == 0
+    assert launch(*changed, "progress=false", ranks=False) == 0  # every cell is in
     same = capsys.readouterr().out
     assert "4 already in" in same and "0 to run" in same, same
 
@@ -357,14 +351,15 @@ def test_2_rounds_interleave_the_systems_of_a_workload():
 
 def test_2_rounds_end_to_end_and_in_the_hash(tmp_path):
     table = tmp_path / "t.parquet"
-    proc = run(
+    code = launch(
         f"table={table}",
+        "progress=false",
         "hardware.world_size=2",
         "measure.rounds=2",
         "measure.iters=4",
         "+experiment.systems.tutel_reimpl={}",
     )
-    assert proc.returncode == 0, out(proc)
+    assert code == 0
     df = read_table(table)
     assert len(df) == 8 and set(df["status"]) == {"ok"}, df[["status", "reason"]]
     assert df["extra"].str.contains('"rounds": 2').all()
