@@ -5,10 +5,12 @@ semantics) with every array sized at its WORST CASE from host ints alone; the co
 device (CombinePlan.counts) and entries past them hold the sentinel -1. Nothing waits for the
 device, so the plan can be rebuilt inside a timed step from this step's routing.
 
-Launches: one fill (-1) of the plan's buffer and three Triton kernels (kernels/plan.py), a
-fourth for the producer's swizzle groups (group_cap > 0); the padded GEMM input is one more
-(`padded_input_device`). A layer's stage A runs `DevicePlanBuilder`: the same launches into one
-plan rewritten in place every step, remembered (harness/kernels/relaunch.py).
+Launches: one fill (-1) of the plan's buffer and two Triton kernels (kernels/plan.py): the row
+kernel, whose last program computes the groups, and the fill kernel, whose last program computes
+the producer's swizzle groups (group_cap > 0); with no rows, the groups kernel alone stands in
+for the row kernel. The padded GEMM input is one more (`padded_input_device`). A layer's stage A
+runs `DevicePlanBuilder`: the same launches into one plan rewritten in place every step,
+remembered (harness/kernels/relaunch.py).
 
 Worst cases, from R = the inputs' length (a host int: the tensors' shape; with `n_rows` the
 inputs can be a worst-case-sized receive buffer whose first n_rows rows are real), E, W, tile_m:
@@ -128,6 +130,7 @@ class DevicePlanBuilder:
         sizes |= {k: Bm for k in BANDS} | {k: Sm for k in SEGS} | {k: Qm for k in PIECES}
         sizes |= dict(recv_rows=W * has_send, recv_row_start=W * has_send)
         sizes |= dict(local_src_row=R, local_dst_index=R, _cnt_enc=G, _dmin_enc=G)
+        sizes |= dict(_ticket=2)  # the kernels' last-program tickets: the fill resets them
         self.buf = torch.full((sum(sizes.values()),), -1, dtype=torch.int64, device=dev)
         out, o = {}, 0
         for k, n in sizes.items():
@@ -185,7 +188,7 @@ class DevicePlanBuilder:
         n_rows: torch.Tensor | None = None,
     ) -> CombinePlan:
         """This call's plan (build_plan_device's arguments), in the builder's one plan."""
-        W, E, G = self.W, self.E, self.E * self.W
+        W, E = self.W, self.E
         dev, R = recv_src.device, recv_src.numel()
         src, exp, dst = (t.contiguous() for t in (recv_src, recv_expert, recv_dst_index))
         has_send, has_n = send_counts is not None, n_rows is not None
@@ -197,39 +200,39 @@ class DevicePlanBuilder:
         n_ptr = n_rows.reshape(-1) if has_n else out["counts"]  # unused without HAS_N
         sc = send_counts.reshape(-1) if has_send else out["counts"]
         inputs = {"src_ptr": src, "exp_ptr": exp, "dst_ptr": dst, "n_rows_ptr": n_ptr}
-        if n_blocks:
-            args = (src, exp, dst, n_ptr, R, out["_cnt_enc"], out["_dmin_enc"], self.blk_local)
-            kw = dict(HAS_N=has_n, BLOCK=ROW_BLOCK, num_warps=4)
-            self._launch("rows", kplan._rows_kernel, (n_blocks,), args + (self.rank, W), kw, inputs)
-        args = (out["_cnt_enc"], out["_dmin_enc"], self.blk_local, self.blk_off, n_blocks)
-        args += (n_ptr, R, sc, self.gw, self.ge, out["counts"], out["expert_row_start"])
-        args += tuple(out[k] for k in ("group_rows", "group_padded", "sent_rows", "sent_segments"))
-        args += (out["recv_rows"], out["recv_row_start"], *shape)
+        counted = {"n_rows_ptr": n_ptr, "send_counts": sc}
+        tail = (sc, self.gw, self.ge, out["counts"], out["expert_row_start"])
+        tail += tuple(out[k] for k in ("group_rows", "group_padded", "sent_rows", "sent_segments"))
+        tail += (out["recv_rows"], out["recv_row_start"], *shape)
         kw = dict(EP=next_power_of_2(E), WP=next_power_of_2(W), BLK=1024, HAS_N=has_n)
         kw |= dict(HAS_SEND=has_send, COMPACT=self.compact, num_warps=4)
-        counted = {"n_rows_ptr": n_ptr, "send_counts": sc}
-        self._launch("groups", kplan._groups_kernel, (1,), args, kw, counted)
+        enc = (out["_cnt_enc"], out["_dmin_enc"], self.blk_local, self.blk_off)
+        if n_blocks:  # the groups in the row kernel's last program
+            args = (src, exp, dst, n_ptr, R, *enc, out["_ticket"][0:1], *tail)
+            kw["BLOCK"] = ROW_BLOCK
+            self._launch("rows", kplan._rows_kernel, (n_blocks,), args, kw, inputs | counted)
+        else:
+            args = (*enc, n_blocks, n_ptr, R, *tail)
+            self._launch("groups", kplan._groups_kernel, (1,), args, kw, counted)
+        self._fill(src, exp, dst, n_ptr, R, has_n, inputs)
+        return self.plan
+
+    def _fill(self, src, exp, dst, n_ptr, R: int, has_n: bool, inputs: dict) -> None:
+        """The fill kernel (bands, segments, pieces, rows), its last program the producer's
+        swizzle groups [B] (plan.producer_groups) where the plan has them and B > 0."""
+        out, p, E, G = self.out, self.plan, self.E, self.E * self.W
+        shape = (self.rank, E, self.W, self.tm, self.mgb)
+        B = p.schedule.numel()
+        grouped = p.groups is not None and B > 0
         args = (src, exp, dst, n_ptr, R, self.gw, self.ge, out["counts"], self.blk_off)
         args += tuple(out[k] for k in ROWS + BANDS + PIECES + SEGS)
         args += (*shape, self.shape["out_cols"] * self.shape["elem_bytes"])
+        args += (out["_ticket"][1:2], p.groups if grouped else out["counts"], B, p.group_cap)
         kw = dict(COMPACT=self.compact, HAS_N=has_n, QB=64, BLOCK=ROW_BLOCK, num_warps=4)
-        grid = ((E if self.compact else 0) + G + n_blocks,)
+        kw |= dict(GROUPS=grouped, ORDERED=p.visit is not None, CODE=GROUP_CODE)
+        kw["GBLOCK"] = min(1024, next_power_of_2(B))
+        grid = ((E if self.compact else 0) + G + self.n_blocks,)
         self._launch("fill", kplan._fill_kernel, grid, args, kw, inputs)
-        if self.plan.groups is not None:
-            self._groups()
-        return self.plan
-
-    def _groups(self) -> None:
-        """The producer's swizzle groups (plan.producer_groups) in one launch: groups [B']."""
-        p = self.plan
-        B = p.schedule.numel()
-        if B == 0:
-            return
-        visit = p.visit if p.visit is not None else p.schedule
-        args = (visit, p.schedule, p.band_expert, p.counts, p.groups, B, p.group_cap)
-        kw = dict(CODE=GROUP_CODE, ORDERED=p.visit is not None, num_warps=4)
-        kw["BLOCK"] = min(1024, next_power_of_2(B))
-        self._launch("producer_groups", kplan._producer_groups_kernel, (1,), args, kw, {})
 
     def padded_input(self, x_recv: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """padded_input_device(x_recv, self.plan) into the builder's one buffer

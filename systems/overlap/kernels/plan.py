@@ -1,26 +1,38 @@
 """Stage A on the device: the Triton kernels of systems/overlap/plan_device.py (host glue there).
 
-Three kernels build a combine plan with no host synchronisation (plan.py's terms; G = E * W
+Two kernels build a combine plan with no host synchronisation (plan.py's terms; G = E * W
 groups g = e * W + slot, slot = the owner's position: remote owners ascending, this rank last):
   _rows_kernel    one program per BLOCK rows: per run of one group in input order, the run
                   length onto the group's row count and the run's dst onto the group's minimum
                   dst (a few atomics per group and block on grouped input, not one per row);
-                  counts the block's local rows
-  _groups_kernel  ONE program: every group-level quantity as [EP, WP] tiles (prefix sums over
-                  groups, the remote-first expert order by pairwise comparison of the experts'
-                  remote band counts, segments per group with the cut rule), the counts, and the
-                  prefix over the blocks' local rows. The pairwise sums (_sums_before) read the
-                  other experts' values back from the work rows in chunks of JB, so the code is
-                  [EP, JB] wide at any E (built as [EP, EP] tiles it compiled for a minute)
+                  counts the block's local rows. The LAST program to finish then runs the
+                  groups body (below)
+  _groups_body    every group-level quantity as [EP, WP] tiles (prefix sums over groups, the
+                  remote-first expert order by pairwise comparison of the experts' remote band
+                  counts, segments per group with the cut rule), the counts, and the prefix
+                  over the blocks' local rows. The pairwise sums (_sums_before) read the other
+                  experts' values back from the work rows in chunks of JB, so the code is
+                  [EP, JB] wide at any E (built as [EP, EP] tiles it compiled for a minute).
+                  Alone in one program (_groups_kernel) where there are no rows
   _fill_kernel    aligned: programs [0, G) one group each (its bands, schedule entries, their
                   places in the order="expert" visiting order `visit`, segments); compact
                   (COMPACT): [0, E) one expert's bands, [E, E + G) one remote group's pieces
                   and segments; then one row block each: row_pos, gather_index, row_dst and
-                  the local rows (in row order, like build_plan)
+                  the local rows (in row order, like build_plan). With GROUPS, the LAST program
+                  to finish then runs the producer's swizzle groups (_producer_groups_body,
+                  plan.producer_groups)
 Both take the constexpr COMPACT (layout="compact": sections per expert, pieces per remote group,
-segments over pieces); `_segment_of` is the segment rule both layouts share. Two more kernels:
-`_gather_rows_kernel` (the padded GEMM input X, counts on the device) and
-`_producer_groups_kernel` (the producer's swizzle groups, plan.producer_groups in one launch).
+segments over pieces); `_segment_of` is the segment rule both layouts share. One more kernel:
+`_gather_rows_kernel` (the padded GEMM input X, counts on the device).
+
+The last program (_last_program, the "last block done" pattern of CUB and the CUDA
+threadFenceReduction sample): every program ends with a CTA barrier (all its threads' stores and
+atomics issued) and ONE scalar acq_rel ticket at GPU scope on a word the plan's fill set to -1;
+the program that draws ticket num_programs - 2 is the last, whatever its id, and its acquire
+(then a CTA barrier, so every thread's loads follow it) makes every other program's released
+writes visible. What a body reads from the other programs (cnt_enc, dmin_enc, blk_local; visit,
+schedule, band_expert) is only stored or atomically updated before the tickets, never loaded, so
+no SM holds a stale line of it. The fill of the plan's buffer resets the tickets every call.
 
 The encodings of the -1-filled work words: cnt_enc[g] = rows - 1 (atomic adds onto -1) and
 dmin_enc[g] = BIG - min dst (atomic max onto -1).
@@ -61,14 +73,18 @@ def _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W):
 
 @triton.jit
 def _rows_kernel(
-    src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, cnt_enc, dmin_enc, blk_local, rank, W,
-    HAS_N: tl.constexpr, BLOCK: tl.constexpr,
+    src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, cnt_enc, dmin_enc, blk_local, blk_off, ticket,
+    send_counts, gw, ge, counts, expert_row_start, group_rows, group_padded, sent_rows,
+    sent_segments, recv_rows, recv_row_start, rank, E, W, tm, mgb,
+    HAS_N: tl.constexpr, BLOCK: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr,
+    BLK: tl.constexpr, HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr = 32,
 ):  # fmt: skip
     """Group row counts and minimum dst, by runs of one group in INPUT order within the block:
     a run [j_s, j_e] adds j_e + 1 - j_s to the count (two atomics, any input order); a row
     offers its dst to the minimum unless the row before it is of its group with a smaller dst
     (one atomic per run on grouped, dst-ascending input such as harness.layout's; correct for
-    any order). Also the block's local-row count."""
+    any order). Also the block's local-row count. The last program to finish (ticket [1],
+    -1-filled) then runs _groups_body (the arguments from blk_off on are its)."""
     pid = tl.program_id(0)
     j = tl.arange(0, BLOCK)
     i = pid.to(tl.int64) * BLOCK + j
@@ -87,6 +103,26 @@ def _rows_kernel(
     tl.atomic_add(cnt_enc + g, jj + 1, mask=end, sem="relaxed")
     tl.atomic_max(dmin_enc + g, BIG - d, mask=offer, sem="relaxed")
     tl.store(blk_local + pid, tl.sum((valid & (slot == W - 1)).to(tl.int64)))
+    if _last_program(ticket):
+        _groups_body(
+            cnt_enc, dmin_enc, blk_local, blk_off, tl.num_programs(0), n_rows_ptr, R,
+            send_counts, gw, ge, counts, expert_row_start, group_rows, group_padded, sent_rows,
+            sent_segments, recv_rows, recv_row_start, rank, E, W, tm, mgb,
+            EP, WP, BLK, HAS_N, HAS_SEND, COMPACT, JB,
+        )  # fmt: skip
+
+
+@triton.jit
+def _last_program(ticket):
+    """Whether this program is the last of its grid to get here (module docstring): a CTA
+    barrier, one acq_rel ticket at GPU scope on ticket [1] (-1 before the grid's first), and
+    for the last a CTA barrier after it, so its threads' loads follow the acquire."""
+    tl.debug_barrier()
+    t = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
+    last = t == tl.num_programs(0) - 2
+    if last:
+        tl.debug_barrier()
+    return last
 
 
 @triton.jit
@@ -173,6 +209,22 @@ def _sums_before(
 
 @triton.jit
 def _groups_kernel(
+    cnt_enc, dmin_enc, blk_local, blk_off, n_blocks, n_rows_ptr, R, send_counts, gw, ge,
+    counts, expert_row_start, group_rows, group_padded, sent_rows, sent_segments, recv_rows,
+    recv_row_start, rank, E, W, tm, mgb,
+    EP: tl.constexpr, WP: tl.constexpr, BLK: tl.constexpr, HAS_N: tl.constexpr,
+    HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr = 32,
+):  # fmt: skip
+    """_groups_body alone in ONE program: a plan of no rows (no _rows_kernel to run it)."""
+    _groups_body(
+        cnt_enc, dmin_enc, blk_local, blk_off, n_blocks, n_rows_ptr, R, send_counts, gw, ge,
+        counts, expert_row_start, group_rows, group_padded, sent_rows, sent_segments, recv_rows,
+        recv_row_start, rank, E, W, tm, mgb, EP, WP, BLK, HAS_N, HAS_SEND, COMPACT, JB,
+    )  # fmt: skip
+
+
+@triton.jit
+def _groups_body(
     cnt_enc, dmin_enc, blk_local, blk_off, n_blocks, n_rows_ptr, R, send_counts,
     gw,  # [8, G] work (aligned: cnt, row, nb, band_first, sched_start, seg_before, min dst,
     #      visit base; compact: cnt, first row, pieces, first band, piece base, seg base,
@@ -185,9 +237,9 @@ def _groups_kernel(
     expert_row_start, group_rows, group_padded, sent_rows, sent_segments, recv_rows,
     recv_row_start, rank, E, W, tm, mgb,
     EP: tl.constexpr, WP: tl.constexpr, BLK: tl.constexpr, HAS_N: tl.constexpr,
-    HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr = 32,
+    HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr,
 ):  # fmt: skip
-    """ONE program: every group-level quantity. Aligned: groups padded to tile_m, the rule
+    """In ONE program: every group-level quantity. Aligned: groups padded to tile_m, the rule
     (ii) expert order on remote bands, segments per remote group (cut rule). COMPACT:
     per-expert sections (remote bands, then local-only bands), the rule (ii) order, and the
     pieces (band, owner) of each remote group with their segments (the cut rule over pieces)."""
@@ -338,12 +390,16 @@ def _fill_kernel(
     piece_band, piece_row, piece_rows, piece_offset, piece_dst,
     seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
     rank, E, W, tm, mgb, row_bytes,
+    ticket, groups, B, cap,  # GROUPS: ticket [1] (-1-filled), groups [B], the group cap
     COMPACT: tl.constexpr, HAS_N: tl.constexpr, QB: tl.constexpr, BLOCK: tl.constexpr,
+    GROUPS: tl.constexpr, ORDERED: tl.constexpr, CODE: tl.constexpr, GBLOCK: tl.constexpr,
 ):  # fmt: skip
     """Aligned: programs [0, G) one group each (its bands in layout order, schedule entries,
     places in the order="expert" visiting order `visit`, segments). COMPACT: programs [0, E)
     one expert's bands, schedule entries and visiting positions; [E, E + G) one remote
-    group's pieces and the segments that start there. Then one row block each (_fill_rows)."""
+    group's pieces and the segments that start there. Then one row block each (_fill_rows).
+    GROUPS: the last program to finish then runs _producer_groups_body (ORDERED: over
+    `visit`)."""
     pid = tl.program_id(0)
     G = E * W
     n_struct = G  # programs before the row blocks
@@ -479,6 +535,11 @@ def _fill_kernel(
                         seg, ms, p, c, owner + q * 0, rows, row_bytes, row + q * tm, dmin + q * tm,
                         seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
                     )  # fmt: skip
+    if GROUPS:
+        if _last_program(ticket):
+            _producer_groups_body(
+                visit, schedule, band_expert, counts, groups, B, cap, CODE, ORDERED, GBLOCK
+            )
 
 
 @triton.jit
@@ -557,7 +618,18 @@ def _producer_groups_kernel(
     visit, schedule, band_expert, counts, groups, B, cap,
     CODE: tl.constexpr, ORDERED: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """ONE program: plan.producer_groups on the device (the same groups, one launch).
+    """_producer_groups_body alone in ONE program (its unit test's entry: any BLOCK)."""
+    _producer_groups_body(
+        visit, schedule, band_expert, counts, groups, B, cap, CODE, ORDERED, BLOCK
+    )  # fmt: skip
+
+
+@triton.jit
+def _producer_groups_body(
+    visit, schedule, band_expert, counts, groups, B, cap,
+    CODE: tl.constexpr, ORDERED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """In ONE program: plan.producer_groups on the device (the same groups).
 
     Pass 1 (blocks forward): each visiting position's run start (a running max of the
     positions where the expert changes), kept in `groups`; pass 2 (blocks backward): the run's
