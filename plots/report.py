@@ -193,7 +193,7 @@ def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
     out = ["## Host-free layer (one H200, W=1)", "",
            f"`{HOST_FREE}`, {shape}; median ms. graph: CUDA-graph replay; eager: "
            "the same step eager; nccl: the NCCL dispatch (host sync). Best baseline: CUDA graph "
-           "where capturable (deepep), else eager.", "",
+           "where capturable (deepep, Megatron padded), else eager.", "",
            "| H, F | E | routing | " + " | ".join(HOST_FREE_COLS) + " | best baseline | "
            "overlap / serial | eager / graph: overlap, serial |",
            "| --- " * 10 + "|"]  # fmt: skip
