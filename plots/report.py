@@ -176,10 +176,10 @@ def _models_line(df: pd.DataFrame) -> str:
     lat, moe = per["latency_ms"], per["m_moe_ms"]
     base = prefer_graph(o[~o["system"].isin(["serial", "overlap"])])
     best = base.groupby("model")["latency_ms"].min()
-    return (f"Models at W=1 (`h200/models`, CUDA-graph rows of serial and overlap): overlap / "
-            f"serial end to end {_range(lat['overlap'] / lat['serial'], unit='x')}, MoE calls "
-            f"{_range(moe['overlap'] / moe['serial'], unit='x')}; the fastest baseline / overlap "
-            f"end to end {_range(best / lat['overlap'], unit='x')}.")  # fmt: skip
+    return (f"Models (`h200/models`, graphed): overlap / serial end to end "
+            f"{_range(lat['overlap'] / lat['serial'], unit='x')}, MoE calls "
+            f"{_range(moe['overlap'] / moe['serial'], unit='x')}; fastest baseline / overlap "
+            f"{_range(best / lat['overlap'], unit='x')}.")  # fmt: skip
 
 
 def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
@@ -403,7 +403,7 @@ def summary(key: str, df: pd.DataFrame) -> str:
     stem = key.split("/")[1]
     rows = ", ".join(f"{n} {s}" for s, n in sorted(df["status"].value_counts().items())) if (
         "status" in df) else f"{len(df)} benchmark rows"  # fmt: skip
-    rev = _join(df["git_rev"]) if "git_rev" in df else "see the README"
+    rev = _join(df["git_rev"].astype(str).str[:7]) if "git_rev" in df else "see the README"
     s = f"{rows}; rev {rev}"
     if stem in KNOBS:
         s += "; " + knob_ratios(df, KNOBS[stem])
