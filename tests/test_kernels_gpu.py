@@ -187,7 +187,7 @@ def test_overlapped_equals_sequential_on_loopback(dtype, ccta):
     want = [fabric.recv(d).clone() for d in range(3)]
     sent = torch.tensor(rows_sent(plan))
     y = torch.zeros_like(y_seq)
-    for run in range(2, 5):  # epochs: no reset between runs
+    for run in range(2, 5):  # the band counters restart every run, the receive ones add up
         fabric.buffer.zero_()
         runner.overlapped(x, y)
         torch.cuda.synchronize()
@@ -497,3 +497,34 @@ def test_nvshmem_put_to_self_in_child_process():
 def test_tile_config_table_is_consistent():
     for cfg in (pick_config(128, 2048, 8192, torch.bfloat16), TileConfig()):
         assert cfg.band_increment(8192) == cfg.tiles_n(8192) * cfg.tile_increment()
+
+
+def test_graph_replays_wait_for_the_producer_on_new_inputs():
+    """runner.overlapped captured once in a CUDA graph, replayed on new inputs: every replay's
+    consumer waits for that replay's bands (a target baked from an epoch would pass at once
+    and copy Y before the producer wrote it; Y is NaN-filled before each replay)."""
+    dtype, N = torch.bfloat16, 1024
+    plan, x, w = _problem(dtype, K=2048, N=N, mgb=2)
+    fabric = LoopbackFabric(plan.dst_rows, N, dtype, DEV)
+    runner = OverlapRunner(plan, w, fabric.transport(plan.rank), ccta=4)
+    y = torch.zeros(plan.n_padded, N, dtype=dtype, device=DEV)
+    for _ in range(2):  # warm-up: compiles and remembered launches
+        runner.overlapped(x, y)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        runner.overlapped(x, y)
+    g = torch.Generator(device=DEV).manual_seed(1)
+    for replay in range(4):
+        x.copy_(torch.randn(x.shape, generator=g, device=DEV, dtype=torch.float32).to(dtype))
+        y.fill_(float("nan"))
+        fabric.buffer.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        runner.check()
+        zeros = [torch.zeros(fabric.recv(d).shape, device=DEV) for d in range(3)]
+        want = expected_sends(plan, reference_y(plan, x, w), zeros)
+        for d in range(2):  # the remote destinations: what the consumer sent
+            got = fabric.recv(d)
+            assert not torch.isnan(got).any(), f"replay {replay}: destination {d} got NaN"
+            assert _rel(got, want[d]) < 1e-2, f"replay {replay}, destination {d}"

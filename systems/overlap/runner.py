@@ -49,7 +49,6 @@ from systems.overlap.modes import PUT_STORE
 from systems.overlap.params import CONSUMER_SMS
 from systems.overlap.plan import CombinePlan
 
-_INT32_MAX = 2**31 - 1
 #: cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (CUDA driver API)
 _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
 _carveout_done: dict[int, int] = {}  # CUfunction handle -> percent set
@@ -149,7 +148,7 @@ class OverlapRunner:
         self.band_ready = torch.zeros(max(plan.schedule.numel(), 1), dtype=torch.int32, device=dev)
         self.err = new_error_buffer(dev)
         self.clock = torch.zeros(max(ccta, 1), dtype=torch.int64, device=dev)
-        self.producer_runs = 0  # epochs of the band counters
+        self.producer_runs = 0  # producer runs (the band counters restart every run)
         self.consumer_runs = 0  # runs that signalled the receivers (epochs of their counters)
         # int64 [W]: rows every source has sent this rank over all runs, summed from each run's
         # plan.recv_rows (its routing may change from run to run, as in a model's MoE blocks)
@@ -208,12 +207,12 @@ class OverlapRunner:
 
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
-        """Ready-counter value of a complete band in the next producer run (epoch value)."""
-        inc = self.tile.band_increment(self.n)
-        if (self.producer_runs + 1) * inc > _INT32_MAX:
-            self.band_ready.zero_()  # stream-ordered; the previous run is joined already
-            self.producer_runs = 0
-        return (self.producer_runs + 1) * inc
+        """Ready-counter value of a complete band in the next producer run. The counters
+        restart from zero every run (a stream-ordered memset; the previous run is joined), so
+        the target is the same every run: a CUDA graph bakes the consumer's target into its
+        launch, and an epoch target would let a replay's consumer copy bands too early."""
+        self.band_ready.zero_()
+        return self.tile.band_increment(self.n)
 
     def _produce(self, x: torch.Tensor, y: torch.Tensor, signal: bool, num_programs: int):
         memo = self.memos["produce" if signal else "bound"] if self.use_memos else None

@@ -24,11 +24,10 @@ weights viewed as [E*K, N]; the band's rows are masked at the store (a band neve
 band_rows, so a partial local band cannot touch the next expert's rows). Nothing is relaunched.
 
 Readiness signal, per band: a counter band_ready[band] (int32) that grows by `tile_increment`
-per finished tile, so a band is complete in run r (1-based) when its counter reaches
-r * tiles_n * tile_increment. Counters are never reset between runs of one plan (epoch values;
-the runner zeroes them for a new plan and before an int32 overflow). Only remote bands (schedule
-positions < n_signal) are signalled; local bands need no flag. The ways to publish
-(TileConfig.flag):
+per finished tile, so a band is complete when its counter reaches tiles_n * tile_increment
+(the runner zeroes the counters before every run: a CUDA graph replays one fixed target). Only
+remote bands (schedule positions < n_signal) are signalled; local bands need no flag. The ways
+to publish (TileConfig.flag):
   "thread" (FLAG=2): after its part of the tile's tl.store, EVERY thread does one
            tl.atomic_add(counter, 1, sem="release", scope="gpu"): each release orders that
            thread's own stores, so tile_increment = 32 * num_warps. No CTA barrier, which keeps
