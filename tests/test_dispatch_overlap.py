@@ -6,6 +6,8 @@ interpreter in a fresh process (tests/interpreted.py); the gpu-marked twin runs 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -89,3 +91,94 @@ def test_dispatch_overlap_kernels_in_the_interpreter():
 def test_dispatch_overlap_kernels_compiled():
     script = CHECKS.format(dev="cuda", dtype="bfloat16", tile=64, K=256, F=512, tol=1e-2)
     exec(compile(script, "dispatch_overlap_checks", "exec"), {})
+
+
+def _functional(tmp_path, world: int, *extra: str):
+    """The overlap layer in the interpreter on one tiny loopback cell per dispatch_overlap."""
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from tests.interpreted import ROOT
+
+    table = tmp_path / f"w{world}.parquet"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "HARNESS_FUNCTIONAL": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.run", "experiment=overlap_functional", "hardware=cpu",
+         f"table={table}", "experiment.grid.routing=[stress_skew]",
+         f"experiment.grid.world_size=[{world}]", "experiment.grid.ffn=[64]",
+         "experiment.grid.out=[32]", "hardware.timeout_s=120", *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return pd.read_parquet(table)
+
+
+def test_the_layer_with_dispatch_overlap_on_and_off_matches_the_reference(tmp_path):
+    """W=2 loopback: both settings in one table, each checked; on runs on and has its bounds."""
+    pytest.importorskip("triton")
+    df = _functional(tmp_path, 2, "+experiment.systems.overlap.sweep.dispatch_overlap=[off,on]")
+    assert (df["status"] == "ok").all(), df[["p_dispatch_overlap", "status", "reason"]]
+    assert list(df["p_dispatch_overlap_used"]) == list(df["p_dispatch_overlap"]) == ["off", "on"]
+    assert (df["max_rel_err"] < df["tol"]).all()
+    for col in ("m_dispatch_alone_ms", "m_fc1_alone_ms", "m_dispatch_fc1_ms"):
+        assert (df[col] > 0).all(), col
+    assert df["m_dispatch_hidden"].between(0, 1).all()
+
+
+def test_dispatch_overlap_at_one_rank_runs_off_and_says_why(tmp_path):
+    pytest.importorskip("triton")
+    df = _functional(tmp_path, 1, "+experiment.systems.overlap.params.dispatch_overlap=on")
+    assert list(df["status"]) == ["ok"] and list(df["p_dispatch_overlap_used"]) == ["off"]
+    assert "W=1: no rows travel between ranks" in df["extra"].iloc[0]
+
+
+def test_a_bad_dispatch_overlap_is_one_line_before_any_gpu_work():
+    from harness.workload import WorkloadSpec
+    from systems.overlap.params import OverlapParams
+
+    spec = WorkloadSpec(8, 16, 16, 2, 1, world_size=2, routing="balanced", dtype="bfloat16")
+    with pytest.raises(ValueError, match="dispatch_overlap must be one of off, on, got 'yes'"):
+        OverlapParams(dispatch_overlap="yes").validate(spec, 132)
+
+
+def test_the_figure_draws_the_phase_against_its_bounds_and_on_over_off(tmp_path):
+    import pandas as pd
+
+    from plots import dispatch_overlap as fig
+
+    rows = []
+    for W in (2, 4):
+        for on in ("off", "on"):
+            rows.append(dict(
+                system="overlap", status="ok", world_size=W, hidden=768, out=768,
+                experts_per_rank=16, routing="balanced", p_layout="aligned",
+                p_dispatch_overlap_used=on, latency_ms=2.0 if on == "off" else 1.5,
+                m_dispatch_alone_ms=0.1, m_fc1_alone_ms=0.4,
+                m_dispatch_fc1_ms=0.5 if on == "off" else 0.42, m_dispatch_hidden=0.8,
+                transport="loopback", tol=8e-3, max_rel_err=1e-3, max_row_rel_err=1e-3,
+            ))  # fmt: skip
+    table = tmp_path / "dispatch_overlap.parquet"
+    pd.DataFrame(rows).to_parquet(table)
+    rel = fig.on_over_off(fig._with_lines(pd.DataFrame(rows)))
+    assert list(rel["value"]) == [0.75, 0.75] and list(rel["line"]) == ["aligned H=768"] * 2
+    paths = fig.plot(table, tmp_path / "f", "do")
+    assert all(p.exists() for p in paths)
+
+
+def test_the_experiment_sweeps_both_settings_and_layouts_at_w_2_4_8():
+    from hydra import compose, initialize_config_dir
+
+    from harness.config import register_configs
+    from harness.measure import expand_grid
+    from tests.interpreted import ROOT
+
+    register_configs()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=dispatch_overlap"])
+    cells = expand_grid(cfg, 1)
+    assert len(cells) == 3 * 2 * 3 * 2 * 2  # W x E x routing x layout x setting
+    assert {c["params"]["dispatch_overlap"] for c in cells} == {"off", "on"}
+    assert {c["world_size"] for c in cells} == {2, 4, 8}
+    assert len({c["cell_hash"] for c in cells}) == len(cells)

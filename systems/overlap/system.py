@@ -248,6 +248,10 @@ class _LayerRank:
             layout=layout,
         )["max_bands"]
         self.runner.band_ready = torch.zeros(most, dtype=torch.int32, device=self.x.device)
+        #: dispatch_overlap=on: the copy + fc1 phase (made on the first step, sized by the
+        #: builder's worst-case plan); None: the padded gather, then fc1
+        self.overlap = None
+        self.overlap_on = first is not None and k.dispatch_overlap == "on" and spec.world_size > 1
 
     def build(self, r: ld.Received):
         """This step's plan from the received rows' labels (the builder's one plan: the labels
@@ -317,10 +321,46 @@ class _LayerRank:
         return self.scale(d)
 
     def experts(self, d: ld.Dispatched) -> None:
-        """After a host-free dispatch: stage A from its labels, fc1 + GELU, fc2 overlapped with
-        the combine's puts."""
+        """After a host-free dispatch: stage A from its labels, fc1 + GELU (dispatch_overlap:
+        fc1 tiles start as their rows are copied in), fc2 overlapped with the combine's puts."""
+        if self.overlap_on:
+            plan = self.build(d.received)
+            self._fc2_combine(plan, self.dispatch_overlap(plan).run(d.tokens, d.token_rows, plan))
+            return
         plan, x_pad = self.plan_for(d)
         self._fc2_combine(plan, self.fc1(plan, x_pad))
+
+    def dispatch_overlap(self, plan):
+        """This rank's DispatchOverlap (made once, for the builder's worst-case plan)."""
+        if self.overlap is None:
+            from systems.overlap.dispatch_overlap import DispatchOverlap
+
+            self.overlap = DispatchOverlap(self.w1, plan, self.rank)
+        return self.overlap
+
+    def dispatch_fc1_bounds(self, t) -> dict[str, float]:
+        """The copy and fc1 alone and the phase as run (ms, timed by t, on the held dispatch):
+        dispatch_overlap on: the band copy, fc1's producer on every SM without waits, both
+        concurrently; off: the padded gather, fc1 + GELU, one after the other."""
+        d = self.held[0]
+        plan = self.build(d.received)
+        if self.overlap_on:
+            ov = self.dispatch_overlap(plan)
+            put = t(lambda: ov.put_alone(d.tokens, d.token_rows, plan))
+            fc1 = t(lambda: ov.fc1_alone(plan))
+            phase = t(lambda: ov.run(d.tokens, d.token_rows, plan))
+        else:
+
+            def gather():
+                return self.builder.padded_input(d.tokens, rows=d.token_rows)
+
+            x_pad = gather()
+            put = t(gather)
+            fc1 = t(lambda: self.fc1(plan, x_pad))
+            phase = t(lambda: self.fc1(plan, gather()))
+        hidden = (put + fc1 - phase) / put if put > 0 else float("nan")
+        return {"dispatch_alone_ms": put, "fc1_alone_ms": fc1, "dispatch_fc1_ms": phase,
+                "dispatch_hidden": min(1.0, max(0.0, hidden))}  # fmt: skip
 
     def scale(self, d: ld.Dispatched) -> torch.Tensor:
         """out [T, H] from this rank's combine receive buffer."""
@@ -431,6 +471,8 @@ class _PlayedLayer:
     def check(self) -> None:
         for rk in self.ranks:
             rk.runner.check()
+            if rk.overlap is not None:
+                rk.overlap.check()
 
 
 class OverlapSystem(System):
@@ -470,11 +512,13 @@ class OverlapSystem(System):
         ctx = self.ctx
         name = self.params["transport"] or ("loopback" if ctx.world_size == 1 else "p2p")
         k = self._resolved(ranks[0].spec, name)
-        self.layer = bool(ranks[0].spec.ffn)
+        spec = ranks[0].spec
+        self.layer = bool(spec.ffn)
         if self.layer:
-            spec = ranks[0].spec
             plays = len(ranks) == spec.world_size and ctx.world_size == 1
             self.used["dispatch_used"] = dispatch_used(k.dispatch, spec.world_size, plays)
+        self._overlap_used(k, spec, self.used.get("dispatch_used"))
+        if self.layer:
             if self.used["dispatch_used"] == "device":
                 self.mode = _PlayedLayer(ranks, k)
             else:
@@ -490,6 +534,15 @@ class OverlapSystem(System):
                 raise ValueError(f"{name} needs one process per rank and at least 2 ranks")
             self.mode = _Distributed(ranks[0], ctx.group, name, k)
         self._describe(ranks[self.mode.busy])
+
+    def _overlap_used(self, k: OverlapParams, spec: WorkloadSpec, dispatch: str | None) -> None:
+        """dispatch_overlap as it runs in this cell (p_dispatch_overlap_used), and why it runs
+        off where on was asked (extra["dispatch_overlap_off"])."""
+        why = k.dispatch_overlap_off(spec, dispatch)
+        on = k.dispatch_overlap == "on" and why is None
+        self.used["dispatch_overlap_used"] = "on" if on else "off"
+        if why:
+            self.extra["dispatch_overlap_off"] = why
 
     def _describe(self, inp: CellInputs) -> None:
         """The plan's facts (extra) and stage A's cost, timed on its own (metric plan_ms):
@@ -523,6 +576,8 @@ class OverlapSystem(System):
                 "plan_ms": t(lambda: rk.plan_for(rk.held[0])),
                 "dispatch_ms": t(dispatch, group),
             }
+            if m.dispatch == "device":  # the bounds of dispatch_overlap (either setting)
+                self.metrics |= rk.dispatch_fc1_bounds(t)
             self.extra["plan_ms_scope"] = (
                 "inside the timed region: device plan + padded gather (plan_ms), after the "
                 "dispatch (dispatch_ms)"

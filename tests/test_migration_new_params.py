@@ -1,12 +1,14 @@
-"""The 2026-12-03 capacity migration: megatron_cutlass's and megatron_te's rows hashed before
-the param `capacity` get the hash of the cell with capacity=dropless (what they ran), eager and
-graph-mode rows alike; other systems' rows stay; a second run changes nothing."""
+"""The 2026-12-03 new-param migrations: megatron_cutlass's and megatron_te's rows hashed before
+the param `capacity` get the hash of the cell with capacity=dropless (what they ran), overlap's
+rows hashed before `dispatch_overlap` that of dispatch_overlap=off; eager and graph-mode rows
+alike; other systems' rows stay; a second run changes nothing."""
 
 import importlib.util
 import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from hydra import compose, initialize_config_dir
 
 from harness.config import register_configs
@@ -14,13 +16,18 @@ from harness.measure import expand_grid, hash_cell
 from harness.records import ResultsTable, Row
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "results/reference/migrations/2026_12_03_megatron_capacity.py"
+MIGRATIONS = ROOT / "results/reference/migrations"
 SPEC = ("world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "routing")
 MEGATRON = ("megatron_cutlass", "megatron_te")
+#: (script, the systems it moves, the param, the value the old rows ran)
+CASES = [
+    ("2026_12_03_megatron_capacity.py", MEGATRON, "capacity", "dropless"),
+    ("2026_12_03_dispatch_overlap.py", ("overlap",), "dispatch_overlap", "off"),
+]
 
 
-def _migration():
-    spec = importlib.util.spec_from_file_location("megatron_capacity", SCRIPT)
+def _migration(script: str):
+    spec = importlib.util.spec_from_file_location(script[:-3], MIGRATIONS / script)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -36,7 +43,10 @@ def _row(cfg, cell: dict, params: dict, h: str) -> Row:
     )  # fmt: skip
 
 
-def test_the_migration_gives_megatron_rows_dropless_and_todays_hash(tmp_path):
+@pytest.mark.parametrize("script,systems,knob,ran", CASES)
+def test_the_migration_gives_old_rows_what_they_ran_and_todays_hash(
+    tmp_path, script, systems, knob, ran
+):
     register_configs()
     rows, want, moved = [], [], 0
     for graph in ("false", "auto"):
@@ -44,22 +54,23 @@ def test_the_migration_gives_megatron_rows_dropless_and_todays_hash(tmp_path):
         with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=over)
         for c in expand_grid(cfg, 1):
-            if c["system"] not in (*MEGATRON, "serial"):
+            if c["system"] not in (*systems, "serial"):
                 continue
             del c["cell_hash"]
-            before = {k: v for k, v in c["params"].items() if k != "capacity"}
+            c["params"] = {**c["params"], knob: ran} if c["system"] in systems else c["params"]
+            before = {k: v for k, v in c["params"].items() if k != knob}
             if c["system"] == "serial":  # not migrated: keeps its hash
                 rows.append(_row(cfg, c, c["params"], hash_cell(cfg, 1, c)))
                 want.append(rows[-1].cell_hash)
                 continue
             rows.append(_row(cfg, c, before, hash_cell(cfg, 1, {**c, "params": before})))
-            want.append(hash_cell(cfg, 1, {**c, "params": {**c["params"], "capacity": "dropless"}}))
+            want.append(hash_cell(cfg, 1, c))
             moved += 1
     path = tmp_path / "t.parquet"
     ResultsTable(path).append(rows)
-    mig = _migration()
+    mig = _migration(script)
     assert moved and mig.migrate(path) == {"migrated": moved, "done": len(rows) - moved}
     df = pd.read_parquet(path)
     assert sorted(df["cell_hash"]) == sorted(want)
-    assert (df[df["system"].isin(MEGATRON)]["p_capacity"] == "dropless").all()
+    assert (df[df["system"].isin(systems)][f"p_{knob}"] == ran).all()
     assert mig.migrate(path) == {"done": len(rows)}  # idempotent
