@@ -52,9 +52,10 @@ def _resolved(monkeypatch, params: dict, spec=None) -> OverlapParams:
     return seen["k"]
 
 
-def test_the_params_are_one_frozen_type_with_eight_knobs_importable_without_triton():
+def test_the_params_are_one_frozen_type_with_nine_knobs_importable_without_triton():
     assert P == OverlapParams().as_dict()
     keys = ["ccta", "mgb", "tile_m", "transport", "layout", "order", "consumer", "dispatch"]
+    keys += ["dispatch_overlap"]
     assert list(P) == keys
     assert P == {
         "ccta": 16,
@@ -65,6 +66,7 @@ def test_the_params_are_one_frozen_type_with_eight_knobs_importable_without_trit
         "order": "auto",
         "consumer": "own",
         "dispatch": "auto",
+        "dispatch_overlap": "off",
     }
     with pytest.raises(FrozenInstanceError):
         OverlapParams().ccta = 8  # type: ignore[misc]

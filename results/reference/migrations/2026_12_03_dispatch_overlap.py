@@ -48,12 +48,15 @@ def runs_of(row: dict) -> list[dict]:
 
 
 def rehash(row: dict) -> tuple[str, str]:
-    """(status, hash): "migrated" with the new hash, "done" (has the knob's column, or another system)
-    or "unmatched" (the stored hash not rebuilt: kept)."""
+    """(status, hash): "migrated" with the new hash, "done" (has the knob's column, or another
+    system) or "unmatched" (the stored hash not rebuilt: kept)."""
     if row["system"] not in SYSTEMS or not rows._missing(row.get(f"p_{KNOB}")):
         return "done", row["cell_hash"]
     defaults = {k: v for k, v in get_system(row["system"]).load().PARAMS.items() if k != KNOB}
-    before = rows.old_params(row, defaults, {})
+    # a knob a row has no column for holds what it stood for before the knob (order:
+    # remote_first), as the earlier migrations read it
+    before = rows.old_params(row, defaults, {k: rows.OLD_OPTIONAL[k] for k in defaults
+                                             if k in rows.OLD_OPTIONAL})  # fmt: skip
     seeds = {0} | {int(s) for s in re.findall(r"(?<![.\w])seed=([0-9]+)", str(row["command"]))}
     for seed, run in itertools.product(sorted(seeds), runs_of(row)):
         for cell in rows.cells_of(row, seed, before):
