@@ -55,8 +55,7 @@ SHOWS = {
     "layer_w1": "the layer at W=1: each system vs serial (_systems), eager vs graph replay "
     "(_graph)",
     "layer_loopback": "the layer, one GPU playing W ranks: errors, receive memory, latency",
-    "dispatch_overlap": "the dispatch copy behind fc1 (loopback): the phase against its "
-    "bounds, the share hidden, the layer on / off",
+    "dispatch_overlap": "the dispatch copy behind fc1: phase vs bounds, share hidden, on / off",
 }
 #: figure script -> the files it draws per table (<name><part>); others draw one, <name>
 PARTS = {"layer": ("_latency", "_speedup"), "layer_w1": ("_systems", "_graph")}

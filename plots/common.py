@@ -326,6 +326,14 @@ def panel_grid(
     return finish(fig, axes, colors, title)
 
 
+def _default_name(table: Path, default: str) -> str:
+    """reference_<machine>_<experiment> for results/reference/<machine>/<experiment>.parquet
+    (the name `make figures` gives it), else `default`."""
+    if table.parent.parent.name == "reference":
+        return f"reference_{table.parent.name}_{table.stem}"
+    return default
+
+
 def main(
     plot: Callable[..., list[Path]],
     default_table: str,
@@ -339,7 +347,12 @@ def main(
     ap = argparse.ArgumentParser()
     ap.add_argument("--table", default=default_table)
     ap.add_argument("--out", default=str(FIG_DIR))
-    ap.add_argument("--name", default=default_name)
+    ap.add_argument(
+        "--name",
+        default=None,
+        help="the figure's file name (default: "
+        "reference_<machine>_<table> for a table under results/reference/)",
+    )
     for opt in options:
         ap.add_argument(f"--{opt.replace('_', '-')}", type=int, default=None)
     if summary is not None:
@@ -348,5 +361,6 @@ def main(
     if summary is not None and args.summary:
         print(summary(pd.read_parquet(args.table)).to_string(index=False))
         return
-    for p in plot(args.table, args.out, args.name, **{o: getattr(args, o) for o in options}):
+    name = args.name or _default_name(Path(args.table), default_name)
+    for p in plot(args.table, args.out, name, **{o: getattr(args, o) for o in options}):
         print(p)

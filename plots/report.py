@@ -377,9 +377,8 @@ def claims_section(d: dict[str, pd.DataFrame]) -> list[str]:
         out.append(f"| {c.what} | {c.paper} | {text} | {status} |")
     return out + [
         "",
-        "Overlap alone cannot beat (C + M) / max(C, M) <= 2 over serial, with the compute C and "
-        "the combine M measured alone; a larger speedup must come from elsewhere (a slower "
-        "serial GEMM or all-to-all, or work serial does that the method skips).",
+        "A speedup over (C + M) / max(C, M) <= 2 (C, M: compute and combine alone) comes from "
+        "elsewhere: a slower serial GEMM or all-to-all, or work serial does that the method skips.",
         "",
     ]
 
@@ -431,7 +430,7 @@ def summary(key: str, df: pd.DataFrame) -> str:
 def tables_section(d: dict[str, pd.DataFrame]) -> list[str]:
     return ["## The tables", "",
             "The command that made each is in `results/reference/<machine>/README.md` and in "
-            "every row's `command` column; their figures are in the index below.", "",
+            "every row's `command` column.", "",
             *(summary(k, d[k]) for k in sorted(d)), ""]  # fmt: skip
 
 
@@ -447,8 +446,7 @@ def figures_section(d: dict[str, pd.DataFrame], figures: Path = FIGURES) -> list
         module = DRAWN[key.split("/")[1]]
         names = reference_names(key)
         files = ", ".join(f"`{n}.png`" for n in names)
-        name = f"reference_{key.replace('/', '_')}"
-        cmd = f"python -m {module} --table results/reference/{key}.parquet --name {name}"
+        cmd = f"python -m {module} --table results/reference/{key}.parquet"
         shows = SHOWS[module.removeprefix("plots.")]
         out.append(f"| {files} | {shows}; {_machine(key.split('/')[0], d[key])} | `{key}` | "
                    f"`{cmd}` |")  # fmt: skip

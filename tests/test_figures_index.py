@@ -126,7 +126,13 @@ def test_the_report_indexes_every_committed_figure_with_its_table_and_command():
         assert cells[0] == ", ".join(f"`{n}.png`" for n in reference_names(key)), row
         assert cells[1] and cells[2] == f"`{key}`", row
         module = FIGURES[p.stem]
-        assert cells[3] == (
-            f"`python -m {module} --table results/reference/{key}.parquet "
-            f"--name reference_{key.replace('/', '_')}`"
-        ), row
+        assert cells[3] == f"`python -m {module} --table results/reference/{key}.parquet`", row
+
+
+def test_a_reference_tables_figure_takes_the_name_make_figures_gives_it():
+    from plots.common import _default_name
+
+    assert _default_name(Path("results/reference/h200/layer_w1.parquet"), "x") == (
+        "reference_h200_layer_w1"
+    )
+    assert _default_name(Path("results/layer_w1.parquet"), "layer_w1") == "layer_w1"
