@@ -127,11 +127,22 @@ def test_the_layer_with_dispatch_overlap_on_and_off_matches_the_reference(tmp_pa
     assert df["m_dispatch_hidden"].between(0, 1).all()
 
 
-def test_dispatch_overlap_at_one_rank_runs_off_and_says_why(tmp_path):
-    pytest.importorskip("triton")
-    df = _functional(tmp_path, 1, "+experiment.systems.overlap.params.dispatch_overlap=on")
-    assert list(df["status"]) == ["ok"] and list(df["p_dispatch_overlap_used"]) == ["off"]
-    assert "W=1: no rows travel between ranks" in df["extra"].iloc[0]
+def test_dispatch_overlap_runs_off_where_nothing_is_dispatched_and_says_why():
+    """W=1, the operator scope and the NCCL dispatch run off, each with its reason (the row's
+    extra["dispatch_overlap_off"]); off asked needs no reason."""
+    from harness.workload import WorkloadSpec
+    from systems.overlap.params import OverlapParams
+
+    on, off = OverlapParams(dispatch_overlap="on"), OverlapParams()
+
+    def spec(world):
+        return WorkloadSpec(8, 16, 16, 2, 1, world_size=world, routing="balanced")
+
+    assert on.dispatch_overlap_off(spec(1), "device") == "W=1: no rows travel between ranks"
+    assert "operator scope" in on.dispatch_overlap_off(spec(2), None)
+    assert "dispatch=nccl" in on.dispatch_overlap_off(spec(2), "nccl")
+    assert on.dispatch_overlap_off(spec(2), "device") is None
+    assert off.dispatch_overlap_off(spec(1), "device") is None
 
 
 def test_a_bad_dispatch_overlap_is_one_line_before_any_gpu_work():
