@@ -116,15 +116,13 @@ def _functional(tmp_path, world: int, *extra: str):
 
 
 def test_the_layer_with_dispatch_overlap_on_and_off_matches_the_reference(tmp_path):
-    """W=2 loopback: both settings in one table, each checked; on runs on and has its bounds."""
+    """W=2 loopback: both settings in one table, each checked; on runs on."""
     pytest.importorskip("triton")
     df = _functional(tmp_path, 2, "+experiment.systems.overlap.sweep.dispatch_overlap=[off,on]")
     assert (df["status"] == "ok").all(), df[["p_dispatch_overlap", "status", "reason"]]
     assert list(df["p_dispatch_overlap_used"]) == list(df["p_dispatch_overlap"]) == ["off", "on"]
     assert (df["max_rel_err"] < df["tol"]).all()
-    for col in ("m_dispatch_alone_ms", "m_fc1_alone_ms", "m_dispatch_fc1_ms"):
-        assert (df[col] > 0).all(), col
-    assert df["m_dispatch_hidden"].between(0, 1).all()
+    assert "m_dispatch_fc1_ms" not in df  # the bounds are timed on a GPU only
 
 
 def test_dispatch_overlap_runs_off_where_nothing_is_dispatched_and_says_why():

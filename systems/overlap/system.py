@@ -576,8 +576,8 @@ class OverlapSystem(System):
                 "plan_ms": t(lambda: rk.plan_for(rk.held[0])),
                 "dispatch_ms": t(dispatch, group),
             }
-            if m.dispatch == "device":  # the bounds of dispatch_overlap (either setting)
-                self.metrics |= rk.dispatch_fc1_bounds(t)
+            if m.dispatch == "device" and dev.type == "cuda":  # dispatch_overlap's bounds
+                self.metrics |= rk.dispatch_fc1_bounds(t)  # (the interpreter: no timing)
             self.extra["plan_ms_scope"] = (
                 "inside the timed region: device plan + padded gather (plan_ms), after the "
                 "dispatch (dispatch_ms)"
