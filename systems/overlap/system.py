@@ -545,8 +545,9 @@ class OverlapSystem(System):
             self.extra["dispatch_overlap_off"] = why
 
     def _describe(self, inp: CellInputs) -> None:
-        """The plan's facts (extra) and stage A's cost, timed on its own (metric plan_ms):
-        in the layer scope it is inside the timed region, in the operator scope it is not."""
+        """The plan's facts (extra) and, on a GPU, stage A's cost timed on its own (metric
+        plan_ms; in the layer scope it is inside the timed region, in the operator scope it is
+        not), the dispatch's and dispatch_overlap's bounds."""
         rk = self.mode.ranks[self.mode.busy]
         plan = rk.plan
         self.extra |= {
@@ -561,6 +562,9 @@ class OverlapSystem(System):
             "consumer_sms": rk.runner.consumer_sms,
         }
         dev = inp.x.device
+        if dev.type != "cuda":  # Triton's interpreter: its times are no timing
+            self.extra["plan_ms_scope"] = "not timed: no GPU (a functional run)"
+            return
 
         def t(fn, group=None):
             return time_fn(fn, device=dev, group=group, warmup=2, iters=10).median_ms
@@ -576,8 +580,8 @@ class OverlapSystem(System):
                 "plan_ms": t(lambda: rk.plan_for(rk.held[0])),
                 "dispatch_ms": t(dispatch, group),
             }
-            if m.dispatch == "device" and dev.type == "cuda":  # dispatch_overlap's bounds
-                self.metrics |= rk.dispatch_fc1_bounds(t)  # (the interpreter: no timing)
+            if m.dispatch == "device":  # dispatch_overlap's bounds
+                self.metrics |= rk.dispatch_fc1_bounds(t)
             self.extra["plan_ms_scope"] = (
                 "inside the timed region: device plan + padded gather (plan_ms), after the "
                 "dispatch (dispatch_ms)"
