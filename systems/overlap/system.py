@@ -631,7 +631,7 @@ class OverlapSystem(System):
 
     def capture_blocker(self) -> str | None:
         if not self.layer:
-            return "overlap operator step: its band counters' epochs advance on the host"
+            return "overlap operator step: not declared capturable (only the layer step is)"
         return self.mode.capture_blocker()
 
     def check_errors(self) -> None:
