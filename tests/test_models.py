@@ -26,6 +26,7 @@ from harness.preflight import preflight
 from harness.reference import dispatch_local
 from harness.system import CellInputs, RunContext
 from harness.workload import make_rank_fc1, make_rank_weights, make_tokens, routing_of
+from tests.inprocess import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -305,10 +306,11 @@ def test_megatron_layer_follows_inputs_copied_into_its_cellinputs(tmp_path):
 
 
 # -- the smoke end to end, and its resume ----------------------------------------------------
-def test_models_smoke_runs_on_the_cpu_and_resumes_without_duplicates(tmp_path):
+def test_models_smoke_runs_on_the_cpu_and_resumes_without_duplicates(tmp_path, capsys):
+    # in-process (the command line itself: tests/test_run.py; its one-line errors: above)
     table = tmp_path / "models_smoke.parquet"
-    proc = _run(f"table={table}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    smoke = ("experiment=models_smoke", "progress=false", f"table={table}")
+    assert launch(*smoke) == 0, capsys.readouterr()
     df = pd.read_parquet(table)
     assert len(df) == 2 * 6 and df["cell_hash"].is_unique
     ok = df[df["status"] == "ok"]
@@ -320,9 +322,10 @@ def test_models_smoke_runs_on_the_cpu_and_resumes_without_duplicates(tmp_path):
     assert (ok["tokens_per_rank"] == 32).all() and (ok["ffn"] == 256).all()
     skipped = df[df["status"] == "skipped"]
     assert skipped["reason"].str.contains("needs a CUDA GPU").all(), skipped["reason"]
-    again = _run(f"table={table}")
-    assert again.returncode == 0, again.stderr
-    assert "12 already in" in again.stdout and "0 to run" in again.stdout
+    capsys.readouterr()
+    assert launch(*smoke, ranks=False) == 0  # every cell is in: no rank starts
+    again = capsys.readouterr().out
+    assert "12 already in" in again and "0 to run" in again, again
     assert len(pd.read_parquet(table)) == len(df)
 
 
