@@ -9,6 +9,8 @@ runs the smoke cells and makes one rank kill, stop or damage the table at its n-
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -20,13 +22,26 @@ import pytest
 from harness.measure import expand_grid
 from harness.records import ResultsTable, Row, read_table
 from tests.cli import FAULTY, ROOT, alive, children, cmdline, error_lines, out, run
-from tests.inprocess import compose_run
+from tests.inprocess import compose_run, launch
 
 STATUSES = ("ok", "fail", "skipped", "error")
 
 
 def _cells(table, world: int) -> list[dict]:
     return expand_grid(compose_run(f"table={table}", f"hardware.world_size={world}")[0], world)
+
+
+def _in_process(*overrides: str, capfd=None) -> subprocess.CompletedProcess:
+    """tests.inprocess.launch of a run whose table is checked, not its command line: its exit
+    code and what it said (the ranks' output too where capfd is given) as `run` gives them."""
+    if capfd is None:  # a module fixture has no capfd: the parent's own lines
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            code = launch("progress=false", *overrides)
+        return subprocess.CompletedProcess(overrides, code, said.getvalue(), "")
+    capfd.readouterr()
+    code = launch("progress=false", *overrides)
+    said = capfd.readouterr()
+    return subprocess.CompletedProcess(overrides, code, said.out, said.err)
 
 
 # ---- 1. a stalled or dead rank ends the run within the time-out; nothing broken is recorded
@@ -36,13 +51,18 @@ def _cells(table, world: int) -> list[dict]:
 def stopped_runs(tmp_path_factory):
     """Three runs (W=2) on one table: rank 1 killed at its 2nd cell; a re-run (it resumes) in
     which rank 1 stops itself at its 2nd cell; a plain re-run. The smoke cells, and per run its
-    process, its time and the table after it."""
+    process, its time and the table after it. The plain re-run is in-process (it checks the
+    resume, not the command line)."""
     table = tmp_path_factory.mktemp("stopped") / "t.parquet"
     common = (f"table={table}", "hardware.world_size=2", FAULTY, "hardware.timeout_s=3")
     runs = []
     for fault in ("kill:1:1", "stop:1:1", None):
         t0 = time.monotonic()
-        proc = run(*common, env={"HARNESS_TEST_FAULT": fault} if fault else None)
+        if fault:
+            proc = run(*common, env={"HARNESS_TEST_FAULT": fault})
+        else:
+            assert "HARNESS_TEST_FAULT" not in os.environ
+            proc = _in_process(*common)
         runs.append((proc, time.monotonic() - t0, read_table(table)))
     return _cells(table, 2), runs
 
@@ -116,12 +136,16 @@ def test_1_a_plain_rerun_retries_error_rows_and_keeps_the_rest(tmp_path):
     assert t.done_hashes(redo_failed=True) == {"a", "c"}
 
 
-def test_1_with_restarts_a_dead_rank_costs_one_error_row_and_the_sweep_goes_on(tmp_path):
+def test_1_with_restarts_a_dead_rank_costs_one_error_row_and_the_sweep_goes_on(
+    tmp_path, monkeypatch, capfd
+):
     """hardware.restarts=n: the cell in which a rank died is recorded as `error` (crashed, with
-    the rank and the signal) and fresh ranks run the remaining cells in the same run."""
+    the rank and the signal) and fresh ranks run the remaining cells in the same run. In-process
+    (the ranks are spawned as on the command line; its exit codes and lines: the tests above)."""
     table = tmp_path / "t.parquet"
     common = (f"table={table}", "hardware.world_size=2", FAULTY, "hardware.timeout_s=3")
-    proc = run(*common, "hardware.restarts=2", env={"HARNESS_TEST_FAULT": "kill:1:1"})
+    monkeypatch.setenv("HARNESS_TEST_FAULT", "kill:1:1")
+    proc = _in_process(*common, "hardware.restarts=2", capfd=capfd)
     assert proc.returncode == 1, out(proc)  # error rows make the exit code nonzero
     cells = _cells(table, 2)
     df = read_table(table).set_index("cell_hash")
@@ -135,13 +159,16 @@ def test_1_with_restarts_a_dead_rank_costs_one_error_row_and_the_sweep_goes_on(t
     assert "Traceback" not in out(proc)
 
 
-def test_1_a_sticky_cuda_error_records_the_cell_then_fresh_ranks_go_on(tmp_path):
+def test_1_a_sticky_cuda_error_records_the_cell_then_fresh_ranks_go_on(
+    tmp_path, monkeypatch, capfd
+):
     """An illegal memory access poisons the process: the cell is recorded as `error`, the rank
     ends (it would abort in the next cell) and, with restarts, fresh ranks run the rest. One
-    rank (W=1): the process that lost its context is the rank itself."""
+    rank (W=1): the process that lost its context is the rank itself. In-process, as above."""
     table = tmp_path / "t.parquet"
     common = (f"table={table}", "hardware.world_size=1", FAULTY, "hardware.timeout_s=3")
-    proc = run(*common, "hardware.restarts=2", env={"HARNESS_TEST_FAULT": "cuda:*:1"})
+    monkeypatch.setenv("HARNESS_TEST_FAULT", "cuda:*:1")
+    proc = _in_process(*common, "hardware.restarts=2", capfd=capfd)
     assert proc.returncode == 1, out(proc)
     cells = _cells(table, 1)
     df = read_table(table).set_index("cell_hash")
@@ -175,7 +202,7 @@ def test_6_a_rank_failure_prints_its_root_cause_once(tmp_path):
     assert table.read_bytes() == b"not a parquet file"  # never overwritten
 
 
-def test_6_error_rows_make_the_run_exit_nonzero_after_writing_every_row(tmp_path):
+def test_6_error_rows_make_the_run_exit_nonzero_after_writing_every_row(tmp_path, capfd):
     table = tmp_path / "t.parquet"
     common = (f"table={table}", "hardware.world_size=1", FAULTY)  # one rank is enough
     proc = run(*common, env={"HARNESS_TEST_FAULT": "raise:*:1"})  # cell 1 raises
@@ -184,6 +211,6 @@ def test_6_error_rows_make_the_run_exit_nonzero_after_writing_every_row(tmp_path
     assert len(df) == 4 and sorted(df["status"]) == ["error", "ok", "ok", "ok"]
     (line,) = error_lines(proc)
     assert "1 cell(s) of smoke ended in `error`" in line and "injected fault" in line, line
-    again = run(*common)
+    again = _in_process(*common, capfd=capfd)  # the re-run's resume: in-process
     assert again.returncode == 0 and "(1 error cell(s) again)" in again.stdout, out(again)
     assert set(read_table(table)["status"]) == {"ok"}
