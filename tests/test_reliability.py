@@ -43,11 +43,11 @@ def test_2_the_hash_covers_every_setting_that_changes_a_number():
 
 
 def test_2_a_changed_measure_setting_reruns_the_cell(tmp_path, capsys):
+    # in-process (the same launch; the command line's runs and resume: test_failing_ranks)
     table = tmp_path / "t.parquet"
-    first = run(f"table={table}", "hardware.world_size=1", "progress=true")
-    assert first.returncode == 0, out(first)
-    assert "4/4" in first.stderr and "cell/s" in first.stderr  # the progress bar (finding 8)
-    # the re-runs in-process (the same launch; the command line's resume: test_failing_ranks)
+    assert launch(f"table={table}", "hardware.world_size=1", "progress=true") == 0
+    first = capsys.readouterr().err
+    assert "4/4" in first and "cell/s" in first, first  # the progress bar (finding 8)
     changed = (f"table={table}", "hardware.world_size=1", "measure.iters=7", "measure.tol=1e-3")
     assert launch(*changed, "progress=false") == 0
     again = capsys.readouterr().out
