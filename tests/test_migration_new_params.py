@@ -4,7 +4,6 @@ rows hashed before `dispatch_overlap` that of dispatch_overlap=off; eager and gr
 alike; other systems' rows stay; a second run changes nothing."""
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -13,11 +12,11 @@ from hydra import compose, initialize_config_dir
 
 from harness.config import register_configs
 from harness.measure import expand_grid, hash_cell
-from harness.records import ResultsTable, Row
+from harness.records import ResultsTable
+from tests.test_migration_dispatch import _row  # the row a migration reads
 
 ROOT = Path(__file__).resolve().parents[1]
 MIGRATIONS = ROOT / "results/reference/migrations"
-SPEC = ("world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "routing")
 MEGATRON = ("megatron_cutlass", "megatron_te")
 #: (script, the systems it moves, the param, the value the old rows ran)
 CASES = [
@@ -31,16 +30,6 @@ def _migration(script: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def _row(cfg, cell: dict, params: dict, h: str) -> Row:
-    m, hw = cfg.measure, cfg.hardware
-    return Row(
-        experiment=cell["experiment"], system=cell["system"], cell_hash=h,
-        **{k: cell[k] for k in (*SPEC, "dtype", "ffn")}, params=params, hardware=hw.name,
-        backend=hw.backend, warmup=int(m.warmup), iters=int(m.iters), tol=float(m.tol),
-        command="python -m harness.run", extra=json.dumps({"rounds": int(m.rounds)}),
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("script,systems,knob,ran", CASES)

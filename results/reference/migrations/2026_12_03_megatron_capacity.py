@@ -47,37 +47,41 @@ def runs_of(row: dict) -> list[dict]:
     return out
 
 
-def rehash(row: dict) -> tuple[str, str]:
-    """(status, hash): "migrated" with the new hash, "done" (has p_capacity, or another system)
-    or "unmatched" (the stored hash not rebuilt: kept)."""
-    if row["system"] not in SYSTEMS or not rows._missing(row.get(f"p_{KNOB}")):
+def rehash(row: dict, systems=SYSTEMS, knob: str = KNOB, ran: str = RAN) -> tuple[str, str]:
+    """(status, hash): "migrated" with the new hash, "done" (has p_<knob>, or another system)
+    or "unmatched" (the stored hash not rebuilt: kept). 2026_12_03_dispatch_overlap.py runs it
+    for another knob."""
+    if row["system"] not in systems or not rows._missing(row.get(f"p_{knob}")):
         return "done", row["cell_hash"]
-    defaults = {k: v for k, v in get_system(row["system"]).load().PARAMS.items() if k != KNOB}
-    before = rows.old_params(row, defaults, {})
+    defaults = {k: v for k, v in get_system(row["system"]).load().PARAMS.items() if k != knob}
+    # a knob a row has no column for holds what it stood for before that knob (overlap's order:
+    # remote_first), as the earlier migrations read it; Megatron has none of them
+    optional = {k: rows.OLD_OPTIONAL[k] for k in defaults if k in rows.OLD_OPTIONAL}
+    before = rows.old_params(row, defaults, optional)
     seeds = {0} | {int(s) for s in re.findall(r"(?<![.\w])seed=([0-9]+)", str(row["command"]))}
     for seed, run in itertools.product(sorted(seeds), runs_of(row)):
         for cell in rows.cells_of(row, seed, before):
             if rows.new_hash(cell, run) == row["cell_hash"]:
-                cell = {**cell, "params": {**cell["params"], KNOB: RAN}}
+                cell = {**cell, "params": {**cell["params"], knob: ran}}
                 return "migrated", rows.new_hash(cell, run)
     return "unmatched", row["cell_hash"]
 
 
-def migrate(path: Path) -> dict[str, int]:
+def migrate(path: Path, systems=SYSTEMS, knob: str = KNOB, ran: str = RAN) -> dict[str, int]:
     """Re-hash one table in place; the count of rows per status."""
     df = pd.read_parquet(path)
     need = {"cell_hash", "system", "experiment", "hardware", "warmup", "iters", "tol"}
     if not need <= set(df.columns):
         return {}
-    results = [rehash(r) for r in df.to_dict("records")]
+    results = [rehash(r, systems, knob, ran) for r in df.to_dict("records")]
     counts = pd.Series([s for s, _ in results], dtype=object).value_counts().to_dict()
     if counts.get("migrated"):
         moved = [s == "migrated" for s, _ in results]
-        col = f"p_{KNOB}"
+        col = f"p_{knob}"
         if col not in df.columns:
             df[col] = None
         df[col] = df[col].astype(object)
-        df.loc[moved, col] = RAN
+        df.loc[moved, col] = ran
         df["cell_hash"] = [h for _, h in results]
         df.to_parquet(path, index=False)
     print(f"{path}: {len(df)} rows: {counts}")
