@@ -514,12 +514,13 @@ class OverlapSystem(System):
         k = self._resolved(ranks[0].spec, name)
         spec = ranks[0].spec
         self.layer = bool(spec.ffn)
+        plays = len(ranks) == spec.world_size and ctx.world_size == 1
+        dispatch = dispatch_used(k.dispatch, spec.world_size, plays) if self.layer else None
+        if dispatch is not None:
+            self.used["dispatch_used"] = dispatch
+        self._overlap_used(k, spec, dispatch)
         if self.layer:
-            plays = len(ranks) == spec.world_size and ctx.world_size == 1
-            self.used["dispatch_used"] = dispatch_used(k.dispatch, spec.world_size, plays)
-        self._overlap_used(k, spec, self.used.get("dispatch_used"))
-        if self.layer:
-            if self.used["dispatch_used"] == "device":
+            if dispatch == "device":
                 self.mode = _PlayedLayer(ranks, k)
             else:
                 self.mode = _Layer(ranks[0], ctx.group, name, k)
