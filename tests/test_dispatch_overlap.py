@@ -1,7 +1,7 @@
-"""dispatch_overlap's kernels (systems/overlap/dispatch_overlap.py, kernels/put.py, the
-producer's waiting mode): the copied input and fc1 + GELU against torch, the arrival order
-against the plan's visiting order (the host plan's schedule), the band counters' values, and an
-arrival that never comes as an error naming source and expert. On the CPU through Triton's
+"""dispatch_overlap's queue (systems/overlap/dispatch_overlap.py, kernels/copy_fc1.py): the
+copied input and fc1 + GELU against torch on the full grid and on one program, the arrival
+order against the plan's visiting order (the host plan's schedule), the band counters' values,
+and an arrival that never comes as an error naming source and expert. On the CPU through Triton's
 interpreter in a fresh process (tests/interpreted.py); the gpu-marked twin runs them compiled."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ CHECKS = r"""
 import torch
 from systems.overlap.dispatch_overlap import DispatchOverlap
 from systems.overlap.errors import OverlapTimeoutError
-from systems.overlap.kernels.put import launch_put_bands
+from systems.overlap.kernels.copy_fc1 import QUEUE, launch_copy_fc1
 from systems.overlap.plan import padded_input
 from tests.overlap_testing import reference_y, synthetic_plan
 
@@ -42,38 +42,46 @@ def band_mask(plan):
 for order in ("remote_first", "expert"):
     plan, src, rows, w1 = problem(order)
     ov = DispatchOverlap(w1, plan, rank=2)
-    h = ov.run(src, rows, plan)
-    ov.check()
-    x_ref = padded_input(src[rows], plan.gather_index)
-    m = band_mask(plan)
-    assert torch.equal(ov.x_pad[m], x_ref[m]), order
-    want = torch.nn.functional.gelu(reference_y(plan, x_ref, w1))
-    err = ((h[m].float() - want[m]).norm() / want[m].norm()).item()
-    assert err < {tol}, (order, err)
-    B = int(plan.n_bands)
-    got = ov.arrived[:B].cpu()
-    assert sorted(got.tolist()) == list(range(1, B + 1)), got  # every band once
-    assert int(ov.arrived[B]) == B  # the ticket
-    # one program: the bands land exactly in fc1's visiting order of the schedule
+    chunks = -(-K // ov.chunk)
+    assert chunks > 1  # a band lands in several items
+    for programs in (ov.programs, 1):
+        ov.h.fill_(float("nan"))
+        ov.x_pad.fill_(float("nan"))
+        ov._src, ov._rows = src, rows
+        ov._launch(plan, QUEUE, programs)
+        ov.check()
+        x_ref = padded_input(src[rows], plan.gather_index)
+        m = band_mask(plan)
+        assert torch.equal(ov.x_pad[m], x_ref[m]), order
+        want = torch.nn.functional.gelu(reference_y(plan, x_ref, w1))
+        err = ((ov.h[m].float() - want[m]).norm() / want[m].norm()).item()
+        assert err < {tol}, (order, programs, err)
+        B = int(plan.n_bands)
+        assert ov.sync[:B].tolist() == [chunks] * B  # every chunk of every band, once
+        places = ov.places(plan)[:B].cpu()
+        assert sorted(places.tolist()) == list(range(1, B + 1)), places  # every band once
+    # one program: the bands landed exactly in fc1's visiting order of the schedule
     visit = torch.arange(B) if plan.visit is None else plan.visit.cpu()
-    ov.arrived.zero_()
-    launch_put_bands(src, rows, ov.x_pad, plan, ov.arrived, num_programs=1)
-    landed = ov.arrived[plan.schedule.cpu()[visit]].cpu()
+    landed = places[plan.schedule.cpu()[visit]]
     assert landed.tolist() == list(range(1, B + 1)), (order, landed)
 
-# an arrival that never comes: fc1's first wait times out, naming source and expert
+# an arrival that never comes (one chunk of the first band short): its tiles time out,
+# naming source and expert
 plan, src, rows, w1 = problem("remote_first")
 ov = DispatchOverlap(w1, plan, rank=2)
-ov.wait = type(ov.wait)(ov.arrived, ov.err, ov.wait.clock, 2, timeout_ns=50_000_000,
-                        max_spins=50, use_timer=ov.wait.use_timer)
-ov.arrived.zero_()
-ov._fc1(plan, True, ov.programs)
+first = int(plan.schedule[0])
+ov.sync.zero_()
+ov.sync[first] = -1
+ov.wait["timeout_ns"] = 50_000_000
+launch_copy_fc1(src, rows, ov.x_pad, w1, ov.h, plan, ov.sync, ov.wait, mode=QUEUE,
+                programs=ov.programs, chunk=ov.chunk, **ov.tile)
 try:
     ov.check()
     raise SystemExit("no time-out")
 except OverlapTimeoutError as exc:
     rec = exc.record
-    assert rec.rank == 2 and rec.seen == 0 and rec.want == 1, rec
+    assert rec.rank == 2 and rec.band == first and rec.want == chunks, rec
+    assert rec.seen == chunks - 1, rec
     assert rec.source == int(plan.band_dst[rec.band]), rec
     assert rec.segment == int(plan.band_expert[rec.band]), rec
     assert "source rank" in str(exc) and "never arrived" in str(exc), str(exc)

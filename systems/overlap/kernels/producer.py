@@ -57,7 +57,6 @@ the data.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -66,8 +65,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from harness.kernels.relaunch import LaunchMemo
-from systems.overlap import errors, modes
-from systems.overlap.kernels.primitives import publish_threads, record_error, spin_until
+from systems.overlap import modes
+from systems.overlap.kernels.primitives import publish_threads
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE, GROUP_CODE
 from systems.overlap.operands import check_producer_operands
 from systems.overlap.tuning import TileConfig
@@ -76,7 +75,6 @@ from systems.overlap.tuning import TileConfig
 _FLAG_CTA = tl.constexpr(modes.FLAG_CTA)
 _FLAG_THREAD = tl.constexpr(modes.FLAG_THREAD)
 _FLAG_DEFERRED = tl.constexpr(modes.FLAG_DEFERRED)
-_ARRIVAL_TIMEOUT = tl.constexpr(errors.CODE_ARRIVAL_TIMEOUT)
 
 
 @triton.jit
@@ -131,13 +129,6 @@ def _producer_kernel(
     band_rows,
     band_ready,
     counts,
-    arrived,
-    band_src,
-    err,
-    clock,
-    timeout,
-    max_spins,
-    rank,
     N,
     K,
     num_progs,
@@ -156,8 +147,6 @@ def _producer_kernel(
     EPI_SPLIT: tl.constexpr,
     EXPERT_GROUPS: tl.constexpr,
     GROUP_CODE: tl.constexpr,
-    WAIT: tl.constexpr,
-    USE_TIMER: tl.constexpr,
 ):
     # the schedule length and the signalled prefix, from the plan's counts on the device
     n_sched = tl.load(counts + 2).to(tl.int32)
@@ -183,13 +172,6 @@ def _producer_kernel(
         row0 = tl.load(band_row + band).to(tl.int32)
         nrows = tl.load(band_rows + band).to(tl.int32)
         col0 = pn * BN
-        if WAIT:  # fc1 of dispatch_overlap: the band's rows must have arrived (put.py)
-            status, seen = spin_until(
-                arrived + band, 1, err, clock + pid, timeout, max_spins, "gpu", USE_TIMER
-            )
-            if status == 1:
-                src = tl.load(band_src + band)
-                record_error(err, _ARRIVAL_TIMEOUT, e, band, rank, pid, seen, 1, src)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for kk in range(k_tiles):
             k0 = kk * BK
@@ -283,23 +265,6 @@ def producer_input_args(x: torch.Tensor, config: TileConfig) -> dict:
     return {"x_ptr": x, "x_desc": desc}
 
 
-@dataclass(frozen=True)
-class ArrivalWait:
-    """The producer's waiting mode (fc1 of dispatch_overlap): before a tile's loads, a bounded
-    wait until arrived[band] >= 1 (set by kernels/put.py); a time-out writes the error record
-    (CODE_ARRIVAL_TIMEOUT: rank, band, its expert and source rank) and later waits give up.
-    arrived [B'] int32; err int64 [ERR_SLOTS]; clock int64 [>= grid] scratch; timeout_ns on
-    the GPU, max_spins polls in the interpreter (use_timer=False)."""
-
-    arrived: torch.Tensor
-    err: torch.Tensor
-    clock: torch.Tensor
-    rank: int
-    timeout_ns: int = 2_000_000_000
-    max_spins: int = 2000
-    use_timer: bool = True
-
-
 def launch_producer(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -313,7 +278,6 @@ def launch_producer(
     recv: torch.Tensor | None = None,
     memo: LaunchMemo | None = None,
     memo_key: Any = None,
-    wait: ArrivalWait | None = None,
 ):
     """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
 
@@ -328,9 +292,7 @@ def launch_producer(
     own receive buffer): every local row p (plan.row_dst[p] >= 0, also the local rows of a
     compact plan's mixed band) is stored at recv[row_dst[p]] instead of y[p], a local band's
     other rows are not stored; None: every row goes to y; memo (GPU): remember this launch
-    under memo_key (harness/kernels/relaunch.py) for memo.launch() while its key holds;
-    wait: the waiting mode (ArrivalWait; its tiles load X through pointers, not TMA: the rows
-    were stored by another kernel's generic stores, and the flattened tile loop is off).
+    under memo_key (harness/kernels/relaunch.py) for memo.launch() while its key holds.
     """
     P, K, E, N = check_producer_operands("producer", x, weights, y, band_ready)
     cfg = config
@@ -347,8 +309,6 @@ def launch_producer(
             f"producer: expert groups of {cfg.group_m} need a plan built with "
             f"group_cap={cfg.group_m}, got group_cap={plan.group_cap}"
         )
-    if wait is not None:
-        cfg = replace(cfg, use_tma=False, flatten=False)
     use_tma = cfg.use_tma and K % cfg.block_k == 0
     x_desc = producer_input_args(x, cfg)["x_desc"]
     w_desc = None
@@ -366,15 +326,7 @@ def launch_producer(
     args = (x_desc, w_desc, x, weights, y, y if recv is None else recv, plan.row_dst)
     args += (plan.schedule, unused if plan.visit is None else plan.visit)
     args += (plan.groups if cfg.expert_groups else unused, plan.band_expert, plan.band_row)
-    args += (plan.band_rows, band_ready, plan.counts)
-    if wait is None:  # arguments the constexprs leave unread
-        args += (band_ready, plan.band_dst, plan.counts, plan.counts, 0, 0, 0)
-    else:
-        if wait.clock.numel() < grid[0] or wait.arrived.numel() < n_sched:
-            raise ValueError(f"producer wait: clock of >= {grid[0]}, arrived of >= {n_sched}")
-        args += (wait.arrived, plan.band_dst, wait.err, wait.clock, wait.timeout_ns)
-        args += (wait.max_spins, wait.rank)
-    args += (N, K, grid[0])
+    args += (plan.band_rows, band_ready, plan.counts, N, K, grid[0])
     meta = dict(
         BM=cfg.block_m,
         BN=cfg.block_n,
@@ -391,8 +343,6 @@ def launch_producer(
         EPI_SPLIT=cfg.epi_split,
         EXPERT_GROUPS=cfg.expert_groups,
         GROUP_CODE=GROUP_CODE,
-        WAIT=wait is not None,
-        USE_TIMER=wait is not None and wait.use_timer,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
