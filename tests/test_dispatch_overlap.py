@@ -1,4 +1,4 @@
-"""dispatch_overlap's queue (systems/overlap/dispatch_overlap.py, kernels/copy_fc1.py): the
+"""dispatch_overlap's kernels (systems/overlap/dispatch_overlap.py, kernels/copy_fc1.py): the
 copied input and fc1 + GELU against torch on the full grid and on one program, the arrival
 order against the plan's visiting order (the host plan's schedule), the band counters' values,
 and an arrival that never comes as an error naming source and expert. On the CPU through Triton's
@@ -18,7 +18,7 @@ CHECKS = r"""
 import torch
 from systems.overlap.dispatch_overlap import DispatchOverlap
 from systems.overlap.errors import OverlapTimeoutError
-from systems.overlap.kernels.copy_fc1 import QUEUE, launch_copy_fc1
+from systems.overlap.kernels.copy_fc1 import WAITING_TILES
 from systems.overlap.plan import padded_input
 from tests.overlap_testing import reference_y, synthetic_plan
 
@@ -45,10 +45,10 @@ for order in ("remote_first", "expert"):
     chunks = -(-K // ov.chunk)
     assert chunks > 1  # a band lands in several items
     for programs in (ov.programs, 1):
+        ov.programs = programs
         ov.h.fill_(float("nan"))
         ov.x_pad.fill_(float("nan"))
-        ov._src, ov._rows = src, rows
-        ov._launch(plan, QUEUE, programs)
+        ov.run(src, rows, plan)
         ov.check()
         x_ref = padded_input(src[rows], plan.gather_index)
         m = band_mask(plan)
@@ -65,23 +65,20 @@ for order in ("remote_first", "expert"):
     landed = places[plan.schedule.cpu()[visit]]
     assert landed.tolist() == list(range(1, B + 1)), (order, landed)
 
-# an arrival that never comes (one chunk of the first band short): its tiles time out,
+# an arrival that never comes (fc1's tiles without the copies): the first tile times out,
 # naming source and expert
 plan, src, rows, w1 = problem("remote_first")
 ov = DispatchOverlap(w1, plan, rank=2)
-first = int(plan.schedule[0])
-ov.sync.zero_()
-ov.sync[first] = -1
 ov.wait["timeout_ns"] = 50_000_000
-launch_copy_fc1(src, rows, ov.x_pad, w1, ov.h, plan, ov.sync, ov.wait, mode=QUEUE,
-                programs=ov.programs, chunk=ov.chunk, **ov.tile)
+ov.sync.zero_()
+ov._launch(src, rows, plan, WAITING_TILES)
 try:
     ov.check()
     raise SystemExit("no time-out")
 except OverlapTimeoutError as exc:
     rec = exc.record
-    assert rec.rank == 2 and rec.band == first and rec.want == chunks, rec
-    assert rec.seen == chunks - 1, rec
+    assert rec.rank == 2 and rec.seen == 0 and rec.want == chunks, rec
+    assert rec.band == int(plan.schedule[0]), rec  # the visiting order's first band
     assert rec.source == int(plan.band_dst[rec.band]), rec
     assert rec.segment == int(plan.band_expert[rec.band]), rec
     assert "source rank" in str(exc) and "never arrived" in str(exc), str(exc)
@@ -97,7 +94,7 @@ def test_dispatch_overlap_kernels_in_the_interpreter():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_dispatch_overlap_kernels_compiled():
-    script = CHECKS.format(dev="cuda", dtype="bfloat16", tile=64, K=256, F=512, tol=1e-2)
+    script = CHECKS.format(dev="cuda", dtype="bfloat16", tile=64, K=512, F=512, tol=1e-2)
     exec(compile(script, "dispatch_overlap_checks", "exec"), {})
 
 
