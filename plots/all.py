@@ -30,7 +30,7 @@ _DRAWS = {
     "bandwidth": "bandwidth", "layer": "layer", "experts": "experts", "models": "models",
     "ccta_mgb": "ccta_mgb ccta_auto", "correctness": "correctness correctness_loopback",
     "producer": "producer", "functional": "overlap_functional", "layer_w1": "layer_w1",
-    "layer_loopback": "layer_loopback", "dispatch_overlap": "dispatch_overlap",
+    "layer_loopback": "layer_loopback",
 }  # fmt: skip
 #: experiment (table stem) -> plot module with plot(table, out_dir, name)
 FIGURES = {stem: f"plots.{m}" for m, stems in _DRAWS.items() for stem in stems.split()}
@@ -55,7 +55,6 @@ SHOWS = {
     "layer_w1": "the layer at W=1: each system vs serial (_systems), eager vs graph replay "
     "(_graph)",
     "layer_loopback": "the layer, one GPU playing W ranks: errors, receive memory, latency",
-    "dispatch_overlap": "the dispatch copy behind fc1: phase vs bounds, share hidden, on / off",
 }
 #: figure script -> the files it draws per table (<name><part>); others draw one, <name>
 PARTS = {"layer": ("_latency", "_speedup"), "layer_w1": ("_systems", "_graph")}

@@ -40,7 +40,6 @@ def test_params_fill_defaults_and_the_hash_covers_them():
     assert point == {
         **{"ccta": 8, "mgb": 1, "tile_m": 128, "transport": ""},
         **{"layout": "aligned", "order": "auto", "consumer": "own", "dispatch": "auto"},
-        "dispatch_overlap": "off",
     }
     cfg = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=8")
     cfg2 = _compose("experiment=smoke", "+experiment.systems.overlap.params.ccta=4")

@@ -52,10 +52,9 @@ def _resolved(monkeypatch, params: dict, spec=None) -> OverlapParams:
     return seen["k"]
 
 
-def test_the_params_are_one_frozen_type_with_nine_knobs_importable_without_triton():
+def test_the_params_are_one_frozen_type_with_eight_knobs_importable_without_triton():
     assert P == OverlapParams().as_dict()
     keys = ["ccta", "mgb", "tile_m", "transport", "layout", "order", "consumer", "dispatch"]
-    keys += ["dispatch_overlap"]
     assert list(P) == keys
     assert P == {
         "ccta": 16,
@@ -66,7 +65,6 @@ def test_the_params_are_one_frozen_type_with_nine_knobs_importable_without_trito
         "order": "auto",
         "consumer": "own",
         "dispatch": "auto",
-        "dispatch_overlap": "off",
     }
     with pytest.raises(FrozenInstanceError):
         OverlapParams().ccta = 8  # type: ignore[misc]

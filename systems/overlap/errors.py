@@ -7,15 +7,14 @@ and raises OverlapTimeoutError naming the rank, segment, band (or source rank) a
 value seen versus wanted.
 
 Record layout (int64):
-  [0] code     CODE_NONE (0), CODE_BAND_TIMEOUT (1), CODE_SIGNAL_TIMEOUT (2),
-               CODE_ARRIVAL_TIMEOUT (3: fc1 waiting for a band of the dispatch)
-  [1] segment  plan segment id (-1 for a receiver wait; the band's expert for an arrival)
+  [0] code     CODE_NONE (0), CODE_BAND_TIMEOUT (1), CODE_SIGNAL_TIMEOUT (2)
+  [1] segment  plan segment id (-1 for a receiver wait)
   [2] band     plan band id (-1 for a receiver wait)
   [3] rank     rank whose kernel timed out
   [4] program  program id of the kernel
   [5] seen     last counter value read
   [6] want     the counter value waited for
-  [7] source   source rank of a receiver wait or an arrival (-1 for a band wait)
+  [7] source   source rank of a receiver wait (-1 for a band wait)
 """
 
 from __future__ import annotations
@@ -28,12 +27,10 @@ ERR_SLOTS = 8
 CODE_NONE = 0
 CODE_BAND_TIMEOUT = 1
 CODE_SIGNAL_TIMEOUT = 2
-CODE_ARRIVAL_TIMEOUT = 3
 
 _CODE_NAMES = {
     CODE_BAND_TIMEOUT: "band wait",
     CODE_SIGNAL_TIMEOUT: "receive wait",
-    CODE_ARRIVAL_TIMEOUT: "arrival wait",
 }
 
 
@@ -50,12 +47,6 @@ class ErrorRecord:
 
     def message(self) -> str:
         what = _CODE_NAMES.get(self.code, f"error code {self.code}")
-        if self.code == CODE_ARRIVAL_TIMEOUT:
-            return (
-                f"overlap fc1 {what} timed out on rank {self.rank}: the rows of source rank "
-                f"{self.source}, expert {self.segment} (band {self.band}) never arrived "
-                f"(program {self.program}; counter {self.seen}, wanted {self.want})"
-            )
         if self.code == CODE_SIGNAL_TIMEOUT:
             where = f"waiting for source rank {self.source}"
         else:
@@ -67,7 +58,7 @@ class ErrorRecord:
 
 
 class OverlapTimeoutError(RuntimeError):
-    """A consumer, receiver or fc1 arrival wait timed out on the device (`.record`)."""
+    """A consumer or receiver wait timed out on the device. `.record` holds the details."""
 
     def __init__(self, record: ErrorRecord) -> None:
         super().__init__(record.message())

@@ -16,10 +16,6 @@ read it on any machine).
   dispatch   the layer scope's dispatch (harness/dispatch_device.py DISPATCHES): auto (device
              where one process plays every rank: W=1 or loopback; nccl with one process per
              rank), device (no host sync) or nccl (the all-to-all with its host sync)
-  dispatch_overlap  off, or on (beyond the paper): the layer's copy of the received rows into
-             fc1's input runs band by band while fc1 runs, each fc1 tile waiting for its band
-             (systems/overlap/dispatch_overlap.py); where nothing is dispatched between ranks
-             (W=1, the operator scope) or the dispatch is nccl, the cell runs off and says why
 """
 
 from __future__ import annotations
@@ -35,7 +31,6 @@ TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
 LAYOUTS = ("aligned", "compact")
 ORDERS = ("remote_first", "expert")
 CONSUMER_SMS = ("own", "shared")
-DISPATCH_OVERLAPS = ("off", "on")
 DTYPES = ("float16", "bfloat16")
 
 
@@ -65,7 +60,6 @@ class OverlapParams:
     order: str = AUTO
     consumer: str = "own"
     dispatch: str = AUTO
-    dispatch_overlap: str = "off"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OverlapParams:
@@ -105,7 +99,6 @@ class OverlapParams:
             raise ValueError(f"overlap: mgb must be >= 1, got {mgb}")
         _choice("layout", self.layout, LAYOUTS)
         _choice("dispatch", self.dispatch, DISPATCHES)
-        _choice("dispatch_overlap", self.dispatch_overlap, DISPATCH_OVERLAPS)
         _choice("order", self.order, (*ORDERS, AUTO))
         if self.transport not in TRANSPORTS:
             raise ValueError(
@@ -125,17 +118,4 @@ class OverlapParams:
                 dispatch_used(self.dispatch, spec.world_size, plays)
             except ValueError as exc:
                 return f"transport={self.transport}: {exc}"
-        return None
-
-    def dispatch_overlap_off(self, spec: Any, dispatch: str | None) -> str | None:
-        """Why dispatch_overlap=on runs off in this cell (None: it runs on); dispatch: the
-        layer's dispatch in use (None: the operator scope, which has none)."""
-        if self.dispatch_overlap == "off":
-            return None
-        if dispatch is None:
-            return "the operator scope has no dispatch"
-        if dispatch != "device":
-            return "dispatch=nccl: the rows land all at once, after the all-to-all"
-        if spec.world_size == 1:
-            return "W=1: no rows travel between ranks"
         return None

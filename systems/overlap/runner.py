@@ -406,10 +406,8 @@ def residency_report(producer_kernel: Any, consumer_kernel: Any, device=None) ->
     """Can a consumer CTA share an SM with a producer CTA or another consumer CTA?
 
     From the compiled kernels (Triton CompiledKernel: metadata.shared, n_regs, num_warps) and
-    the device limits (registers allocated per warp in units of 256). exclusive=True means each
-    consumer CTA owns its SM; consumers_beside_producer: how many consumer CTAs fit next to one
-    producer CTA; producers_per_sm: how many producer CTAs one SM holds; consumer_beside_full_sm:
-    a consumer CTA fits next to that many producer CTAs (so one always finds room).
+    the device limits. exclusive=True means each consumer CTA owns its SM;
+    consumers_beside_producer: how many consumer CTAs fit next to one producer CTA.
     """
     props = torch.cuda.get_device_properties(device)
     smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
@@ -418,25 +416,24 @@ def residency_report(producer_kernel: Any, consumer_kernel: Any, device=None) ->
 
     def usage(k):
         warps = k.metadata.num_warps
-        per_warp = -(-int(getattr(k, "n_regs", 0)) * 32 // 256) * 256
         return {
             "smem": k.metadata.shared + 1024,  # + the 1 KiB the driver reserves per CTA
-            "regs": per_warp * warps,
+            "regs": int(getattr(k, "n_regs", 0)) * 32 * warps,
             "threads": 32 * warps,
         }
 
     up, uc = usage(producer_kernel), usage(consumer_kernel)
 
-    def fits(a, b, n=1, m=1):
-        return all(m * a[r] + n * b[r] <= cap for r, cap in (
-            ("smem", smem), ("regs", regs), ("threads", threads)))  # fmt: skip
+    def fits(a, b, n=1):
+        return (
+            a["smem"] + n * b["smem"] <= smem
+            and a["regs"] + n * b["regs"] <= regs
+            and a["threads"] + n * b["threads"] <= threads
+        )
 
     beside = 0  # consumer CTAs that fit next to one producer CTA (at most 32 CTAs an SM)
     while beside < 31 and fits(up, uc, beside + 1):
         beside += 1
-    producers = 1
-    while producers < 32 and fits(up, uc, 0, producers + 1):
-        producers += 1
 
     return {
         "producer": up,
@@ -446,7 +443,5 @@ def residency_report(producer_kernel: Any, consumer_kernel: Any, device=None) ->
         "consumer_with_producer": fits(up, uc),
         "consumers_beside_producer": beside,
         "consumer_with_consumer": fits(uc, uc),
-        "producers_per_sm": producers,
-        "consumer_beside_full_sm": fits(up, uc, 1, producers),
         "exclusive": not fits(up, uc) and not fits(uc, uc),
     }

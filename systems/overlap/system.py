@@ -248,10 +248,6 @@ class _LayerRank:
             layout=layout,
         )["max_bands"]
         self.runner.band_ready = torch.zeros(most, dtype=torch.int32, device=self.x.device)
-        #: dispatch_overlap=on: the copy + fc1 phase (made on the first step, sized by the
-        #: builder's worst-case plan); None: the padded gather, then fc1
-        self.overlap = None
-        self.overlap_on = first is not None and k.dispatch_overlap == "on" and spec.world_size > 1
 
     def build(self, r: ld.Received):
         """This step's plan from the received rows' labels (the builder's one plan: the labels
@@ -321,46 +317,10 @@ class _LayerRank:
         return self.scale(d)
 
     def experts(self, d: ld.Dispatched) -> None:
-        """After a host-free dispatch: stage A from its labels, fc1 + GELU (dispatch_overlap:
-        fc1 tiles start as their rows are copied in), fc2 overlapped with the combine's puts."""
-        if self.overlap_on:
-            plan = self.build(d.received)
-            self._fc2_combine(plan, self.dispatch_overlap(plan).run(d.tokens, d.token_rows, plan))
-            return
+        """After a host-free dispatch: stage A from its labels, fc1 + GELU, fc2 overlapped with
+        the combine's puts."""
         plan, x_pad = self.plan_for(d)
         self._fc2_combine(plan, self.fc1(plan, x_pad))
-
-    def dispatch_overlap(self, plan):
-        """This rank's DispatchOverlap (made once, for the builder's worst-case plan)."""
-        if self.overlap is None:
-            from systems.overlap.dispatch_overlap import DispatchOverlap
-
-            self.overlap = DispatchOverlap(self.w1, plan, self.rank)
-        return self.overlap
-
-    def dispatch_fc1_bounds(self, t) -> dict[str, float]:
-        """The copy and fc1 alone and the phase as run (ms, timed by t, on the held dispatch):
-        dispatch_overlap on: the band copy, fc1's producer on every SM without waits, both
-        concurrently; off: the padded gather, fc1 + GELU, one after the other."""
-        d = self.held[0]
-        plan = self.build(d.received)
-        if self.overlap_on:
-            ov = self.dispatch_overlap(plan)
-            put = t(lambda: ov.put_alone(d.tokens, d.token_rows, plan))
-            fc1 = t(lambda: ov.fc1_alone(plan))
-            phase = t(lambda: ov.run(d.tokens, d.token_rows, plan))
-        else:
-
-            def gather():
-                return self.builder.padded_input(d.tokens, rows=d.token_rows)
-
-            x_pad = gather()
-            put = t(gather)
-            fc1 = t(lambda: self.fc1(plan, x_pad))
-            phase = t(lambda: self.fc1(plan, gather()))
-        hidden = (put + fc1 - phase) / put if put > 0 else float("nan")
-        return {"dispatch_alone_ms": put, "fc1_alone_ms": fc1, "dispatch_fc1_ms": phase,
-                "dispatch_hidden": min(1.0, max(0.0, hidden))}  # fmt: skip
 
     def scale(self, d: ld.Dispatched) -> torch.Tensor:
         """out [T, H] from this rank's combine receive buffer."""
@@ -518,7 +478,6 @@ class OverlapSystem(System):
         dispatch = dispatch_used(k.dispatch, spec.world_size, plays) if self.layer else None
         if dispatch is not None:
             self.used["dispatch_used"] = dispatch
-        self._overlap_used(k, spec, dispatch)
         if self.layer:
             if dispatch == "device":
                 self.mode = _PlayedLayer(ranks, k)
@@ -536,19 +495,10 @@ class OverlapSystem(System):
             self.mode = _Distributed(ranks[0], ctx.group, name, k)
         self._describe(ranks[self.mode.busy])
 
-    def _overlap_used(self, k: OverlapParams, spec: WorkloadSpec, dispatch: str | None) -> None:
-        """dispatch_overlap as it runs in this cell (p_dispatch_overlap_used), and why it runs
-        off where on was asked (extra["dispatch_overlap_off"])."""
-        why = k.dispatch_overlap_off(spec, dispatch)
-        on = k.dispatch_overlap == "on" and why is None
-        self.used["dispatch_overlap_used"] = "on" if on else "off"
-        if why:
-            self.extra["dispatch_overlap_off"] = why
-
     def _describe(self, inp: CellInputs) -> None:
         """The plan's facts (extra) and, on a GPU, stage A's cost timed on its own (metric
         plan_ms; in the layer scope it is inside the timed region, in the operator scope it is
-        not), the dispatch's and dispatch_overlap's bounds."""
+        not) and the dispatch's."""
         rk = self.mode.ranks[self.mode.busy]
         plan = rk.plan
         self.extra |= {
@@ -581,8 +531,6 @@ class OverlapSystem(System):
                 "plan_ms": t(lambda: rk.plan_for(rk.held[0])),
                 "dispatch_ms": t(dispatch, group),
             }
-            if m.dispatch == "device":  # dispatch_overlap's bounds
-                self.metrics |= rk.dispatch_fc1_bounds(t)
             self.extra["plan_ms_scope"] = (
                 "inside the timed region: device plan + padded gather (plan_ms), after the "
                 "dispatch (dispatch_ms)"

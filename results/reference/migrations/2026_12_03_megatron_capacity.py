@@ -49,8 +49,7 @@ def runs_of(row: dict) -> list[dict]:
 
 def rehash(row: dict, systems=SYSTEMS, knob: str = KNOB, ran: str = RAN) -> tuple[str, str]:
     """(status, hash): "migrated" with the new hash, "done" (has p_<knob>, or another system)
-    or "unmatched" (the stored hash not rebuilt: kept). 2026_12_03_dispatch_overlap.py runs it
-    for another knob."""
+    or "unmatched" (the stored hash not rebuilt: kept)."""
     if row["system"] not in systems or not rows._missing(row.get(f"p_{knob}")):
         return "done", row["cell_hash"]
     defaults = {k: v for k, v in get_system(row["system"]).load().PARAMS.items() if k != knob}
