@@ -105,10 +105,12 @@ def _grouped(cap: int):
     return replace(cfg, expert_groups=True, group_m=cap) if cap else cfg
 
 
-def _run_producer(plan, x, w, cfg, signal=True, recv=None):
+def _run_producer(plan, x, w, cfg, signal=True, recv=None, act=False):
     y = torch.full((plan.n_padded, w.shape[2]), float("nan"), dtype=x.dtype)
     ready = torch.zeros(plan.n_bands, dtype=torch.int32)
-    launch_producer(x, w, y, plan, ready, num_programs=3, config=cfg, signal=signal, recv=recv)
+    launch_producer(
+        x, w, y, plan, ready, num_programs=3, config=cfg, signal=signal, recv=recv, act=act
+    )
     return y, ready
 
 
@@ -153,6 +155,18 @@ def test_producer_expert_groups_match_torch(cap, order):
     assert not torch.isnan(y).any(), "every padded row must be written"
     assert torch.equal(y.float(), reference_y(plan, x, w))
     _check_counters(plan, ready, cfg.band_increment(w.shape[2]))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("split", [1, 4])
+def test_producer_with_gelu_is_the_layers_fc1(split):
+    """act=True (the layer's fc1 on a GPU): gelu of the rounded product, every padded row."""
+    plan, x, w = _problem(torch.float32)
+    cfg = replace(interpreter_config(TILE_M), epi_split=split)
+    y, ready = _run_producer(plan, x, w, cfg, signal=False, act=True)
+    want = torch.nn.functional.gelu(reference_y(plan, x, w))
+    assert torch.allclose(y.float(), want, rtol=1e-5, atol=1e-5)
+    assert torch.count_nonzero(ready) == 0
 
 
 @needs_interpreter

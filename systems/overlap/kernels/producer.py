@@ -46,7 +46,7 @@ reference for the flag cost. The main loop (loads + tl.dot) is identical in all 
 Epilogue: TileConfig.epi_split (EPI_SPLIT) stores the tile in 1, 2 or 4 column slices; each row's
 destination (Y, or for a local row its place row_dst in this rank's own receive buffer) is
 chosen once per row. 4 slices convert the accumulator's layout through 16 KB of shared memory
-instead of 64 KB.
+instead of 64 KB. ACT (the layer's fc1): GELU of the rounded tile before its store.
 
 Loads: USE_TMA=True takes host-side TMA descriptors (triton.tools.tensor_descriptor) for X and
 the [E*K, N] weight view (needs K % block_k == 0 so a K tile never crosses into the next
@@ -147,6 +147,7 @@ def _producer_kernel(
     EPI_SPLIT: tl.constexpr,
     EXPERT_GROUPS: tl.constexpr,
     GROUP_CODE: tl.constexpr,
+    ACT: tl.constexpr,
 ):
     # the schedule length and the signalled prefix, from the plan's counts on the device
     n_sched = tl.load(counts + 2).to(tl.int32)
@@ -214,6 +215,9 @@ def _producer_kernel(
             row_ptr = tl.where(mine, recv_ptr + dst.to(tl.int64) * N, row_ptr)
             row_ok = row_ok & (mine | (s < n_signal))
         out = acc.to(y_ptr.dtype.element_ty)
+        if ACT:  # fc1: GELU (erf) of the rounded output, as the reference rounds it
+            g = out.to(tl.float32)
+            out = (0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))).to(out.dtype)
         if EPI_SPLIT == 1:
             _store_cols(out, row_ptr, row_ok, col0, N, BN)
         else:  # the store in column halves (or quarters): fewer live pointers per thread
@@ -278,6 +282,7 @@ def launch_producer(
     recv: torch.Tensor | None = None,
     memo: LaunchMemo | None = None,
     memo_key: Any = None,
+    act: bool = False,
 ):
     """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
 
@@ -292,7 +297,8 @@ def launch_producer(
     own receive buffer): every local row p (plan.row_dst[p] >= 0, also the local rows of a
     compact plan's mixed band) is stored at recv[row_dst[p]] instead of y[p], a local band's
     other rows are not stored; None: every row goes to y; memo (GPU): remember this launch
-    under memo_key (harness/kernels/relaunch.py) for memo.launch() while its key holds.
+    under memo_key (harness/kernels/relaunch.py) for memo.launch() while its key holds;
+    act: y = gelu(x @ w_e) (the layer's fc1), GELU in the epilogue.
     """
     P, K, E, N = check_producer_operands("producer", x, weights, y, band_ready)
     cfg = config
@@ -343,6 +349,7 @@ def launch_producer(
         EPI_SPLIT=cfg.epi_split,
         EXPERT_GROUPS=cfg.expert_groups,
         GROUP_CODE=GROUP_CODE,
+        ACT=act,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
