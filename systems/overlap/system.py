@@ -465,8 +465,6 @@ class _PlayedLayer:
     def check(self) -> None:
         for rk in self.ranks:
             rk.runner.check()
-            if rk.overlap is not None:
-                rk.overlap.check()
 
 
 class OverlapSystem(System):
