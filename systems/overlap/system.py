@@ -188,7 +188,8 @@ class _LayerRank:
     sync, all_to_all_single), stage A on the device with no host sync (plan_device.py: the
     plan sized at its worst case, built inside the dispatch before its sync, so its launches
     queue behind the previous step; the padded gather in one kernel after it), fc1 + GELU over
-    the padded layout's real rows (zero rows stay zero), then fc2 as the producer overlapped
+    the padded layout (on a GPU one producer launch, GELU in its epilogue; zero rows stay
+    zero), then fc2 as the producer overlapped
     with the consumer's
     combine, the local copy, the wait for every peer's rows and the scale. The dispatch
     all-to-all also orders the steps across ranks: a peer's next dispatch starts only after its
