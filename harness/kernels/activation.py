@@ -20,6 +20,13 @@ ELEMS = 4096  # elements per program: rows x columns, columns as wide as F up to
 
 
 @triton.jit
+def gelu_erf(v):
+    """GELU, erf form, of float32 v (the activation's one formula; the producer's fc1 epilogue
+    uses it too)."""
+    return 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+
+
+@triton.jit
 def _gelu_rows_kernel(h, n_ptr, F, BR: tl.constexpr, BF: tl.constexpr):
     n = tl.load(n_ptr)
     r0 = tl.program_id(0).to(tl.int64) * BR
@@ -29,8 +36,7 @@ def _gelu_rows_kernel(h, n_ptr, F, BR: tl.constexpr, BF: tl.constexpr):
         m = (rows[:, None] < n) & (cols[None, :] < F)
         at = h + rows[:, None] * F + cols[None, :]
         v = tl.load(at, mask=m, other=0.0).to(tl.float32)
-        g = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
-        tl.store(at, g.to(h.dtype.element_ty), mask=m)
+        tl.store(at, gelu_erf(v).to(h.dtype.element_ty), mask=m)
 
 
 def blocks(F: int) -> tuple[int, int]:

@@ -189,12 +189,10 @@ class _LayerRank:
     plan sized at its worst case, built inside the dispatch before its sync, so its launches
     queue behind the previous step; the padded gather in one kernel after it), fc1 + GELU over
     the padded layout (on a GPU one producer launch, GELU in its epilogue; zero rows stay
-    zero), then fc2 as the producer overlapped
-    with the consumer's
-    combine, the local copy, the wait for every peer's rows and the scale. The dispatch
-    all-to-all also orders the steps across ranks: a peer's next dispatch starts only after its
-    scale of this step read its receive buffer, so the next step's puts never overwrite rows
-    still being read.
+    zero), then fc2 as the producer overlapped with the consumer's combine, the local copy, the
+    wait for every peer's rows and the scale. The dispatch all-to-all also orders the steps
+    across ranks: a peer's next dispatch starts only after its scale of this step read its
+    receive buffer, so the next step's puts never overwrite rows still being read.
 
     Every step's plan, padded input and fc2 output go into the same buffers (a
     DevicePlanBuilder and one Y), so the runner's remembered launches hold from step to step:
@@ -251,7 +249,10 @@ class _LayerRank:
         self.runner.band_ready = torch.zeros(most, dtype=torch.int32, device=self.x.device)
         #: fc1 on a GPU: the producer's config for [*, H] @ [H, F], every step's h [P', F], and
         #: its remembered launch
-        self.fc1_tile = pick_config(tile_m, spec.hidden, spec.ffn, self.w1.dtype)
+        cfg = pick_config(tile_m, spec.hidden, spec.ffn, self.w1.dtype)
+        if cfg.expert_groups and cfg.group_m != self.plan_shape["group_cap"]:  # fc2's groups
+            cfg = replace(cfg, expert_groups=False, group_m=1)
+        self.fc1_tile = cfg
         self.h: torch.Tensor | None = None
         if self.x.is_cuda:
             from harness.kernels.relaunch import LaunchMemo
@@ -318,8 +319,6 @@ class _LayerRank:
         if h is None or h.shape[0] != x_pad.shape[0] or h.dtype != x_pad.dtype:
             h = self.h = torch.empty(x_pad.shape[0], F, dtype=x_pad.dtype, device=x_pad.device)
         cfg = self.fc1_tile
-        if cfg.expert_groups and plan.group_cap != cfg.group_m:  # the plan's groups are fc2's
-            cfg = replace(cfg, expert_groups=False, group_m=1)
         key = (x_pad.data_ptr(), x_pad.shape, h.data_ptr(), id(plan), cfg)
         if self.fc1_memo.hit(key):
             self.fc1_memo.launch()

@@ -64,6 +64,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from harness.kernels.activation import gelu_erf
 from harness.kernels.relaunch import LaunchMemo
 from systems.overlap import modes
 from systems.overlap.kernels.primitives import publish_threads
@@ -216,8 +217,7 @@ def _producer_kernel(
             row_ok = row_ok & (mine | (s < n_signal))
         out = acc.to(y_ptr.dtype.element_ty)
         if ACT:  # fc1: GELU (erf) of the rounded output, as the reference rounds it
-            g = out.to(tl.float32)
-            out = (0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))).to(out.dtype)
+            out = gelu_erf(out.to(tl.float32)).to(out.dtype)
         if EPI_SPLIT == 1:
             _store_cols(out, row_ptr, row_ok, col0, N, BN)
         else:  # the store in column halves (or quarters): fewer live pointers per thread
