@@ -118,7 +118,7 @@ def marked_kernels(
     ]
 
 
-def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int = 8) -> dict:
+def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int = 16) -> dict:
     """idle_gaps of `reps` back-to-back steps (torch.profiler, device activity only; a 1-cycle
     marker kernel starts each step): the median step's span_us, busy_us, idle_us, and gaps
     summed over the steps and divided by reps (us per step before each kernel name)."""

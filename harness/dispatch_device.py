@@ -117,7 +117,7 @@ class PlayedDispatch:
         send_meta, split_sizes, _ = self._ops
         sends = []
         for r in range(W):  # each source's send side: (order, pos, token, meta)
-            keys, order = torch.sort(ids[r].reshape(-1), stable=True)
+            keys, order = ld.sort_by_expert(ids[r], W * E)
             sends.append((order, *send_meta(keys, order, W, E, k)))
         metas = torch.stack([m for *_, m in sends])  # [W_src, W_dst, 2E]
         # source s's send-order row j is row s*T + token_s[j] of the stacked tokens

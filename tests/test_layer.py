@@ -74,6 +74,22 @@ def test_the_dispatch_regroups_by_expert_without_a_sort():
     assert from_expert_order(d, grouped).tolist() == rows.tolist()
 
 
+@pytest.mark.parametrize("experts", [5, 32767, 32768])
+def test_the_expert_sort_narrows_its_keys_and_keeps_the_int64_sorts_order(experts):
+    """sort_by_expert sorts int16 keys (int32 past 32767 experts) and gives the same stable
+    order and key values as the int64 sort it replaces, runs of equal keys included."""
+    from harness.dispatch import sort_by_expert
+
+    g = torch.Generator().manual_seed(experts)
+    ids = torch.randint(0, experts, (700, 2), generator=g)
+    ids[:200] = ids[0, 0]  # a hot expert: a long run of equal keys, where stability matters
+    keys, order = sort_by_expert(ids, experts)
+    want = torch.sort(ids.reshape(-1), stable=True)
+    assert keys.dtype == (torch.int16 if experts <= 32767 else torch.int32)
+    assert order.dtype == torch.int64 and torch.equal(order, want.indices)
+    assert torch.equal(keys.long(), want.values)
+
+
 def test_layer_cells_run_on_gloo_and_skip_systems_without_a_layer_scope(tmp_path):
     table = tmp_path / "t.parquet"
     code = launch(
@@ -162,12 +178,12 @@ for W, E in cases:
                 assert a is None or (a[R:] == -1).all(), (W, E)  # past the rows: -1
             assert torch.equal(got[4], want[4])
         print("RECV_ROWS_OK", W, E, R)
-from harness.dispatch import send_meta_torch, split_sizes_torch
+from harness.dispatch import send_meta_torch, sort_by_expert, split_sizes_torch
 from harness.kernels.dispatch import send_meta, split_sizes
 for W, E, S, k in [(1, 1, 6, 2), (1, 5, 300, 2), (3, 1, 40, 1), (2, 4, 999, 2), (8, 70, 3000, 4)]:
     ids = torch.randint(0, W * E, (S,), generator=g)
     ids[: S // 3] = ids[0]  # one hot expert: long runs of equal keys
-    keys, order = torch.sort(ids, stable=True)
+    keys, order = sort_by_expert(ids, W * E)  # int16 keys, as the layer's dispatch sorts
     got = send_meta(keys, order, W, E, k)
     want = send_meta_torch(keys, order, W, E, k)
     for a, b in zip(got, want):

@@ -147,7 +147,7 @@ def recv_rows(
 
 @triton.jit
 def _send_meta_kernel(
-    keys,  # [S] int64: the routing's global experts, sorted (stable)
+    keys,  # [S] int16/int32/int64: the routing's global experts, sorted (stable)
     order,  # [S] int64: the sort's indices (send row j holds pair order[j])
     pos,  # [S] int64 out: pos[order[j]] = j
     token,  # [S] int64 out: token[j] = order[j] // k, the token send row j carries

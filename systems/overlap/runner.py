@@ -181,10 +181,10 @@ class OverlapRunner:
 
     def use_plan(self, plan: CombinePlan) -> None:
         """Run `plan` (same rank, tile_m, order and group_cap) from now on: the band counters
-        restart from zero (a stream-ordered memset; a band id names another band in another
-        plan), the receive counters keep their epochs. The same plan object again (rewritten
-        in place by a DevicePlanBuilder) keeps every remembered launch; a new one expires
-        them (and the counters grow where its schedule is longer)."""
+        restart from zero at the next signalling run (_next_target; a band id names another
+        band in another plan), the receive counters keep their epochs. The same plan object
+        again (rewritten in place by a DevicePlanBuilder) keeps every remembered launch; a new
+        one expires them (and the counters grow where its schedule is longer)."""
         p = self.plan
         if (plan.rank, plan.tile_m, plan.order, plan.group_cap) != (
             p.rank, p.tile_m, p.order, p.group_cap
@@ -197,12 +197,10 @@ class OverlapRunner:
             self.plan = plan
             self.plan_version += 1
             self.recv_step = self._recv_step(plan)
-        if plan.schedule.numel() > self.band_ready.numel():
+        if plan.schedule.numel() > self.band_ready.numel():  # zeroed by every signalling run
             self.band_ready = torch.zeros(
                 plan.schedule.numel(), dtype=torch.int32, device=self.device
             )
-        else:
-            self.band_ready.zero_()
         self.producer_runs = 0
 
     # -- one run -------------------------------------------------------------------------
