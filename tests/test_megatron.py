@@ -2,14 +2,13 @@
 
 CPU (needs megatron-core installed, else skipped): config translation, the routing fed to the
 dispatcher, Megatron's permute reproducing the harness send order, the weight copies into the
-GroupedMLP fc1 and TE GroupedLinear layouts, the single-GEMM experts module, the idempotent
-parallel-state initialisation (2 gloo ranks), and the registry's skip reasons.
+GroupedMLP fc1 and TE GroupedLinear layouts, the single-GEMM experts module, and the
+registry's skip reasons.
 GPU (`@pytest.mark.gpu`): the real MoELayer + all-to-all dispatcher on one rank for every
 routing, checked against the reference; megatron_te only where transformer_engine imports.
 Layer scope (FFN cells): config translation, the W1/W2 layouts of GroupedMLP and TEGroupedMLP,
-the experts from Megatron's own MoE spec, and the real MoELayer + GroupedMLP forward on the CPU
-over gloo (W=1, 2; Megatron's CUDA-stream D2H bookkeeping patched out, the compiled activation
-run eager), checked against the oracle; on a GPU, small layer cells through the harness.
+and the experts from Megatron's own MoE spec; on a GPU, small layer cells through the harness.
+The real MoELayer on the CPU over gloo (and the parallel state): tests/test_megatron_cpu_layer.py.
 """
 
 from __future__ import annotations
@@ -20,13 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from harness.layout import rank_layout
 from harness.system import RunContext, get_system
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens, routing_of
-from tests.multigpu import free_port
 
 ROUTINGS = ("balanced", "moderate_skew", "stress_skew")
 HAVE_MCORE = importlib.util.find_spec("megatron") is not None
@@ -177,40 +173,6 @@ def test_single_gemm_grouped_mlp_matches_per_expert_gemm() -> None:
     assert bias is None and y.shape == (x.shape[0], spec.out)
     want = torch.cat([x[:5] @ w[0], x[5:] @ w[2]]) * probs[:, None]
     assert torch.allclose(y, want, atol=1e-5)
-
-
-def _parallel_state_worker(rank: int, init: str, out: str) -> None:
-    from megatron.core import parallel_state as ps
-
-    from systems.megatron_common import ensure_parallel_state
-
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
-        ensure_parallel_state(2)
-        ensure_parallel_state(2)  # idempotent: no new groups, no error
-        res = {
-            "ep": ps.get_expert_model_parallel_world_size(),
-            "tp": ps.get_tensor_model_parallel_world_size(),
-        }
-        try:
-            ensure_parallel_state(4)
-            res["mismatch"] = "no error"
-        except ValueError as exc:
-            res["mismatch"] = str(exc)
-        if rank == 0:
-            Path(out).write_text(json.dumps(res))
-    finally:
-        dist.destroy_process_group()
-
-
-@needs_mcore
-def test_parallel_state_is_initialised_once(tmp_path: Path) -> None:
-    out = tmp_path / "ps.json"
-    init = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(_parallel_state_worker, args=(init, str(out)), nprocs=2, join=True)
-    res = json.loads(out.read_text())
-    assert res["ep"] == 2 and res["tp"] == 1
-    assert "EP size 4" in res["mismatch"]
 
 
 # GPU: the real MoELayer on one rank --------------------------------------------------------
@@ -455,88 +417,6 @@ def test_grouped_gemm_fallback_is_gmm_and_is_scoped() -> None:
     assert torch.allclose(y, expert_gemm(x, [4, 0, 5], w))
     yt = TORCH_GMM.ops.gmm(x, w.transpose(1, 2).contiguous(), counts, trans_b=True)
     assert torch.allclose(yt, y, atol=1e-6)
-
-
-def _cpu_layer_worker(rank: int, W: int, init: str, out: str, routings: list[str]) -> None:
-    """The real MoELayer + GroupedMLP on the CPU: Megatron's D2H-on-a-CUDA-stream bookkeeping
-    is replaced by its CPU equivalent (splits as host arrays), its collectives allocate on the
-    CPU, the torch.compile'd activation runs eager; everything else is Megatron's code."""
-    from megatron.core.transformer.moe import experts as mexperts
-    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
-
-    from harness.check import check
-    from harness.measure import cell_inputs
-    from systems.megatron_cutlass import MegatronCutlassSystem
-
-    def cpu_dtoh(self, point, tokens_per_expert=None):
-        if point == self.cuda_dtoh_point:
-            for name in ("input_splits", "output_splits", "output_splits_tp"):
-                v = getattr(self, name)
-                if isinstance(v, torch.Tensor):
-                    setattr(self, name, v.numpy())
-        return tokens_per_expert
-
-    D.cuda_dtoh_stream = object()  # __init__ makes a torch.cuda.Stream() when None
-    D._maybe_dtoh_and_synchronize = cpu_dtoh
-    torch.cuda.current_device = lambda: "cpu"  # this process only: where Megatron's W>1
-    # counts all-gather and all-to-all allocate their outputs
-    mexperts.jit_fuser = lambda f: f
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=W)
-    try:
-        ctx = RunContext(rank, W, torch.device("cpu"), None, "gloo")
-        res = []
-        for routing in routings:
-            spec = _layer_spec(routing, W=W, E=3 if W > 1 else 4)
-            inputs, ref = cell_inputs(ctx, spec, [rank])
-            (inp,) = inputs
-            system = MegatronCutlassSystem(ctx, {"permute_fusion": False})
-            system.setup(inputs)
-            y_out = system.forward()
-            c = check(y_out, ref, 8e-3)
-            again = check(system.forward(), ref, 8e-3)
-            y, unperm = system.compute_only()
-            disp, back = system.comm_only()
-            after = check(system.forward(), ref, 8e-3)  # state intact after the bounds
-            R = spec.tokens_per_rank * spec.top_k  # rows sent; received differ per rank
-            res.append(
-                {
-                    "routing": routing,
-                    "shape": list(y_out.shape),
-                    "dtype": str(y_out.dtype),
-                    "ok": [c.ok, again.ok, after.ok],
-                    "err": c.max_rel_err,
-                    "impl": system.impl,
-                    "bounds": [
-                        list(y.shape) == [inp.x_recv.shape[0], spec.hidden],
-                        list(unperm.shape) == [spec.tokens_per_rank, 1, spec.hidden],
-                        torch.equal(disp, system.op.disp),
-                        list(back.shape) == [R, spec.hidden],
-                    ],
-                    "disp_is_x_recv": torch.equal(system.op.disp, inp.x_recv),
-                    "extra": system.extra,
-                }
-            )
-        Path(f"{out}.{rank}").write_text(json.dumps(res))
-    finally:
-        dist.destroy_process_group()
-
-
-@needs_mcore
-@pytest.mark.parametrize("W", [1, 2])
-def test_megatron_layer_with_grouped_mlp_matches_the_oracle_on_cpu(tmp_path: Path, W: int) -> None:
-    """Megatron's MoELayer + all-to-all dispatcher + GroupedMLP (our W1/W2 copied in), fed the
-    harness routing, equals the float32 oracle; the bounds run and leave the layer intact."""
-    out = tmp_path / "layer"
-    init = f"tcp://127.0.0.1:{free_port()}"
-    routings = ["balanced", "stress_skew"]
-    mp.spawn(_cpu_layer_worker, args=(W, init, str(out), routings), nprocs=W, join=True)
-    for rank in range(W):
-        for r in json.loads(Path(f"{out}.{rank}").read_text()):
-            assert r["ok"] == [True, True, True], r
-            assert r["shape"] == [64, 32] and r["dtype"] == "torch.bfloat16", r
-            assert all(r["bounds"]), r
-            assert r["disp_is_x_recv"], r  # Megatron's dispatched rows == the harness's
-            assert "GroupedMLP" in r["impl"] and r["extra"]["experts"] == "GroupedMLP", r
 
 
 @pytest.mark.gpu

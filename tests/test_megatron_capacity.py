@@ -2,10 +2,8 @@
 
 CPU, with the real megatron-core (skipped without it): the choices and their one-line error;
 operator cells skip `padded`; the no-drop capacity and its factor; the router stub applying
-Megatron's capacity step; and the real MoELayer + GroupedMLP on the padded route over gloo
-(W=1, 2): equal to the oracle with 0 dropped tokens and the recorded capacity, capturable at
-W=1 by its capture_blocker, and a forced smaller capacity detected: the dropped (token, expert)
-pairs recorded in extra and setup failing with their count.
+Megatron's capacity step. The real MoELayer on the padded route over gloo (W=1, 2):
+tests/test_megatron_cpu_layer.py. GPU: the padded layer captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -120,110 +118,6 @@ def test_router_stub_applies_megatrons_capacity_step() -> None:
     assert int((want_m & ~rmap).sum()) == int((counts - c).clamp(min=0).sum()) > 0
     assert torch.equal(probs[kept], want_p[kept]) and not probs[rmap & ~want_m].any()
     assert FixedRouter(transformer_config(spec)).token_dropping(want_p, want_m)[1] is want_m
-
-
-def _padded_cell(ctx: RunContext, spec: WorkloadSpec, rank: int, name: str = "padded") -> dict:
-    from harness.check import check
-    from harness.measure import cell_inputs
-    from systems.megatron_cutlass import MegatronCutlassSystem
-
-    inputs, ref = cell_inputs(ctx, spec, [rank])
-    system = MegatronCutlassSystem(ctx, {"permute_fusion": False, "capacity": "padded"})
-    try:
-        system.setup(inputs)
-    except RuntimeError as exc:
-        return {"cell": name, "routing": spec.routing, "error": str(exc), "extra": system.extra}
-    first = check(system.forward(), ref, 8e-3)
-    system.compute_only()
-    system.comm_only()
-    again = check(system.forward(), ref, 8e-3)  # state intact after the bounds
-    return {
-        "cell": name,
-        "routing": spec.routing,
-        "ok": [first.ok, again.ok],
-        "extra": system.extra,
-        "rows": list(system.op.disp.shape),
-        "blocker": system.capture_blocker(),
-        "impl": system.impl,
-    }
-
-
-def _capacity_worker(rank: int, W: int, init: str, out: str) -> None:
-    """The real MoELayer + GroupedMLP on the CPU; Megatron's CUDA-stream D2H bookkeeping is
-    patched out only for the dropless cell (the padded route never calls it)."""
-    from megatron.core.transformer.moe import experts as mexperts
-    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
-
-    from harness.measure import cell_inputs
-    from systems import megatron_common as mc
-    from systems.megatron_cutlass import MegatronCutlassSystem
-
-    D.cuda_dtoh_stream = object()  # __init__ makes a torch.cuda.Stream() when None
-    mexperts.jit_fuser = lambda f: f  # the torch.compile'd activation runs eager
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=W)
-    try:
-        ctx = RunContext(rank, W, torch.device("cpu"), None, "gloo")
-        E = 4 if W == 1 else 3
-        res = [_padded_cell(ctx, _layer_spec(r, W, E), rank) for r in ROUTINGS]
-        no_drop = mc.no_drop_capacity  # the test-only path: one row less than no-drop
-        mc.no_drop_capacity = lambda s: (
-            no_drop(s)[0] - 1,
-            mc.capacity_factor_for(s, no_drop(s)[0] - 1),
-        )
-        res.append(_padded_cell(ctx, _layer_spec("stress_skew", W, E), rank, "forced"))
-        mc.no_drop_capacity = no_drop
-
-        def cpu_dtoh(self, point, tokens_per_expert=None):
-            if point == self.cuda_dtoh_point:
-                for name in ("input_splits", "output_splits", "output_splits_tp"):
-                    v = getattr(self, name)
-                    if isinstance(v, torch.Tensor):
-                        setattr(self, name, v.numpy())
-            return tokens_per_expert
-
-        D._maybe_dtoh_and_synchronize = cpu_dtoh
-        torch.cuda.current_device = lambda: "cpu"  # where the uneven all-to-all allocates
-        inputs, _ = cell_inputs(ctx, _layer_spec("balanced", W, E), [rank])
-        dropless = MegatronCutlassSystem(ctx, {"permute_fusion": False})
-        dropless.setup(inputs)
-        res.append({"cell": "dropless", "blocker": dropless.capture_blocker(), **dropless.extra})
-        Path(f"{out}.{rank}").write_text(json.dumps(res))
-    finally:
-        dist.destroy_process_group()
-
-
-@needs_mcore
-@pytest.mark.parametrize("W", [1, 2])
-def test_padded_layer_matches_the_oracle_on_cpu(tmp_path: Path, W: int) -> None:
-    out = tmp_path / "capacity"
-    init = f"tcp://127.0.0.1:{free_port()}"
-    mp.spawn(_capacity_worker, args=(W, init, str(out)), nprocs=W, join=True)
-    E = 4 if W == 1 else 3
-    for rank in range(W):
-        res = {
-            (r["cell"], r.get("routing")): r for r in json.loads(Path(f"{out}.{rank}").read_text())
-        }
-        for routing in ROUTINGS:
-            r = res[("padded", routing)]
-            c = int(_counts(_layer_spec(routing, W, E)).max())
-            assert r["ok"] == [True, True], r
-            x = r["extra"]
-            assert x["dropped_tokens"] == 0 and x["capacity"] == c, r
-            assert x["expert_rows"] == W * c and r["rows"] == [E * W * c, 32], r
-            assert x["capacity_factor"] > 0 and "drop-and-pad" in x["dispatcher"], r
-            if W == 1:
-                assert r["blocker"] is None, r
-            else:
-                assert "W > 1" in r["blocker"], r
-        counts = _counts(_layer_spec("stress_skew", W, E))
-        c = int(counts.max()) - 1
-        forced = res[("forced", "stress_skew")]
-        dropped = int((counts - c).clamp(min=0).sum())
-        assert dropped > 0 and forced["extra"]["dropped_tokens"] == dropped, forced
-        assert forced["extra"]["capacity"] == c, forced
-        assert f"dropped {dropped} (token, expert) pairs at capacity {c}" in forced.get("error", "")
-        dropless = res[("dropless", None)]
-        assert "host" in dropless["blocker"] and "capacity" not in dropless, dropless
 
 
 def _gpu_capture_worker(rank: int, init: str, out: str, names: list[str]) -> None:
