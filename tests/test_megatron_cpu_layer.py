@@ -31,7 +31,7 @@ from tests.test_megatron_capacity import ROUTINGS, _layer_spec, needs_mcore
 pytestmark = needs_mcore  # evaluated before the fixture spawns anything
 
 
-def _cpu_patches() -> None:
+def megatron_on_cpu() -> None:
     """This process only: Megatron's dispatcher and experts made to run on the CPU."""
     from megatron.core.transformer.moe import experts as mexperts
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
@@ -133,7 +133,7 @@ def _worker(rank: int, W: int, init: str, out: str) -> None:
     """Every cell of this world size on rank `rank`, written to out.<rank> as JSON."""
     from systems import megatron_common as mc
 
-    _cpu_patches()
+    megatron_on_cpu()
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=W)
     try:
         ctx = RunContext(rank, W, torch.device("cpu"), None, "gloo")

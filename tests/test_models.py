@@ -245,29 +245,16 @@ def test_the_model_check_catches_a_system_that_keeps_its_setup_routing():
 
 
 def _megatron_worker(rank: int, init: str, out: str) -> None:
-    """Megatron's real MoELayer + GroupedMLP on the CPU (W=1 gloo), patched as in
-    tests/test_megatron.py (its CUDA-stream D2H bookkeeping, its compiled activation), fed two
-    new routings by copy-in."""
+    """Megatron's real MoELayer + GroupedMLP on the CPU (W=1 gloo), patched by
+    tests/test_megatron_cpu_layer.megatron_on_cpu, fed two new routings by copy-in."""
     import json
 
     import torch.distributed as dist
-    from megatron.core.transformer.moe import experts as mexperts
-    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher as D
 
     from systems.megatron_cutlass import MegatronCutlassSystem
+    from tests.test_megatron_cpu_layer import megatron_on_cpu
 
-    def cpu_dtoh(self, point, tokens_per_expert=None):
-        if point == self.cuda_dtoh_point:
-            for name in ("input_splits", "output_splits", "output_splits_tp"):
-                v = getattr(self, name)
-                if isinstance(v, torch.Tensor):
-                    setattr(self, name, v.numpy())
-        return tokens_per_expert
-
-    D.cuda_dtoh_stream = object()
-    D._maybe_dtoh_and_synchronize = cpu_dtoh
-    torch.cuda.current_device = lambda: "cpu"
-    mexperts.jit_fuser = lambda f: f
+    megatron_on_cpu()
     dist.init_process_group("gloo", init_method=init, rank=0, world_size=1)
     try:
         spec = dataclasses.replace(TINY, dtype="bfloat16").moe_spec(1, 0)
