@@ -269,10 +269,14 @@ def _groups_body(
         # rule (ii) on the remote bands (more remote bands first, then e): sums over the experts
         # before each one, read back from ge (rows 1, 10, 11; 12 in _group_segments)
         tl.store(ge + E + e1, key, mask=me)
-        tl.store(ge + 10 * E + e1, tot_b, mask=me)
-        tl.store(ge + 11 * E + e1, ptot, mask=me)
-        tl.debug_barrier()
-        rstart, vstart, pb = _sums_before(ge, E, key, e1, 1, 10, 11, EP, JB)
+        if WP == 1:  # one rank: no remote rows, every key 0, so the order is e ascending
+            rstart = tl.zeros([EP], dtype=tl.int64)
+            vstart, pb = tl.cumsum(tot_b, 0) - tot_b, rstart
+        else:
+            tl.store(ge + 10 * E + e1, tot_b, mask=me)
+            tl.store(ge + 11 * E + e1, ptot, mask=me)
+            tl.debug_barrier()
+            rstart, vstart, pb = _sums_before(ge, E, key, e1, 1, 10, 11, EP, JB)
         NR = tl.sum(key, 0)
         a = pb[:, None] + tl.cumsum(n_units, 1) - n_units
         Q = tl.sum(ptot, 0)
@@ -301,10 +305,14 @@ def _groups_body(
         nb_r = tl.where(rem, n_units, 0)
         key = tl.sum(nb_r, 1)  # [EP] remote bands per expert
         lb = tl.sum(tl.where(loc, n_units, 0), 1)
-        tl.store(ge + E + e1, key, mask=me)
-        tl.store(ge + 10 * E + e1, key + lb, mask=me)
-        tl.debug_barrier()
-        rb_before, vstart, _ = _sums_before(ge, E, key, e1, 1, 10, -1, EP, JB)
+        if WP == 1:  # one rank: no remote bands, every key 0, so the order is e ascending
+            rb_before = tl.zeros([EP], dtype=tl.int64)
+            vstart = tl.cumsum(lb, 0) - lb
+        else:
+            tl.store(ge + E + e1, key, mask=me)
+            tl.store(ge + 10 * E + e1, key + lb, mask=me)
+            tl.debug_barrier()
+            rb_before, vstart, _ = _sums_before(ge, E, key, e1, 1, 10, -1, EP, JB)
         NR = tl.sum(key, 0)
         a = rb_before[:, None] + tl.cumsum(nb_r, 1) - nb_r
         lstart = NR + tl.cumsum(lb, 0) - lb
@@ -325,9 +333,12 @@ def _groups_body(
     last = ((n_total - 1 > 0) & (a <= n_total - 1) & (n_total - 1 < a + n_units)).to(tl.int64)
     nseg = tl.where(rem, (mid + mgb - 1) // mgb + first + last, 0)
     segtot = tl.sum(nseg, 1)
-    tl.store(ge + 12 * E + e1, segtot, mask=me)
-    tl.debug_barrier()
-    seg_e, _, _ = _sums_before(ge, E, key, e1, 12, -1, -1, EP, JB)
+    if WP == 1:  # no remote group: no segments
+        seg_e = tl.zeros([EP], dtype=tl.int64)
+    else:
+        tl.store(ge + 12 * E + e1, segtot, mask=me)
+        tl.debug_barrier()
+        seg_e, _, _ = _sums_before(ge, E, key, e1, 12, -1, -1, EP, JB)
     segb = seg_e[:, None] + tl.cumsum(nseg, 1) - nseg
     row = e_row[:, None] + tl.cumsum(padded, 1) - padded
     tl.store(gw + g2, cnt, mask=inb)
