@@ -5,9 +5,10 @@ overlap system's stage A inputs). Everything is computed on the device from expe
 the only host synchronisation is the one every all-to-all dispatcher pays: the split sizes of
 the uneven all-to-all (one `.tolist()` of 2W + E + 1 ints after the counts exchange). The device
 waits for the host through most of a layer step (the sync drains it), so on a GPU the
-bookkeeping is three Triton kernels (harness/kernels/dispatch.py): the send side's positions
-and counts, the split sizes, and the received rows' labels, instead of about 30 torch kernels
-(`send_meta_torch`, `split_sizes_torch`, `recv_rows_torch`: the CPU path and the references).
+bookkeeping is a few Triton kernels (harness/kernels/dispatch.py): the send side's sort,
+positions and counts, the split sizes, and the received rows' labels, instead of about 30 torch
+kernels (`sort_meta_torch`, `split_sizes_torch`, `recv_rows_torch`: the CPU path and the
+references).
 The labels are launched before the sync, at a bound on the rows this rank receives (launches
 before the sync queue behind the previous step's kernels, those after it are on the step's
 critical path: the device idles until the host has made them). The bound (LayerDispatch.bound)
@@ -54,28 +55,20 @@ def expert_positions(
     return em_start[block] + idx
 
 
-def sort_by_expert(expert_ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(keys [S], order [S] int64): the stable sort of the routing's global experts
-    expert_ids [T, k] (values < experts = W*E). The keys are sorted as int16 (int32 past
-    32767 experts): a radix sort passes once per key byte, and int64 keys cost four times
-    the passes of int16 (about 50 us more per step at T*k = 16384 on an H200)."""
-    narrow = torch.int16 if experts <= torch.iinfo(torch.int16).max else torch.int32
-    return torch.sort(expert_ids.reshape(-1).to(narrow), stable=True)
-
-
-def send_meta_torch(
-    keys: torch.Tensor, order: torch.Tensor, world_size: int, experts: int, top_k: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(pos [S], token [S], meta [W, 2E]) from the stable sort of the routing's global experts
-    (keys [S] sorted, order [S] its indices, pair i = token * top_k + slot): pos[order[j]] = j,
-    token[j] = order[j] // top_k, and per global expert the rows sent to it and the rows sent
-    to the experts before it, interleaved (the counts exchange's payload). The reference of
-    harness/kernels/dispatch.py send_meta."""
+def sort_meta_torch(
+    expert_ids: torch.Tensor, world_size: int, experts: int, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(order [S], pos [S], token [S], meta [W, 2E]) of the stable sort of the routing's
+    global experts expert_ids [T, k] (pair i = token * top_k + slot): send row j holds pair
+    order[j], pos[order[j]] = j, token[j] = order[j] // top_k, and per global expert the rows
+    sent to it and the rows sent to the experts before it, interleaved (the counts exchange's
+    payload). The reference of harness/kernels/dispatch.py sort_meta (the CPU path)."""
+    keys, order = torch.sort(expert_ids.reshape(-1), stable=True)
     pos = torch.empty_like(order)
     pos[order] = torch.arange(order.numel(), device=order.device)
     cnt = torch.bincount(keys, minlength=world_size * experts)  # [G] rows per global expert
     meta = torch.stack([cnt, _excl_cumsum(cnt)], 1).view(world_size, experts * 2)
-    return pos, order // top_k, meta
+    return order, pos, order // top_k, meta
 
 
 def split_sizes_torch(
@@ -208,13 +201,12 @@ class LayerDispatch:
         W, E = self.W, self.E
         T, k = expert_ids.shape
         dev = x.device
-        keys, send_order = sort_by_expert(expert_ids, W * E)  # [S] each
         on_device = dev.type == "cuda" if self.device_labels is None else self.device_labels
-        if dev.type == "cuda" or on_device:  # one launch each (harness/kernels/dispatch.py)
-            from harness.kernels.dispatch import recv_rows, send_meta, split_sizes
+        if dev.type == "cuda" or on_device:  # a few launches (harness/kernels/dispatch.py)
+            from harness.kernels.dispatch import recv_rows, sort_meta, split_sizes
         else:
-            send_meta, split_sizes, recv_rows = send_meta_torch, split_sizes_torch, recv_rows_torch
-        pos, token, meta = send_meta(keys, send_order, W, E, k)
+            sort_meta, split_sizes, recv_rows = sort_meta_torch, split_sizes_torch, recv_rows_torch
+        send_order, pos, token, meta = sort_meta(expert_ids, W, E, k)  # [S] x3, [W, 2E]
         if W > 1:
             got = torch.empty_like(meta)
             dist.all_to_all_single(got, meta, group=self.group)

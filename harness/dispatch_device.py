@@ -9,8 +9,8 @@ rows), so its receive buffer and labels have `bound` = W*T*k rows (T*k at W=1, w
 stays). The rows a step really receives (n_rows) and the per-expert offsets stay on the device,
 so a step captures whole in a CUDA graph.
 
-Per step, per source s: the stable sort of its routing's global experts and send_meta (its
-send order, positions and per-(destination, expert) counts and offsets, as LayerDispatch). The
+Per step, per source s: sort_meta, the stable sort of its routing's global experts (its send
+order, positions and per-(destination, expert) counts and offsets, as LayerDispatch). The
 counts exchange is a transpose of the stacked metadata [W_src, W_dst, 2E]; each destination's
 rows are labelled at the bound (recv_rows: rows past n_rows are -1) and gathered in one
 index_select from the played ranks' stacked tokens (source s's send-order row j is token
@@ -87,11 +87,11 @@ class PlayedDispatch:
         self.recv_mib = need / 2**20
         on_device = like.is_cuda if device_labels is None else device_labels
         if on_device:
-            from harness.kernels.dispatch import recv_rows, send_meta, split_sizes
+            from harness.kernels.dispatch import recv_rows, sort_meta, split_sizes
 
-            self._ops = (send_meta, split_sizes, recv_rows)
+            self._ops = (sort_meta, split_sizes, recv_rows)
         else:
-            self._ops = (ld.send_meta_torch, ld.split_sizes_torch, None)
+            self._ops = (ld.sort_meta_torch, ld.split_sizes_torch, None)
         self.x_recv = like.new_empty(W, self.bound, H)
 
     def _labels(self, counts: torch.Tensor, off: torch.Tensor, epos: bool):
@@ -114,11 +114,9 @@ class PlayedDispatch:
         """gather=False: no x_recv; the caller gathers the rows it needs from `tokens` by
         `token_rows` (the overlap system straight into its padded layout: one copy, not two)."""
         W, E, T, k = self.W, self.E, self.T, self.k
-        send_meta, split_sizes, _ = self._ops
-        sends = []
-        for r in range(W):  # each source's send side: (order, pos, token, meta)
-            keys, order = ld.sort_by_expert(ids[r], W * E)
-            sends.append((order, *send_meta(keys, order, W, E, k)))
+        sort_meta, split_sizes, _ = self._ops
+        # each source's send side: (order, pos, token, meta)
+        sends = [sort_meta(ids[r], W, E, k) for r in range(W)]
         metas = torch.stack([m for *_, m in sends])  # [W_src, W_dst, 2E]
         # source s's send-order row j is row s*T + token_s[j] of the stacked tokens
         shift = torch.arange(W, device=metas.device).view(W, 1) * T

@@ -74,22 +74,6 @@ def test_the_dispatch_regroups_by_expert_without_a_sort():
     assert from_expert_order(d, grouped).tolist() == rows.tolist()
 
 
-@pytest.mark.parametrize("experts", [5, 32767, 32768])
-def test_the_expert_sort_narrows_its_keys_and_keeps_the_int64_sorts_order(experts):
-    """sort_by_expert sorts int16 keys (int32 past 32767 experts) and gives the same stable
-    order and key values as the int64 sort it replaces, runs of equal keys included."""
-    from harness.dispatch import sort_by_expert
-
-    g = torch.Generator().manual_seed(experts)
-    ids = torch.randint(0, experts, (700, 2), generator=g)
-    ids[:200] = ids[0, 0]  # a hot expert: a long run of equal keys, where stability matters
-    keys, order = sort_by_expert(ids, experts)
-    want = torch.sort(ids.reshape(-1), stable=True)
-    assert keys.dtype == (torch.int16 if experts <= 32767 else torch.int32)
-    assert order.dtype == torch.int64 and torch.equal(order, want.indices)
-    assert torch.equal(keys.long(), want.values)
-
-
 def test_layer_cells_run_on_gloo_and_skip_systems_without_a_layer_scope(tmp_path):
     table = tmp_path / "t.parquet"
     code = launch(
@@ -178,21 +162,21 @@ for W, E in cases:
                 assert a is None or (a[R:] == -1).all(), (W, E)  # past the rows: -1
             assert torch.equal(got[4], want[4])
         print("RECV_ROWS_OK", W, E, R)
-from harness.dispatch import send_meta_torch, sort_by_expert, split_sizes_torch
-from harness.kernels.dispatch import send_meta, split_sizes
-for W, E, S, k in [(1, 1, 6, 2), (1, 5, 300, 2), (3, 1, 40, 1), (2, 4, 999, 2), (8, 70, 3000, 4)]:
-    ids = torch.randint(0, W * E, (S,), generator=g)
-    ids[: S // 3] = ids[0]  # one hot expert: long runs of equal keys
-    keys, order = sort_by_expert(ids, W * E)  # int16 keys, as the layer's dispatch sorts
-    got = send_meta(keys, order, W, E, k)
-    want = send_meta_torch(keys, order, W, E, k)
+from harness.dispatch import sort_meta_torch, split_sizes_torch
+from harness.kernels.dispatch import sort_meta, split_sizes
+# S past one block (1024 pairs) and not a multiple of it; G past one chunk of 256 experts
+for W, E, S, k in [(1, 1, 6, 2), (1, 5, 300, 2), (3, 1, 40, 1), (2, 4, 2049, 2), (8, 70, 3000, 4)]:
+    ids = torch.randint(0, W * E, (S // k, k), generator=g)
+    ids.view(-1)[: S // 3] = ids.view(-1)[0]  # one hot expert: long runs of equal keys
+    got = sort_meta(ids, W, E, k)
+    want = sort_meta_torch(ids, W, E, k)
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and torch.equal(a, b), (W, E, S)
-    other = want[2][torch.randperm(W, generator=g)]  # an exchanged meta: any other [W, 2E]
-    sizes = split_sizes(want[2], other, W, E)
-    assert torch.equal(sizes, split_sizes_torch(want[2], other, W, E))
+    other = want[3][torch.randperm(W, generator=g)]  # an exchanged meta: any other [W, 2E]
+    sizes = split_sizes(want[3], other, W, E)
+    assert torch.equal(sizes, split_sizes_torch(want[3], other, W, E))
     assert sizes[-1] == other.view(W, E, 2)[..., 0].sum() == sizes[W : 2 * W].sum()
-    print("SEND_META_OK", W, E, S)
+    print("SORT_META_OK", W, E, S)
 """
 
 
@@ -226,10 +210,10 @@ def interpreted() -> str:
 def test_dispatch_kernels_equal_the_torch_ops_in_the_interpreter(interpreted):
     """harness/kernels/dispatch.py (the GPU path of the dispatch's bookkeeping) gives the torch
     references' tensors: recv_rows with empty blocks, one source or one expert, strided
-    [W, E, 2] views, several chunks of blocks; send_meta with runs of one expert and experts
+    [W, E, 2] views, several chunks of blocks; sort_meta with runs of one expert and experts
     nobody routes to; split_sizes. A subprocess: TRITON_INTERPRET must precede triton."""
     assert interpreted.count("RECV_ROWS_OK") == 16, _failed(interpreted, "recv_rows")
-    assert interpreted.count("SEND_META_OK") == 5, _failed(interpreted, "recv_rows")
+    assert interpreted.count("SORT_META_OK") == 5, _failed(interpreted, "recv_rows")
 
 
 _BOUND = r"""
@@ -282,13 +266,13 @@ def test_a_dispatch_bound_below_one_row_is_refused():
 def test_remembered_dispatch_kernels_equal_the_torch_ops_on_the_gpu(monkeypatch):
     """The same cases on a GPU, twice: the second pass relaunches the remembered launches
     (harness/kernels/relaunch.py launch_cached) on new tensors, with recv_rows' row count
-    swapped in, and must give the torch references' tensors again; send_meta and split_sizes
+    swapped in, and must give the torch references' tensors again; sort_meta and split_sizes
     (the same shapes) no longer go through Triton's launch path."""
     from triton.runtime.jit import JITFunction
 
-    from harness.dispatch import recv_rows_torch, send_meta_torch, split_sizes_torch
+    from harness.dispatch import recv_rows_torch, sort_meta_torch, split_sizes_torch
     from harness.kernels import relaunch
-    from harness.kernels.dispatch import recv_rows, send_meta, split_sizes
+    from harness.kernels.dispatch import recv_rows, sort_meta, split_sizes
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -317,16 +301,17 @@ def test_remembered_dispatch_kernels_equal_the_torch_ops_on_the_gpu(monkeypatch)
                 got = recv_rows(meta[..., 0], meta[..., 1], W * 40 * E, True)  # at a bound
                 assert all(torch.equal(a[:R], b) for a, b in zip(got[:4], want[:4])), (W, E)
                 assert all((a[R:] == -1).all() for a in got[:4]), (W, E)
-        for W, E, S, k in [(1, 5, 300, 2), (2, 4, 999, 2), (8, 70, 3000, 4)]:
-            ids = torch.randint(0, W * E, (S,), generator=g).to(dev)
-            keys, order = torch.sort(ids, stable=True)
-            got = send_meta(keys, order, W, E, k)
-            want = send_meta_torch(keys, order, W, E, k)
+        for W, E, S, k in [(1, 5, 300, 2), (2, 4, 999, 1), (8, 70, 3000, 4), (1, 64, 16384, 2)]:
+            ids = torch.randint(0, W * E, (S // k, k), generator=g).to(dev)
+            ids.view(-1)[: S // 3] = ids.view(-1)[0]  # one hot expert: long runs of equal keys
+            got = sort_meta(ids, W, E, k)
+            want = sort_meta_torch(ids, W, E, k)
             assert all(torch.equal(a, b) for a, b in zip(got, want)), (rep, W, E, S)
-            other = want[2][torch.randperm(W, generator=g).to(dev)]
-            sizes = split_sizes(want[2], other, W, E)
-            assert torch.equal(sizes, split_sizes_torch(want[2], other, W, E))
-    assert "_send_meta_kernel" in seen[0] and "_split_sizes_kernel" in seen[0]
+            other = want[3][torch.randperm(W, generator=g).to(dev)]
+            sizes = split_sizes(want[3], other, W, E)
+            assert torch.equal(sizes, split_sizes_torch(want[3], other, W, E))
+    assert {"_sort_blocks_kernel", "_sort_place_kernel", "_split_sizes_kernel"} <= set(seen[0])
     if relaunch.FAST:
-        assert not {"_send_meta_kernel", "_split_sizes_kernel"} & set(seen[1]), seen[1]
+        sort = {"_sort_blocks_kernel", "_sort_place_kernel"}
+        assert not {*sort, "_split_sizes_kernel"} & set(seen[1]), seen[1]
         assert len(seen[1]) < len(seen[0])

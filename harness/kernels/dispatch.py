@@ -20,6 +20,16 @@ comparing every row against every block costs G loads a row, too slow at W=64, E
 docs/measurements.md). R may be a bound on the rows
 (the dispatch launches it before its host sync): rows past the blocks' total are -1 and search
 nothing, so programs past the total only write their -1 rows.
+
+The send side (sort_meta) is a stable counting sort of the routing's S = T*k global experts
+over G = W*E keys, in two launches with no memset (torch.sort took a radix sort's five kernels,
+two memsets and their graph gaps). Program p sorts block p's B pairs in registers by
+(expert << log2 B | place), so ties keep their order, and writes lb[p, g], the block's pairs
+routed to experts before g (binary searches of the sorted block). Then pair j of block p's sorted
+block, routed to expert e, goes to send row
+  sum over blocks q of lb[q, e]  (every pair routed to an earlier expert)
+  + sum over q < p of (lb[q, e+1] - lb[q, e])  (expert e's pairs in earlier blocks)
+  + j - lb[p, e]  (expert e's pairs before it in its block).
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from harness.kernels.relaunch import launch_cached
 
 BLOCK = 128  # rows per program
 CH = 1024  # most blocks summed per step of the starts' cumsums (one program)
+SORT_LOGB = 10
+SORT_B = 1 << SORT_LOGB  # pairs a program of the send sort sorts in registers
 
 
 @triton.jit
@@ -146,38 +158,83 @@ def recv_rows(
 
 
 @triton.jit
-def _send_meta_kernel(
-    keys,  # [S] int16/int32/int64: the routing's global experts, sorted (stable)
-    order,  # [S] int64: the sort's indices (send row j holds pair order[j])
+def _sort_blocks_kernel(
+    ids,  # [S] int: the routing's global experts (pair i = token * k + slot)
+    sorted_c,  # [NB * B] int32 out: block p's (expert << LOGB | i) sorted, i its place
+    lb,  # [NB, G + 1] int32 out: block p's pairs routed to experts before g
+    S,
+    G,
+    B: tl.constexpr,
+    LOGB: tl.constexpr,
+    GB: tl.constexpr,
+):
+    p = tl.program_id(0)
+    j = tl.arange(0, B)
+    at = p.to(tl.int64) * B + j
+    key = tl.load(ids + at, mask=at < S, other=G)  # pairs past S sort last (expert G)
+    c = tl.sort((key.to(tl.int32) << LOGB) | j)  # stable: ties keep their places in the block
+    tl.store(sorted_c + at, c)
+    tl.debug_barrier()  # the binary searches read the whole sorted block
+    base = sorted_c + p.to(tl.int64) * B
+    for g0 in range(0, G + 1, GB):  # lower bounds of every expert g = 0..G in the block
+        g = g0 + tl.arange(0, GB)
+        probe = g << LOGB
+        lo = tl.zeros([GB], dtype=tl.int32)  # first sorted place whose expert is >= g
+        step = B
+        for _ in range(LOGB + 1):
+            a = lo + step
+            ca = tl.load(base + a - 1, mask=(a <= B) & (g <= G), other=0)
+            lo = tl.where((a <= B) & (ca < probe), a, lo)
+            step = step // 2
+        tl.store(lb + p * (G + 1) + g, lo, mask=g <= G)
+
+
+@triton.jit
+def _sort_place_kernel(
+    sorted_c,  # [NB * B]: _sort_blocks_kernel's
+    lb,  # [NB, G + 1] int32: _sort_blocks_kernel's
+    first,  # [NB, G] int32 scratch: block p's first send row for each expert
+    order,  # [S] int64 out: send row j holds pair order[j] (the stable sort's indices)
     pos,  # [S] int64 out: pos[order[j]] = j
     token,  # [S] int64 out: token[j] = order[j] // k, the token send row j carries
     meta,  # [G, 2] int64 out: rows to global expert g, and the rows to experts before g
     S,
     G,
+    NB,
     k,
-    BLOCK: tl.constexpr,
+    B: tl.constexpr,
+    LOGB: tl.constexpr,
     GB: tl.constexpr,
-    STEPS: tl.constexpr,  # binary-search steps: 2**STEPS > S
 ):
-    pid = tl.program_id(0)
-    j = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    o = tl.load(order + j, mask=j < S, other=0)
-    tl.store(pos + o, j, mask=j < S)
-    tl.store(token + j, o // k, mask=j < S)
-    g = pid.to(tl.int64) * GB + tl.arange(0, GB)
-    lo = tl.zeros([GB], dtype=tl.int64)  # first sorted key >= g (lower bound)
-    hi = tl.zeros([GB], dtype=tl.int64)  # first sorted key > g (upper bound)
-    step = 1 << (STEPS - 1)
-    for _ in range(STEPS):
-        a = lo + step
-        ka = tl.load(keys + a - 1, mask=a <= S, other=G)
-        lo = tl.where((a <= S) & (ka < g), a, lo)
-        b = hi + step
-        kb = tl.load(keys + b - 1, mask=b <= S, other=G)
-        hi = tl.where((b <= S) & (kb <= g), b, hi)
-        step = step // 2
-    tl.store(meta + 2 * g, hi - lo, mask=g < G)
-    tl.store(meta + 2 * g + 1, lo, mask=g < G)
+    p = tl.program_id(0)
+    for g0 in range(0, G, GB):
+        g = g0 + tl.arange(0, GB)
+        mg = g < G
+        lead = tl.zeros([GB], dtype=tl.int32)  # block p's first send row for expert g
+        cnt = tl.zeros([GB], dtype=tl.int32)
+        before = tl.zeros([GB], dtype=tl.int32)
+        for q in range(0, NB):  # rows before: experts < g anywhere, expert g in blocks < p
+            lo = tl.load(lb + q * (G + 1) + g, mask=mg, other=0)
+            hi = tl.load(lb + q * (G + 1) + g + 1, mask=mg, other=0)
+            lead += tl.where(q < p, hi, lo)
+            cnt += hi - lo
+            before += lo
+        tl.store(first + p * G + g, lead, mask=mg)
+        tl.store(meta + 2 * g, cnt.to(tl.int64), mask=mg & (p == 0))
+        tl.store(meta + 2 * g + 1, before.to(tl.int64), mask=mg & (p == 0))
+    tl.debug_barrier()  # the rows below read the whole of first[p]
+    j = tl.arange(0, B)
+    at = p.to(tl.int64) * B + j
+    live = at < S  # the block's pairs sort first, the padding (expert G) last
+    c = tl.load(sorted_c + at)
+    e = c >> LOGB
+    o = p.to(tl.int64) * B + (c & (B - 1))  # the pair's index in the routing
+    ahead = tl.load(lb + p * (G + 1) + e, mask=live, other=0)  # block pairs before expert e
+    row = tl.load(first + p * G + e, mask=live, other=0) + j - ahead
+    row = row.to(tl.int64)
+    tl.store(order + row, o, mask=live)
+    tl.store(pos + o, row, mask=live)
+    tl.store(token + row, o // k, mask=live)
 
 
 @triton.jit
@@ -207,24 +264,31 @@ def _split_sizes_kernel(
     tl.store(sizes + 2 * W + E, tl.sum(recv, 0))
 
 
-def send_meta(
-    keys: torch.Tensor, order: torch.Tensor, world_size: int, experts: int, top_k: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(pos [S], token [S], meta [W, 2E]) int64 from the stable sort of the routing's global
-    experts (keys [S] sorted, order [S] its indices, pair i = token * top_k + slot):
-    pos[order[j]] = j, token[j] = order[j] // top_k, and per global expert g the rows sent to
-    it and the rows sent to the experts before it (the counts exchange's payload). One launch."""
-    S, G = keys.numel(), world_size * experts
-    pos = torch.empty(S, dtype=torch.int64, device=keys.device)
-    token = torch.empty(S, dtype=torch.int64, device=keys.device)
-    meta = torch.empty(world_size, 2 * experts, dtype=torch.int64, device=keys.device)
-    block, gb = 1024, 256
-    grid = max(cdiv(S, block), cdiv(G, gb), 1)
-    launch_cached(
-        _send_meta_kernel, (grid,), (keys, order, pos, token, meta, S, G, top_k),
-        dict(BLOCK=block, GB=gb, STEPS=max(S, 1).bit_length()),
-    )  # fmt: skip
-    return pos, token, meta
+def sort_meta(
+    expert_ids: torch.Tensor, world_size: int, experts: int, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(order [S], pos [S], token [S], meta [W, 2E]) int64 of the stable sort of the routing's
+    global experts expert_ids [T, k] (S = T*k, pair i = token * k + slot, G = W*E experts):
+    send row j holds pair order[j], pos[order[j]] = j, token[j] = order[j] // k, and per
+    global expert g the rows sent to it and the rows sent to the experts before it (the
+    counts exchange's payload). A counting sort in two launches, no memset: blocks of B pairs
+    each sorted in registers with their per-expert lower bounds, then every pair placed."""
+    S, G = expert_ids.numel(), world_size * experts
+    dev = expert_ids.device
+    ids = expert_ids.reshape(-1)
+    if (G + 1) << SORT_LOGB >= 2**31:  # the composite keys are int32
+        raise ValueError(f"sort_meta: at most {2**31 // SORT_B - 2} global experts, got {G}")
+    nb = max(1, cdiv(S, SORT_B))
+    sorted_c = torch.empty(nb * SORT_B, dtype=torch.int32, device=dev)
+    lb = torch.empty(nb, G + 1, dtype=torch.int32, device=dev)
+    first = torch.empty(nb, G, dtype=torch.int32, device=dev)
+    out = torch.empty(3, S, dtype=torch.int64, device=dev)  # order, pos, token
+    meta = torch.empty(world_size, 2 * experts, dtype=torch.int64, device=dev)
+    kw = dict(B=SORT_B, LOGB=SORT_LOGB, GB=min(256, next_power_of_2(G + 1)), num_warps=4)
+    launch_cached(_sort_blocks_kernel, (nb,), (ids, sorted_c, lb, S, G), kw)
+    args = (sorted_c, lb, first, out[0], out[1], out[2], meta, S, G, nb, top_k)
+    launch_cached(_sort_place_kernel, (nb,), args, kw)
+    return out[0], out[1], out[2], meta
 
 
 def split_sizes(meta: torch.Tensor, got: torch.Tensor, world_size: int, experts: int):
