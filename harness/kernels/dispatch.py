@@ -22,11 +22,11 @@ docs/measurements.md). R may be a bound on the rows
 nothing, so programs past the total only write their -1 rows.
 
 The send side (sort_meta) is a stable counting sort of the routing's S = T*k global experts
-over G = W*E keys, in two launches with no memset (torch.sort took a radix sort's five kernels,
-two memsets and their graph gaps). Program p sorts block p's B pairs in registers by
-(expert << log2 B | place), so ties keep their order, and writes lb[p, g], the block's pairs
-routed to experts before g (binary searches of the sorted block). Then pair j of block p's sorted
-block, routed to expert e, goes to send row
+over G = W*E keys, in two launches with no memset (10.6-10.8 us at T=8192, k=2, E 16/64 on
+one H200, against 100-106 us in 35 kernels for the same outputs in torch: sort_meta_torch).
+Program p sorts block p's B pairs in registers by (expert << log2 B | place), so ties keep their
+order, and writes lb[p, g], the block's pairs routed to experts before g (binary searches of the
+sorted block). Then pair j of block p's sorted block, routed to expert e, goes to send row
   sum over blocks q of lb[q, e]  (every pair routed to an earlier expert)
   + sum over q < p of (lb[q, e+1] - lb[q, e])  (expert e's pairs in earlier blocks)
   + j - lb[p, e]  (expert e's pairs before it in its block).
