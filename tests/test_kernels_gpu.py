@@ -79,7 +79,8 @@ def _check_rows(plan, y, own_recv, ref):
 
 #: the producer's configurations: the table's, each flag mode, the swizzle groups (fixed, of one
 #: expert's bands), the expert visiting order, the epilogue slices, the loads
-VARIANTS = ["table", "deferred_flags", "split4", "wide_table", "expert_groups", "expert_order"]
+VARIANTS = ["table", "deferred_flags", "split4", "mid_table", "wide_table", "expert_groups"]
+VARIANTS += ["expert_order"]
 VARIANTS += ["cta_noflatten", "pointer_loads", "k_tail", "local_direct"]
 
 
@@ -93,6 +94,8 @@ def test_producer_matches_torch(dtype, variant):
         cfg = replace(cfg, flag="deferred", group_m=2)
     elif variant == "split4":
         cfg = replace(cfg, epi_split=4)
+    elif variant == "mid_table":  # the 2048 <= N < 4096 entry (256 wide, no groups) on a masked N
+        cfg = pick_config(128, K, 2048, dtype)
     elif variant == "wide_table":  # the N >= 4096 entry (256 wide, 4 slices) on a masked N
         cfg = pick_config(128, K, 8192, dtype)
     elif variant == "expert_groups":  # groups of one expert's bands, at most 2 long

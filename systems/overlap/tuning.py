@@ -2,8 +2,8 @@
 
 TileConfig holds the knobs of the persistent producer (kernels/producer.py); `pick_config`
 chooses the table's entry for a problem. Entries are keyed by (tile_m, N class): N class 0 is
-narrow (N < 4096), 1 wide (4096 <= N < 8192), 2 widest (N >= 8192). The measurements behind
-each choice are in docs/measurements.md.
+narrow (N < 2048), 1 mid (2048 <= N < 4096), 2 wide (4096 <= N < 8192), 3 widest (N >= 8192).
+The measurements behind each choice are in docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -58,22 +58,26 @@ class TileConfig:
 
 # Hopper (H200), bf16/fp16; all with TMA loads and the flattened tile loop. Why each entry:
 #   narrow N: 128-wide tiles keep enough tiles for every SM; thread flags (short tiles)
+#   mid N (tile_m 128; the layer's fc1 at F 2048-3072): 256-wide tiles, 0.90-0.93x grouped_mm +
+#     GELU where 128-wide ones took 0.92-1.03x
 #   wide N (tile_m 128): expert groups of <= 16 bands read each weight strip from HBM once
 #     per group; deferred flags and the 4-slice epilogue take the flags off the critical path
 #   wide N (tile_m 64): fixed groups of 4 positions, deferred flags, 4-slice epilogue
 TILE_TABLE: dict[tuple[int, int], TileConfig] = {
     (128, 0): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
-    (128, 1): TileConfig(128, 256, 64, 8, 3, 16, flag="deferred", epi_split=4, expert_groups=True),
+    (128, 1): TileConfig(128, 256, 64, 8, 3, group_m=1, flag="deferred", epi_split=4),
     (128, 2): TileConfig(128, 256, 64, 8, 3, 16, flag="deferred", epi_split=4, expert_groups=True),
+    (128, 3): TileConfig(128, 256, 64, 8, 3, 16, flag="deferred", epi_split=4, expert_groups=True),
     (64, 0): TileConfig(64, 128, 64, 4, 4, group_m=1, flag="thread"),
-    (64, 1): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred", epi_split=4),
+    (64, 1): TileConfig(64, 128, 64, 4, 4, group_m=1, flag="thread"),
     (64, 2): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred", epi_split=4),
+    (64, 3): TileConfig(64, 256, 64, 4, 4, group_m=4, flag="deferred", epi_split=4),
 }
 
 
 def n_class(n: int) -> int:
-    """TILE_TABLE's N class: 0 (N < 4096), 1 (N < 8192), 2 (N >= 8192)."""
-    return 0 if n < 4096 else 1 if n < 8192 else 2
+    """TILE_TABLE's N class: 0 (N < 2048), 1 (N < 4096), 2 (N < 8192), 3 (N >= 8192)."""
+    return 0 if n < 2048 else 1 if n < 4096 else 2 if n < 8192 else 3
 
 
 def pick_config(tile_m: int, k: int, n: int, dtype: torch.dtype) -> TileConfig:
