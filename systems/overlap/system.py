@@ -190,9 +190,11 @@ class _LayerRank:
     queue behind the previous step; the padded gather in one kernel after it), fc1 + GELU over
     the padded layout (on a GPU one producer launch, GELU in its epilogue; zero rows stay
     zero), then fc2 as the producer overlapped with the consumer's combine, the local copy, the
-    wait for every peer's rows and the scale. The dispatch all-to-all also orders the steps
-    across ranks: a peer's next dispatch starts only after its scale of this step read its
-    receive buffer, so the next step's puts never overwrite rows still being read.
+    wait for every peer's rows and the scale. At W=1 every row is local and there is nothing to
+    combine: fc2 is the producer alone on every SM (it stores each row in place), no consumer.
+    The dispatch all-to-all also orders the steps across ranks: a peer's next dispatch starts
+    only after its scale of this step read its receive buffer, so the next step's puts never
+    overwrite rows still being read.
 
     Every step's plan, padded input and fc2 output go into the same buffers (a
     DevicePlanBuilder and one Y), so the runner's remembered launches hold from step to step:
@@ -209,6 +211,8 @@ class _LayerRank:
 
         spec, tile_m, mgb, layout = inp.spec, k.tile_m, k.mgb, k.layout
         self.spec, self.group, self.tile_m, self.mgb = spec, group, tile_m, mgb
+        #: fc2 overlapped with the combine; at W=1 (no remote rows) the producer alone
+        self.combines = spec.world_size > 1
         self.layout = layout
         self.x, self.ids, self.gate = inp.x, inp.expert_ids, inp.gate
         self.w1, self.w2 = inp.w1, inp.weights
@@ -345,16 +349,16 @@ class _LayerRank:
 
     def step(self) -> torch.Tensor:
         d, plan, x_pad = self.stage_a()
-        self._fc2_combine(plan, self.fc1(plan, x_pad))
+        self._fc2_combine(plan, self.fc1(plan, x_pad), overlapped=self.combines)
         if self.spec.world_size > 1:
             self.runner.wait_received()  # every peer's rows of every step so far
         return self.scale(d)
 
     def experts(self, d: ld.Dispatched) -> None:
         """After a host-free dispatch: stage A from its labels, fc1 + GELU, fc2 overlapped with
-        the combine's puts."""
+        the combine's puts (at W=1 the producer alone on every SM)."""
         plan, x_pad = self.plan_for(d)
-        self._fc2_combine(plan, self.fc1(plan, x_pad))
+        self._fc2_combine(plan, self.fc1(plan, x_pad), overlapped=self.combines)
 
     def scale(self, d: ld.Dispatched) -> torch.Tensor:
         """out [T, H] from this rank's combine receive buffer."""
@@ -516,6 +520,8 @@ class OverlapSystem(System):
             else:
                 self.mode = _Layer(ranks[0], ctx.group, name, k)
             self.timed_rank = self.mode.timed_rank
+            if spec.world_size == 1:  # nothing to combine: no consumer, so no cCTA
+                self.used["ccta_used"] = 0
         elif name == "loopback":
             if ctx.world_size != 1:
                 raise ValueError("loopback plays every rank in one process: run with 1 process")
@@ -544,6 +550,8 @@ class OverlapSystem(System):
             "producer_programs": rk.runner.num_programs,
             "consumer_sms": rk.runner.consumer_sms,
         }
+        if not getattr(rk, "combines", True):  # the W=1 layer: the producer alone, every SM
+            self.extra |= {"producer_programs": _all_sms(inp.x.device), "consumer_sms": "none"}
         dev = inp.x.device
         if dev.type != "cuda":  # Triton's interpreter: its times are no timing
             self.extra["plan_ms_scope"] = "not timed: no GPU (a functional run)"
