@@ -5,6 +5,7 @@ The catalogue lets the overlap system onto the CPU only when both HARNESS_FUNCTI
 TRITON_INTERPRET=1 are set (`make functional`): the kernel tests set TRITON_INTERPRET for their
 whole process, whose other runs must keep skipping it there."""
 
+import json
 import os
 import subprocess
 import sys
@@ -113,18 +114,24 @@ def test_the_functional_figure_draws_errors_against_the_tolerance_and_says_it_is
 def test_the_functional_run_checks_the_overlap_kernels_in_the_interpreter(tmp_path):
     """One run, W=2 played in one process: the operator scope (ffn 0) and the layer scope (ffn
     64: the device dispatch, stage A, fc1, fc2 with the combine, the scale, then its error
-    check), each checked against the reference."""
+    check), each checked against the reference; and the W=1 layer, whose fc2 is the producer
+    alone (no consumer, no cCTA: nothing to combine)."""
     pytest.importorskip("triton")
     table = tmp_path / "overlap_functional.parquet"
     proc = subprocess.run(
         [sys.executable, "-m", "harness.run", "experiment=overlap_functional", "hardware=cpu",
-         f"table={table}", "experiment.grid.routing=[balanced]", "experiment.grid.world_size=[2]",
+         f"table={table}", "experiment.grid.routing=[balanced]", "experiment.grid.world_size=[1,2]",
          "experiment.grid.ffn=[0,64]", "hardware.timeout_s=120"],
         cwd=ROOT, env=_env(TRITON_INTERPRET="1", HARNESS_FUNCTIONAL="1"), capture_output=True,
         text=True, timeout=200,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     df = pd.read_parquet(table).sort_values("ffn")
+    one = df[(df["world_size"] == 1) & (df["ffn"] == 64)]
+    assert len(one) == 1 and (one["status"] == "ok").all(), one[["status", "reason"]]
+    assert int(one["p_ccta_used"].iloc[0]) == 0
+    assert json.loads(one["extra"].iloc[0])["consumer_sms"] == "none"
+    df = df[df["world_size"] == 2]
     assert set(df["experiment"]) == {"overlap_functional"} and set(df["system"]) == {"overlap"}
     assert list(df["world_size"]) == [2, 2] and set(df["transport"]) == {"loopback"}
     assert list(df["ffn"]) == [0, 64] and list(df["p_dispatch_used"].fillna("")) == ["", "device"]
