@@ -350,7 +350,7 @@ class _LayerRank:
     def step(self) -> torch.Tensor:
         d, plan, x_pad = self.stage_a()
         self._fc2_combine(plan, self.fc1(plan, x_pad), overlapped=self.combines)
-        if self.spec.world_size > 1:
+        if self.combines:
             self.runner.wait_received()  # every peer's rows of every step so far
         return self.scale(d)
 
@@ -550,7 +550,7 @@ class OverlapSystem(System):
             "producer_programs": rk.runner.num_programs,
             "consumer_sms": rk.runner.consumer_sms,
         }
-        if not getattr(rk, "combines", True):  # the W=1 layer: the producer alone, every SM
+        if self.layer and not rk.combines:  # the W=1 layer: the producer alone, every SM
             self.extra |= {"producer_programs": _all_sms(inp.x.device), "consumer_sms": "none"}
         dev = inp.x.device
         if dev.type != "cuda":  # Triton's interpreter: its times are no timing
