@@ -79,7 +79,6 @@ class SystemConf:
 class ExperimentConf:
     name: str = MISSING
     module: str = "experiments.systems_sweep"
-    figure: str = ""
     #: the grid's shape comes from the `workload` group (conf/workload/); an experiment that sets
     #: its own shape leaves this false, and `workload=<name>` with it is an error
     takes_workload: bool = False

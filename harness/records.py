@@ -72,6 +72,9 @@ class Row:
     max_row_rel_err: float = float("nan")
     status: str = "ok"
     reason: str = ""
+    #: what a reader of the row must know that no other column says (e.g. the committed serial
+    #: rows measured before a fix: their speedups are upper bounds); "" for a row measured now
+    caveat: str = ""
     #: timed as a CUDA graph's replays (harness/graphs.py); where not, graph_reason says why
     graph: bool = False
     graph_reason: str = ""
@@ -333,6 +336,7 @@ class ResultsTable:
                     keys = set(zip(new["cell_hash"], new["system"]))
                     keep = [(h, s) not in keys for h, s in zip(old["cell_hash"], old["system"])]
                     new = pd.concat([old[keep], new], ignore_index=True)
+                    new["caveat"] = new["caveat"].fillna("")  # a table from before the column
                 self._replace(mixed_params_as_text(new))
         except Timeout as exc:
             raise HarnessUserError(

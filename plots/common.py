@@ -1,7 +1,6 @@
-"""Shared plot helpers: read a results table (without the rows of retired variants, in its
-newest measurement setting, a cell's CUDA-graph rows before its eager ones), label systems from
-the registry and the overlap system's kept knobs, name the machine and the timing, lay out
-panels, save PNG + PDF."""
+"""Shared plot helpers: read a results table (in its newest measurement setting, a cell's
+CUDA-graph rows before its eager ones), label systems from the registry and the overlap
+system's knobs, name the machine and the timing, lay out panels, save PNG + PDF."""
 
 from __future__ import annotations
 
@@ -17,14 +16,6 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 FIG_DIR = Path("plots/figures")
-#: column -> the values a row may hold and still be a kept variant (rows of committed tables
-#: that ran a retired variant are left out of every figure and of the report)
-KEPT = {
-    "p_layout": {"aligned", "compact"},
-    "p_local": {"direct"},
-    "p_swizzle": {"table"},
-    "p_config": {"table"},
-}
 
 
 def label(system: str) -> str:
@@ -33,20 +24,6 @@ def label(system: str) -> str:
 
     info = registry().get(system)
     return info.label if info else system
-
-
-def kept(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows of kept variants. A missing p_local in a table that has the column ran `copy`
-    (the knob's hash-optional default then); p_backoff_ns must be 0 where present."""
-    over = df["system"] == "overlap" if "system" in df else pd.Series(True, index=df.index)
-    keep = pd.Series(True, index=df.index)
-    for col, values in KEPT.items():
-        if col in df:
-            v = df[col]
-            keep &= v.isin(values) | (v.isna() & (col != "p_local")) | ~over
-    if "p_backoff_ns" in df:
-        keep &= (pd.to_numeric(df["p_backoff_ns"], errors="coerce").fillna(0) == 0) | ~over
-    return df[keep]
 
 
 def _col(df: pd.DataFrame, name: str) -> pd.Series:
@@ -199,10 +176,9 @@ def timing_note(df: pd.DataFrame) -> str:
 
 
 def load(table: str | Path, status: str | None = "ok", prefer: bool = True) -> pd.DataFrame:
-    """A table's rows of kept variants of its newest measurement setting, with `status` only
-    (None: every status); with `prefer`, a cell's CUDA-graph rows only where it has them
-    (prefer_graph)."""
-    df = newest_setting(kept(pd.read_parquet(table)), table)
+    """A table's rows of its newest measurement setting, with `status` only (None: every
+    status); with `prefer`, a cell's CUDA-graph rows only where it has them (prefer_graph)."""
+    df = newest_setting(pd.read_parquet(table), table)
     df = prefer_graph(df, table) if prefer else df
     return df if status is None else df[df["status"] == status]
 

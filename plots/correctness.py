@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from plots.common import kept, main, save, transport_note
+from plots.common import main, save, transport_note
 
 GROUP = ["layout", "transport", "world_size", "dtype"]
 QUANTILES = (0.5, 0.9, 0.99)
@@ -79,7 +79,7 @@ def _heatmap(ax: plt.Axes, g: pd.DataFrame) -> plt.cm.ScalarMappable:
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
-    df = with_layout(kept(pd.read_parquet(table)))
+    df = with_layout(pd.read_parquet(table))
     df = df[(df["system"] == "overlap") & df["status"].isin(["ok", "fail"])]
     if df.empty:
         raise ValueError(f"{table}: no checked overlap rows (status ok or fail)")

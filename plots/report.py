@@ -2,8 +2,8 @@
 
 Sections: the headline (the overlap system against serial and against the best baseline, per
 scope and machine), the paper's claims next to ours, then one line per committed table. Every
-number is read from a table under results/reference/ (rows of retired variants left out:
-plots.common.kept); the text is deterministic (sorted keys, fixed float formats).
+number is read from a table under results/reference/ (a row's `caveat` is shown where it
+bounds a claim); the text is deterministic (sorted keys, fixed float formats).
 """
 
 from __future__ import annotations
@@ -18,15 +18,12 @@ import pandas as pd
 
 from plots.all import FIGURES as DRAWN
 from plots.all import SHOWS, reference_names
-from plots.common import kept, placements, prefer_graph
+from plots.common import placements, prefer_graph
 from systems.overlap.autotune import DEFAULT, MAX_DISTANCE
 from systems.overlap.autotune import TABLE as AUTOTUNE_TABLE
 
 REF = Path("results/reference")
 FIGURES = Path("plots/figures")
-#: commit time of rev 9dfcb31 (serial's expert offsets made in setup): serial rows measured
-#: before it paid a host-to-device copy, i.e. a stream synchronisation, every step
-SERIAL_SYNC_FIXED = 1796154054
 #: scope -> (the rows' scope value, the experiment whose table holds it)
 SCOPES = {"operator": ("gemm+combine", "operator"), "layer": ("layer", "layer"),
           "model": ("model", "models")}  # fmt: skip
@@ -35,11 +32,8 @@ CELL = ["world_size", "tokens_per_rank", "hidden", "out", "ffn", "experts_per_ra
 
 
 def tables(ref: Path = REF) -> dict[str, pd.DataFrame]:
-    """Every committed table, keyed 'machine/stem', without the rows of retired variants."""
-    return {
-        f"{p.parent.name}/{p.stem}": kept(pd.read_parquet(p))
-        for p in sorted(ref.rglob("*.parquet"))
-    }
+    """Every committed table, keyed 'machine/stem'."""
+    return {f"{p.parent.name}/{p.stem}": pd.read_parquet(p) for p in sorted(ref.rglob("*.parquet"))}
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -88,10 +82,13 @@ def versus(lat: pd.DataFrame) -> pd.DataFrame:
     return out.astype({"serial": float, "best": float})
 
 
-def _before_fix(df: pd.DataFrame) -> bool:
+def serial_caveat(df: pd.DataFrame) -> str:
+    """The caveat every ok serial row of the table carries (its `caveat` column: e.g. measured
+    before a fix of serial, so speedups over it are upper bounds), or "" where any has none."""
     s = _ok(df)
-    s = s[s["system"] == "serial"]
-    return "timestamp" in s and len(s) > 0 and s["timestamp"].max() < SERIAL_SYNC_FIXED
+    s = s[s["system"] == "serial"] if "system" in s else s.iloc[:0]
+    c = s["caveat"].fillna("").astype(str) if "caveat" in s else pd.Series("", index=s.index)
+    return "; ".join(sorted(set(c))) if len(c) and (c != "").all() else ""
 
 
 def _machine(key: str, df: pd.DataFrame) -> str:
@@ -106,9 +103,11 @@ def headline(d: dict[str, pd.DataFrame]) -> list[str]:
     out = ["## Headline", "",
            "The overlap system's speedup per workload cell: serial / overlap and the fastest "
            "baseline of the cell / overlap (median and range over cells; each system's fastest "
-           "row of a cell). Higher is better.", "",
+           "row of a cell). Higher is better; \\* marks a table whose serial rows carry a "
+           "caveat (below the table).", "",
            "| scope | machine | table | cells | vs serial | vs best baseline | best baseline |",
            "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    caveats: dict[str, list[str]] = {}
     for scope, (value, stem) in SCOPES.items():
         for key in sorted(k for k in d if k.endswith(f"/{stem}")):
             lat = cells(d[key], value)
@@ -119,12 +118,16 @@ def headline(d: dict[str, pd.DataFrame]) -> list[str]:
                 continue
             names = v["best_name"].dropna().value_counts().sort_index()
             who = ", ".join(f"{n} {c}" for n, c in names.items()) or "none"
-            note = " (upper bound: serial before 9dfcb31)" if _before_fix(d[key]) else ""
+            caveat, star = serial_caveat(d[key]), ""
+            if caveat:
+                caveats.setdefault(caveat, []).append(f"`{key}`")
+                star = "\\*"
             out.append(
                 f"| {scope} ({value}) | {_machine(key.split('/')[0], d[key])} | `{key}` | "
-                f"{len(v)} | {_med(v['serial'])}{note} | {_med(v['best'])} | {who} |"
+                f"{len(v)} | {_med(v['serial'])}{star} | {_med(v['best'])} | {who} |"
             )
-    return out + [""]
+    notes = [f"\\* {', '.join(keys)}: {c}." for c, keys in sorted(caveats.items())]
+    return out + ([""] + notes if notes else []) + [""]
 
 
 #: the host-free layer's table: every system's layer at W=1 on one H200
@@ -299,8 +302,8 @@ def _operator(d):
         + f"; >= 1.35x in {int((sp >= 1.35).sum())} of {len(sp)} cells; ahead of every "
         f"baseline in {int((v['best'] > 1).sum())} of {int(v['best'].notna().sum())}"
     )
-    if _before_fix(df):
-        s += " (serial before rev 9dfcb31, which took a host sync out of its step: upper bounds)"
+    if caveat := serial_caveat(df):
+        s += f" ({caveat})"
     return "differs", s
 
 
@@ -482,9 +485,9 @@ def render(ref: Path = REF, figures: Path = FIGURES) -> str:
     lines = ["# Report: tile-level overlap for MoE, reproduced", "",
              "Generated by `make report` from the committed tables under `results/reference/` "
              f"only (figures under `{figures}/`); edit nothing here by hand. Loopback rows (one "
-             "GPU playing W ranks) are a development proxy, never an interconnect result. Rows "
-             "of retired variants (layout packed, local copy, swizzle and tile-config variants) "
-             "are left out; `docs/measurements.md` keeps what they measured.", ""]  # fmt: skip
+             "GPU playing W ranks) are a development proxy, never an interconnect result. Retired "
+             "variants have no rows here; `docs/measurements.md` keeps what they measured.",
+             ""]  # fmt: skip
     lines += headline(d) + host_free_section(d) + claims_section(d) + tables_section(d)
     lines += figures_section(d, figures)
     lines += unmeasured_section(d)

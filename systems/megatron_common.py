@@ -94,8 +94,6 @@ import torch.distributed as dist
 from harness.experts import device_offsets, expert_gemm, expert_gemm_impl
 from harness.workload import WorkloadSpec, routing_of
 
-MCORE_VERSION = "0.16.1"
-
 
 def mcore_version() -> str:
     try:

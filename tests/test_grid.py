@@ -84,20 +84,13 @@ def test_rows_write_params_as_p_columns():
     assert "params" not in d and "ccta" not in d
 
 
-def test_the_committed_layer_table_resumes_after_the_migrations():
-    # results/reference/migrations/2026_12_03_params_rehash.py gave the overlap p2p rows of
-    # the reference layer table that ran local=direct today's hash of their cell (they ran the
-    # remote-first order, the only one then); the rows before the `local` knob (no p_local:
-    # they ran the retired copy path) kept their old hash, a cell of no grid now.
-    # 2026_12_03_dispatch_param.py gave serial's and overlap's rows the dispatch they ran (nccl)
+def test_the_committed_layer_table_resumes():
+    # its rows were timed eagerly, with the NCCL dispatch and (overlap) the remote-first order,
+    # the only order then: each row has the hash of that cell today
     import pandas as pd
 
     ref = ROOT / "results/reference/h200x2/layer.parquet"
-    df = pd.read_parquet(ref, columns=["system", "transport", "cell_hash", "p_local"])
-    p2p = df[(df["system"] == "overlap") & (df["transport"] == "p2p")]
-    old = set(p2p[p2p["p_local"].isna()]["cell_hash"])
-    new = set(p2p[p2p["p_local"] == "direct"]["cell_hash"])
-    # the committed rows were timed eagerly with the NCCL dispatch: they resume so
+    df = pd.read_parquet(ref, columns=["system", "cell_hash"])
     ran = (
         "measure.graph=false",
         "+experiment.systems.overlap.params.dispatch=nccl",
@@ -106,10 +99,10 @@ def test_the_committed_layer_table_resumes_after_the_migrations():
     first = _compose(
         "experiment=layer", "+experiment.systems.overlap.params.order=remote_first", *ran
     )
-    direct = {c["cell_hash"] for c in expand_grid(first, 2)}
-    assert old and new and new <= direct and not old & direct
+    overlap = set(df[df["system"] == "overlap"]["cell_hash"])
+    assert overlap and overlap <= {c["cell_hash"] for c in expand_grid(first, 2)}
     auto = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer", *ran), 2)}
-    assert not (old | new) & auto  # the default order ("auto") is a new cell
+    assert not overlap & auto  # the default order ("auto") is a new cell
     assert set(df[df["system"] != "overlap"]["cell_hash"]) <= auto  # every baseline row resumes
     graphed = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
     assert not set(df["cell_hash"]) & graphed  # graph timing (the default) is another cell

@@ -84,32 +84,12 @@ def test_overlap_variant_names_transport_and_the_kept_knobs_off_their_defaults()
             "transport": ["p2p", "p2p", "nvshmem", "nccl"],
             "p_layout": [None, "aligned", "compact", None],
             "p_order": ["auto", "expert", "remote_first", None],
-            "p_local": ["direct", None, "copy", None],  # retired: never a label
         }
     )
     assert list(overlap_variant(df)) == ["p2p", "p2p, expert order", "nvshmem, compact", ""]
     df["p_consumer"] = [None, "shared", "own", None]
     df["p_ccta"] = ["16", "132", "16", None]
     assert overlap_variant(df)[1] == "p2p, expert order, shared SMs, cCTA 132"
-
-
-def test_kept_drops_the_overlap_rows_of_retired_variants_only():
-    from plots.common import kept
-
-    df = pd.DataFrame(
-        {
-            "system": ["overlap"] * 6 + ["serial", "torch_grouped_mm"],
-            "p_layout": ["aligned", "compact", "packed", None, "aligned", "aligned", None, None],
-            "p_local": ["direct", "direct", "direct", "direct", None, "copy", None, None],
-            "p_backoff_ns": [0, 0, 0, None, 0, 0, None, None],
-            "p_config": ["table", None, "table", "table", "table", "table", None, None],
-        }
-    )
-    # packed, a missing p_local (the old default: copy) and copy go; references stay
-    assert kept(df).index.tolist() == [0, 1, 3, 6, 7]
-    assert kept(df.assign(p_backoff_ns=200)).index.tolist() == [6, 7]
-    assert kept(df.assign(p_config="tails64")).index.tolist() == [6, 7]  # producer variants
-    assert len(kept(df.drop(columns=["p_local", "p_layout", "p_backoff_ns", "p_config"]))) == 8
 
 
 def test_variants_speedups_pair_each_variant_with_serial():
