@@ -319,7 +319,8 @@ def _agree_ok(ctx: RunContext, ok: bool) -> bool:
 def _consumer(ctx: RunContext, cfg: Any, cell: dict):
     """(launch, checked ok, bytes leaving this GPU per launch, metrics) of one consumer cell."""
     from systems.overlap.errors import new_error_buffer, raise_if_error
-    from systems.overlap.kernels import ConsumerConfig, launch_consumer, vec_ok
+    from systems.overlap.runner import run_consumer
+    from systems.overlap.tuning import ConsumerConfig
 
     ccta, name, W = int(cell["params"]["ccta"]), cell["params"]["transport"], cell["world_size"]
     rows_per_seg, n_seg, row_bytes = sizes(cell, ccta)
@@ -329,18 +330,13 @@ def _consumer(ctx: RunContext, cfg: Any, cell: dict):
     rows_per_source = n_seg * rows_per_seg
     made = _transport(ctx, cfg, cell)
     tr = made.transport(0) if name == "loopback" else made
-    recv_tab, sig_tab = tr.tables()
     ready = torch.ones(plan.max_bands, dtype=torch.int32, device=ctx.device)
     err = new_error_buffer(ctx.device)
     clock = torch.zeros(ccta, dtype=torch.int64, device=ctx.device)
     cfg = ConsumerConfig()
 
     def go():
-        launch_consumer(
-            y, plan, ready, recv_tab, sig_tab, err, clock, ready_target=1, ccta=ccta,
-            config=cfg, scope=tr.scope, put_mode=tr.put_mode,
-            vec=vec_ok(y, tr.aligned, recv_tab),
-        )  # fmt: skip
+        run_consumer(y, plan, ready, tr, err, clock, ready_target=1, ccta=ccta, config=cfg)
 
     receivers = range(1, W) if name == "loopback" else [ctx.rank]
     bufs = {d: (made.recv(d) if name == "loopback" else tr.recv) for d in receivers}

@@ -28,17 +28,11 @@ if not torch.cuda.is_available():
 
 import systems.overlap.runner as runner_mod  # noqa: E402
 from systems.overlap.errors import OverlapTimeoutError, new_error_buffer, read_error  # noqa: E402
-from systems.overlap.kernels import (  # noqa: E402
-    ConsumerConfig,
-    TileConfig,
-    launch_consumer,
-    launch_producer,
-    launch_wait_signals,
-    pick_config,
-)
+from systems.overlap.kernels import launch_producer, launch_wait_signals  # noqa: E402
 from systems.overlap.plan import padded_input  # noqa: E402
-from systems.overlap.runner import OverlapRunner, residency_report  # noqa: E402
+from systems.overlap.runner import OverlapRunner, residency_report, run_consumer  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
+from systems.overlap.tuning import ConsumerConfig, TileConfig, pick_config  # noqa: E402
 from tests.overlap_testing import (  # noqa: E402
     expected_sends,
     reference_y,
@@ -132,12 +126,11 @@ def test_producer_matches_torch(dtype, variant):
 def _consume(plan, y, fabric, ready, target, cfg, ccta, wait=True):
     tr = fabric.transport(plan.rank)
     err = new_error_buffer(DEV)
-    launch_consumer(
+    run_consumer(
         y,
         plan,
         ready,
-        tr.recv_ptrs,
-        tr.signal_ptrs,
+        tr,
         err,
         torch.zeros(ccta, dtype=torch.int64, device=DEV),
         ready_target=target,
@@ -145,7 +138,6 @@ def _consume(plan, y, fabric, ready, target, cfg, ccta, wait=True):
         ccta=ccta,
         config=cfg,
         wait=wait,
-        scope=tr.scope,
     )
     return err
 
@@ -454,9 +446,10 @@ dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cu
 from dataclasses import replace
 from tests.overlap_testing import synthetic_plan, expected_sends
 from systems.overlap.errors import new_error_buffer, raise_if_error
-from systems.overlap.kernels import ConsumerConfig, launch_consumer
 from systems.overlap.modes import PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL
+from systems.overlap.runner import run_consumer
 from systems.overlap.transport import nvshmem_self_transport
+from systems.overlap.tuning import ConsumerConfig
 plan = synthetic_plan([[100, 0], [64, 0], [30, 0]], rank=1, tile_m=64, mgb=2, device="cuda")
 y = torch.randn(plan.n_padded, 256, device="cuda").to(torch.bfloat16)
 tr0 = nvshmem_self_transport(plan.dst_rows[0], 256, torch.bfloat16, torch.device("cuda"))
@@ -464,12 +457,10 @@ tr0 = nvshmem_self_transport(plan.dst_rows[0], 256, torch.bfloat16, torch.device
 for mode, warps in ((PUT_STORE, 8), (PUT_NVSHMEM, 8), (PUT_NVSHMEM_SIGNAL, 8), (PUT_STORE, 4)):
     tr = replace(tr0, put_mode=mode)
     tr.recv.zero_(); tr.signal.zero_()
-    rt, st = tr.tables()
     err = new_error_buffer("cuda")
-    launch_consumer(y, plan, torch.ones(plan.n_bands, dtype=torch.int32, device="cuda"), rt, st,
-                    err, torch.zeros(2, dtype=torch.int64, device="cuda"), ready_target=1, rank=0,
-                    ccta=2, config=ConsumerConfig(num_warps=warps, stages=1), scope="sys",
-                    put_mode=mode)
+    run_consumer(y, plan, torch.ones(plan.n_bands, dtype=torch.int32, device="cuda"), tr, err,
+                 torch.zeros(2, dtype=torch.int64, device="cuda"), ready_target=1, rank=0, ccta=2,
+                 config=ConsumerConfig(num_warps=warps, stages=1))
     torch.cuda.synchronize()
     raise_if_error(err)
     want = expected_sends(plan, y, [torch.zeros_like(tr.recv)] * 2)[0]

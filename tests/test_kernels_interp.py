@@ -43,6 +43,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, 
 import systems.overlap.kernels.consumer as consumer_mod  # noqa: E402
 import systems.overlap.kernels.primitives as primitives_mod  # noqa: E402
 import systems.overlap.kernels.producer as producer_mod  # noqa: E402
+import systems.overlap.transport as transport_mod  # noqa: E402
 
 if INTERPRETED and not isinstance(producer_mod._producer_kernel, InterpretedFunction):
     importlib.reload(primitives_mod)
@@ -60,18 +61,17 @@ from systems.overlap.errors import (  # noqa: E402
     raise_if_error,
     read_error,
 )
-from systems.overlap.kernels import (  # noqa: E402
+from systems.overlap.kernels import launch_producer, launch_wait_signals  # noqa: E402
+from systems.overlap.modes import PUT_NVSHMEM  # noqa: E402
+from systems.overlap.plan import padded_input  # noqa: E402
+from systems.overlap.runner import OverlapRunner, run_consumer  # noqa: E402
+from systems.overlap.transport import LoopbackFabric  # noqa: E402
+from systems.overlap.tuning import (  # noqa: E402
     ConsumerConfig,
     interpreter_config,
     interpreter_consumer_config,
-    launch_consumer,
-    launch_producer,
-    launch_wait_signals,
     shared_consumer_config,
 )
-from systems.overlap.plan import padded_input  # noqa: E402
-from systems.overlap.runner import OverlapRunner  # noqa: E402
-from systems.overlap.transport import LoopbackFabric  # noqa: E402
 from tests.overlap_testing import (  # noqa: E402
     expected_sends,
     reference_y,
@@ -207,12 +207,11 @@ def test_producer_stores_local_rows_in_the_receive_buffer(layout):
 def _consume(plan, y, fabric, ready, target, cfg, ccta=2, wait=True):
     tr = fabric.transport(plan.rank)
     err = new_error_buffer("cpu")
-    launch_consumer(
+    run_consumer(
         y,
         plan,
         ready,
-        tr.recv_ptrs,
-        tr.signal_ptrs,
+        tr,
         err,
         torch.zeros(ccta, dtype=torch.int64),
         ready_target=target,
@@ -220,7 +219,6 @@ def _consume(plan, y, fabric, ready, target, cfg, ccta=2, wait=True):
         ccta=ccta,
         config=cfg,
         wait=wait,
-        scope=tr.scope,
     )
     return err
 
@@ -481,7 +479,8 @@ def test_interpreter_in_subprocess():
 
 def test_nvshmem_module_init_follows_the_put_mode(monkeypatch):
     """The consumer's NVSHMEM launch and its PUT_STORE launch compile the same function: torch's
-    registry (by kernel name) must hold it only while an NVSHMEM put mode launches."""
+    registry (by kernel name) must hold it only while an NVSHMEM put mode launches. The
+    transport owns that state (Transport.launchable, called before every consumer launch)."""
 
     class Registry:
         names: set = set()
@@ -494,11 +493,16 @@ def test_nvshmem_module_init_follows_the_put_mode(monkeypatch):
         def deregister(cls, name):
             cls.names.discard(name)
 
-    name = consumer_mod._consumer_kernel.fn.__name__
-    monkeypatch.setattr(consumer_mod, "_nvshmem_registry", None)
-    consumer_mod._nvshmem_module_init(False)  # before any NVSHMEM launch: nothing to do
-    monkeypatch.setattr(consumer_mod, "_nvshmem_registry", Registry)
-    consumer_mod._nvshmem_module_init(True)
+    kernel = consumer_mod._consumer_kernel
+    name = kernel.fn.__name__
+    store = LoopbackFabric([4], 8, torch.float16, "cpu").transport(0)
+    put = replace(store, put_mode=PUT_NVSHMEM)
+    wrapped = object()  # stands for torch's requires_nvshmem wrapper (GPU machines only)
+    monkeypatch.setattr(transport_mod, "_nvshmem_launchers", {kernel: wrapped})
+    monkeypatch.setattr(transport_mod, "_nvshmem_registry", None)
+    assert store.launchable(kernel) is kernel  # before any NVSHMEM launch: nothing to do
+    monkeypatch.setattr(transport_mod, "_nvshmem_registry", Registry)
+    assert put.launchable(kernel) is wrapped
     assert Registry.names == {name}
-    consumer_mod._nvshmem_module_init(False)
+    assert store.launchable(kernel) is kernel
     assert Registry.names == set()

@@ -53,7 +53,6 @@ if INTERPRETED and not isinstance(kplan_mod._rows_kernel, InterpretedFunction):
 
 import systems.overlap.plan_device as plan_device  # noqa: E402
 from harness.workload import WorkloadSpec  # noqa: E402
-from systems.overlap.kernels import interpreter_config, interpreter_consumer_config  # noqa: E402
 from systems.overlap.plan import (  # noqa: E402
     GROUP_CODE,
     CombinePlan,
@@ -69,6 +68,7 @@ from systems.overlap.plan_device import (  # noqa: E402
 )
 from systems.overlap.runner import OverlapRunner  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
+from systems.overlap.tuning import interpreter_config, interpreter_consumer_config  # noqa: E402
 from tests.overlap_testing import expected_sends, reference_y, synthetic_rows  # noqa: E402
 
 # the arrays of each count (the -1 sentinel past it in a device plan)

@@ -22,32 +22,52 @@ launch passes and on plan_version, which every new plan object moves) and re-run
 compiled kernel while its key holds. The producer's input x is a volatile argument (a layer's
 fc1 output is a new tensor every step). use_plan() with the same plan object again (a
 plan_device.DevicePlanBuilder's, rewritten in place every step) keeps the remembered launches.
+run_consumer checks and resolves one consumer launch (tables, put mode, vector hints, the
+transport's NVSHMEM state) for the thin launcher of kernels/consumer.py.
+
+Placement. consumer_sms="own": one consumer CTA per SM, never sharing it with a producer CTA nor
+with another consumer CTA: the default consumer (tuning.ConsumerConfig: 1024 threads, a
+64K-element block) holds too many of the SM's registers to sit next to a producer CTA
+(registers and shared memory) or next to another consumer (registers); a pipelined config
+(stages > 1) is exclusive through shared memory instead: (stages - 1) * BLOCK * elem bytes + the
+producer's shared memory exceed the SM's. residency_report checks this from the compiled
+kernels (shared memory, registers, threads against the device limits); the GPU tests assert it
+on Hopper.
+consumer_sms="shared" (beyond the paper): cCTA SMALL consumer CTAs (shared_consumer_config: 4
+warps, an 8K-element block, no shared memory) that fit next to a producer CTA, so the producer
+keeps ALL SMs and the copies run in the gaps of its warps (checked from the compiled kernels on
+the first run). Two things keep a consumer CTA from taking a producer CTA's SM:
+  - the shared-memory carve-out: an SM runs with the L1 / shared-memory split of the kernels it
+    holds, and the driver gives a kernel that needs no shared memory a small one; an SM that
+    took a consumer CTA first could then not take a producer CTA (165 KiB) until it drained.
+    The runner asks for the largest split for the consumer (prefer_shared_carveout, through
+    run_consumer's `prepare` hook);
+  - the order: the producer is launched first on the higher-priority stream.
+The producer never waits for the consumer, so a consumer CTA that must queue behind producer CTAs
+only delays its copies; were a producer CTA ever kept off its SM by consumer CTAs spinning for
+its bands, the spins time out into an error record (errors.py): never a hang.
 Importing this module imports triton (through kernels/), not the transports.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from harness.kernels.relaunch import LaunchMemo
-from systems.overlap.errors import new_error_buffer, raise_if_error
-from systems.overlap.kernels import (
-    ConsumerConfig,
-    TileConfig,
+from systems.overlap.errors import ERR_SLOTS, new_error_buffer, raise_if_error
+from systems.overlap.kernels.consumer import (
+    _consumer_kernel,
     launch_consumer,
-    launch_producer,
     launch_wait_signals,
-    pick_config,
-    producer_grid,
-    producer_input_args,
-    shared_consumer_config,
-    vec_ok,
 )
+from systems.overlap.kernels.producer import launch_producer, producer_grid, producer_input_args
 from systems.overlap.modes import PUT_STORE
 from systems.overlap.params import CONSUMER_SMS
 from systems.overlap.plan import CombinePlan
+from systems.overlap.tuning import ConsumerConfig, TileConfig, pick_config, shared_consumer_config
 
 #: cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (CUDA driver API)
 _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
@@ -79,6 +99,97 @@ def prefer_shared_carveout(compiled: Any, percent: int) -> None:
 
 def _full_carveout(compiled: Any) -> None:
     prefer_shared_carveout(compiled, 100)
+
+
+def vec_ok(y: torch.Tensor, tables_aligned: bool | None, recv_ptrs: torch.Tensor) -> bool:
+    """16-byte vector accesses are legal: row pitch, y and every table address 16-byte aligned.
+
+    tables_aligned: known alignment of recv_ptrs (Transport.aligned); None reads the table
+    back from the device (a host synchronisation: keep it out of the timed path).
+    """
+    pitch = y.shape[1] * y.element_size()
+    if tables_aligned is None:
+        tables_aligned = bool((recv_ptrs % 16 == 0).all())
+    return pitch % 16 == 0 and y.data_ptr() % 16 == 0 and tables_aligned
+
+
+def run_consumer(
+    y: torch.Tensor,
+    plan: CombinePlan,
+    band_ready: torch.Tensor,
+    transport: Any,
+    err: torch.Tensor,
+    clock: torch.Tensor,
+    *,
+    ready_target: int,
+    ccta: int,
+    config: ConsumerConfig,
+    rank: int | None = None,
+    wait: bool = True,
+    vec: bool | None = None,
+    prepare: Callable[[Any], None] | None = None,
+    memo: LaunchMemo | None = None,
+    memo_key: Any = None,
+):
+    """Launch the consumer of `plan` through `transport` on the current stream; returns Triton's
+    compiled kernel (None for a plan without segments).
+
+    y [P, N] producer output; plan: a CombinePlan on the device (its segment count read from
+    plan.counts; segments past it are skipped; a compact plan's segments walk its pieces);
+    band_ready [B] int32 producer counters; transport: a transport.Transport (its tables() as
+    its put mode needs them, its scope, and the NVSHMEM state of its put mode, launchable);
+    err [ERR_SLOTS] int64; clock [>= ccta] int64 scratch; ready_target: counter value of a
+    complete band this run; rank: the source slot this rank signals in the receivers' counters
+    (None: plan.rank); wait=False skips the spins (flags taken as set: the comm-only bound);
+    vec: 16-byte vector hints (None: vec_ok with the transport's known alignment); prepare
+    (PUT_STORE only): called with the compiled kernel before its launch (the runner's
+    shared-memory carve-out request); memo (GPU): remember this launch under memo_key
+    (harness/kernels/relaunch.py); memo.launch(ready_target=...) relaunches it. An NVSHMEM
+    launch is torch's wrapper: it forgets the memo instead.
+    """
+    recv_tab, sig_tab = transport.tables()
+    if rank is None:
+        rank = plan.rank
+    if err.numel() < ERR_SLOTS or err.dtype != torch.int64:
+        raise ValueError(f"err must be int64 [{ERR_SLOTS}]")
+    if clock.numel() < ccta:
+        raise ValueError(f"clock scratch needs >= {ccta} slots")
+    if ccta < 1:
+        raise ValueError("ccta must be >= 1")
+    if plan.seg_start.numel() == 0:
+        return None
+    put_mode = transport.put_mode
+    store = put_mode == PUT_STORE
+    if not store:
+        vec = False
+        if prepare is not None:
+            raise ValueError("consumer prepare: the PUT_STORE kernel only")
+    elif vec is None:
+        vec = vec_ok(y, getattr(transport, "aligned", None), recv_tab)
+    compiled = launch_consumer(
+        transport.launchable(_consumer_kernel),
+        y,
+        plan,
+        band_ready,
+        recv_tab,
+        sig_tab,
+        err,
+        clock,
+        ready_target=ready_target,
+        rank=rank,
+        ccta=ccta,
+        config=config,
+        wait=wait,
+        scope=transport.scope,
+        put_mode=put_mode,
+        vec=vec,
+        prepare=prepare,
+        memo=memo if store else None,
+        memo_key=memo_key,
+    )
+    if memo is not None and not store:  # the NVSHMEM launch is torch's wrapper
+        memo.forget()
+    return compiled
 
 
 class OverlapRunner:
@@ -243,19 +354,18 @@ class OverlapRunner:
         memo = self.memos["consume" if wait else "comm"] if self.use_memos else None
         key = None
         p, t = self.plan, self.transport
-        recv_tab, sig_tab = t.tables()
         if memo is not None:
+            recv_tab, sig_tab = t.tables()
             key = (y.data_ptr(), y.shape, self.band_ready.data_ptr(), self.plan_version)
             key = (key, recv_tab.data_ptr(), sig_tab.data_ptr(), t.put_mode, t.scope)
             key = (key, self.err.data_ptr(), self.clock.data_ptr(), self.ccta, self.consumer)
             if memo.hit(key):
                 return memo.launch(ready_target=target)
-        return launch_consumer(
+        return run_consumer(
             y,
             p,
             self.band_ready,
-            recv_tab,
-            sig_tab,
+            t,
             self.err,
             self.clock,
             ready_target=target,
@@ -263,9 +373,6 @@ class OverlapRunner:
             ccta=self.ccta,
             config=self.consumer,
             wait=wait,
-            scope=t.scope,
-            put_mode=t.put_mode,
-            vec=vec_ok(y, getattr(t, "aligned", None), recv_tab),
             # shared: an SM that took a consumer CTA first must keep room for a producer CTA
             prepare=_full_carveout if self.shared_on_gpu and wait else None,
             memo=memo,

@@ -27,17 +27,79 @@ the segment's rows to signal[d][rank] (release). Receiver d has all of source s'
             rendezvous of one rank), for measuring the put paths on one GPU.
 p2p and nvshmem need W >= 2 processes for their real purpose and cannot be fully exercised on
 one GPU; they are written for W = number of GPUs, one process per GPU.
+
+Put modes (modes.py), all ONE consumer kernel: PUT_MODE is a constexpr, so a PUT_STORE compile
+holds no NVSHMEM call and needs no NVSHMEM device library; the NVSHMEM modes launch the same
+function wrapped (lazily, on their first launch) by torch's requires_nvshmem, which links
+libnvshmem_device. Transport.launchable gives the kernel a launch takes and sets torch's NVSHMEM
+registry for it (the only NVSHMEM state a launch toggles).
+  PUT_STORE          Triton vectorised loads/stores to the destination address (the table holds
+                     directly writable pointers: local regions in loopback, peer pointers of
+                     symmetric memory in p2p / nvshmem); BLOCK elements a step, stages > 1
+                     software-pipelines the loads (cp.async through shared memory).
+  PUT_NVSHMEM        nvshmemx_putmem_block per band to PE dst (symmetric address table), then
+                     nvshmem_quiet and the same release atomic on the mapped signal pointer.
+  PUT_NVSHMEM_SIGNAL nvshmemx_putmem_block per band, the segment's last band with
+                     nvshmemx_putmem_signal_block (NVSHMEM_SIGNAL_ADD, symmetric signal
+                     address): the paper's "one put + signal" path.
+Why PUT_STORE is the fast path: NVSHMEM's block put on a load/store-reachable peer is
+`for (i = tid; i < n16; i += nthreads) dst[i] = src[i]` in 16-byte words
+(nvshmemi_memcpy_threadgroup): ONE 16-byte load in flight per thread, so a CTA's bandwidth is
+bound by its threads x 16 bytes per memory latency and scales with the warps (the signal is not
+the problem: put_signal costs the same as put). The Triton copy keeps BLOCK * elem bytes in
+flight per step. So: PUT_STORE wherever the peer is load/store reachable (NVLink: p2p and
+nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where it is not.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from systems.overlap.modes import PUT_MODE_NAMES, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
 
 TRANSPORTS = ("loopback", "p2p", "nvshmem")
+
+#: torch's NVSHMEM Triton support, imported on the first NVSHMEM launch (it needs a GPU machine
+#: with the NVSHMEM device library): kernel -> the kernel wrapped by requires_nvshmem, and
+#: torch's NvshmemKernelRegistry (process-wide, like torch's registry itself)
+_nvshmem_launchers: dict[Any, Any] = {}
+_nvshmem_registry: Any = None
+
+
+def _nvshmem_kernel(kernel: Any) -> Any:
+    """`kernel` wrapped by torch's requires_nvshmem (links the NVSHMEM device library); made
+    once per kernel, on its first NVSHMEM launch."""
+    global _nvshmem_registry
+    if kernel not in _nvshmem_launchers:
+        from torch.distributed._symmetric_memory._nvshmem_triton import (
+            NvshmemKernelRegistry,
+            requires_nvshmem,
+        )
+
+        _nvshmem_launchers[kernel] = requires_nvshmem(kernel)
+        _nvshmem_registry = NvshmemKernelRegistry
+    return _nvshmem_launchers[kernel]
+
+
+def _nvshmem_module_init(name: str, on: bool) -> None:
+    """Whether kernels named `name` compiled by the next launch get torch's NVSHMEM module
+    initialisation.
+
+    torch's post-compile hook initialises NVSHMEM in every newly compiled module of a kernel NAME
+    that requires_nvshmem registered, and nvshmemx_cumodule_init fails on a module without the
+    NVSHMEM device state. The PUT_STORE and NVSHMEM launches compile the same function (same
+    name), so the name is registered for an NVSHMEM launch and deregistered for a PUT_STORE one
+    (no-op before the first NVSHMEM launch). The hook runs inside the launch that compiles.
+    """
+    if _nvshmem_registry is None:
+        return
+    if on:
+        _nvshmem_registry.register(name)
+    else:
+        _nvshmem_registry.deregister(name)
 
 
 @dataclass
@@ -79,6 +141,19 @@ class Transport:
         if self.put_mode == PUT_NVSHMEM_SIGNAL:
             return self.recv_symm, self.signal_symm
         raise ValueError(f"unknown put mode {self.put_mode}")
+
+    def launchable(self, kernel: Any) -> Any:
+        """The consumer's @triton.jit `kernel` as this put mode launches it: PUT_STORE the kernel
+        itself, the NVSHMEM modes torch's requires_nvshmem wrapper of it (made on first use).
+        Sets torch's NVSHMEM registry for the launch that follows (_nvshmem_module_init): call
+        it right before every launch of the kernel."""
+        name = kernel.fn.__name__
+        if self.put_mode == PUT_STORE:
+            _nvshmem_module_init(name, False)
+            return kernel
+        launcher = _nvshmem_kernel(kernel)
+        _nvshmem_module_init(name, True)
+        return launcher
 
     @property
     def label(self) -> str:

@@ -1,9 +1,13 @@
-"""The producer's tile configurations: one table per shape class, importable without Triton.
+"""The kernels' configurations, importable without Triton: the producer's tile table and the
+consumer's copy configurations.
 
 TileConfig holds the knobs of the persistent producer (kernels/producer.py); `pick_config`
 chooses the table's entry for a problem. Entries are keyed by (tile_m, N class): N class 0 is
 narrow (N < 2048), 1 mid (2048 <= N < 4096), 2 wide (4096 <= N < 8192), 3 widest (N >= 8192).
 The measurements behind each choice are in docs/measurements.md.
+ConsumerConfig holds the knobs of the consumer (kernels/consumer.py): the default one owns its
+SM (consumer_sms="own"), shared_consumer_config sits next to a producer CTA (consumer_sms=
+"shared"), interpreter_consumer_config runs in the CPU interpreter (runner.py says more).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ class TileConfig:
     use_tma: bool = True
     flatten: bool = True  # tl.range(flatten=True): one pipelined loop over tiles x K steps
     flag: str = "thread"  # one of FLAGS
-    warp_specialize: bool = False  # tl.range(warp_specialize=True): Triton's Hopper warpspec
     epi_split: int = 1  # the epilogue stores the tile in 1, 2 or 4 column slices
     #: swizzle groups = runs of one expert's bands in the visiting order, at most group_m long
     #: (the plan's `groups`), instead of fixed groups of group_m positions
@@ -96,3 +99,37 @@ def pick_config(tile_m: int, k: int, n: int, dtype: torch.dtype) -> TileConfig:
 def interpreter_config(tile_m: int) -> TileConfig:
     """Small tiles for the CPU interpreter (TRITON_INTERPRET=1)."""
     return TileConfig(tile_m, 32, 16, 4, 1, 1, use_tma=False, flatten=False)
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """Copy knobs of the consumer. block: elements per copy step; stages: copy pipeline depth.
+
+    The default (1024 threads, a 64K-element block: 128 KiB in flight per CTA in bf16) holds
+    too many of the SM's registers to sit next to a producer CTA or another consumer CTA, so
+    each consumer CTA owns its SM; a pipelined one (stages > 1: tl.range(num_stages) loads
+    through shared memory) is exclusive through its shared memory instead (shared_bytes).
+    """
+
+    block: int = 65536
+    num_warps: int = 32
+    stages: int = 1
+    timeout_s: float = 5.0  # GPU: %globaltimer bound of every spin
+    max_spins: int = 2000  # interpreter: iteration bound of every spin
+    use_timer: bool = True  # False in the CPU interpreter
+    streaming: bool = False  # evict-first loads, .cs stores
+
+    def shared_bytes(self, elem_bytes: int) -> int:
+        """Shared memory the copy pipeline asks for (what keeps other CTAs off the SM)."""
+        return self.block * elem_bytes * (self.stages - 1) if self.stages > 1 else 0
+
+
+def shared_consumer_config() -> ConsumerConfig:
+    """A consumer CTA small enough to sit next to a producer CTA on one SM (consumer="shared"):
+    128 threads, 16 KiB in flight per step (bf16), no shared memory."""
+    return ConsumerConfig(block=8192, num_warps=4, stages=1)
+
+
+def interpreter_consumer_config() -> ConsumerConfig:
+    """Small blocks and an iteration-bounded spin for TRITON_INTERPRET=1."""
+    return ConsumerConfig(block=256, num_warps=4, stages=1, max_spins=200, use_timer=False)

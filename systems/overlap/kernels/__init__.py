@@ -13,16 +13,16 @@ Importing this package imports triton.
 
 from __future__ import annotations
 
-from systems.overlap.kernels.consumer import (
-    ConsumerConfig,
-    interpreter_consumer_config,
-    launch_consumer,
-    launch_wait_signals,
-    shared_consumer_config,
-    vec_ok,
-)
+from systems.overlap.kernels.consumer import launch_consumer, launch_wait_signals
 from systems.overlap.kernels.producer import launch_producer, producer_grid, producer_input_args
-from systems.overlap.tuning import TileConfig, interpreter_config, pick_config
+from systems.overlap.tuning import (
+    ConsumerConfig,
+    TileConfig,
+    interpreter_config,
+    interpreter_consumer_config,
+    pick_config,
+    shared_consumer_config,
+)
 
 __all__ = [
     "ConsumerConfig",
@@ -36,5 +36,4 @@ __all__ = [
     "producer_grid",
     "producer_input_args",
     "shared_consumer_config",
-    "vec_ok",
 ]

@@ -144,7 +144,6 @@ def _producer_kernel(
     LOCAL_DIRECT: tl.constexpr,
     MIXED: tl.constexpr,
     ORDERED: tl.constexpr,
-    WS: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
     EXPERT_GROUPS: tl.constexpr,
     GROUP_CODE: tl.constexpr,
@@ -162,7 +161,7 @@ def _producer_kernel(
     rk = tl.arange(0, BK)
     lane = tl.arange(0, NT)
     pending = tl.full((), -1, tl.int32)  # FLAG 3: band of the previous tile still to publish
-    for t in tl.range(pid, num_tiles, num_progs, flatten=FLATTEN, warp_specialize=WS):
+    for t in tl.range(pid, num_tiles, num_progs, flatten=FLATTEN):
         if EXPERT_GROUPS:
             s, pn = _group_coords(t, tiles_n, groups, GROUP_CODE)
         else:
@@ -345,7 +344,6 @@ def launch_producer(
         LOCAL_DIRECT=recv is not None,
         MIXED=plan.layout == "compact",
         ORDERED=plan.visit is not None,
-        WS=cfg.warp_specialize,
         EPI_SPLIT=cfg.epi_split,
         EXPERT_GROUPS=cfg.expert_groups,
         GROUP_CODE=GROUP_CODE,
