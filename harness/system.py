@@ -1,14 +1,15 @@
-"""The system protocol and the registry mechanics every runner and plot reads.
+"""The system protocol, the step a system declares, and the registry mechanics.
 
 A system is set up once per cell on the ranks this process plays (one, unless it simulates
-ranks), then called:
-  forward()       out [T, N] of every played rank, stacked (checked vs the reference)
-  timed()         the timed region (default: forward()); its output is checked too: the
-                  output of the played rank `timed_rank` (None: of every played rank, stacked)
+ranks): `setup(ranks)` builds and stores a `Step` (the base class calls the subclass's
+`build`), and every later call goes to that step, so no system branches on scope after setup:
+  outputs()        out [T, N] of every played rank, stacked (checked vs the reference)
+  timed()          the timed region; its output is checked too: the output of the played rank
+                   `timed_rank` (None: of every played rank, stacked)
   capture_blocker() why timed() cannot be captured in a CUDA graph, or None (harness/graphs.py)
-  check_errors()  raise if a device-side wait of the last steps timed out (after every loop)
-  compute_only()  everything but the communication (for the overlap ratio), or None
-  comm_only()     the combine communication alone, or None
+  check()          raise if a device-side wait of the last steps timed out (after every loop)
+  compute_only()   everything but the communication (for the overlap ratio), or None
+  comm_only()      the combine communication alone, or None
 The catalogue of systems lives one floor up, in systems/__init__.py: its entries name their class
 by import path ("module:Class"), so reading the registry imports no GPU code.
 """
@@ -90,9 +91,50 @@ class CellInputs:
     gate: torch.Tensor | None = None
 
 
+class Step:
+    """One set-up cell's step: what the harness checks, times and bounds. Subclasses override
+    timed() and whatever else they have; the defaults declare "not there"."""
+
+    #: whose output timed() returns: an index into setup's `ranks` (None: all, stacked)
+    timed_rank: int | None = 0
+
+    def timed(self) -> torch.Tensor:
+        """The timed region: out [T, N] of the played rank `timed_rank` (None: all, stacked)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement timed")
+
+    def outputs(self) -> torch.Tensor:
+        """out [T, N] of every played rank, stacked in the order of setup's `ranks`; by default
+        the timed region (one played rank)."""
+        return self.timed()
+
+    def capture_blocker(self) -> str | None:
+        """Why timed() cannot be captured in a CUDA graph, or None where it can."""
+        return f"{type(self).__name__}: not declared capturable"
+
+    def check(self) -> None:
+        """Raise where a device-side wait of the steps run so far timed out."""
+
+    def has_bounds(self) -> bool:
+        """Are compute_only and comm_only defined for this step?"""
+        return type(self).compute_only is not Step.compute_only
+
+    def compute_only(self) -> object:
+        """Everything timed() does but the communication, or None if not defined."""
+        return None
+
+    def comm_only(self) -> object:
+        """The combine communication alone, or None if not defined."""
+        return None
+
+    def extra_bounds(self) -> dict[str, Any]:
+        """Further parts timed alone after the bounds, name -> callable; the harness stores each
+        median as the metric `<name>_ms` (column m_<name>_ms)."""
+        return {}
+
+
 class System:
-    """Base class. Subclasses set `name` and PARAMS, implement setup and forward, and may add
-    the bounds (compute_only, comm_only) and a separate timed region (timed)."""
+    """Base class. Subclasses set `name` and PARAMS and implement build(ranks) -> Step; the
+    base class stores the step in setup and hands every later call to it."""
 
     name: str = ""
     #: scope of the timed region: "gemm+combine" (operator level) or "layer"
@@ -115,11 +157,9 @@ class System:
         self.params = {**self.PARAMS, **params}
         #: JSON-able facts of the set-up cell (written to the row's `extra` column)
         self.extra: dict[str, Any] = {}
-        #: numbers the system measured itself while setting up (e.g. the overlap system's
-        #: plan_ms), written as m_<name> columns of the row
+        #: numbers the system measured itself while setting up, written as m_<name> columns
         self.metrics: dict[str, float] = {}
-        #: whose output timed() returns: an index into setup's `ranks` (None: all, stacked)
-        self.timed_rank: int | None = 0
+        self.step: Step | None = None
 
     @classmethod
     def check_params(cls, params: dict[str, Any]) -> None:
@@ -143,44 +183,43 @@ class System:
         return None
 
     def setup(self, ranks: list[CellInputs]) -> None:
-        """Untimed preparation. `ranks` holds one entry per rank this process plays: exactly one
-        (this rank) unless the system simulates ranks and one process plays the whole cell."""
-        raise NotImplementedError(f"{type(self).__name__} must implement setup")
+        """Untimed preparation: build the cell's step. `ranks` holds one entry per rank this
+        process plays: exactly one (this rank) unless the system simulates ranks and one process
+        plays the whole cell."""
+        self.step = self.build(ranks)
+
+    def build(self, ranks: list[CellInputs]) -> Step:
+        """The cell's step (untimed; may fill extra and metrics)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement build")
+
+    # -- the step's calls, as the harness makes them --------------------------------------
+    @property
+    def timed_rank(self) -> int | None:
+        return self.step.timed_rank
 
     def forward(self) -> torch.Tensor:
-        """out [T, N] of every played rank, stacked in the order of setup's `ranks` (checked
-        against the reference before anything is timed)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement forward")
+        return self.step.outputs()
 
-    def timed(self) -> object:
-        """The timed region; by default forward(). A system that plays several ranks times one
-        of them here (forward() runs them all for the check)."""
-        return self.forward()
+    def timed(self) -> torch.Tensor:
+        return self.step.timed()
 
     def capture_blocker(self) -> str | None:
-        """Why timed() cannot be captured in a CUDA graph (a host synchronisation, a library
-        call that refuses capture), or None where it can (called after setup)."""
-        return f"{self.name}: its step is not declared capturable"
+        return self.step.capture_blocker()
 
     def check_errors(self) -> None:
-        """Raise where a device-side wait of the steps run so far timed out (the overlap
-        system's error word); called after every timed loop and every graph replay loop."""
-
-    def compute_only(self) -> object:
-        """Everything timed() does but the communication, or None if not defined."""
-        return None
-
-    def comm_only(self) -> object:
-        """The combine communication alone, or None if not defined."""
-        return None
+        self.step.check()
 
     def has_bounds(self) -> bool:
-        return type(self).compute_only is not System.compute_only
+        return self.step.has_bounds()
+
+    def compute_only(self) -> object:
+        return self.step.compute_only()
+
+    def comm_only(self) -> object:
+        return self.step.comm_only()
 
     def extra_bounds(self) -> dict[str, Any]:
-        """Further parts timed alone after the bounds, name -> callable; the harness stores
-        each median as the metric `<name>_ms` (column m_<name>_ms). None by default."""
-        return {}
+        return self.step.extra_bounds()
 
     @property
     def impl(self) -> str:

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from harness.experts import activation, expert_gemm, expert_gemm_impl, grouped_mm_usable
-from harness.system import CellInputs, System
+from harness.system import CellInputs, Step, System
 from harness.workload import WorkloadSpec
 
 UPSTREAM = "deepseek-ai/DeepEP@567632d"
@@ -236,58 +236,27 @@ def ll_buffer(deep_ep: Any, group: Any, rdma_bytes: int, qps: int, qp_depth: int
     return _Held.buffer
 
 
-class DeepEPSystem(System):
-    name = "deepep"
-    scope = "layer"
-    layer_scope = True
+class LowLatencyStep(Step):
+    """One layer step on DeepEP's low-latency kernels (module doc): dispatch x [T, H] ->
+    recv [E, W*M, H] and count [E] int32, the packed FFN experts, the gate-weighted combine
+    -> out [T, H]. Holds one untimed step's receive buffer, counts and expert rows for the
+    bounds."""
 
-    @classmethod
-    def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
-        if not spec.ffn:
-            return (
-                "deepep times the whole layer (dispatch, FFN experts, combine): operator cells "
-                "(ffn=0) start from dispatched rows it does not take"
-            )
-        why = ll_limits(spec)
-        if why:
-            return f"deepep ({UPSTREAM}) low-latency kernels: " + "; ".join(why)
-        return None
-
-    def setup(self, ranks: list[CellInputs]) -> None:
-        import deep_ep
-
-        (inputs,) = ranks
+    def __init__(self, buffer: Any, idx_t: torch.dtype, inputs: CellInputs) -> None:
         spec = inputs.spec
+        self.buffer, self.idx_t = buffer, idx_t
         self.M, self.G = spec.tokens_per_rank, spec.n_experts
         self.S = spec.world_size * self.M  # slots per expert in the receive buffer
         self.x, self.ids, self.gate = inputs.x, inputs.expert_ids, inputs.gate
-        self.w1, self.w2 = inputs.w1, inputs.weights
-        self.idx_t = deep_ep.topk_idx_t
-        group = self.ctx.group if self.ctx.group is not None else dist.group.WORLD
-        hint = deep_ep.Buffer.get_low_latency_rdma_size_hint
-        rdma = hint(self.M, spec.hidden, spec.world_size, self.G)
-        self.buffer = ll_buffer(deep_ep, group, rdma, spec.experts_per_rank, 2 * (self.M + 1))
-        self.buffer.clean_low_latency_buffer(self.M, spec.hidden, self.G)
+        self.w1, self.w2 = inputs.w1, inputs.weights  # [E, H, F], [E, F, H]
         dev, E, H = self.x.device, spec.experts_per_rank, spec.hidden
-        self.rows = torch.arange(packed_rows(spec), device=dev)
+        self.rows = torch.arange(packed_rows(spec), device=dev)  # [P]
         self.y_rows = torch.zeros(E * self.S + 1, H, dtype=self.x.dtype, device=dev)
         # one untimed step's state, for the bounds
         self.recv, self.count, handle = self._dispatch()
         self.y = packed_ffn(self.recv, self.count, self.w1, self.w2, self.rows, self.y_rows)
         self._combine(self.y, handle)
         self.host_free = grouped_mm_usable(self.recv.view(-1, H), self.w1)
-        self._impl = (
-            f"native (deep_ep {deepep_version()} low-latency bf16; experts "
-            f"{expert_gemm_impl(self.recv.view(-1, H), self.w1)} over packed rows)"
-        )
-        self.extra = {
-            "deep_ep": UPSTREAM,
-            "host_syncs": 0 if self.host_free else 1,
-            "max_tokens": self.M,
-            "packed_rows": int(self.rows.numel()),
-            "rdma_bytes": int(self.buffer.num_rdma_bytes),
-            "qp_depth": int(self.buffer.nvshmem_qp_depth),
-        }
 
     def _topk(self) -> torch.Tensor:
         ids = self.ids if self.ids.dtype == self.idx_t else self.ids.to(self.idx_t)
@@ -306,7 +275,7 @@ class DeepEPSystem(System):
         out, _, _ = self.buffer.low_latency_combine(y, self._topk(), gate, handle)
         return out
 
-    def forward(self) -> torch.Tensor:
+    def timed(self) -> torch.Tensor:
         recv, count, handle = self._dispatch()
         y = packed_ffn(recv, count, self.w1, self.w2, self.rows, self.y_rows)
         return self._combine(y, handle)
@@ -317,14 +286,60 @@ class DeepEPSystem(System):
         return None
 
     def compute_only(self) -> torch.Tensor:
-        """The packed FFN on the held receive buffer and counts."""
+        """The packed FFN on the held receive buffer and counts -> [E, W*M, H]."""
         return packed_ffn(self.recv, self.count, self.w1, self.w2, self.rows, self.y_rows)
 
     def comm_only(self) -> torch.Tensor:
-        """The dispatch and the combine of the held expert outputs (for its time only: a new
-        dispatch may fill the slots in another order, DeepEP's atomics)."""
+        """The dispatch and the combine of the held expert outputs -> [T, H] (for its time
+        only: a new dispatch may fill the slots in another order, DeepEP's atomics)."""
         _, _, handle = self._dispatch()
         return self._combine(self.y, handle)
+
+
+class DeepEPSystem(System):
+    name = "deepep"
+    scope = "layer"
+    layer_scope = True
+
+    @classmethod
+    def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
+        if not spec.ffn:
+            return (
+                "deepep times the whole layer (dispatch, FFN experts, combine): operator cells "
+                "(ffn=0) start from dispatched rows it does not take"
+            )
+        why = ll_limits(spec)
+        if why:
+            return f"deepep ({UPSTREAM}) low-latency kernels: " + "; ".join(why)
+        return None
+
+    def build(self, ranks: list[CellInputs]) -> Step:
+        """The process's low-latency Buffer, sized and cleaned for the cell, and its step."""
+        import deep_ep
+
+        (inputs,) = ranks
+        spec = inputs.spec
+        M, G = spec.tokens_per_rank, spec.n_experts
+        group = self.ctx.group if self.ctx.group is not None else dist.group.WORLD
+        hint = deep_ep.Buffer.get_low_latency_rdma_size_hint
+        rdma = hint(M, spec.hidden, spec.world_size, G)
+        buffer = ll_buffer(deep_ep, group, rdma, spec.experts_per_rank, 2 * (M + 1))
+        buffer.clean_low_latency_buffer(M, spec.hidden, G)
+        step = LowLatencyStep(buffer, deep_ep.topk_idx_t, inputs)
+        recv_rows = step.recv.view(-1, spec.hidden)
+        self._impl = (
+            f"native (deep_ep {deepep_version()} low-latency bf16; experts "
+            f"{expert_gemm_impl(recv_rows, step.w1)} over packed rows)"
+        )
+        self.extra = {
+            "deep_ep": UPSTREAM,
+            "host_syncs": 0 if step.host_free else 1,
+            "max_tokens": M,
+            "packed_rows": int(step.rows.numel()),
+            "rdma_bytes": int(buffer.num_rdma_bytes),
+            "qp_depth": int(buffer.nvshmem_qp_depth),
+        }
+        return step
 
     @property
     def impl(self) -> str:

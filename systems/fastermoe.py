@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from harness.experts import activation
-from harness.system import CellInputs, System
+from harness.system import CellInputs, Step, System
 from harness.workload import WorkloadSpec
 
 #: the group size fmoe fixed in this process at its first call (empty before it)
@@ -38,6 +38,45 @@ _PROCESS_GROUP_SIZE: list[int] = []
 
 def _group_size(spec: WorkloadSpec, params: dict[str, Any]) -> int:
     return min(int(params["group_size"]), spec.world_size)
+
+
+class SmartScheduleStep(Step):
+    """fmoe's _fmoe_general_global_forward `fwd` from this rank's tokens x [T, K] and the
+    routing (expert_ids [T, k], gate [T, k] float32: the CellInputs tensors, read on every
+    forward, so new routing copied in is followed), then the gate-weighted sum of each token's
+    k rows -> out [T, N]."""
+
+    def __init__(self, fwd: Any, inputs: CellInputs) -> None:
+        spec = inputs.spec
+        self.fwd, self.spec, self.x = fwd, spec, inputs.x
+        self.expert_fn = expert_fn(inputs.weights, inputs.w1)
+        self.gate = inputs.expert_ids  # [T, k] global expert ids
+        self.gw = inputs.gate  # [T, k] float32
+        self.stored = torch.zeros(spec.n_experts, dtype=torch.bool)  # no shadowing
+        # fmoe's schedule always calls pop_fn(0) on `experts` (to restore shadowed parameters):
+        # parameter-less stand-ins, one per local expert, as FMoE's layer passes its experts
+        self.experts = torch.nn.ModuleList(
+            torch.nn.Identity() for _ in range(spec.experts_per_rank)
+        )
+
+    def timed(self) -> torch.Tensor:
+        spec = self.spec
+        with torch.no_grad():
+            rows = self.fwd(
+                self.x,
+                self.gate,
+                self.expert_fn,
+                spec.experts_per_rank,
+                spec.world_size,
+                experts=self.experts,
+                stored_models=self.stored,
+            )  # [T*k, N], row t*k + j
+        T, k, N = spec.tokens_per_rank, spec.top_k, spec.out
+        out = (rows.view(T, k, N).float() * self.gw[..., None]).sum(1)
+        return out.to(self.x.dtype)
+
+    def capture_blocker(self) -> str | None:
+        return "fastermoe: its step is not declared capturable"
 
 
 class FasterMoESystem(System):
@@ -70,7 +109,8 @@ class FasterMoESystem(System):
             )
         return None
 
-    def setup(self, ranks: list[CellInputs]) -> None:
+    def build(self, ranks: list[CellInputs]) -> Step:
+        """fmoe's schedule at the cell's group size (fixed for the process at its first call)."""
         from fmoe.fastermoe.schedule import _fmoe_general_global_forward
         from fmoe.functions import ensure_comm
 
@@ -80,41 +120,14 @@ class FasterMoESystem(System):
         os.environ["FMOE_FASTER_GROUP_SIZE"] = str(g)
         if not _PROCESS_GROUP_SIZE:
             _PROCESS_GROUP_SIZE.append(g)  # fmoe's first call in this process fixes it
-        self.fwd = _fmoe_general_global_forward
-        self.spec = spec
-        self.x = inputs.x
-        self.expert_fn = expert_fn(inputs.weights, inputs.w1)
-        # the cell's routing tensors, read on every forward (new routing copied in is followed)
-        self.gate = inputs.expert_ids  # [T, k] global expert ids
-        self.gw = inputs.gate  # [T, k] float32
-        self.stored = torch.zeros(spec.n_experts, dtype=torch.bool)  # no shadowing
-        # fmoe's schedule always calls pop_fn(0) on `experts` (to restore shadowed parameters):
-        # parameter-less stand-ins, one per local expert, as FMoE's layer passes its experts
-        self.experts = torch.nn.ModuleList(
-            torch.nn.Identity() for _ in range(spec.experts_per_rank)
-        )
-        ensure_comm(self.x, self.ctx.group or dist.group.WORLD)
+        step = SmartScheduleStep(_fmoe_general_global_forward, inputs)
+        ensure_comm(step.x, self.ctx.group or dist.group.WORLD)
         self.extra = {
             "group_size": g,
             "shadowing": False,
             "experts": "ffn (gelu)" if spec.ffn else "single GEMM",
         }
-
-    def forward(self) -> torch.Tensor:
-        spec = self.spec
-        with torch.no_grad():
-            rows = self.fwd(
-                self.x,
-                self.gate,
-                self.expert_fn,
-                spec.experts_per_rank,
-                spec.world_size,
-                experts=self.experts,
-                stored_models=self.stored,
-            )  # [T*k, N], row t*k + j
-        T, k, N = spec.tokens_per_rank, spec.top_k, spec.out
-        out = (rows.view(T, k, N).float() * self.gw[..., None]).sum(1)
-        return out.to(self.x.dtype)
+        return step
 
     @property
     def impl(self) -> str:

@@ -27,8 +27,9 @@ Not reproduced, both off in FasterMoE by default:
   topology-aware gate (hir_gate / dynamic gate): changes WHICH experts tokens go to, i.e. the
       routing, which the harness fixes for every system; using it would change the outputs.
 
-Scope (param `scope`): "gemm+combine" (default; setup runs the dispatch steps once,
-untimed; the timed region is steps 2-3 and the output step) or "layer" (steps 1-3 and output).
+Scope (param `scope`): "gemm+combine" (default, CombineScheduleStep: setup runs the dispatch
+steps once, untimed; the timed region is steps 2-3 and the output step) or "layer"
+(LayerScheduleStep: steps 1-3 and output).
 Output step as FMoE's layer: _local_gather of the rows to (token, slot) order [T, k, N], then
 torch.bmm(gate_score [T, 1, k], rows) -> [T, N] (gate scores in the data dtype, like FMoE).
 Param `group_size` g (default 1; clamped to W like FasterMoE; W % g must be 0).
@@ -42,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from harness.layout import send_order
-from harness.system import CellInputs, RunContext, System, int_param
+from harness.system import CellInputs, RunContext, Step, System, int_param
 from harness.workload import WorkloadSpec, routing_of
 from systems.tutel_reimpl import expert_counts
 
@@ -125,60 +126,39 @@ class Plan:
         return self.global_ptr[base], self.global_ptr[base + self.g]
 
 
-class FasterMoEReimplSystem(System):
-    name = "fastermoe_reimpl"
+class CombineScheduleStep(Step):
+    """Scope gemm+combine: the dispatch steps ran once at setup (gin [R, K] filled), the timed
+    region is the compute steps (stage 2), the return steps (stage 3) and the output step
+    -> out [T, N]. Buffers (module doc): xs [S, K] send, gin [R, K] / gout [R, N] expert-major
+    receive, yout [S, N] returned rows in send order."""
 
-    PARAMS: ClassVar[dict[str, Any]] = {"scope": "gemm+combine", "group_size": 1}
-
-    def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
-        super().__init__(ctx, params)
-        self.scope = str(self.params["scope"])
-        self.group_size = int(self.params["group_size"])
-
-    @classmethod
-    def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        scope = params.get("scope", "gemm+combine")
-        if scope not in SCOPES:
-            raise ValueError(f"fastermoe: scope must be one of {SCOPES}, got {scope!r}")
-        g = int_param("fastermoe", "group_size", params.get("group_size", 1), least=1)
-        if spec.world_size % min(g, spec.world_size):
-            raise ValueError(
-                f"fastermoe: group_size {g} must divide the world size {spec.world_size}"
-            )
-
-    def setup(self, ranks: list[CellInputs]) -> None:
-        (inputs,) = ranks
+    def __init__(self, inputs: CellInputs, plan: Plan) -> None:
         spec = inputs.spec
-        self.spec, self.lay = spec, inputs.layout
-        self.x, self.weights = inputs.x, inputs.weights
-        self.plan = Plan(spec, self.ctx.rank, self.group_size)
-        p = self.plan
-        self.extra = {
-            "scope": self.scope,
-            "group_size": p.g,
-            "steps": p.n,
-            "host_bound": "one python batch_isend_irecv per (step, expert)",
-        }
+        self.spec, self.lay, self.plan, self.rank = spec, inputs.layout, plan, plan.rank
+        self.x, self.weights = inputs.x, inputs.weights  # [T, K], [E, K, N]
         dev, dt = inputs.x.device, inputs.x.dtype
-        S, R = p.local_ptr[-1], p.global_ptr[-1]
+        S, R = plan.local_ptr[-1], plan.global_ptr[-1]
         self.xs = torch.empty(S, spec.hidden, dtype=dt, device=dev)  # send buffer
         self.gin = torch.empty(R, spec.hidden, dtype=dt, device=dev)  # global_input_buf
         self.gout = torch.empty(R, spec.out, dtype=dt, device=dev)  # global_output_buf
         self.yout = torch.empty(S, spec.out, dtype=dt, device=dev)  # output_buf (send order)
-        order, _ = send_order(spec, self.ctx.rank)  # pair index t*k + j of each send row
+        order, _ = send_order(spec, plan.rank)  # pair index t*k + j of each send row
         inv = torch.empty_like(order)
         inv[order] = torch.arange(order.numel())
         self.pos_g = inv.to(dev)  # [T*k]: send-order row of pair t*k + j
-        gw = routing_of(spec).gate_weights[self.ctx.rank]  # [T, k]
+        gw = routing_of(spec).gate_weights[plan.rank]  # [T, k]
         self.gate_score = gw.view(-1, 1, spec.top_k).to(device=dev, dtype=dt)
-        self.comm = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
         cuda = dev.type == "cuda"
-        self.ev_in = [torch.cuda.Event() if cuda else None for _ in range(p.n)]
-        self.ev_out = [torch.cuda.Event() if cuda else None for _ in range(p.n)]
-        if self.scope == "gemm+combine":
-            self._encode()
-            for s in range(p.n):
-                self._dispatch_step(s)
+        self.comm = torch.cuda.Stream(device=dev) if cuda else None
+        self.ev_in = [torch.cuda.Event() if cuda else None for _ in range(plan.n)]
+        self.ev_out = [torch.cuda.Event() if cuda else None for _ in range(plan.n)]
+        self.setup_dispatch()
+
+    def setup_dispatch(self) -> None:
+        """The dispatch steps, once and untimed: gin holds every step's rows from here on."""
+        self._encode()
+        for s in range(self.plan.n):
+            self._dispatch_step(s)
 
     # steps ---------------------------------------------------------------------------------
 
@@ -190,7 +170,7 @@ class FasterMoEReimplSystem(System):
         """One NCCL group of FasterMoE: sends from src rows, receives into dst rows."""
         ops = []
         for peer_s, s_off, s_n, peer_r, r_off, r_n in pairs:
-            if peer_s == self.ctx.rank:  # own rows: a local copy (peer_r is then rank too)
+            if peer_s == self.rank:  # own rows: a local copy (peer_r is then rank too)
                 if s_n:
                     dst[r_off : r_off + r_n].copy_(src[s_off : s_off + s_n])
                 continue
@@ -216,31 +196,36 @@ class FasterMoEReimplSystem(System):
         for e in range(self.plan.E):
             self._exchange(self.plan.combine_pairs(s, e), self.gout, self.yout, s * self.plan.E + e)
 
-    def forward(self) -> torch.Tensor:
+    def _output(self) -> torch.Tensor:
+        """_local_gather to (token, slot) order, then bmm with the gate scores -> [T, N]."""
+        T, k, N = self.spec.tokens_per_rank, self.spec.top_k, self.spec.out
+        rows = self.yout.index_select(0, self.pos_g).view(T, k, N)
+        return torch.bmm(self.gate_score, rows).view(T, N)
+
+    # the timed region ----------------------------------------------------------------------
+
+    def _dispatch(self, cur) -> None:
+        """What the timed region runs before the compute steps, on the current stream `cur`
+        (None on the CPU): here, only let the comm stream follow (the previous iteration's
+        output step has read yout)."""
+        if cur is not None:
+            self.comm.wait_stream(cur)
+
+    def _wait_rows(self, cur, s: int) -> None:
+        """Make stream `cur` wait for step s's received rows (here: there since setup)."""
+
+    def timed(self) -> torch.Tensor:
         n, comm = self.plan.n, self.comm
-        layer = self.scope == "layer"
-        if comm is None:  # CPU / gloo: the same step order, no streams
-            if layer:
-                self._encode()
-                for s in range(n):
-                    self._dispatch_step(s)
+        cur = torch.cuda.current_stream() if comm is not None else None
+        self._dispatch(cur)
+        if cur is None:  # CPU / gloo: the same step order, no streams
             for s in range(n):
                 self._compute_step(s)
             for s in range(n):
                 self._combine_step(s)
             return self._output()
-        cur = torch.cuda.current_stream()
-        if layer:
-            self._encode()
-        comm.wait_stream(cur)  # encode done; the previous iteration's output step has read yout
-        if layer:
-            with torch.cuda.stream(comm):
-                for s in range(n):
-                    self._dispatch_step(s)
-                    self.ev_in[s].record(comm)
         for s in range(n):
-            if layer:
-                cur.wait_event(self.ev_in[s])
+            self._wait_rows(cur, s)
             self._compute_step(s)
             self.ev_out[s].record(cur)
         with torch.cuda.stream(comm):
@@ -250,25 +235,91 @@ class FasterMoEReimplSystem(System):
         cur.wait_stream(comm)
         return self._output()
 
-    def _output(self) -> torch.Tensor:
-        """_local_gather to (token, slot) order, then bmm with the gate scores -> [T, N]."""
-        T, k, N = self.spec.tokens_per_rank, self.spec.top_k, self.spec.out
-        rows = self.yout.index_select(0, self.pos_g).view(T, k, N)
-        return torch.bmm(self.gate_score, rows).view(T, N)
+    def capture_blocker(self) -> str | None:
+        return "fastermoe_reimpl: its step is not declared capturable"
 
-    def compute_only(self) -> object:
-        if self.scope == "layer":
-            self._encode()
+    def compute_only(self) -> torch.Tensor:
+        """The compute steps on the held rows and the output step -> [T, N]."""
         for s in range(self.plan.n):
             self._compute_step(s)
         return self._output()
 
-    def comm_only(self) -> object:
+    def comm_only(self) -> torch.Tensor:
+        """The return steps of the held expert rows -> yout [S, N]."""
         for s in range(self.plan.n):
-            if self.scope == "layer":
-                self._dispatch_step(s)
             self._combine_step(s)
         return self.yout
+
+
+class LayerScheduleStep(CombineScheduleStep):
+    """Scope layer: the timed region also encodes x and runs the dispatch steps (stage 1) on
+    the comm stream, each compute step waiting for its step's rows."""
+
+    def setup_dispatch(self) -> None:
+        """Nothing: the timed region dispatches."""
+
+    def _dispatch(self, cur) -> None:
+        """Encode, then the dispatch steps (on the comm stream, each recording ev_in[s])."""
+        self._encode()
+        if cur is None:
+            for s in range(self.plan.n):
+                self._dispatch_step(s)
+            return
+        self.comm.wait_stream(cur)  # encode done; the previous output step has read yout
+        with torch.cuda.stream(self.comm):
+            for s in range(self.plan.n):
+                self._dispatch_step(s)
+                self.ev_in[s].record(self.comm)
+
+    def _wait_rows(self, cur, s: int) -> None:
+        cur.wait_event(self.ev_in[s])
+
+    def compute_only(self) -> torch.Tensor:
+        """The encode, the compute steps on the held rows and the output step -> [T, N]."""
+        self._encode()
+        return super().compute_only()
+
+    def comm_only(self) -> torch.Tensor:
+        """Per step the dispatch and the return exchanges -> yout [S, N]."""
+        for s in range(self.plan.n):
+            self._dispatch_step(s)
+            self._combine_step(s)
+        return self.yout
+
+
+class FasterMoEReimplSystem(System):
+    name = "fastermoe_reimpl"
+
+    PARAMS: ClassVar[dict[str, Any]] = {"scope": "gemm+combine", "group_size": 1}
+
+    def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
+        super().__init__(ctx, params)
+        self.scope = str(self.params["scope"])
+        self.group_size = int(self.params["group_size"])
+
+    @classmethod
+    def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
+        scope = params.get("scope", "gemm+combine")
+        if scope not in SCOPES:
+            raise ValueError(f"fastermoe: scope must be one of {SCOPES}, got {scope!r}")
+        g = int_param("fastermoe", "group_size", params.get("group_size", 1), least=1)
+        if spec.world_size % min(g, spec.world_size):
+            raise ValueError(
+                f"fastermoe: group_size {g} must divide the world size {spec.world_size}"
+            )
+
+    def build(self, ranks: list[CellInputs]) -> Step:
+        """The schedule's plan and the step of the `scope` param."""
+        (inputs,) = ranks
+        plan = Plan(inputs.spec, self.ctx.rank, self.group_size)
+        self.extra = {
+            "scope": self.scope,
+            "group_size": plan.g,
+            "steps": plan.n,
+            "host_bound": "one python batch_isend_irecv per (step, expert)",
+        }
+        step_cls = LayerScheduleStep if self.scope == "layer" else CombineScheduleStep
+        return step_cls(inputs, plan)
 
     @property
     def impl(self) -> str:

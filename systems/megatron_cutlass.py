@@ -34,10 +34,86 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from harness.system import CellInputs, System
+import torch
+
+from harness.system import CellInputs, Step, System
 
 #: the `capacity` param's choices (systems/megatron_common.py explains both routes)
 CAPACITIES = ("dropless", "padded")
+
+
+def dropless_blocker(name: str) -> str:
+    """Why a step on Megatron's dropless all-to-all dispatcher cannot be captured."""
+    return (
+        f"{name} capacity=dropless: Megatron's all-to-all dispatcher copies "
+        "tokens_per_expert and the split sizes to the host and waits for them "
+        "(token_dispatcher.py _maybe_dtoh_and_synchronize: d2h_event.synchronize())"
+    )
+
+
+class OperatorStep(Step):
+    """Operator cell (scope gemm+combine) on megatron_common.MegatronOperator `op`, whose
+    setup ran route, preprocess and dispatch: timed = sort by local expert, expert GEMM
+    [R, K] x [E, K, N], probs multiply, unsort, EP all-to-all, unpermute -> out [T, N]."""
+
+    def __init__(self, op: Any, name: str) -> None:
+        self.op, self.name = op, name
+
+    def timed(self) -> torch.Tensor:
+        return self.op.forward()
+
+    def capture_blocker(self) -> str | None:
+        return dropless_blocker(self.name)
+
+    def compute_only(self) -> torch.Tensor:
+        """The experts on the held dispatched rows -> [R, N] (x probs)."""
+        return self.op.compute()
+
+    def comm_only(self) -> torch.Tensor:
+        """The EP all-to-all of the held expert rows [R, N] -> [S, N]."""
+        return self.op.combine(self.op.y_expert)
+
+
+class DroplessLayerStep(Step):
+    """Layer cell (scope layer) on megatron_common.MegatronLayer `op` with the dropless
+    all-to-all dispatcher: timed = the whole MoELayer forward x [T, 1, H] -> out [T, H]."""
+
+    def __init__(self, op: Any, name: str) -> None:
+        self.op, self.name = op, name
+
+    def timed(self) -> torch.Tensor:
+        return self.op.forward()
+
+    def capture_blocker(self) -> str | None:
+        return dropless_blocker(self.name)
+
+    def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts on the held rows [R, H] and the unpermute of the held combine output
+        [T, 1, H]."""
+        return self.op.compute_only()
+
+    def comm_only(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dispatch all-to-alls (rows, probs) and the combine's, on held rows."""
+        return self.op.comm_only()
+
+
+class PaddedLayerStep(DroplessLayerStep):
+    """Layer cell on Megatron's drop-and-pad route (capacity=padded): the same layer forward,
+    with host-constant counts and equal splits, so nothing in it reads the device on the
+    host."""
+
+    def capture_blocker(self) -> str | None:
+        if self.op.spec.world_size > 1:
+            return (
+                f"{self.name} capacity=padded at W > 1: no host read, but the equal-split NCCL "
+                "all-to-all's capture across processes is not tried yet"
+            )
+        if self.op.real_grouped_gemm:
+            return (
+                f"{self.name}: the grouped_gemm package's gmm is not verified under capture "
+                "(not installed where this was checked)"
+            )
+        return None
 
 
 class MegatronCutlassSystem(System):
@@ -81,18 +157,25 @@ class MegatronCutlassSystem(System):
             return f"{cls.name}: Megatron's legacy GroupedMLP runs bf16 only, cell is {spec.dtype}"
         return None
 
-    def setup(self, ranks: list[CellInputs]) -> None:
+    def build(self, ranks: list[CellInputs]) -> Step:
+        """An operator cell's OperatorStep, or a layer cell's DroplessLayerStep or
+        PaddedLayerStep (the `capacity` param)."""
         from systems import megatron_common as mc
 
         mc.pin_cudnn_to_torch()  # before megatron imports Transformer Engine
         (inputs,) = ranks
         self.fusion = mc.resolve_permute_fusion(self.params["permute_fusion"])
-        self.layer = bool(inputs.spec.ffn)
-        self.padded = self.layer and self.params.get("capacity") == "padded"
-        if self.layer:
-            self._setup_layer(mc, inputs)
-            return
-        self.op = mc.MegatronOperator(
+        if not inputs.spec.ffn:
+            return self._operator_step(mc, inputs)
+        if self.params.get("capacity") == "padded":
+            return self._padded_step(mc, inputs)
+        op = mc.MegatronLayer(inputs, self.layer_experts, permute_fusion=self.fusion)
+        self._layer_facts(mc, op, "alltoall")
+        return DroplessLayerStep(op, self.name)
+
+    def _operator_step(self, mc, inputs: CellInputs) -> Step:
+        """The real MoELayer run from the harness's dispatched rows x_recv [R, K]."""
+        op = mc.MegatronOperator(
             inputs.spec,
             self.ctx.rank,
             self.experts_cls(mc),
@@ -103,55 +186,41 @@ class MegatronCutlassSystem(System):
         )
         self._impl = self.impl_name(mc, inputs)
         self.extra = {"megatron_core": mc.mcore_version(), "dispatcher": "alltoall"}
+        return OperatorStep(op, self.name)
 
-    def _setup_layer(self, mc, inputs: CellInputs) -> None:
-        """The real MoELayer, dropless or padded to the cell's no-drop capacity."""
-        factor = mc.no_drop_capacity(inputs.spec)[1] if self.padded else None
-        self.op = mc.MegatronLayer(
+    def _padded_step(self, mc, inputs: CellInputs) -> Step:
+        """The real MoELayer padded to the cell's no-drop capacity; a (token, expert) pair
+        Megatron dropped anyway fails setup (a dropped low-gate pair can pass the check)."""
+        factor = mc.no_drop_capacity(inputs.spec)[1]
+        op = mc.MegatronLayer(
             inputs, self.layer_experts, permute_fusion=self.fusion, capacity_factor=factor
         )
-        route = "alltoall, drop-and-pad" if self.padded else "alltoall"
+        self._layer_facts(mc, op, "alltoall, drop-and-pad")
+        self.extra.update(
+            capacity=op.capacity,
+            expert_rows=op.capacity * inputs.spec.world_size,
+            capacity_factor=factor,
+            dropped_tokens=op.dropped,
+        )
+        if op.dropped:
+            raise RuntimeError(
+                f"{self.name} capacity=padded: Megatron dropped {op.dropped} (token, "
+                f"expert) pairs at capacity {op.capacity} (factor {factor:.6g})"
+            )
+        return PaddedLayerStep(op, self.name)
+
+    def _layer_facts(self, mc, op: Any, route: str) -> None:
+        """impl and extra of a layer cell on MegatronLayer `op` through `route`."""
         self._impl = (
             f"native (mcore {mc.mcore_version()} MoELayer+{route}; "
-            f"experts {self.op.experts_name}, {self.op.gemm})"
+            f"experts {op.experts_name}, {op.gemm})"
         )
         self.extra = {
             "megatron_core": mc.mcore_version(),
             "dispatcher": route,
-            "experts": self.op.experts_name,
-            "gemm": self.op.gemm,
+            "experts": op.experts_name,
+            "gemm": op.gemm,
         }
-        if self.padded:
-            self.extra.update(
-                capacity=self.op.capacity,
-                expert_rows=self.op.capacity * inputs.spec.world_size,
-                capacity_factor=factor,
-                dropped_tokens=self.op.dropped,
-            )
-            if self.op.dropped:  # a dropped low-gate pair can pass the output check
-                raise RuntimeError(
-                    f"{self.name} capacity=padded: Megatron dropped {self.op.dropped} (token, "
-                    f"expert) pairs at capacity {self.op.capacity} (factor {factor:.6g})"
-                )
-
-    def capture_blocker(self) -> str | None:
-        if not self.padded:
-            return (
-                f"{self.name} capacity=dropless: Megatron's all-to-all dispatcher copies "
-                "tokens_per_expert and the split sizes to the host and waits for them "
-                "(token_dispatcher.py _maybe_dtoh_and_synchronize: d2h_event.synchronize())"
-            )
-        if self.op.spec.world_size > 1:
-            return (
-                f"{self.name} capacity=padded at W > 1: no host read, but the equal-split NCCL "
-                "all-to-all's capture across processes is not tried yet"
-            )
-        if self.op.real_grouped_gemm:
-            return (
-                f"{self.name}: the grouped_gemm package's gmm is not verified under capture "
-                "(not installed where this was checked)"
-            )
-        return None
 
     def resolved_params(self) -> dict[str, Any]:
         return {"permute_fusion_used": self.fusion}
@@ -162,19 +231,6 @@ class MegatronCutlassSystem(System):
     def impl_name(self, mc, inputs: CellInputs) -> str:
         backend = mc.gemm_backend(inputs.x_recv, inputs.weights)
         return f"native (mcore {mc.mcore_version()} MoELayer+alltoall; experts {backend})"
-
-    def forward(self):
-        return self.op.forward()
-
-    def compute_only(self):
-        if self.layer:
-            return self.op.compute_only()
-        return self.op.compute()
-
-    def comm_only(self):
-        if self.layer:
-            return self.op.comm_only()
-        return self.op.combine(self.op.y_expert)
 
     @property
     def impl(self) -> str:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from harness.system import System
+import torch
+
+from harness.system import Step
 from harness.workload import WorkloadSpec
 from systems.deepep import UPSTREAM, deepep_version
 from systems.megatron_te import MegatronTESystem
@@ -72,6 +74,24 @@ def flex_limits(spec: WorkloadSpec) -> list[str]:
     return why
 
 
+class FlexLayerStep(Step):
+    """The whole MoELayer forward on megatron_common.MegatronLayer `op` with the flex
+    dispatcher, x [T, 1, H] -> out [T, H]. No bounds: the flex dispatcher's expert step consumes
+    its dispatch's state, so the experts cannot be rerun on held rows."""
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+
+    def timed(self) -> torch.Tensor:
+        return self.op.forward()
+
+    def capture_blocker(self) -> str | None:
+        return (
+            "flex dispatcher on DeepEP's normal kernels: the dispatch waits on the host for the "
+            "received counts, the permute reads their sum"
+        )
+
+
 class MegatronDeepEPSystem(MegatronTESystem):
     name = "megatron_deepep"
     scope = "layer"
@@ -89,35 +109,27 @@ class MegatronDeepEPSystem(MegatronTESystem):
             return f"megatron_deepep (flex dispatcher on {UPSTREAM}): " + "; ".join(why)
         return None
 
-    def setup(self, ranks) -> None:
+    def build(self, ranks) -> Step:
+        """The real MoELayer on the flex dispatcher (DeepEP's normal kernels)."""
         from systems import megatron_common as mc
 
         mc.pin_cudnn_to_torch()  # before megatron imports Transformer Engine
         (inputs,) = ranks
         self.fusion = mc.resolve_permute_fusion(self.params["permute_fusion"])
-        self.layer = True
-        self.op = mc.MegatronLayer(inputs, "te", permute_fusion=self.fusion, config=FLEX)
+        op = mc.MegatronLayer(inputs, "te", permute_fusion=self.fusion, config=FLEX)
         self._impl = (
             f"native (mcore {mc.mcore_version()} MoELayer+flex/deepep {deepep_version()}; "
-            f"experts {self.op.experts_name}, {self.op.gemm})"
+            f"experts {op.experts_name}, {op.gemm})"
         )
         self.extra = {
             "megatron_core": mc.mcore_version(),
             "dispatcher": "flex (deepep)",
             "deep_ep": UPSTREAM,
-            "deepep_num_sms": self.op.config.moe_deepep_num_sms,
-            "experts": self.op.experts_name,
-            "gemm": self.op.gemm,
+            "deepep_num_sms": op.config.moe_deepep_num_sms,
+            "experts": op.experts_name,
+            "gemm": op.gemm,
         }
-
-    def capture_blocker(self) -> str | None:
-        return (
-            "flex dispatcher on DeepEP's normal kernels: the dispatch waits on the host for the "
-            "received counts, the permute reads their sum"
-        )
-
-    compute_only = System.compute_only
-    comm_only = System.comm_only
+        return FlexLayerStep(op)
 
     @property
     def transport(self) -> str:

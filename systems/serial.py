@@ -1,9 +1,10 @@
 """The paper's serial baseline: expert GEMMs, then the combine all-to-all, then scale.
 
-Operator cells (scope gemm+combine), timed region: grouped GEMM over rows sorted by expert
-[R, K] x [E, K, N] -> [R, N], un-permute to source order, all_to_all_single back to the owners,
-gate-weighted scale -> [T, N].
-Layer cells (ffn > 0, scope layer), timed region from x [T, H] and the routing: sort by expert,
+Operator cells (scope gemm+combine; _GemmCombineStep), timed region: grouped GEMM over rows
+sorted by expert [R, K] x [E, K, N] -> [R, N], un-permute to source order, all_to_all_single back
+to the owners, gate-weighted scale -> [T, N].
+Layer cells (ffn > 0, scope layer; _DeviceDispatchLayerStep / _NcclDispatchLayerStep by the
+dispatch used), timed region from x [T, H] and the routing: sort by expert,
 counts exchange, dispatch, rows grouped by expert (skipped where the received (source, expert)
 order already is), fc1, GELU, fc2, back to the received order, combine, scale -> [T, H].
 Param `dispatch` (harness/dispatch_device.py DISPATCHES): at W=1 "device" (the default, auto)
@@ -28,8 +29,134 @@ from harness.experts import (
 )
 from harness.reference import combine
 from harness.scale import Scaler
-from harness.system import CellInputs, System
+from harness.system import CellInputs, RunContext, Step, System
 from harness.workload import WorkloadSpec
+
+
+class _GemmCombineStep(Step):
+    """Operator cell (scope gemm+combine) from the dispatched rows x_recv [R, K]: grouped GEMM
+    over the rows sorted by expert, back to the received order, combine all-to-all to the
+    owners, gate-weighted scale -> out [T, N]. The routing is fixed per cell, so the sort, its
+    inverse and the expert offsets are made here, untimed."""
+
+    def __init__(self, inputs: CellInputs, group) -> None:
+        lay, dev = inputs.layout, inputs.x_recv.device
+        self.lay, self.group = lay, group
+        self.scale = Scaler.for_layout(lay, dev)  # indices on the device, built untimed
+        perm = torch.sort(lay.recv_expert, stable=True).indices.to(dev)
+        self.inv_perm = torch.empty_like(perm)  # [R] sorted row of each received row
+        self.inv_perm[perm] = torch.arange(perm.numel(), device=dev)
+        self.x_sorted = inputs.x_recv.index_select(0, perm).contiguous()  # [R, K] by expert
+        self.counts = lay.expert_counts.tolist()  # [E] rows per local expert (host)
+        # expert offsets [E] int32 on the device from setup (as the overlap system's plan,
+        # built untimed): built from host counts they would cost a host-to-device copy every
+        # forward (until 9dfcb31 a blocking one, a stream sync)
+        self.offs = device_offsets(self.counts, dev)
+        self.weights = inputs.weights  # [E, K, N]
+        self.y_recv = self.gemm()  # [R, N]: one untimed forward's rows, for the bounds
+        self.y_back = combine(self.y_recv, lay, group)  # [S, N]
+        self.gemm_impl = expert_gemm_impl(self.x_sorted, self.weights)
+        self.blocker = None
+        if inputs.spec.world_size > 1:
+            self.blocker = "serial operator at W > 1: NCCL capture across processes not tried yet"
+
+    def gemm(self) -> torch.Tensor:
+        """The grouped GEMM [R, K] x [E, K, N], back in the received order [R, N]."""
+        y = expert_gemm(self.x_sorted, self.counts, self.weights, self.offs)
+        return y.index_select(0, self.inv_perm)
+
+    def timed(self) -> torch.Tensor:
+        return self.scale(combine(self.gemm(), self.lay, self.group))
+
+    def capture_blocker(self) -> str | None:
+        return self.blocker
+
+    def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scale of the held combine's rows [T, N] and the GEMM [R, N]: all but the
+        all-to-all."""
+        return self.scale(self.y_back), self.gemm()
+
+    def comm_only(self) -> torch.Tensor:
+        """The combine all-to-all of the held expert rows [R, N] -> [S, N]."""
+        return combine(self.y_recv, self.lay, self.group)
+
+
+class _LayerStep(Step):
+    """Layer cell (ffn > 0, scope layer) from x [T, H], expert_ids [T, k] and gate [T, k]:
+    dispatch (counts exchange, rows), rows grouped by expert, fc1 W1 [E, H, F], GELU, fc2
+    W2 [E, F, H], back to the received order, combine, scale -> out [T, H]. `dispatch(x, ids)`
+    -> harness.dispatch.Dispatched is the subclass's; one untimed forward is held for the
+    bounds."""
+
+    #: extra's host_syncs: the host synchronisations of one step
+    host_syncs = 1
+
+    def __init__(self, inputs: CellInputs, dispatch, group) -> None:
+        spec = inputs.spec
+        self.x, self.ids, self.gate = inputs.x, inputs.expert_ids, inputs.gate
+        self.w1, self.w2 = inputs.w1, inputs.weights
+        self.dispatch, self.group = dispatch, group
+        self.top_k, self.rows = spec.top_k, spec.tokens_per_rank * spec.top_k
+        self.d = dispatch(self.x, self.ids)  # held, for the bounds
+        self.xs = ld.to_expert_order(self.d, self.d.x_recv)  # [R, H] grouped by expert
+        self.y_recv = ld.from_expert_order(self.d, self.experts(self.d, self.xs))  # [R, H]
+        self.y_back = ld.combine(self.d, self.y_recv, group)  # [S, H]
+        self.gemm_impl = expert_gemm_impl(self.xs, self.w1)
+
+    def experts(self, d: ld.Dispatched, xs: torch.Tensor) -> torch.Tensor:
+        """fc1, GELU, fc2 over xs [R, H] grouped by expert -> [R, H]."""
+        return ffn_experts(xs, d.expert_rows, self.w1, self.w2, d.offs)
+
+    def timed(self) -> torch.Tensor:
+        d = self.dispatch(self.x, self.ids)
+        y = self.experts(d, ld.to_expert_order(d, d.x_recv))
+        back = ld.combine(d, ld.from_expert_order(d, y), self.group)
+        return Scaler.on_device(d.pos, self.gate, self.rows)(back)
+
+    def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scale of the held combine's rows [T, H] and the experts on the held dispatch's
+        rows [R, H]: all but the all-to-alls."""
+        d = self.d
+        y = ld.from_expert_order(d, self.experts(d, ld.to_expert_order(d, d.x_recv)))
+        return Scaler.on_device(d.pos, self.gate, self.rows)(self.y_back), y
+
+    def comm_only(self) -> torch.Tensor:
+        """The dispatch's row all-to-all and the combine's, with the held dispatch's splits."""
+        ld.redispatch(self.d, self.x, self.top_k, self.group)
+        return ld.combine(self.d, self.y_recv, self.group)
+
+
+class _NcclDispatchLayerStep(_LayerStep):
+    """dispatch=nccl: harness/dispatch.py's all-to-all dispatch, whose split sizes the host
+    reads (what W > 1 runs, one process per rank)."""
+
+    def __init__(self, inputs: CellInputs, group) -> None:
+        spec = inputs.spec
+        dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, group)
+        super().__init__(inputs, dispatch, group)
+
+    def capture_blocker(self) -> str | None:
+        return "dispatch=nccl: the split sizes' host sync"
+
+
+class _DeviceDispatchLayerStep(_LayerStep):
+    """dispatch=device (W=1): every row stays, the dispatch reads nothing on the host
+    (harness/dispatch_device.py), so the step captures where the grouped GEMM is
+    torch._grouped_mm (its per-expert fallback reads the counts on the host)."""
+
+    def __init__(self, inputs: CellInputs, group) -> None:
+        spec = inputs.spec
+        played = PlayedDispatch(
+            1, spec.experts_per_rank, spec.tokens_per_rank, spec.top_k, inputs.x
+        )
+        super().__init__(inputs, lambda x, ids: played([x], [ids])[0], group)
+        self.grouped_mm = grouped_mm_usable(self.xs, self.w1)
+        self.host_syncs = 0 if self.grouped_mm else 1
+
+    def capture_blocker(self) -> str | None:
+        if not self.grouped_mm:
+            return "the per-expert matmul fallback needs the expert counts on the host"
+        return None
 
 
 class SerialSystem(System):
@@ -37,6 +164,11 @@ class SerialSystem(System):
     overlaps = False  # the combine runs after the experts
     layer_scope = True
     PARAMS = {"dispatch": "auto"}
+
+    def __init__(self, ctx: RunContext, params: dict) -> None:
+        super().__init__(ctx, params)
+        self._impl = ""
+        self._resolved: dict = {}
 
     @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict) -> str | None:
@@ -55,104 +187,27 @@ class SerialSystem(System):
                 f"serial: dispatch must be one of {DISPATCHES}, got {params['dispatch']!r}"
             )
 
-    def setup(self, ranks: list[CellInputs]) -> None:
+    def build(self, ranks: list[CellInputs]) -> Step:
+        """An operator cell's GEMM + combine step, or a layer cell's with the dispatch the
+        `dispatch` param resolves to."""
         (inputs,) = ranks
-        if inputs.spec.ffn:
-            self._setup_layer(inputs)
-            return
-        self.layer = False
-        self.W = inputs.spec.world_size
-        lay = inputs.layout
-        dev = inputs.x_recv.device
-        self.lay = lay
-        self.tokens = inputs.spec.tokens_per_rank
-        self.scale = Scaler.for_layout(lay, dev)  # indices on the device, built untimed
-        perm = torch.sort(lay.recv_expert, stable=True).indices.to(dev)
-        self.inv_perm = torch.empty_like(perm)
-        self.inv_perm[perm] = torch.arange(perm.numel(), device=dev)
-        self.x_sorted = inputs.x_recv.index_select(0, perm).contiguous()
-        self.counts = lay.expert_counts.tolist()
-        # the routing is fixed per cell, so the expert offsets live on the device from setup
-        # (as the overlap system's plan, built untimed): built from host counts they would cost
-        # a host-to-device copy every forward (until 9dfcb31 a blocking one, a stream sync)
-        self.offs = device_offsets(self.counts, dev)
-        self.weights = inputs.weights
-        self.y_recv = self._gemm()
-        self.y_back = combine(self.y_recv, self.lay, self.ctx.group)
-        self._impl = expert_gemm_impl(self.x_sorted, self.weights)
-
-    def _setup_layer(self, inputs: CellInputs) -> None:
         spec = inputs.spec
-        self.layer = True
-        self.W = spec.world_size
-        self.x, self.ids, self.gate = inputs.x, inputs.expert_ids, inputs.gate
-        self.w1, self.w2 = inputs.w1, inputs.weights
-        self.used = dispatch_used(self.params["dispatch"], spec.world_size, spec.world_size == 1)
-        if self.used == "device":  # W=1: every row stays, no host sync
-            T, k = spec.tokens_per_rank, spec.top_k
-            played = PlayedDispatch(1, spec.experts_per_rank, T, k, self.x)
-            self.dispatch = lambda x, ids: played([x], [ids])[0]
+        if not spec.ffn:
+            step = _GemmCombineStep(inputs, self.ctx.group)
+            self._impl = step.gemm_impl
+            return step
+        used = dispatch_used(self.params["dispatch"], spec.world_size, spec.world_size == 1)
+        if used == "device":
+            step = _DeviceDispatchLayerStep(inputs, self.ctx.group)
         else:
-            self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, self.ctx.group)
-        self.rows = spec.tokens_per_rank * spec.top_k
-        # one untimed forward's state, for the bounds
-        self.d = self.dispatch(self.x, self.ids)
-        self.xs = ld.to_expert_order(self.d, self.d.x_recv)
-        self.y_recv = ld.from_expert_order(self.d, self._experts(self.d, self.xs))
-        self.y_back = ld.combine(self.d, self.y_recv, self.ctx.group)
-        self._impl = expert_gemm_impl(self.xs, self.w1)
-        host_free = self.used == "device" and grouped_mm_usable(self.xs, self.w1)
-        self.extra = {"host_syncs": 0 if host_free else 1, "permute": self.d.expert_pos is not None}
-
-    def _gemm(self) -> torch.Tensor:
-        """Operator cells: the grouped GEMM, back in the received order [R, N]."""
-        y = expert_gemm(self.x_sorted, self.counts, self.weights, self.offs)
-        return y.index_select(0, self.inv_perm)
-
-    def _experts(self, d: ld.Dispatched, xs: torch.Tensor) -> torch.Tensor:
-        return ffn_experts(xs, d.expert_rows, self.w1, self.w2, d.offs)
-
-    def _layer(self) -> torch.Tensor:
-        d = self.dispatch(self.x, self.ids)
-        y = self._experts(d, ld.to_expert_order(d, d.x_recv))
-        back = ld.combine(d, ld.from_expert_order(d, y), self.ctx.group)
-        return Scaler.on_device(d.pos, self.gate, self.rows)(back)
-
-    def forward(self) -> torch.Tensor:
-        if self.layer:
-            return self._layer()
-        return self.scale(combine(self._gemm(), self.lay, self.ctx.group))
-
-    def capture_blocker(self) -> str | None:
-        if not self.layer:
-            if self.W == 1:
-                return None
-            return "serial operator at W > 1: NCCL capture across processes not tried yet"
-        if self.used != "device":
-            return "dispatch=nccl: the split sizes' host sync"
-        if not grouped_mm_usable(self.xs, self.w1):
-            return "the per-expert matmul fallback needs the expert counts on the host"
-        return None
+            step = _NcclDispatchLayerStep(inputs, self.ctx.group)
+        self._impl = step.gemm_impl
+        self._resolved = {"dispatch_used": used}
+        self.extra = {"host_syncs": step.host_syncs, "permute": step.d.expert_pos is not None}
+        return step
 
     def resolved_params(self) -> dict:
-        return {"dispatch_used": self.used} if self.layer else {}
-
-    def compute_only(self) -> torch.Tensor:
-        """Everything forward does except the all-to-all(s) (scale reads the last combine's
-        rows; a layer cell's experts read the last dispatch's rows)."""
-        if self.layer:
-            d = self.d
-            y = ld.from_expert_order(d, self._experts(d, ld.to_expert_order(d, d.x_recv)))
-            return Scaler.on_device(d.pos, self.gate, self.rows)(self.y_back), y
-        return self.scale(self.y_back), self._gemm()
-
-    def comm_only(self) -> torch.Tensor:
-        """The combine all-to-all (layer cells: the dispatch's too, same splits)."""
-        if self.layer:
-            d, g = self.d, self.ctx.group
-            ld.redispatch(d, self.x, self.ids.shape[1], g)
-            return ld.combine(d, self.y_recv, g)
-        return combine(self.y_recv, self.lay, self.ctx.group)
+        return dict(self._resolved)
 
     @property
     def impl(self) -> str:

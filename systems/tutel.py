@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from harness.system import CellInputs, System, int_param, list_param
+from harness.system import CellInputs, Step, System, int_param, list_param
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
 
@@ -51,6 +51,27 @@ def dropless_capacity(spec: WorkloadSpec) -> int:
         int(torch.bincount(ids[r].reshape(-1), minlength=spec.n_experts).max())
         for r in range(spec.world_size)
     )
+
+
+class MoeLayerStep(Step):
+    """Tutel's moe_layer on this rank's tokens x [T, K] at a2a_ffn_overlap_degree `degree`
+    (set by the tuning) -> out [T, N]. Its router stub is the cell's routing, rebuilt from
+    expert_ids [T, k] and gate [T, k] on every forward (as Megatron's stub does), so new
+    routing copied into those tensors is followed."""
+
+    def __init__(self, layer: Any, inputs: CellInputs) -> None:
+        self.layer, self.x = layer, inputs.x
+        self.ids, self.gate = inputs.expert_ids, inputs.gate  # [T, k], read on every forward
+        self.degree = 1
+        G = inputs.spec.n_experts
+        layer.gates[0].forward = lambda x: router_logits(self.ids, self.gate, G)
+
+    def timed(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self.layer(self.x, a2a_ffn_overlap_degree=self.degree)
+
+    def capture_blocker(self) -> str | None:
+        return "tutel: its step is not declared capturable"
 
 
 class TutelSystem(System):
@@ -97,45 +118,42 @@ class TutelSystem(System):
             )
         return None
 
-    def setup(self, ranks: list[CellInputs]) -> None:
+    def build(self, ranks: list[CellInputs]) -> Step:
+        """Tutel's moe_layer with the cell's experts, its degree tuned on the cell."""
         from tutel import moe as tutel_moe
 
         (inputs,) = ranks
         spec, ctx, dev = inputs.spec, self.ctx, inputs.x.device
-        self.ids, self.gate = inputs.expert_ids, inputs.gate  # [T, k], read on every forward
         cf = float(self.params["capacity_factor"])
         if spec.ffn:
             fc1_w, fc2_w = tutel_ffn_weights(inputs.w1, inputs.weights)
             experts = {"type": "custom", "module": _tutel_ffn(), "fc1_w": fc1_w, "fc2_w": fc2_w}
         else:
             experts = {"type": "custom", "module": _TutelSingleGemm, "weight": inputs.weights}
-        self.layer = tutel_moe.moe_layer(
+        layer = tutel_moe.moe_layer(
             gate_type={"type": "top", "k": spec.top_k, "capacity_factor": cf, "fp32_gate": True},
             model_dim=spec.hidden,
             experts={**experts, "count_per_node": spec.experts_per_rank},
             group=ctx.group or dist.group.WORLD,
         ).to(dev)
-        # router stub: the cell's routing, rebuilt from expert_ids / gate on every forward (as
-        # Megatron's stub does), so new routing copied into those tensors is followed
-        G = spec.n_experts
-        self.layer.gates[0].forward = lambda x: router_logits(self.ids, self.gate, G)
-        self.x = inputs.x
-        self.degree = self._tune(candidates(self.params))
+        step = MoeLayerStep(layer, inputs)
+        step.degree = self._tune(step, candidates(self.params))
         self.extra.update(
             capacity_factor=cf,
             dropless=cf == 0,
             tutel_version=_version(),
             experts="tutel.experts.ffn.FusedExpertsNetwork" if spec.ffn else "single GEMM",
         )
+        return step
 
-    def _tune(self, degrees: list[int]) -> int:
+    def _tune(self, step: MoeLayerStep, degrees: list[int]) -> int:
         """The candidate d with the lowest median layer time (max over ranks: all agree)."""
         times = {}
         if len(degrees) > 1:
             for d in degrees:
-                self.degree = d
+                step.degree = d
                 t = time_fn(
-                    self.forward,
+                    step.timed,
                     device=self.ctx.device,
                     group=self.ctx.group,
                     warmup=1,
@@ -147,12 +165,8 @@ class TutelSystem(System):
         self.extra["degree_ms"] = {str(d): round(v, 4) for d, v in times.items()}
         return best
 
-    def forward(self) -> torch.Tensor:
-        with torch.no_grad():
-            return self.layer(self.x, a2a_ffn_overlap_degree=self.degree)
-
     def resolved_params(self) -> dict[str, Any]:
-        return {"degree_tuned": self.degree}
+        return {"degree_tuned": self.extra.get("degree", 0)}
 
     @property
     def impl(self) -> str:

@@ -16,10 +16,11 @@ any (source rank, global expert) pair has, so no token is dropped and the output
 reference. On the CPU (gloo) there are no streams: the same chunk order runs without them.
 
 Scope (param `scope`):
-  "gemm+combine" (default): setup runs the chunked dispatch once (untimed); the timed region is
-      per chunk expert GEMM + combine all-to-all, then decode (gate-weighted sum) -> [T, N].
-  "layer": the timed region also encodes x into the padded layout and runs the d dispatch
-      all-to-alls (Tutel's full pipeline).
+  "gemm+combine" (default, ChunkedCombineStep): setup runs the chunked dispatch once
+      (untimed); the timed region is per chunk expert GEMM + combine all-to-all, then decode
+      (gate-weighted sum) -> [T, N].
+  "layer" (ChunkedLayerStep): the timed region also encodes x into the padded layout and runs
+      the d dispatch all-to-alls (Tutel's full pipeline).
 
 Buffers (reimpl), Cc = C / d rows per (expert, chunk), G = W * E global experts:
   xs [d, G*Cc, K]   padded send buffer of this rank's tokens (chunk-major)
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from harness.layout import send_order
-from harness.system import CellInputs, RunContext, System
+from harness.system import CellInputs, RunContext, Step, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
 from systems.tutel import check_tuning
@@ -88,93 +89,31 @@ class _State:
     yr: torch.Tensor
 
 
-class TutelReimplSystem(System):
-    name = "tutel_reimpl"
-    PARAMS: ClassVar[dict[str, Any]] = {
-        "scope": "gemm+combine",
-        "degrees": list(DEFAULT_DEGREES),
-        "degree": 0,
-        "tune_iters": 3,
-    }
+class ChunkedCombineStep(Step):
+    """Scope gemm+combine: the chunked dispatch ran once per degree (set_degree, untimed); the
+    timed region is per chunk the expert GEMM and the combine all-to-all, then the decode
+    -> out [T, N]. Buffers of the degree in `st` (module doc)."""
 
-    def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
-        super().__init__(ctx, params)
-        self.scope = str(self.params["scope"])
-        self.st: _State | None = None
-
-    @classmethod
-    def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        scope = params.get("scope", "gemm+combine")
-        if scope not in SCOPES:
-            raise ValueError(f"tutel: scope must be one of {SCOPES}, got {scope!r}")
-        check_tuning(params)
-        degrees = _degrees(params)
-        if not degrees or any(int(d) < 1 for d in degrees):
-            raise ValueError(f"tutel degrees must be positive integers, got {degrees}")
-
-    # setup ---------------------------------------------------------------------------------
-
-    def setup(self, ranks: list[CellInputs]) -> None:
-        (inputs,) = ranks
-        spec = inputs.spec
-        self.spec, self.lay = spec, inputs.layout
-        self.x, self.weights = inputs.x, inputs.weights
-        self.gates = routing_of(spec).gate_weights[self.ctx.rank].to(inputs.x.device)  # [T, k]
-        self.degrees = _degrees(self.params)
-        cnt = expert_counts(spec)
-        self.cap_max = max(int(cnt.max()), 1)
-        self.extra = {"scope": self.scope, "capacity_max": self.cap_max}
+    def __init__(self, inputs: CellInputs, rank: int, group, cap_max: int) -> None:
+        self.spec, self.lay, self.rank, self.group = inputs.spec, inputs.layout, rank, group
+        self.x, self.weights = inputs.x, inputs.weights  # [T, K], [E, K, N]
+        self.gates = routing_of(self.spec).gate_weights[rank].to(inputs.x.device)  # [T, k]
+        self.cap_max = cap_max  # the busiest (source rank, global expert) pair's rows
         dev = inputs.x.device
         self.comm = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
-        self._tune()
+        self.st: _State | None = None
 
-    def _tune(self) -> None:
-        """Pick d: the candidate with the lowest median forward time (same on every rank)."""
-        times: dict[int, float] = {}
-        oom: list[int] = []
-        if len(self.degrees) > 1:
-            iters = int(self.params.get("tune_iters", 3))
-            for d in self.degrees:
-                try:
-                    self._build(d)
-                except torch.cuda.OutOfMemoryError:
-                    oom.append(d)  # every rank skips it: _build agrees on the failure
-                    continue
-                t = time_fn(
-                    self.forward,
-                    device=self.ctx.device,
-                    group=self.ctx.group,
-                    warmup=1,
-                    iters=iters,
-                )
-                times[d] = t.median_ms
-            if not times:
-                raise torch.cuda.OutOfMemoryError(
-                    f"tutel padded buffers (capacity {self.cap_max}) fit for no degree in {oom}"
-                )
-            best = min(times, key=times.get)
-        else:
-            best = self.degrees[0]
-        self._build(best)
-        self.extra["degree"] = best
-        self.extra["degree_ms"] = {str(d): round(v, 4) for d, v in times.items()}
-        if oom:
-            self.extra["degree_oom"] = oom
-        if self.st is not None:
-            W, E = self.spec.world_size, self.spec.experts_per_rank
-            self.extra["capacity"] = self.st.degree * self.st.chunk_rows
-            self.extra["rows_computed"] = W * E * self.st.degree * self.st.chunk_rows
-            self.extra["rows_real"] = int(self.lay.recv_counts.sum())
-
-    def _build(self, d: int) -> None:
+    def set_degree(self, d: int) -> None:
+        """Buffers for degree d (capacity padded to a multiple of d), the previous degree's
+        freed first; an out-of-memory on any rank raises on every rank."""
         self.st = None  # free the previous degree's buffers first
         spec, dev = self.spec, self.x.device
         W, E, K, N = spec.world_size, spec.experts_per_rank, spec.hidden, spec.out
         G = W * E
         cc = -(-self.cap_max // d)  # ceil: capacity padded to a multiple of d
         dt = self.x.dtype
-        idx = padded_slots(spec, self.ctx.rank, cc, d)
-        order, _ = send_order(spec, self.ctx.rank)  # pair index t*k + j of each send row
+        idx = padded_slots(spec, self.rank, cc, d)
+        order, _ = send_order(spec, self.rank)  # pair index t*k + j of each send row
         idx_tk = torch.empty_like(idx)
         idx_tk[order] = idx
 
@@ -197,10 +136,13 @@ class TutelReimplSystem(System):
         self.st = self._agreed(alloc)
         self.ev_in = [_event(dev) for _ in range(d)]
         self.ev_out = [_event(dev) for _ in range(d)]
-        if self.scope == "gemm+combine":
-            self._encode()
-            for c in range(d):
-                self._a2a(self.st.xr[c], self.st.xs[c])
+        self.setup_dispatch()
+
+    def setup_dispatch(self) -> None:
+        """The d dispatch all-to-alls, once and untimed: xr holds every chunk from here on."""
+        self._encode()
+        for c in range(self.st.degree):
+            self._a2a(self.st.xr[c], self.st.xs[c])
 
     def _agreed(self, alloc):
         """Run alloc() on every rank; if it runs out of memory on any rank, raise on all.
@@ -214,7 +156,7 @@ class TutelReimplSystem(System):
         except torch.cuda.OutOfMemoryError:
             ok = 0.0
         flag = torch.tensor([ok], device=self.x.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.ctx.group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         if flag.item() == 0.0:
             out = None
             raise torch.cuda.OutOfMemoryError(
@@ -231,7 +173,7 @@ class TutelReimplSystem(System):
         st.xs.view(-1, self.spec.hidden).index_copy_(0, st.idx, rows)
 
     def _a2a(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        dist.all_to_all_single(out, inp, group=self.ctx.group)
+        dist.all_to_all_single(out, inp, group=self.group)
 
     def _expert(self, c: int) -> None:
         """Chunk c: xr[c] [W, E, Cc, K] -> [E, W*Cc, K] @ B [E, K, N] -> ys[c] [W, E, Cc, N]."""
@@ -256,31 +198,29 @@ class TutelReimplSystem(System):
         rows = self.st.yr.view(-1, N).index_select(0, self.st.idx_tk).view(T, k, N)
         return (rows.float() * self.gates[:, :, None]).sum(1).to(rows.dtype)
 
-    def forward(self) -> torch.Tensor:
+    # the timed region ----------------------------------------------------------------------
+
+    def _dispatch(self, cur) -> None:
+        """What the timed region runs before the chunks' experts, on the current stream `cur`
+        (None on the CPU): here, only let the comm stream follow (the previous iteration's
+        decode has read yr)."""
+        if cur is not None:
+            self.comm.wait_stream(cur)
+
+    def _wait_rows(self, cur, c: int) -> None:
+        """Make stream `cur` wait for chunk c's received rows (here: there since setup)."""
+
+    def timed(self) -> torch.Tensor:
         st, comm, d = self.st, self.comm, self.st.degree
-        layer = self.scope == "layer"
-        if comm is None:  # CPU / gloo: the same chunk order, no streams
-            if layer:
-                self._encode()
-                for c in range(d):
-                    self._a2a(st.xr[c], st.xs[c])
+        cur = torch.cuda.current_stream() if comm is not None else None
+        self._dispatch(cur)
+        if cur is None:  # CPU / gloo: the same chunk order, no streams
             for c in range(d):
                 self._expert(c)
                 self._a2a(st.yr[c], st.ys[c])
             return self._decode()
-        cur = torch.cuda.current_stream()
-        if layer:
-            self._encode()
-            comm.wait_stream(cur)
-            with torch.cuda.stream(comm):
-                for c in range(d):
-                    self._a2a(st.xr[c], st.xs[c])
-                    self.ev_in[c].record(comm)
-        else:
-            comm.wait_stream(cur)  # the previous iteration's decode has read yr
         for c in range(d):
-            if layer:
-                cur.wait_event(self.ev_in[c])
+            self._wait_rows(cur, c)
             self._expert(c)
             self.ev_out[c].record(cur)
             with torch.cuda.stream(comm):
@@ -289,20 +229,127 @@ class TutelReimplSystem(System):
         cur.wait_stream(comm)
         return self._decode()
 
-    def compute_only(self) -> object:
-        if self.scope == "layer":
-            self._encode()
+    def capture_blocker(self) -> str | None:
+        return "tutel_reimpl: its step is not declared capturable"
+
+    def compute_only(self) -> torch.Tensor:
+        """Every chunk's expert GEMM on the held rows, then the decode -> [T, N]."""
         for c in range(self.st.degree):
             self._expert(c)
         return self._decode()
 
-    def comm_only(self) -> object:
+    def comm_only(self) -> torch.Tensor:
+        """Every chunk's combine all-to-all of the held expert rows -> yr [d, G*Cc, N]."""
         st = self.st
         for c in range(st.degree):
-            if self.scope == "layer":
-                self._a2a(st.xr[c], st.xs[c])
             self._a2a(st.yr[c], st.ys[c])
         return st.yr
+
+
+class ChunkedLayerStep(ChunkedCombineStep):
+    """Scope layer: the timed region also encodes x into the padded layout and runs the d
+    dispatch all-to-alls on the comm stream, each chunk's expert waiting for its chunk."""
+
+    def setup_dispatch(self) -> None:
+        """Nothing: the timed region dispatches."""
+
+    def _dispatch(self, cur) -> None:
+        """Encode, then the d dispatch all-to-alls (on the comm stream, recording ev_in[c])."""
+        st = self.st
+        self._encode()
+        if cur is None:
+            for c in range(st.degree):
+                self._a2a(st.xr[c], st.xs[c])
+            return
+        self.comm.wait_stream(cur)
+        with torch.cuda.stream(self.comm):
+            for c in range(st.degree):
+                self._a2a(st.xr[c], st.xs[c])
+                self.ev_in[c].record(self.comm)
+
+    def _wait_rows(self, cur, c: int) -> None:
+        cur.wait_event(self.ev_in[c])
+
+    def compute_only(self) -> torch.Tensor:
+        """The encode, every chunk's expert GEMM on the held rows, the decode -> [T, N]."""
+        self._encode()
+        return super().compute_only()
+
+    def comm_only(self) -> torch.Tensor:
+        """Per chunk the dispatch and the combine all-to-alls -> yr [d, G*Cc, N]."""
+        st = self.st
+        for c in range(st.degree):
+            self._a2a(st.xr[c], st.xs[c])
+            self._a2a(st.yr[c], st.ys[c])
+        return st.yr
+
+
+class TutelReimplSystem(System):
+    name = "tutel_reimpl"
+    PARAMS: ClassVar[dict[str, Any]] = {
+        "scope": "gemm+combine",
+        "degrees": list(DEFAULT_DEGREES),
+        "degree": 0,
+        "tune_iters": 3,
+    }
+
+    def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
+        super().__init__(ctx, params)
+        self.scope = str(self.params["scope"])
+
+    @classmethod
+    def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
+        scope = params.get("scope", "gemm+combine")
+        if scope not in SCOPES:
+            raise ValueError(f"tutel: scope must be one of {SCOPES}, got {scope!r}")
+        check_tuning(params)
+        degrees = _degrees(params)
+        if not degrees or any(int(d) < 1 for d in degrees):
+            raise ValueError(f"tutel degrees must be positive integers, got {degrees}")
+
+    def build(self, ranks: list[CellInputs]) -> Step:
+        """The step of the `scope` param at the degree tuned on the cell."""
+        (inputs,) = ranks
+        cap_max = max(int(expert_counts(inputs.spec).max()), 1)
+        self.extra = {"scope": self.scope, "capacity_max": cap_max}
+        step_cls = ChunkedLayerStep if self.scope == "layer" else ChunkedCombineStep
+        step = step_cls(inputs, self.ctx.rank, self.ctx.group, cap_max)
+        self._tune(step, _degrees(self.params))
+        return step
+
+    def _tune(self, step: ChunkedCombineStep, degrees: list[int]) -> None:
+        """Pick d: the candidate with the lowest median forward time (same on every rank)."""
+        times: dict[int, float] = {}
+        oom: list[int] = []
+        if len(degrees) > 1:
+            iters = int(self.params.get("tune_iters", 3))
+            for d in degrees:
+                try:
+                    step.set_degree(d)
+                except torch.cuda.OutOfMemoryError:
+                    oom.append(d)  # every rank skips it: set_degree agrees on the failure
+                    continue
+                t = time_fn(
+                    step.timed, device=self.ctx.device, group=self.ctx.group, warmup=1, iters=iters
+                )
+                times[d] = t.median_ms
+            if not times:
+                raise torch.cuda.OutOfMemoryError(
+                    f"tutel padded buffers (capacity {step.cap_max}) fit for no degree in {oom}"
+                )
+            best = min(times, key=times.get)
+        else:
+            best = degrees[0]
+        step.set_degree(best)
+        self.extra["degree"] = best
+        self.extra["degree_ms"] = {str(d): round(v, 4) for d, v in times.items()}
+        if oom:
+            self.extra["degree_oom"] = oom
+        if step.st is not None:
+            W, E = step.spec.world_size, step.spec.experts_per_rank
+            self.extra["capacity"] = step.st.degree * step.st.chunk_rows
+            self.extra["rows_computed"] = W * E * step.st.degree * step.st.chunk_rows
+            self.extra["rows_real"] = int(step.lay.recv_counts.sum())
 
     def resolved_params(self) -> dict[str, Any]:
         return {"degree_tuned": self.extra.get("degree", 0)}

@@ -255,14 +255,14 @@ def test_deepep_matches_the_oracle_through_the_low_latency_contract(fake_deep_ep
 
 def test_deepep_holds_one_buffer_and_grows_it(fake_deep_ep) -> None:
     small = _spec(tokens_per_rank=40, hidden=32, ffn=48, experts_per_rank=4, dtype="float32")
-    first = _deepep(small).buffer
-    assert _deepep(small).buffer is first  # the same cell: reused
+    first = _deepep(small).step.buffer
+    assert _deepep(small).step.buffer is first  # the same cell: reused
     big = WorkloadSpec(**{**small.__dict__, "tokens_per_rank": 600})  # 2 (M + 1) > 1024
-    grown = _deepep(big).buffer
+    grown = _deepep(big).step.buffer
     assert grown is not first and first.destroyed and not grown.destroyed
     assert grown.nvshmem_qp_depth == 1202 and grown.qps == 4
     assert grown.num_rdma_bytes == ll_rdma_bytes(600, 32, 1, 4)
-    assert _deepep(small).buffer is grown  # a smaller cell fits the grown one
+    assert _deepep(small).step.buffer is grown  # a smaller cell fits the grown one
     assert len(_FakeBuffer.made) == 2
 
 

@@ -76,10 +76,10 @@ def _dropless_cell(ctx: RunContext, spec: WorkloadSpec, rank: int) -> dict:
         "bounds": [
             list(y.shape) == [inp.x_recv.shape[0], spec.hidden],
             list(unperm.shape) == [spec.tokens_per_rank, 1, spec.hidden],
-            torch.equal(disp, system.op.disp),
+            torch.equal(disp, system.step.op.disp),
             list(back.shape) == [R, spec.hidden],
         ],
-        "disp_is_x_recv": torch.equal(system.op.disp, inp.x_recv),
+        "disp_is_x_recv": torch.equal(system.step.op.disp, inp.x_recv),
         "extra": system.extra,
         "blocker": system.capture_blocker(),
     }
@@ -105,7 +105,7 @@ def _padded_cell(ctx: RunContext, spec: WorkloadSpec, rank: int, name: str = "pa
         "routing": spec.routing,
         "ok": [first.ok, again.ok],
         "extra": system.extra,
-        "rows": list(system.op.disp.shape),
+        "rows": list(system.step.op.disp.shape),
         "blocker": system.capture_blocker(),
     }
 

@@ -129,15 +129,13 @@ def test_extra_bounds_are_timed_into_metrics():
     from types import SimpleNamespace
 
     from harness import measure
-    from harness.system import RunContext, System
+    from harness.system import RunContext, Step, System
     from harness.workload import WorkloadSpec
 
     calls = []
 
-    class Fake(System):
-        name = "fake"
-
-        def forward(self):
+    class FakeStep(Step):
+        def timed(self):
             return torch.ones(4, 2)
 
         def compute_only(self):
@@ -149,10 +147,18 @@ def test_extra_bounds_are_timed_into_metrics():
         def extra_bounds(self):
             return {"shared": lambda: calls.append("shared")}
 
+    class Fake(System):
+        name = "fake"
+
+        def build(self, ranks):
+            return FakeStep()
+
     ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
     spec = WorkloadSpec(4, 8, 2, 2, 1, 2, "balanced", dtype="float32")
     row = Row(experiment="e", system="fake", cell_hash="h")
-    p = measure._Prepared(row, Fake(ctx, {}), torch.ones(4, 2), spec)
+    fake = Fake(ctx, {})
+    fake.setup([])
+    p = measure._Prepared(row, fake, torch.ones(4, 2), spec)
     p.samples = [1.0, 1.1, 0.9]
     cfg = SimpleNamespace(measure=SimpleNamespace(iters=3, warmup=1, tol=1e-3))
     out = measure.finish_cell(ctx, cfg, p)
@@ -163,4 +169,4 @@ def test_extra_bounds_are_timed_into_metrics():
     import json
 
     assert json.loads(out.extra)["samples_ms"] == [1.0, 1.1, 0.9]  # every timed iteration
-    assert System.extra_bounds(Fake(ctx, {})) == {}
+    assert Step().extra_bounds() == {} and not Step().has_bounds() and FakeStep().has_bounds()

@@ -42,9 +42,10 @@ def test_operator_step_passes_the_offsets_made_in_setup(monkeypatch):
         _, y = system.compute_only()
     finally:
         dist.destroy_process_group()
-    assert len(seen) == 3 and all(o is system.offs for o in seen)  # setup, forward, compute
-    assert system.offs.dtype == torch.int32
-    assert system.offs.tolist() == torch.cumsum(lay.expert_counts, 0).tolist()
+    offs = system.step.offs
+    assert len(seen) == 3 and all(o is offs for o in seen)  # setup, forward, compute
+    assert offs.dtype == torch.int32
+    assert offs.tolist() == torch.cumsum(lay.expert_counts, 0).tolist()
     assert y.shape == (inp.x_recv.shape[0], spec.out)
     res = check(out, reference_local(spec, 0, CPU), 1e-5)
     assert res.ok, res.message
