@@ -56,7 +56,7 @@ def recv_bytes(world_size: int, tokens: int, top_k: int, hidden: int, elem_bytes
 class PlayedDispatch:
     """dispatch(xs, ids) for every rank of a cell played by this process, host-free.
 
-    xs[r] [T, H] and ids[r] [T, k] (global experts) of rank r = 0..W-1; returns one
+    xs[r] [T, H] and ids[r] [T, k] (global experts) of rank r = 0..W-1, T <= tokens; returns one
     harness.dispatch.Dispatched per rank with x_recv [bound, H] (rows past n_rows are junk),
     labels at the bound, and no host lists (send_splits, recv_splits, expert_rows are None).
     The receive buffers are allocated once (their addresses stay, for graphs and launch memos).
@@ -113,7 +113,10 @@ class PlayedDispatch:
     ) -> list[ld.Dispatched]:
         """gather=False: no x_recv; the caller gathers the rows it needs from `tokens` by
         `token_rows` (the overlap system straight into its padded layout: one copy, not two)."""
-        W, E, T, k = self.W, self.E, self.T, self.k
+        W, E, k = self.W, self.E, self.k
+        T = ids[0].shape[0]  # any T <= the tokens the buffers were sized for
+        if T > self.T:
+            raise ValueError(f"dispatch: {T} tokens a rank, sized for at most {self.T}")
         sort_meta, split_sizes, _ = self._ops
         # each source's send side: (order, pos, token, meta)
         sends = [sort_meta(ids[r], W, E, k) for r in range(W)]

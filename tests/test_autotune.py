@@ -178,17 +178,14 @@ def test_setup_resolves_auto_on_the_host(monkeypatch):
     seen = {}
 
     class FakeLoopback:
-        name = "loopback"
+        timed_rank = 0
 
         def __init__(self, ranks, k):
             seen.update(k.as_dict())
-            plan = SimpleNamespace(n_padded=1, n_rows=1, n_bands=1, n_remote_bands=0, n_segments=1)
             tile = SimpleNamespace(block_n=256, block_k=64)
-            runner = SimpleNamespace(num_programs=100, tile=tile)
-            self.ranks, self.busy = [SimpleNamespace(plan=plan, runner=runner)], 0
+            self.runner, self.facts = SimpleNamespace(tile=tile, residency=None), {}
 
-    monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
-    monkeypatch.setattr(osys.OverlapSystem, "_describe", lambda self, inp: None)  # GPU timing
+    monkeypatch.setattr(osys.steps, "PlayedOperatorStep", FakeLoopback)
     ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
     s = spec(routing="moderate_skew")
     sysm = osys.OverlapSystem(ctx, {"ccta": "auto", "mgb": "auto", "transport": "loopback"})

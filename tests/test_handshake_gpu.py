@@ -45,24 +45,24 @@ def _worker(rank: int, world: int, port: int, handshake: bool, errs) -> None:
         inputs, ref = cell_inputs(ctx, spec, [rank])
         system = OverlapSystem(ctx, {"transport": "p2p"})
         system.setup(inputs)
-        mode = system.mode
-        mode.handshake = handshake  # False: no handshake at all (the racy run)
-        rk = mode.ranks[0]
+        step = system.step
+        step.handshake = handshake  # False: no handshake at all (the racy run)
+        rk = step.rk
         x0 = rk.x.clone()
         if rank == 1:  # the slow receiver: a sleep on its stream before it reads its buffer
-            scale = rk.scale
+            scaled = rk.scaled
 
-            def slow_scale(recv: torch.Tensor) -> torch.Tensor:
+            def slow_scaled() -> torch.Tensor:
                 torch.cuda._sleep(SLEEP_CYCLES)
-                return scale(recv)
+                return scaled()
 
-            rk.scale = slow_scale
+            rk.scaled = slow_scaled
         outs = []
         for step in range(STEPS):
             rk.x.copy_(x0 * 2.0 ** (step % 3))
             outs.append(system.timed().clone())
         torch.cuda.synchronize()
-        rk.runner.check()
+        step.check()
         ref = ref.float()
         for step, out in enumerate(outs):
             want = ref * 2.0 ** (step % 3)

@@ -31,5 +31,3 @@ def test_layer_smoke_every_system_ok_or_skipped_with_a_reason(tmp_path):
     assert (ok["max_rel_err"] < 8e-3).all()
     skipped = df[df["status"] == "skipped"]
     assert skipped["reason"].str.len().gt(0).all()
-    overlap = ok[ok["system"] == "overlap"]
-    assert overlap["m_plan_ms"].gt(0).all()  # stage A, timed on its own next to the latency

@@ -56,7 +56,8 @@ def _worker(rank: int, world: int, port: int, bound_scale: float, dispatch: str,
         transport = "p2p" if world > 1 else "loopback"
         system = OverlapSystem(ctx, {"transport": transport, "dispatch": dispatch})
         system.setup([held])
-        dispatch = system.mode.layer.dispatch  # None: the host-free dispatch (no bound)
+        moe = system.step.moe  # the public layer the step runs
+        dispatch = moe.dispatcher if moe.dispatch == "nccl" else None  # None: no bound
         if bound_scale:  # the labels' bound at bound_scale x this rank's rows T*k
             dispatch.bound = int(bound_scale * spec.tokens_per_rank * spec.top_k)
         from triton.runtime.jit import JITFunction
@@ -80,7 +81,7 @@ def _worker(rank: int, world: int, port: int, bound_scale: float, dispatch: str,
             outs.append(system.timed().clone())
         JITFunction.run = real
         torch.cuda.synchronize()
-        system.mode.layer.runner.check()
+        system.check_errors()
         for i, out in enumerate(outs):
             want = calls[i % 2][1]
             errs[rank * (CALLS + 2) + i] = float((out.float() - want).norm() / want.norm())

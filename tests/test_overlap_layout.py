@@ -36,16 +36,14 @@ def _resolved(monkeypatch, params: dict, spec=None) -> OverlapParams:
     seen = {}
 
     class FakeLoopback:
-        name = "loopback"
+        timed_rank = 0
 
         def __init__(self, ranks, k):
             seen["k"] = k
-            plan = SimpleNamespace(n_padded=1, n_rows=1, n_bands=1, n_remote_bands=0, n_segments=1)
-            runner = SimpleNamespace(num_programs=100, tile=SimpleNamespace(block_n=1, block_k=1))
-            self.ranks, self.busy = [SimpleNamespace(plan=plan, runner=runner)], 0
+            tile = SimpleNamespace(block_n=1, block_k=1)
+            self.runner, self.facts = SimpleNamespace(tile=tile, residency=None), {}
 
-    monkeypatch.setattr(osys, "_Loopback", FakeLoopback)
-    monkeypatch.setattr(osys.OverlapSystem, "_describe", lambda self, inp: None)  # GPU timing
+    monkeypatch.setattr(osys.steps, "PlayedOperatorStep", FakeLoopback)
     ctx = RunContext(rank=0, world_size=1, device=torch.device("cpu"))
     sysm = osys.OverlapSystem(ctx, {**params, "transport": "loopback"})
     sysm.setup([SimpleNamespace(spec=spec or _spec())])
@@ -150,7 +148,10 @@ def test_the_runner_gets_the_kept_knobs_only(monkeypatch):
     fake = SimpleNamespace(OverlapRunner=lambda *a, **kw: seen.update(kw) or "r")
     monkeypatch.setitem(sys.modules, "systems.overlap.runner", fake)
     k = OverlapParams(ccta=8, mgb=2, order="expert", consumer="shared")
-    assert osys._runner("plan", "w", "t", k) == "r"
+    from systems.overlap.rank_experts import make_runner
+
+    gpu_weights = SimpleNamespace(device=torch.device("cuda"))  # no interpreter settings
+    assert make_runner("plan", gpu_weights, "t", k) == "r"
     assert seen == {"ccta": 8, "order": "expert", "consumer_sms": "shared"}
 
 
@@ -170,21 +171,21 @@ def test_every_kept_knob_enters_the_cell_hash():
 
 @pytest.mark.parametrize("handshake", [True, False])
 def test_the_distributed_step_runs_its_handshake_before_its_puts(monkeypatch, handshake):
-    """_Distributed.timed: the all-reduce on the step's stream, then the step, the receive wait
-    and the scale, in that order (handshake=False: the racy run of the GPU test)."""
+    """PerProcessOperatorStep.timed: the all-reduce on the step's stream, then the step, the
+    receive wait and the scale, in that order (handshake=False: the racy run of the GPU test)."""
     import torch.distributed as dist
 
+    from systems.overlap.steps import PerProcessOperatorStep
+
     calls = []
-    runner = SimpleNamespace(
-        transport=SimpleNamespace(recv="recv"), wait_received=lambda: calls.append("wait")
-    )
+    runner = SimpleNamespace(wait_received=lambda: calls.append("wait"))
     rank = SimpleNamespace(
         runner=runner,
         step=lambda: calls.append("step"),
-        scale=lambda recv: calls.append(f"scale {recv}") or "out",
+        scaled=lambda: calls.append("scale") or "out",
     )
     monkeypatch.setattr(dist, "all_reduce", lambda t, group: calls.append(f"allreduce {group}"))
-    mode = object.__new__(osys._Distributed)
-    mode.ranks, mode.group, mode.epoch, mode.handshake = [rank], "g", torch.zeros(1), handshake
+    mode = object.__new__(PerProcessOperatorStep)
+    mode.rk, mode.group, mode.epoch, mode.handshake = rank, "g", torch.zeros(1), handshake
     assert mode.timed() == "out"
-    assert calls == ["allreduce g"] * handshake + ["step", "wait", "scale recv"]
+    assert calls == ["allreduce g"] * handshake + ["step", "wait", "scale"]

@@ -4,6 +4,7 @@ CPU oracle, oracle_cpu.py (exactly, on integer-valued inputs where every GEMM is
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -46,8 +47,8 @@ def test_row_placement_equals_cpu_oracle(routing, world, mgb, layout, order):
     """Every destination buffer of the loopback system equals the CPU oracle's (the producer
     stores the local rows in the own buffer itself; order expert: the producer visits the
     bands in another order, the rows delivered are the same)."""
+    from systems.overlap.operator import OperatorRank
     from systems.overlap.params import OverlapParams
-    from systems.overlap.system import _Rank
     from systems.overlap.transport import LoopbackFabric
 
     spec = WorkloadSpec(
@@ -73,7 +74,8 @@ def test_row_placement_equals_cpu_oracle(routing, world, mgb, layout, order):
         x = torch.randint(-2, 3, (R, spec.hidden), generator=gen).half()
         w = torch.randint(-2, 3, (3, spec.hidden, spec.out), generator=gen).half()
         t = fabric.transport(r)
-        rk = _Rank(spec, lay, x.to(dev), w.to(dev), t, knobs)
+        inp = SimpleNamespace(spec=spec, layout=lay, x_recv=x.to(dev), weights=w.to(dev))
+        rk = OperatorRank(inp, t, knobs)
         assert (rk.plan.layout, rk.plan.order) == (layout, order)
         ranks.append(rk)
         plan = plan_for_layout(

@@ -1,0 +1,213 @@
+"""OverlapMoE: the paper's method as a torch module (one context sized once, one call).
+
+    moe = OverlapMoE(hidden=H, ffn=F, experts_per_rank=E, top_k=k, max_tokens=T_max)
+    y = moe(x, expert_ids, gate)          # x [T, H], expert_ids [T, k], gate [T, k] -> [T, H]
+
+forward runs the dispatch, stage A (the plan, on the device), fc1 + GELU, fc2 with the
+tile-level combine (the consumer puts each finished row band to its owner while the producer
+goes on) and the gate-weighted scale, for any T <= max_tokens. Without a group this process is
+the whole world (W=1: every row is local, fc2 is the producer alone and no consumer runs): the
+dispatch is host-free and the forward captures in a CUDA graph. With a group (one process per
+rank) the peers' receive buffers come from torch symmetric memory (params.transport p2p or
+nvshmem) and the dispatch is NCCL's all-to-all, whose split sizes cost one host sync a step.
+On the CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1). Inference only: the
+forward has no backward yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from harness import dispatch as ld
+from harness.workload import DTYPES, WorkloadSpec
+from systems.overlap.params import AUTO, OverlapParams
+from systems.overlap.rank_experts import RankExperts, all_sms
+
+
+def resolve(params: OverlapParams, spec: WorkloadSpec, transport: str, sm_count: int):
+    """(params with every "auto" picked on the host, the picks' reasons {name: why}) for a cell
+    of `spec` over `transport` on a GPU of sm_count SMs (0: the CPU)."""
+    why = {}
+    if AUTO in (params.ccta, params.mgb):
+        from systems.overlap.autotune import pick
+
+        ccta, mgb, why["auto"] = pick(
+            spec,
+            spec.world_size,
+            transport,
+            sm_count,
+            ccta=params.ccta,
+            mgb=params.mgb,
+            consumer=params.consumer,
+        )
+        params = replace(params, ccta=int(ccta), mgb=int(mgb))
+    if params.order == AUTO:
+        from systems.overlap.autotune import pick_order
+
+        order, why["auto_order"] = pick_order(spec, params.tile_m)
+        params = replace(params, order=order)
+    return params, why
+
+
+def _dtype_device(dtype, device, w1) -> tuple[torch.dtype, torch.device]:
+    """dtype and device as given, else w1's, else bfloat16 on the current GPU (or the CPU)."""
+    dtype = dtype or (w1.dtype if w1 is not None else torch.bfloat16)
+    if device is None:
+        device = w1.device if w1 is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return dtype, device
+
+
+def _synthetic_routing(tokens: int, top_k: int, experts: int, device) -> torch.Tensor:
+    """expert_ids [T, k]: token t's slot j goes to expert (t*k + j) mod experts (distinct)."""
+    return (torch.arange(tokens * top_k, device=device) % experts).view(tokens, top_k)
+
+
+class OverlapMoE(torch.nn.Module):
+    """The MoE layer of one rank: w1 [E, H, F] and w2 [E, F, H] are this rank's experts (global
+    expert g lives on rank g // E as local expert g % E).
+
+    hidden H, ffn F, experts_per_rank E, top_k k, max_tokens: the most tokens a forward takes
+    (every buffer is sized for it once); group: None (W=1) or the process group of the ranks;
+    params: OverlapParams ("auto" knobs picked for a balanced routing of max_tokens); w1, w2:
+    existing weights to use (not copied), else new ones drawn like nn.Linear's; dtype and
+    device: as given, else w1's, else bfloat16 on the current GPU (or the CPU)."""
+
+    def __init__(
+        self,
+        hidden: int,
+        ffn: int,
+        experts_per_rank: int,
+        top_k: int,
+        max_tokens: int,
+        *,
+        dtype: torch.dtype | None = None,
+        device=None,
+        group=None,
+        params: OverlapParams | None = None,
+        w1: torch.Tensor | None = None,
+        w2: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        import torch.distributed as dist
+
+        dtype, device = _dtype_device(dtype, device, w1)
+        W = 1 if group is None else dist.get_world_size(group)
+        rank = 0 if group is None else dist.get_rank(group)
+        E, H, F, k = experts_per_rank, hidden, ffn, top_k
+        self.world_size, self.rank, self.top_k, self.max_tokens = W, rank, k, max_tokens
+        self.w1 = torch.nn.Parameter(self._weight(w1, (E, H, F), dtype, device), False)
+        self.w2 = torch.nn.Parameter(self._weight(w2, (E, F, H), dtype, device), False)
+        params = params or OverlapParams()
+        self.transport_name = params.transport_for(W)
+        if (group is None) != (self.transport_name == "loopback"):
+            raise ValueError(
+                f"OverlapMoE: transport {self.transport_name} with W={W}: loopback "
+                "is this process alone (no group), p2p / nvshmem need a group"
+            )
+        name = next(n for n, t in DTYPES.items() if t == dtype)
+        spec = WorkloadSpec(max_tokens, H, H, E, k, W, "balanced", name, ffn=F)
+        sms = all_sms(device) if device.type == "cuda" else 0
+        self.params, self.picks = resolve(params, spec, self.transport_name, sms)
+        self.group = group
+        from harness.dispatch_device import dispatch_used
+
+        #: "device" (W=1: host-free) or "nccl" (NCCL's all-to-all: one host sync a step)
+        self.dispatch = dispatch_used(self.params.dispatch, W, group is None)
+        rows = max_tokens * k  # the combine's receive buffer: every (token, slot) of this rank
+        self.transport = self._transport(rows, H, dtype, device)
+        self.dispatcher = self._dispatcher(E, H, dtype, device)
+        x0 = torch.zeros(max_tokens, H, dtype=dtype, device=device)
+        first = self._dispatch(x0, _synthetic_routing(max_tokens, k, W * E, device))
+        self.experts = RankExperts(
+            self.w1, self.w2, W, rank, rows, self.transport, self.params, first
+        )
+
+    @staticmethod
+    def _weight(w, shape, dtype, device) -> torch.Tensor:
+        if w is None:  # nn.Linear's draw: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+            bound = shape[1] ** -0.5
+            return torch.empty(shape, dtype=dtype, device=device).uniform_(-bound, bound)
+        if tuple(w.shape) != shape or w.dtype != dtype or w.device != device:
+            raise ValueError(
+                f"OverlapMoE: a weight {tuple(w.shape)} {w.dtype} on {w.device}, "
+                f"expected {shape} {dtype} on {device}"
+            )
+        return w.detach()
+
+    def _transport(self, rows: int, H: int, dtype, device):
+        """This rank's combine transport: a receive buffer of `rows` rows [rows, H]."""
+        from systems.overlap import transport as tr
+
+        if self.group is None:
+            self.fabric = tr.LoopbackFabric([rows], H, dtype, device)
+            return self.fabric.transport(0)
+        make = tr.p2p_transport if self.transport_name == "p2p" else tr.nvshmem_transport
+        return make(self.group, rows, H, dtype, device)
+
+    def _dispatcher(self, E: int, H: int, dtype, device):
+        """The host-free dispatch (W=1), or NCCL's all-to-all (one host sync)."""
+        if self.dispatch == "device":
+            from harness.dispatch_device import PlayedDispatch
+
+            like = torch.empty(1, H, dtype=dtype, device=device)
+            return PlayedDispatch(1, E, self.max_tokens, self.top_k, like)
+        return ld.LayerDispatch(self.world_size, E, self.group)
+
+    def _dispatch(self, x: torch.Tensor, expert_ids: torch.Tensor) -> ld.Dispatched:
+        """One dispatch of x [T, H] by expert_ids [T, k], rows gathered (the held kind)."""
+        if self.dispatch == "device":
+            return self.dispatcher([x], [expert_ids])[0]
+        return self.dispatcher(x, expert_ids)
+
+    def _check_inputs(self, x, expert_ids, gate) -> None:
+        T = x.shape[0]
+        if T > self.max_tokens or tuple(expert_ids.shape) != (T, self.top_k):
+            raise ValueError(
+                f"OverlapMoE: x [{T}, H] with expert_ids {tuple(expert_ids.shape)}"
+                f": need T <= max_tokens={self.max_tokens} and [T, {self.top_k}]"
+            )
+        if tuple(gate.shape) != tuple(expert_ids.shape):
+            raise ValueError(f"OverlapMoE: gate {tuple(gate.shape)} != expert_ids' shape")
+
+    def forward(
+        self, x: torch.Tensor, expert_ids: torch.Tensor, gate: torch.Tensor
+    ) -> torch.Tensor:
+        """y [T, H] = sum_j gate[t, j] * expert_{ids[t, j]}(x[t]); x [T, H] (T <= max_tokens),
+        expert_ids [T, k] global expert ids, gate [T, k]. No host sync without a group."""
+        self._check_inputs(x, expert_ids, gate)
+        ex = self.experts
+        if self.dispatch == "device":  # rows go straight from the tokens into the padded layout
+            d = self.dispatcher([x], [expert_ids], gather=False)[0]
+            ex.experts(d)
+        else:  # the plan is built from the labels before the split sizes' host sync
+            built = []
+            d = self.dispatcher(x, expert_ids, before_sync=lambda r: built.append(ex.plan_of(r)))
+            ex.experts(d, plan=built[-1])
+        if ex.combines:
+            ex.runner.wait_received()  # every peer's rows of every step so far
+        return ex.scale(d, gate)
+
+    def check(self) -> None:
+        """Raise where a device-side wait of the forwards so far timed out (reads the device)."""
+        self.experts.runner.check()
+
+    # -- parts of a forward, timed apart by benchmarks ----------------------------------
+    def hold(self, x: torch.Tensor, expert_ids: torch.Tensor):
+        """One dispatch kept with its own plan (rank_experts.Held), for the parts below."""
+        return self.experts.hold(self._dispatch(x, expert_ids))
+
+    def compute_only(self, held, gate: torch.Tensor) -> torch.Tensor:
+        """A forward without its two exchanges, on a held dispatch: out [T, H]."""
+        return self.experts.compute_only(held, gate)
+
+    def comm_only(self, held, x: torch.Tensor) -> None:
+        """The two exchanges alone on a held dispatch: the dispatch's rows (with a group) and
+        the combine's puts (flags taken as set)."""
+        if self.dispatch == "nccl" and self.world_size > 1:
+            ld.redispatch(held.dispatch, x, self.top_k, self.group)
+        self.experts.comm_only(held)
