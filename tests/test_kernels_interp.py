@@ -21,6 +21,7 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -57,6 +58,7 @@ from systems.overlap.errors import (  # noqa: E402
     CODE_BAND_TIMEOUT,
     CODE_SIGNAL_TIMEOUT,
     OverlapTimeoutError,
+    new_clock,
     new_error_buffer,
     raise_if_error,
     read_error,
@@ -204,6 +206,10 @@ def test_producer_stores_local_rows_in_the_receive_buffer(layout):
     assert int((~recv.isnan().any(1)).sum()) == plan.n_local  # nothing else written there
 
 
+#: the interpreter's consumer with a short time bound (the time-out tests)
+SHORT = replace(interpreter_consumer_config(), timeout_s=0.3)
+
+
 def _consume(plan, y, fabric, ready, target, cfg, ccta=2, wait=True):
     tr = fabric.transport(plan.rank)
     err = new_error_buffer("cpu")
@@ -213,7 +219,7 @@ def _consume(plan, y, fabric, ready, target, cfg, ccta=2, wait=True):
         ready,
         tr,
         err,
-        torch.zeros(ccta, dtype=torch.int64),
+        new_clock(ccta, "cpu"),
         ready_target=target,
         rank=plan.rank,
         ccta=ccta,
@@ -255,7 +261,9 @@ def test_consumer_timeout_names_the_segment_and_band():
     seg = 2
     band = int(plan.schedule[int(plan.seg_start[seg])])
     ready[band] = 3  # withheld: one tile short
-    err = _consume(plan, y, fabric, ready, 4, interpreter_consumer_config(), ccta=1)
+    t0 = time.monotonic()
+    err = _consume(plan, y, fabric, ready, 4, SHORT, ccta=1)
+    assert SHORT.timeout_s <= time.monotonic() - t0 < 30  # bounded by time, not a count
     rec = read_error(err)
     assert rec is not None and rec.code == CODE_BAND_TIMEOUT
     assert (rec.segment, rec.band, rec.rank, rec.seen, rec.want) == (seg, band, 2, 3, 4)
@@ -280,7 +288,7 @@ def test_compact_consumer_timeout_names_the_band_of_the_piece():
     band = 1  # expert 0's second band: owners 0 and 1 (and local rows)
     assert seg_band.count(band) == 2 and seg_band.index(band) == 5
     ready[band] = 3
-    err = _consume(plan, y, fabric, ready, 4, interpreter_consumer_config(), ccta=1)
+    err = _consume(plan, y, fabric, ready, 4, SHORT, ccta=1)
     rec = read_error(err)
     assert rec is not None and rec.code == CODE_BAND_TIMEOUT
     assert (rec.segment, rec.band, rec.seen, rec.want) == (5, band, 3, 4)
@@ -290,8 +298,8 @@ def test_compact_consumer_timeout_names_the_band_of_the_piece():
 def test_receiver_wait_times_out_naming_the_source():
     signal = torch.tensor([6, 0, 9], dtype=torch.int64)
     err = new_error_buffer("cpu")
-    cfg = interpreter_consumer_config()
-    clock = torch.zeros(1, dtype=torch.int64)
+    cfg = SHORT
+    clock = new_clock(1, "cpu")
     launch_wait_signals(signal, torch.tensor([6, 4, 9]), err, clock, rank=5, config=cfg)
     rec = read_error(err)
     assert rec is not None and rec.code == CODE_SIGNAL_TIMEOUT and rec.source == 1

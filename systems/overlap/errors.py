@@ -19,6 +19,8 @@ Record layout (int64):
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +70,37 @@ class OverlapTimeoutError(RuntimeError):
 def new_error_buffer(device: torch.device | str) -> torch.Tensor:
     """A zeroed int64 [ERR_SLOTS] error buffer."""
     return torch.zeros(ERR_SLOTS, dtype=torch.int64, device=device)
+
+
+#: CPU: every clock tensor handed out, refreshed by one daemon thread per process
+_host_clocks: list[torch.Tensor] = []
+_ticker_lock = threading.Lock()
+#: how often the daemon refreshes the CPU clocks (seconds)
+TICK_S = 0.001
+
+
+def _tick() -> None:
+    while True:
+        now = time.monotonic_ns()
+        for c in list(_host_clocks):
+            c.fill_(now)
+        time.sleep(TICK_S)
+
+
+def new_clock(n: int, device: torch.device | str) -> torch.Tensor:
+    """The kernels' int64 [n] clock. On a GPU zeroed scratch (the spins read %globaltimer
+    through it); on the CPU (Triton's interpreter, which has no timer) every slot holds
+    time.monotonic_ns(), refreshed by a daemon thread, so an interpreted spin is bounded by time
+    as a GPU one is (kernels/primitives.py poll_bound)."""
+    clock = torch.zeros(max(n, 1), dtype=torch.int64, device=device)
+    if clock.device.type == "cuda":
+        return clock
+    clock.fill_(time.monotonic_ns())
+    with _ticker_lock:
+        if not _host_clocks:
+            threading.Thread(target=_tick, name="overlap-host-clock", daemon=True).start()
+        _host_clocks.append(clock)
+    return clock
 
 
 def read_error(err: torch.Tensor) -> ErrorRecord | None:

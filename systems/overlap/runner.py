@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from harness.kernels.relaunch import LaunchMemo
-from systems.overlap.errors import ERR_SLOTS, new_error_buffer, raise_if_error
+from systems.overlap.errors import ERR_SLOTS, new_clock, new_error_buffer, raise_if_error
 from systems.overlap.kernels.consumer import (
     _consumer_kernel,
     launch_consumer,
@@ -258,7 +258,7 @@ class OverlapRunner:
         self.residency: dict | None = None
         self.band_ready = torch.zeros(max(plan.schedule.numel(), 1), dtype=torch.int32, device=dev)
         self.err = new_error_buffer(dev)
-        self.clock = torch.zeros(max(ccta, 1), dtype=torch.int64, device=dev)
+        self.clock = new_clock(ccta, dev)  # CPU: the host clock that bounds the spins
         self.producer_runs = 0  # producer runs (the band counters restart every run)
         self.consumer_runs = 0  # runs that signalled the receivers (epochs of their counters)
         # int64 [W]: rows every source has sent this rank over all runs, summed from each run's

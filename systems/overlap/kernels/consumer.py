@@ -68,7 +68,6 @@ def _consumer_kernel(
     rank,
     N,
     timeout,
-    max_spins,
     n_progs,
     BLOCK: tl.constexpr,
     WAIT: tl.constexpr,
@@ -113,7 +112,6 @@ def _consumer_kernel(
                             err,
                             clock_p,
                             timeout,
-                            max_spins,
                             "gpu",
                             USE_TIMER,
                         )
@@ -168,7 +166,6 @@ def _wait_signals_kernel(
     n_src,
     rank,
     timeout,
-    max_spins,
     SCOPE: tl.constexpr,
     USE_TIMER: tl.constexpr,
 ):
@@ -177,9 +174,7 @@ def _wait_signals_kernel(
     for s in range(n_src):
         if status == 0:
             want = tl.load(expected + s)
-            st, seen = spin_until(
-                signal + s, want, err, clock, timeout, max_spins, SCOPE, USE_TIMER
-            )
+            st, seen = spin_until(signal + s, want, err, clock, timeout, SCOPE, USE_TIMER)
             status = st
             if st == 1:
                 record_error(err, _SIGNAL_TIMEOUT, -1, -1, rank, 0, seen, want, s)
@@ -220,7 +215,7 @@ def launch_consumer(
     )
     args = (y, p.schedule, *tabs, band_ready, p.seg_start, p.seg_count, p.seg_dst, p.counts)
     args += (recv_ptrs, signal_ptrs, err, clock, ready_target, rank, y.shape[1])
-    args += (int(config.timeout_s * 1e9), config.max_spins, ccta)
+    args += (int(config.timeout_s * 1e9), ccta)
     meta = dict(BLOCK=config.block, WAIT=wait, SCOPE=scope, USE_TIMER=config.use_timer, VEC=vec)
     meta.update(STAGES=config.stages, STREAM=config.streaming, PIECES=pieces)
     meta.update(num_warps=config.num_warps)
@@ -251,7 +246,7 @@ def launch_wait_signals(
     memo: remember the launch under memo_key (harness/kernels/relaunch.py).
     """
     args = (signal, expected, err, clock, signal.numel(), rank)
-    args += (int(config.timeout_s * 1e9), config.max_spins)
+    args += (int(config.timeout_s * 1e9),)
     meta = dict(SCOPE=scope, USE_TIMER=config.use_timer, num_warps=1)
     compiled = _wait_signals_kernel[(1,)](*args, **meta)
     if memo is not None:

@@ -2,9 +2,9 @@
 
 Bounded waits
   spin_until      poll a counter with acquire atomics until it reaches a target; every spin is
-                  bounded: on the GPU (USE_TIMER) by %globaltimer nanoseconds, in the CPU
-                  interpreter (no inline asm) by an iteration count; gives up early when another
-                  program recorded an error (err[0] != 0)
+                  bounded by time: on the GPU (USE_TIMER) by %globaltimer nanoseconds, in the
+                  CPU interpreter (no inline asm) by the host clock the runner passes as `clock`
+                  (errors.new_clock); gives up early when another program recorded an error
   record_error    the error record of errors.py, first writer wins (compare-and-swap on err[0])
   globaltimer     %globaltimer (inline PTX, GPU only)
   poll_bound      the time-out / peer-error status of a polling loop (spin_until's)
@@ -60,34 +60,35 @@ def spin_until(
     err,
     clock,
     timeout,
-    max_spins,
     SCOPE: tl.constexpr,
     USE_TIMER: tl.constexpr,
 ):
     """Poll *ptr (acquire) until >= target. Returns (status, last value seen).
 
-    status 0: reached; 1: timed out (timeout ns on the GPU, max_spins polls in the
-    interpreter); 2: gave up because another program recorded an error (err[0] != 0).
+    status 0: reached; 1: timed out (more than timeout ns); 2: gave up because another program
+    recorded an error (err[0] != 0). clock: the program's scratch word on the GPU, the host
+    clock (int64 ns, errors.new_clock) in the interpreter.
     """
     seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
     status = tl.zeros((), dtype=tl.int32)
-    t0 = tl.zeros((), dtype=tl.int64)
     if USE_TIMER:
         t0 = uniform_now(clock)
+    else:
+        t0 = tl.load(clock)
     spins = tl.zeros((), dtype=tl.int32)
     while (seen < target) & (status == 0):
         seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
         spins += 1
-        status = poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER)
+        status = poll_bound(spins, err, clock, t0, timeout, USE_TIMER)
     status = tl.where(seen >= target, 0, status)
     return status, seen
 
 
 @triton.jit
-def poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER: tl.constexpr):
-    """The bound of a polling loop after `spins` polls: 1 past the time-out (on the GPU, every 64
-    polls: more than timeout ns since t0, a uniform_now value; in the interpreter: max_spins
-    polls), else 2 when another program recorded an error (err[0] != 0), else 0."""
+def poll_bound(spins, err, clock, t0, timeout, USE_TIMER: tl.constexpr):
+    """The bound of a polling loop after `spins` polls: 1 past the time-out (more than timeout
+    ns since t0: on the GPU every 64 polls by uniform_now, in the interpreter by the host clock
+    every poll), else 2 when another program recorded an error (err[0] != 0), else 0."""
     status = tl.zeros((), dtype=tl.int32)
     if USE_TIMER:
         if spins % 64 == 0:
@@ -98,7 +99,7 @@ def poll_bound(spins, err, clock, t0, timeout, max_spins, USE_TIMER: tl.constexp
     else:
         if tl.atomic_add(err, 0, sem="relaxed") != 0:
             status = 2
-        if spins >= max_spins:
+        if tl.load(clock) - t0 > timeout:
             status = 1
     return status
 
