@@ -41,9 +41,12 @@ smoke: ## tiny end-to-end run (W=4 gloo on CPU; one process per GPU with NCCL on
 # CPU interpreter (systems/__init__.py: FUNCTIONAL)
 FUNCTIONAL_ENV := HARNESS_FUNCTIONAL=1 TRITON_INTERPRET=1
 
-functional: ## the overlap system's kernels in Triton's CPU interpreter on tiny loopback cells, checked (not a timing) + its figure
+functional: ## the overlap system's kernels in Triton's CPU interpreter, one process playing W ranks and W = 2-4 processes over shm, checked (not a timing) + its figure
 	$(FUNCTIONAL_ENV) $(PY) -m harness.run experiment=overlap_functional hardware=cpu
+	for w in 2 3 4; do $(FUNCTIONAL_ENV) $(PY) -m harness.run experiment=overlap_functional_ranks \
+	  hardware.world_size=$$w "experiment.grid.world_size=[$$w]" || exit 1; done
 	$(PY) -m plots.functional --table results/overlap_functional.parquet --name cpu_overlap_functional
+	$(PY) -m plots.functional --table results/overlap_functional_ranks.parquet --name cpu_overlap_functional_ranks
 
 reproduce: setup ## run the preset for the hardware found (CPU, one GPU, several GPUs), then the figures
 	@echo "reproduce on $(HW) with $(N_GPU) GPU(s): $(REPRO)"

@@ -33,7 +33,7 @@ register(
         needs_gpu=not FUNCTIONAL,
         optional_imports=("triton",),
         description="Stage A plan, persistent Triton producer with per-band ready counters, "
-        "flag-polling consumer on cCTA SMs (loopback / p2p / nvshmem), scale.",
+        "flag-polling consumer on cCTA SMs (loopback / p2p / nvshmem / shm), scale.",
     )
 )
 register(

@@ -19,6 +19,7 @@ Record layout (int64):
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from dataclasses import dataclass
@@ -75,16 +76,22 @@ def new_error_buffer(device: torch.device | str) -> torch.Tensor:
 #: CPU: every clock tensor handed out, refreshed by one daemon thread per process
 _host_clocks: list[torch.Tensor] = []
 _ticker_lock = threading.Lock()
+_ticker_stop = threading.Event()
 #: how often the daemon refreshes the CPU clocks (seconds)
 TICK_S = 0.001
 
 
 def _tick() -> None:
-    while True:
+    while not _ticker_stop.wait(TICK_S):
         now = time.monotonic_ns()
         for c in list(_host_clocks):
             c.fill_(now)
-        time.sleep(TICK_S)
+
+
+def _stop_ticker(thread: threading.Thread) -> None:
+    """At exit: no torch op may run in a thread while the interpreter tears torch down."""
+    _ticker_stop.set()
+    thread.join()
 
 
 def new_clock(n: int, device: torch.device | str) -> torch.Tensor:
@@ -98,7 +105,9 @@ def new_clock(n: int, device: torch.device | str) -> torch.Tensor:
     clock.fill_(time.monotonic_ns())
     with _ticker_lock:
         if not _host_clocks:
-            threading.Thread(target=_tick, name="overlap-host-clock", daemon=True).start()
+            ticker = threading.Thread(target=_tick, name="overlap-host-clock", daemon=True)
+            ticker.start()
+            atexit.register(_stop_ticker, ticker)
         _host_clocks.append(clock)
     return clock
 

@@ -9,7 +9,8 @@ goes on) and the gate-weighted scale, for any T <= max_tokens. Without a group t
 the whole world (W=1: every row is local, fc2 is the producer alone and no consumer runs): the
 dispatch is host-free and the forward captures in a CUDA graph. With a group (one process per
 rank) the peers' receive buffers come from torch symmetric memory (params.transport p2p or
-nvshmem) and the dispatch is NCCL's all-to-all, whose split sizes cost one host sync a step.
+nvshmem; shm between CPU processes) and the dispatch is the process group's all-to-all, whose
+split sizes cost one host sync a step.
 On the CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1). Inference only: the
 forward has no backward yet.
 """
@@ -103,11 +104,11 @@ class OverlapMoE(torch.nn.Module):
         self.w1 = torch.nn.Parameter(self._weight(w1, (E, H, F), dtype, device), False)
         self.w2 = torch.nn.Parameter(self._weight(w2, (E, F, H), dtype, device), False)
         params = params or OverlapParams()
-        self.transport_name = params.transport_for(W)
+        self.transport_name = params.transport_for(W, device.type)
         if (group is None) != (self.transport_name == "loopback"):
             raise ValueError(
                 f"OverlapMoE: transport {self.transport_name} with W={W}: loopback "
-                "is this process alone (no group), p2p / nvshmem need a group"
+                "is this process alone (no group), p2p / nvshmem / shm need a group"
             )
         name = next(n for n, t in DTYPES.items() if t == dtype)
         spec = WorkloadSpec(max_tokens, H, H, E, k, W, "balanced", name, ffn=F)
@@ -146,8 +147,7 @@ class OverlapMoE(torch.nn.Module):
         if self.group is None:
             self.fabric = tr.LoopbackFabric([rows], H, dtype, device)
             return self.fabric.transport(0)
-        make = tr.p2p_transport if self.transport_name == "p2p" else tr.nvshmem_transport
-        return make(self.group, rows, H, dtype, device)
+        return tr.peer_transport(self.transport_name, self.group, rows, H, dtype, device)
 
     def _dispatcher(self, E: int, H: int, dtype, device):
         """The host-free dispatch (W=1), or NCCL's all-to-all (one host sync)."""

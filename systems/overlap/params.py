@@ -5,7 +5,8 @@ read it on any machine).
   ccta       consumer SMs (consumer=own) or consumer CTAs (shared): an integer or "auto"
   mgb        bands per segment: an integer >= 1 or "auto"
   tile_m     the producer's row tile: 64 or 128
-  transport  "" (loopback with one process, p2p with several), loopback, p2p or nvshmem
+  transport  "" (loopback with one process; with several: p2p on GPUs, shm on the CPU),
+             loopback, p2p, nvshmem or shm (CPU processes, systems/overlap/shm.py)
   layout     aligned (the paper's remote-aligned rows) or compact (an expert's remote rows of
              every owner back to back, the local rows filling the padding)
   order      the producer's visiting order: remote_first (the paper's), expert (each expert's
@@ -27,7 +28,7 @@ from harness.dispatch_device import DISPATCHES, dispatch_used
 
 AUTO = "auto"
 TILE_MS = (64, 128)
-TRANSPORTS = ("", "loopback", "p2p", "nvshmem")
+TRANSPORTS = ("", "loopback", "p2p", "nvshmem", "shm")
 LAYOUTS = ("aligned", "compact")
 ORDERS = ("remote_first", "expert")
 CONSUMER_SMS = ("own", "shared")
@@ -77,9 +78,12 @@ class OverlapParams:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def transport_for(self, world_size: int) -> str:
-        """The transport that runs: the empty one is loopback at one rank, p2p at several."""
-        return self.transport or ("p2p" if world_size > 1 else "loopback")
+    def transport_for(self, world_size: int, device_type: str = "cuda") -> str:
+        """The transport that runs on `world_size` processes: the empty one is loopback with one
+        process; with several p2p on GPUs, shm on the CPU."""
+        if self.transport or world_size == 1:
+            return self.transport or "loopback"
+        return "p2p" if device_type == "cuda" else "shm"
 
     def validate(self, spec: Any, sm_count: int) -> None:
         """A one-line ValueError for a bad knob or a workload the kernels cannot take (spec: a
@@ -103,7 +107,8 @@ class OverlapParams:
         if self.transport not in TRANSPORTS:
             raise ValueError(
                 f"overlap: unknown transport {self.transport!r}; "
-                "choices: loopback, p2p, nvshmem (empty = loopback on one process, else p2p)"
+                "choices: loopback, p2p, nvshmem, shm (empty = loopback on one process, else "
+                "p2p on GPUs, shm on the CPU)"
             )
         if spec.dtype not in DTYPES:
             raise ValueError(f"overlap: dtype must be float16 or bfloat16, got {spec.dtype}")
@@ -112,7 +117,7 @@ class OverlapParams:
 
     def unsupported(self, spec: Any) -> str | None:
         """Why a valid cell cannot run (recorded as skipped with this reason), or None."""
-        if spec.ffn and self.transport in ("p2p", "nvshmem", "loopback"):
+        if spec.ffn and self.transport in ("p2p", "nvshmem", "shm", "loopback"):
             try:  # "" is decided in setup by the number of processes
                 plays = self.transport == "loopback"
                 dispatch_used(self.dispatch, spec.world_size, plays)

@@ -215,14 +215,15 @@ class PlayedOperatorStep(_OperatorStep):
 
 
 class PerProcessOperatorStep(_OperatorStep):
-    """This rank of a cell run one process per rank, over p2p or nvshmem symmetric memory."""
+    """This rank of a cell run one process per rank: p2p or nvshmem symmetric memory on GPUs,
+    shm on the CPU."""
 
     def __init__(self, inp: CellInputs, group, transport: str, params: OverlapParams) -> None:
-        from systems.overlap.transport import nvshmem_transport, p2p_transport
+        from systems.overlap.transport import peer_transport
 
         spec = inp.spec
-        make = p2p_transport if transport == "p2p" else nvshmem_transport
-        t = make(group, spec.tokens_per_rank * spec.top_k, spec.out, spec.torch_dtype, inp.x.device)
+        rows = spec.tokens_per_rank * spec.top_k
+        t = peer_transport(transport, group, rows, spec.out, spec.torch_dtype, inp.x.device)
         self.rk, self.group = OperatorRank(inp, t, params), group
         self.epoch = torch.zeros(1, dtype=torch.int32, device=inp.x.device)
         #: the epoch handshake before every step; False only in the test that shows the race

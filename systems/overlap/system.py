@@ -6,11 +6,13 @@ p_mgb / p_order as asked and carry what ran as p_*_used, the reasons in extra["a
 extra["auto_order"]) and builds one step (systems/overlap/steps.py):
   layer cells (ffn > 0)  LayerStep: the public OverlapMoE at W=1 or one process per rank;
                          PlayedLayerStep: one process plays every rank (loopback W > 1)
-  operator cells         PlayedOperatorStep (loopback) or PerProcessOperatorStep (p2p, nvshmem)
+  operator cells         PlayedOperatorStep (loopback) or PerProcessOperatorStep (p2p, nvshmem,
+                         shm)
 Transports (param `transport`; empty = `loopback` with one process, `p2p` with several):
 loopback plays every rank on one GPU (a development proxy, never an interconnect number); p2p
-and nvshmem are torch symmetric memory, one process per GPU. compute_only(): everything but the
-communication (the producer alone on ALL SMs without flags); comm_only(): the consumer alone
+and nvshmem are torch symmetric memory, one process per GPU; shm is one shared file between CPU
+processes (Triton's interpreter: functional rows, never a timing). compute_only(): everything
+but the communication (the producer alone on ALL SMs without flags); comm_only(): the consumer alone
 (flags taken as set); the harness derives the overlap ratio from these. Stage A's cost timed on
 its own lives in benchmarks/plan_time.py.
 """
@@ -52,9 +54,15 @@ class OverlapSystem(System):
 
     def build(self, ranks: list[CellInputs]) -> Step:
         ctx, spec = self.ctx, ranks[0].spec
-        self._transport = OverlapParams.from_dict(self.params).transport_for(ctx.world_size)
+        asked = OverlapParams.from_dict(self.params)
+        self._transport = asked.transport_for(ctx.world_size, ctx.device.type)
         params = self._resolved(spec, self._transport)
         plays = len(ranks) == spec.world_size and ctx.world_size == 1
+        group = ctx.group
+        if group is None and ctx.world_size > 1:  # the default group: the layer needs it named
+            import torch.distributed as dist
+
+            group = dist.group.WORLD
         if spec.ffn:
             dispatch = dispatch_used(params.dispatch, spec.world_size, plays)
             self.used["dispatch_used"] = dispatch
@@ -64,7 +72,7 @@ class OverlapSystem(System):
             if plays and spec.world_size > 1:
                 step = steps.PlayedLayerStep(ranks, params)
             else:
-                step = steps.LayerStep(ranks[0], ctx.group, params)
+                step = steps.LayerStep(ranks[0], group, params)
             self.metrics |= step.metrics
         elif self._transport == "loopback":
             if ctx.world_size != 1:
@@ -73,7 +81,7 @@ class OverlapSystem(System):
         else:
             if len(ranks) != 1 or ctx.world_size < 2:
                 raise ValueError(f"{self._transport} needs one process per rank and >= 2 ranks")
-            step = steps.PerProcessOperatorStep(ranks[0], ctx.group, self._transport, params)
+            step = steps.PerProcessOperatorStep(ranks[0], group, self._transport, params)
         self.extra |= {"timed_rank": step.timed_rank or 0, **step.facts}
         return step
 

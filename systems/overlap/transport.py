@@ -60,7 +60,7 @@ import torch
 
 from systems.overlap.modes import PUT_MODE_NAMES, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
 
-TRANSPORTS = ("loopback", "p2p", "nvshmem")
+TRANSPORTS = ("loopback", "p2p", "nvshmem", "shm")
 
 #: torch's NVSHMEM Triton support, imported on the first NVSHMEM launch (it needs a GPU machine
 #: with the NVSHMEM device library): kernel -> the kernel wrapped by requires_nvshmem, and
@@ -350,3 +350,19 @@ def nvshmem_self_transport(
         aligned=_aligned([buf.data_ptr()]),
         keep=[buf, sig],
     )
+
+
+def peer_transport(
+    name: str, group, recv_rows: int, n: int, dtype: torch.dtype, device: torch.device
+) -> Transport:
+    """This rank's transport to its peers in `group` (one process per rank): p2p or nvshmem
+    (GPUs) or shm (CPU processes, systems/overlap/shm.py); a receive buffer [recv_rows, n].
+    Collective over `group`."""
+    if name == "shm":
+        from systems.overlap.shm import shm_transport
+
+        return shm_transport(group, recv_rows, n, dtype)
+    if name not in ("p2p", "nvshmem"):
+        raise ValueError(f"{name}: not a transport between processes (p2p, nvshmem, shm)")
+    make = p2p_transport if name == "p2p" else nvshmem_transport
+    return make(group, recv_rows, n, dtype, device)
