@@ -13,14 +13,33 @@ REPRO := $(if $(filter 0,$(N_GPU)),$(REPRO_CPU),$(if $(filter 1,$(N_GPU)),$(REPR
 HW := $(if $(filter 1,$(HAS_GPU)),h200,cpu)
 WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 
-.PHONY: help setup test test-gpu smoke functional reproduce report figures wheels-gpu lint format clean-results
+.PHONY: help setup setup-online setup-offline test test-gpu smoke functional reproduce report figures wheels-gpu lint format clean-results
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: ## install everything (CPU torch 2.13.0 first where no torch is present)
+# A machine with no network (the lent GPU machines) installs only the carried wheels in
+# $(WHEELS)/ (`make wheels-gpu` fills it where there is network): no index, no dependency
+# resolution, nothing downloaded; the harness then runs from this folder (python -m ...).
+# OFFLINE=1 forces that path, OFFLINE=0 the index; auto (the default): offline where $(WHEELS)/
+# holds wheels and pip's index (as pip is configured) has no hydra-core for it (5 s at most).
+WHEELS ?= .whl
+OFFLINE ?= auto
+OFFLINE_PROBE = if ls $(WHEELS)/*.whl >/dev/null 2>&1 && ! $(PY) -m pip index versions hydra-core --timeout 5 --retries 0 >/dev/null 2>&1; then echo offline; else echo online; fi
+SETUP_KIND = $(if $(filter 1,$(OFFLINE)),offline,$(if $(filter 0,$(OFFLINE)),online,$$($(OFFLINE_PROBE))))
+
+setup: ## install everything from the index (CPU torch 2.13.0 first where no torch is present); with no network, the carried wheels in .whl/ only
+	@$(MAKE) --no-print-directory setup-$(SETUP_KIND)
+
+setup-online:
 	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[$(if $(filter 1,$(HAS_GPU)),gpu,dev,megatron,slurm)]"
+
+setup-offline:
+	@ls $(WHEELS)/*.whl >/dev/null 2>&1 || { echo "setup: no wheels in $(WHEELS)/: run make wheels-gpu where there is network and carry $(WHEELS)"; exit 1; }
+	$(PY) -m pip install -q --no-index --find-links $(WHEELS) --no-deps $(WHEELS)/*.whl
+	@$(PY) -c "import hydra, omegaconf, torch" || { echo "setup: the wheels in $(WHEELS)/ lack hydra-core / omegaconf (make wheels-gpu), or no torch is installed"; exit 1; }
+	@echo "setup: the carried wheels of $(WHEELS)/ only (no index); run the harness from this folder"
 
 # the CPU tier in TEST_WORKERS processes where pytest-xdist is installed (the dev extra), one
 # test file per process (--dist loadfile keeps a file's tests in order, in one process)

@@ -6,6 +6,12 @@ Per cell: workload -> capability gate (GPU, packages, ranks played) -> system.se
 inputs of every played rank -> correctness gate vs the reference (reference_local, float32) ->
 timed region, compute-only and comm-only -> one Row (params as p_<key> columns).
 A cell that fails the check records status=fail and no latency.
+Ranks fail together: every stage of a cell a rank can fail in (setup, each check, each timed
+loop, each bound) ends in an agreement over the ranks (`stage`, `settle`), so where one rank
+raises, its check fails or a device wait timed out, every rank ends the cell with the same row,
+naming that rank and the cause ("rank 2: ..."), and the sweep goes on. A rank that never
+reaches the agreement (stuck) is named by the supervising parent, which ends the run (or, with
+hardware.restarts, goes on with fresh ranks): harness.supervisor.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import random
 import time
 import traceback
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -29,7 +36,7 @@ from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.system import CellInputs, RunContext, get_system
-from harness.timing import count_host_syncs, summarize, time_fn
+from harness.timing import STATE, count_host_syncs, summarize, time_fn, waiting
 from harness.workload import (
     WorkloadSpec,
     imbalance_of,
@@ -126,7 +133,15 @@ def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
     plays one rank or all of them). Part of every cell hash, so a changed setting re-runs the
     cell; the time-out and the table path are not (they change no number). queue_ahead and
     graph enter only where they change the timing (queued; a graph on a GPU), so the hashes of
-    eager rows stay those they had before the two settings existed."""
+    eager rows stay those they had before the two settings existed.
+
+    On CUDA the hardware's name is the machine found (harness.records.this_machine: h200,
+    h200x2, h100x8), not the preset's, so a row of one GPU model or count never resumes
+    another's cell; one H200 hashes as the preset `h200` always did. Where no GPU is here (a
+    dry run of a GPU config on a CPU) the preset's name stands in; CPU cells keep the preset's
+    name, and the hashes they always had."""
+    from harness.records import this_machine
+
     m, hw = cfg.measure, cfg.hardware
     timing = {
         "warmup": int(m.warmup),
@@ -139,9 +154,12 @@ def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
     graph = graph_mode(getattr(m, "graph", "false"))
     if hw.device == "cuda" and graph != "false":
         timing["graph"] = graph
+    name = hw.name
+    if hw.device == "cuda" and this_machine() != "cpu":
+        name = this_machine()
     return {
         "measure": timing,
-        "hardware": {"name": hw.name, "device": hw.device, "backend": hw.backend},
+        "hardware": {"name": name, "device": hw.device, "backend": hw.backend},
         "processes": process_world,
     }
 
@@ -261,7 +279,8 @@ def cell_inputs(
             w = make_rank_weights(spec, r, ctx.device)
             w1 = make_rank_fc1(spec, r, ctx.device) if spec.ffn else None
             if played == [ctx.rank] and ctx.world_size > 1:
-                x_recv = dispatch(x, lay, ctx.group)  # the real exchange between processes
+                with waiting():  # the real exchange between processes
+                    x_recv = dispatch(x, lay, ctx.group)
             else:
                 x_recv = dispatch_local(spec, lay, ctx.device)
             routing = routing_of(spec)
@@ -277,23 +296,119 @@ def agree(ctx: RunContext, value: float, op=dist.ReduceOp.MAX) -> float:
     """value reduced over the ranks of the run (the max by default; the value itself alone)."""
     t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
     if dist.is_initialized():
-        dist.all_reduce(t, op=op, group=ctx.group)
+        with waiting():
+            dist.all_reduce(t, op=op, group=ctx.group)
     return float(t.item())
 
 
+#: a rank's outcome of a stage as the agreement carries it; the worst is the cause
+_OUTCOME = {"ok": 0.0, "fail": 1.0, "error": 2.0}
+
+
+class _Agreement:
+    """The process group the stages' agreements use (open_agreement), or None: the run's."""
+
+    group: dist.ProcessGroup | None = None
+
+
+def open_agreement(timeout: timedelta) -> None:
+    """Give the stages' agreements a gloo group of their own over every rank (call on every
+    rank, after the process group is up): an agreement then never pairs with a collective of
+    a system that a failed rank left out (on one group, an all-reduce could), and on a GPU it
+    costs no device synchronisation."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        _Agreement.group = dist.new_group(backend="gloo", timeout=timeout)
+
+
+def close_agreement() -> None:
+    """Forget the agreements' group (before the run's process group is destroyed with it)."""
+    _Agreement.group = None
+
+
+def _encode(v: float) -> float:
+    return -float("inf") if v != v else v  # NaN (not measured) loses every MAX
+
+
+def _decode(v: float) -> float:
+    return float("nan") if v == -float("inf") else v
+
+
+def settle(ctx: RunContext, row: Row, values: list[float] | None, n: int = 0) -> list[float] | None:
+    """The agreement that ends every stage of a cell: one all-reduce (MAX) over the ranks of
+    each rank's outcome of the stage (ok; fail: its check failed; error: it raised), the row's
+    worst check errors so far and this rank's `n` values (None: it has none). Where any rank
+    failed, every rank's row takes the status and the reason of the lowest rank that raised
+    (else of the lowest whose check failed), sent from that rank: "rank r: <reason>"; returns
+    None. Else the values, each the MAX over the ranks (NaN where no rank has one).
+
+    A rank that never reaches the agreement (stuck in a wait that does not return) leaves the
+    others waiting here, marked (harness.timing.waiting), until the supervising parent ends
+    the cell at its time-out naming the stuck rank (harness.supervisor); the collective itself
+    is bounded by the process group's time-out, hardware.timeout_s."""
+    ok = row.status == "ok"
+    mine = [_encode(float(v)) for v in values] if ok and values is not None else []
+    mine += [-float("inf")] * (n - len(mine))
+    errs = [_encode(row.max_rel_err), _encode(row.max_row_rel_err)]
+    W = ctx.world_size if dist.is_initialized() else 1
+    if W > 1:
+        group = _Agreement.group
+        device = ctx.device if group is None else torch.device("cpu")
+        group = ctx.group if group is None else group
+        codes = [0.0] * W
+        codes[ctx.rank] = _OUTCOME.get(row.status, _OUTCOME["error"])
+        t = torch.tensor(codes + errs + mine, dtype=torch.float64, device=device)
+        with waiting():
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        agreed = t.tolist()
+        codes, errs, mine = agreed[:W], agreed[W : W + 2], agreed[W + 2 :]
+        row.max_rel_err, row.max_row_rel_err = (_decode(v) for v in errs)
+        worst = max(codes)
+        if worst > 0:
+            cause = codes.index(worst)  # the lowest rank with the worst outcome
+            box = [row.reason if ctx.rank == cause else None]
+            src = cause if group is None else dist.get_global_rank(group, cause)
+            with waiting():
+                dist.broadcast_object_list(box, src=src, group=group, device=device)
+            status = "error" if worst >= _OUTCOME["error"] else "fail"
+            row.status, row.reason = status, f"rank {cause}: {box[0]}"[:500]
+    STATE.failure = None  # agreed: the ranks end the cell together
+    if row.status != "ok":
+        return None
+    return [_decode(v) for v in mine]
+
+
+def stage(ctx: RunContext, row: Row, name: str, fn, n: int = 0) -> list[float] | None:
+    """One stage of a cell that a rank can fail in: fn() on this rank (guarded: an exception
+    becomes the row's `error`; a check that failed has set the row's `fail`), then the ranks'
+    agreement (settle) on the outcome and on the `n` numbers fn returned (a list, or None).
+    Returns the agreed numbers where the stage ended ok on every rank, else None: every rank's
+    row then names the rank that failed and why. A stage holds at most one call that makes
+    collectives of the harness (time_fn), so a rank that failed before it is never left out of
+    one its peers wait in."""
+    STATE.stage = name
+    values = guarded(ctx, row, fn) if row.status == "ok" else None
+    values = values if n else None
+    if row.status != "ok":
+        if row.status == "error" and ctx.world_size > 1:
+            row.reason = f"{name}: {row.reason}"[:500]
+        # for the parent, until the ranks agree
+        STATE.failure = row.reason if row.reason.startswith(name) else f"{name}: {row.reason}"
+    return settle(ctx, row, values, n)
+
+
 def _checked(ctx: RunContext, row: Row, res: Any, when: str = "") -> bool:
-    """Record a check agreed over the ranks (worst errors; ok only if ok everywhere); on a
-    failure set status fail with the reason. True when the check passed on every rank."""
+    """Record this rank's check (its worst errors; settle agrees them over the ranks); on a
+    failure set status fail with the reason. True when the check passed here."""
 
     def worst(prev: float, new: float) -> float:
-        new = agree(ctx, new if new == new else 1e30)  # NaN (not measured) counts as worst
+        new = new if new == new else 1e30  # NaN (not measured) counts as worst
         return new if prev != prev else max(prev, new)
 
     row.max_rel_err = worst(row.max_rel_err, res.max_rel_err)
     row.max_row_rel_err = worst(row.max_row_rel_err, res.max_row_rel_err)
-    if agree(ctx, 0.0 if res.ok else 1.0) == 0.0:
+    if res.ok:
         return True
-    reason = res.message or "check failed on another rank"
+    reason = res.message or "check failed"
     row.status, row.reason = "fail", f"{when}: {reason}" if when else reason
     return False
 
@@ -397,20 +512,30 @@ def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
         )
         return row
 
-    def setup() -> _Prepared | None:
+    made: dict[str, Any] = {}
+
+    def setup() -> None:
+        inputs, ref = cell_inputs(ctx, spec, played)  # the harness's exchange comes first
         system = cls(ctx, cell["params"])
-        inputs, ref = cell_inputs(ctx, spec, played)
         system.setup(inputs)
         row.impl, row.transport = system.impl, system.transport
         row.scope = spec.scope if spec.ffn else system.scope
         row.params.update(system.resolved_params())
-        if not _checked(ctx, row, check(system.forward(), ref, cfg.measure.tol)):
-            return None
-        p = _Prepared(row, system, ref, spec)
-        return p if arm_step(ctx, cfg, p) else None
+        made["p"] = _Prepared(row, system, ref, spec)
 
-    prepared = guarded(ctx, row, setup)
-    return row if prepared is None else prepared
+    if stage(ctx, row, "setup", setup) is None:
+        return row
+    p = made.pop("p")
+    when = "first check" if ctx.world_size > 1 else ""
+
+    def first_check() -> None:
+        _checked(ctx, row, check(p.system.forward(), p.ref, cfg.measure.tol), when)
+
+    if stage(ctx, row, "first check", first_check) is None:
+        return row
+    if stage(ctx, row, "step check", lambda: arm_step(ctx, cfg, p)) is None:
+        return row
+    return p
 
 
 def _timing_kw(ctx: RunContext, cfg: Any, iters: int, warmup: int) -> dict:
@@ -426,15 +551,15 @@ def _timing_kw(ctx: RunContext, cfg: Any, iters: int, warmup: int) -> dict:
 def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: int) -> bool:
     """Add `iters` timed iterations of the cell to its samples; False after a failure."""
     kw = _timing_kw(ctx, cfg, iters, warmup)
+    got: list = []
 
-    def timed_loop():
-        t = time_fn(p.step, **kw)
+    def timed_loop() -> None:
+        got.append(time_fn(p.step, **kw))
         p.system.check_errors()  # a wait that timed out in the loop: the cell's error
-        return t
 
-    t = guarded(ctx, p.row, timed_loop)
-    if t is None:
+    if stage(ctx, p.row, f"timed loop {len(p.host_ms) + 1}", timed_loop) is None:
         return False
+    (t,) = got
     p.samples.extend(t.samples)
     p.host_ms.append(t.host_ms)
     p.queued.append(t.queued)
@@ -459,50 +584,87 @@ def _timing_note(kw: dict, p: _Prepared) -> dict:
 
 
 def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
-    """The latency from the samples, the bounds, the check after timing, extra and metrics."""
+    """The latency from the samples, the bounds, the check after timing, extra and metrics;
+    each timed part and each check a stage of its own (agreed over the ranks)."""
     row, system, spec = p.row, p.system, p.spec
     if row.status != "ok":
         return row
+    kw = _timing_kw(ctx, cfg, cfg.measure.iters, cfg.measure.warmup)
 
-    def finish() -> None:
+    def latency() -> None:
         t = summarize(p.samples)
         row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
         row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
-        kw = _timing_kw(ctx, cfg, cfg.measure.iters, cfg.measure.warmup)
-        if system.has_bounds():
-            row.compute_ms = time_fn(system.compute_only, **kw).median_ms
-            row.comm_ms = time_fn(system.comm_only, **kw).median_ms
-            if not system.overlaps:
-                system.extra["overlap_ratio"] = f"{system.name} overlaps nothing: it runs its "
-                system.extra["overlap_ratio"] += "communication after its compute"
-            elif spec.ffn:  # the bounds leave the dispatch's metadata and host sync out
-                system.extra["overlap_ratio"] = LAYER_RATIO_NOTE
-            elif spec.world_size > 1:
-                row.overlap_ratio = overlap_ratio(row.compute_ms, row.comm_ms, row.latency_ms)
-            else:  # nothing to hide: a ratio of local copies would read as overlap
-                system.extra["overlap_ratio"] = "undefined at W=1: no bytes leave the rank"
-        for name, fn in system.extra_bounds().items():
+
+    guarded(ctx, row, latency)  # of the samples agreed over the ranks: the same everywhere
+    if row.status != "ok":
+        return row
+    if system.has_bounds():
+
+        def bound(fn, field: str):
+            return lambda: setattr(row, field, time_fn(fn, **kw).median_ms)
+
+        if stage(ctx, row, "compute-only bound", bound(system.compute_only, "compute_ms")) is None:
+            return row
+        if stage(ctx, row, "comm-only bound", bound(system.comm_only, "comm_ms")) is None:
+            return row
+        if not system.overlaps:
+            system.extra["overlap_ratio"] = f"{system.name} overlaps nothing: it runs its "
+            system.extra["overlap_ratio"] += "communication after its compute"
+        elif spec.ffn:  # the bounds leave the dispatch's metadata and host sync out
+            system.extra["overlap_ratio"] = LAYER_RATIO_NOTE
+        elif spec.world_size > 1:
+            row.overlap_ratio = overlap_ratio(row.compute_ms, row.comm_ms, row.latency_ms)
+        else:  # nothing to hide: a ratio of local copies would read as overlap
+            system.extra["overlap_ratio"] = "undefined at W=1: no bytes leave the rank"
+    for name, fn in system.extra_bounds().items():
+
+        def extra_bound(name=name, fn=fn) -> None:
             row.metrics[f"{name}_ms"] = time_fn(fn, **kw).median_ms
-        # the timed step's output and every rank's output must still be right after every
-        # timed run (no reused buffer overwritten, no wait timed out)
-        res = check(system.forward(), p.ref, cfg.measure.tol)
-        after = "after timing"
-        if not (_checked(ctx, row, res, after) and check_step(ctx, cfg, p, f"{after} (step)")):
+
+        if stage(ctx, row, f"{name} bound", extra_bound) is None:
+            return row
+    # the timed step's output and every rank's output must still be right after every
+    # timed run (no reused buffer overwritten, no wait timed out)
+    after = "after timing"
+
+    def check_after() -> None:
+        _checked(ctx, row, check(system.forward(), p.ref, cfg.measure.tol), after)
+
+    def check_step_after() -> None:
+        check_step(ctx, cfg, p, f"{after} (step)")
+
+    if (
+        stage(ctx, row, after, check_after) is None
+        or stage(ctx, row, f"{after} (step)", check_step_after) is None
+    ):
+        if row.status == "fail":
             row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
             row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
-            return
+        return row
+
+    counted = [float("nan")]
+    if ctx.device.type == "cuda":
+        # GPU: the host synchronisations of one timed call (the most on any rank)
+        def syncs() -> list[float]:
+            n = count_host_syncs(p.step, ctx.device)
+            return [float("nan") if n is None else float(n)]
+
+        counted = stage(ctx, row, "host syncs", syncs, n=1)
+        if counted is None:
+            return row
+
+    def results() -> None:  # no collective: rank 0's row is the one written
         # every timed iteration (ms, the max over ranks), so a bimodal cell shows in its row
         samples = {"samples_ms": [round(v, 4) for v in p.samples], **_timing_note(kw, p)}
         row.extra = json.dumps({**system.extra, **samples}, sort_keys=True, default=str)
         row.metrics.update(system.metrics)
         if p.host_ms and all(v == v for v in p.host_ms):  # GPU: the host's enqueue time
             row.metrics["host_ms"] = float(torch.tensor(p.host_ms).median())
-        # GPU: the host synchronisations of one timed call (the most on any rank)
-        syncs = count_host_syncs(p.step, ctx.device)
-        if syncs is not None:
-            row.metrics["host_syncs"] = agree(ctx, float(syncs))
+        if counted[0] == counted[0]:
+            row.metrics["host_syncs"] = counted[0]
 
-    guarded(ctx, row, finish)
+    guarded(ctx, row, results)
     return row
 
 

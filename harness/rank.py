@@ -33,6 +33,8 @@ from harness.records import (
     provenance,
 )
 from harness.system import RunContext
+from harness.teardown import run_end
+from harness.timing import STATE
 
 #: bound on a rank's start (imports, rendezvous) before its first cell, in seconds
 STARTUP_S = 120.0
@@ -60,9 +62,12 @@ def end_with_parent(parent_pid: int) -> None:
 class Reporter:
     """A rank's reports to the supervising parent through its own pipe (one writer per pipe, so
     a rank killed or stopped mid-write cannot block another rank's reports). With a parent, a
-    heartbeat every `beat_s`; when the parent is gone (the pipe broke, or the parent process
-    `parent_pid` is no longer this process's parent) the rank ends at once, writing nothing.
-    Without a parent (torchrun) it only draws rank 0's progress bar."""
+    heartbeat every `beat_s`, ("beat",) or, inside a cell, ("beat", stage, seconds waited in a
+    collective of the harness or None, a failure the ranks have not agreed on yet or None)
+    from harness.timing.STATE, so the parent can name the rank that is stuck or failed when
+    a cell runs over its time-out; when the parent is gone (the pipe broke, or the parent
+    process `parent_pid` is no longer this process's parent) the rank ends at once, writing
+    nothing. Without a parent (torchrun) it only draws rank 0's progress bar."""
 
     def __init__(
         self,
@@ -76,6 +81,8 @@ class Reporter:
         #: indexes of the cells whose rows this rank wrote
         self.written_cells: set[int] = set()
         self._lock = threading.Lock()
+        #: a cell started in this process: the beats carry STATE from then on
+        self._in_cells = False
         if conn is not None:
             threading.Thread(target=self._beat, args=(beat_s,), daemon=True).start()
 
@@ -92,14 +99,19 @@ class Reporter:
     def _beat(self, every: float) -> None:
         while True:
             try:
-                self.send("beat")
+                with self._lock:  # the state and the message of one cell (see cell)
+                    self.conn.send(("beat", *(STATE.report() if self._in_cells else ())))
             except OSError:  # the parent's end of the pipe closed: nobody supervises this rank
                 os._exit(1)
             self.check_parent()
             time.sleep(every)
 
     def cell(self, index: int) -> None:
-        self.send("cell", index)
+        with self._lock:  # no later beat carries the state of the cell before
+            STATE.reset()
+            self._in_cells = True
+            if self.conn is not None:
+                self.conn.send(("cell", index))
 
     def written(self, index: int, rows: list[Row]) -> None:
         self.written_cells.add(index)
@@ -156,6 +168,9 @@ def worker(
         device = torch.device("cpu")
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     _init_group(cfg, rank, world, device, rendezvous)
+    from harness.measure import close_agreement, open_agreement
+
+    open_agreement(timedelta(seconds=float(cfg.hardware.timeout_s)))  # ranks fail together
     ctx = RunContext(rank, world, device, None, cfg.hardware.backend)
     if rendezvous is None:  # torchrun: rank 0 read the table; every rank runs its choice
         todo = [[c["cell_hash"] for c in cells] if rank == 0 else None]
@@ -163,6 +178,8 @@ def worker(
         cells = [c for c in cells if c["cell_hash"] in set(todo[0])]
     _walk(ctx, cfg, cells, report)
     report.done()
+    run_end()  # what systems keep for the run (deepep's Buffer) goes before the group does
+    close_agreement()
     dist.destroy_process_group()
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import stat
 import subprocess
@@ -93,6 +94,9 @@ class Row:
     git_rev: str = ""
     gpu_name: str = ""
     gpu_count: int = 0
+    #: the host, as results/reference/ names its folders: the GPU model and, where more than
+    #: one, the count (h200, h200x2, h100x8); cpu without CUDA (machine_name)
+    machine: str = ""
     torch_version: str = ""
     triton_version: str = ""
     nccl_version: str = ""
@@ -164,9 +168,37 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
+def gpu_model(gpu_name: str) -> str:
+    """A GPU's short model tag, lowercase: the first word of its name that holds a digit
+    ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA A100-SXM4-80GB" -> a100, "NVIDIA GH200 480GB"
+    -> gh200); "gpu" for a name without one. plots.common.machine reads tables the same way."""
+    words = re.sub(r"[^0-9A-Za-z]+", " ", gpu_name).split()
+    return next((w.lower() for w in words if any(c.isdigit() for c in w)), "gpu")
+
+
+def machine_name(gpu_name: str, gpu_count: int) -> str:
+    """The machine as results/reference/ names its folders: "cpu" without a GPU, the GPU's
+    model for one ("h200"), model x count for several ("h200x2", "h100x8")."""
+    if gpu_count < 1:
+        return "cpu"
+    model = gpu_model(gpu_name)
+    return model if gpu_count == 1 else f"{model}x{gpu_count}"
+
+
+@lru_cache(maxsize=1)
+def this_machine() -> str:
+    """This host's machine_name, from CUDA's first device and device count (once per
+    process); "cpu" where torch sees no CUDA GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    return machine_name(torch.cuda.get_device_name(0), torch.cuda.device_count())
+
+
 @lru_cache(maxsize=1)
 def provenance() -> dict:
-    """Git revision, GPU and library versions of this process (cached)."""
+    """Git revision, GPU, machine and library versions of this process (cached)."""
     import torch
 
     rev = os.environ.get("HARNESS_GIT_REV", "")  # set where the tree travels without .git
@@ -195,6 +227,7 @@ def provenance() -> dict:
         "git_rev": rev,
         "gpu_name": gpu or "cpu",
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "machine": this_machine(),
         "torch_version": torch.__version__,
         "triton_version": triton_v,
         "nccl_version": nccl,

@@ -1,6 +1,13 @@
 """The parent side of a run on one node: spawn W ranks, watch their reports and heartbeats, and
 end the whole run within `hardware.timeout_s` when a rank dies, fails or stalls, naming the rank
 and the cell (the root cause, from the rank where it happened).
+
+A rank that fails in a cell (raises, fails its check, a device wait timed out) ends the cell
+together with the others (harness.measure.stage); the parent steps in where they cannot: a cell
+over its time-out. The heartbeats say in which stage each rank is, whether it waits in a
+collective of the harness, and a failure the ranks have not agreed on yet, so the parent names
+the rank that failed (its peers were left in a collective of the system) or the one that is
+stuck (its peers waited for it).
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ class _Rank:
     beat: float = 0.0
     written: set[int] = field(default_factory=set)
     failure: tuple[str, bool, str] | None = None  # (message, comm, traceback)
+    #: from its heartbeats in the cell (harness.timing.RankState): the stage it is in, whether
+    #: it waits in a collective of the harness, and a failure not agreed on yet
+    stage: str = ""
+    waiting: bool = False
+    unsettled: str | None = None
 
 
 def _signal_name(code: int) -> str:
@@ -84,8 +96,12 @@ def supervise(ranks: list[_Rank], todo: list[dict], cfg: Any, bar: Any) -> str |
                 continue
             t = time.monotonic()
             rank.beat = t
-            if msg[0] == "cell":
+            if msg[0] == "beat":
+                state = tuple(msg[1:]) or ("", None, None)
+                rank.stage, rank.waiting, rank.unsettled = state[0], state[1] is not None, state[2]
+            elif msg[0] == "cell":
                 rank.phase, rank.cell, rank.since = "cell", msg[1], t
+                rank.stage, rank.waiting, rank.unsettled = "", False, None
             elif msg[0] == "written":
                 rank.written.add(msg[1])
                 if bar is not None:
@@ -118,7 +134,8 @@ def _diagnose(
     ranks: list[_Rank], todo: list[dict], timeout: float, now: float, stale_s: float
 ) -> str:
     """The root cause, in order: a rank's own failure, a rank that died, a rank that stopped
-    (no heartbeat), a broken collective, a cell over the time-out."""
+    (no heartbeat), a rank that failed in its cell and whose peers could not end it with it, a
+    rank stuck while its peers waited for it, a broken collective, a cell over the time-out."""
 
     def where(r: _Rank) -> str:
         if r.phase == "cell":
@@ -145,6 +162,24 @@ def _diagnose(
         return (
             f"rank {i} stopped responding (no heartbeat for {now - r.beat:.0f} s"
             f"{', process ' + state if state else ''}) {where(r)}"
+        )
+    in_cell = [(i, r) for i, r in enumerate(ranks) if r.phase == "cell"]
+    for i, r in in_cell:
+        if r.unsettled:
+            return (
+                f"rank {i} failed {where(r)}: {r.unsettled}; the other ranks did not end the "
+                f"cell with it within {timeout:g} s (hardware.timeout_s)"
+            )
+    waited = [i for i, r in in_cell if r.waiting]
+    stuck = [(i, r) for i, r in in_cell if not r.waiting]
+    if waited and stuck:
+        i, r = stuck[0]
+        names = ", ".join(str(j) for j, _ in stuck)
+        at = f" in {r.stage}" if r.stage else ""
+        return (
+            f"rank{'s' if len(stuck) > 1 else ''} {names} made no progress for {timeout:g} s "
+            f"(hardware.timeout_s) {where(r)}{at}; rank(s) {', '.join(map(str, waited))} "
+            "waited for it in a collective"
         )
     for i, r in enumerate(ranks):
         if r.failure:

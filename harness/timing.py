@@ -13,17 +13,25 @@ GPU: a CUDA event pair around every iteration on the current stream (after a bar
 CPU: a host clock around every iteration, each iteration started after a barrier.
 Each rank's per-iteration times are reduced with MAX over ranks (the slowest rank sets the
 layer's latency), then summarised as median, p10 and p90 in milliseconds.
+Failing together: where fn raises on one rank, that rank still takes part in every collective
+of time_fn (it calls fn no more) and raises after the last, so its peers are not left waiting in
+a barrier (harness.measure then agrees over the ranks who failed). STATE says what this rank
+does, for the supervising parent's heartbeat: the stage of the cell, whether it waits in one of
+the harness's collectives, and a failure the ranks have not agreed on yet.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
+
+from harness.errors import is_comm_failure
 
 #: bootstrap resamples of the median's 95% interval (seeded: the same times give the same interval)
 BOOTSTRAP = 1000
@@ -67,13 +75,54 @@ def median_interval(ms: torch.Tensor, level: float = 0.95) -> tuple[float, float
     return float(lo), float(hi)
 
 
+class RankState:
+    """What this rank does in its cell, read by its heartbeat (harness.rank.Reporter), so the
+    supervising parent can name a rank that is stuck or failed when a cell runs over its
+    time-out: the stage of the cell (harness.measure.stage), since when (time.monotonic) it
+    waits in a collective of the harness (None while it runs its own or a system's work), and
+    a failure of this rank in the stage that the ranks have not agreed on yet."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.stage = ""
+        self.waiting_since: float | None = None
+        self.failure: str | None = None
+
+    def report(self) -> tuple:
+        """(stage, seconds waited or None, failure) for the heartbeat; () when idle."""
+        since = self.waiting_since
+        if not self.stage and since is None and self.failure is None:
+            return ()
+        waited = None if since is None else round(time.monotonic() - since, 3)
+        return (self.stage, waited, self.failure)
+
+
+#: this process's state (one rank per process)
+STATE = RankState()
+
+
+@contextmanager
+def waiting() -> Iterator[None]:
+    """Mark the block as a wait in a collective of the harness (a barrier, an agreement)."""
+    before = STATE.waiting_since
+    if before is None:
+        STATE.waiting_since = time.monotonic()
+    try:
+        yield
+    finally:
+        STATE.waiting_since = before
+
+
 def barrier(group: dist.ProcessGroup | None, device: torch.device) -> None:
     """A barrier that also works for NCCL groups (an all-reduce of one element)."""
     if dist.is_available() and dist.is_initialized():
         t = torch.zeros(1, device=device)
-        dist.all_reduce(t, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        with waiting():
+            dist.all_reduce(t, group=group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
 
 
 #: the text of torch's warning for one synchronising CUDA call (torch.cuda.set_sync_debug_mode)
@@ -142,6 +191,14 @@ def sleep_device(device: torch.device, ms: float) -> None:
     torch.cuda._sleep(int(ms * _sleep_rate(device)))
 
 
+def _keep(exc: Exception, failed: list[Exception]) -> None:
+    """Keep fn's exception to raise after time_fn's collectives; a broken process group at
+    once (every collective left would wait out its time-out)."""
+    if is_comm_failure(exc):
+        raise exc
+    failed.append(exc)
+
+
 def time_fn(
     fn: Callable[[], object],
     *,
@@ -154,13 +211,20 @@ def time_fn(
     """Time fn() over `iters` iterations after `warmup` ones; max over ranks, then quantiles.
 
     queue_ahead (GPU): a sleep kernel first, so the device runs the iterations back to back
-    (device time, not the host's launch time); see the module docstring."""
+    (device time, not the host's launch time); see the module docstring. Where fn raises, this
+    rank calls it no more but takes part in every collective left, then raises (a broken
+    process group at once)."""
     if iters < 1:
         raise ValueError("iters must be >= 1")
+    failed: list[Exception] = []  # fn's exception on this rank, raised after the collectives
     warm_host = []
     for _ in range(warmup):
         t0 = time.perf_counter()
-        fn()
+        if not failed:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - raised below
+                _keep(exc, failed)
         warm_host.append(time.perf_counter() - t0)
     barrier(group, device)
     if device.type == "cuda":
@@ -180,7 +244,11 @@ def time_fn(
         for s, e in zip(starts, ends):
             t0 = time.perf_counter()
             s.record()
-            fn()
+            if not failed:
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - raised below
+                    _keep(exc, failed)
             e.record()
             host.append(time.perf_counter() - t0)
         # the device still sleeping now means every iteration was enqueued before it ran
@@ -192,7 +260,8 @@ def time_fn(
             [host_ms, 0.0 if queued in (None, True) else 1.0], dtype=torch.float64, device=device
         )
         if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=group)
+            with waiting():
+                dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=group)
         host_ms = float(stats[0])
         if queued is not None:
             queued = bool(stats[1] == 0)
@@ -201,11 +270,18 @@ def time_fn(
         for _ in range(iters):
             barrier(group, device)
             t0 = time.perf_counter()
-            fn()
+            if not failed:
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - raised below
+                    _keep(exc, failed)
             ms.append((time.perf_counter() - t0) * 1e3)
     t = torch.tensor(ms, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        with waiting():
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    if failed:
+        raise failed[0]
     out = summarize(t.cpu().tolist())
     if device.type != "cuda":
         return out

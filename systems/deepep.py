@@ -23,17 +23,26 @@ No step synchronises the host: DeepEP's Python checks host ints only (deep_ep/bu
 656) and its C++ allocates, launches and joins its comm stream by events (csrc/deep_ep.cpp:
 1534-1795); the offsets and the packing index are computed on the device.
 
-Setup (untimed): one low-latency Buffer per process, sized for the cell
-(Buffer.get_low_latency_rdma_size_hint(M, H, W, G)), num_qps_per_rank = E (its kernels assert
-at least one QP per local expert, csrc/kernels/internode_ll.cu:285), reused by later cells that
-fit and grown (destroyed, re-made) for one that does not; cleaned for the cell's layout
-(clean_low_latency_buffer). NVSHMEM_QP_DEPTH is raised to 2 (M + 1) where the default 1024 is
-less (deep_ep/buffer.py:602 asserts it). Cells the kernels cannot take are skipped before any
-GPU work (unsupported(): each limit with where it sits in DeepEP's source).
+Setup (untimed): ONE low-latency Buffer per process and run, made at the first deepep cell
+for the run's worst case and destroyed at the run's end. validate() sees every cell of the run
+before any rank starts (harness.preflight, in the parent and, under torchrun, in every rank) and
+keeps, per world size, the largest RDMA size (ll_rdma_bytes, DeepEP's size hint), QP count
+(num_qps_per_rank = E: its kernels assert at least one QP per local expert,
+csrc/kernels/internode_ll.cu:285) and NVSHMEM_QP_DEPTH (2 (M + 1) where the default 1024 is
+less: deep_ep/buffer.py:602 asserts it) over the cells it can take, in the environment
+(PLAN_ENV, tagged with the validating process's pid): the ranks a run spawns inherit it. So the
+Buffer never grows and NVSHMEM initialises once per run (a process that never validated, such
+as a test, sizes it for its first cell and grows it where a later one needs more). Every cell
+cleans it for its own layout (clean_low_latency_buffer). Its destroy() (a barrier over the
+ranks, then NVSHMEM's finalize) runs in harness.teardown.run_end, after the last cell and before
+the process group ends. Cells the kernels cannot take are skipped before any GPU work
+(unsupported(): each limit with where it sits in DeepEP's source; the memory bound counts the
+run's Buffer, not the cell's own).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -42,6 +51,7 @@ import torch.distributed as dist
 
 from harness.experts import activation, expert_gemm, expert_gemm_impl, grouped_mm_usable
 from harness.system import CellInputs, Step, System
+from harness.teardown import at_run_end
 from harness.workload import WorkloadSpec
 
 UPSTREAM = "deepseek-ai/DeepEP@567632d"
@@ -83,10 +93,11 @@ def packed_rows(spec: WorkloadSpec) -> int:
     return W * M * min(spec.top_k, spec.experts_per_rank)
 
 
-def cell_bytes(spec: WorkloadSpec) -> int:
-    """Device bytes of one rank's cell: the RDMA buffer (rounded up to NVSHMEM's granule), the
-    dispatch's recv_x [E, W*M, H] and the combine's y of the same shape, the packed rows
-    [P, H + F + H], the experts' W1 and W2, x and out [T, H] (bf16)."""
+def cell_bytes(spec: WorkloadSpec, rdma_bytes: int = 0) -> int:
+    """Device bytes of one rank's cell: the RDMA buffer (the cell's own, or rdma_bytes where
+    larger: the run's Buffer; rounded up to NVSHMEM's granule), the dispatch's recv_x
+    [E, W*M, H] and the combine's y of the same shape, the packed rows [P, H + F + H], the
+    experts' W1 and W2, x and out [T, H] (bf16)."""
     W, M, H, F, E = (
         spec.world_size,
         spec.tokens_per_rank,
@@ -94,7 +105,8 @@ def cell_bytes(spec: WorkloadSpec) -> int:
         spec.ffn,
         spec.experts_per_rank,
     )
-    rdma = -(-ll_rdma_bytes(M, H, W, spec.n_experts) // NVSHMEM_GRANULE) * NVSHMEM_GRANULE
+    rdma = max(ll_rdma_bytes(M, H, W, spec.n_experts), rdma_bytes)
+    rdma = -(-rdma // NVSHMEM_GRANULE) * NVSHMEM_GRANULE
     worst = E * W * M
     return rdma + 2 * (2 * worst * H + packed_rows(spec) * (2 * H + F) + 2 * E * H * F + 2 * M * H)
 
@@ -113,8 +125,9 @@ def device_memory() -> int | None:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
 
 
-def ll_limits(spec: WorkloadSpec) -> list[str]:
-    """Every limit of the low-latency kernels the cell exceeds, one phrase each (empty: none)."""
+def ll_limits(spec: WorkloadSpec, run_rdma: int = 0) -> list[str]:
+    """Every limit of the low-latency kernels the cell exceeds, one phrase each (empty: none);
+    run_rdma: the RDMA bytes of the run's Buffer, which the cell's memory must fit beside."""
     why = []
     if spec.dtype != "bfloat16":
         why.append(
@@ -145,13 +158,19 @@ def ll_limits(spec: WorkloadSpec) -> list[str]:
             f"{spec.n_experts} experts need {-(-spec.n_experts // sms)} warp groups per SM on "
             f"{sms} SMs, at most {LL_MAX_WARP_GROUPS} (csrc/kernels/internode_ll.cu:383)"
         )
-    have, need = device_memory(), cell_bytes(spec)
+    have, need = device_memory(), cell_bytes(spec, run_rdma)
     if have and need > have:
         M, H, W, G = spec.tokens_per_rank, spec.hidden, spec.world_size, spec.n_experts
+        own = ll_rdma_bytes(M, H, W, G)
+        rdma = (
+            f"the run's RDMA buffer {run_rdma / 2**30:.1f} GiB (sized once for its largest "
+            f"deepep cell; this cell's own: {own / 2**30:.1f} GiB)"
+            if run_rdma > own
+            else f"the RDMA buffer {own / 2**30:.1f} GiB"
+        )
         why.append(
-            f"its buffers need {need / 2**30:.1f} GiB (the RDMA buffer "
-            f"{ll_rdma_bytes(M, H, W, G) / 2**30:.1f} GiB, csrc/config.hpp:136-193, and the "
-            f"worst-case [E, W*M, H] rows), more than the GPU's {have / 2**30:.1f} GiB"
+            f"its buffers need {need / 2**30:.1f} GiB ({rdma}, csrc/config.hpp:136-193, and "
+            f"the worst-case [E, W*M, H] rows), more than the GPU's {have / 2**30:.1f} GiB"
         )
     return why
 
@@ -195,18 +214,71 @@ def packed_ffn(
     return y[:-1].view(E, S, H)
 
 
+#: the environment variable that carries the run's Buffer sizes from validate() to the ranks:
+#: {"pid": the validating process, "sizes": {W: [rdma_bytes, qps, qp_depth]}}
+PLAN_ENV = "HARNESS_DEEPEP_BUFFER"
+
+
+def cell_needs(spec: WorkloadSpec) -> tuple[int, int, int]:
+    """(RDMA bytes, QPs per rank, NVSHMEM QP depth) a cell's low-latency Buffer needs."""
+    M = spec.tokens_per_rank
+    rdma = ll_rdma_bytes(M, spec.hidden, spec.world_size, spec.n_experts)
+    return rdma, spec.experts_per_rank, 2 * (M + 1)
+
+
+def _read_plan() -> dict:
+    """The plan in the environment if this process made it (torchrun: every rank validates) or
+    its parent did (a spawned rank); else empty (another process's run)."""
+    try:
+        plan = json.loads(os.environ.get(PLAN_ENV, "") or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(plan, dict) or plan.get("pid") not in (os.getpid(), os.getppid()):
+        return {}
+    return plan
+
+
+def plan_cell(spec: WorkloadSpec) -> None:
+    """Take a cell into the run's Buffer sizes (the largest of each, per world size)."""
+    plan = _read_plan()
+    if plan.get("pid") != os.getpid():  # a run of this process starts a plan of its own
+        plan = {"pid": os.getpid(), "sizes": {}}
+    key = str(spec.world_size)
+    held = plan["sizes"].get(key, [0, 0, 0])
+    plan["sizes"][key] = [max(a, b) for a, b in zip(held, cell_needs(spec))]
+    os.environ[PLAN_ENV] = json.dumps(plan)
+
+
+def planned(world: int) -> tuple[int, int, int]:
+    """The run's Buffer sizes at W = world ((0, 0, 0) where no plan is known)."""
+    sizes = _read_plan().get("sizes", {}).get(str(world), [0, 0, 0])
+    return (int(sizes[0]), int(sizes[1]), int(sizes[2]))
+
+
 class _Held:
-    """The process's low-latency Buffer, reused by every cell it fits (DeepEP's get_buffer
-    pattern, README "Example use in inference decoding"); a cell it does not fit grows it."""
+    """The process's low-latency Buffer, made once per run and reused by every cell (DeepEP's
+    get_buffer pattern, README "Example use in inference decoding")."""
 
     buffer: Any = None
     qps: int = 0
 
 
-def ll_buffer(deep_ep: Any, group: Any, rdma_bytes: int, qps: int, qp_depth: int) -> Any:
+def release() -> None:
+    """Destroy the held Buffer (a barrier over its ranks, then NVSHMEM's finalize: every rank
+    calls it, while the process group lives). Registered with harness.teardown.at_run_end."""
+    held, _Held.buffer, _Held.qps = _Held.buffer, None, 0
+    if held is not None:
+        held.destroy()
+
+
+def ll_buffer(
+    deep_ep: Any, group: Any, world: int, rdma_bytes: int, qps: int, qp_depth: int
+) -> Any:
     """The held Buffer if it fits (same group, enough bytes, QPs and QP depth), else a new one
-    of the larger of the held and the asked sizes (the held one destroyed first: every rank
-    walks the same cells, so every rank does it at the same cell)."""
+    of the largest of the asked sizes, the run's planned ones at this world size and the held
+    one's (a held one destroyed first: every rank walks the same cells, so every rank does it
+    at the same cell). Within a harness run the first cell makes it at the planned sizes, and it
+    fits every later cell."""
     held = _Held.buffer
     if held is not None:
         fits = (
@@ -220,8 +292,9 @@ def ll_buffer(deep_ep: Any, group: Any, rdma_bytes: int, qps: int, qp_depth: int
         if held.group is group:
             rdma_bytes = max(rdma_bytes, held.num_rdma_bytes)
             qps, qp_depth = max(qps, _Held.qps), max(qp_depth, held.nvshmem_qp_depth)
-        _Held.buffer = None
-        held.destroy()
+        release()
+    plan = planned(world)
+    rdma_bytes, qps, qp_depth = max(rdma_bytes, plan[0]), max(qps, plan[1]), max(qp_depth, plan[2])
     depth = max(qp_depth, int(os.environ.get("NVSHMEM_QP_DEPTH", QP_DEPTH_DEFAULT)))
     os.environ["NVSHMEM_QP_DEPTH"] = str(depth)  # read by Buffer() and NVSHMEM's init
     _Held.buffer = deep_ep.Buffer(
@@ -233,6 +306,7 @@ def ll_buffer(deep_ep: Any, group: Any, rdma_bytes: int, qps: int, qp_depth: int
         explicitly_destroy=True,
     )
     _Held.qps = qps
+    at_run_end(release)
     return _Held.buffer
 
 
@@ -302,13 +376,20 @@ class DeepEPSystem(System):
     layer_scope = True
 
     @classmethod
+    def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
+        """Every cell of the run passes here before any rank starts: the cells the kernels can
+        take enter the run's Buffer sizes (plan_cell)."""
+        if spec.ffn and not ll_limits(spec):
+            plan_cell(spec)
+
+    @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
         if not spec.ffn:
             return (
                 "deepep times the whole layer (dispatch, FFN experts, combine): operator cells "
                 "(ffn=0) start from dispatched rows it does not take"
             )
-        why = ll_limits(spec)
+        why = ll_limits(spec, planned(spec.world_size)[0])
         if why:
             return f"deepep ({UPSTREAM}) low-latency kernels: " + "; ".join(why)
         return None
@@ -323,7 +404,8 @@ class DeepEPSystem(System):
         group = self.ctx.group if self.ctx.group is not None else dist.group.WORLD
         hint = deep_ep.Buffer.get_low_latency_rdma_size_hint
         rdma = hint(M, spec.hidden, spec.world_size, G)
-        buffer = ll_buffer(deep_ep, group, rdma, spec.experts_per_rank, 2 * (M + 1))
+        W, E = spec.world_size, spec.experts_per_rank
+        buffer = ll_buffer(deep_ep, group, W, rdma, E, 2 * (M + 1))
         buffer.clean_low_latency_buffer(M, spec.hidden, G)
         step = LowLatencyStep(buffer, deep_ep.topk_idx_t, inputs)
         recv_rows = step.recv.view(-1, spec.hidden)
@@ -337,6 +419,7 @@ class DeepEPSystem(System):
             "max_tokens": M,
             "packed_rows": int(step.rows.numel()),
             "rdma_bytes": int(buffer.num_rdma_bytes),
+            "rdma_bytes_cell": int(rdma),
             "qp_depth": int(buffer.nvshmem_qp_depth),
         }
         return step

@@ -213,7 +213,12 @@ def fake_deep_ep(monkeypatch):
     )
     monkeypatch.setattr(deepep._Held, "buffer", None)
     monkeypatch.setenv("NVSHMEM_QP_DEPTH", "1024")
+    monkeypatch.setenv(deepep.PLAN_ENV, "")  # no run's plan (sized per cell); undone after
     _FakeBuffer.made = []
+    yield
+    from harness import teardown
+
+    teardown._pending.clear()
 
 
 def _inputs(spec: WorkloadSpec) -> CellInputs:

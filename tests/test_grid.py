@@ -84,11 +84,16 @@ def test_rows_write_params_as_p_columns():
     assert "params" not in d and "ccta" not in d
 
 
-def test_the_committed_layer_table_resumes():
+def test_the_committed_layer_table_resumes(monkeypatch):
     # its rows were timed eagerly, with the NCCL dispatch and (overlap) the remote-first order,
-    # the only order then: each row has the hash of that cell today
+    # the only order then: each row has the hash of that cell today where the machine is not
+    # known (a CPU, as here: the hash takes the preset's name, as it did when they were hashed);
+    # on the two H200s themselves the machine (h200x2) enters the hash, and they are new cells
     import pandas as pd
 
+    from harness import records
+
+    monkeypatch.setattr(records, "this_machine", lambda: "cpu")  # also where CUDA is
     ref = ROOT / "results/reference/h200x2/layer.parquet"
     df = pd.read_parquet(ref, columns=["system", "cell_hash"])
     ran = (
@@ -106,3 +111,5 @@ def test_the_committed_layer_table_resumes():
     assert set(df[df["system"] != "overlap"]["cell_hash"]) <= auto  # every baseline row resumes
     graphed = {c["cell_hash"] for c in expand_grid(_compose("experiment=layer"), 2)}
     assert not set(df["cell_hash"]) & graphed  # graph timing (the default) is another cell
+    monkeypatch.setattr(records, "this_machine", lambda: "h200x2")
+    assert not set(df["cell_hash"]) & {c["cell_hash"] for c in expand_grid(first, 2)}
