@@ -66,9 +66,7 @@ def _parts(table: Path) -> tuple[str, ...]:
 
 def reference_names(key: str) -> list[str]:
     """The figure files (no suffix) of the committed table `<machine>/<experiment>`."""
-    machine_, stem = key.split("/")
-    parts = PARTS.get(FIGURES.get(stem, "").removeprefix("plots."), ("",))
-    return [f"reference_{machine_}_{stem}{part}" for part in parts]
+    return figure_names(Path("results/reference", f"{key}.parquet"), Path("results"))
 
 
 def figure_base(table: Path, results: Path, df: pd.DataFrame | None = None) -> str:

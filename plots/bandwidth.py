@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-
-from plots.common import load, main, save
+from plots.common import grid, load, main, save
 
 REFERENCE = "nccl_all_to_all"
 
@@ -23,7 +21,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     if cons.empty:
         raise ValueError(f"{table}: no ok consumer rows")
     panels = list(dict.fromkeys(zip(cons["transport"], cons["world_size"])))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.8), squeeze=False)
+    fig, axes = grid(1, len(panels), 4.5, 3.8)
     for ax, (tr, w) in zip(axes[0], panels):
         sub = cons[(cons["transport"] == tr) & (cons["world_size"] == w)]
         for ccta, s in sub.groupby("p_ccta"):
@@ -33,8 +31,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         if tr != "loopback" and not r.empty:
             ax.plot(r["m_segment_bytes"] / 1024, r["m_gbps"], "k--", label="all_to_all_single")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("segment size (KiB)")
-        ax.set_ylabel("GB/s leaving the GPU (higher is better)")
+        ax.set(xlabel="segment size (KiB)", ylabel="GB/s leaving the GPU (higher is better)")
         note = " (local copy)" if tr == "loopback" or w == 1 else ""
         ax.set_title(f"{tr}{note}, W={w:g}", fontsize=9)
         ax.legend(fontsize=7)

@@ -108,8 +108,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
                 ax.axhline(1.0, color="k", lw=0.8)
             t, k, n, e = shape
             ax.set_title(f"T={t} K={k} N={n} E={e}, {routing}\n" + "\n".join(notes), fontsize=7)
-            ax.set_xlabel("cCTA (consumer SMs)")
-            ax.set_ylabel(ylabel)
+            ax.set(xlabel="cCTA (consumer SMs)", ylabel=ylabel)
             ax.legend(fontsize=6)
     what = "against serial" if vs_serial else "latency (no serial rows in this table)"
     return save(fig, out_dir, name, f"Overlap cCTA x mgb {what}\n{transport_note(df)}")

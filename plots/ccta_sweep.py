@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-
-from plots.common import load, main, save, transport_note
+from plots.common import grid, load, main, save, transport_note
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
@@ -18,7 +16,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     if df.empty:
         raise ValueError(f"{table}: no ok overlap rows")
     routings = sorted(df["routing"].unique())
-    fig, axes = plt.subplots(2, len(routings), figsize=(4.5 * len(routings), 6.5), squeeze=False)
+    fig, axes = grid(2, len(routings), 4.5, 3.25)
     for i, routing in enumerate(routings):
         sub = df[df["routing"] == routing]
         ax, ax2 = axes[0][i], axes[1][i]
@@ -30,19 +28,15 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         ax.plot(s["p_ccta"], s["compute_ms"], "k--", label="compute alone (all SMs)")
         ax.plot(s["p_ccta"], s["comm_ms"], "k:", label="combine alone (cCTA SMs)")
         ax.set_title(f"{routing}", fontsize=9)
-        ax.set_xlabel("cCTA (consumer SMs)")
-        ax.set_ylabel("ms (lower is better)")
-        ax.legend(fontsize=7)
-        ax2.set_xlabel("cCTA (consumer SMs)")
-        ax2.set_ylabel("overlap ratio (higher is better)")
+        ax.set(xlabel="cCTA (consumer SMs)", ylabel="ms (lower is better)")
+        ax2.set(xlabel="cCTA (consumer SMs)", ylabel="overlap ratio (higher is better)")
         ax2.set_ylim(0, 1.05)
-        ax2.legend(fontsize=7)
+        for a in (ax, ax2):
+            a.legend(fontsize=7)
     r = df.iloc[0]
-    shape = (
-        f"T/rank={r['tokens_per_rank']} K={r['hidden']} N={r['out']} "
-        f"E={r['experts_per_rank']} {r['dtype']}"
-    )
-    return save(fig, out_dir, name, f"Overlap cCTA sweep, {shape}\n{transport_note(df)}")
+    shape = f"T/rank={r['tokens_per_rank']} K={r['hidden']} N={r['out']} E={r['experts_per_rank']}"
+    title = f"Overlap cCTA sweep, {shape} {r['dtype']}\n{transport_note(df)}"
+    return save(fig, out_dir, name, title)
 
 
 if __name__ == "__main__":

@@ -55,11 +55,8 @@ def line_label(df: pd.DataFrame) -> pd.Series:
     """Per row, the plotted line: the system's label, the overlap system with its variant
     ("Overlap (ours) (p2p, compact)"); never a best-of over variants."""
     var = overlap_variant(df)
-    return pd.Series(
-        [f"{label(s)} ({v})" if v else label(s) for s, v in zip(df["system"], var)],
-        index=df.index,
-        dtype=object,
-    )
+    lines = [f"{label(s)} ({v})" if v else label(s) for s, v in zip(df["system"], var)]
+    return pd.Series(lines, index=df.index, dtype=object)
 
 
 def placements(df: pd.DataFrame) -> pd.DataFrame:
@@ -81,26 +78,20 @@ def placements(df: pd.DataFrame) -> pd.DataFrame:
 SETTING = ("hardware", "backend", "warmup", "iters", "rounds", "queue_ahead")
 
 
-def settings(df: pd.DataFrame) -> list[tuple]:
-    """The table's measurement settings (values of its SETTING columns), newest last (by the
-    newest row of each)."""
+def newest_setting(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
+    """The rows of the table's newest measurement setting (the values of its SETTING columns;
+    the newest by the newest row of each); says on stdout what it left out."""
     cols = [c for c in SETTING if c in df]
     if not cols or df.empty:
-        return []
-    t = _col(df, "timestamp").fillna(0).astype(float)
-    newest = t.groupby([df[c].astype(str) for c in cols]).max().sort_values(kind="stable")
-    return [k if isinstance(k, tuple) else (k,) for k in newest.index]
-
-
-def newest_setting(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
-    """The rows of the table's newest measurement setting; says on stdout what it left out."""
-    found = settings(df)
-    if len(found) < 2:
         return df
-    cols = [c for c in SETTING if c in df]
-    keep = (df[cols].astype(str) == list(found[-1])).all(axis=1)
+    t = _col(df, "timestamp").fillna(0).astype(float)
+    times = t.groupby([df[c].astype(str) for c in cols]).max().sort_values(kind="stable")
+    if len(times) < 2:
+        return df
+    last = times.index[-1]
+    keep = (df[cols].astype(str) == list(last if isinstance(last, tuple) else (last,))).all(axis=1)
     print(f"[figures] {table}: the newest measurement setting only ({setting_note(df[keep])}); "
-          f"left out {int((~keep).sum())} row(s) of {len(found) - 1} other setting(s)")  # fmt: skip
+          f"left out {int((~keep).sum())} row(s) of {len(times) - 1} other setting(s)")  # fmt: skip
     return df[keep]
 
 
@@ -117,15 +108,13 @@ def _join(v: pd.Series) -> str:
 def machine(df: pd.DataFrame) -> str:
     """The machine of a table's newest rows, named as the folders of results/reference/ are:
     "cpu", "h200", "h200x2" (the GPU's model, and the count where more than one)."""
+    from harness.records import machine_name
+
     if df.empty or "gpu_count" not in df:
         return "local"
     row = df.iloc[int(_col(df, "timestamp").fillna(0).astype(float).to_numpy().argmax())]
     n = int(row["gpu_count"]) if row["gpu_count"] == row["gpu_count"] else 0
-    if n == 0:
-        return "cpu"
-    words = str(row.get("gpu_name", "")).replace("-", " ").split()
-    model = next((w for w in words if any(ch.isdigit() for ch in w)), "gpu").lower()
-    return model if n == 1 else f"{model}x{n}"
+    return machine_name(str(row.get("gpu_name", "")), n)
 
 
 #: the columns of a system's cell, with its knobs (p_*, not the *_used outcomes) apart from
@@ -234,14 +223,25 @@ def _fixed(df: pd.DataFrame, rows: dict[str, str]) -> str:
     return " ".join(f"{n}={v}" if n else str(v) for n, v in one)
 
 
-def draw_grid(
-    axes, df: pd.DataFrame, rows: dict[str, str], line: str, y: str, ylabel: str, colors: dict,
+def grid(n_rows: int, n_cols: int, w: float = 3.6, h: float = 2.9):
+    """(figure, axes[n_rows][n_cols]) of panels w x h inches."""
+    return plt.subplots(n_rows, n_cols, figsize=(w * n_cols, h * n_rows), squeeze=False)
+
+
+def panel_grid(
+    df: pd.DataFrame, line: str, y: str, ylabel: str, title: str,
+    rows: dict[str, str] | None = None, colors: dict | None = None, ncol: int = 4,
     hlines: tuple[float, ...] = (1.0,), extra: Callable | None = None, logy: bool = False,
-) -> None:  # fmt: skip
-    """Fill axes[i][j] (i: a value of the `rows` columns, j: a routing): per value of `line`,
-    the median of `y` against experts per rank (log2); `rows` maps a column to its short name
-    in the panel titles (columns of one value are left to the figure's title: _fixed);
-    `extra(ax, rows of the line, style)` draws more of each line."""
+) -> plt.Figure:  # fmt: skip
+    """One panel per (a value of the `rows` columns, a routing), one line per value of `line`:
+    the median of `y` against experts per rank (log2), its colour from `colors` (else palette).
+    `rows` (N unless given) maps a column to its short name in the panel titles; its columns of
+    one value join the title's first line instead. `extra(ax, rows of the line, style)` draws
+    more of each line. One legend above the panels (a line per colour, in at most `ncol`
+    columns), the title above the legend."""
+    rows = rows or {"out": "N"}
+    fig, axes = grid(len(_keys(df, list(rows))), df["routing"].nunique())
+    colors = colors or palette(df[line])
     vary = {c for c in rows if df[c].nunique() > 1}
     for i, rk in enumerate(_keys(df, list(rows))):
         for j, (routing,) in enumerate(_keys(df, ["routing"])):
@@ -263,13 +263,11 @@ def draw_grid(
             ax.set_title(" ".join([*shape, routing]), fontsize=8)
             ax.set_ylabel(ylabel, fontsize=8)
             ax.tick_params(which="both", labelsize=7)
-
-
-def finish(fig: plt.Figure, axes, colors: dict, title: str, ncol: int = 4) -> plt.Figure:
-    """x labels on the bottom row, one legend above the panels (a line per colour, in at most
-    `ncol` columns), the title above the legend."""
     for ax in axes[-1]:
         ax.set_xlabel("experts per rank", fontsize=8)
+    if fixed := _fixed(df, rows):
+        first, nl, rest = title.partition("\n")
+        title = f"{first}, {fixed}{nl}{rest}"
     fig.tight_layout()
     handles = [Line2D([], [], marker="o", ms=3, color=c, label=v) for v, c in colors.items()]
     ncol = min(len(handles), ncol)
@@ -280,63 +278,27 @@ def finish(fig: plt.Figure, axes, colors: dict, title: str, ncol: int = 4) -> pl
     return fig
 
 
-def grid(n_rows: int, n_cols: int, w: float = 3.6, h: float = 2.9):
-    """(figure, axes[n_rows][n_cols]) of panels w x h inches."""
-    return plt.subplots(n_rows, n_cols, figsize=(w * n_cols, h * n_rows), squeeze=False)
-
-
-def panel_grid(
-    df: pd.DataFrame, line: str, y: str, ylabel: str, title: str,
-    rows: dict[str, str] | None = None, **kw,
-) -> plt.Figure:  # fmt: skip
-    """One panel per (rows, routing) (rows: N unless given), one line per value of `line`; the
-    `rows` columns of one value join the title's first line; kw: draw_grid's hlines, extra,
-    logy."""
-    rows = rows or {"out": "N"}
-    fig, axes = grid(len(_keys(df, list(rows))), df["routing"].nunique())
-    colors = palette(df[line])
-    draw_grid(axes, df, rows, line, y, ylabel, colors, **kw)
-    if fixed := _fixed(df, rows):
-        first, nl, rest = title.partition("\n")
-        title = f"{first}, {fixed}{nl}{rest}"
-    return finish(fig, axes, colors, title)
-
-
-def _default_name(table: Path, default: str) -> str:
-    """reference_<machine>_<experiment> for results/reference/<machine>/<experiment>.parquet
-    (the name `make figures` gives it), else `default`."""
-    if table.parent.parent.name == "reference":
-        return f"reference_{table.parent.name}_{table.stem}"
-    return default
-
-
 def main(
     plot: Callable[..., list[Path]],
     default_table: str,
     default_name: str,
     summary: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
-    options: tuple[str, ...] = (),
 ) -> None:
-    """The command line of a figure script: --table, --out, --name, an integer option per name
-    in `options` (passed to plot by that name), and with `summary` --summary: print the
-    script's summary table, draw nothing; prints the paths."""
+    """The command line of a figure script: --table, --out, --name, and with `summary`
+    --summary: print the script's summary table, draw nothing; prints the paths."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--table", default=default_table)
     ap.add_argument("--out", default=str(FIG_DIR))
-    ap.add_argument(
-        "--name",
-        default=None,
-        help="the figure's file name (default: "
-        "reference_<machine>_<table> for a table under results/reference/)",
-    )
-    for opt in options:
-        ap.add_argument(f"--{opt.replace('_', '-')}", type=int, default=None)
+    ap.add_argument("--name", help="the figure's file name (default: reference_<machine>_<table>"
+                    " under results/reference/, as `make figures` names it)")  # fmt: skip
     if summary is not None:
         ap.add_argument("--summary", action="store_true", help="print the summary, draw nothing")
     args = ap.parse_args()
     if summary is not None and args.summary:
         print(summary(pd.read_parquet(args.table)).to_string(index=False))
         return
-    name = args.name or _default_name(Path(args.table), default_name)
-    for p in plot(args.table, args.out, name, **{o: getattr(args, o) for o in options}):
+    table = Path(args.table)
+    ref = f"reference_{table.parent.name}_{table.stem}"
+    name = args.name or (ref if table.parent.parent.name == "reference" else default_name)
+    for p in plot(args.table, args.out, name):
         print(p)

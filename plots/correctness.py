@@ -21,12 +21,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from plots.common import main, save, transport_note
+from harness.check import DEFAULT_TOL, ROW_TOL_FACTOR
+from plots.common import grid, main, save, transport_note
 
 GROUP = ["layout", "transport", "world_size", "dtype"]
 QUANTILES = (0.5, 0.9, 0.99)
-#: the per-row bound is this many times tol (harness/check.py: ROW_TOL_FACTOR)
-ROW_TOL_FACTOR = 10.0
 
 
 def with_layout(df: pd.DataFrame) -> pd.DataFrame:
@@ -85,7 +84,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         raise ValueError(f"{table}: no checked overlap rows (status ok or fail)")
     groups = list(df.groupby(GROUP, sort=True))
     cols = max(2, len(groups))
-    fig, axes = plt.subplots(2, cols, figsize=(5.5 * cols, 10), squeeze=False)
+    fig, axes = grid(2, cols, 5.5, 5)
     for ax, (key, g) in zip(axes[0], groups):
         im = _heatmap(ax, g)
         layout, tr, w, dt = key
@@ -94,7 +93,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         fig.colorbar(im, ax=ax, label="log10 max_rel_err")
     for ax in axes[0][len(groups) :]:
         ax.axis("off")
-    tol = float(df["tol"].dropna().max()) if "tol" in df and df["tol"].notna().any() else 8e-3
+    tol = float(df["tol"].max()) if "tol" in df and df["tol"].notna().any() else DEFAULT_TOL
     hists = (("max_rel_err", tol, "whole-tensor"), ("max_row_rel_err", ROW_TOL_FACTOR * tol, "row"))
     for ax, (col, bound, what) in zip(axes[1], hists):
         for key, g in groups:

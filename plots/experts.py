@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
-from plots.common import label, main, prefer_graph, save, transport_note
+from plots.common import against, grid, label, main, prefer_graph, save, transport_note
 
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
 #: what the operator pass runs, for the caption when it is missing
@@ -31,12 +30,9 @@ def _ffn(df: pd.DataFrame) -> pd.Series:
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Per layer workload and other system: latency(system) / latency(overlap) (ok rows)."""
-    ok = df[(df["status"] == "ok") & (_ffn(df) > 0)]
-    best = ok.groupby(WORKLOAD + ["system"], as_index=False)["latency_ms"].min()
-    mine = best[best["system"] == "overlap"][WORKLOAD + ["latency_ms"]]
-    out = best[best["system"] != "overlap"].merge(mine, on=WORKLOAD, suffixes=("", "_overlap"))
-    out["speedup"] = out["latency_ms"] / out["latency_ms_overlap"]
-    return out
+    out = against(df[(df["status"] == "ok") & (_ffn(df) > 0)], WORKLOAD, ["system"], "overlap")
+    out = out[(out["system"] != "overlap") & out["ref_ms"].notna()]
+    return out.assign(speedup=out["latency_ms"] / out["ref_ms"])
 
 
 def ratios(df: pd.DataFrame) -> pd.DataFrame:
@@ -62,7 +58,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         raise ValueError(f"{table}: no layer workload with an ok overlap row and another system")
     routings = sorted(sp["routing"].unique())
     es = sorted(int(e) for e in sp["experts_per_rank"].unique())
-    fig, axes = plt.subplots(2, len(routings), figsize=(4.8 * len(routings), 7), squeeze=False)
+    fig, axes = grid(2, len(routings), 4.8, 3.5)
     for i, routing in enumerate(routings):
         ax, ax2 = axes[0][i], axes[1][i]
         for (system, h), s in sp[sp["routing"] == routing].groupby(["system", "hidden"]):
@@ -78,16 +74,14 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         if r.empty:
             msg = f"no operator-scope rows:\n{OPERATOR_PASS}"
             ax2.text(0.5, 0.5, msg, ha="center", va="center", fontsize=7, transform=ax2.transAxes)
-        ax2.set_ylim(0, 1.05)
-        ax2.set_ylabel("overlap ratio (higher is better)")
+        ax2.set(ylim=(0, 1.05), ylabel="overlap ratio (higher is better)")
         for a in (ax, ax2):
             a.set_xscale("log", base=2)
             a.set_xticks(es, [str(e) for e in es])
             a.set_xlabel("experts per rank")
             if a.get_legend_handles_labels()[0]:
                 a.legend(fontsize=6)
-    gone = missing_systems(df)
-    note = "; ".join(f"{s}: {why}" for s, why in gone.items())
+    note = "; ".join(f"{s}: {why}" for s, why in missing_systems(df).items())
     layer = df[(df["status"] == "ok") & (_ffn(df) > 0)]
     title = (
         "Fig 5: overlap against every system per experts per rank (whole layer, F="

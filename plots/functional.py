@@ -28,14 +28,9 @@ def cells(df: pd.DataFrame) -> pd.DataFrame:
     o = df[df["system"] == "overlap"].sort_values(CELL, kind="stable")
     if o.empty:
         raise ValueError("a functional table needs overlap rows")
-    lab = [
-        f"W={w} E={e} {r} T={t} K={k} N={n}" for w, e, r, t, k, n in zip(*(o[c] for c in CELL[:-1]))
-    ]
-    tol = o["tol"] if "tol" in o else pd.Series(float("nan"), index=o.index)
-    return pd.DataFrame(
-        {"cell": lab, "status": o["status"].values, "max_rel_err": o["max_rel_err"].values,
-         "tol": tol.values}
-    )  # fmt: skip
+    lab = [f"W={w} E={e} {r} T={t} K={k} N={n}" for w, e, r, t, k, n in o[CELL[:-1]].values]
+    o = o.assign(cell=lab, tol=o["tol"] if "tol" in o else float("nan"))
+    return o[["cell", "status", "max_rel_err", "tol"]].reset_index(drop=True)
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:

@@ -57,8 +57,7 @@ def _bars(df: pd.DataFrame, title: str) -> tuple:
             ax.tick_params(axis="x", labelsize=7)
     (e,) = df["experts_per_rank"].unique()
     first, nl, rest = title.partition("\n")
-    fixed = pc._fixed(df, SHAPE)
-    return fig, f"{first}, E/rank={int(e)} {fixed}{nl}{rest}"  # (figure, its title)
+    return fig, f"{first}, E/rank={int(e)} {pc._fixed(df, SHAPE)}{nl}{rest}"  # (figure, title)
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:

@@ -15,8 +15,6 @@ import pandas as pd
 from plots import common as pc
 
 SHAPE = {"tokens_per_rank": "T", "hidden": "H"}
-#: the figures of one table: <name><part>
-PARTS = ("_latency", "_speedup")
 WORKLOAD = ["world_size", *SHAPE, "ffn", "experts_per_rank", "top_k", "routing", "dtype"]
 
 
@@ -39,10 +37,9 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         ("_latency", "latency_ms", "latency (ms), lower is better", dict(hlines=(), logy=True)),
         ("_speedup", "speedup", "speedup vs serial, higher is better", {}),
     ):
-        fig, axes = pc.grid(sp.groupby(list(SHAPE)).ngroups, sp["routing"].nunique())
-        pc.draw_grid(axes, sp, SHAPE, "line", y, what, colors, **kw)
         title = f"The MoE layer (scope layer): {what}\n{pc.transport_note(df)}"
-        paths += pc.save(pc.finish(fig, axes, colors, title), out_dir, name + part)
+        fig = pc.panel_grid(sp, "line", y, what, title, SHAPE, colors, **kw)
+        paths += pc.save(fig, out_dir, name + part)
     return paths
 
 

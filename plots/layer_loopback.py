@@ -31,7 +31,8 @@ def errors(df: pd.DataFrame) -> pd.DataFrame:
     return out.assign(line=out["layout"] + ": " + out["check"].map(ERRORS))
 
 
-def _lines(ax, d: pd.DataFrame, y: str, line: str, logy: bool = False) -> None:
+def _lines(ax, d: pd.DataFrame, y: str, line: str, title: str) -> None:
+    """Per value of `line`, the median of `y` against W (log2 x, log y)."""
     colors = pc.palette(d[line])
     for v, s in d.groupby(line):
         m = s.groupby("world_size")[y].median()
@@ -39,10 +40,10 @@ def _lines(ax, d: pd.DataFrame, y: str, line: str, logy: bool = False) -> None:
         style = dict(marker="x" if compact else "o", ls="--" if compact else "-", ms=4)
         ax.plot(m.index, m.values, color=colors[v], label=v, **style)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted(d["world_size"].unique()), [str(int(w)) for w in
-                  sorted(d["world_size"].unique())])  # fmt: skip
-    if logy:
-        ax.set_yscale("log")
+    ws = sorted(d["world_size"].unique())
+    ax.set_xticks(ws, [str(int(w)) for w in ws])
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=8)
     ax.set_xlabel("W (ranks played by one GPU)", fontsize=8)
     ax.tick_params(which="both", labelsize=7)
     ax.legend(fontsize=6)
@@ -54,28 +55,21 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     ok = every[every["status"] == "ok"]
     if ok.empty:
         raise ValueError(f"{table}: no ok overlap rows to plot")
-    fig, axes = pc.grid(1, 3, w=3.8, h=3.2)
-    ax = axes[0][0]
-    _lines(ax, errors(every), "value", "line")
+    fig, ((ax_err, ax_mem, ax_lat),) = pc.grid(1, 3, w=3.8, h=3.2)
+    _lines(ax_err, errors(every), "value", "line", "worst error over the cells (lower is better)")
     tol = float(every["tol"].max()) if "tol" in every else DEFAULT_TOL
-    ax.axhline(tol, color="k", lw=0.8, ls="--", label=f"tolerance {tol:.0e}")
-    ax.axhline(ROW_TOL_FACTOR * tol, color="k", lw=0.8, ls=":",
-               label=f"row tolerance {ROW_TOL_FACTOR * tol:.0e}")  # fmt: skip
-    ax.set_yscale("log")
-    ax.set_title("worst error over the cells (lower is better)", fontsize=8)
-    ax.legend(fontsize=6, loc="center right")
-    ax = axes[0][1]
+    ax_err.axhline(tol, color="k", lw=0.8, ls="--", label=f"tolerance {tol:.0e}")
+    ax_err.axhline(ROW_TOL_FACTOR * tol, color="k", lw=0.8, ls=":",
+                   label=f"row tolerance {ROW_TOL_FACTOR * tol:.0e}")  # fmt: skip
+    ax_err.legend(fontsize=6, loc="center right")
     mem = ok.assign(H=ok["hidden"].map(lambda h: f"H={int(h)}"))
-    _lines(ax, mem, "m_recv_worst_mib", "H", logy=True)
-    ax.set_title("worst-case receive memory (MiB)", fontsize=8)
-    ax = axes[0][2]
+    _lines(ax_mem, mem, "m_recv_worst_mib", "H", "worst-case receive memory (MiB)")
     lat = ok.assign(line=ok["p_layout"].fillna("aligned") + ok["hidden"].map(lambda h: f" H={h}"))
-    _lines(ax, lat, "latency_ms", "line", logy=True)
-    ax.set_title("latency (ms): loopback proxy, not an interconnect number", fontsize=8)
-    ax.set_ylabel("median over E and routing (lower is better)", fontsize=7)
-    n_ok, n = len(ok), len(every)
-    title = (f"The overlap layer, one GPU playing W ranks (loopback): {n_ok} of {n} cells pass "
-             f"both checks\n{pc.transport_note(every)}")  # fmt: skip
+    what = "latency (ms): loopback proxy, not an interconnect number"
+    _lines(ax_lat, lat, "latency_ms", "line", what)
+    ax_lat.set_ylabel("median over E and routing (lower is better)", fontsize=7)
+    title = (f"The overlap layer, one GPU playing W ranks (loopback): {len(ok)} of {len(every)} "
+             f"cells pass both checks\n{pc.transport_note(every)}")  # fmt: skip
     return pc.save(fig, out_dir, name, title)
 
 

@@ -20,8 +20,6 @@ import pandas as pd
 from plots import common as pc
 
 SHAPE = {"hidden": "H", "ffn": "F"}
-#: the figures of one table: <name><part>
-PARTS = ("_systems", "_graph")
 CELL = ["world_size", "tokens_per_rank", *SHAPE, "experts_per_rank", "top_k", "routing", "dtype"]
 #: how a serial or overlap row was timed, other than a graph replay -> its line in <name>_graph
 MODES = {"eager": "eager step / CUDA graph", "nccl": "NCCL dispatch (host sync) / CUDA graph"}
@@ -41,9 +39,8 @@ def systems(df: pd.DataFrame) -> pd.DataFrame:
         both = routes.groupby("system")["p_capacity"].nunique()
         mixed = routes[routes["system"].isin(both[both > 1].index)]
         fastest = mixed.loc[mixed.groupby([*CELL, "system"])["latency_ms"].idxmin()]
-        fastest = fastest.assign(
-            line=pc.line_label(fastest) + " [faster of padded, CUDA graph / dropless, eager]"
-        )
+        tag = " [faster of padded, CUDA graph / dropless, eager]"
+        fastest = fastest.assign(line=pc.line_label(fastest) + tag)
         d = pd.concat([d.drop(index=mixed.index), fastest])
     out = pc.against(d, CELL, ["system", "line"], agg="median")
     return out[out["ref_ms"].notna()]
@@ -90,21 +87,16 @@ def _pairs(gain: pd.DataFrame) -> dict:
                 index=False)}  # fmt: skip
 
 
-def _draw(d: pd.DataFrame, y: str, what: str, title: str, colors: dict) -> plt.Figure:
-    fig, axes = pc.grid(d.groupby(list(SHAPE)).ngroups, d["routing"].nunique())
-    pc.draw_grid(axes, d, SHAPE, "line", y, what, colors)
-    return pc.finish(fig, axes, colors, title, ncol=2)
-
-
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = pc.load(table, prefer=False)
     sp, gain = systems(df), graph_gain(df)
     if sp.empty:
         raise ValueError(f"{table}: no ok serial layer rows to compare against")
     drawn = pc.prefer_graph(df)
-    head = f"The MoE layer on {where(df)}, T={_one(df, 'tokens_per_rank')}"
+    t = "/".join(str(int(v)) for v in sorted(df["tokens_per_rank"].dropna().unique()))
+    head = f"The MoE layer on {where(df)}, T={t}"
     title = f"{head}: speedup against serial, higher is better\n{pc.transport_note(drawn)}"
-    fig = _draw(sp, "speedup", "speedup vs serial", title, pc.palette(sp["line"]))
+    fig = pc.panel_grid(sp, "line", "speedup", "speedup vs serial", title, SHAPE, ncol=2)
     paths = pc.save(fig, out_dir, name + "_systems")
     stale = [Path(out_dir) / f"{name}_graph{ext}" for ext in (".png", ".pdf")]
     if gain.empty:  # no graph replay to compare with: no figure, and none left looking current
@@ -115,12 +107,9 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     title = (f"{head}: what CUDA-graph replay buys, higher is better\neager latency / graph "
              f"replay latency of the same system and cell\n"
              f"{pc.transport_note(ours, timing=False)}")  # fmt: skip
-    fig = _draw(gain, "gain", "eager / CUDA graph", title, _pairs(gain))
+    colors = _pairs(gain)
+    fig = pc.panel_grid(gain, "line", "gain", "eager / CUDA graph", title, SHAPE, colors, ncol=2)
     return paths + pc.save(fig, out_dir, stale[0].stem)
-
-
-def _one(df: pd.DataFrame, col: str) -> str:
-    return "/".join(str(int(v)) for v in sorted(df[col].dropna().unique()))
 
 
 if __name__ == "__main__":

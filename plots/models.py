@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
-from plots.common import label, load, main, save, transport_note
+from plots.common import grid, label, load, main, save, transport_note
 
 KEY = ["model", "world_size", "dtype"]
 OURS = "overlap"
@@ -41,7 +40,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     sp = speedups(df)
     models = list(dict.fromkeys(sp["model"]))
     baselines = sorted(sp["baseline"].unique())
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), squeeze=False)
+    fig, axes = grid(1, 2, 5.5, 3.8)
     width = 0.8 / len(baselines)
     for ax, col, title in zip(axes[0], ("e2e", "moe"), ("end to end", "per MoE layer")):
         for i, b in enumerate(baselines):

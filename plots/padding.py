@@ -22,12 +22,9 @@ from plots.common import grid, load, main, save
 ROUTINGS = ["balanced", "moderate_skew", "stress_skew"]
 
 
-def _pick(values: pd.Series, want: int | None, default: int) -> int:
+def _pick(values: pd.Series, default: int) -> int:
+    """`default` where the table has it, else its middle value."""
     vals = sorted(set(int(v) for v in values))
-    if want is not None:
-        if want not in vals:
-            raise ValueError(f"{want} not in the table; choices: {vals}")
-        return want
     return default if default in vals else vals[len(vals) // 2]
 
 
@@ -39,16 +36,12 @@ def _lines(ax, sub: pd.DataFrame, colour: dict, curves: list[tuple[str, str]]) -
             ax.plot(s["world_size"], s[col], style, color=c, label=None if k else f"E={e}")
 
 
-def plot(
-    table: str | Path, out_dir: str | Path, name: str,
-    tile_m: int | None = None, tokens: int | None = None, experts: int | None = None,
-) -> list[Path]:  # fmt: skip
+def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = load(table)
     if df.empty or "m_pad_share" not in df:
         raise ValueError(f"{table}: no padding rows with status ok to plot")
-    tm = _pick(df["p_tile_m"], tile_m, 128)
-    tpr = _pick(df["tokens_per_rank"], tokens, int(df["tokens_per_rank"].max()))
-    e_fix = _pick(df["experts_per_rank"], experts, 16)
+    tm, tpr = _pick(df["p_tile_m"], 128), int(df["tokens_per_rank"].max())
+    e_fix = _pick(df["experts_per_rank"], 16)
     d = df[df["tokens_per_rank"] == tpr].assign(
         share=100 * df["m_pad_share"], busiest=100 * df["m_pad_share_critical_rank"]
     )
@@ -83,18 +76,15 @@ def plot(
             labels.append("row tiles, aligned / compact")
         for ax, what in zip(axes[:, col], labels):
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("ranks W (logical)")
-            ax.set_ylabel(what)
+            ax.set(xlabel="ranks W (logical)", ylabel=what)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6)
         ax_share.set_ylim(0, 100)
         ax_tile.set_ylim(0, 100)
-    title = (
-        "Zero padding of the remote-aligned layout (lower is better), CPU: exact counts from "
-        f"the routing\ntokens/rank={tpr}, top-{int(d['top_k'].iloc[0])}"
-    )
+    title = ("Zero padding of the remote-aligned layout (lower is better), CPU: exact counts "
+             f"from the routing\ntokens/rank={tpr}, top-{int(d['top_k'].iloc[0])}")  # fmt: skip
     return save(fig, out_dir, name, title)
 
 
 if __name__ == "__main__":
-    main(plot, "results/padding.parquet", "padding", options=("tile_m", "tokens", "experts"))
+    main(plot, "results/padding.parquet", "padding")

@@ -25,9 +25,8 @@ def ratios(df: pd.DataFrame) -> pd.DataFrame:
     prod = ok[ok["system"] == "overlap"].copy()
     if prod.empty:
         raise ValueError("no ok producer (system overlap) rows")
-    prod["variant"] = (
-        "tile_m " + prod["p_tile_m"].astype(int).astype(str) + ", " + prod["p_layout"].astype(str)
-    )
+    tile_m = "tile_m " + prod["p_tile_m"].astype(int).astype(str)
+    prod["variant"] = tile_m + ", " + prod["p_layout"].astype(str)
     if "p_order" in prod:  # the visiting order, where not the paper's
         other = prod["p_order"].fillna("remote_first") != "remote_first"
         prod.loc[other, "variant"] += ", " + prod.loc[other, "p_order"].astype(str) + " order"

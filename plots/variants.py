@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plots.common import against, load, main, panel_grid, save, transport_note
+from plots.common import _col, against, load, main, panel_grid, save, transport_note
 
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
 
@@ -27,8 +27,7 @@ def _knob(v) -> str:
 
 def variant(o: pd.DataFrame) -> pd.Series:
     """Per overlap row: "layout[/order][, cCTA c, mgb m]" ("aligned", "compact/expert")."""
-    v = o["p_layout"].fillna("aligned").astype(str) if "p_layout" in o else "aligned"
-    v = pd.Series(v, index=o.index, dtype=object)
+    v = _col(o, "p_layout").fillna("aligned").astype(str)
     if "p_order" in o:  # the producer's visiting order, where not the paper's
         other = o["p_order"].fillna("remote_first") != "remote_first"
         v[other] = v[other] + "/" + o.loc[other, "p_order"].astype(str)

@@ -129,10 +129,14 @@ def test_the_report_indexes_every_committed_figure_with_its_table_and_command():
         assert cells[3] == f"`python -m {module} --table results/reference/{key}.parquet`", row
 
 
-def test_a_reference_tables_figure_takes_the_name_make_figures_gives_it():
-    from plots.common import _default_name
+def test_a_reference_tables_figure_takes_the_name_make_figures_gives_it(monkeypatch, capsys):
+    from plots.common import main
 
-    assert _default_name(Path("results/reference/h200/layer_w1.parquet"), "x") == (
-        "reference_h200_layer_w1"
-    )
-    assert _default_name(Path("results/layer_w1.parquet"), "layer_w1") == "layer_w1"
+    def plot(table, out_dir, name):
+        return [name]
+
+    for table, name in (("results/reference/h200/layer_w1.parquet", "reference_h200_layer_w1"),
+                        ("results/layer_w1.parquet", "layer_w1")):  # fmt: skip
+        monkeypatch.setattr("sys.argv", ["x", "--table", table])
+        main(plot, "results/layer_w1.parquet", "layer_w1")
+        assert capsys.readouterr().out == f"{name}\n"
