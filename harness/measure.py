@@ -36,7 +36,7 @@ from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.system import CellInputs, RunContext, get_system
-from harness.timing import STATE, count_host_syncs, summarize, time_fn, waiting
+from harness.timing import STATE, barrier, count_host_syncs, summarize, time_fn, waiting
 from harness.workload import (
     WorkloadSpec,
     imbalance_of,
@@ -420,6 +420,8 @@ class _Prepared:
     def __init__(self, row: Row, system: Any, ref: torch.Tensor, spec: WorkloadSpec) -> None:
         self.row, self.system, self.ref, self.spec = row, system, ref, spec
         self.step = system.timed
+        #: what earlier checked calls returned: poisoned before the next one (a cached output)
+        self.returned: list[torch.Tensor] = []
         self.samples: list[float] = []
         #: per timed call: the host's median enqueue time (ms) and whether it queued ahead
         self.host_ms: list[float] = []
@@ -432,10 +434,32 @@ class _Prepared:
         return self.ref if r is None else self.ref[r * T : (r + 1) * T]
 
 
+def poison(ctx: RunContext, p: _Prepared) -> None:
+    """NaN into every floating tensor the step keeps between calls (Step.poison) and every
+    output an earlier checked call returned, then a barrier, so no peer's puts of the next call
+    land before this rank's poison: a call passes its check only with work it did itself."""
+    p.system.step.poison()
+    for t in p.returned:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+    if ctx.world_size > 1 and dist.is_initialized():
+        barrier(ctx.group, ctx.device)
+
+
+def checked_call(ctx: RunContext, p: _Prepared, call) -> Any:
+    """call() from poisoned buffers (poison); its output is remembered to poison next time."""
+    poison(ctx, p)
+    out = call()
+    if isinstance(out, torch.Tensor):
+        p.returned = [out]
+    return out
+
+
 def check_step(ctx: RunContext, cfg: Any, p: _Prepared, when: str) -> bool:
-    """Run the step to time once and check ITS output (not forward()'s) against the reference,
-    then the system's device-side error words; False after a failure (recorded in the row)."""
-    out = p.step()
+    """Run the step to time once from poisoned buffers and check ITS output (not forward()'s)
+    against the reference, then the system's device-side error words; False after a failure
+    (recorded in the row)."""
+    out = checked_call(ctx, p, p.step)
     p.system.check_errors()
     if not isinstance(out, torch.Tensor):
         p.row.status, p.row.reason = "fail", f"{when}: the timed step returned no output tensor"
@@ -529,7 +553,8 @@ def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
     when = "first check" if ctx.world_size > 1 else ""
 
     def first_check() -> None:
-        _checked(ctx, row, check(p.system.forward(), p.ref, cfg.measure.tol), when)
+        out = checked_call(ctx, p, p.system.forward)
+        _checked(ctx, row, check(out, p.ref, cfg.measure.tol), when)
 
     if stage(ctx, row, "first check", first_check) is None:
         return row
@@ -602,7 +627,11 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
     if system.has_bounds():
 
         def bound(fn, field: str):
-            return lambda: setattr(row, field, time_fn(fn, **kw).median_ms)
+            def timed_alone() -> None:  # from poisoned buffers, as the checked calls
+                poison(ctx, p)
+                setattr(row, field, time_fn(fn, **kw).median_ms)
+
+            return timed_alone
 
         if stage(ctx, row, "compute-only bound", bound(system.compute_only, "compute_ms")) is None:
             return row
@@ -620,6 +649,7 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
     for name, fn in system.extra_bounds().items():
 
         def extra_bound(name=name, fn=fn) -> None:
+            poison(ctx, p)
             row.metrics[f"{name}_ms"] = time_fn(fn, **kw).median_ms
 
         if stage(ctx, row, f"{name} bound", extra_bound) is None:
@@ -629,7 +659,8 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
     after = "after timing"
 
     def check_after() -> None:
-        _checked(ctx, row, check(system.forward(), p.ref, cfg.measure.tol), after)
+        out = checked_call(ctx, p, system.forward)
+        _checked(ctx, row, check(out, p.ref, cfg.measure.tol), after)
 
     def check_step_after() -> None:
         check_step(ctx, cfg, p, f"{after} (step)")

@@ -7,6 +7,8 @@ ranks): `setup(ranks)` builds and stores a `Step` (the base class calls the subc
   timed()          the timed region; its output is checked too: the output of the played rank
                    `timed_rank` (None: of every played rank, stacked)
   capture_blocker() why timed() cannot be captured in a CUDA graph, or None (harness/graphs.py)
+  buffers()        what a call writes and keeps: poison() fills them with NaN before every
+                   checked call
   check()          raise if a device-side wait of the last steps timed out (after every loop)
   compute_only()   everything but the communication (for the overlap ratio), or None
   comm_only()      the combine communication alone, or None
@@ -110,6 +112,18 @@ class Step:
     def capture_blocker(self) -> str | None:
         """Why timed() cannot be captured in a CUDA graph, or None where it can."""
         return f"{type(self).__name__}: not declared capturable"
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The tensors a call writes that live from call to call (outputs, receive buffers,
+        intermediates it may legitimately overwrite)."""
+        return []
+
+    def poison(self) -> None:
+        """Before every checked call: NaN into the floating buffers(), so only work done by
+        that call can pass its check."""
+        for t in self.buffers():
+            if t.is_floating_point():
+                t.fill_(float("nan"))
 
     def check(self) -> None:
         """Raise where a device-side wait of the steps run so far timed out."""

@@ -221,6 +221,11 @@ class RankExperts:
             self.runner.compute_only(h, y, num_programs=all_sms(h.device))
         return y
 
+    def buffers(self) -> list[torch.Tensor]:
+        """What a step writes and keeps: the receive buffer, fc2's y, fc1's h, the padded x."""
+        kept = (self.y, self.h, self.builder.x_pad)
+        return [self.runner.transport.recv, *(t for t in kept if t is not None)]
+
     def compute_only(self, held: Held, gate: torch.Tensor) -> torch.Tensor:
         """Everything but the two exchanges on a held dispatch: stage A, fc1, the producer on
         ALL SMs without flags (storing the local rows), the scale: out [T, H]."""

@@ -83,6 +83,9 @@ class LayerStep(Step):
     def check(self) -> None:
         self.moe.check()
 
+    def buffers(self) -> list[torch.Tensor]:
+        return self.moe.experts.buffers()
+
     def capture_blocker(self) -> str | None:
         if self.moe.dispatch == "nccl":
             return "dispatch=nccl: the split sizes' host sync"
@@ -142,6 +145,9 @@ class PlayedLayerStep(Step):
         for rk in self.ranks:
             rk.runner.check()
 
+    def buffers(self) -> list[torch.Tensor]:
+        return [t for rk in self.ranks for t in rk.buffers()]
+
     def capture_blocker(self) -> str | None:
         return _fc1_blocker(self.xs[0], self.ranks[0].w1)
 
@@ -173,6 +179,10 @@ class _OperatorStep(Step):
     def comm_only(self) -> None:
         """The consumer alone on cCTA SMs, flags taken as set."""
         self.rk.runner.comm_only(self.rk.y)
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The timed rank's receive buffer and GEMM output (its padded input is fixed)."""
+        return [self.rk.runner.transport.recv, self.rk.y]
 
     def extra_bounds(self) -> dict:
         """compute_shared (m_compute_shared_ms): latency / max(compute_shared, comm) is what the
@@ -208,6 +218,16 @@ class PlayedOperatorStep(_OperatorStep):
     def timed(self) -> torch.Tensor:
         self.rk.step()
         return self.rk.scaled()
+
+    def poison(self) -> None:
+        """Every rank's buffers NaN, then the other played ranks' steps put their rows again:
+        what they send the timed rank is its peers' work, the rest must come from its call."""
+        for rk in self.ranks:
+            rk.runner.transport.recv.fill_(float("nan"))
+            rk.y.fill_(float("nan"))
+        for rk in self.ranks:
+            if rk is not self.rk:
+                rk.step()
 
     def check(self) -> None:
         for rk in self.ranks:
