@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from harness.measure import expand_grid, measure_cell, measure_workload, validate_cells
 from harness.records import Row
 from harness.system import RunContext
@@ -19,7 +21,9 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
 
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
-    validate_cells(cells, sm_count)
+    hw = cfg.hardware
+    processes = hw.world_size or (torch.cuda.device_count() if hw.device == "cuda" else 1)
+    validate_cells(cells, sm_count, processes, hw.device)
 
 
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:

@@ -225,11 +225,17 @@ def spec_of(cell: dict) -> WorkloadSpec:
     return WorkloadSpec(**{k: cell[k] for k in keys}, ffn=cell.get("ffn", 0))
 
 
-def validate_cells(cells: list[dict], sm_count: int) -> None:
-    """Clear errors for bad cells before any GPU work: routing, shapes, each system's params."""
+def validate_cells(
+    cells: list[dict], sm_count: int, processes: int | None = None, device: str = "cpu"
+) -> None:
+    """Clear errors for bad cells before any GPU work: routing, shapes, each system's params,
+    and (processes given) what cannot run on that many processes of `device`."""
     for cell in cells:
         cls = get_system(cell["system"]).load()
-        cls.validate(spec_of(cell), {**cls.PARAMS, **cell["params"]}, sm_count)
+        params, spec = {**cls.PARAMS, **cell["params"]}, spec_of(cell)
+        cls.validate(spec, params, sm_count)
+        if processes is not None and spec.world_size in (1, processes):
+            cls.refuse(spec, params, processes, device)
 
 
 def base_row(cell: dict, spec: WorkloadSpec) -> Row:

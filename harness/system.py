@@ -191,6 +191,14 @@ class System:
         """Raise ValueError for bad input (params hold the defaults). Called before any work."""
 
     @classmethod
+    def refuse(
+        cls, spec: WorkloadSpec, params: dict[str, Any], processes: int, device: str
+    ) -> None:
+        """Raise ValueError (one line) where the cell cannot run on `processes` processes of
+        `device` ("cpu" or "cuda"); called before any process starts. A cell whose W is neither
+        1 process nor `processes` is skipped later, not refused."""
+
+    @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
         """Why this system cannot take a valid cell (a shape its package does not support), or
         None. Such a cell is recorded as `skipped` with the reason; the sweep goes on."""

@@ -171,14 +171,14 @@ class SerialSystem(System):
         self._resolved: dict = {}
 
     @classmethod
-    def unsupported(cls, spec: WorkloadSpec, params: dict) -> str | None:
-        if params["dispatch"] not in DISPATCHES:
-            return None  # validate's error
-        try:  # serial plays one rank a process: W > 1 is one process per rank
-            dispatch_used(params["dispatch"], spec.world_size, spec.world_size == 1)
-        except ValueError as exc:
-            return str(exc)
-        return None
+    def refuse(cls, spec: WorkloadSpec, params: dict, processes: int, device: str) -> None:
+        """A layer cell's dispatch that this run cannot make, before any process starts (serial
+        plays one rank a process: W > 1 is one process per rank)."""
+        if spec.ffn and spec.world_size == processes:
+            try:
+                dispatch_used(params["dispatch"], spec.world_size, spec.world_size == 1)
+            except ValueError as exc:
+                raise ValueError(f"serial: {exc}") from None
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict, sm_count: int) -> None:

@@ -118,22 +118,31 @@ def test_consumer_bounds_ccta():
     osys.OverlapSystem.validate(_spec(), {**P, "ccta": 500}, 0)  # SM count unknown: no bound
 
 
-def test_unsupported_names_a_dispatch_the_transport_cannot_run():
-    loop = {**P, "transport": "loopback"}
-    reason = osys.OverlapSystem.unsupported(_spec(ffn=128), {**loop, "dispatch": "nccl"})
-    assert reason is not None and "one process per rank" in reason
-    reason = osys.OverlapSystem.unsupported(
-        _spec(ffn=128), {**P, "transport": "p2p", "dispatch": "device"}
-    )
-    assert reason is not None and "dispatch=device needs one process" in reason
-    for params, spec in (
-        (loop, _spec(ffn=128)),  # W > 1 loopback layers: the host-free dispatch
-        ({**P, "transport": "p2p", "layout": "compact"}, _spec(ffn=128)),
-        ({**P, "transport": "loopback", "consumer": "shared"}, _spec()),
-        ({**P, "ccta": "auto"}, _spec()),
-        ({**P, "transport": "loopback"}, _spec(ffn=128, world_size=1)),
-    ):
-        assert osys.OverlapSystem.unsupported(spec, params) is None
+def test_refuse_names_every_run_the_transport_and_dispatch_cannot_make():
+    """Before any process starts: (params, spec, processes, device) -> a word of the error, or
+    None where the run can go."""
+    loop, layer = {**P, "transport": "loopback"}, _spec(ffn=128)
+    cases = [
+        (loop, layer, 2, "cuda", "plays every rank in one process"),  # issue 59's SIGSEGV
+        (loop, _spec(), 2, "cpu", "plays every rank in one process"),
+        ({**P, "transport": "p2p"}, _spec(), 1, "cuda", "needs one process per rank"),
+        ({**P, "transport": "shm"}, _spec(), 2, "cuda", "cannot run on cuda"),
+        ({**P, "transport": "p2p"}, _spec(), 2, "cpu", "cannot run on cpu"),
+        ({**P, "dispatch": "device"}, layer, 2, "cuda", "dispatch=device needs one process"),
+        ({**P, "ccta": 1000}, _spec(), 1, "cpu", "at most 16"),
+        ({**loop, "dispatch": "device"}, layer, 1, "cuda", None),
+        ({**P, "dispatch": "device"}, _spec(), 2, "cuda", None),  # operator cells never dispatch
+        (P, layer, 2, "cpu", None),  # shm, the nccl-style dispatch
+        ({**P, "transport": "p2p", "layout": "compact"}, layer, 2, "cuda", None),
+        ({**P, "ccta": "auto"}, _spec(), 1, "cpu", None),
+    ]
+    for params, spec, processes, device, word in cases:
+        if word is None:
+            osys.OverlapSystem.refuse(spec, params, processes, device)
+            continue
+        with pytest.raises(ValueError, match=word) as exc:
+            osys.OverlapSystem.refuse(spec, params, processes, device)
+        assert "\n" not in str(exc.value)
 
 
 def test_setup_hands_the_resolved_knobs_to_the_played_ranks(monkeypatch):
@@ -151,7 +160,10 @@ def test_the_runner_gets_the_kept_knobs_only(monkeypatch):
     from systems.overlap.rank_experts import make_runner
 
     gpu_weights = SimpleNamespace(device=torch.device("cuda"))  # no interpreter settings
-    assert make_runner("plan", gpu_weights, "t", k) == "r"
+    plan, transport = SimpleNamespace(world_size=2), SimpleNamespace(world=2)
+    assert make_runner(plan, gpu_weights, transport, k) == "r"
+    with pytest.raises(ValueError, match="a plan of W=2 on a transport of 1"):
+        make_runner(plan, gpu_weights, SimpleNamespace(world=1), k)
     assert seen == {"ccta": 8, "order": "expert", "consumer_sms": "shared"}
 
 

@@ -54,6 +54,20 @@ def test_per_process_cells_on_shm_are_right_by_both_checks(tmp_path, world):
     assert (df["max_rel_err"] < df["tol"]).all() and (df["max_row_rel_err"] < df["tol"]).all()
 
 
+def test_a_loopback_layer_on_several_processes_is_one_line_before_any_process_starts(tmp_path):
+    """Issue 59's repro (an out-of-bounds write of rank 0 at 6172669) is refused up front."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.run", "experiment=overlap_functional", "hardware=cpu",
+         "hardware.world_size=2", "experiment.grid.world_size=[2]", "experiment.grid.ffn=[32]",
+         "experiment.grid.out=[32]", "experiment.grid.routing=[balanced]",
+         f"table={tmp_path / 't.parquet'}"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and not (tmp_path / "t.parquet").exists()
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: overlap: transport=loopback plays every rank"), line
+
+
 def _layer_worker(rank: int, world: int, port: int, drop: bool, values) -> None:
     """OverlapMoE over shm at W=`world`; drop: rank 0 sends rank 1's rows to a scratch buffer.
     values[rank]: the worst relative error of STEPS forwards against a plain torch layer."""

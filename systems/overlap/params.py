@@ -33,6 +33,8 @@ LAYOUTS = ("aligned", "compact")
 ORDERS = ("remote_first", "expert")
 CONSUMER_SMS = ("own", "shared")
 DTYPES = ("float16", "bfloat16")
+#: the most consumer programs on the CPU (Triton's interpreter runs programs in turn)
+CPU_MAX_CCTA = 16
 
 
 def _int_or_auto(name: str, value: Any) -> int | str:
@@ -115,12 +117,28 @@ class OverlapParams:
         if spec.hidden % 8 or spec.out % 8:
             raise ValueError("overlap: K and N must be multiples of 8 (16-byte rows)")
 
-    def unsupported(self, spec: Any) -> str | None:
-        """Why a valid cell cannot run (recorded as skipped with this reason), or None."""
-        if spec.ffn and self.transport in ("p2p", "nvshmem", "shm", "loopback"):
-            try:  # "" is decided in setup by the number of processes
-                plays = self.transport == "loopback"
-                dispatch_used(self.dispatch, spec.world_size, plays)
+    def refuse(self, spec: Any, processes: int, device: str) -> None:
+        """A one-line ValueError where the cell (spec: a WorkloadSpec of W ranks) cannot run on
+        `processes` processes of `device` ("cpu" or "cuda"), found before any process starts:
+        a transport that needs one process per rank with one process (or the other way), shm
+        on a GPU or p2p / nvshmem on the CPU, a layer dispatch the run cannot make, a ccta
+        past the CPU's bound."""
+        W, plays = spec.world_size, processes == 1
+        name = self.transport_for(processes, device)
+        where = f"W={W} on {processes} {device} process(es)"
+        if plays and name != "loopback":
+            raise ValueError(f"overlap: transport={name} needs one process per rank ({where})")
+        if not plays and name == "loopback":
+            raise ValueError(
+                f"overlap: transport=loopback plays every rank in one process ({where}): "
+                "run it with hardware.world_size=1"
+            )
+        if not plays and (name == "shm") != (device == "cpu"):
+            raise ValueError(f"overlap: transport={name} cannot run on {device} ({where})")
+        if spec.ffn:
+            try:
+                dispatch_used(self.dispatch, W, plays)
             except ValueError as exc:
-                return f"transport={self.transport}: {exc}"
-        return None
+                raise ValueError(f"overlap: {exc} ({where})") from None
+        if device == "cpu" and self.ccta != AUTO and self.ccta > CPU_MAX_CCTA:
+            raise ValueError(f"overlap: ccta={self.ccta} on the CPU: at most {CPU_MAX_CCTA}")

@@ -36,6 +36,8 @@ def make_runner(plan, weights: torch.Tensor, transport, params: OverlapParams):
     from systems.overlap.runner import OverlapRunner
     from systems.overlap.tuning import interpreter_config, interpreter_consumer_config
 
+    if transport.world != plan.world_size:  # a table entry past the fabric: an OOB write
+        raise ValueError(f"a plan of W={plan.world_size} on a transport of {transport.world}")
     cpu = {}
     if weights.device.type != "cuda":
         cpu = dict(

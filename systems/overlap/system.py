@@ -41,8 +41,8 @@ class OverlapSystem(System):
         OverlapParams.from_dict(params).validate(spec, sm_count)
 
     @classmethod
-    def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
-        return OverlapParams.from_dict(params).unsupported(spec)
+    def refuse(cls, spec: WorkloadSpec, params: dict[str, Any], processes: int, device: str):
+        OverlapParams.from_dict(params).refuse(spec, processes, device)
 
     def _resolved(self, spec: WorkloadSpec, transport: str) -> OverlapParams:
         """The knobs with every "auto" picked on the host (the picks go to the row)."""
