@@ -27,15 +27,8 @@ from harness.measure import hash_cell, selected_systems, system_points, unused_k
 from harness.records import Row, cell_row
 from harness.system import RunContext, int_param
 from harness.workload import WorkloadSpec, imbalance_of, routing_of
-from systems.overlap.plan import (
-    TILE_COUNT_LAYOUTS as LAYOUTS,
-)
-from systems.overlap.plan import (
-    owner_expert_counts,
-    packed_padding_rows,
-    padding_rows,
-    row_tiles,
-)
+from systems.overlap.plan import TILE_COUNT_LAYOUTS as LAYOUTS
+from systems.overlap.plan import owner_expert_counts, padding_rows, row_tiles
 
 AXES = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
 GRID_AXES = AXES  # the grid axes this experiment reads (harness.preflight.unread_settings)
@@ -97,7 +90,7 @@ def padding_metrics(counts: torch.Tensor, experts_per_rank: int, tile_m: int) ->
     """All padding numbers of one (routing, tile_m) from C [W, W*E]."""
     W, E, tm = counts.shape[0], experts_per_rank, tile_m
     pad = padding_rows(counts, E, tm).double()  # [W]
-    packed = packed_padding_rows(counts, E, tm).double()  # [W], if remote groups were packed
+    packed = padding_rows(counts, E, tm, "packed").double()  # [W], if remote groups were packed
     valid = counts.view(W, W, E).sum((0, 2)).double()  # rows each rank's experts compute
     gemm = valid + pad
     remote = counts.view(W, W, E) * (1 - torch.eye(W, dtype=counts.dtype))[:, :, None]

@@ -4,10 +4,10 @@ What the GPU producer and consumer do, in plain torch and in the same order:
   1 pad     X [P, K] = x_recv rows at row_pos, zero padding rows elsewhere (plan.padded_input)
   2 produce walk the schedule band by band: Y[rows of b] = X[rows of b] @ B_{band_expert[b]}
   3 send    as soon as the last band of a segment is computed, send its valid rows
-            Y[seg_src_row : + seg_rows] to seg_dst at seg_offset (one message per segment;
+            Y[src_row : + rows] to seg_dst at offset (one message per segment, plan_segments;
             a compact plan's segments are made of pieces, plan_pieces)
-  4 local   after the schedule, the local rows Y[local_src_row] -> own buffer (the GPU producer's
-            epilogue stores them there directly, plan.row_dst: the same end state)
+  4 local   after the schedule, the local rows -> own buffer at row_dst (the GPU producer's
+            epilogue stores them there directly: the same end state)
   5 scale   harness.reference.scale over the combine receive buffer [S_rows, N]
 
 Two transports: `overlap_forward` sends over a torch.distributed group (gloo: isend/irecv, tag =
@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from harness.layout import RankLayout
 from harness.reference import scale
-from systems.overlap.plan import CombinePlan, padded_input, plan_pieces
+from systems.overlap.plan import CombinePlan, padded_input
+from tests.overlap_testing import local_rows, plan_pieces, plan_segments
 
 #: send(segment index, destination rank, destination row offset, rows [n, N])
 SendFn = Callable[[int, int, int, torch.Tensor], None]
@@ -46,8 +47,8 @@ def produce(
     units = plan_pieces(plan)
     # schedule position after which each segment can go (segments come in that order)
     seg_ready = pos[units.band[plan.seg_start + plan.seg_count - 1]].tolist()
-    seg_dst, seg_rows = plan.seg_dst.tolist(), plan.seg_rows.tolist()
-    seg_src, seg_off = plan.seg_src_row.tolist(), plan.seg_offset.tolist()
+    seg_dst = plan.seg_dst.tolist()
+    seg_src, seg_rows, seg_off = (t.tolist() for t in plan_segments(plan))
     s = 0
     for i, b in enumerate(sched):
         r0, n = b_row[b], b_rows[b]
@@ -63,7 +64,8 @@ def _receive_buffer(lay: RankLayout, n_cols: int, like: torch.Tensor) -> torch.T
 
 
 def _copy_local(plan: CombinePlan, y: torch.Tensor, back: torch.Tensor) -> None:
-    back[plan.local_dst_index.to(back.device)] = y[plan.local_src_row.to(y.device)]
+    src_row, dst_index = local_rows(plan)
+    back[dst_index.to(back.device)] = y[src_row.to(y.device)]
 
 
 def overlap_forward(
@@ -86,8 +88,8 @@ def overlap_forward(
     for s, peer in enumerate(plans):
         if s == me:
             continue
-        dsts, offs, rows = peer.seg_dst.tolist(), peer.seg_offset.tolist(), peer.seg_rows.tolist()
-        for j, (d, o, n) in enumerate(zip(dsts, offs, rows)):
+        _, rows, offs = (t.tolist() for t in plan_segments(peer))
+        for j, (d, o, n) in enumerate(zip(peer.seg_dst.tolist(), offs, rows)):
             if d == me:
                 reqs.append(dist.irecv(back[o : o + n], src=s, tag=j, group=group))
 

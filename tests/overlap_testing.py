@@ -2,7 +2,12 @@
 
 `synthetic_plan(rows, rank=, tile_m=, ...)` is systems.overlap.plan.plan_from_rows (group sizes
 through THE stage-A builder, so every plan a test uses is a real plan) plus the receive-buffer
-rows each destination needs (dst_rows).
+rows each destination needs (dst_rows); `plans_for_spec` the plans of every rank of a spec.
+
+What a plan implies, derived from its arrays (the product reads only the arrays):
+  plan_pieces     the consumer's units in send order (remote bands, or a compact plan's pieces)
+  plan_segments   each segment's first padded row, rows and destination row
+  local_rows      the local rows' padded rows and receive-buffer rows (from row_dst)
 
 Expectations (pure torch, independent of the kernels):
   expected_sends  what the consumer must leave in every destination buffer
@@ -17,7 +22,64 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-from systems.overlap.plan import CombinePlan, plan_from_rows, plan_pieces, rows_of_sizes
+from harness.layout import RankLayout, rank_layout
+from harness.workload import WorkloadSpec
+from systems.overlap.plan import CombinePlan, plan_for_layout, plan_from_rows, rows_of_sizes
+
+
+@dataclass
+class Pieces:
+    """The consumer's units of one plan, in send order [Q]: band (its ready counter), row
+    (first padded GEMM row), rows, offset (destination row), dst. Segment s covers units
+    seg_start[s] .. + seg_count[s]."""
+
+    band: torch.Tensor
+    row: torch.Tensor
+    rows: torch.Tensor
+    offset: torch.Tensor
+    dst: torch.Tensor
+
+
+def plan_pieces(plan: CombinePlan) -> Pieces:
+    """Pieces of a compact plan (dst: their segment's); of an aligned plan, its remote bands in
+    schedule order (one piece per band). Either way segment s sends units seg_start[s] ..
+    + seg_count[s]. Of the plan's valid prefixes (trimmed)."""
+    plan = plan.trimmed()
+    if plan.layout == "compact":
+        dst = torch.repeat_interleave(plan.seg_dst, plan.seg_count)
+        return Pieces(plan.piece_band, plan.piece_row, plan.piece_rows, plan.piece_offset, dst)
+    b = plan.schedule[: plan.n_remote_bands]
+    return Pieces(b, plan.band_row[b], plan.band_valid[b], plan.band_offset[b], plan.band_dst[b])
+
+
+def plan_segments(plan: CombinePlan) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(src_row, rows, offset) [S]: each segment's first padded row, its valid rows (one
+    contiguous range of Y) and its destination row (the cut rule makes both contiguous)."""
+    u, plan = plan_pieces(plan), plan.trimmed()
+    seg_of = torch.repeat_interleave(torch.arange(plan.seg_start.numel()), plan.seg_count.cpu())
+    rows = torch.zeros_like(plan.seg_start).index_add_(0, seg_of.to(u.rows.device), u.rows)
+    return u.row[plan.seg_start], rows, u.offset[plan.seg_start]
+
+
+def local_rows(plan: CombinePlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """(src_row, dst_index) [L]: the padded row and the own receive-buffer row of each local
+    row, in x_recv row order (from row_dst)."""
+    plan = plan.trimmed()
+    p = torch.nonzero(plan.row_dst >= 0).squeeze(1)
+    p = p[torch.argsort(plan.gather_index[p])]
+    return p, plan.row_dst[p]
+
+
+def plans_for_spec(
+    spec: WorkloadSpec, *, tile_m: int, mgb: int, device: torch.device | None = None, **knobs
+) -> tuple[list[CombinePlan], list[RankLayout]]:
+    """Plans and RankLayouts of all W ranks of a spec (every rank can build every plan);
+    knobs: plan_for_layout's layout, order, group_cap."""
+    lays = [rank_layout(spec, r) for r in range(spec.world_size)]
+    elem = torch.empty(0, dtype=spec.torch_dtype).element_size()
+    shape = dict(world_size=spec.world_size, experts_per_rank=spec.experts_per_rank)
+    shape |= dict(tile_m=tile_m, mgb=mgb, out_cols=spec.out, elem_bytes=elem, device=device)
+    return [plan_for_layout(lay, **shape, **knobs) for lay in lays], lays
 
 
 @dataclass

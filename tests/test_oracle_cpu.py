@@ -7,9 +7,10 @@ import torch.distributed as dist
 from harness.check import check
 from harness.reference import dispatch, dispatch_local, reference_local
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens
-from systems.overlap.plan import padded_input, plans_for_spec
+from systems.overlap.plan import padded_input
 from tests import ranks
 from tests.oracle_cpu import overlap_forward, overlap_loopback
+from tests.overlap_testing import plans_for_spec
 
 W = 4
 CPU = torch.device("cpu")

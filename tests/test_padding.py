@@ -12,12 +12,11 @@ from harness.workload import WorkloadSpec
 from plots.padding import plot
 from systems.overlap.plan import (
     owner_expert_counts,
-    packed_padding_rows,
     padding_rows,
-    plans_for_spec,
     row_tiles,
 )
 from tests.inprocess import launch
+from tests.overlap_testing import plans_for_spec
 
 
 @pytest.mark.parametrize("routing", ["balanced", "moderate_skew", "stress_skew"])
@@ -38,9 +37,9 @@ def test_exact_count_equals_the_plans_padding(routing, W, E, T, tm):
     assert torch.equal(C.view(W, W, E).sum(2), counts_matrix(spec))
     pad = padding_rows(C, E, tm)
     plans, _ = plans_for_spec(spec, tile_m=tm, mgb=1)
-    assert pad.tolist() == [p.n_padding for p in plans]
+    assert pad.tolist() == [p.n_padded - p.n_rows for p in plans]
     m = padding_metrics(C, E, tm)
-    assert m["pad_rows_total"] == sum(p.n_padding for p in plans)
+    assert m["pad_rows_total"] == sum(p.n_padded - p.n_rows for p in plans)
     assert m["gemm_rows_total"] == sum(p.n_padded for p in plans)
     assert m["pad_rows_max"] <= m["bound_expert_rows"]
     assert 0 <= m["pad_share"] < 1
@@ -69,11 +68,11 @@ def test_packed_padding_pads_each_expert_once():
     # owner groups (3 + 3 = 6 zero rows), packed pads the 2 remote rows once (2 zero rows)
     C = torch.tensor([[0, 0, 0], [1, 0, 0], [1, 0, 0]])
     assert padding_rows(C, 1, 4).tolist() == [6, 0, 0]
-    assert packed_padding_rows(C, 1, 4).tolist() == [2, 0, 0]
+    assert padding_rows(C, 1, 4, "packed").tolist() == [2, 0, 0]
     for routing in ("balanced", "stress_skew"):
         spec = WorkloadSpec(256, 1, 1, 4, 2, 8, routing)
         Cr, _ = counts_of(spec)
-        packed, aligned = packed_padding_rows(Cr, 4, 64), padding_rows(Cr, 4, 64)
+        packed, aligned = padding_rows(Cr, 4, 64, "packed"), padding_rows(Cr, 4, 64)
         assert (packed <= aligned).all() and (packed <= 4 * 63).all()
         m = padding_metrics(Cr, 4, 64)
         assert m["rows_saved_packed_total"] == float((aligned - packed).sum()) >= 0

@@ -14,11 +14,18 @@ from systems.overlap.plan import (
     GROUP_CODE,
     build_plan,
     padded_input,
-    plans_for_spec,
     producer_groups,
     producer_order,
 )
-from tests.overlap_testing import synthetic_plan, synthetic_rows
+from tests.overlap_testing import (
+    local_rows,
+    plan_pieces,
+    plan_segments,
+    plans_for_spec,
+    rows_sent,
+    synthetic_plan,
+    synthetic_rows,
+)
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -51,9 +58,10 @@ def _band_rows(plan):
 
 def _segment_rows(plan):
     """Padded row, destination and destination offset of every row each segment sends."""
-    s = torch.repeat_interleave(torch.arange(plan.n_segments), plan.seg_rows)
-    within = torch.arange(s.numel()) - (torch.cumsum(plan.seg_rows, 0) - plan.seg_rows)[s]
-    return plan.seg_src_row[s] + within, plan.seg_dst[s], plan.seg_offset[s] + within
+    src_row, rows, offset = plan_segments(plan)
+    s = torch.repeat_interleave(torch.arange(plan.n_segments), rows)
+    within = torch.arange(s.numel()) - (torch.cumsum(rows, 0) - rows)[s]
+    return src_row[s] + within, plan.seg_dst[s], offset[s] + within
 
 
 def check_plan(plan, src, expert, dst, buf_rows):
@@ -65,7 +73,6 @@ def check_plan(plan, src, expert, dst, buf_rows):
     assert torch.equal(gi[plan.row_pos], torch.arange(R))
     assert int((gi == -1).sum()) == P - R
     assert int(plan.expert_row_start[-1]) == P
-    assert torch.equal(plan.group_rows.sum(), torch.tensor(R))
     # Bands tile [0, P) in layout order; one destination and one expert per band.
     assert torch.equal(plan.band_row, torch.cumsum(plan.band_rows, 0) - plan.band_rows)
     rows, b, within = _band_rows(plan)
@@ -118,8 +125,6 @@ def check_plan(plan, src, expert, dst, buf_rows):
         assert bool((plan.seg_count >= 1).all() & (plan.seg_count <= plan.mgb).all())
         seg_of = torch.repeat_interleave(torch.arange(S), plan.seg_count)
         rband = sched[:NR]
-        assert torch.equal(plan.band_segment[rband], seg_of)
-        assert bool((plan.band_segment[sched[NR:]] == -1).all())
         group = plan.band_expert[rband] * W + plan.band_dst[rband]
         assert torch.equal(plan.band_dst[rband], plan.seg_dst[seg_of])  # never two destinations
         assert torch.equal(group, group[plan.seg_start[seg_of]])  # the cut rule: one group
@@ -134,13 +139,13 @@ def check_plan(plan, src, expert, dst, buf_rows):
     assert bool((sx >= 0).all())
     assert torch.equal(src[sx], sdst) and torch.equal(dst[sx], soff)
     assert torch.equal(torch.sort(sx).values, torch.nonzero(src != rank).squeeze(1))
-    assert torch.equal(plan.seg_bytes, plan.seg_rows * plan.out_cols * plan.elem_bytes)
-    assert torch.equal(plan.sent_rows, torch.bincount(src[src != rank], minlength=W))
-    # Local rows: copied, never sent.
-    lx = gi[plan.local_src_row]
+    assert rows_sent(plan) == torch.bincount(src[src != rank], minlength=W).tolist()
+    # Local rows: stored at row_dst, never sent.
+    local_src, local_dst = local_rows(plan)
+    lx = gi[local_src]
     assert plan.n_local == int((src == rank).sum())
-    assert torch.equal(torch.sort(lx).values, torch.nonzero(src == rank).squeeze(1))
-    assert torch.equal(dst[lx], plan.local_dst_index)
+    assert torch.equal(lx, torch.nonzero(src == rank).squeeze(1))
+    assert torch.equal(dst[lx], local_dst)
     # The padded GEMM input: x_recv rows at row_pos, zero padding rows.
     x_recv = torch.arange(R * 2, dtype=torch.float32).view(R, 2) + 1
     want = x_recv.new_zeros(P, 2)
@@ -214,12 +219,13 @@ def test_plans_of_all_ranks_fill_every_receive_buffer_exactly(W, E, tm, mgb, rou
             sel = sdst == d
             hits[d].index_add_(0, soff[sel], torch.ones_like(soff[sel]))
             assert torch.equal(lays[d].send_token[soff[sel]], lay.recv_token[x[sel]])
-        hits[plan.rank].index_add_(0, plan.local_dst_index, torch.ones_like(plan.local_dst_index))
+        local_dst = local_rows(plan)[1]
+        hits[plan.rank].index_add_(0, local_dst, torch.ones_like(local_dst))
         assert torch.equal(plan.recv_rows, lay.send_counts)
     for d in range(W):
         assert bool((hits[d] == 1).all())
         # what each peer sends to d is what d expects from it
-        sent = torch.stack([p.sent_rows[d] for p in plans])
+        sent = torch.tensor([rows_sent(p)[d] for p in plans])
         expect = plans[d].recv_rows.clone()
         expect[d] = 0
         assert torch.equal(sent, expect)
@@ -244,7 +250,7 @@ def test_plan_of_rank_layout_edge_cases():
                 plan, lay.recv_src, lay.recv_expert, lay.recv_dst_index, lay.send_counts * 0 + 10**6
             )
             if tm == 1:
-                assert plan.n_padding == 0
+                assert plan.n_padded == plan.n_rows
     e = torch.empty(0, dtype=torch.int64)
     plan = build_plan(
         e,
@@ -304,13 +310,10 @@ def test_synthetic_plans_come_from_build_plan():
     src, expert, dst, dst_rows = synthetic_rows(rows, rank=2, dst_base=[3, 7, 0])
     check_plan(plan, src, expert, dst, torch.tensor(dst_rows))
     assert dst_rows == plan.dst_rows == [3 + 20, 7 + 16 + 33, 5 + 18]
-    assert torch.equal(plan.group_rows, torch.tensor(rows))
     # x_recv rows in layout order: experts ascending, remote owners ascending, the local last
     assert src.tolist() == [0] * 20 + [1] * 16 + [2] * 5 + [1] * 33 + [2] * 18
     # destination d's rows are consecutive from dst_base[d] in (expert, row) order
     assert dst[src == 1].tolist() == list(range(7, 7 + 16 + 33))
-    moved = plan.to("cpu")
-    assert type(moved) is type(plan) and moved.dst_rows == plan.dst_rows
 
 
 def test_row_dst_holds_each_local_rows_receive_place():
@@ -323,7 +326,8 @@ def test_row_dst_holds_each_local_rows_receive_place():
         plan = plan_for_layout(lay, layout=layout, **shape)
         assert plan.row_dst.shape == (plan.n_padded,)
         want = torch.full((plan.n_padded,), -1, dtype=torch.int64)
-        want[plan.local_src_row] = plan.local_dst_index
+        local = lay.recv_src == 2
+        want[plan.row_pos[local]] = lay.recv_dst_index[local]
         assert torch.equal(plan.row_dst, want) and plan.n_local > 0
 
 
@@ -332,8 +336,6 @@ def test_row_dst_holds_each_local_rows_receive_place():
 
 def check_packed_plan(plan, src, expert, dst, buf_rows):
     """Properties of a packed or compact plan (build_plan(..., layout="packed" / "compact"))."""
-    from systems.overlap.plan import plan_pieces
-
     W, E, tm, rank = plan.world_size, plan.experts_per_rank, plan.tile_m, plan.rank
     R, P, B, NR = plan.n_rows, plan.n_padded, plan.n_bands, plan.n_remote_bands
     gi = plan.gather_index
@@ -354,10 +356,9 @@ def check_packed_plan(plan, src, expert, dst, buf_rows):
     # Padding: packed once per expert, after its remote rows (< tile_m per expert); compact none.
     rem = torch.bincount(expert[src != rank], minlength=E)
     if compact:
-        assert plan.n_padding == 0
+        assert plan.n_padded == plan.n_rows
     else:
-        assert plan.n_padding == int((-rem).remainder(tm).sum()) <= E * (tm - 1)
-    assert torch.equal(plan.group_padded, plan.group_rows)
+        assert plan.n_padded - plan.n_rows == int((-rem).remainder(tm).sum()) <= E * (tm - 1)
     # Bands: remote bands hold remote rows, full tile_m (compact: all but an expert's last; then
     # the expert's first local rows may follow in the same, mixed, band); local bands hold only
     # local rows, unpadded.
@@ -429,11 +430,6 @@ def check_packed_plan(plan, src, expert, dst, buf_rows):
         group = plan.band_expert[u.band] * W + u.dst
         assert torch.equal(group, group[plan.seg_start[seg_of]])  # the cut rule
         assert torch.equal(u.dst, plan.seg_dst[seg_of])
-        assert torch.equal(
-            plan.seg_rows, torch.zeros(S, dtype=torch.int64).index_add_(0, seg_of, u.rows)
-        )
-        assert torch.equal(plan.seg_src_row, u.row[plan.seg_start])
-        assert torch.equal(plan.seg_offset, u.offset[plan.seg_start])
         nxt = u.row[1:] == u.row[:-1] + u.rows[:-1]  # contiguous inside a segment
         assert bool(nxt[(seg_of[1:] == seg_of[:-1])].all())
     srow, sdst, soff = _segment_rows(plan)
@@ -442,11 +438,12 @@ def check_packed_plan(plan, src, expert, dst, buf_rows):
     assert torch.equal(src[sx], sdst) and torch.equal(dst[sx], soff)
     assert torch.equal(torch.sort(sx).values, torch.nonzero(src != rank).squeeze(1))
     assert bool((soff < buf_rows[sdst]).all())
-    assert torch.equal(plan.sent_rows, torch.bincount(src[src != rank], minlength=W))
-    # Local rows: copied, never sent, as in the aligned layout.
-    lx = gi[plan.local_src_row]
-    assert torch.equal(torch.sort(lx).values, torch.nonzero(src == rank).squeeze(1))
-    assert torch.equal(dst[lx], plan.local_dst_index)
+    assert rows_sent(plan) == torch.bincount(src[src != rank], minlength=W).tolist()
+    # Local rows: stored at row_dst, never sent, as in the aligned layout.
+    local_src, local_dst = local_rows(plan)
+    lx = gi[local_src]
+    assert torch.equal(lx, torch.nonzero(src == rank).squeeze(1))
+    assert torch.equal(dst[lx], local_dst)
     return plan
 
 
@@ -469,10 +466,10 @@ def test_packed_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p
     for layout in ("compact",):
         plan = build_plan(src, expert, dst, elem_bytes=2, layout=layout, **kw)
         check_packed_plan(plan, src, expert, dst, buf_rows)
-        assert plan.n_padding <= aligned.n_padding
+        assert plan.n_padded - plan.n_rows <= aligned.n_padded - aligned.n_rows
         assert plan.n_bands <= aligned.n_bands
-        assert torch.equal(plan.sent_rows, aligned.sent_rows)
-        assert torch.equal(plan.local_dst_index, aligned.local_dst_index)
+        assert rows_sent(plan) == rows_sent(aligned)
+        assert torch.equal(local_rows(plan)[1], local_rows(aligned)[1])
 
 
 @settings(max_examples=60, deadline=None)
@@ -490,7 +487,7 @@ def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
     W, E, tm, mgb, routing, tokens, seed, layout
 ):
     """Real routings: packed (and compact) plans write every row of every receive buffer exactly
-    once with the right token, each rank's padding equals packed_padding_rows (the padding
+    once with the right token, each rank's padding equals padding_rows(..., "packed") (the padding
     study) and its bands row_tiles."""
     from harness.workload import routing_of
     from systems.overlap.plan import owner_expert_counts, row_tiles
@@ -503,7 +500,7 @@ def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
     assert row_tiles(C, E, tm, layout).tolist() == [p.n_bands for p in plans]
     aligned = plans_for_spec(spec, tile_m=tm, mgb=mgb)[0]
     assert row_tiles(C, E, tm).tolist() == [p.n_bands for p in aligned]
-    assert all(p.n_padding == 0 for p in plans)
+    assert all(p.n_padded == p.n_rows for p in plans)
     S_rows = torch.stack([lay.send_counts.sum() for lay in lays])
     hits = [torch.zeros(int(n), dtype=torch.int64) for n in S_rows]
     for plan, lay in zip(plans, lays):
@@ -514,7 +511,8 @@ def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
             sel = sdst == d
             hits[d].index_add_(0, soff[sel], torch.ones_like(soff[sel]))
             assert torch.equal(lays[d].send_token[soff[sel]], lay.recv_token[x[sel]])
-        hits[plan.rank].index_add_(0, plan.local_dst_index, torch.ones_like(plan.local_dst_index))
+        local_dst = local_rows(plan)[1]
+        hits[plan.rank].index_add_(0, local_dst, torch.ones_like(local_dst))
     for d in range(W):
         assert bool((hits[d] == 1).all())
 
@@ -525,8 +523,6 @@ def test_compact_plan_fills_the_padding_with_local_rows():
     rows), expert 1 = 36 remote + 18 local = 4 bands (band 4: owner 1's last 4 and 12 local
     rows; band 5: the last 6 local rows). No zero rows; 6 bands = grouped_mm's tiles, where the
     packed layout has 8 and the aligned one 10."""
-    from systems.overlap.plan import plan_pieces
-
     rows = [[20, 7, 5], [3, 33, 18]]
     src, expert, dst, dst_rows = synthetic_rows(rows, rank=2, dst_base=[3, 7, 0])
     kw = dict(rank=2, tile_m=16, mgb=1, dst_base=[3, 7, 0])
@@ -534,7 +530,7 @@ def test_compact_plan_fills_the_padding_with_local_rows():
     check_packed_plan(plan, src, expert, dst, torch.tensor(dst_rows))
     aligned = synthetic_plan(rows, **kw)
     assert (plan.n_bands, aligned.n_bands) == (6, 10)
-    assert (plan.n_padded, plan.n_padding) == (86, 0)
+    assert (plan.n_padded, plan.n_rows) == (86, 86)
     assert plan.expert_row_start.tolist() == [0, 32, 86]
     assert plan.band_rows.tolist() == [16, 16, 16, 16, 16, 6]
     assert plan.schedule.tolist() == [2, 3, 4, 0, 1, 5] and plan.n_remote_bands == 5
@@ -550,8 +546,8 @@ def test_compact_plan_fills_the_padding_with_local_rows():
         (1, 16, 4, 0, 19),
         (1, 20, 7, 1, 7),  # the mixed band of expert 0: rows 27..31 are local
     ]
-    assert plan.local_src_row.tolist() == [*range(27, 32), *range(68, 86)]
-    assert torch.equal(plan.local_dst_index, aligned.local_dst_index)
+    assert local_rows(plan)[0].tolist() == [*range(27, 32), *range(68, 86)]
+    assert torch.equal(local_rows(plan)[1], local_rows(aligned)[1])
 
 
 @pytest.mark.parametrize("layout", ["aligned", "compact"])

@@ -32,6 +32,7 @@ if torch.cuda.is_available():
 os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton")
 
+import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 INTERPRETED = isinstance(triton.language.standard.cdiv, InterpretedFunction)
@@ -57,7 +58,6 @@ from systems.overlap.plan import (  # noqa: E402
     GROUP_CODE,
     CombinePlan,
     build_plan,
-    plans_for_spec,
     producer_groups,
 )
 from systems.overlap.plan_device import (  # noqa: E402
@@ -69,18 +69,22 @@ from systems.overlap.plan_device import (  # noqa: E402
 from systems.overlap.runner import OverlapRunner  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
 from systems.overlap.tuning import interpreter_config, interpreter_consumer_config  # noqa: E402
-from tests.overlap_testing import expected_sends, reference_y, synthetic_rows  # noqa: E402
+from tests.overlap_testing import (  # noqa: E402
+    expected_sends,
+    local_rows,
+    plans_for_spec,
+    reference_y,
+    synthetic_rows,
+)
 
 # the arrays of each count (the -1 sentinel past it in a device plan)
 BOUNDED = {
     "n_rows": ["row_pos"],
     "n_padded": ["gather_index", "row_dst"],
     "n_bands": ["band_expert", "band_row", "band_rows", "band_dst", "band_valid"]
-    + ["band_offset", "band_segment", "schedule", "visit"],
-    "n_segments": ["seg_start", "seg_count", "seg_dst", "seg_rows", "seg_bytes"]
-    + ["seg_src_row", "seg_offset"],
-    "n_local": ["local_src_row", "local_dst_index"],
-    "n_pieces": ["piece_band", "piece_row", "piece_rows", "piece_offset", "piece_dst"],
+    + ["band_offset", "schedule", "visit"],
+    "n_segments": ["seg_start", "seg_count", "seg_dst"],
+    "n_pieces": ["piece_band", "piece_row", "piece_rows", "piece_offset"],
 }
 
 
@@ -118,7 +122,8 @@ def assert_same_plan(dev: CombinePlan, ref: CombinePlan) -> None:
     )  # fmt: skip
     for name, key in (("n_padded", "max_padded"), ("n_bands", "max_bands")):
         assert n[name] <= bd[key], name
-    for name in ("n_remote_bands", "n_segments", "n_local", "n_pieces"):
+    assert n["n_local"] <= n["n_rows"]
+    for name in ("n_remote_bands", "n_segments", "n_pieces"):
         assert n[name] <= bd["max_" + name[2:]], name
 
 
@@ -340,7 +345,8 @@ def _check_run(runner, fabric, ref, x, w, y):
     assert bool(torch.isnan(y[:P][~in_y]).all()), "local rows skip Y"
     assert bool(torch.isnan(y[P:]).all()), "rows past n_padded must stay untouched"
     want = expected_sends(ref, y, [torch.zeros_like(fabric.recv(d)) for d in range(3)])
-    want[2][ref.local_dst_index] = ref_y[ref.local_src_row]
+    local_src, local_dst = local_rows(ref)
+    want[2][local_dst] = ref_y[local_src]
     for d in range(3):
         torch.testing.assert_close(fabric.recv(d), want[d], rtol=1e-4, atol=1e-4)
     # a stale count from an earlier plan would let the consumer copy a band too early
@@ -461,6 +467,17 @@ def test_interpreter_in_subprocess():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
+@triton.jit
+def _producer_groups_kernel(
+    visit, schedule, band_expert, counts, groups, B, cap,
+    CODE: tl.constexpr, ORDERED: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """kernels/plan.py's _producer_groups_body alone in ONE program (any BLOCK)."""
+    kplan_mod._producer_groups_body(
+        visit, schedule, band_expert, counts, groups, B, cap, CODE, ORDERED, BLOCK
+    )
+
+
 @needs_interpreter
 @pytest.mark.parametrize("block", [2, 4, 64])
 @pytest.mark.parametrize("cap", [1, 3, 8])
@@ -481,7 +498,7 @@ def test_producer_groups_kernel_carries_runs_across_its_blocks(block, cap):
     visit = torch.randperm(B, generator=g)
     for v in (None, visit):
         out = torch.full((B,), -1, dtype=torch.int32)
-        plan_device.kplan._producer_groups_kernel[(1,)](
+        _producer_groups_kernel[(1,)](
             sched if v is None else v, sched, band_expert, counts, out, B, cap,
             CODE=GROUP_CODE, ORDERED=v is not None, BLOCK=block,
         )  # fmt: skip

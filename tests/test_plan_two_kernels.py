@@ -53,8 +53,7 @@ from harness.layout import rank_layout  # noqa: E402
 from harness.workload import WorkloadSpec  # noqa: E402
 from systems.overlap.plan import CombinePlan, build_plan  # noqa: E402
 
-KERNELS = ("_rows_kernel", "_groups_kernel", "_fill_kernel", "_producer_groups_kernel")
-KERNELS += ("_gather_rows_kernel",)
+KERNELS = ("_rows_kernel", "_fill_kernel", "_gather_rows_kernel")
 
 
 def _rows(W: int, E: int, routing: str, tokens: int, rank: int = 0):
@@ -113,9 +112,9 @@ class _Counted:
 @needs_interpreter
 @pytest.mark.parametrize("layout,cap", [("aligned", 0), ("compact", 3)])
 def test_a_call_launches_two_kernels_and_one_fill(monkeypatch, layout, cap):
-    """Rows (two row blocks): the row and the fill kernel; no rows: the groups kernel alone in
-    the row kernel's place. Every call after the first: one fill of the plan's buffer (the
-    tickets' reset) and nothing else but those two launches."""
+    """Rows (two row blocks) or none (one row program): the row and the fill kernel. Every call
+    after the first: one fill of the plan's buffer (the tickets' reset) and nothing else but
+    those two launches."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     log: list[str] = []
@@ -134,13 +133,13 @@ def test_a_call_launches_two_kernels_and_one_fill(monkeypatch, layout, cap):
     src, expert, dst, send = _rows(2, 3, "balanced", 800)
     assert plan_device.cdiv(src.numel(), plan_device.ROW_BLOCK) >= 2
     e = src[:0]
-    for rows, first in ((src, expert, dst), "_rows_kernel"), ((e, e, e), "_groups_kernel"):
+    for rows in (src, expert, dst), (e, e, e):
         build = plan_device.DevicePlanBuilder(**_shape(2, 3, 0, layout, "expert", cap))
         for call in range(2):
             log.clear()
             with Fills() as fills:
                 plan = build(*rows, send_counts=send)
-            assert log == [first, "_fill_kernel"], (first, call)
+            assert log == ["_rows_kernel", "_fill_kernel"], (rows[0].numel(), call)
             if call:
                 assert fills.n == 1, "one fill of the plan's buffer"
         _assert_plan(
@@ -239,3 +238,16 @@ def test_compiled_two_kernels_rebuild_one_plan_right(monkeypatch, W, routing, la
         assert names == ["rows", "fill"]
         _assert_plan(plan, build_plan(*rows, send_counts=send, **shape))
     assert all(build.memos[k].compiled is not None for k in ("rows", "fill"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["aligned", "compact"])
+def test_compiled_row_kernel_runs_the_groups_alone_where_there_are_no_rows(layout):
+    """On the GPU, no rows: one row-kernel program (every row masked) computes the groups;
+    build_plan's plan, twice (the second call from the remembered launches)."""
+    src, expert, dst, send = _rows(3, 2, "balanced", 0)
+    shape = _shape(3, 2, 1, layout, "expert", 4)
+    build = plan_device.DevicePlanBuilder(**shape)
+    for _ in range(2):
+        plan = build(*(t.cuda() for t in (src, expert, dst)), send_counts=send.cuda())
+        _assert_plan(plan, build_plan(src, expert, dst, send_counts=send, **shape))

@@ -1,8 +1,8 @@
 """Kernels compile for Hopper (sm_90) on a CPU machine, with Triton's own ptxas: what the
 interpreter tests cannot show (it runs Python, so a kernel it accepts may not compile).
 
-The device plan's one-program group kernel (`_groups_kernel`, both layouts): its code grows slowly
-with the experts per rank.
+The device plan's row kernel, whose last program runs the groups body (`_rows_kernel`, both
+layouts): its code grows slowly with the experts per rank.
 
 Built as [EP, EP] tiles in registers, the compact group kernel took about a minute to compile at
 E=64, W=4 (50 thousand PTX lines against 3 thousand at E=4: Triton recomputed the [EP, WP] chains
@@ -30,12 +30,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from systems.overlap.kernels import plan as kplan
 
-SCALARS = {"n_blocks", "R", "rank", "E", "W", "tm", "mgb"}
+SCALARS = {"R", "rank", "E", "W", "tm", "mgb"}
 out = {}
-fn = kplan._groups_kernel
+fn = kplan._rows_kernel
 for layout in ("aligned", "compact"):
     for E, W in ((8, 4), (64, 4)):
-        consts = dict(EP=E, WP=W, BLK=1024, HAS_N=False, HAS_SEND=True, COMPACT=layout == "compact")
+        consts = dict(EP=E, WP=W, HAS_N=False, HAS_SEND=True, COMPACT=layout == "compact")
+        consts["BLOCK"] = 1024
         sig = {}
         for p in fn.params:
             if p.is_constexpr:

@@ -26,9 +26,9 @@ Terms (W ranks, E local experts, tile height tile_m, this rank = `rank`):
            CUT RULE: a segment never spans two groups. Where the group (expert, destination)
            changes inside a would-be segment, the segment is cut there and the next one starts
            at the new group. So a segment never spans two destinations, and, stricter, never
-           two experts: its valid rows are then ONE contiguous range of X's output Y
-           (seg_src_row ...) and ONE contiguous range of the destination's receive buffer
-           (seg_offset ...). A middle segment can hold fewer than mgb bands at a cut.
+           two experts: its valid rows are then ONE contiguous range of X's output Y and ONE
+           contiguous range of the destination's receive buffer, each from its first unit's
+           row on. A middle segment can hold fewer than mgb bands at a cut.
 
 Local rows are never sent: the producer's epilogue stores them straight into this rank's own
 receive buffer at row_dst. The scale step is harness.reference.scale over that full buffer.
@@ -50,8 +50,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from harness.layout import RankLayout, rank_layout
-from harness.workload import WorkloadSpec
+from harness.layout import RankLayout
 from systems.overlap.modes import GROUP_CODE
 from systems.overlap.params import LAYOUTS, ORDERS
 
@@ -79,13 +78,10 @@ class CombinePlan:
       row_dst          [P]    place in this rank's own receive buffer of each LOCAL row, -1 at
                               every other row (remote rows, padding): the producer's epilogue
       expert_row_start [E+1]  expert e occupies padded rows [start[e], start[e+1])
-      group_rows       [E, W] valid rows of (expert e, owner s)
-      group_padded     [E, W] GEMM rows of (expert e, owner s) (compact: = group_rows)
     Bands (b in layout order, band_row ascending):
       band_expert, band_row (first padded row), band_rows (GEMM rows), band_dst (owner of its
       first valid row), band_valid (valid rows, the first ones), band_offset (destination row
-      of its first valid row), band_segment (segment of a remote band / its first piece; -1
-      for a local band)   [B] each
+      of its first valid row)   [B] each
     Schedule and the producer's walk:
       schedule [B]  band ids in producer order; schedule[:n_remote_bands] are the remote bands
       visit    [B]  order="expert": the schedule positions in visiting order (each expert's
@@ -94,14 +90,11 @@ class CombinePlan:
       groups   [B]  int32, group_cap > 0: the swizzle group of each visiting position,
                     first * GROUP_CODE + size (producer_groups); None: no expert groups
     Segments (s in send order): seg_start (first unit: a schedule index, or a piece id in a
-      compact plan), seg_count (units), seg_dst, seg_rows, seg_bytes (seg_rows * N *
-      elem_bytes), seg_src_row (padded row of its first row), seg_offset (destination row)
-      [S] each; sent_rows, sent_segments [W]: rows / segments sent to each rank.
-    Receive side: recv_rows [W] (rows coming back from each rank), recv_row_start [W] (their
-      first row in this rank's receive buffer), None without send_counts; local_src_row,
-      local_dst_index [L]: padded row and receive-buffer row of each local row.
-    Pieces (compact; None in an aligned plan): piece_band, piece_row, piece_rows, piece_offset,
-      piece_dst [Q].
+      compact plan), seg_count (units), seg_dst [S] each. A unit's rows, first padded row and
+      destination row are its band's (band_valid, band_row, band_offset) or its piece's.
+    Receive side: recv_rows [W] (rows coming back from each rank), None without send_counts.
+    Pieces (compact; None in an aligned plan): piece_band, piece_row, piece_rows,
+      piece_offset [Q].
     """
 
     world_size: int
@@ -119,36 +112,23 @@ class CombinePlan:
     gather_index: torch.Tensor
     row_dst: torch.Tensor
     expert_row_start: torch.Tensor
-    group_rows: torch.Tensor
-    group_padded: torch.Tensor
     band_expert: torch.Tensor
     band_row: torch.Tensor
     band_rows: torch.Tensor
     band_dst: torch.Tensor
     band_valid: torch.Tensor
     band_offset: torch.Tensor
-    band_segment: torch.Tensor
     schedule: torch.Tensor
     visit: torch.Tensor | None
     groups: torch.Tensor | None
     seg_start: torch.Tensor
     seg_count: torch.Tensor
     seg_dst: torch.Tensor
-    seg_rows: torch.Tensor
-    seg_bytes: torch.Tensor
-    seg_src_row: torch.Tensor
-    seg_offset: torch.Tensor
-    sent_rows: torch.Tensor
-    sent_segments: torch.Tensor
     recv_rows: torch.Tensor | None
-    recv_row_start: torch.Tensor | None
-    local_src_row: torch.Tensor
-    local_dst_index: torch.Tensor
     piece_band: torch.Tensor | None = None
     piece_row: torch.Tensor | None = None
     piece_rows: torch.Tensor | None = None
     piece_offset: torch.Tensor | None = None
-    piece_dst: torch.Tensor | None = None
 
     n_rows = property(lambda self: self.counts[0])
     n_padded = property(lambda self: self.counts[1])
@@ -161,12 +141,6 @@ class CombinePlan:
     max_padded = property(lambda self: self.gather_index.numel())
     max_bands = property(lambda self: self.schedule.numel())
     max_segments = property(lambda self: self.seg_start.numel())
-    max_local = property(lambda self: self.local_src_row.numel())
-
-    @property
-    def n_padding(self) -> torch.Tensor:
-        """Zero padding rows of the layout (P - R)."""
-        return self.n_padded - self.n_rows
 
     def sizes(self) -> dict[str, int]:
         """The counts as host ints (synchronises: set-up, tests and reports only)."""
@@ -177,21 +151,12 @@ class CombinePlan:
         n = self.sizes()
         cut = {"row_pos": "n_rows", "gather_index": "n_padded", "row_dst": "n_padded"}
         cut |= {"band": "n_bands", "schedule": "n_bands", "visit": "n_bands"}
-        cut |= {"groups": "n_bands", "seg": "n_segments", "local": "n_local"}
-        cut |= {"piece": "n_pieces"}
+        cut |= {"groups": "n_bands", "seg": "n_segments", "piece": "n_pieces"}
         kw = {}
         for f in fields(self):
             v = getattr(self, f.name)
             key = next((k for k in cut if f.name.startswith(k)), None)
             kw[f.name] = v[: n[cut[key]]] if key is not None and v is not None else v
-        return type(self)(**kw)
-
-    def to(self, device: torch.device | str) -> CombinePlan:
-        """A copy with every tensor on `device`."""
-        kw = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            kw[f.name] = v.to(device) if isinstance(v, torch.Tensor) else v
         return type(self)(**kw)
 
 
@@ -220,7 +185,7 @@ def _segments(unit_start: torch.Tensor, mgb: int, n_segments: int):
 
     unit_start [n] int64: position of the first unit of each unit's group. A segment starts at
     the first and the last unit and every mgb units of the middle ones (so the first and last
-    segments hold one unit). Returns seg_id [n], seg_start [S], seg_count [S].
+    segments hold one unit). Returns seg_start [S], seg_count [S].
     """
     n = unit_start.numel()
     p = torch.arange(n, dtype=torch.int64, device=unit_start.device)
@@ -229,9 +194,7 @@ def _segments(unit_start: torch.Tensor, mgb: int, n_segments: int):
     seg_id = torch.cumsum(is_start.long(), 0) - 1
     seg_start = torch.full((n_segments,), n, dtype=torch.int64, device=p.device)
     seg_start.scatter_reduce_(0, seg_id, p, "amin")
-    seg_count = torch.zeros(n_segments, dtype=torch.int64, device=p.device)
-    seg_count.index_add_(0, seg_id, torch.ones_like(p))
-    return seg_id, seg_start, seg_count
+    return seg_start, torch.diff(seg_start, append=seg_start.new_full((1,), n))
 
 
 def _n_segments(a: torch.Tensor, n: torch.Tensor, total: torch.Tensor, mgb: int) -> torch.Tensor:
@@ -327,37 +290,22 @@ def _aligned(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple
     q = torch.arange(B, dtype=torch.int64, device=dev) - band_first[band_group]
     band_valid = (cnt[band_group] - q * tm).clamp(max=tm)
     schedule = _unit_walk(sched_groups, nb_sched, band_first, B)
-    seg_id, seg_start, seg_count = _segments(
-        torch.repeat_interleave(a, nb_r, output_size=NR), mgb, S
-    )
-    remote = schedule[:NR]
+    seg_start, seg_count = _segments(torch.repeat_interleave(a, nb_r, output_size=NR), mgb, S)
     band_dst = slot_ranks(W, rank, dev)[band_group % W]
-    band_row = grp_row[band_group] + q * tm
-    band_offset = rows.grp_dst[band_group] + q * tm
-    first = schedule[seg_start]
     out = dict(
         row_pos=row_pos,
         gather_index=gather_index,
         expert_row_start=padded.view(E, W).sum(1),
-        group_padded=padded.view(E, W),
         band_expert=band_group // W,
-        band_row=band_row,
+        band_row=grp_row[band_group] + q * tm,
         band_rows=torch.where(band_group % W == W - 1, band_valid, tm),
         band_dst=band_dst,
         band_valid=band_valid,
-        band_offset=band_offset,
-        band_segment=torch.full((B,), -1, dtype=torch.int64, device=dev).scatter_(
-            0, remote, seg_id
-        ),
+        band_offset=rows.grp_dst[band_group] + q * tm,
         schedule=schedule,
         seg_start=seg_start,
         seg_count=seg_count,
-        seg_dst=band_dst[first],
-        seg_rows=torch.zeros(S, dtype=torch.int64, device=dev).index_add_(
-            0, seg_id, band_valid[remote]
-        ),
-        seg_src_row=band_row[first],
-        seg_offset=band_offset[first],
+        seg_dst=band_dst[schedule[seg_start]],
     )
     return counts, host, out
 
@@ -404,35 +352,25 @@ def _compact(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple
     gs = grp_row[g]
     piece_row = torch.maximum(gs, band_row[piece_band])
     piece_rows = torch.minimum(gs + cnt[g], band_row[piece_band] + tm) - piece_row
-    piece_offset = rows.grp_dst[g] + (piece_row - gs)
-    piece_dst = slot_ranks(W, rank, dev)[g % W]
-    seg_id, seg_start, seg_count = _segments(a[pg], mgb, S)
+    seg_start, seg_count = _segments(a[pg], mgb, S)
     out = dict(
         row_pos=row_pos,
         gather_index=gather_index,
         expert_row_start=n_e,
-        group_padded=cnt2,
         band_expert=band_sec // 2,
         band_row=band_row,
         band_rows=band_rows,
         band_dst=torch.where(band_sec % 2 == 1, rank, rows.src[first_row]),
         band_valid=band_rows,
         band_offset=rows.dst[first_row],
-        band_segment=torch.full((B,), -1, **i64).scatter_reduce_(
-            0, piece_band, seg_id, "amin", include_self=False
-        ),
         schedule=_unit_walk(sched_secs, sec_nb[sched_secs], sec_first, B),
         seg_start=seg_start,
         seg_count=seg_count,
-        seg_dst=piece_dst[seg_start],
-        seg_rows=torch.zeros(S, **i64).index_add_(0, seg_id, piece_rows),
-        seg_src_row=piece_row[seg_start],
-        seg_offset=piece_offset[seg_start],
+        seg_dst=slot_ranks(W, rank, dev)[g[seg_start] % W],
         piece_band=piece_band,
         piece_row=piece_row,
         piece_rows=piece_rows,
-        piece_offset=piece_offset,
-        piece_dst=piece_dst,
+        piece_offset=rows.grp_dst[g] + (piece_row - gs),
     )
     return counts, host, out
 
@@ -458,8 +396,8 @@ def build_plan(
 
     recv_src [R] owner rank, recv_expert [R] local expert, recv_dst_index [R] position in the
     owner's combine receive buffer (consecutive within each (owner, expert) group), any order.
-    send_counts [W] (optional): rows this rank sent to each rank in the dispatch, for the
-    receive-side fields. layout, order, group_cap: CombinePlan's. One host sync.
+    send_counts [W] (optional): rows this rank sent to each rank in the dispatch (recv_rows).
+    layout, order, group_cap: CombinePlan's. One host sync.
     """
     W, E, tm = world_size, experts_per_rank, tile_m
     check_plan_args(W, rank, E, tm, mgb, layout, order, group_cap)
@@ -468,17 +406,8 @@ def build_plan(
     rows = _group_rows(recv_src, recv_expert, recv_dst_index, W, rank, E)
     build = _aligned if layout == "aligned" else _compact
     counts, host, f = build(rows, W, rank, E, tm, mgb)
-    cnt = rows.cnt.view(E, W)
     P, L = host[1], host[5]
-    loc = torch.sort((rows.slot != W - 1).long(), stable=True).indices[:L]
-    local_src = f["row_pos"][loc]
-    recv_rows, recv_start = None, None
-    if send_counts is not None:
-        recv_rows = send_counts.to(**i64)
-        recv_start = _excl_cumsum(recv_rows)
-    seg_dst, seg_rows = f["seg_dst"], f["seg_rows"]
-    owners = slot_ranks(W, rank, dev)
-    by_owner = lambda t: torch.empty_like(t).index_copy_(1, owners, t)  # noqa: E731
+    loc = torch.sort((rows.slot != W - 1).long(), stable=True).indices[:L]  # the local rows
     f["expert_row_start"] = torch.cat(
         [torch.zeros(1, **i64), torch.cumsum(f["expert_row_start"], 0)]
     )
@@ -494,49 +423,17 @@ def build_plan(
         order=order,
         group_cap=group_cap,
         counts=counts,
-        row_dst=torch.full((P,), -1, **i64).scatter_(0, local_src, rows.dst[loc]),
-        group_rows=by_owner(cnt),
-        seg_bytes=seg_rows * (out_cols * elem_bytes),
-        sent_rows=torch.zeros(W, **i64).index_add_(0, seg_dst, seg_rows),
-        sent_segments=torch.zeros(W, **i64).index_add_(0, seg_dst, torch.ones_like(seg_dst)),
-        recv_rows=recv_rows,
-        recv_row_start=recv_start,
-        local_src_row=local_src,
-        local_dst_index=rows.dst[loc],
+        row_dst=torch.full((P,), -1, **i64).scatter_(0, f["row_pos"][loc], rows.dst[loc]),
+        recv_rows=None if send_counts is None else send_counts.to(**i64),
         visit=None,
         groups=None,
-        **{**f, "group_padded": by_owner(f["group_padded"])},
+        **f,
     )
     if order == "expert":
         plan.visit = producer_order(plan)
     if group_cap:
         plan.groups = producer_groups(plan, plan.visit, group_cap)
     return plan
-
-
-@dataclass
-class Pieces:
-    """The consumer's units of one plan, in send order [Q]: band (its ready counter), row
-    (first padded GEMM row), rows, offset (destination row), dst. Segment s covers units
-    seg_start[s] .. + seg_count[s]."""
-
-    band: torch.Tensor
-    row: torch.Tensor
-    rows: torch.Tensor
-    offset: torch.Tensor
-    dst: torch.Tensor
-
-
-def plan_pieces(plan: CombinePlan) -> Pieces:
-    """Pieces of a compact plan; of an aligned plan, its remote bands in schedule order (one
-    piece per band). Either way segment s sends units seg_start[s] .. + seg_count[s]. The
-    plan's valid prefixes only (a trimmed plan)."""
-    if plan.layout == "compact":
-        return Pieces(
-            plan.piece_band, plan.piece_row, plan.piece_rows, plan.piece_offset, plan.piece_dst
-        )
-    b = plan.schedule[: plan.n_remote_bands]
-    return Pieces(b, plan.band_row[b], plan.band_valid[b], plan.band_offset[b], plan.band_dst[b])
 
 
 def plan_for_layout(lay: RankLayout, *, device: torch.device | None = None, **shape) -> CombinePlan:
@@ -546,18 +443,6 @@ def plan_for_layout(lay: RankLayout, *, device: torch.device | None = None, **sh
     dev = device or lay.recv_src.device
     rows = (t.to(dev) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
     return build_plan(*rows, rank=lay.rank, send_counts=lay.send_counts.to(dev), **shape)
-
-
-def plans_for_spec(
-    spec: WorkloadSpec, *, tile_m: int, mgb: int, device: torch.device | None = None, **knobs
-) -> tuple[list[CombinePlan], list[RankLayout]]:
-    """Plans and RankLayouts of all W ranks of a spec (every rank can build every plan);
-    knobs: plan_for_layout's layout, order, group_cap."""
-    lays = [rank_layout(spec, r) for r in range(spec.world_size)]
-    elem = torch.empty(0, dtype=spec.torch_dtype).element_size()
-    shape = dict(world_size=spec.world_size, experts_per_rank=spec.experts_per_rank)
-    shape |= dict(tile_m=tile_m, mgb=mgb, out_cols=spec.out, elem_bytes=elem, device=device)
-    return [plan_for_layout(lay, **shape, **knobs) for lay in lays], lays
 
 
 def plan_from_rows(
@@ -626,24 +511,22 @@ def owner_expert_counts(expert_ids: torch.Tensor, experts_per_rank: int) -> torc
     return torch.bincount(key, minlength=W * n_exp).view(W, n_exp)
 
 
-def padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> torch.Tensor:
-    """Exact zero padding rows of every rank's aligned layout [W] from C [W, W*E]
-    (owner_expert_counts): rank r pads each remote group (owner s != r, expert g of r) to a
-    multiple of tile_m. Equals build_plan(...).n_padding."""
-    W = counts.shape[0]
-    pad = (-counts).remainder(tile_m).view(W, W, experts_per_rank)  # [s, r, e]
-    pad = pad * (1 - torch.eye(W, dtype=pad.dtype, device=pad.device))[:, :, None]
-    return pad.sum((0, 2))
-
-
-def packed_padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> torch.Tensor:
-    """Zero rows of every rank [W] if the remote rows of an expert were PACKED: all remote
-    owners' rows of expert g back to back, padded once to a multiple of tile_m. Rank r: sum
-    over its experts g of (-sum_{s != r} C[s, g]) mod tile_m (a what-if of the padding study)."""
+def padding_rows(
+    counts: torch.Tensor, experts_per_rank: int, tile_m: int, layout: str = "aligned"
+) -> torch.Tensor:
+    """Exact zero padding rows of every rank [W] from C [W, W*E] (owner_expert_counts).
+    aligned: rank r pads each remote group (owner s != r, expert g of r) to a multiple of
+    tile_m (build_plan's n_padded - n_rows); packed (a what-if of the padding study): all
+    remote owners' rows of expert g back to back, padded once, so rank r pads the sum over its
+    experts g of (-sum_{s != r} C[s, g]) mod tile_m."""
+    if layout not in ("aligned", "packed"):
+        raise ValueError(f"layout must be aligned or packed, got {layout!r}")
     W = counts.shape[0]
     c = counts.view(W, W, experts_per_rank)  # [s, r, e]
-    remote = (c * (1 - torch.eye(W, dtype=c.dtype, device=c.device))[:, :, None]).sum(0)  # [r, e]
-    return (-remote).remainder(tile_m).sum(1)
+    remote = c * (1 - torch.eye(W, dtype=c.dtype, device=c.device))[:, :, None]
+    if layout == "packed":
+        remote = remote.sum(0, keepdim=True)  # [1, r, e]
+    return (-remote).remainder(tile_m).sum((0, 2))
 
 
 #: the layouts row_tiles counts: the plan's, and "packed" (the padding study's what-if)

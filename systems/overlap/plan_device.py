@@ -7,10 +7,10 @@ device, so the plan can be rebuilt inside a timed step from this step's routing.
 
 Launches: one fill (-1) of the plan's buffer and two Triton kernels (kernels/plan.py): the row
 kernel, whose last program computes the groups, and the fill kernel, whose last program computes
-the producer's swizzle groups (group_cap > 0); with no rows, the groups kernel alone stands in
-for the row kernel. The padded GEMM input is one more (`padded_input_device`). A layer's stage A
-runs `DevicePlanBuilder`: the same launches into one plan rewritten in place every step,
-remembered (harness/kernels/relaunch.py).
+the producer's swizzle groups (group_cap > 0); with no rows, the row kernel runs one program
+(all its rows masked) for the groups. The padded GEMM input is one more (`padded_input_device`).
+A layer's stage A runs `DevicePlanBuilder`: the same launches into one plan rewritten in place
+every step, remembered (harness/kernels/relaunch.py).
 
 Worst cases, from R = the inputs' length (a host int: the tensors' shape; with `n_rows` the
 inputs can be a worst-case-sized receive buffer whose first n_rows rows are real), E, W, tile_m:
@@ -20,8 +20,8 @@ inputs can be a worst-case-sized receive buffer whose first n_rows rows are real
   compact  max_padded        R                                    (no zero row)
            max_bands         (R + min(E, R) * (tile_m - 1)) // tile_m = max_remote_bands
            max_pieces        min(R, max_bands + min(E*(W-1), R)) = max_segments
-  max_local = R. Input contract (as build_plan's): the rows of one (expert, owner) group occupy
-consecutive positions of the owner's receive buffer.
+Input contract (as build_plan's): the rows of one (expert, owner) group occupy consecutive
+positions of the owner's receive buffer.
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ from systems.overlap.plan import CombinePlan, check_plan_args
 
 ROW_BLOCK = 1024  # rows per program of the row kernels
 BANDS = ("band_expert", "band_row", "band_rows", "band_dst", "band_valid", "band_offset")
-BANDS += ("band_segment", "schedule", "visit")
-SEGS = ("seg_start", "seg_count", "seg_dst", "seg_rows", "seg_bytes", "seg_src_row", "seg_offset")
-PIECES = ("piece_band", "piece_row", "piece_rows", "piece_offset", "piece_dst")
-ROWS = ("row_pos", "gather_index", "local_src_row", "local_dst_index", "row_dst")
+BANDS += ("schedule", "visit")
+PIECES = ("piece_band", "piece_row", "piece_rows", "piece_offset")
+SEGS = ("seg_start", "seg_count", "seg_dst")
 
 
 def plan_bounds(
@@ -52,10 +51,10 @@ def plan_bounds(
         nb = (R + min(E, R) * (tm - 1)) // tm  # an expert's last band is its only short one
         q = min(R, nb + rg)  # a band holds one piece per owner: <= its first + the group starts
         bd = dict(max_rows=R, max_padded=R, max_bands=nb, max_remote_bands=nb)
-        return bd | dict(max_segments=q, max_local=R, max_pieces=q)
+        return bd | dict(max_segments=q, max_pieces=q)
     nr = (R + rg * (tm - 1)) // tm
     bd = dict(max_rows=R, max_padded=R + rg * (tm - 1), max_remote_bands=nr, max_segments=nr)
-    return bd | dict(max_bands=(R + min(E * W, R) * (tm - 1)) // tm, max_local=R, max_pieces=0)
+    return bd | dict(max_bands=(R + min(E * W, R) * (tm - 1)) // tm, max_pieces=0)
 
 
 def build_plan_device(
@@ -126,30 +125,23 @@ class DevicePlanBuilder:
         bd = plan_bounds(R, world_size=W, experts_per_rank=E, tile_m=self.tm, layout=lay)
         Bm, Sm, Pm, Qm = bd["max_bands"], bd["max_segments"], bd["max_padded"], bd["max_pieces"]
         sizes = dict(counts=7, row_pos=R, gather_index=Pm, row_dst=Pm, expert_row_start=E + 1)
-        sizes |= dict(group_rows=G, group_padded=G, sent_rows=W, sent_segments=W)
         sizes |= {k: Bm for k in BANDS} | {k: Sm for k in SEGS} | {k: Qm for k in PIECES}
-        sizes |= dict(recv_rows=W * has_send, recv_row_start=W * has_send)
-        sizes |= dict(local_src_row=R, local_dst_index=R, _cnt_enc=G, _dmin_enc=G)
+        sizes |= dict(recv_rows=W * has_send, _cnt_enc=G, _dmin_enc=G)
         sizes |= dict(_ticket=2)  # the kernels' last-program tickets: the fill resets them
         self.buf = torch.full((sum(sizes.values()),), -1, dtype=torch.int64, device=dev)
         out, o = {}, 0
         for k, n in sizes.items():
             out[k] = self.buf[o : o + n]
             o += n
-        self.n_blocks = n_blocks = cdiv(R, ROW_BLOCK)
-        n_ge = 13 * E  # the group kernel's per-expert work (kernels/plan.py)
-        work = torch.empty(8 * G + n_ge + 2 * n_blocks, dtype=torch.int64, device=dev)
-        self.gw, self.ge = work[: 8 * G], work[8 * G : 8 * G + n_ge]
-        self.blk_local = work[8 * G + n_ge : 8 * G + n_ge + n_blocks]
-        self.blk_off = work[8 * G + n_ge + n_blocks :]
+        self.n_blocks = cdiv(R, ROW_BLOCK)
+        work = torch.empty(8 * G + 13 * E, dtype=torch.int64, device=dev)
+        self.gw, self.ge = work[: 8 * G], work[8 * G :]  # the group kernel's work (kernels/plan.py)
         self.out = out
         f = {k: v for k, v in out.items() if not k.startswith("_")}
-        f["group_rows"] = out["group_rows"].view(E, W)
-        f["group_padded"] = out["group_padded"].view(E, W)
         for k in PIECES if not self.compact else ():
             f[k] = None
         if not has_send:
-            f["recv_rows"] = f["recv_row_start"] = None
+            f["recv_rows"] = None
         if self.shape["order"] != "expert":
             f["visit"] = None
         f["groups"] = None
@@ -196,24 +188,17 @@ class DevicePlanBuilder:
             self._allocate(R, dev, has_send, has_n)  # launch 1: the fill (-1)
         else:
             self.buf.fill_(-1)  # launch 1
-        out, n_blocks, shape = self.out, self.n_blocks, (self.rank, E, W, self.tm, self.mgb)
+        out, shape = self.out, (self.rank, E, W, self.tm, self.mgb)
         n_ptr = n_rows.reshape(-1) if has_n else out["counts"]  # unused without HAS_N
         sc = send_counts.reshape(-1) if has_send else out["counts"]
         inputs = {"src_ptr": src, "exp_ptr": exp, "dst_ptr": dst, "n_rows_ptr": n_ptr}
-        counted = {"n_rows_ptr": n_ptr, "send_counts": sc}
-        tail = (sc, self.gw, self.ge, out["counts"], out["expert_row_start"])
-        tail += tuple(out[k] for k in ("group_rows", "group_padded", "sent_rows", "sent_segments"))
-        tail += (out["recv_rows"], out["recv_row_start"], *shape)
-        kw = dict(EP=next_power_of_2(E), WP=next_power_of_2(W), BLK=1024, HAS_N=has_n)
+        args = (src, exp, dst, n_ptr, R, out["_cnt_enc"], out["_dmin_enc"], out["_ticket"][0:1])
+        args += (sc, self.gw, self.ge, out["counts"], out["expert_row_start"], out["recv_rows"])
+        kw = dict(EP=next_power_of_2(E), WP=next_power_of_2(W), HAS_N=has_n, BLOCK=ROW_BLOCK)
         kw |= dict(HAS_SEND=has_send, COMPACT=self.compact, num_warps=4)
-        enc = (out["_cnt_enc"], out["_dmin_enc"], self.blk_local, self.blk_off)
-        if n_blocks:  # the groups in the row kernel's last program
-            args = (src, exp, dst, n_ptr, R, *enc, out["_ticket"][0:1], *tail)
-            kw["BLOCK"] = ROW_BLOCK
-            self._launch("rows", kplan._rows_kernel, (n_blocks,), args, kw, inputs | counted)
-        else:
-            args = (*enc, n_blocks, n_ptr, R, *tail)
-            self._launch("groups", kplan._groups_kernel, (1,), args, kw, counted)
+        grid = (max(self.n_blocks, 1),)  # the groups in the last program (no rows: one program)
+        volatile = inputs | {"send_counts": sc}
+        self._launch("rows", kplan._rows_kernel, grid, (*args, *shape), kw, volatile)
         self._fill(src, exp, dst, n_ptr, R, has_n, inputs)
         return self.plan
 
@@ -224,10 +209,10 @@ class DevicePlanBuilder:
         shape = (self.rank, E, self.W, self.tm, self.mgb)
         B = p.schedule.numel()
         grouped = p.groups is not None and B > 0
-        args = (src, exp, dst, n_ptr, R, self.gw, self.ge, out["counts"], self.blk_off)
-        args += tuple(out[k] for k in ROWS + BANDS + PIECES + SEGS)
-        args += (*shape, self.shape["out_cols"] * self.shape["elem_bytes"])
-        args += (out["_ticket"][1:2], p.groups if grouped else out["counts"], B, p.group_cap)
+        args = (src, exp, dst, n_ptr, R, self.gw, self.ge, out["counts"])
+        args += tuple(out[k] for k in ("row_pos", "gather_index", "row_dst", *BANDS, *PIECES))
+        args += (*(out[k] for k in SEGS), *shape, out["_ticket"][1:2])
+        args += (p.groups if grouped else out["counts"], B, p.group_cap)
         kw = dict(COMPACT=self.compact, HAS_N=has_n, QB=64, BLOCK=ROW_BLOCK, num_warps=4)
         kw |= dict(GROUPS=grouped, ORDERED=p.visit is not None, CODE=GROUP_CODE)
         kw["GBLOCK"] = min(1024, next_power_of_2(B))
@@ -280,14 +265,7 @@ def _gather_rows_launch(src, dst, plan: CombinePlan, rows=None, br: int = 16):
     rows [R] (optional): dst[p] = src[rows[gather_index[p]]]."""
     if not (src.is_contiguous() and dst.is_contiguous()) or src.shape[1] != dst.shape[1]:
         raise ValueError("row gather: contiguous [*, K] operands with the same K")
-    K = src.shape[1]
-    args = (
-        src,
-        dst,
-        plan.gather_index,
-        plan.counts[1:2],
-        K,
-        plan.gather_index if rows is None else rows,
-    )
+    K, index = src.shape[1], plan.gather_index
+    args = (src, dst, index, plan.counts[1:2], K, index if rows is None else rows)
     kw = dict(BR=br, BK=min(next_power_of_2(K), 256), HAS_ROWS=rows is not None, num_warps=4)
     return (cdiv(plan.max_padded, br),), args, kw

@@ -4,23 +4,21 @@ Two kernels build a combine plan with no host synchronisation (plan.py's terms; 
 groups g = e * W + slot, slot = the owner's position: remote owners ascending, this rank last):
   _rows_kernel    one program per BLOCK rows: per run of one group in input order, the run
                   length onto the group's row count and the run's dst onto the group's minimum
-                  dst (a few atomics per group and block on grouped input, not one per row);
-                  counts the block's local rows. The LAST program to finish then runs the
-                  groups body (below)
+                  dst (a few atomics per group and block on grouped input, not one per row).
+                  The LAST program to finish then runs the groups body (below)
   _groups_body    every group-level quantity as [EP, WP] tiles (prefix sums over groups, the
                   remote-first expert order by pairwise comparison of the experts' remote band
-                  counts, segments per group with the cut rule), the counts, and the prefix
-                  over the blocks' local rows. The pairwise sums (_sums_before) read the other
-                  experts' values back from the work rows in chunks of JB, so the code is
-                  [EP, JB] wide at any E (built as [EP, EP] tiles it compiled for a minute).
-                  Alone in one program (_groups_kernel) where there are no rows
+                  counts, segments per group with the cut rule) and the counts. The pairwise
+                  sums (_sums_before) read the other experts' values back from the work rows
+                  in chunks of JB, so the code is [EP, JB] wide at any E (built as [EP, EP]
+                  tiles it compiled for a minute). Where there are no rows, the row kernel
+                  runs one program (all rows masked)
   _fill_kernel    aligned: programs [0, G) one group each (its bands, schedule entries, their
                   places in the order="expert" visiting order `visit`, segments); compact
                   (COMPACT): [0, E) one expert's bands, [E, E + G) one remote group's pieces
-                  and segments; then one row block each: row_pos, gather_index, row_dst and
-                  the local rows (in row order, like build_plan). With GROUPS, the LAST program
-                  to finish then runs the producer's swizzle groups (_producer_groups_body,
-                  plan.producer_groups)
+                  and segments; then one row block each: row_pos, gather_index, row_dst. With
+                  GROUPS, the LAST program to finish then runs the producer's swizzle groups
+                  (_producer_groups_body, plan.producer_groups)
 Both take the constexpr COMPACT (layout="compact": sections per expert, pieces per remote group,
 segments over pieces); `_segment_of` is the segment rule both layouts share. One more kernel:
 `_gather_rows_kernel` (the padded GEMM input X, counts on the device).
@@ -30,7 +28,7 @@ threadFenceReduction sample): every program ends with a CTA barrier (all its thr
 atomics issued) and ONE scalar acq_rel ticket at GPU scope on a word the plan's fill set to -1;
 the program that draws ticket num_programs - 2 is the last, whatever its id, and its acquire
 (then a CTA barrier, so every thread's loads follow it) makes every other program's released
-writes visible. What a body reads from the other programs (cnt_enc, dmin_enc, blk_local; visit,
+writes visible. What a body reads from the other programs (cnt_enc, dmin_enc; visit,
 schedule, band_expert) is only stored or atomically updated before the tickets, never loaded, so
 no SM holds a stale line of it. The fill of the plan's buffer resets the tickets every call.
 
@@ -47,13 +45,6 @@ BIG = tl.constexpr(1 << 40)  # > any dst: min dst is BIG - max(BIG - dst)
 
 
 @triton.jit
-def _group_of(src, expert, rank, W):
-    """Group id e * W + slot and slot of rows (slot W-1 = this rank, the local group)."""
-    slot = tl.where(src == rank, W - 1, src - (src > rank).to(tl.int64))
-    return expert * W + slot, slot
-
-
-@triton.jit
 def _n_valid(n_rows_ptr, R, HAS_N: tl.constexpr):
     n = R
     if HAS_N:
@@ -63,34 +54,34 @@ def _n_valid(n_rows_ptr, R, HAS_N: tl.constexpr):
 
 @triton.jit
 def _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W):
-    """(group, slot, dst) of rows i (int64; masked rows give group 0)."""
+    """(group e * W + slot, slot, dst) of rows i (int64; slot W-1 = this rank, the local
+    group; masked rows give group 0)."""
     src = tl.load(src_ptr + i, mask=valid, other=0).to(tl.int64)
     e = tl.load(exp_ptr + i, mask=valid, other=0).to(tl.int64)
     d = tl.load(dst_ptr + i, mask=valid, other=0).to(tl.int64)
-    g, slot = _group_of(src, e, rank, W)
-    return g, slot, d
+    slot = tl.where(src == rank, W - 1, src - (src > rank).to(tl.int64))
+    return e * W + slot, slot, d
 
 
 @triton.jit
 def _rows_kernel(
-    src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, cnt_enc, dmin_enc, blk_local, blk_off, ticket,
-    send_counts, gw, ge, counts, expert_row_start, group_rows, group_padded, sent_rows,
-    sent_segments, recv_rows, recv_row_start, rank, E, W, tm, mgb,
+    src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, cnt_enc, dmin_enc, ticket, send_counts, gw, ge,
+    counts, expert_row_start, recv_rows, rank, E, W, tm, mgb,
     HAS_N: tl.constexpr, BLOCK: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr,
-    BLK: tl.constexpr, HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr = 32,
+    HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr = 32,
 ):  # fmt: skip
     """Group row counts and minimum dst, by runs of one group in INPUT order within the block:
     a run [j_s, j_e] adds j_e + 1 - j_s to the count (two atomics, any input order); a row
     offers its dst to the minimum unless the row before it is of its group with a smaller dst
     (one atomic per run on grouped, dst-ascending input such as harness.layout's; correct for
-    any order). Also the block's local-row count. The last program to finish (ticket [1],
-    -1-filled) then runs _groups_body (the arguments from blk_off on are its)."""
+    any order). The last program to finish (ticket [1], -1-filled) then runs _groups_body (the
+    arguments from send_counts on are its)."""
     pid = tl.program_id(0)
     j = tl.arange(0, BLOCK)
     i = pid.to(tl.int64) * BLOCK + j
     n = _n_valid(n_rows_ptr, R, HAS_N)
     valid = i < n
-    g, slot, d = _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W)
+    g, _, d = _row_groups(src_ptr, exp_ptr, dst_ptr, i, valid, rank, W)
     has_prev = valid & (j > 0)
     gp, _, dp = _row_groups(src_ptr, exp_ptr, dst_ptr, i - 1, has_prev, rank, W)
     has_next = (j < BLOCK - 1) & (i + 1 < n)
@@ -102,13 +93,10 @@ def _rows_kernel(
     tl.atomic_add(cnt_enc + g, -jj, mask=start, sem="relaxed")
     tl.atomic_add(cnt_enc + g, jj + 1, mask=end, sem="relaxed")
     tl.atomic_max(dmin_enc + g, BIG - d, mask=offer, sem="relaxed")
-    tl.store(blk_local + pid, tl.sum((valid & (slot == W - 1)).to(tl.int64)))
     if _last_program(ticket):
         _groups_body(
-            cnt_enc, dmin_enc, blk_local, blk_off, tl.num_programs(0), n_rows_ptr, R,
-            send_counts, gw, ge, counts, expert_row_start, group_rows, group_padded, sent_rows,
-            sent_segments, recv_rows, recv_row_start, rank, E, W, tm, mgb,
-            EP, WP, BLK, HAS_N, HAS_SEND, COMPACT, JB,
+            cnt_enc, dmin_enc, n_rows_ptr, R, send_counts, gw, ge, counts, expert_row_start,
+            recv_rows, rank, E, W, tm, mgb, EP, WP, HAS_N, HAS_SEND, COMPACT, JB,
         )  # fmt: skip
 
 
@@ -142,28 +130,16 @@ def _group_tiles(cnt_enc, dmin_enc, E, W, EP: tl.constexpr, WP: tl.constexpr):
 
 @triton.jit
 def _plan_fields(
-    e1, s1, e2, s2, inb, cnt, padded, nseg, e_row, P, n_bands, NR, n_segments, rank, E, W,
-    expert_row_start, group_rows, group_padded, sent_rows, sent_segments, send_counts,
-    recv_rows, recv_row_start, counts, n_rows_ptr, R, blk_local, blk_off, n_blocks, Q,
-    HAS_N: tl.constexpr, HAS_SEND: tl.constexpr, BLK: tl.constexpr,
+    e1, s1, loc, cnt, e_row, P, n_bands, NR, n_segments, E, W, expert_row_start, send_counts,
+    recv_rows, counts, n_rows_ptr, R, Q, HAS_N: tl.constexpr, HAS_SEND: tl.constexpr,
 ):  # fmt: skip
     """What both layouts' group programs write alike from their [EP, WP] tiles (_group_tiles):
-    the per-expert and per-owner fields, the receive side, the seven counts (Q: the pieces),
-    and the first local-row slot of each row block (exclusive prefix over the blocks)."""
+    expert_row_start, the receive side and the seven counts (Q: the pieces)."""
     tl.store(expert_row_start + e1, e_row, mask=e1 < E)
     tl.store(expert_row_start + E, P)
-    loc = inb & (s2 == W - 1)
-    rem = inb & (s2 < W - 1)
-    owner2 = tl.where(loc, rank, s2 + (s2 >= rank).to(s2.dtype))
-    tl.store(group_rows + e2 * W + owner2, cnt, mask=inb)
-    tl.store(group_padded + e2 * W + owner2, padded, mask=inb)
-    owner1 = tl.where(s1 == W - 1, rank, s1 + (s1 >= rank).to(s1.dtype))
-    tl.store(sent_rows + owner1, tl.sum(tl.where(rem, cnt, 0), 0), mask=s1 < W)
-    tl.store(sent_segments + owner1, tl.sum(nseg, 0), mask=s1 < W)
     if HAS_SEND:
         sc = tl.load(send_counts + s1, mask=s1 < W, other=0).to(tl.int64)
         tl.store(recv_rows + s1, sc, mask=s1 < W)
-        tl.store(recv_row_start + s1, tl.cumsum(sc, 0) - sc, mask=s1 < W)
     tl.store(counts, _n_valid(n_rows_ptr, R, HAS_N))
     tl.store(counts + 1, P)
     tl.store(counts + 2, n_bands)
@@ -171,13 +147,6 @@ def _plan_fields(
     tl.store(counts + 4, n_segments)
     tl.store(counts + 5, tl.sum(tl.where(loc, cnt, 0)))
     tl.store(counts + 6, Q)
-    carry = tl.zeros((), dtype=tl.int64)
-    c = tl.arange(0, BLK)
-    for b0 in range(0, n_blocks, BLK):
-        m = b0 + c < n_blocks
-        v = tl.load(blk_local + b0 + c, mask=m, other=0)
-        tl.store(blk_off + b0 + c, carry + tl.cumsum(v, 0) - v, mask=m)
-        carry += tl.sum(v, 0)
 
 
 @triton.jit
@@ -208,24 +177,8 @@ def _sums_before(
 
 
 @triton.jit
-def _groups_kernel(
-    cnt_enc, dmin_enc, blk_local, blk_off, n_blocks, n_rows_ptr, R, send_counts, gw, ge,
-    counts, expert_row_start, group_rows, group_padded, sent_rows, sent_segments, recv_rows,
-    recv_row_start, rank, E, W, tm, mgb,
-    EP: tl.constexpr, WP: tl.constexpr, BLK: tl.constexpr, HAS_N: tl.constexpr,
-    HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr = 32,
-):  # fmt: skip
-    """_groups_body alone in ONE program: a plan of no rows (no _rows_kernel to run it)."""
-    _groups_body(
-        cnt_enc, dmin_enc, blk_local, blk_off, n_blocks, n_rows_ptr, R, send_counts, gw, ge,
-        counts, expert_row_start, group_rows, group_padded, sent_rows, sent_segments, recv_rows,
-        recv_row_start, rank, E, W, tm, mgb, EP, WP, BLK, HAS_N, HAS_SEND, COMPACT, JB,
-    )  # fmt: skip
-
-
-@triton.jit
 def _groups_body(
-    cnt_enc, dmin_enc, blk_local, blk_off, n_blocks, n_rows_ptr, R, send_counts,
+    cnt_enc, dmin_enc, n_rows_ptr, R, send_counts,
     gw,  # [8, G] work (aligned: cnt, row, nb, band_first, sched_start, seg_before, min dst,
     #      visit base; compact: cnt, first row, pieces, first band, piece base, seg base,
     #      min dst, start within the expert)
@@ -234,10 +187,8 @@ def _groups_body(
     #      10-12 the bands, pieces and segments per expert that _sums_before reads back
     #      (aligned: rows 1, 10, 12 only)
     counts,  # [7] n_rows, n_padded, n_bands, n_remote_bands, n_segments, n_local, n_pieces
-    expert_row_start, group_rows, group_padded, sent_rows, sent_segments, recv_rows,
-    recv_row_start, rank, E, W, tm, mgb,
-    EP: tl.constexpr, WP: tl.constexpr, BLK: tl.constexpr, HAS_N: tl.constexpr,
-    HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr,
+    expert_row_start, recv_rows, rank, E, W, tm, mgb, EP: tl.constexpr, WP: tl.constexpr,
+    HAS_N: tl.constexpr, HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr,
 ):  # fmt: skip
     """In ONE program: every group-level quantity. Aligned: groups padded to tile_m, the rule
     (ii) expert order on remote bands, segments per remote group (cut rule). COMPACT:
@@ -281,7 +232,7 @@ def _groups_body(
         a = pb[:, None] + tl.cumsum(n_units, 1) - n_units
         Q = tl.sum(ptot, 0)
         n_total = Q  # segments over pieces
-        padded = cnt  # no padding: group_padded = group_rows
+        padded = cnt  # no padding rows
         P = tl.sum(n_e, 0)
         w_first, w_start, w_visit = fb, a, within
         tl.store(ge + e1, e_row, mask=me)
@@ -350,11 +301,8 @@ def _groups_body(
     tl.store(gw + 6 * G + g2, dmin, mask=inb)
     tl.store(gw + 7 * G + g2, w_visit, mask=inb)
     _plan_fields(
-        e1, s1, e2, s2, inb, cnt, padded, nseg, e_row,
-        P, tl.sum(tot_b, 0), NR, tl.sum(segtot, 0),
-        rank, E, W, expert_row_start, group_rows, group_padded, sent_rows, sent_segments,
-        send_counts, recv_rows, recv_row_start, counts, n_rows_ptr, R,
-        blk_local, blk_off, n_blocks, Q, HAS_N, HAS_SEND, BLK,
+        e1, s1, loc, cnt, e_row, P, tl.sum(tot_b, 0), NR, tl.sum(segtot, 0), E, W,
+        expert_row_start, send_counts, recv_rows, counts, n_rows_ptr, R, Q, HAS_N, HAS_SEND,
     )  # fmt: skip
 
 
@@ -376,31 +324,14 @@ def _segment_of(p, a, n, segb, NU, mgb):
 
 
 @triton.jit
-def _store_segment(
-    seg, mask, start, count, dst, rows, row_bytes, src_row, offset,
-    seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
-):  # fmt: skip
-    """The fields of the segments `seg` that start here (mask): first unit, units, owner,
-    rows, bytes, first padded row and destination row."""
-    tl.store(seg_start + seg, start, mask=mask)
-    tl.store(seg_count + seg, count, mask=mask)
-    tl.store(seg_dst + seg, dst, mask=mask)
-    tl.store(seg_rows + seg, rows, mask=mask)
-    tl.store(seg_bytes + seg, rows * row_bytes, mask=mask)
-    tl.store(seg_src_row + seg, src_row, mask=mask)
-    tl.store(seg_offset + seg, offset, mask=mask)
-
-
-@triton.jit
 def _fill_kernel(
-    src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, gw, ge, counts, blk_off,  # inputs and work
-    row_pos, gather_index, local_src_row, local_dst_index,
+    src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, gw, ge, counts,  # inputs and work
+    row_pos, gather_index,
     row_dst,  # [P'] each local row's receive position at its padded row
-    band_expert, band_row, band_rows, band_dst, band_valid, band_offset, band_segment,
-    schedule, visit,
-    piece_band, piece_row, piece_rows, piece_offset, piece_dst,
-    seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
-    rank, E, W, tm, mgb, row_bytes,
+    band_expert, band_row, band_rows, band_dst, band_valid, band_offset, schedule, visit,
+    piece_band, piece_row, piece_rows, piece_offset,
+    seg_start, seg_count, seg_dst,
+    rank, E, W, tm, mgb,
     ticket, groups, B, cap,  # GROUPS: ticket [1] (-1-filled), groups [B], the group cap
     COMPACT: tl.constexpr, HAS_N: tl.constexpr, QB: tl.constexpr, BLOCK: tl.constexpr,
     GROUPS: tl.constexpr, ORDERED: tl.constexpr, CODE: tl.constexpr, GBLOCK: tl.constexpr,
@@ -418,8 +349,8 @@ def _fill_kernel(
         n_struct = G + E
     if pid >= n_struct:
         _fill_rows(
-            pid - n_struct, src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, gw, G, blk_off, row_pos,
-            gather_index, local_src_row, local_dst_index, row_dst, rank, W, HAS_N, BLOCK,
+            pid - n_struct, src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, gw, G, row_pos,
+            gather_index, row_dst, rank, W, HAS_N, BLOCK,
         )  # fmt: skip
     elif COMPACT:
         if pid < E:
@@ -434,7 +365,6 @@ def _fill_kernel(
             vstart = tl.load(ge + 7 * E + e)
             rem_e = tl.load(ge + 8 * E + e)
             n_e = tl.load(ge + 9 * E + e)
-            NQ = tl.load(counts + 6)
             for q0 in range(0, nb, QB):
                 q = q0 + tl.arange(0, QB).to(tl.int64)
                 m = q < nb
@@ -447,12 +377,9 @@ def _fill_kernel(
                 tl.store(band_row + band, e_row + o, mask=m)
                 tl.store(band_rows + band, rows, mask=m)
                 tl.store(band_valid + band, rows, mask=m)
-                # owner and destination row of the band's first row; a remote band's first piece
-                # and its segment
-                loc_g = e * W + W - 1
+                # owner and destination row of the band's first row
                 dst = rank + q * 0
-                off = tl.load(gw + 6 * G + loc_g) + o - rem_e
-                seg = q * 0 - 1
+                off = tl.load(gw + 6 * G + e * W + W - 1) + o - rem_e
                 for s in range(0, W - 1):
                     g = e * W + s
                     c = tl.load(gw + g)
@@ -460,14 +387,8 @@ def _fill_kernel(
                     hit = is_r & (c > 0) & (ws <= o) & (o < ws + c)
                     dst = tl.where(hit, s + (s >= rank).to(tl.int64), dst)
                     off = tl.where(hit, tl.load(gw + 6 * G + g) + o - ws, off)
-                    a = tl.load(gw + 4 * G + g)
-                    p = a + q - tl.load(gw + 3 * G + g)  # the piece of owner s in band q
-                    npc = tl.load(gw + 2 * G + g)
-                    sg, _, _ = _segment_of(p, a, npc, tl.load(gw + 5 * G + g), NQ, mgb)
-                    seg = tl.where(hit, sg, seg)
                 tl.store(band_dst + band, dst, mask=m)
                 tl.store(band_offset + band, off, mask=m)
-                tl.store(band_segment + band, seg, mask=m & is_r)
                 pos = tl.where(is_r, rstart + q, lstart + qq)
                 tl.store(schedule + pos, band, mask=m)
                 tl.store(visit + vstart + q, pos, mask=m)
@@ -492,21 +413,15 @@ def _fill_kernel(
                     m = j < npc
                     brow = e_row + (fb + j) * tm
                     prow = tl.maximum(gs, brow)
-                    prows = tl.minimum(gs + c, brow + tm) - prow
-                    off = dmin + prow - gs
                     u = a + j  # piece position in send order
                     tl.store(piece_band + u, bfirst + fb + j, mask=m)
                     tl.store(piece_row + u, prow, mask=m)
-                    tl.store(piece_rows + u, prows, mask=m)
-                    tl.store(piece_offset + u, off, mask=m)
-                    tl.store(piece_dst + u, owner + j * 0, mask=m)
+                    tl.store(piece_rows + u, tl.minimum(gs + c, brow + tm) - prow, mask=m)
+                    tl.store(piece_offset + u, dmin + prow - gs, mask=m)
                     seg, is_start, k = _segment_of(u, a, npc, segb, NQ, mgb)
-                    srows = tl.minimum(gs + c, e_row + (fb + j + k) * tm) - prow
-                    ms = m & is_start
-                    _store_segment(
-                        seg, ms, u, k, owner + j * 0, srows, row_bytes, prow, off,
-                        seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
-                    )  # fmt: skip
+                    tl.store(seg_start + seg, u, mask=m & is_start)
+                    tl.store(seg_count + seg, k, mask=m & is_start)
+                    tl.store(seg_dst + seg, owner + j * 0, mask=m & is_start)
     else:
         # one group: its bands (layout order), schedule entries and segments
         g = pid
@@ -539,13 +454,9 @@ def _fill_kernel(
                 if s != W - 1:
                     p = a + q  # schedule position
                     seg, is_start, c = _segment_of(p, a, nb, segb, NR, mgb)
-                    tl.store(band_segment + band, seg, mask=m)
-                    rows = tl.minimum(cnt, (q + c) * tm) - q * tm
-                    ms = m & is_start
-                    _store_segment(
-                        seg, ms, p, c, owner + q * 0, rows, row_bytes, row + q * tm, dmin + q * tm,
-                        seg_start, seg_count, seg_dst, seg_rows, seg_bytes, seg_src_row, seg_offset,
-                    )  # fmt: skip
+                    tl.store(seg_start + seg, p, mask=m & is_start)
+                    tl.store(seg_count + seg, c, mask=m & is_start)
+                    tl.store(seg_dst + seg, owner + q * 0, mask=m & is_start)
     if GROUPS:
         if _last_program(ticket):
             _producer_groups_body(
@@ -555,12 +466,12 @@ def _fill_kernel(
 
 @triton.jit
 def _fill_rows(
-    blk, src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, gw, G, blk_off, row_pos, gather_index,
-    local_src_row, local_dst_index, row_dst, rank, W, HAS_N: tl.constexpr, BLOCK: tl.constexpr,
+    blk, src_ptr, exp_ptr, dst_ptr, n_rows_ptr, R, gw, G, row_pos, gather_index, row_dst, rank,
+    W, HAS_N: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """One block of rows: padded position (the group's first row gw[1] + dst - its minimum dst
-    gw[6]), gather index, the local rows in row order, and each local row's place in the own
-    receive buffer at its padded position (row_dst; -1 is pre-filled)."""
+    gw[6]), gather index, and each local row's place in the own receive buffer at its padded
+    position (row_dst; -1 is pre-filled)."""
     j = tl.arange(0, BLOCK)
     i = blk.to(tl.int64) * BLOCK + j
     valid = i < _n_valid(n_rows_ptr, R, HAS_N)
@@ -569,11 +480,7 @@ def _fill_rows(
     rp = tl.load(gw + G + gr, mask=valid, other=0) + d - tl.load(gw + 6 * G + gr, mask=valid)
     tl.store(row_pos + i, rp, mask=valid)
     tl.store(gather_index + rp, i, mask=valid)
-    isl = (valid & (slot == W - 1)).to(tl.int64)
-    li = tl.load(blk_off + blk) + tl.cumsum(isl, 0) - isl
-    tl.store(local_src_row + li, rp, mask=isl > 0)
-    tl.store(local_dst_index + li, d, mask=isl > 0)
-    tl.store(row_dst + rp, d, mask=isl > 0)
+    tl.store(row_dst + rp, d, mask=valid & (slot == W - 1))
 
 
 @triton.jit
@@ -622,17 +529,6 @@ def _visit_key(v, visit, schedule, band_expert, B, n_bands, ORDERED: tl.constexp
     band = tl.minimum(tl.maximum(tl.load(schedule + pos).to(tl.int64), 0), B - 1)
     e = tl.load(band_expert + band).to(tl.int64)
     return tl.where(v < n_bands, e, -1 - v)
-
-
-@triton.jit
-def _producer_groups_kernel(
-    visit, schedule, band_expert, counts, groups, B, cap,
-    CODE: tl.constexpr, ORDERED: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """_producer_groups_body alone in ONE program (its unit test's entry: any BLOCK)."""
-    _producer_groups_body(
-        visit, schedule, band_expert, counts, groups, B, cap, CODE, ORDERED, BLOCK
-    )  # fmt: skip
 
 
 @triton.jit
