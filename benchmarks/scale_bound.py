@@ -60,14 +60,12 @@ def measure(
             got = run().float()
             runs[name] = (run, float((got - ref).norm() / ref.norm()))
 
-    def queued(fn) -> float:
-        return time_fn(fn, device=device, warmup=3, iters=iters, queue_ahead=True).median_ms
+    def timed(fn) -> tuple[float, float]:
+        """(queued, eager) median ms of fn, in that order."""
+        kw = dict(device=device, warmup=3, iters=iters)
+        return tuple(time_fn(fn, **kw, queue_ahead=q).median_ms for q in (True, False))
 
-    def eager(fn) -> float:
-        return time_fn(fn, device=device, warmup=3, iters=iters).median_ms
-
-    copy_ms = queued(lambda: dst.copy_(src))
-    copy_eager_ms = eager(lambda: dst.copy_(src))
+    copy_ms, copy_eager_ms = timed(lambda: dst.copy_(src))
     elem = y.element_size()
     nbytes = (k + 1) * T * N * elem
     gbps = 2 * nbytes / copy_ms / 1e6
@@ -76,7 +74,7 @@ def measure(
     for name, (fn, e) in runs.items():
         ok = e <= TOL
         nan = float("nan")
-        scale_ms, scale_eager_ms = (queued(fn), eager(fn)) if ok else (nan, nan)
+        scale_ms, scale_eager_ms = timed(fn) if ok else (nan, nan)
         rows.append(
             {
                 "tokens": T,

@@ -33,9 +33,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.errors import is_comm_failure
 from harness.measure import (
+    agree,
     experiment_options,
+    guarded,
     hash_cell,
     selected_systems,
     system_points,
@@ -76,9 +77,8 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
             raise ValueError(f"bandwidth: experiment.grid.{axis} takes one value, got {got}")
     out_cols, dtype = list(g.out)[0], list(g.dtype)[0]
     points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
-    for name, ps in points.items():
-        for p in ps if name == "overlap" else ():
-            unused_knobs("bandwidth", name, p, ("ccta", "transport"))
+    for p in points.get("overlap", ()):
+        unused_knobs("bandwidth", "overlap", p, ("ccta", "transport"))
     out = []
     for kib, (system, params) in itertools.product(
         opt["segment_kib"], [(s, p) for s, ps in points.items() for p in ps]
@@ -87,11 +87,8 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
         world = opt["loopback_ranks"] if tr == "loopback" else process_world
         used = {"ccta": params["ccta"], "transport": tr}  # the consumer's knobs; no GEMM here
         out.append(_cell(cfg, process_world, system, world, kib, out_cols, dtype, used))
-    if process_world > 1:
-        for kib in opt["segment_kib"]:
-            out.append(
-                _cell(cfg, process_world, REFERENCE, process_world, kib, out_cols, dtype, {})
-            )
+    for kib in opt["segment_kib"] if process_world > 1 else ():
+        out.append(_cell(cfg, process_world, REFERENCE, process_world, kib, out_cols, dtype, {}))
     return out
 
 
@@ -113,11 +110,7 @@ def _cell(cfg, process_world, system, world, kib, out_cols, dtype, params) -> di
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
     """Clear errors before any process starts."""
-    opt = options(cfg)
-    if not opt["segment_kib"] or any(int(k) < 1 for k in opt["segment_kib"]):
-        raise ValueError(f"bandwidth: segment_kib must be positive, got {opt['segment_kib']}")
-    if int(opt["loopback_ranks"]) < 2:
-        raise ValueError("bandwidth: loopback_ranks must be >= 2 (rank 0 sends to the others)")
+    opt = options(cfg)  # checks segment_kib and loopback_ranks
     for cell in cells:
         if cell["dtype"] not in DTYPES or cell["dtype"] == "float32":
             raise ValueError(f"bandwidth: dtype must be float16 or bfloat16, got {cell['dtype']}")
@@ -213,18 +206,17 @@ _SYMMETRIC_USED: dict[str, str] = {}
 def receive_rows(cfg: Any, world_size: int, cell: dict) -> int:
     """Receive-buffer rows that hold every cell of this run with the same transport, W, N and
     dtype: W regions (one per source) of the largest rows-per-source."""
-    same = [
-        c
-        for c in cells(cfg, world_size)
-        if c["system"] != REFERENCE
-        and (c["params"]["transport"], c["world_size"], c["out"], c["dtype"])
-        == (cell["params"]["transport"], cell["world_size"], cell["out"], cell["dtype"])
-    ]
-    per_source = []
-    for c in same:
-        rows_per_seg, n_seg, _ = sizes(c, int(c["params"]["ccta"]))
-        per_source.append(rows_per_seg * n_seg)
-    return cell["world_size"] * max(per_source)
+    most = 0
+    for c in cells(cfg, world_size):
+        if c["system"] != REFERENCE and _fabric_key(c) == _fabric_key(cell):
+            rows_per_seg, n_seg, _ = sizes(c, int(c["params"]["ccta"]))
+            most = max(most, rows_per_seg * n_seg)
+    return cell["world_size"] * most
+
+
+def _fabric_key(cell: dict) -> tuple:
+    """What the cells of one transport share: its name, W, N and dtype."""
+    return cell["params"]["transport"], cell["world_size"], cell["out"], cell["dtype"]
 
 
 def _transport(ctx: RunContext, cfg: Any, cell: dict):
@@ -233,7 +225,7 @@ def _transport(ctx: RunContext, cfg: Any, cell: dict):
     from systems.overlap.transport import LoopbackFabric, nvshmem_transport, p2p_transport
 
     name, world = cell["params"]["transport"], cell["world_size"]
-    key = (name, world, cell["out"], cell["dtype"])
+    key = _fabric_key(cell)
     if key in _TRANSPORTS:
         return _TRANSPORTS[key]
     rows = receive_rows(cfg, ctx.world_size, cell)
@@ -249,10 +241,6 @@ def _transport(ctx: RunContext, cfg: Any, cell: dict):
 
 
 # -- cells ------------------------------------------------------------------------------------
-def _row(ctx: RunContext, cell: dict) -> Row:
-    return cell_row(cell, out=cell["out"], dtype=cell["dtype"], scope="combine")
-
-
 def skip_reason(ctx: RunContext, cell: dict) -> str | None:
     if cell["system"] == REFERENCE:
         if ctx.world_size < 2:
@@ -275,45 +263,38 @@ def skip_reason(ctx: RunContext, cell: dict) -> str | None:
 
 
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
-    row = _row(ctx, cell)
+    row = cell_row(cell, out=cell["out"], dtype=cell["dtype"], scope="combine")
     reason = skip_reason(ctx, cell)
     if reason:
         row.status, row.reason = "skipped", reason
         return [row]
-    kw = dict(
-        device=ctx.device, group=ctx.group, warmup=cfg.measure.warmup, iters=cfg.measure.iters
-    )
-    try:
-        if cell["system"] == REFERENCE:
-            go, ok, sent, extra = _nccl(ctx, cell)
-            row.transport, row.impl = ctx.backend, "torch.distributed.all_to_all_single"
-        else:
-            go, ok, sent, extra = _consumer(ctx, cfg, cell)
-            row.transport, row.impl = cell["params"]["transport"], "consumer kernel (triton)"
-        row.metrics.update(extra)
-        if not ok:
-            row.status, row.reason = "fail", "a receive buffer differs from the rows sent"
-            row.max_rel_err = 1.0
-            return [row]
-        row.max_rel_err = 0.0
-        t = time_fn(go, **kw)
-        row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
-        row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
-        row.metrics.update(bytes_sent=float(sent), gbps=sent / t.median_ms / 1e6)
-    except torch.cuda.OutOfMemoryError as exc:
-        row.status, row.reason = "error", f"out of memory: {str(exc)[:200]}"
-    except Exception as exc:  # noqa: BLE001 - a failing cell must not stop the sweep
-        if is_comm_failure(exc):
-            raise  # a peer is gone: the runner stops the run and records nothing
-        row.status, row.reason = "error", f"{type(exc).__name__}: {exc}"[:500]
+    guarded(ctx, row, lambda: _measure(ctx, cfg, cell, row))  # a failure: the row's error
     return [row]
 
 
+def _measure(ctx: RunContext, cfg: Any, cell: dict, row: Row) -> None:
+    """Check one launch of the cell, then time it (latency_ms, gbps)."""
+    if cell["system"] == REFERENCE:
+        go, ok, sent, extra = _nccl(ctx, cell)
+        row.transport, row.impl = ctx.backend, "torch.distributed.all_to_all_single"
+    else:
+        go, ok, sent, extra = _consumer(ctx, cfg, cell)
+        row.transport, row.impl = cell["params"]["transport"], "consumer kernel (triton)"
+    row.metrics.update(extra)
+    if not ok:
+        row.status, row.reason = "fail", "a receive buffer differs from the rows sent"
+        row.max_rel_err = 1.0
+        return
+    row.max_rel_err = 0.0
+    m = cfg.measure
+    t = time_fn(go, device=ctx.device, group=ctx.group, warmup=m.warmup, iters=m.iters)
+    row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
+    row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
+    row.metrics.update(bytes_sent=float(sent), gbps=sent / t.median_ms / 1e6)
+
+
 def _agree_ok(ctx: RunContext, ok: bool) -> bool:
-    t = torch.tensor([0.0 if ok else 1.0], device=ctx.device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
-    return float(t.item()) == 0.0
+    return agree(ctx, 0.0 if ok else 1.0) == 0.0
 
 
 def _consumer(ctx: RunContext, cfg: Any, cell: dict):
@@ -377,15 +358,12 @@ def _nccl(ctx: RunContext, cell: dict):
     go()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
-    want = torch.cat(
-        [
-            sender_y(cell, s, per_peer * (W - 1), ctx.device)[
-                (me - (me > s)) * per_peer : (me - (me > s) + 1) * per_peer
-            ]
-            for s in range(W)
-            if s != me
-        ]
-    )
+
+    def sent_here(s: int) -> torch.Tensor:  # source s's rows for this rank: its slot among peers
+        j = me - (me > s)
+        return sender_y(cell, s, per_peer * (W - 1), ctx.device)[j * per_peer : (j + 1) * per_peer]
+
+    want = torch.cat([sent_here(s) for s in range(W) if s != me])
     ok = _agree_ok(ctx, torch.equal(out, want))
     metrics = {"segment_bytes": float(rows_per_seg * row_bytes), "n_segments": float(W - 1)}
     return go, ok, per_peer * (W - 1) * row_bytes, metrics

@@ -58,6 +58,7 @@ from harness.models import (
 from harness.records import Row, cell_row
 from harness.system import RunContext, get_system, int_param, list_param
 from harness.timing import summarize, time_fn
+from systems.tutel import INT32_MAX  # Tutel's encode/decode index its buffers with int32
 
 #: the grid axes this experiment reads (harness.preflight.unread_settings); the model sizes are
 #: options, W the number of processes
@@ -70,8 +71,9 @@ OPTIONS: dict[str, Any] = {
     "model_tol": 5e-2,
 }
 MODEL_KEYS = ("blocks", "moe_blocks", "batch", "seq", "hidden", "heads", "causal")
-#: Tutel's encode/decode index its buffers with int32 (systems/tutel.py)
-INT32_MAX = 2**31 - 1
+#: the model's integer keys, and the options every model takes
+INT_KEYS = ("blocks", "batch", "seq", "hidden", "heads")
+OPTION_KEYS = ("experts", "top_k", "ffn_mult")
 
 
 @dataclass
@@ -103,27 +105,16 @@ def model_specs(cfg: Any, dtype: str) -> list[ModelSpec]:
             )
         if not isinstance(m["causal"], bool):
             raise ValueError(f"models: model {name}: causal must be true or false")
-        for key in ("blocks", "batch", "seq", "hidden", "heads"):
+        for key in INT_KEYS:
             int_param("models", f"model {name}: {key}", m[key], least=1)
         for b in list_param("models", f"model {name}: moe_blocks", m["moe_blocks"]):
             int_param("models", f"model {name}: moe_blocks", b, least=0)
-        for key in ("experts", "top_k", "ffn_mult"):
+        for key in OPTION_KEYS:
             int_param("models", key, opt[key], least=1)
+        ints = {k: int(m[k]) for k in INT_KEYS} | {k: int(opt[k]) for k in OPTION_KEYS}
+        blocks = tuple(int(b) for b in m["moe_blocks"])
         out.append(
-            ModelSpec(
-                name=str(name),
-                blocks=int(m["blocks"]),
-                moe_blocks=tuple(int(b) for b in m["moe_blocks"]),
-                batch=int(m["batch"]),
-                seq=int(m["seq"]),
-                hidden=int(m["hidden"]),
-                heads=int(m["heads"]),
-                causal=m["causal"],
-                experts=int(opt["experts"]),
-                top_k=int(opt["top_k"]),
-                ffn_mult=int(opt["ffn_mult"]),
-                dtype=dtype,
-            )
+            ModelSpec(name=str(name), moe_blocks=blocks, causal=m["causal"], dtype=dtype, **ints)
         )
     return out
 
@@ -371,7 +362,7 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
     timings = (
         _timed_graphs(ctx, cfg, row, ref, graphs)
         if graphs
-        else _timed_eager(ctx, cfg, ref, m, system, inputs)
+        else _timed_eager(ctx, cfg, ref, system, inputs)
     )
     if timings is None:
         return
@@ -401,7 +392,7 @@ def _max_over_ranks(ctx: RunContext, ms: list[float]) -> list[float]:
     return t.cpu().tolist()
 
 
-def _timed_eager(ctx: RunContext, cfg: Any, ref: Reference, m: ModelSpec, system, inputs):
+def _timed_eager(ctx: RunContext, cfg: Any, ref: Reference, system, inputs):
     """Step 4, eager: the plain forward (the model's own routing) timed, and the MoE calls in it
     (events around system.timed(), summed per forward). Returns (forward, MoE) Timings."""
     timer = MoETimer(ctx.device)

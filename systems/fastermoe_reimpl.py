@@ -37,6 +37,7 @@ Param `group_size` g (default 1; clamped to W like FasterMoE; W % g must be 0).
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Any, ClassVar
 
 import torch
@@ -45,16 +46,12 @@ import torch.distributed as dist
 from harness.layout import send_order
 from harness.system import CellInputs, RunContext, Step, System, int_param
 from harness.workload import WorkloadSpec, routing_of
-from systems.tutel_reimpl import expert_counts
-
-SCOPES = ("gemm+combine", "layer")
-
-
-def _offsets(counts: list[int]) -> list[int]:
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + c)
-    return out
+from systems.tutel_reimpl import (
+    PipelinedLayer,
+    PipelinedStep,
+    check_scope,
+    expert_counts,
+)
 
 
 class Plan:
@@ -74,50 +71,34 @@ class Plan:
         self.n = W // g
         self.grp = rank // g
         self.cnt = expert_counts(spec).tolist()
-        self.local_ptr = _offsets(self.cnt[rank])
-        self.global_ptr = _offsets([self.cnt[s][rank * E + e] for e in range(E) for s in range(W)])
+        self.local_ptr = list(accumulate(self.cnt[rank], initial=0))
+        recv = [self.cnt[s][rank * E + e] for e in range(E) for s in range(W)]
+        self.global_ptr = list(accumulate(recv, initial=0))
 
     def bases(self, step: int) -> tuple[int, int]:
         """(to_base, from_base): first rank of the group sent to / received from at `step`."""
         return ((self.grp + step) % self.n) * self.g, ((self.grp - step) % self.n) * self.g
 
+    def _sent(self, peer: int, e: int) -> tuple[int, int]:
+        """(offset, rows) in the send buffer of this rank's rows for expert e of rank `peer`."""
+        return self.local_ptr[peer * self.E + e], self.cnt[self.rank][peer * self.E + e]
+
+    def _received(self, peer: int, e: int) -> tuple[int, int]:
+        """(offset, rows) in the receive buffer of rank `peer`'s rows for local expert e."""
+        return self.global_ptr[e * self.W + peer], self.cnt[peer][self.rank * self.E + e]
+
+    def _members(self, step: int) -> list[tuple[int, int]]:
+        """(rank sent to, rank received from) at `step`, per group member j."""
+        to_base, from_base = self.bases(step)
+        return [(to_base + j, from_base + j) for j in range(self.g)]
+
     def dispatch_pairs(self, step: int, e: int) -> list[tuple[int, int, int, int, int, int]]:
         """(peer_send, send_off, send_n, peer_recv, recv_off, recv_n) per group member j."""
-        to_base, from_base = self.bases(step)
-        W, E, r = self.W, self.E, self.rank
-        out = []
-        for j in range(self.g):
-            rs, rr = to_base + j, from_base + j
-            out.append(
-                (
-                    rs,
-                    self.local_ptr[rs * E + e],
-                    self.cnt[r][rs * E + e],
-                    rr,
-                    self.global_ptr[e * W + rr],
-                    self.cnt[rr][r * E + e],
-                )
-            )
-        return out
+        return [(t, *self._sent(t, e), f, *self._received(f, e)) for t, f in self._members(step)]
 
     def combine_pairs(self, step: int, e: int) -> list[tuple[int, int, int, int, int, int]]:
         """Return path: send expert rows back to group (grp - s), receive from (grp + s)."""
-        to_base, from_base = self.bases(step)
-        W, E, r = self.W, self.E, self.rank
-        out = []
-        for j in range(self.g):
-            rs, rr = from_base + j, to_base + j
-            out.append(
-                (
-                    rs,
-                    self.global_ptr[e * W + rs],
-                    self.cnt[rs][r * E + e],
-                    rr,
-                    self.local_ptr[rr * E + e],
-                    self.cnt[r][rr * E + e],
-                )
-            )
-        return out
+        return [(f, *self._received(f, e), t, *self._sent(t, e)) for t, f in self._members(step)]
 
     def compute_rows(self, step: int, e: int) -> tuple[int, int]:
         """Rows [lo, hi) of the receive buffer expert e computes at `step`."""
@@ -126,16 +107,18 @@ class Plan:
         return self.global_ptr[base], self.global_ptr[base + self.g]
 
 
-class CombineScheduleStep(Step):
+class CombineScheduleStep(PipelinedStep):
     """Scope gemm+combine: the dispatch steps ran once at setup (gin [R, K] filled), the timed
     region is the compute steps (stage 2), the return steps (stage 3) and the output step
     -> out [T, N]. Buffers (module doc): xs [S, K] send, gin [R, K] / gout [R, N] expert-major
     receive, yout [S, N] returned rows in send order."""
 
+    system = "fastermoe_reimpl"
+    COMBINE_EACH = False  # every return step after the last compute step (smart_schedule.h)
+
     def __init__(self, inputs: CellInputs, plan: Plan) -> None:
-        spec = inputs.spec
-        self.spec, self.lay, self.plan, self.rank = spec, inputs.layout, plan, plan.rank
-        self.x, self.weights = inputs.x, inputs.weights  # [T, K], [E, K, N]
+        super().__init__(inputs, plan.rank)
+        spec, self.plan = inputs.spec, plan
         dev, dt = inputs.x.device, inputs.x.dtype
         S, R = plan.local_ptr[-1], plan.global_ptr[-1]
         self.xs = torch.empty(S, spec.hidden, dtype=dt, device=dev)  # send buffer
@@ -148,17 +131,9 @@ class CombineScheduleStep(Step):
         self.pos_g = inv.to(dev)  # [T*k]: send-order row of pair t*k + j
         gw = routing_of(spec).gate_weights[plan.rank]  # [T, k]
         self.gate_score = gw.view(-1, 1, spec.top_k).to(device=dev, dtype=dt)
-        cuda = dev.type == "cuda"
-        self.comm = torch.cuda.Stream(device=dev) if cuda else None
-        self.ev_in = [torch.cuda.Event() if cuda else None for _ in range(plan.n)]
-        self.ev_out = [torch.cuda.Event() if cuda else None for _ in range(plan.n)]
+        self.stages = plan.n
+        self._events(plan.n)
         self.setup_dispatch()
-
-    def setup_dispatch(self) -> None:
-        """The dispatch steps, once and untimed: gin holds every step's rows from here on."""
-        self._encode()
-        for s in range(self.plan.n):
-            self._dispatch_step(s)
 
     # steps ---------------------------------------------------------------------------------
 
@@ -182,17 +157,17 @@ class CombineScheduleStep(Step):
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
 
-    def _dispatch_step(self, s: int) -> None:
+    def _dispatch_stage(self, s: int) -> None:
         for e in range(self.plan.E):
             self._exchange(self.plan.dispatch_pairs(s, e), self.xs, self.gin, s * self.plan.E + e)
 
-    def _compute_step(self, s: int) -> None:
+    def _compute(self, s: int) -> None:
         for e in range(self.plan.E):
             lo, hi = self.plan.compute_rows(s, e)
             if hi > lo:
                 torch.matmul(self.gin[lo:hi], self.weights[e], out=self.gout[lo:hi])
 
-    def _combine_step(self, s: int) -> None:
+    def _combine(self, s: int) -> None:
         for e in range(self.plan.E):
             self._exchange(self.plan.combine_pairs(s, e), self.gout, self.yout, s * self.plan.E + e)
 
@@ -202,89 +177,13 @@ class CombineScheduleStep(Step):
         rows = self.yout.index_select(0, self.pos_g).view(T, k, N)
         return torch.bmm(self.gate_score, rows).view(T, N)
 
-    # the timed region ----------------------------------------------------------------------
-
-    def _dispatch(self, cur) -> None:
-        """What the timed region runs before the compute steps, on the current stream `cur`
-        (None on the CPU): here, only let the comm stream follow (the previous iteration's
-        output step has read yout)."""
-        if cur is not None:
-            self.comm.wait_stream(cur)
-
-    def _wait_rows(self, cur, s: int) -> None:
-        """Make stream `cur` wait for step s's received rows (here: there since setup)."""
-
-    def timed(self) -> torch.Tensor:
-        n, comm = self.plan.n, self.comm
-        cur = torch.cuda.current_stream() if comm is not None else None
-        self._dispatch(cur)
-        if cur is None:  # CPU / gloo: the same step order, no streams
-            for s in range(n):
-                self._compute_step(s)
-            for s in range(n):
-                self._combine_step(s)
-            return self._output()
-        for s in range(n):
-            self._wait_rows(cur, s)
-            self._compute_step(s)
-            self.ev_out[s].record(cur)
-        with torch.cuda.stream(comm):
-            for s in range(n):
-                comm.wait_event(self.ev_out[s])
-                self._combine_step(s)
-        cur.wait_stream(comm)
-        return self._output()
-
-    def capture_blocker(self) -> str | None:
-        return "fastermoe_reimpl: its step is not declared capturable"
-
-    def compute_only(self) -> torch.Tensor:
-        """The compute steps on the held rows and the output step -> [T, N]."""
-        for s in range(self.plan.n):
-            self._compute_step(s)
-        return self._output()
-
-    def comm_only(self) -> torch.Tensor:
-        """The return steps of the held expert rows -> yout [S, N]."""
-        for s in range(self.plan.n):
-            self._combine_step(s)
-        return self.yout
+    def _combined(self) -> torch.Tensor:
+        return self.yout  # [S, N]
 
 
-class LayerScheduleStep(CombineScheduleStep):
+class LayerScheduleStep(PipelinedLayer, CombineScheduleStep):
     """Scope layer: the timed region also encodes x and runs the dispatch steps (stage 1) on
     the comm stream, each compute step waiting for its step's rows."""
-
-    def setup_dispatch(self) -> None:
-        """Nothing: the timed region dispatches."""
-
-    def _dispatch(self, cur) -> None:
-        """Encode, then the dispatch steps (on the comm stream, each recording ev_in[s])."""
-        self._encode()
-        if cur is None:
-            for s in range(self.plan.n):
-                self._dispatch_step(s)
-            return
-        self.comm.wait_stream(cur)  # encode done; the previous output step has read yout
-        with torch.cuda.stream(self.comm):
-            for s in range(self.plan.n):
-                self._dispatch_step(s)
-                self.ev_in[s].record(self.comm)
-
-    def _wait_rows(self, cur, s: int) -> None:
-        cur.wait_event(self.ev_in[s])
-
-    def compute_only(self) -> torch.Tensor:
-        """The encode, the compute steps on the held rows and the output step -> [T, N]."""
-        self._encode()
-        return super().compute_only()
-
-    def comm_only(self) -> torch.Tensor:
-        """Per step the dispatch and the return exchanges -> yout [S, N]."""
-        for s in range(self.plan.n):
-            self._dispatch_step(s)
-            self._combine_step(s)
-        return self.yout
 
 
 class FasterMoEReimplSystem(System):
@@ -299,9 +198,7 @@ class FasterMoEReimplSystem(System):
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        scope = params.get("scope", "gemm+combine")
-        if scope not in SCOPES:
-            raise ValueError(f"fastermoe: scope must be one of {SCOPES}, got {scope!r}")
+        check_scope("fastermoe", params)
         g = int_param("fastermoe", "group_size", params.get("group_size", 1), least=1)
         if spec.world_size % min(g, spec.world_size):
             raise ValueError(

@@ -43,10 +43,16 @@ from harness.layout import send_order
 from harness.system import CellInputs, RunContext, Step, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
-from systems.tutel import check_tuning
+from systems.tutel import DEFAULT_DEGREES, candidates, check_tuning
 
-DEFAULT_DEGREES = (1, 2, 4, 8)
 SCOPES = ("gemm+combine", "layer")
+
+
+def check_scope(owner: str, params: dict[str, Any]) -> None:
+    """The `scope` param of a re-implementation (this one and fastermoe_reimpl): one of SCOPES."""
+    scope = params.get("scope", "gemm+combine")
+    if scope not in SCOPES:
+        raise ValueError(f"{owner}: scope must be one of {SCOPES}, got {scope!r}")
 
 
 def expert_counts(spec: WorkloadSpec) -> torch.Tensor:
@@ -75,6 +81,130 @@ def padded_slots(spec: WorkloadSpec, rank: int, chunk_rows: int, degree: int) ->
     return chunk * G * chunk_rows + gid * chunk_rows + within
 
 
+class PipelinedStep(Step):
+    """Scope gemm+combine of a pipeline of `stages` stages (Tutel's capacity chunks, FasterMoE's
+    group steps): the dispatch ran once per set-up (setup_dispatch, untimed); the timed region is
+    per stage the expert compute and the combine (on the comm stream `comm`), then the output
+    step -> out [T, N]. On the CPU (comm None) the same order runs without streams.
+    COMBINE_EACH: each stage's combine is enqueued right after its compute (Tutel), else every
+    combine after the last compute (FasterMoE).
+
+    A subclass sets `system` (its name) and `stages`, calls _events(stages) and defines the
+    parts: _encode() (this rank's tokens into the send buffer), and per stage i
+    _dispatch_stage(i), _compute(i) (the experts on its received rows), _combine(i) (the expert
+    rows back to their sources); _output() -> [T, N] from the combined rows and _combined()
+    (the buffer the combine writes, comm_only's result).
+    """
+
+    system = ""
+    COMBINE_EACH = True
+
+    def __init__(self, inputs: CellInputs, rank: int) -> None:
+        self.spec, self.lay, self.rank = inputs.spec, inputs.layout, rank
+        self.x, self.weights = inputs.x, inputs.weights  # [T, K], [E, K, N]
+        dev = inputs.x.device
+        self.comm = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
+
+    def _events(self, n: int) -> None:
+        """ev_in / ev_out: an event per stage (its rows received / its compute done; GPU)."""
+        cuda = self.comm is not None
+        self.ev_in = [torch.cuda.Event() if cuda else None for _ in range(n)]
+        self.ev_out = [torch.cuda.Event() if cuda else None for _ in range(n)]
+
+    def setup_dispatch(self) -> None:
+        """Every stage's dispatch, once and untimed: the received rows are there from here on."""
+        self._encode()
+        for i in range(self.stages):
+            self._dispatch_stage(i)
+
+    # the timed region ----------------------------------------------------------------------
+
+    def _dispatch(self, cur) -> None:
+        """What the timed region runs before the stages' compute, on the current stream `cur`
+        (None on the CPU): here, only let the comm stream follow (the previous iteration's
+        output step has read the combine's buffer)."""
+        if cur is not None:
+            self.comm.wait_stream(cur)
+
+    def _wait_rows(self, cur, i: int) -> None:
+        """Make stream `cur` wait for stage i's received rows (here: there since setup)."""
+
+    def timed(self) -> torch.Tensor:
+        comm, n = self.comm, self.stages
+        cur = torch.cuda.current_stream() if comm is not None else None
+        self._dispatch(cur)
+        groups = [[i] for i in range(n)] if self.COMBINE_EACH else [list(range(n))]
+        for group in groups:
+            for i in group:
+                if cur is not None:
+                    self._wait_rows(cur, i)
+                self._compute(i)
+                if cur is not None:
+                    self.ev_out[i].record(cur)
+            if cur is None:  # CPU / gloo: the same order, no streams
+                for i in group:
+                    self._combine(i)
+                continue
+            with torch.cuda.stream(comm):
+                for i in group:
+                    comm.wait_event(self.ev_out[i])
+                    self._combine(i)
+        if cur is not None:
+            cur.wait_stream(comm)
+        return self._output()
+
+    def capture_blocker(self) -> str | None:
+        return f"{self.system}: its step is not declared capturable"
+
+    def compute_only(self) -> torch.Tensor:
+        """Every stage's expert compute on the held rows, then the output step -> [T, N]."""
+        for i in range(self.stages):
+            self._compute(i)
+        return self._output()
+
+    def comm_only(self) -> torch.Tensor:
+        """Every stage's combine of the held expert rows -> the combine's buffer."""
+        for i in range(self.stages):
+            self._combine(i)
+        return self._combined()
+
+
+class PipelinedLayer(PipelinedStep):
+    """Scope layer: the timed region also encodes x and runs every stage's dispatch on the comm
+    stream, each stage's compute waiting for its rows (event ev_in[i])."""
+
+    def setup_dispatch(self) -> None:
+        """Nothing: the timed region dispatches."""
+
+    def _dispatch(self, cur) -> None:
+        """Encode, then every stage's dispatch (on the comm stream, recording ev_in[i])."""
+        self._encode()
+        if cur is None:
+            for i in range(self.stages):
+                self._dispatch_stage(i)
+            return
+        self.comm.wait_stream(cur)  # encode done; the previous output step has read its rows
+        with torch.cuda.stream(self.comm):
+            for i in range(self.stages):
+                self._dispatch_stage(i)
+                self.ev_in[i].record(self.comm)
+
+    def _wait_rows(self, cur, i: int) -> None:
+        cur.wait_event(self.ev_in[i])
+
+    def compute_only(self) -> torch.Tensor:
+        """The encode, every stage's expert compute on the held rows, the output -> [T, N]."""
+        self._encode()
+        return super().compute_only()
+
+    def comm_only(self) -> torch.Tensor:
+        """Per stage the dispatch and the combine -> the combine's buffer."""
+        for i in range(self.stages):
+            self._dispatch_stage(i)
+            self._combine(i)
+        return self._combined()
+
+
 @dataclass
 class _State:
     """Buffers and indices of one degree d (see module docstring for shapes)."""
@@ -89,19 +219,23 @@ class _State:
     yr: torch.Tensor
 
 
-class ChunkedCombineStep(Step):
+class ChunkedCombineStep(PipelinedStep):
     """Scope gemm+combine: the chunked dispatch ran once per degree (set_degree, untimed); the
     timed region is per chunk the expert GEMM and the combine all-to-all, then the decode
     -> out [T, N]. Buffers of the degree in `st` (module doc)."""
 
+    system = "tutel_reimpl"
+
     def __init__(self, inputs: CellInputs, rank: int, group, cap_max: int) -> None:
-        self.spec, self.lay, self.rank, self.group = inputs.spec, inputs.layout, rank, group
-        self.x, self.weights = inputs.x, inputs.weights  # [T, K], [E, K, N]
+        super().__init__(inputs, rank)
+        self.group = group
         self.gates = routing_of(self.spec).gate_weights[rank].to(inputs.x.device)  # [T, k]
         self.cap_max = cap_max  # the busiest (source rank, global expert) pair's rows
-        dev = inputs.x.device
-        self.comm = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
         self.st: _State | None = None
+
+    @property
+    def stages(self) -> int:
+        return self.st.degree
 
     def set_degree(self, d: int) -> None:
         """Buffers for degree d (capacity padded to a multiple of d), the previous degree's
@@ -128,21 +262,14 @@ class ChunkedCombineStep(Step):
                 ys=torch.empty(d, W * E * cc, N, dtype=dt, device=dev),
                 yr=torch.empty(d, G * cc, N, dtype=dt, device=dev),
             )
-            # the per-chunk temporaries of _expert, so that forward finds their memory
+            # the per-chunk temporaries of _compute, so that forward finds their memory
             scratch = st.xr.new_empty(W * E * cc, K + N)
             del scratch
             return st
 
         self.st = self._agreed(alloc)
-        self.ev_in = [_event(dev) for _ in range(d)]
-        self.ev_out = [_event(dev) for _ in range(d)]
+        self._events(d)
         self.setup_dispatch()
-
-    def setup_dispatch(self) -> None:
-        """The d dispatch all-to-alls, once and untimed: xr holds every chunk from here on."""
-        self._encode()
-        for c in range(self.st.degree):
-            self._a2a(self.st.xr[c], self.st.xs[c])
 
     def _agreed(self, alloc):
         """Run alloc() on every rank; if it runs out of memory on any rank, raise on all.
@@ -172,24 +299,24 @@ class ChunkedCombineStep(Step):
         rows = self.x.index_select(0, self.lay.send_token.to(self.x.device))
         st.xs.view(-1, self.spec.hidden).index_copy_(0, st.idx, rows)
 
-    def _a2a(self, out: torch.Tensor, inp: torch.Tensor) -> None:
-        dist.all_to_all_single(out, inp, group=self.group)
+    def _dispatch_stage(self, c: int) -> None:
+        """Chunk c's dispatch all-to-all: xs[c] -> xr[c]."""
+        dist.all_to_all_single(self.st.xr[c], self.st.xs[c], group=self.group)
 
-    def _expert(self, c: int) -> None:
+    def _compute(self, c: int) -> None:
         """Chunk c: xr[c] [W, E, Cc, K] -> [E, W*Cc, K] @ B [E, K, N] -> ys[c] [W, E, Cc, N]."""
         st, spec = self.st, self.spec
-        W, E, K, N, cc = (
-            spec.world_size,
-            spec.experts_per_rank,
-            spec.hidden,
-            spec.out,
-            st.chunk_rows,
-        )
+        W, E, cc = spec.world_size, spec.experts_per_rank, st.chunk_rows
+        K, N = spec.hidden, spec.out
         x = st.xr[c].view(W, E, cc, K).transpose(0, 1).reshape(E, W * cc, K)  # pre_expert_permute
         y = torch.bmm(x, self.weights)
         st.ys[c].view(W, E, cc, N).copy_(y.view(E, W, cc, N).transpose(0, 1))  # post_expert_permute
 
-    def _decode(self) -> torch.Tensor:
+    def _combine(self, c: int) -> None:
+        """Chunk c's combine all-to-all: ys[c] -> yr[c]."""
+        dist.all_to_all_single(self.st.yr[c], self.st.ys[c], group=self.group)
+
+    def _output(self) -> torch.Tensor:
         """fast_decode: per token, gather its k rows from yr [T, k, N]; gate-weighted sum -> [T, N].
 
         A gather per token (as Tutel's decode kernel), weights and sum in float32.
@@ -198,90 +325,13 @@ class ChunkedCombineStep(Step):
         rows = self.st.yr.view(-1, N).index_select(0, self.st.idx_tk).view(T, k, N)
         return (rows.float() * self.gates[:, :, None]).sum(1).to(rows.dtype)
 
-    # the timed region ----------------------------------------------------------------------
-
-    def _dispatch(self, cur) -> None:
-        """What the timed region runs before the chunks' experts, on the current stream `cur`
-        (None on the CPU): here, only let the comm stream follow (the previous iteration's
-        decode has read yr)."""
-        if cur is not None:
-            self.comm.wait_stream(cur)
-
-    def _wait_rows(self, cur, c: int) -> None:
-        """Make stream `cur` wait for chunk c's received rows (here: there since setup)."""
-
-    def timed(self) -> torch.Tensor:
-        st, comm, d = self.st, self.comm, self.st.degree
-        cur = torch.cuda.current_stream() if comm is not None else None
-        self._dispatch(cur)
-        if cur is None:  # CPU / gloo: the same chunk order, no streams
-            for c in range(d):
-                self._expert(c)
-                self._a2a(st.yr[c], st.ys[c])
-            return self._decode()
-        for c in range(d):
-            self._wait_rows(cur, c)
-            self._expert(c)
-            self.ev_out[c].record(cur)
-            with torch.cuda.stream(comm):
-                comm.wait_event(self.ev_out[c])
-                self._a2a(st.yr[c], st.ys[c])
-        cur.wait_stream(comm)
-        return self._decode()
-
-    def capture_blocker(self) -> str | None:
-        return "tutel_reimpl: its step is not declared capturable"
-
-    def compute_only(self) -> torch.Tensor:
-        """Every chunk's expert GEMM on the held rows, then the decode -> [T, N]."""
-        for c in range(self.st.degree):
-            self._expert(c)
-        return self._decode()
-
-    def comm_only(self) -> torch.Tensor:
-        """Every chunk's combine all-to-all of the held expert rows -> yr [d, G*Cc, N]."""
-        st = self.st
-        for c in range(st.degree):
-            self._a2a(st.yr[c], st.ys[c])
-        return st.yr
+    def _combined(self) -> torch.Tensor:
+        return self.st.yr  # [d, G*Cc, N]
 
 
-class ChunkedLayerStep(ChunkedCombineStep):
+class ChunkedLayerStep(PipelinedLayer, ChunkedCombineStep):
     """Scope layer: the timed region also encodes x into the padded layout and runs the d
     dispatch all-to-alls on the comm stream, each chunk's expert waiting for its chunk."""
-
-    def setup_dispatch(self) -> None:
-        """Nothing: the timed region dispatches."""
-
-    def _dispatch(self, cur) -> None:
-        """Encode, then the d dispatch all-to-alls (on the comm stream, recording ev_in[c])."""
-        st = self.st
-        self._encode()
-        if cur is None:
-            for c in range(st.degree):
-                self._a2a(st.xr[c], st.xs[c])
-            return
-        self.comm.wait_stream(cur)
-        with torch.cuda.stream(self.comm):
-            for c in range(st.degree):
-                self._a2a(st.xr[c], st.xs[c])
-                self.ev_in[c].record(self.comm)
-
-    def _wait_rows(self, cur, c: int) -> None:
-        cur.wait_event(self.ev_in[c])
-
-    def compute_only(self) -> torch.Tensor:
-        """The encode, every chunk's expert GEMM on the held rows, the decode -> [T, N]."""
-        self._encode()
-        return super().compute_only()
-
-    def comm_only(self) -> torch.Tensor:
-        """Per chunk the dispatch and the combine all-to-alls -> yr [d, G*Cc, N]."""
-        st = self.st
-        for c in range(st.degree):
-            self._a2a(st.xr[c], st.xs[c])
-            self._a2a(st.yr[c], st.ys[c])
-        return st.yr
 
 
 class TutelReimplSystem(System):
@@ -299,13 +349,10 @@ class TutelReimplSystem(System):
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        scope = params.get("scope", "gemm+combine")
-        if scope not in SCOPES:
-            raise ValueError(f"tutel: scope must be one of {SCOPES}, got {scope!r}")
+        check_scope("tutel", params)
         check_tuning(params)
-        degrees = _degrees(params)
-        if not degrees or any(int(d) < 1 for d in degrees):
-            raise ValueError(f"tutel degrees must be positive integers, got {degrees}")
+        if not candidates(params):  # check_tuning took each degree as an integer >= 1
+            raise ValueError("tutel degrees must be positive integers, got []")
 
     def build(self, ranks: list[CellInputs]) -> Step:
         """The step of the `scope` param at the degree tuned on the cell."""
@@ -314,7 +361,7 @@ class TutelReimplSystem(System):
         self.extra = {"scope": self.scope, "capacity_max": cap_max}
         step_cls = ChunkedLayerStep if self.scope == "layer" else ChunkedCombineStep
         step = step_cls(inputs, self.ctx.rank, self.ctx.group, cap_max)
-        self._tune(step, _degrees(self.params))
+        self._tune(step, candidates(self.params))
         return step
 
     def _tune(self, step: ChunkedCombineStep, degrees: list[int]) -> None:
@@ -345,11 +392,10 @@ class TutelReimplSystem(System):
         self.extra["degree_ms"] = {str(d): round(v, 4) for d, v in times.items()}
         if oom:
             self.extra["degree_oom"] = oom
-        if step.st is not None:
-            W, E = step.spec.world_size, step.spec.experts_per_rank
-            self.extra["capacity"] = step.st.degree * step.st.chunk_rows
-            self.extra["rows_computed"] = W * E * step.st.degree * step.st.chunk_rows
-            self.extra["rows_real"] = int(step.lay.recv_counts.sum())
+        W, E = step.spec.world_size, step.spec.experts_per_rank
+        self.extra["capacity"] = step.st.degree * step.st.chunk_rows
+        self.extra["rows_computed"] = W * E * step.st.degree * step.st.chunk_rows
+        self.extra["rows_real"] = int(step.lay.recv_counts.sum())
 
     def resolved_params(self) -> dict[str, Any]:
         return {"degree_tuned": self.extra.get("degree", 0)}
@@ -357,14 +403,3 @@ class TutelReimplSystem(System):
     @property
     def impl(self) -> str:
         return "reimpl (capacity-padded a2a, capacity-chunk pipeline)"
-
-
-def _degrees(params: dict[str, Any]) -> list[int]:
-    fixed = int(params.get("degree", 0) or 0)
-    if fixed:
-        return [fixed]
-    return [int(d) for d in params.get("degrees", DEFAULT_DEGREES)]
-
-
-def _event(dev: torch.device):
-    return torch.cuda.Event() if dev.type == "cuda" else None

@@ -191,7 +191,10 @@ def test_overlapped_equals_sequential_on_loopback(dtype, ccta):
         for d in range(3):  # the own buffer (d = 2) holds the local rows the producer stored
             assert torch.equal(fabric.recv(d), want[d]), f"run {run}, destination {d}"
         assert torch.equal(fabric.counters[:, plan.rank].cpu(), sent * run)
-    runner.wait_received(torch.zeros(3, dtype=torch.int64))  # nothing to wait for: returns
+    t, nothing = runner.transport, torch.zeros(3, dtype=torch.int64, device=DEV)
+    launch_wait_signals(  # nothing to wait for: returns
+        t.signal, nothing, runner.err, runner.clock, rank=2, config=runner.consumer, scope=t.scope
+    )
     torch.cuda.synchronize()
     runner.check()
     _check_rows(plan, y, fabric.recv(plan.rank), reference_y(plan, x, w))

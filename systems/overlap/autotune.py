@@ -180,10 +180,9 @@ def pick_from(
         rows = pd.concat([r for _, _, r in used], ignore_index=True)
         g = rows.groupby(["ccta", "mgb"])["rel_latency"]
         score = g.mean()[g.count() * 2 >= len(used)].reset_index()
-        if fixed_c is not None:
-            score = score[score["ccta"] == _nearest_value(score["ccta"].unique(), fixed_c)]
-        if fixed_m is not None:
-            score = score[score["mgb"] == _nearest_value(score["mgb"].unique(), fixed_m)]
+        for col, fixed in (("ccta", fixed_c), ("mgb", fixed_m)):  # the scored value nearest it
+            if fixed is not None:
+                score = score[score[col] == _nearest_value(score[col].unique(), fixed)]
         top = score.sort_values(["rel_latency", "ccta", "mgb"]).iloc[0]
         c, m = fixed_c or int(top["ccta"]), fixed_m or int(top["mgb"])
         b = used[0][1]

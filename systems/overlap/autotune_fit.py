@@ -70,19 +70,11 @@ def split_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     df = df[order_ran(df).to_numpy() == pd.Series(want, index=df.index).to_numpy()]
     placed = df["p_consumer"] if "p_consumer" in df else pd.Series("own", index=df.index)
     df["consumer"] = placed.astype(object).where(placed.notna(), "own").astype(str)
-    req_c = df["p_ccta"].astype(str)
-    req_m = df["p_mgb"].astype(str)
-    is_auto = (req_c == "auto") | (req_m == "auto")
+    df["transport"] = [transport_class(t, w) for t, w in zip(df["transport"], df["world_size"])]
+    is_auto = (df["p_ccta"].astype(str) == "auto") | (df["p_mgb"].astype(str) == "auto")
     sweep, auto = df[~is_auto].copy(), df[is_auto].copy()
     sweep["ccta"] = pd.to_numeric(sweep["p_ccta"]).astype(int)
     sweep["mgb"] = pd.to_numeric(sweep["p_mgb"]).astype(int)
-    sweep["transport"] = [
-        transport_class(t, w) for t, w in zip(sweep["transport"], sweep["world_size"])
-    ]
-    if not auto.empty:
-        auto["transport"] = [
-            transport_class(t, w) for t, w in zip(auto["transport"], auto["world_size"])
-        ]
     return sweep, auto
 
 

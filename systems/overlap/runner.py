@@ -52,6 +52,7 @@ Importing this module imports triton (through kernels/), not the transports.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -97,20 +98,8 @@ def prefer_shared_carveout(compiled: Any, percent: int) -> None:
     _carveout_done[fn] = percent
 
 
-def _full_carveout(compiled: Any) -> None:
-    prefer_shared_carveout(compiled, 100)
-
-
-def vec_ok(y: torch.Tensor, tables_aligned: bool | None, recv_ptrs: torch.Tensor) -> bool:
-    """16-byte vector accesses are legal: row pitch, y and every table address 16-byte aligned.
-
-    tables_aligned: known alignment of recv_ptrs (Transport.aligned); None reads the table
-    back from the device (a host synchronisation: keep it out of the timed path).
-    """
-    pitch = y.shape[1] * y.element_size()
-    if tables_aligned is None:
-        tables_aligned = bool((recv_ptrs % 16 == 0).all())
-    return pitch % 16 == 0 and y.data_ptr() % 16 == 0 and tables_aligned
+#: consumer_sms="shared": the consumer's request (through run_consumer's `prepare`)
+_full_carveout = partial(prefer_shared_carveout, percent=100)
 
 
 def run_consumer(
@@ -141,15 +130,22 @@ def run_consumer(
     err [ERR_SLOTS] int64; clock [>= ccta] int64 scratch; ready_target: counter value of a
     complete band this run; rank: the source slot this rank signals in the receivers' counters
     (None: plan.rank); wait=False skips the spins (flags taken as set: the comm-only bound);
-    vec: 16-byte vector hints (None: vec_ok with the transport's known alignment); prepare
+    vec: 16-byte vector hints (None: where legal, from the transport's known alignment); prepare
     (PUT_STORE only): called with the compiled kernel before its launch (the runner's
-    shared-memory carve-out request); memo (GPU): remember this launch under memo_key
-    (harness/kernels/relaunch.py); memo.launch(ready_target=...) relaunches it. An NVSHMEM
-    launch is torch's wrapper: it forgets the memo instead.
+    shared-memory carve-out request); memo (GPU): the launch it remembers relaunched (with
+    this ready_target) where its key holds, else this one launched and remembered
+    (harness/kernels/relaunch.py); the key: memo_key (the caller's, e.g. its plan's version:
+    the plan's tensors are not in the key) and every other argument. An NVSHMEM launch is
+    torch's wrapper: it forgets the memo instead.
     """
     recv_tab, sig_tab = transport.tables()
     if rank is None:
         rank = plan.rank
+    key = (y.data_ptr(), y.shape, band_ready.data_ptr(), memo_key, rank, wait, vec, prepare)
+    key = (key, recv_tab.data_ptr(), sig_tab.data_ptr(), transport.put_mode, transport.scope)
+    key = (key, err.data_ptr(), clock.data_ptr(), ccta, config)
+    if memo is not None and memo.hit(key):
+        return memo.launch(ready_target=ready_target)
     if err.numel() < ERR_SLOTS or err.dtype != torch.int64:
         raise ValueError(f"err must be int64 [{ERR_SLOTS}]")
     if clock.numel() < ccta:
@@ -164,8 +160,11 @@ def run_consumer(
         vec = False
         if prepare is not None:
             raise ValueError("consumer prepare: the PUT_STORE kernel only")
-    elif vec is None:
-        vec = vec_ok(y, getattr(transport, "aligned", None), recv_tab)
+    elif vec is None:  # 16-byte vectors: the row pitch, y and every table address aligned
+        aligned = getattr(transport, "aligned", None)
+        if aligned is None:  # unknown: read the table back (a host sync: not in the timed path)
+            aligned = bool((recv_tab % 16 == 0).all())
+        vec = (y.shape[1] * y.element_size()) % 16 == 0 and y.data_ptr() % 16 == 0 and aligned
     compiled = launch_consumer(
         transport.launchable(_consumer_kernel),
         y,
@@ -185,7 +184,7 @@ def run_consumer(
         vec=vec,
         prepare=prepare,
         memo=memo if store else None,
-        memo_key=memo_key,
+        memo_key=key,
     )
     if memo is not None and not store:  # the NVSHMEM launch is torch's wrapper
         memo.forget()
@@ -259,8 +258,6 @@ class OverlapRunner:
         self.band_ready = torch.zeros(max(plan.schedule.numel(), 1), dtype=torch.int32, device=dev)
         self.err = new_error_buffer(dev)
         self.clock = new_clock(ccta, dev)  # CPU: the host clock that bounds the spins
-        self.producer_runs = 0  # producer runs (the band counters restart every run)
-        self.consumer_runs = 0  # runs that signalled the receivers (epochs of their counters)
         # int64 [W]: rows every source has sent this rank over all runs, summed from each run's
         # plan.recv_rows (its routing may change from run to run, as in a model's MoE blocks)
         self.recv_expected = torch.zeros(plan.world_size, dtype=torch.int64, device=dev)
@@ -312,7 +309,6 @@ class OverlapRunner:
             self.band_ready = torch.zeros(
                 plan.schedule.numel(), dtype=torch.int32, device=self.device
             )
-        self.producer_runs = 0
 
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
@@ -351,32 +347,21 @@ class OverlapRunner:
         )
 
     def _consume(self, y: torch.Tensor, target: int, wait: bool):
-        memo = self.memos["consume" if wait else "comm"] if self.use_memos else None
-        key = None
-        p, t = self.plan, self.transport
-        if memo is not None:
-            recv_tab, sig_tab = t.tables()
-            key = (y.data_ptr(), y.shape, self.band_ready.data_ptr(), self.plan_version)
-            key = (key, recv_tab.data_ptr(), sig_tab.data_ptr(), t.put_mode, t.scope)
-            key = (key, self.err.data_ptr(), self.clock.data_ptr(), self.ccta, self.consumer)
-            if memo.hit(key):
-                return memo.launch(ready_target=target)
         return run_consumer(
             y,
-            p,
+            self.plan,
             self.band_ready,
-            t,
+            self.transport,
             self.err,
             self.clock,
             ready_target=target,
-            rank=p.rank,
             ccta=self.ccta,
             config=self.consumer,
             wait=wait,
             # shared: an SM that took a consumer CTA first must keep room for a producer CTA
             prepare=_full_carveout if self.shared_on_gpu and wait else None,
-            memo=memo,
-            memo_key=key,
+            memo=self.memos["consume" if wait else "comm"] if self.use_memos else None,
+            memo_key=self.plan_version,
         )
 
     def overlapped(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -408,7 +393,6 @@ class OverlapRunner:
             torch.cuda.set_stream(cur)
         cur.wait_event(prod_done)
         cur.wait_event(cons_done)
-        self.producer_runs += 1
         self._count_run()
         self.last_kernels = {"producer": kp, "consumer": kc}
         if self.consumer_sms == "shared" and self.residency is None and None not in (kp, kc):
@@ -433,7 +417,6 @@ class OverlapRunner:
             target = self._next_target()
         kp = self._produce(x, y, True, self.num_programs)
         kc = self._consume(y, target, True)
-        self.producer_runs += 1
         self._count_run()
         self.last_kernels = {"producer": kp, "consumer": kc}
         return y
@@ -451,39 +434,30 @@ class OverlapRunner:
     def _count_run(self) -> None:
         """One consumer run: every peer runs its own in lockstep and sends this rank the rows
         of this run's plan (recv_rows), which the receive counters will add up (one kernel)."""
-        self.consumer_runs += 1
         if self.recv_step is not None:
             self.recv_expected.add_(self.recv_step)
 
-    def expected_signal(self, rows_from: torch.Tensor | None = None) -> torch.Tensor:
-        """int64 [W]: receive-counter values meaning 'all rows of every run so far arrived'.
+    def expected_signal(self) -> torch.Tensor:
+        """int64 [W]: receive-counter values meaning 'all rows of every run so far arrived': the
+        rows of every run, summed run by run from its plan's recv_rows (recv_expected), so the
+        routing may change between runs. Assumes every rank ran the consumer as often as this
+        one (true in lockstep runs)."""
+        if self.plan.recv_rows is None:
+            raise ValueError("expected_signal: a plan without recv_rows (a synthetic one)")
+        return self.recv_expected
 
-        Plans with recv_rows (real routings): the rows of every run, summed run by run
-        (recv_expected), so the routing may change between runs. rows_from [W] (plans without
-        recv_rows, e.g. synthetic ones): rows each source sends per run, the same every run.
-        Assumes every rank ran the consumer as often as this one (true in lockstep runs).
-        """
-        if rows_from is None:
-            if self.plan.recv_rows is None:
-                raise ValueError("expected_signal: a plan without recv_rows needs rows_from")
-            return self.recv_expected
-        return rows_from.to(device=self.device, dtype=torch.int64) * self.consumer_runs
-
-    def wait_received(self, rows_from: torch.Tensor | None = None) -> None:
+    def wait_received(self) -> None:
         """Block the current stream until every source's rows of every run so far have arrived
-        (rows_from: see expected_signal)."""
-        t = self.transport
-        memo = self.memos["wait"] if self.use_memos and rows_from is None else None
-        key = None
-        if memo is not None:  # expected is recv_expected, the same tensor every run
-            key = (t.signal.data_ptr(), t.scope, self.plan.rank, self.consumer, self.err.data_ptr())
-            key = (key, self.recv_step is not None)  # without recv_rows: expected_signal raises
-            if memo.hit(key):
-                memo.launch()
-                return
+        (expected_signal)."""
+        t, expected = self.transport, self.expected_signal()
+        memo = self.memos["wait"] if self.use_memos else None
+        key = (t.signal.data_ptr(), t.scope, self.plan.rank, self.consumer, self.err.data_ptr())
+        if memo is not None and memo.hit(key):  # expected: recv_expected, the same every run
+            memo.launch()
+            return
         launch_wait_signals(
             t.signal,
-            self.expected_signal(rows_from),
+            expected,
             self.err,
             self.clock,
             rank=self.plan.rank,
@@ -497,14 +471,6 @@ class OverlapRunner:
     def check(self) -> None:
         """Raise OverlapTimeoutError if any wait timed out (synchronises with the device)."""
         raise_if_error(self.err)
-
-    def reset(self) -> None:
-        """Zero counters and the error record (after a time-out the counters are stale)."""
-        self.band_ready.zero_()
-        self.err.zero_()
-        self.producer_runs = 0
-        self.consumer_runs = 0
-        self.recv_expected.zero_()
 
 
 def residency_report(producer_kernel: Any, consumer_kernel: Any, device=None) -> dict:
@@ -529,12 +495,10 @@ def residency_report(producer_kernel: Any, consumer_kernel: Any, device=None) ->
 
     up, uc = usage(producer_kernel), usage(consumer_kernel)
 
+    limits = {"smem": smem, "regs": regs, "threads": threads}
+
     def fits(a, b, n=1):
-        return (
-            a["smem"] + n * b["smem"] <= smem
-            and a["regs"] + n * b["regs"] <= regs
-            and a["threads"] + n * b["threads"] <= threads
-        )
+        return all(a[k] + n * b[k] <= limit for k, limit in limits.items())
 
     beside = 0  # consumer CTAs that fit next to one producer CTA (at most 32 CTAs an SM)
     while beside < 31 and fits(up, uc, beside + 1):
