@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,3 +134,34 @@ def nearest_key(key: str) -> str | None:
         node = typing.get_type_hints(node).get(parts[i])
     fixed = ".".join(parts)
     return fixed if fixed != key else None
+
+
+def bad_experiment_name(name: Any) -> str | None:
+    """Why `name` cannot name an experiment (its table is <results_dir>/<name>.parquet, so the
+    name must be one plain file name inside that folder), or None where it can."""
+    text = "" if name is None else str(name)
+    if not text.strip():
+        return "experiment.name is empty; give the experiment a name (its table's file name)"
+    seps = {"/", "\\", "\0", *filter(None, (os.sep, os.altsep))}
+    if text in (".", "..") or any(c in text for c in seps) or os.path.isabs(text):
+        return (
+            f"experiment.name={text!r} is not a plain file name (no path separators, no . or "
+            "..): its table must stay inside the results folder; to write elsewhere, set "
+            "table=<path>"
+        )
+    return None
+
+
+def free_form(key: str) -> bool:
+    """Whether the dotted `key` lies below a node the schema leaves open (experiment.systems,
+    experiment.options): there `+key=value` adds a key the experiment does not set."""
+    node: Any = Config
+    parts = key.lstrip("+").split(".")
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(node):
+            return i > 0
+        names = [f.name for f in dataclasses.fields(node)]
+        if part not in names:
+            return False
+        node = typing.get_type_hints(node).get(part)
+    return False

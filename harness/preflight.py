@@ -14,7 +14,15 @@ from typing import Any
 
 import torch
 
-from harness.config import Config, ExperimentConf, GridConf, HardwareConf, MeasureConf, nearest_key
+from harness.config import (
+    Config,
+    ExperimentConf,
+    GridConf,
+    HardwareConf,
+    MeasureConf,
+    bad_experiment_name,
+    nearest_key,
+)
 from harness.errors import HarnessUserError
 from harness.records import (
     KEEP_STATUSES,
@@ -96,6 +104,9 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
     """Checks that need no cell: unknown keys, measure settings, time-out, axes, systems, the
     workload group."""
     unknown_keys(cfg)
+    bad_name = bad_experiment_name(cfg.experiment.name)
+    if bad_name:
+        raise HarnessUserError(bad_name)
     m = cfg.measure
     if m.iters < 1:
         raise HarnessUserError(f"measure.iters must be >= 1, got {m.iters}")
@@ -270,6 +281,7 @@ def preflight(
         if writable:
             results.check_writable()
         in_table = results.statuses()
+        results.check_schema()  # a core column of another type: no row could be added
         hashes = {c["cell_hash"] for c in cells}
         found = {h: s for h, s in in_table.items() if h in hashes}
         others = len(in_table) - len(found)

@@ -5,10 +5,18 @@ serialise on a lock file next to it (`<table>.lock`, `filelock`): each append re
 adds its rows and replaces the file atomically through a temporary file of a unique name, so
 two runs on one table lose no row and a reader never sees half a file. A table the harness
 cannot read is never overwritten.
+
+A table path that is a symbolic link (or lies in a linked folder) names its target: the lock, the
+temporary file and the replace act on the target, so two links to one table serialise on one
+lock and the link stays a link; a dangling link or a link loop is an error. Every table the
+harness writes carries a SHA-256 of its columns' names and values in the parquet key-value
+metadata (CHECKSUM_KEY) and CRC32 checksums of its data pages: a bit flip that still parses is
+a damaged table (read_table), never a quiet change of a number.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from filelock import FileLock, Timeout
 
 from harness.errors import HarnessUserError
@@ -268,46 +278,154 @@ def _fix_hint(path: Path) -> str:
     return f"move it away or choose another table with table=<path> (it is left as it is: {path})"
 
 
-def read_table(path: str | Path) -> pd.DataFrame:
+#: the parquet key-value metadata entry that holds a table's checksum (table_checksum)
+CHECKSUM_KEY = b"harness.sha256"
+
+
+def table_checksum(table: pa.Table) -> str:
+    """SHA-256 of what a reader gets from `table`: the pandas metadata and every column's name
+    and values in order (not their encoding, chunks or statistics), so it survives a parquet
+    round trip and changes with any value."""
+    h = hashlib.sha256((table.schema.metadata or {}).get(b"pandas", b""))
+    for name, column in zip(table.column_names, table.columns):
+        h.update(json.dumps([name, column.to_pylist()], default=repr).encode())
+    return h.hexdigest()
+
+
+def read_table(path: str | Path, shown: str | Path | None = None) -> pd.DataFrame:
     """The table at `path` (empty with the core columns if there is none); a table that cannot be
-    read, or lacks the key columns, is a HarnessUserError with a one-line reason."""
+    read, fails its checksums (data pages' CRC, CHECKSUM_KEY), or lacks the key columns, is a
+    HarnessUserError with a one-line reason that names it as `shown` (default: `path`). A table
+    without CHECKSUM_KEY (written by an older harness or another tool) is read as it is."""
     path = Path(path)
+    name = Path(shown) if shown is not None else path
     if path.is_dir():
-        raise HarnessUserError(f"table {path} is a directory; choose a file with table=<path>")
+        raise HarnessUserError(f"table {name} is a directory; choose a file with table=<path>")
     if not path.exists():
         return pd.DataFrame(columns=CORE_COLUMNS)
     try:
-        df = pd.read_parquet(path)
+        table = pq.read_table(path, page_checksum_verification=True)
+        stored = (table.schema.metadata or {}).get(CHECKSUM_KEY)
+        if stored is not None and stored.decode(errors="replace") != table_checksum(table):
+            raise HarnessUserError(
+                f"table {name} is damaged: its values do not match the checksum stored in it "
+                f"(a changed bit); {_fix_hint(name)}"
+            )
+        df = table.to_pandas()
+    except HarnessUserError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any reader error means "damaged"
         why = (str(exc).strip().splitlines() or [""])[0][:200]
         raise HarnessUserError(
-            f"table {path} cannot be read ({type(exc).__name__}: {why}); {_fix_hint(path)}"
+            f"table {name} cannot be read ({type(exc).__name__}: {why}); {_fix_hint(name)}"
         ) from exc
     missing = [c for c in KEY_COLUMNS if c not in df.columns]
     if missing:
         raise HarnessUserError(
-            f"table {path} has no column(s) {', '.join(missing)}, so it is not a results table "
-            f"of this harness; {_fix_hint(path)}"
+            f"table {name} has no column(s) {', '.join(missing)}, so it is not a results table "
+            f"of this harness; {_fix_hint(name)}"
         )
     return df
+
+
+def write_table(df: pd.DataFrame, path: str | Path) -> None:
+    """Write df as a table at `path` (no index) with its checksum (CHECKSUM_KEY) and the data
+    pages' CRC32, as every table of the harness is written."""
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = {**(table.schema.metadata or {}), CHECKSUM_KEY: table_checksum(table).encode()}
+    pq.write_table(table.replace_schema_metadata(meta), path, write_page_checksum=True)
+
+
+def resolve_table_path(path: str | Path) -> Path:
+    """The file a table path names, symbolic links followed (also of its folders); a dangling
+    link or a link loop on the way is a HarnessUserError (it would be replaced by a file, or
+    hide where the rows go)."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if not p.is_symlink():
+            continue
+        what = f"table {path}" if p == path else f"table {path}: its folder {p}"
+        fix = "fix the link or choose another table with table=<path>"
+        try:
+            p.resolve(strict=True)
+        except RuntimeError as exc:  # a loop (Python < 3.13; an OSError from 3.13 on)
+            raise HarnessUserError(f"{what} is a symbolic link loop; {fix}") from exc
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise HarnessUserError(f"{what} is a symbolic link loop; {fix}") from exc
+            raise HarnessUserError(
+                f"{what} is a symbolic link to {os.readlink(p)}, which does not exist; {fix}"
+            ) from exc
+    return path.resolve()
+
+
+#: the kind of a core column's values a table may hold, by its Row field's type: a string
+#: column holds text, an int or float column numbers (an int column read back as float where
+#: an older table lacked it), a bool column booleans; any column may be all null
+_KINDS = {
+    "str": (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view),
+    "int": (pa.types.is_integer, pa.types.is_floating),
+    "float": (pa.types.is_integer, pa.types.is_floating),
+    "bool": (pa.types.is_boolean,),
+}
+_WRITES = {"str": "string", "int": "int64", "float": "double", "bool": "bool"}
+
+
+def schema_mismatch(path: str | Path) -> str | None:
+    """Why rows of this harness cannot be added to the table at `path` (a core column of
+    another type: the write would fail after the cell was measured), in one phrase naming the
+    column and both types; None where they can (or there is no table, or one that cannot be
+    read: read_table says why)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        schema = pq.read_schema(path)
+    except Exception:  # noqa: BLE001 - a damaged table: read_table says so
+        return None
+    types = {f.name: f.type for f in fields(Row)}
+    for name in CORE_COLUMNS:
+        kind = str(types[name])
+        if name not in schema.names or kind not in _KINDS:
+            continue
+        have = schema.field(name).type
+        if pa.types.is_dictionary(have):
+            have = have.value_type
+        if pa.types.is_null(have) or any(ok(have) for ok in _KINDS[kind]):
+            continue
+        return f"column {name} holds {have} where this harness writes {_WRITES[kind]}"
+    return None
 
 
 @dataclass
 class ResultsTable:
     """A parquet table of Rows, appended one cell at a time under a lock (see the module doc)."""
 
+    #: the path as given (what messages name)
     path: Path
+    #: the file it names, links followed once (resolve_table_path): what is locked and written
+    target: Path = field(init=False)
 
     def __post_init__(self) -> None:
         self.path = Path(self.path)
+        self.target = resolve_table_path(self.path)
 
     @property
     def lock(self) -> FileLock:
-        return FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S)
+        return FileLock(str(self.target) + ".lock", timeout=LOCK_TIMEOUT_S)
+
+    def check_schema(self) -> None:
+        """A HarnessUserError naming the column and both types if this harness's rows cannot be
+        added to the table (schema_mismatch), before any cell is measured for it."""
+        why = schema_mismatch(self.target)
+        if why:
+            raise HarnessUserError(
+                f"table {self.path}: {why}, so no row could be added to it; {_fix_hint(self.path)}"
+            )
 
     def check_writable(self) -> None:
         """A HarnessUserError naming the fix if rows could not be written to the table's path."""
-        parent = self.path.parent
+        parent = self.target.parent
         for p in (parent, *parent.parents):
             if p.exists() and not p.is_dir():
                 raise HarnessUserError(
@@ -317,7 +435,9 @@ class ResultsTable:
         self.refuse_read_only()
         try:
             parent.mkdir(parents=True, exist_ok=True)
-            fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{self.path.name}.", suffix=".probe")
+            fd, probe = tempfile.mkstemp(
+                dir=parent, prefix=f".{self.target.name}.", suffix=".probe"
+            )
             os.close(fd)
             os.unlink(probe)
         except OSError as exc:
@@ -330,8 +450,8 @@ class ResultsTable:
         """A HarnessUserError if the table, or the folder it is (or would be) written in, is
         read-only: by os.access and by the mode bits, since os.access is always true for root
         (who would rewrite a table of mode 0444 or one in a folder of mode 0555)."""
-        folder = next((p for p in self.path.parents if p.exists()), Path("."))
-        for p, what in ((self.path, "it"), (folder, f"its folder {folder}")):
+        folder = next((p for p in self.target.parents if p.exists()), Path("."))
+        for p, what in ((self.target, "it"), (folder, f"its folder {folder}")):
             if not p.exists():
                 continue
             mode = p.stat().st_mode
@@ -342,7 +462,7 @@ class ResultsTable:
                 )
 
     def load(self) -> pd.DataFrame:
-        return read_table(self.path)
+        return read_table(self.target, shown=self.path)
 
     def statuses(self) -> dict[str, str]:
         """cell_hash -> status of the cells in the table."""
@@ -361,7 +481,7 @@ class ResultsTable:
             return
         new = pd.DataFrame([row_dict(r) for r in rows])
         self.refuse_read_only()  # also a table made read-only while the run went on
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.target.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self.lock:
                 old = self.load()  # raises, and writes nothing, if the table is damaged
@@ -377,17 +497,18 @@ class ResultsTable:
             ) from exc
 
     def _replace(self, df: pd.DataFrame) -> None:
-        """Write df to a temporary file of a unique name next to the table, then rename it over
-        the table (atomic). Called with the lock held, so any older temporary file is a leftover
-        of a killed writer and is removed."""
-        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+        """Write df to a temporary file of a unique name next to the table's target, then rename
+        it over the target (atomic; a link to it stays a link). Called with the lock held, so
+        any older temporary file is a leftover of a killed writer and is removed."""
+        folder, name = self.target.parent, self.target.name
+        for stale in folder.glob(f".{name}.*.tmp"):
             stale.unlink(missing_ok=True)
-        tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        tmp = folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
         try:
-            df.to_parquet(tmp, index=False)
-            if self.path.exists():  # the table keeps its permissions
-                shutil.copymode(self.path, tmp)
-            os.replace(tmp, self.path)
+            write_table(df, tmp)
+            if self.target.exists():  # the table keeps its permissions
+                shutil.copymode(self.target, tmp)
+            os.replace(tmp, self.target)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

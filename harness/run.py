@@ -20,7 +20,11 @@ ends (harness.errors.ContextLost): every later CUDA call of that process would f
 Under torchrun (RANK / WORLD_SIZE set) the ranks run without this supervisor, bounded by the
 process-group time-out (`hardware.timeout_s`).
 
-Exit codes: 0 done; 1 the run stopped (a rank failed) or some cell ended in `error`; 2 bad input.
+SIGTERM or SIGINT (Ctrl-C, which the ranks ignore: the parent ends them) ends the run with one
+line saying how many rows it wrote and where; the same command resumes.
+
+Exit codes: 0 done; 1 the run stopped (a rank failed) or some cell ended in `error`; 2 bad input;
+143 / 130 stopped by SIGTERM / SIGINT.
 The pieces: harness/preflight.py (validation, the Plan, dry run), harness/supervisor.py (the
 parent: spawn and watch the ranks), harness/rank.py (a rank: process group, the walk over the
 cells, heartbeats); this module composes them and prints the end.
@@ -34,6 +38,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +47,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import nearest_key, register_configs
+from harness.config import free_form, nearest_key, register_configs
 from harness.slurm import export_torch_env
 
 if TYPE_CHECKING:
@@ -120,8 +125,12 @@ def summary(rows: list[dict], path: Path) -> list[str]:
     return lines
 
 
-def finish(cfg: Any, plan: Plan, stopped: str | None, hashes: set[str]) -> int:
-    """Print what this run wrote (the cells of `hashes`) and why it stopped; the exit code."""
+def finish(
+    cfg: Any, plan: Plan, stopped: str | None, hashes: set[str], total: int | None = None
+) -> int:
+    """Print what this run wrote (the cells of `hashes`) and why it stopped; the exit code.
+    `total`: the cells the run set out to run (default: plan.todo's, which after a restart
+    holds only the rest)."""
     from harness.errors import HarnessUserError
 
     try:
@@ -136,7 +145,8 @@ def finish(cfg: Any, plan: Plan, stopped: str | None, hashes: set[str]) -> int:
             print(line, flush=True)
     if stopped is not None:
         print(
-            f"error: {stopped}; run stopped after {len(hashes)} of {len(plan.todo)} cell(s) "
+            f"error: {stopped}; run stopped after {len(hashes)} of "
+            f"{len(plan.todo) if total is None else total} cell(s) "
             f"(the cell in flight is not recorded); run the same command again to resume",
             file=sys.stderr,
             flush=True,
@@ -170,22 +180,52 @@ def launch(cfg: DictConfig, workload: str | None = None) -> int:
     print(start_message(cfg, plan), flush=True)
     if not plan.todo:
         return finish(cfg, plan, None, set())
+    first, total, since = plan, len(plan.todo), time.time()
     written: set[str] = set()  # hashes of the cells whose rows this run wrote
-    for restart in range(cfg.hardware.restarts + 1):
-        stopped, done, cell = run_ranks(cfg, plan)
-        written |= {plan.todo[i]["cell_hash"] for i in done}
-        if stopped is None or restart == cfg.hardware.restarts:
-            break
-        if cell is not None:
-            record_crash(cfg, plan.todo[cell], stopped)
-            written.add(plan.todo[cell]["cell_hash"])
-        print(f"[harness] {stopped}; fresh ranks run the remaining cells", flush=True)
-        rest = [c for c in plan.todo if c["cell_hash"] not in written]
-        if not rest:
-            stopped = None
-            break
-        plan = Plan(plan.cells, rest, plan.found, plan.others, plan.table, plan.world)
-    return finish(cfg, plan, stopped, written)
+    try:
+        for restart in range(cfg.hardware.restarts + 1):
+            stopped, done, cell = run_ranks(cfg, plan)
+            written |= {plan.todo[i]["cell_hash"] for i in done}
+            if stopped is None or restart == cfg.hardware.restarts:
+                break
+            if cell is not None:
+                record_crash(cfg, plan.todo[cell], stopped)
+                written.add(plan.todo[cell]["cell_hash"])
+            rest = [c for c in plan.todo if c["cell_hash"] not in written]
+            print(
+                f"[harness] {stopped}; fresh ranks run the remaining {len(rest)} of {total} "
+                "cell(s)",
+                flush=True,
+            )
+            if not rest:
+                stopped = None
+                break
+            plan = Plan(plan.cells, rest, plan.found, plan.others, plan.table, plan.world)
+        return finish(cfg, plan, stopped, written, total)
+    except Interrupted as exc:
+        print(f"error: {interrupted_line(exc.signum, first, written, since)}", file=sys.stderr)
+        return 128 + exc.signum
+
+
+def interrupted_line(signum: int, plan: Plan, written: set[str], since: float) -> str:
+    """The one line of a run stopped by a signal: how many rows it wrote and where (its cells'
+    rows in the table from `since` on, and those of `written`), and that a re-run resumes."""
+    from harness.errors import HarnessUserError
+
+    name = signal.Signals(signum).name
+    todo = {c["cell_hash"] for c in plan.todo}
+    try:
+        df = plan.table.load()
+    except HarnessUserError as exc:
+        return f"stopped by {name}; {exc}"
+    stamp = df["timestamp"] if "timestamp" in df else df["cell_hash"].map(lambda _: 0.0)
+    new = df["cell_hash"].isin(todo) & (df["cell_hash"].isin(written) | (stamp >= since))
+    cells = df.loc[new, "cell_hash"].nunique()
+    return (
+        f"stopped by {name}: this run wrote {int(new.sum())} row(s) ({cells} of {len(todo)} "
+        f"cell(s)) to {plan.table.path}; the cell in flight is not recorded; run the same "
+        "command again to resume"
+    )
 
 
 def record_crash(cfg: Any, cell: dict, reason: str) -> None:
@@ -240,9 +280,21 @@ def _launch_torchrun(cfg: DictConfig, workload: str | None) -> int:
 _TASK_STARTED = False
 
 
+class Interrupted(BaseException):
+    """SIGTERM (a `timeout`, a scheduler's stop) or SIGINT (Ctrl-C) of the parent: it unwinds
+    the run (the supervisor kills the ranks on the way) to one line saying what was written."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def _stop(signum: int, frame: object) -> None:
-    """SIGTERM (a `timeout`, a scheduler's stop): unwind, so the supervisor kills the ranks."""
-    raise SystemExit(128 + signum)
+    """A signal that ends the run: unwind once (a second signal does not break the unwinding;
+    SIGKILL still ends it at once, the ranks with it)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -250,17 +302,22 @@ def main(cfg: DictConfig) -> None:
     global _TASK_STARTED
     _TASK_STARTED = True
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     from harness.errors import HarnessUserError
 
     hc = HydraConfig.get()
     workload = hc.runtime.choices.get("workload")
     try:
+        check_overrides(list(hc.overrides.task))
         code = launch(cfg, workload if workload not in (None, "null") else None)
     except HarnessUserError as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or hc.mode == RunMode.MULTIRUN:
             raise
         print(f"error: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except Interrupted as exc:  # before any rank started (launch says more after)
+        print(f"error: stopped by {exc}; nothing was written", file=sys.stderr, flush=True)
+        sys.exit(128 + exc.signum)
     if hc.mode == RunMode.MULTIRUN:  # a launcher's job (e.g. submitit) reports by exception
         if code:
             raise RuntimeError(f"harness run ended with exit code {code}")
@@ -293,6 +350,23 @@ class _HeldStderr(io.TextIOBase):
         self.real.flush()
 
 
+def check_overrides(overrides: list[str]) -> None:
+    """Overrides Hydra takes without a word but that do not do what they say: a mapping such as
+    `experiment.systems={}` is merged into the experiment's own, so it would leave every system
+    as it is instead of emptying the set."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from harness.errors import HarnessUserError
+
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.key_or_group == "experiment.systems" and not o.is_delete() and o.value() == {}:
+            raise HarnessUserError(
+                f"{o.input_line} would run no system (an empty system set); name the systems "
+                "to run with experiment.select=[<name>, ...] or add one with "
+                "'+experiment.systems.<name>={}'"
+            )
+
+
 #: Hydra's hints, dropped from its messages (the one line says what to do instead)
 HYDRA_HINTS = ("To append to your config", "Set the environment variable", "Available options")
 
@@ -318,8 +392,11 @@ def hydra_error_line(text: str) -> str:
     out = "; ".join(keep) or "the configuration did not compose"
     typo = re.search(r"Could not override '([^']+)'", text)
     near = nearest_key(typo.group(1)) if typo else None
+    plus = re.search(r"To append to your config use (\+\S+)", text)
     if near:
         out += f"; did you mean {near}?"
+    elif typo and plus and free_form(typo.group(1)):  # a system's params, an option
+        out += f"; to add a key the experiment does not set, write {plus.group(1)}"
     return out + (f"; choices: {', '.join(choices)}" if choices else "")
 
 
@@ -348,6 +425,14 @@ def _main() -> None:
         held = sys.stderr = _HeldStderr(sys.stderr)
     try:
         main()
+    except KeyboardInterrupt:  # Ctrl-C before the task started (main handles it after)
+        if held is not None:
+            sys.stderr = held.real
+            held.held = []
+        print(
+            "error: stopped by SIGINT before the run started; nothing was written", file=sys.stderr
+        )
+        sys.exit(128 + signal.SIGINT)
     except SystemExit as exc:
         if exc.code == 1 and not _TASK_STARTED:
             if held is not None:

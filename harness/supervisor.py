@@ -16,7 +16,9 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -75,8 +77,45 @@ def _proc_state(pid: int) -> str:
     }.get(state, "")
 
 
+def _take(rank: _Rank, msg: tuple, bar: Any) -> None:
+    """One report of a rank: a heartbeat, a cell started, a cell's rows written, done, failed."""
+    t = time.monotonic()
+    rank.beat = t
+    if msg[0] == "beat":
+        state = tuple(msg[1:]) or ("", None, None)
+        rank.stage, rank.waiting, rank.unsettled = state[0], state[1] is not None, state[2]
+    elif msg[0] == "cell":
+        rank.phase, rank.cell, rank.since = "cell", msg[1], t
+        rank.stage, rank.waiting, rank.unsettled = "", False, None
+    elif msg[0] == "written":
+        rank.written.add(msg[1])
+        if bar is not None:
+            bar.set_postfix_str(f"{msg[2][-1][0]}:{msg[2][-1][1]}")
+            bar.update(1)
+    elif msg[0] == "done":
+        rank.phase, rank.since = "done", t
+    elif msg[0] == "failed":
+        rank.failure = (msg[1], msg[2], msg[3])
+
+
+def drain(rank: _Rank, bar: Any) -> None:
+    """Take every report waiting in the rank's pipe, without blocking; at its end (the rank
+    exited and every report was read) the pipe is closed (rank.conn = None)."""
+    while rank.conn is not None:
+        try:
+            if not rank.conn.poll(0):
+                return
+            msg = rank.conn.recv()
+        except (EOFError, OSError):
+            rank.conn = None
+            return
+        _take(rank, msg, bar)
+
+
 def supervise(ranks: list[_Rank], todo: list[dict], cfg: Any, bar: Any) -> str | None:
-    """Watch the ranks until all are done (None) or the run must stop (the reason, one line)."""
+    """Watch the ranks until all are done (None) or the run must stop (the reason, one line).
+    Every report a rank sent is read before its exit code is judged: a parent that lagged (paused,
+    swapped out) finds the rows of a rank that finished and exited meanwhile, and says so."""
     timeout = float(cfg.hardware.timeout_s)
     now = time.monotonic()
     for r in ranks:
@@ -88,29 +127,10 @@ def supervise(ranks: list[_Rank], todo: list[dict], cfg: Any, bar: Any) -> str |
         if not conns:
             time.sleep(0.1)
         for conn in wait(conns, timeout=0.1):
-            rank = next(r for r in ranks if r.conn is conn)
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                rank.conn = None
-                continue
-            t = time.monotonic()
-            rank.beat = t
-            if msg[0] == "beat":
-                state = tuple(msg[1:]) or ("", None, None)
-                rank.stage, rank.waiting, rank.unsettled = state[0], state[1] is not None, state[2]
-            elif msg[0] == "cell":
-                rank.phase, rank.cell, rank.since = "cell", msg[1], t
-                rank.stage, rank.waiting, rank.unsettled = "", False, None
-            elif msg[0] == "written":
-                rank.written.add(msg[1])
-                if bar is not None:
-                    bar.set_postfix_str(f"{msg[2][-1][0]}:{msg[2][-1][1]}")
-                    bar.update(1)
-            elif msg[0] == "done":
-                rank.phase, rank.since = "done", t
-            elif msg[0] == "failed":
-                rank.failure = (msg[1], msg[2], msg[3])
+            drain(next(r for r in ranks if r.conn is conn), bar)
+        for r in ranks:  # an exited rank's last reports may have come after the wait
+            if r.proc.exitcode is not None:
+                drain(r, bar)
         now = time.monotonic()
         if all(r.phase == "done" and r.proc.exitcode is not None for r in ranks):
             return None
@@ -127,6 +147,8 @@ def supervise(ranks: list[_Rank], todo: list[dict], cfg: Any, bar: Any) -> str |
         if trouble_at is not None:
             settled = all(r.proc.exitcode is not None or r.failure for r in ranks)
             if settled or now - trouble_at > GRACE_S:
+                for r in ranks:  # the last word of every rank, also of one that exits now
+                    drain(r, bar)
                 return _diagnose(ranks, todo, timeout, now, stale)
 
 
@@ -201,6 +223,22 @@ def _kill(ranks: list[_Rank]) -> None:
         r.proc.join(10)
 
 
+@contextmanager
+def _ctrl_c_ignored():
+    """SIGINT ignored while a rank is spawned: the rank inherits the ignored signal through exec
+    (and Python then installs no KeyboardInterrupt handler), so a terminal's Ctrl-C, sent to the
+    whole process group, leaves the ranks to the parent, which ends them and says what was
+    written (harness.run), instead of every rank printing a trace."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old if old is not None else signal.SIG_DFL)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -224,16 +262,18 @@ def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     ctx = mp.get_context("spawn")
     rendezvous = ("127.0.0.1", _free_port())
-    ranks = []
-    for rank in range(plan.world):
-        recv, send = ctx.Pipe(duplex=False)
-        args = (rank, plan.world, cfg_dict, plan.todo, rendezvous, send, os.getpid())
-        proc = ctx.Process(target=spawn_entry, args=args, name=f"harness-rank{rank}")
-        proc.start()
-        send.close()
-        ranks.append(_Rank(proc, recv))
-    bar = progress_bar(cfg, len(plan.todo))
-    try:
+    ranks: list[_Rank] = []
+    bar = None
+    try:  # a signal while the ranks start ends those started too
+        for rank in range(plan.world):
+            recv, send = ctx.Pipe(duplex=False)
+            args = (rank, plan.world, cfg_dict, plan.todo, rendezvous, send, os.getpid())
+            proc = ctx.Process(target=spawn_entry, args=args, name=f"harness-rank{rank}")
+            with _ctrl_c_ignored():  # a terminal's Ctrl-C reaches the parent only: it ends them
+                proc.start()
+            send.close()
+            ranks.append(_Rank(proc, recv))
+        bar = progress_bar(cfg, len(plan.todo))
         reason = supervise(ranks, plan.todo, cfg, bar)
     finally:
         if bar is not None:

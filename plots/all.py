@@ -6,9 +6,9 @@ experiment and machine (figure_names): `reference_<machine>_<experiment>` for a 
 tables never overwrite each other. results/REPORT.md indexes the committed tables' figures.
 
 A figure that cannot be redrawn never stays behind looking current: its old files are removed.
-A table that cannot be read whole (a damaged footer or a damaged page in the middle), or a figure
-script that crashes, is an error: every other figure is still drawn, then the command exits 1
-naming the tables.
+A table that cannot be read whole (a damaged footer or a damaged page in the middle), a folder
+named like a table (the harness refuses it too), or a figure script that crashes, is an error:
+every other figure is still drawn, then the command exits 1 naming the tables.
 """
 
 from __future__ import annotations
@@ -99,6 +99,14 @@ def _drop_old(out: Path, names: list[str]) -> list[Path]:
     return old
 
 
+def _drop_unread(out: Path, table: Path, results: Path) -> str:
+    """Remove the old figures of a table that cannot be read; what was removed, as a clause."""
+    local = table.parent == results
+    names = _local_names(out, table) if local else figure_names(table, results)
+    old = _drop_old(out, names)
+    return f"; removed the old {', '.join(p.name for p in old)}" if old else ""
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default="results", help="folder of the tables")
@@ -112,14 +120,16 @@ def main(argv: list[str] | None = None) -> None:
         if module is None:
             print(f"[figures] no figure for {table}")
             continue
+        if not table.is_file():  # a folder: pandas would read it as a data set; the harness
+            gone = _drop_unread(out, table, results)  # refuses it (harness.records.read_table)
+            print(f"[figures] error: {table} is a folder, not a table{gone}")
+            failed.append(table)
+            continue
         try:
             df = pd.read_parquet(table)  # every page: a footer that reads is not a whole table
         except Exception as exc:  # noqa: BLE001 - any reader error: a damaged table
             why = (str(exc).strip().splitlines() or [""])[0][:160]
-            local = table.parent == results
-            names = _local_names(out, table) if local else figure_names(table, results)
-            old = _drop_old(out, names)
-            gone = f"; removed the old {', '.join(p.name for p in old)}" if old else ""
+            gone = _drop_unread(out, table, results)
             print(f"[figures] error: cannot read {table} ({type(exc).__name__}: {why}){gone}")
             failed.append(table)
             continue
