@@ -614,22 +614,11 @@ def _timing_note(kw: dict, p: _Prepared) -> dict:
     return note
 
 
-def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
-    """The latency from the samples, the bounds, the check after timing, extra and metrics;
-    each timed part and each check a stage of its own (agreed over the ranks)."""
+def _bounds(ctx: RunContext, p: _Prepared, kw: dict) -> bool:
+    """The compute-only and comm-only bounds (each from poisoned buffers, a stage of its own),
+    the overlap ratio or why it has none, then the system's extra bounds. False after a
+    failure (recorded in the row)."""
     row, system, spec = p.row, p.system, p.spec
-    if row.status != "ok":
-        return row
-    kw = _timing_kw(ctx, cfg, cfg.measure.iters, cfg.measure.warmup)
-
-    def latency() -> None:
-        t = summarize(p.samples)
-        row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
-        row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
-
-    guarded(ctx, row, latency)  # of the samples agreed over the ranks: the same everywhere
-    if row.status != "ok":
-        return row
     if system.has_bounds():
 
         def bound(fn, field: str):
@@ -640,9 +629,9 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
             return timed_alone
 
         if stage(ctx, row, "compute-only bound", bound(system.compute_only, "compute_ms")) is None:
-            return row
+            return False
         if stage(ctx, row, "comm-only bound", bound(system.comm_only, "comm_ms")) is None:
-            return row
+            return False
         if not system.overlaps:
             system.extra["overlap_ratio"] = f"{system.name} overlaps nothing: it runs its "
             system.extra["overlap_ratio"] += "communication after its compute"
@@ -659,9 +648,14 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
             row.metrics[f"{name}_ms"] = time_fn(fn, **kw).median_ms
 
         if stage(ctx, row, f"{name} bound", extra_bound) is None:
-            return row
-    # the timed step's output and every rank's output must still be right after every
-    # timed run (no reused buffer overwritten, no wait timed out)
+            return False
+    return True
+
+
+def _checks_after(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
+    """Every rank's output and the timed step's own, checked again after timing (no reused
+    buffer overwritten, no wait timed out); a failure clears the latency. False after one."""
+    row, system = p.row, p.system
     after = "after timing"
 
     def check_after() -> None:
@@ -678,8 +672,28 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
         if row.status == "fail":
             row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
             row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
-        return row
+        return False
+    return True
 
+
+def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
+    """The latency from the samples, the bounds, the check after timing, extra and metrics;
+    each timed part and each check a stage of its own (agreed over the ranks)."""
+    row, system = p.row, p.system
+    if row.status != "ok":
+        return row
+    kw = _timing_kw(ctx, cfg, cfg.measure.iters, cfg.measure.warmup)
+
+    def latency() -> None:
+        t = summarize(p.samples)
+        row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
+        row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
+
+    guarded(ctx, row, latency)  # of the samples agreed over the ranks: the same everywhere
+    if row.status != "ok":
+        return row
+    if not _bounds(ctx, p, kw) or not _checks_after(ctx, cfg, p):
+        return row
     counted = [float("nan")]
     if ctx.device.type == "cuda":
         # GPU: the host synchronisations of one timed call (the most on any rank)
