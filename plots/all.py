@@ -29,7 +29,8 @@ _DRAWS = {
     "placement": "operator_consumer_loopback", "padding": "padding", "ccta_sweep": "overlap_ccta",
     "bandwidth": "bandwidth", "layer": "layer", "experts": "experts", "models": "models",
     "ccta_mgb": "ccta_mgb ccta_auto", "correctness": "correctness correctness_loopback",
-    "producer": "producer", "functional": "overlap_functional", "layer_w1": "layer_w1",
+    "producer": "producer", "functional": "overlap_functional overlap_functional_ranks",
+    "layer_w1": "layer_w1",
     "layer_loopback": "layer_loopback",
 }  # fmt: skip
 #: experiment (table stem) -> plot module with plot(table, out_dir, name)

@@ -3,9 +3,11 @@ Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny loopback cells, each check
 reference layer. Functional, not a timing: the figure shows each cell's error against the
 tolerance that gated it (lower is better) and its status, never a latency.
 
-One horizontal bar per cell (W, E/rank, routing, shape): max relative error on a log axis, the
-tolerance as a dashed line; a cell without an error value (error, skipped) shows its status.
-Input: results/overlap_functional.parquet. Output: <out>/<name>.png and .pdf.
+One horizontal bar per overlap cell (W, E/rank, routing, shape, FFN width or "op", layout where
+the table has several): max relative error on a log axis, the tolerance as a dashed line; a cell
+without an error value (error, skipped) shows its status. Input: results/overlap_functional.parquet
+(one process playing W ranks) or results/overlap_functional_ranks.parquet (one process per rank).
+Output: <out>/<name>.png and .pdf.
 """
 
 from __future__ import annotations
@@ -17,18 +19,26 @@ import pandas as pd
 
 from plots.common import load, main, save, transport_note
 
-CELL = ["world_size", "experts_per_rank", "routing", "tokens_per_rank", "hidden", "out", "dtype"]
+CELL = ["world_size", "experts_per_rank", "routing", "tokens_per_rank", "hidden", "out", "ffn"]
 LABEL = "functional (Triton interpreter), not a timing"
 COLOURS = {"ok": "tab:green", "fail": "tab:red", "error": "tab:gray", "skipped": "tab:gray"}
 
 
 def cells(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per overlap cell: its label ("W=2 E=2 balanced T=32 K=32 N=64"), status,
-    max_rel_err and tol (NaN where none), in grid order."""
-    o = df[df["system"] == "overlap"].sort_values(CELL, kind="stable")
+    """One row per overlap cell: its label ("W=2 E=2 balanced T=32 K=32 N=64 op", a layout
+    appended where the table has several), status, max_rel_err and tol (NaN where none), in
+    grid order."""
+    o = df[df["system"] == "overlap"]
     if o.empty:
         raise ValueError("a functional table needs overlap rows")
-    lab = [f"W={w} E={e} {r} T={t} K={k} N={n}" for w, e, r, t, k, n in o[CELL[:-1]].values]
+    o = o.assign(ffn=o["ffn"] if "ffn" in o else 0)
+    layouts = o["p_layout"].astype(str) if "p_layout" in o else pd.Series("", index=o.index)
+    o = o.assign(layout=layouts if layouts.nunique() > 1 else "")
+    o = o.sort_values([*CELL, "layout"], kind="stable")
+    lab = [
+        f"W={w} E={e} {r} T={t} K={k} N={n} {f'F={f}' if f else 'op'} {lay}".rstrip()
+        for w, e, r, t, k, n, f, lay in o[[*CELL, "layout"]].values
+    ]
     o = o.assign(cell=lab, tol=o["tol"] if "tol" in o else float("nan"))
     return o[["cell", "status", "max_rel_err", "tol"]].reset_index(drop=True)
 
@@ -56,7 +66,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     ok = int((c["status"] == "ok").sum())
     title = (
         f"The overlap system's kernels on the CPU: {LABEL}\n"
-        f"{ok} of {len(c)} cells ok; {transport_note(df, timing=False)}"
+        f"{ok} of {len(c)} cells ok; {transport_note(df[df['system'] == 'overlap'], timing=False)}"
     )
     return save(fig, out_dir, name, title)
 
