@@ -51,10 +51,9 @@ def dropless_blocker(name: str) -> str:
     )
 
 
-class OperatorStep(Step):
-    """Operator cell (scope gemm+combine) on megatron_common.MegatronOperator `op`, whose
-    setup ran route, preprocess and dispatch: timed = sort by local expert, expert GEMM
-    [R, K] x [E, K, N], probs multiply, unsort, EP all-to-all, unpermute -> out [T, N]."""
+class _MegatronStep(Step):
+    """A step on a megatron_common object `op` whose forward() is the timed region, with the
+    dropless dispatcher's capture blocker (system `name`)."""
 
     def __init__(self, op: Any, name: str) -> None:
         self.op, self.name = op, name
@@ -64,6 +63,12 @@ class OperatorStep(Step):
 
     def capture_blocker(self) -> str | None:
         return dropless_blocker(self.name)
+
+
+class OperatorStep(_MegatronStep):
+    """Operator cell (scope gemm+combine) on megatron_common.MegatronOperator `op`, whose
+    setup ran route, preprocess and dispatch: timed = sort by local expert, expert GEMM
+    [R, K] x [E, K, N], probs multiply, unsort, EP all-to-all, unpermute -> out [T, N]."""
 
     def compute_only(self) -> torch.Tensor:
         """The experts on the held dispatched rows -> [R, N] (x probs)."""
@@ -74,18 +79,9 @@ class OperatorStep(Step):
         return self.op.combine(self.op.y_expert)
 
 
-class DroplessLayerStep(Step):
+class DroplessLayerStep(_MegatronStep):
     """Layer cell (scope layer) on megatron_common.MegatronLayer `op` with the dropless
     all-to-all dispatcher: timed = the whole MoELayer forward x [T, 1, H] -> out [T, H]."""
-
-    def __init__(self, op: Any, name: str) -> None:
-        self.op, self.name = op, name
-
-    def timed(self) -> torch.Tensor:
-        return self.op.forward()
-
-    def capture_blocker(self) -> str | None:
-        return dropless_blocker(self.name)
 
     def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The experts on the held rows [R, H] and the unpermute of the held combine output

@@ -113,6 +113,7 @@ class OverlapMoE(torch.nn.Module):
         name = next(n for n, t in DTYPES.items() if t == dtype)
         spec = WorkloadSpec(max_tokens, H, H, E, k, W, "balanced", name, ffn=F)
         sms = all_sms(device) if device.type == "cuda" else 0
+        #: the knobs that run ("auto" picked) and each pick's reason {"auto": ..., ...}
         self.params, self.picks = resolve(params, spec, self.transport_name, sms)
         self.group = group
         from harness.dispatch_device import dispatch_used
