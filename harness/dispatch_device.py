@@ -25,27 +25,21 @@ import torch
 
 from harness import dispatch as ld
 
-#: a layer's dispatch: auto (device where one process plays every rank, else nccl), device
-#: (this module: no host sync) or nccl (harness/dispatch.py LayerDispatch: one host sync a step)
+#: a layer's dispatch: auto (= device), device (no host sync: this module where one process
+#: plays every rank, harness/dispatch_peer.py with one process per rank) or nccl
+#: (harness/dispatch.py LayerDispatch: one host sync a step)
 DISPATCHES = ("auto", "device", "nccl")
 
 
 def dispatch_used(choice: object, world_size: int, plays_every_rank: bool) -> str:
     """The dispatch a layer step runs for the asked `choice`; a one-line ValueError where it
-    cannot run this way (a choice outside DISPATCHES, device with one process per rank, nccl
-    with one process playing W > 1 ranks)."""
+    cannot run this way (a choice outside DISPATCHES, nccl with one process playing W > 1
+    ranks)."""
     if choice not in DISPATCHES:
         raise ValueError(f"dispatch must be one of {', '.join(DISPATCHES)}, got {choice!r}")
-    if choice == "auto":
-        return "device" if plays_every_rank else "nccl"
-    if choice == "device" and not plays_every_rank:
-        raise ValueError(
-            "dispatch=device needs one process to play every rank of the cell (W=1 or "
-            "loopback); with one process per rank run dispatch=nccl (or auto)"
-        )
     if choice == "nccl" and plays_every_rank and world_size > 1:
         raise ValueError("dispatch=nccl needs one process per rank at W > 1")
-    return str(choice)
+    return "device" if choice == "auto" else str(choice)
 
 
 def recv_bytes(world_size: int, tokens: int, top_k: int, hidden: int, elem_bytes: int) -> int:

@@ -100,17 +100,21 @@ class _LayerStep(Step):
         self.d = dispatch(self.x, self.ids)  # held, for the bounds
         self.xs = ld.to_expert_order(self.d, self.d.x_recv)  # [R, H] grouped by expert
         self.y_recv = ld.from_expert_order(self.d, self.experts(self.d, self.xs))  # [R, H]
-        self.y_back = ld.combine(self.d, self.y_recv, group)  # [S, H]
+        self.y_back = self.combine(self.d, self.y_recv)  # [S, H]
         self.gemm_impl = expert_gemm_impl(self.xs, self.w1)
 
     def experts(self, d: ld.Dispatched, xs: torch.Tensor) -> torch.Tensor:
         """fc1, GELU, fc2 over xs [R, H] grouped by expert -> [R, H]."""
         return ffn_experts(xs, d.expert_rows, self.w1, self.w2, d.offs)
 
+    def combine(self, d: ld.Dispatched, y: torch.Tensor) -> torch.Tensor:
+        """y [R, H] in d's received order -> [S, H] this rank's rows in its send order."""
+        return ld.combine(d, y, self.group)
+
     def timed(self) -> torch.Tensor:
         d = self.dispatch(self.x, self.ids)
         y = self.experts(d, ld.to_expert_order(d, d.x_recv))
-        back = ld.combine(d, ld.from_expert_order(d, y), self.group)
+        back = self.combine(d, ld.from_expert_order(d, y))
         return Scaler.on_device(d.pos, self.gate, self.rows)(back)
 
     def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,7 +127,7 @@ class _LayerStep(Step):
     def comm_only(self) -> torch.Tensor:
         """The dispatch's row all-to-all and the combine's, with the held dispatch's splits."""
         ld.redispatch(self.d, self.x, self.top_k, self.group)
-        return ld.combine(self.d, self.y_recv, self.group)
+        return self.combine(self.d, self.y_recv)
 
 
 class _NcclDispatchLayerStep(_LayerStep):
@@ -157,6 +161,36 @@ class _DeviceDispatchLayerStep(_LayerStep):
         if not self.grouped_mm:
             return "the per-expert matmul fallback needs the expert counts on the host"
         return None
+
+
+class _PeerDispatchLayerStep(_DeviceDispatchLayerStep):
+    """dispatch=device with one process per rank (W > 1): harness/dispatch_peer.py's dispatch
+    and combine through the peers' memory (p2p on GPUs, shm on the CPU), no host sync."""
+
+    def __init__(self, inputs: CellInputs, group) -> None:
+        import torch.distributed as dist
+
+        from harness.dispatch_peer import PeerCombine, PeerDispatch
+
+        s, x, group = inputs.spec, inputs.x, group or dist.group.WORLD
+        args = (s.tokens_per_rank, s.top_k, x, group, "p2p" if x.is_cuda else "shm")
+        self.peers = PeerDispatch(s.world_size, s.experts_per_rank, *args)
+        self.combiner = PeerCombine(s.world_size, *args)
+        _LayerStep.__init__(self, inputs, self.peers, group)
+        self.grouped_mm = grouped_mm_usable(self.xs, self.w1)
+        self.host_syncs = 0 if self.grouped_mm else 1
+
+    def combine(self, d: ld.Dispatched, y: torch.Tensor) -> torch.Tensor:
+        return self.combiner(d, y)
+
+    def comm_only(self) -> torch.Tensor:
+        """The dispatch (counts and rows) and the combine's puts of the held expert rows."""
+        self.peers(self.x, self.ids)
+        return self.combine(self.d, self.y_recv)
+
+    def check(self) -> None:
+        self.peers.check()
+        self.combiner.check()
 
 
 class SerialSystem(System):
@@ -197,7 +231,9 @@ class SerialSystem(System):
             self._impl = step.gemm_impl
             return step
         used = dispatch_used(self.params["dispatch"], spec.world_size, spec.world_size == 1)
-        if used == "device":
+        if used == "device" and spec.world_size > 1:
+            step = _PeerDispatchLayerStep(inputs, self.ctx.group)
+        elif used == "device":
             step = _DeviceDispatchLayerStep(inputs, self.ctx.group)
         else:
             step = _NcclDispatchLayerStep(inputs, self.ctx.group)

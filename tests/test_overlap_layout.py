@@ -128,11 +128,12 @@ def test_refuse_names_every_run_the_transport_and_dispatch_cannot_make():
         ({**P, "transport": "p2p"}, _spec(), 1, "cuda", "needs one process per rank"),
         ({**P, "transport": "shm"}, _spec(), 2, "cuda", "cannot run on cuda"),
         ({**P, "transport": "p2p"}, _spec(), 2, "cpu", "cannot run on cpu"),
-        ({**P, "dispatch": "device"}, layer, 2, "cuda", "dispatch=device needs one process"),
+        ({**loop, "dispatch": "nccl"}, layer, 1, "cuda", "nccl needs one process per rank"),
+        ({**P, "dispatch": "device"}, layer, 2, "cuda", None),  # harness/dispatch_peer.py
         ({**P, "ccta": 1000}, _spec(), 1, "cpu", "at most 16"),
         ({**loop, "dispatch": "device"}, layer, 1, "cuda", None),
         ({**P, "dispatch": "device"}, _spec(), 2, "cuda", None),  # operator cells never dispatch
-        (P, layer, 2, "cpu", None),  # shm, the nccl-style dispatch
+        ({**P, "dispatch": "nccl"}, layer, 2, "cpu", None),  # shm, the NCCL-style dispatch
         ({**P, "transport": "p2p", "layout": "compact"}, layer, 2, "cuda", None),
         ({**P, "ccta": "auto"}, _spec(), 1, "cpu", None),
     ]

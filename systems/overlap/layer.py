@@ -6,11 +6,11 @@
 forward runs the dispatch, stage A (the plan, on the device), fc1 + GELU, fc2 with the
 tile-level combine (the consumer puts each finished row band to its owner while the producer
 goes on) and the gate-weighted scale, for any T <= max_tokens. Without a group this process is
-the whole world (W=1: every row is local, fc2 is the producer alone and no consumer runs): the
-dispatch is host-free and the forward captures in a CUDA graph. With a group (one process per
-rank) the peers' receive buffers come from torch symmetric memory (params.transport p2p or
-nvshmem; shm between CPU processes) and the dispatch is the process group's all-to-all, whose
-split sizes cost one host sync a step.
+the whole world (W=1: every row is local, fc2 is the producer alone and no consumer runs). With a
+group (one process per rank) the peers' buffers come from torch symmetric memory
+(params.transport p2p or nvshmem; shm between CPU processes), and the dispatch moves counts and
+rows through them (harness/dispatch_peer.py). Either way the forward reads nothing on the host
+and captures in a CUDA graph (params.dispatch=nccl: NCCL's all-to-all, one host sync a step).
 On the CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1). Inference only: the
 forward has no backward yet.
 """
@@ -118,7 +118,7 @@ class OverlapMoE(torch.nn.Module):
         self.group = group
         from harness.dispatch_device import dispatch_used
 
-        #: "device" (W=1: host-free) or "nccl" (NCCL's all-to-all: one host sync a step)
+        #: "device" (host-free) or "nccl" (NCCL's all-to-all: one host sync a step)
         self.dispatch = dispatch_used(self.params.dispatch, W, group is None)
         rows = max_tokens * k  # the combine's receive buffer: every (token, slot) of this rank
         self.transport = self._transport(rows, H, dtype, device)
@@ -151,17 +151,23 @@ class OverlapMoE(torch.nn.Module):
         return tr.peer_transport(self.transport_name, self.group, rows, H, dtype, device)
 
     def _dispatcher(self, E: int, H: int, dtype, device):
-        """The host-free dispatch (W=1), or NCCL's all-to-all (one host sync)."""
-        if self.dispatch == "device":
+        """The host-free dispatch (W=1: PlayedDispatch; a group: PeerDispatch), or NCCL's
+        all-to-all (one host sync)."""
+        like = torch.empty(1, H, dtype=dtype, device=device)
+        if self.dispatch == "device" and self.group is None:
             from harness.dispatch_device import PlayedDispatch
 
-            like = torch.empty(1, H, dtype=dtype, device=device)
             return PlayedDispatch(1, E, self.max_tokens, self.top_k, like)
+        if self.dispatch == "device":
+            from harness.dispatch_peer import PeerDispatch
+
+            args = (self.max_tokens, self.top_k, like, self.group, self.transport_name)
+            return PeerDispatch(self.world_size, E, *args)
         return ld.LayerDispatch(self.world_size, E, self.group)
 
     def _dispatch(self, x: torch.Tensor, expert_ids: torch.Tensor) -> ld.Dispatched:
         """One dispatch of x [T, H] by expert_ids [T, k], rows gathered (the held kind)."""
-        if self.dispatch == "device":
+        if self.dispatch == "device" and self.group is None:
             return self.dispatcher([x], [expert_ids])[0]
         return self.dispatcher(x, expert_ids)
 
@@ -182,8 +188,11 @@ class OverlapMoE(torch.nn.Module):
         expert_ids [T, k] global expert ids, gate [T, k]. No host sync without a group."""
         self._check_inputs(x, expert_ids, gate)
         ex = self.experts
-        if self.dispatch == "device":  # rows go straight from the tokens into the padded layout
-            d = self.dispatcher([x], [expert_ids], gather=False)[0]
+        if self.dispatch == "device" and self.group is None:  # rows go straight from the
+            d = self.dispatcher([x], [expert_ids], gather=False)[0]  # tokens to the padding
+            ex.experts(d)
+        elif self.dispatch == "device":
+            d = self.dispatcher(x, expert_ids)
             ex.experts(d)
         else:  # the plan is built from the labels before the split sizes' host sync
             built = []
@@ -196,6 +205,8 @@ class OverlapMoE(torch.nn.Module):
     def check(self) -> None:
         """Raise where a device-side wait of the forwards so far timed out (reads the device)."""
         self.experts.runner.check()
+        if hasattr(self.dispatcher, "check"):
+            self.dispatcher.check()
 
     # -- parts of a forward, timed apart by benchmarks ----------------------------------
     def hold(self, x: torch.Tensor, expert_ids: torch.Tensor):
@@ -206,9 +217,11 @@ class OverlapMoE(torch.nn.Module):
         """A forward without its two exchanges, on a held dispatch: out [T, H]."""
         return self.experts.compute_only(held, gate)
 
-    def comm_only(self, held, x: torch.Tensor) -> None:
-        """The two exchanges alone on a held dispatch: the dispatch's rows (with a group) and
-        the combine's puts (flags taken as set)."""
+    def comm_only(self, held, x: torch.Tensor, expert_ids: torch.Tensor) -> None:
+        """The two exchanges alone on a held dispatch: the dispatch's counts and rows (with a
+        group) and the combine's puts (flags taken as set)."""
         if self.dispatch == "nccl" and self.world_size > 1:
             ld.redispatch(held.dispatch, x, self.top_k, self.group)
+        elif self.world_size > 1:
+            self.dispatcher(x, expert_ids)
         self.experts.comm_only(held)

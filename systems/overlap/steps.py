@@ -98,7 +98,7 @@ class LayerStep(Step):
         return self.moe.compute_only(self.held, self.gate)
 
     def comm_only(self) -> None:
-        self.moe.comm_only(self.held, self.x)
+        self.moe.comm_only(self.held, self.x, self.ids)
 
 
 class PlayedLayerStep(Step):

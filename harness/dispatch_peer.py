@@ -1,0 +1,163 @@
+"""The layer's dispatch and combine with no host synchronisation, one process per rank.
+
+harness/dispatch.py's LayerDispatch pays a host sync a step (NCCL's uneven all-to-all needs the
+split sizes on the host). Here the ranks reach each other's memory through the address tables
+of a transport (systems/overlap/transport.py peer_transport: p2p or nvshmem symmetric memory on
+GPUs, shm between CPU processes), and every size is the cell's worst case, fixed once, so a
+step reads nothing on the host and captures whole in a CUDA graph (harness/kernels/peer.py):
+
+  PeerDispatch  each source sorts its routing (sort_meta), writes its rows in send order into
+                its own symmetric row region [T*k, H], and publishes its per-(destination,
+                expert) counts and offsets into every destination's count region, releasing
+                one counter per source; each destination waits for every source's counter to
+                reach the step number, labels its rows from the counts (recv_rows, at the
+                bound W*T*k) and loads them from the sources' regions. Counts alternate between
+                two slots by step parity (a fast source may publish step n+1 while a slow
+                destination still reads step n's counts; never n+2: step n+1 waits for it).
+  PeerCombine   the expert side puts every received row back into its owner's receive region
+                (at its send-order position) and adds the rows to the owner's counter for this
+                source; the owner waits until each counter holds every row it sent so far.
+
+Why a step never overwrites what a peer still reads: a destination loads a source's rows
+before its experts run, and the source waits for the rows it sent to come back before its next
+step writes its row region; a peer puts step n+1's rows only after this rank published step
+n+1's counts, after its step n. Rows and labels follow harness/layout.py's order, as
+LayerDispatch's do.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness import dispatch as ld
+
+
+def peer_bytes(world_size: int, tokens: int, top_k: int, hidden: int, elem_bytes: int) -> int:
+    """Bytes one rank holds for a dispatch + combine sized for `tokens`: the received rows
+    (W*T*k), its own rows in send order and the combine's receive region (T*k each)."""
+    return (world_size + 2) * tokens * top_k * hidden * elem_bytes
+
+
+class _Waits:
+    """The bounded device waits of one exchange: err [8] int64 (errors.py), the clock, the
+    consumer's time-out; check() raises where a wait timed out."""
+
+    def __init__(self, device: torch.device, rank: int) -> None:
+        from systems.overlap import errors
+        from systems.overlap.tuning import ConsumerConfig
+
+        self.err, self.clock = errors.new_error_buffer(device), errors.new_clock(1, device)
+        self.config = ConsumerConfig(use_timer=device.type == "cuda")
+        self.rank = rank
+
+    def until(self, signal: torch.Tensor, expected: torch.Tensor) -> None:
+        """Block the stream until signal[s] >= expected[s] for every source s ([W] int64)."""
+        from systems.overlap.kernels.consumer import launch_wait_signals
+
+        args = (signal, expected, self.err, self.clock)
+        launch_wait_signals(*args, rank=self.rank, config=self.config, scope="sys")
+
+    def check(self) -> None:
+        from systems.overlap.errors import raise_if_error
+
+        raise_if_error(self.err)
+
+
+class PeerDispatch:
+    """dispatch(x [T, H], expert_ids [T, k]) -> harness.dispatch.Dispatched over `group` (W
+    ranks, E local experts each), T <= tokens: x_recv [W*T*k, H] with labels at that bound
+    (rows past n_rows are junk, labels -1, expert_pos the identity), no host lists. transport:
+    p2p, nvshmem or shm. Collective: every rank builds it and calls it in lockstep."""
+
+    def __init__(self, world_size, experts_per_rank, tokens, top_k, like, group, transport):
+        import torch.distributed as dist
+
+        from systems.overlap.transport import peer_transport
+
+        W, E, H, dev = world_size, experts_per_rank, like.shape[1], like.device
+        self.W, self.E, self.T, self.k, self.group = W, E, tokens, top_k, group
+        self.rank, self.bound = dist.get_rank(group), W * tokens * top_k
+        need = peer_bytes(W, tokens, top_k, H, like.element_size())
+        if like.is_cuda and need > torch.cuda.mem_get_info(dev)[0]:
+            raise ValueError(
+                f"dispatch: W={W} x T*k={tokens * top_k} rows x H={H} need {need / 2**30:.1f} "
+                "GiB a rank, more than the GPU has free"
+            )
+        self.recv_mib = need / 2**20
+        self.counts = peer_transport(transport, group, 2 * W, 2 * E, torch.int64, dev)
+        self.rows = peer_transport(transport, group, tokens * top_k, H, like.dtype, dev)
+        self.x_recv = like.new_empty(self.bound, H)
+        self.steps = torch.zeros(1, dtype=torch.int64, device=dev)  # steps published so far
+        self.slot = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.expected = torch.zeros(W, dtype=torch.int64, device=dev)
+        self.identity = torch.arange(self.bound, device=dev)
+        self.waits = _Waits(dev, self.rank)
+
+    def __call__(self, x: torch.Tensor, expert_ids: torch.Tensor) -> ld.Dispatched:
+        from harness.kernels import peer
+        from harness.kernels.dispatch import recv_rows, sort_meta, split_sizes
+
+        W, E, k = self.W, self.E, self.k
+        T = expert_ids.shape[0]
+        if T > self.T:
+            raise ValueError(f"dispatch: {T} tokens a rank, sized for at most {self.T}")
+        order, pos, token, meta = sort_meta(expert_ids, W, E, k)  # [S] x3, [W, 2E]
+        torch.index_select(x, 0, token, out=self.rows.recv[: T * k])  # rows in send order
+        torch.remainder(self.steps, 2, out=self.slot)
+        peer.publish(meta, self.slot, self.counts.recv_ptrs, self.counts.signal_ptrs, self.rank)
+        self.steps.add_(1)
+        self.waits.until(self.counts.signal, self.expected.copy_(self.steps.expand(W)))
+        got = self.counts.recv.view(2, W, 2 * E).index_select(0, self.slot)[0]  # [W_src, 2E]
+        counts, off = got.view(W, E, 2)[..., 0], got.view(W, E, 2)[..., 1]
+        sizes = split_sizes(meta, got, W, E)
+        src, expert, dst, epos, offs = recv_rows(counts, off, self.bound, W > 1 and E > 1)
+        n_rows = sizes[2 * W + E :]
+        peer.gather(self.x_recv, src, dst, n_rows, self.rows.recv_ptrs)
+        if epos is not None:  # the junk rows past n_rows stay where they are
+            epos = torch.where(epos < 0, self.identity, epos)
+        return ld.Dispatched(
+            x_recv=self.x_recv,
+            send_order=order,
+            pos=pos.view(T, k),
+            send_counts=sizes[:W],
+            recv_counts=counts,
+            recv_expert=expert,
+            recv_src=src,
+            recv_dst_index=dst,
+            expert_pos=epos,
+            offs=offs,
+            send_splits=None,
+            recv_splits=None,
+            expert_rows=None,
+            received=ld.Received(src, expert, dst, n_rows, sizes[:W]),
+        )
+
+    def check(self) -> None:
+        """Raise where a wait for a peer's counts timed out (reads the device)."""
+        self.waits.check()
+
+
+class PeerCombine:
+    """combine(d, y [B, H] in d's received order) -> [T*k, H]: this rank's rows back from the
+    experts' ranks, in its send order (a view of its receive region, rows past d's T*k junk).
+    Collective like PeerDispatch."""
+
+    def __init__(self, world_size, tokens, top_k, like, group, transport) -> None:
+        from systems.overlap.transport import peer_transport
+
+        H, dev = like.shape[1], like.device
+        self.recv = peer_transport(transport, group, tokens * top_k, H, like.dtype, dev)
+        self.expected = torch.zeros(world_size, dtype=torch.int64, device=dev)
+        self.waits = _Waits(dev, self.recv.rank)
+
+    def __call__(self, d: ld.Dispatched, y: torch.Tensor) -> torch.Tensor:
+        from harness.kernels import peer
+
+        t = self.recv
+        n = d.received.n_rows
+        peer.put(y, d.recv_src, d.recv_dst_index, n, t.recv_ptrs, t.signal_ptrs, t.rank)
+        self.waits.until(t.signal, self.expected.add_(d.send_counts))
+        return t.recv
+
+    def check(self) -> None:
+        self.waits.check()
