@@ -2,9 +2,11 @@
 Triton's interpreter, peers' receive buffers and counters in one shared file (transport shm).
 
 The harness runs operator and layer cells at W = 2, 3, 4, aligned and compact, balanced and
-stress_skew, serial beside them; two negative controls show the checks can fail: a transport
-that sends one peer's rows elsewhere, and the operator step without its epoch handshake in front
-of a slow receiver (the race the handshake exists for).
+stress_skew, 32 tokens a rank and 1 (where at stress_skew some rank receives nothing), serial
+beside them, the layer cells on the host-free dispatch (harness/dispatch_peer.py); two negative
+controls show the checks can fail: a transport that sends one peer's rows elsewhere, and the
+operator step without its epoch handshake in front of a slow receiver (the race the handshake
+exists for).
 """
 
 from __future__ import annotations
@@ -47,10 +49,12 @@ def test_per_process_cells_on_shm_are_right_by_both_checks(tmp_path, world):
     df = pd.read_parquet(table)
     assert (df["status"] == "ok").all(), df[["system", "ffn", "status", "reason"]]
     over = df[df["system"] == "overlap"]
-    assert len(over) == 8 and set(over["transport"]) == {"shm"}
+    assert len(over) == 16 and set(over["transport"]) == {"shm"}
     assert set(over["p_layout"]) == {"aligned", "compact"} and set(over["ffn"]) == {0, 64}
     assert set(df["routing"]) == {"balanced", "stress_skew"} and (df["world_size"] == world).all()
-    assert len(df[df["system"] == "serial"]) == 4
+    assert set(df["tokens_per_rank"]) == {1, 32}  # 1 at stress_skew: a rank receives nothing
+    assert len(df[df["system"] == "serial"]) == 8
+    assert set(df.loc[df["ffn"] > 0, "p_dispatch_used"]) == {"device"}  # harness/dispatch_peer.py
     assert (df["max_rel_err"] < df["tol"]).all() and (df["max_row_rel_err"] < df["tol"]).all()
 
 
