@@ -154,6 +154,7 @@ class _DeviceDispatchLayerStep(_LayerStep):
             1, spec.experts_per_rank, spec.tokens_per_rank, spec.top_k, inputs.x
         )
         super().__init__(inputs, lambda x, ids: played([x], [ids])[0], group)
+        self.recv_mib = played.recv_mib
         self.grouped_mm = grouped_mm_usable(self.xs, self.w1)
         self.host_syncs = 0 if self.grouped_mm else 1
 
@@ -175,6 +176,7 @@ class _PeerDispatchLayerStep(_DeviceDispatchLayerStep):
         s, x, group = inputs.spec, inputs.x, group or dist.group.WORLD
         args = (s.tokens_per_rank, s.top_k, x, group, "p2p" if x.is_cuda else "shm")
         self.peers = PeerDispatch(s.world_size, s.experts_per_rank, *args)
+        self.recv_mib = self.peers.recv_mib
         self.combiner = PeerCombine(s.world_size, *args)
         _LayerStep.__init__(self, inputs, self.peers, group)
         self.grouped_mm = grouped_mm_usable(self.xs, self.w1)
@@ -240,6 +242,8 @@ class SerialSystem(System):
         self._impl = step.gemm_impl
         self._resolved = {"dispatch_used": used}
         self.extra = {"host_syncs": step.host_syncs, "permute": step.d.expert_pos is not None}
+        if used == "device":
+            self.metrics["recv_worst_mib"] = step.recv_mib
         return step
 
     def resolved_params(self) -> dict:
