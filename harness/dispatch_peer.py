@@ -38,6 +38,20 @@ def peer_bytes(world_size: int, tokens: int, top_k: int, hidden: int, elem_bytes
     return (world_size + 2) * tokens * top_k * hidden * elem_bytes
 
 
+def transport_here(device: torch.device) -> str:
+    """The transport of a system with no transport knob (serial): shm on the CPU; on a GPU p2p,
+    or nvshmem where this process's symmetric memory already is NVSHMEM's (torch keeps one
+    backend a process)."""
+    if device.type != "cuda":
+        return "shm"
+    import torch.distributed._symmetric_memory as symm_mem
+
+    try:
+        return "nvshmem" if symm_mem.get_backend(device) == "NVSHMEM" else "p2p"
+    except Exception:  # noqa: BLE001 - no backend chosen yet (or an older torch)
+        return "p2p"
+
+
 class _Waits:
     """The bounded device waits of one exchange: err [8] int64 (errors.py), the clock, the
     consumer's time-out; check() raises where a wait timed out."""

@@ -3,14 +3,15 @@
 Operator cells (scope gemm+combine; _GemmCombineStep), timed region: grouped GEMM over rows
 sorted by expert [R, K] x [E, K, N] -> [R, N], un-permute to source order, all_to_all_single back
 to the owners, gate-weighted scale -> [T, N].
-Layer cells (ffn > 0, scope layer; _DeviceDispatchLayerStep / _NcclDispatchLayerStep by the
-dispatch used), timed region from x [T, H] and the routing: sort by expert,
-counts exchange, dispatch, rows grouped by expert (skipped where the received (source, expert)
-order already is), fc1, GELU, fc2, back to the received order, combine, scale -> [T, H].
-Param `dispatch` (harness/dispatch_device.py DISPATCHES): at W=1 "device" (the default, auto)
-needs no host sync (harness/dispatch_device.py), so the step captures in a CUDA graph; "nccl"
-is harness/dispatch.py's all-to-all dispatch with the split sizes' host sync (what W > 1 runs,
-one process per rank).
+Layer cells (ffn > 0, scope layer; _DeviceDispatchLayerStep at W=1, _PeerDispatchLayerStep at
+W > 1, _NcclDispatchLayerStep by the dispatch used), timed region from x [T, H] and the routing:
+sort by expert, counts exchange, dispatch, rows grouped by expert (skipped where the received
+(source, expert) order already is), fc1, GELU, fc2, back to the received order, combine, scale
+-> [T, H]. Param `dispatch` (harness/dispatch_device.py DISPATCHES): "device" (the default,
+auto) needs no host sync (harness/dispatch_device.py at W=1, harness/dispatch_peer.py with one
+process per rank: the same dispatch as the overlap system's), so the step captures in a CUDA
+graph; "nccl" is harness/dispatch.py's all-to-all dispatch and combine with the split sizes'
+host sync (a labelled variant).
 The GEMM is torch._grouped_mm where it applies (Hopper, bf16), a per-expert matmul elsewhere.
 """
 
@@ -166,15 +167,16 @@ class _DeviceDispatchLayerStep(_LayerStep):
 
 class _PeerDispatchLayerStep(_DeviceDispatchLayerStep):
     """dispatch=device with one process per rank (W > 1): harness/dispatch_peer.py's dispatch
-    and combine through the peers' memory (p2p on GPUs, shm on the CPU), no host sync."""
+    and combine through the peers' memory (transport_here: p2p or nvshmem on GPUs, shm on the
+    CPU), no host sync."""
 
     def __init__(self, inputs: CellInputs, group) -> None:
         import torch.distributed as dist
 
-        from harness.dispatch_peer import PeerCombine, PeerDispatch
+        from harness.dispatch_peer import PeerCombine, PeerDispatch, transport_here
 
         s, x, group = inputs.spec, inputs.x, group or dist.group.WORLD
-        args = (s.tokens_per_rank, s.top_k, x, group, "p2p" if x.is_cuda else "shm")
+        args = (s.tokens_per_rank, s.top_k, x, group, transport_here(x.device))
         self.peers = PeerDispatch(s.world_size, s.experts_per_rank, *args)
         self.recv_mib = self.peers.recv_mib
         self.combiner = PeerCombine(s.world_size, *args)

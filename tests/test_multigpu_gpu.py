@@ -3,9 +3,11 @@
 The overlap system's operator cell (gemm+combine, ffn=0) and layer cell (FFN experts, ffn=512)
 at W = the GPUs present (at most 8), one process per GPU (`python -m harness.run`, NCCL), over
 p2p and over nvshmem: two runs, since torch keeps one symmetric-memory backend per process.
-Serial runs beside it in each, on the same cells. Every row is checked twice by the harness
-(before and after timing, harness/measure.py) and must end `ok` with the whole-tensor error
-under measure.tol and the worst token row's under 10 x tol (harness/check.py). The rows name
+Serial runs beside it in each, on the same cells; both layer steps dispatch with no host sync
+(harness/dispatch_peer.py) and are timed as CUDA-graph replays. Every row is checked twice by
+the harness (before and after timing, harness/measure.py) and must end `ok` with the
+whole-tensor error under measure.tol and the worst token row's under 10 x tol
+(harness/check.py). The rows name
 this host's machine (the GPU model and count). Where deep_ep is installed, deepep makes one
 Buffer for two cells of different sizes and the run ends cleanly (the Buffer destroyed before
 the process group). Skipped below 2 GPUs. Meant to take under 5 minutes, first Triton compiles
@@ -110,6 +112,8 @@ def test_operator_and_layer_at_every_gpu_ok_by_both_checks(run):
         assert set(mine["scope"]) == {"gemm+combine", "layer"}, mine[cols]
         assert set(mine["routing"]) == {"balanced", "stress_skew"}
     assert (df[df["system"] == "overlap"]["transport"] == transport).all()
+    layer = df[df["scope"] == "layer"]  # harness/dispatch_peer.py, the step in one graph
+    assert (layer["p_dispatch_used"] == "device").all() and layer["graph"].all(), layer[cols]
 
 
 def test_the_rows_name_this_machine(run):
