@@ -95,16 +95,10 @@ def device_plan_times(plan, args: tuple, kw: dict, spec: WorkloadSpec, device, w
     x_recv = torch.randn(plan.max_rows, spec.hidden, device=device).to(spec.torch_dtype)
     xp = torch.empty(dplan.max_padded, spec.hidden, device=device, dtype=spec.torch_dtype)
     fill = partial(padded_input_device, x_recv, dplan, xp)
-    return {
-        "plan_dev_ms": d50,
-        "plan_dev_p10_ms": d10,
-        "plan_dev_p90_ms": d90,
-        "input_dev_ms": _ms(fill, device, warmup, iters)[0],
-        "dev_plan_ok": True,
-        "max_padded": dplan.max_padded,
-        "max_bands": dplan.max_bands,
-        "max_segments": dplan.max_segments,
-    }
+    out = dict(plan_dev_ms=d50, plan_dev_p10_ms=d10, plan_dev_p90_ms=d90)
+    out |= dict(input_dev_ms=_ms(fill, device, warmup, iters)[0], dev_plan_ok=True)
+    out |= dict(max_padded=dplan.max_padded, max_bands=dplan.max_bands)
+    return out | dict(max_segments=dplan.max_segments)
 
 
 def bench_one(spec: WorkloadSpec, rank: int, tile_m: int, mgb: int, device, warmup, iters):
@@ -122,30 +116,16 @@ def bench_one(spec: WorkloadSpec, rank: int, tile_m: int, mgb: int, device, warm
     gemm = gemm_times(plan, lay, spec, device, warmup, iters)
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return {
-        "device": device.type,
-        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch_version": torch.__version__,
-        **{k: getattr(spec, k) for k in ("world_size", *SPEC_KEYS)},
-        "rank": rank,
-        "imbalance_rank": imbalance_of(spec)["imbalance_rank"],
-        "tile_m": tile_m,
-        "mgb": mgb,
-        "rows": n["n_rows"],
-        "padded_rows": n["n_padded"],
-        "pad_share": (n["n_padded"] - n["n_rows"]) / max(1, n["n_padded"]),
-        "bands": n["n_bands"],
-        "remote_bands": n["n_remote_bands"],
-        "segments": n["n_segments"],
-        "plan_ms": p50,
-        "plan_p10_ms": p10,
-        "plan_p90_ms": p90,
-        **gemm,
-        "plan_over_gemm": p50 / gemm["gemm_ms"] if gemm["gemm_ms"] > 0 else float("nan"),
-        **dev,
-        "warmup": warmup,
-        "iters": iters,
-    }
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    row = dict(device=device.type, gpu_name=gpu, torch_version=torch.__version__)
+    row |= {k: getattr(spec, k) for k in ("world_size", *SPEC_KEYS)}
+    row |= dict(rank=rank, imbalance_rank=imbalance_of(spec)["imbalance_rank"])
+    row |= dict(tile_m=tile_m, mgb=mgb, rows=n["n_rows"], padded_rows=n["n_padded"])
+    row |= dict(pad_share=(n["n_padded"] - n["n_rows"]) / max(1, n["n_padded"]))
+    row |= dict(bands=n["n_bands"], remote_bands=n["n_remote_bands"], segments=n["n_segments"])
+    row |= dict(plan_ms=p50, plan_p10_ms=p10, plan_p90_ms=p90, **gemm)
+    row["plan_over_gemm"] = p50 / gemm["gemm_ms"] if gemm["gemm_ms"] > 0 else float("nan")
+    return row | dev | dict(warmup=warmup, iters=iters)
 
 
 def main() -> None:

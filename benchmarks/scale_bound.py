@@ -70,35 +70,20 @@ def measure(
     nbytes = (k + 1) * T * N * elem
     gbps = 2 * nbytes / copy_ms / 1e6
     bound = nbytes / gbps / 1e6
-    rows = []
+    rows, cuda = [], device.type == "cuda"
     for name, (fn, e) in runs.items():
         ok = e <= TOL
         nan = float("nan")
         scale_ms, scale_eager_ms = timed(fn) if ok else (nan, nan)
-        rows.append(
-            {
-                "tokens": T,
-                "cols": N,
-                "top_k": k,
-                "dtype": str(dtype).removeprefix("torch."),
-                "fused": scale.fused,
-                "variant": name,
-                "default": name == "default",
-                "status": "ok" if ok else "fail",
-                "scale_ms": scale_ms,
-                "copy_ms": copy_ms,
-                "scale_eager_ms": scale_eager_ms,
-                "copy_eager_ms": copy_eager_ms,
-                "timing": "queued" if device.type == "cuda" else "host",
-                "copy_gbps": gbps,
-                "bound_ms": bound,
-                "ratio": scale_ms / bound,
-                "rel_err": e,
-                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                "torch_version": torch.__version__,
-                "git_rev": os.environ.get("HARNESS_GIT_REV", ""),
-            }
-        )
+        row = dict(tokens=T, cols=N, top_k=k, dtype=str(dtype).removeprefix("torch."))
+        row |= dict(fused=scale.fused, variant=name, default=name == "default")
+        row |= dict(status="ok" if ok else "fail", scale_ms=scale_ms, copy_ms=copy_ms)
+        row |= dict(scale_eager_ms=scale_eager_ms, copy_eager_ms=copy_eager_ms)
+        row |= dict(timing="queued" if cuda else "host", copy_gbps=gbps, bound_ms=bound)
+        row |= dict(ratio=scale_ms / bound, rel_err=e)
+        row |= dict(device=torch.cuda.get_device_name(device) if cuda else "cpu")
+        row |= dict(torch_version=torch.__version__, git_rev=os.environ.get("HARNESS_GIT_REV", ""))
+        rows.append(row)
     return rows
 
 

@@ -149,7 +149,7 @@ PARTS = {
     "producer": ("_producer_kernel",),
     "consumer": ("_consumer_kernel",),
     "wait": ("_wait_signals_kernel",),
-    "scale": ("_scale_kernel", "_scale_persistent_kernel"),
+    "scale": ("_scale_kernel",),
     "nccl": ("nccl",),
 }
 

@@ -93,17 +93,9 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
 
 
 def _cell(cfg, process_world, system, world, kib, out_cols, dtype, params) -> dict:
-    cell = {
-        "experiment": cfg.experiment.name,
-        "system": system,
-        "seed": cfg.seed,
-        "world_size": world,
-        "segment_kib": kib,
-        "out": out_cols,
-        "dtype": dtype,
-        "min_total_mib": options(cfg)["min_total_mib"],
-        "params": params,
-    }
+    cell = dict(experiment=cfg.experiment.name, system=system, seed=cfg.seed, world_size=world)
+    cell |= dict(segment_kib=kib, out=out_cols, dtype=dtype)
+    cell |= dict(min_total_mib=options(cfg)["min_total_mib"], params=params)
     cell["cell_hash"] = hash_cell(cfg, process_world, cell)
     return cell
 

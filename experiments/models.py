@@ -63,13 +63,7 @@ from systems.tutel import INT32_MAX  # Tutel's encode/decode index its buffers w
 #: the grid axes this experiment reads (harness.preflight.unread_settings); the model sizes are
 #: options, W the number of processes
 GRID_AXES = ("dtype",)
-OPTIONS: dict[str, Any] = {
-    "models": {},
-    "experts": 64,
-    "top_k": 2,
-    "ffn_mult": 4,
-    "model_tol": 5e-2,
-}
+OPTIONS: dict[str, Any] = dict(models={}, experts=64, top_k=2, ffn_mult=4, model_tol=5e-2)
 MODEL_KEYS = ("blocks", "moe_blocks", "batch", "seq", "hidden", "heads", "causal")
 #: the model's integer keys, and the options every model takes
 INT_KEYS = ("blocks", "batch", "seq", "hidden", "heads")
@@ -134,12 +128,8 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
 
 
 def spec_of(cell: dict) -> ModelSpec:
-    keys = ModelSpec.__dataclass_fields__
-    return ModelSpec(
-        **{k: cell[k] for k in keys if k not in ("name", "moe_blocks")},
-        name=cell["model"],
-        moe_blocks=tuple(cell["moe_blocks"]),
-    )
+    kw = {k: cell[k] for k in ModelSpec.__dataclass_fields__ if k not in ("name", "moe_blocks")}
+    return ModelSpec(**kw, name=cell["model"], moe_blocks=tuple(cell["moe_blocks"]))
 
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
@@ -206,20 +196,9 @@ def reference(ctx: RunContext, m: ModelSpec, seed: int) -> Reference:
 
 # -- one cell ---------------------------------------------------------------------------------
 def _row(cell: dict, m: ModelSpec) -> ModelRow:
-    return cell_row(
-        cell,
-        ModelRow,
-        scope="model",
-        tokens_per_rank=m.tokens,
-        hidden=m.hidden,
-        out=m.hidden,
-        ffn=m.ffn,
-        experts_per_rank=m.experts // cell["world_size"],
-        top_k=m.top_k,
-        routing="router",
-        dtype=m.dtype,
-        model=m.name,
-    )
+    shape = dict(tokens_per_rank=m.tokens, hidden=m.hidden, out=m.hidden, ffn=m.ffn, dtype=m.dtype)
+    shape |= dict(experts_per_rank=m.experts // cell["world_size"], top_k=m.top_k, model=m.name)
+    return cell_row(cell, ModelRow, scope="model", routing="router", **shape)
 
 
 def skip_reason(ctx: RunContext, cell: dict, m: ModelSpec) -> str | None:
@@ -374,13 +353,8 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
     copy_in = _copy_in_time(ctx, cfg, ref, m, SystemMoE(system, inputs))
     row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
     row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
-    row.metrics.update(
-        moe_ms=tm.median_ms,
-        moe_p10_ms=tm.p10_ms,
-        moe_p90_ms=tm.p90_ms,
-        moe_blocks=float(len(m.moe_blocks)),
-        copy_in_ms=copy_in,
-    )
+    row.metrics.update(moe_ms=tm.median_ms, moe_p10_ms=tm.p10_ms, moe_p90_ms=tm.p90_ms)
+    row.metrics.update(moe_blocks=float(len(m.moe_blocks)), copy_in_ms=copy_in)
     row.extra = _extra(m, system, row.graph)
 
 
@@ -461,9 +435,8 @@ def _timed_graphs(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, g: _
     replay before and after timing. Returns (forward, MoE) Timings, None after a failure."""
     if not g.check(ctx, cfg, row, ref, "graph replay"):
         return None
-    kw = dict(
-        device=ctx.device, group=ctx.group, warmup=cfg.measure.warmup, iters=cfg.measure.iters
-    )
+    kw = dict(device=ctx.device, group=ctx.group)
+    kw |= dict(warmup=cfg.measure.warmup, iters=cfg.measure.iters)
     t = time_fn(g.model.replay, **kw)
     per_call = []
     for _, h, ids, gate, _ in g.calls:

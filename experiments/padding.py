@@ -54,16 +54,8 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
 
 
 def _spec(cell: dict) -> WorkloadSpec:
-    return WorkloadSpec(
-        tokens_per_rank=cell["tokens_per_rank"],
-        hidden=1,
-        out=1,
-        experts_per_rank=cell["experts_per_rank"],
-        top_k=cell["top_k"],
-        world_size=cell["world_size"],
-        routing=cell["routing"],
-        seed=cell["seed"],
-    )
+    keys = ("tokens_per_rank", "experts_per_rank", "top_k", "world_size", "routing", "seed")
+    return WorkloadSpec(hidden=1, out=1, **{k: cell[k] for k in keys})
 
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
@@ -140,19 +132,10 @@ DEFINITION = (
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
     spec = _spec(cell)
     counts, imb = counts_of(spec)
-    return [
-        cell_row(
-            cell,
-            impl="exact count (systems.overlap.plan.padding_rows)",
-            world_size=spec.world_size,
-            transport="none",
-            tokens_per_rank=spec.tokens_per_rank,
-            experts_per_rank=spec.experts_per_rank,
-            top_k=spec.top_k,
-            routing=spec.routing,
-            imbalance_rank=imb["imbalance_rank"],
-            imbalance_expert=imb["imbalance_expert"],
-            extra=json.dumps({"definition": DEFINITION, "seed": spec.seed}),
-            metrics=padding_metrics(counts, spec.experts_per_rank, cell["params"]["tile_m"]),
-        )
-    ]
+    keys = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
+    shape = {k: getattr(spec, k) for k in keys}
+    impl = "exact count (systems.overlap.plan.padding_rows)"
+    row = cell_row(cell, impl=impl, transport="none", **shape, **imb)
+    row.extra = json.dumps({"definition": DEFINITION, "seed": spec.seed})
+    row.metrics = padding_metrics(counts, spec.experts_per_rank, cell["params"]["tile_m"])
+    return [row]

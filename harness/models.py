@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 import torch
@@ -102,18 +102,10 @@ class ModelSpec:
 
     def moe_spec(self, world_size: int, seed: int) -> WorkloadSpec:
         """The MoE block's cell: T = B x S, H, out = H, F, G / W experts per rank, top-k."""
-        return WorkloadSpec(
-            tokens_per_rank=self.tokens,
-            hidden=self.hidden,
-            out=self.hidden,
-            experts_per_rank=self.experts // world_size,
-            top_k=self.top_k,
-            world_size=world_size,
-            routing=SETUP_ROUTING,
-            dtype=self.dtype,
-            seed=seed,
-            ffn=self.ffn,
-        )
+        shape = dict(tokens_per_rank=self.tokens, hidden=self.hidden, out=self.hidden, ffn=self.ffn)
+        shape |= dict(experts_per_rank=self.experts // world_size, top_k=self.top_k)
+        run = dict(world_size=world_size, routing=SETUP_ROUTING, dtype=self.dtype, seed=seed)
+        return WorkloadSpec(**shape, **run)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -324,13 +316,5 @@ def owned_inputs(inputs: CellInputs) -> CellInputs:
     """The same CellInputs with x, expert_ids and gate as tensors of their own: on the CPU the
     harness's ids and gate are views of its cached routing (Tensor.to is a no-op there), which a
     copy-in must never overwrite."""
-    return CellInputs(
-        inputs.spec,
-        inputs.layout,
-        inputs.x.clone(),
-        inputs.weights,
-        inputs.x_recv,
-        inputs.w1,
-        inputs.expert_ids.clone(),
-        inputs.gate.clone(),
-    )
+    x, ids, gate = inputs.x.clone(), inputs.expert_ids.clone(), inputs.gate.clone()
+    return replace(inputs, x=x, expert_ids=ids, gate=gate)

@@ -24,11 +24,7 @@ from harness.config import (
     nearest_key,
 )
 from harness.errors import HarnessUserError
-from harness.records import (
-    KEEP_STATUSES,
-    KEEP_STATUSES_REDO_FAILED,
-    ResultsTable,
-)
+from harness.records import KEEP_STATUSES, KEEP_STATUSES_REDO_FAILED, ResultsTable
 from harness.workload import DTYPES
 
 #: most cells a dry run lists

@@ -27,11 +27,7 @@ from harness.errors import (
     looks_like_comm_failure,
 )
 from harness.preflight import load_experiment, table_path
-from harness.records import (
-    ResultsTable,
-    Row,
-    provenance,
-)
+from harness.records import ResultsTable, Row, provenance
 from harness.system import RunContext
 from harness.teardown import run_end
 from harness.timing import STATE
@@ -211,14 +207,9 @@ def _batches(exp: Any, cfg: Any, todo: list[dict]) -> list[list[int]]:
 
 
 def _error_row(cfg: Any, cell: dict, exc: BaseException) -> Row:
-    return Row(
-        experiment=cfg.experiment.name,
-        system=cell.get("system", ""),
-        cell_hash=cell["cell_hash"],
-        status="error",
-        reason=f"{type(exc).__name__}: {exc}"[:500],
-        **provenance(),
-    )
+    kw = dict(experiment=cfg.experiment.name, system=cell.get("system", ""), status="error")
+    kw |= dict(cell_hash=cell["cell_hash"], reason=f"{type(exc).__name__}: {exc}"[:500])
+    return Row(**kw, **provenance())
 
 
 def _walk(ctx: RunContext, cfg: Any, todo: list[dict], report: Reporter) -> None:

@@ -90,17 +90,8 @@ def summary(rows: list[dict], path: Path) -> list[str]:
     df = pd.DataFrame(rows)
     order = {"error": 0, "fail": 1, "skipped": 2, "ok": 3}
     df = df.sort_values("status", key=lambda s: s.map(order), kind="stable")
-    cols = [
-        "system",
-        "routing",
-        "experts_per_rank",
-        "world_size",
-        "status",
-        "latency_ms",
-        "overlap_ratio",
-        "max_rel_err",
-    ]
-    cols = [c for c in cols if c in df and df[c].notna().any()]
+    cols = ["system", "routing", "experts_per_rank", "world_size", "status", "latency_ms"]
+    cols = [c for c in [*cols, "overlap_ratio", "max_rel_err"] if c in df and df[c].notna().any()]
     out = df.head(SUMMARY_ROWS)[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
     lines = out.splitlines()
     if len(df) > SUMMARY_ROWS:

@@ -191,12 +191,18 @@ def sleep_device(device: torch.device, ms: float) -> None:
     torch.cuda._sleep(int(ms * _sleep_rate(device)))
 
 
-def _keep(exc: Exception, failed: list[Exception]) -> None:
-    """Keep fn's exception to raise after time_fn's collectives; a broken process group at
-    once (every collective left would wait out its time-out)."""
-    if is_comm_failure(exc):
-        raise exc
-    failed.append(exc)
+def _call(fn: Callable[[], object], failed: list[Exception]) -> None:
+    """fn() unless it failed before; its exception is kept to raise after time_fn's
+    collectives, a broken process group's at once (every collective left would wait out its
+    time-out)."""
+    if failed:
+        return
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - raised after the collectives
+        if is_comm_failure(exc):
+            raise
+        failed.append(exc)
 
 
 def time_fn(
@@ -220,11 +226,7 @@ def time_fn(
     warm_host = []
     for _ in range(warmup):
         t0 = time.perf_counter()
-        if not failed:
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001 - raised below
-                _keep(exc, failed)
+        _call(fn, failed)
         warm_host.append(time.perf_counter() - t0)
     barrier(group, device)
     if device.type == "cuda":
@@ -244,11 +246,7 @@ def time_fn(
         for s, e in zip(starts, ends):
             t0 = time.perf_counter()
             s.record()
-            if not failed:
-                try:
-                    fn()
-                except Exception as exc:  # noqa: BLE001 - raised below
-                    _keep(exc, failed)
+            _call(fn, failed)
             e.record()
             host.append(time.perf_counter() - t0)
         # the device still sleeping now means every iteration was enqueued before it ran
@@ -270,11 +268,7 @@ def time_fn(
         for _ in range(iters):
             barrier(group, device)
             t0 = time.perf_counter()
-            if not failed:
-                try:
-                    fn()
-                except Exception as exc:  # noqa: BLE001 - raised below
-                    _keep(exc, failed)
+            _call(fn, failed)
             ms.append((time.perf_counter() - t0) * 1e3)
     t = torch.tensor(ms, dtype=torch.float64, device=device)
     if dist.is_available() and dist.is_initialized():

@@ -1,43 +1,29 @@
 """DeepEP's low-latency kernels as a layer baseline (deepseek-ai/DeepEP at 567632d, v1 API).
 
 The field's host-free dispatch and combine: worst-case per-expert receive buffers plus a count
-on the device, no host synchronisation, capturable in a CUDA graph (DeepEP's README: "compatible
-with CUDA graph"). One process per rank (NVSHMEM: one PE per GPU), any W, one GPU included.
+on the device, no host synchronisation, capturable in a CUDA graph. One process per rank
+(NVSHMEM: one PE per GPU), any W, one GPU included.
 
-Timed region (layer cells only, scope "layer"), from x [T, H] bf16, expert_ids [T, k] and the
-gate [T, k] float32 of this rank:
-  1 Buffer.low_latency_dispatch(x, ids, M, G, use_fp8=False) -> recv_x [E, W*M, H] bf16 (expert
-    e's rows at recv_x[e, :count[e]], grouped by source rank) and count [E] int32 on the device
-    (M = num_max_dispatch_tokens_per_rank = T, G = W * E experts);
-  2 the FFN experts over ONLY the real rows, the math of harness/experts.py ffn_experts: the
-    rows are packed by a device-computed index (pack_index) into [P, H], P = W * M * min(k, E)
-    (the most rows this rank can receive), fc1 and fc2 are torch._grouped_mm with the counts'
-    cumulative sums as device offsets, GELU in place over the real rows only, and fc2's rows are
-    scattered back into y [E, W*M, H] (rows past a count are never read). DeepEP's users run
-    DeepGEMM's masked grouped GEMM on recv_x directly (it reads the same count); a batched GEMM
-    over the worst case would multiply the FLOPs by W*M*E / (T*k), so the packed grouped GEMM
-    stands in for the masked one;
-  3 Buffer.low_latency_combine(y, ids, gate, handle) -> out [T, H] bf16: each token's rows
-    weighted by the gate and summed in float32 (the harness's scale, harness/scale.py).
-No step synchronises the host: DeepEP's Python checks host ints only (deep_ep/buffer.py:602,
-656) and its C++ allocates, launches and joins its comm stream by events (csrc/deep_ep.cpp:
-1534-1795); the offsets and the packing index are computed on the device.
+Timed region (layer cells only), from x [T, H] bf16, expert_ids [T, k] and gate [T, k] f32:
+  1 Buffer.low_latency_dispatch(x, ids, M = T, G = W * E, use_fp8=False) -> recv_x [E, W*M, H]
+    (expert e's rows at recv_x[e, :count[e]]) and count [E] int32 on the device;
+  2 the FFN experts over ONLY the real rows (`packed_ffn`): packed by a device-computed index
+    into [P, H], P = W * M * min(k, E), fc1 and fc2 as torch._grouped_mm with device offsets,
+    GELU over the real rows, scattered back into y [E, W*M, H]. DeepEP's users run DeepGEMM's
+    masked grouped GEMM on recv_x (the same count); a batched GEMM over the worst case would
+    multiply the FLOPs by W*M*E / (T*k), so the packed grouped GEMM stands in for it;
+  3 Buffer.low_latency_combine(y, ids, gate, handle) -> out [T, H] bf16 (gate-weighted sum).
+DeepEP's Python checks host ints only and its C++ joins its comm stream by events
+(csrc/deep_ep.cpp:1534-1795): no step synchronises the host.
 
-Setup (untimed): ONE low-latency Buffer per process and run, made at the first deepep cell
-for the run's worst case and destroyed at the run's end. validate() sees every cell of the run
-before any rank starts (harness.preflight, in the parent and, under torchrun, in every rank) and
-keeps, per world size, the largest RDMA size (ll_rdma_bytes, DeepEP's size hint), QP count
-(num_qps_per_rank = E: its kernels assert at least one QP per local expert,
-csrc/kernels/internode_ll.cu:285) and NVSHMEM_QP_DEPTH (2 (M + 1) where the default 1024 is
-less: deep_ep/buffer.py:602 asserts it) over the cells it can take, in the environment
-(PLAN_ENV, tagged with the validating process's pid): the ranks a run spawns inherit it. So the
-Buffer never grows and NVSHMEM initialises once per run (a process that never validated, such
-as a test, sizes it for its first cell and grows it where a later one needs more). Every cell
-cleans it for its own layout (clean_low_latency_buffer). Its destroy() (a barrier over the
-ranks, then NVSHMEM's finalize) runs in harness.teardown.run_end, after the last cell and before
-the process group ends. Cells the kernels cannot take are skipped before any GPU work
-(unsupported(): each limit with where it sits in DeepEP's source; the memory bound counts the
-run's Buffer, not the cell's own).
+Setup: ONE low-latency Buffer per process and run (`ll_buffer`), made at the first deepep cell
+for the run's worst case: validate() sees every cell before any rank starts and keeps, per world
+size, the largest RDMA size, QP count (one per local expert, internode_ll.cu:285) and
+NVSHMEM_QP_DEPTH (>= 2 (M + 1), buffer.py:602) in the environment (PLAN_ENV), which the spawned
+ranks inherit; a process that never validated (a test) sizes it for its first cell and grows it
+where a later one needs more. Every cell cleans it for its layout; its destroy() runs in
+harness.teardown.run_end. Cells the kernels cannot take are skipped before any GPU work
+(`ll_limits`: each limit with where it sits in DeepEP's source).
 """
 
 from __future__ import annotations
@@ -53,6 +39,7 @@ from harness.experts import activation, expert_gemm, expert_gemm_impl, grouped_m
 from harness.system import CellInputs, Step, System
 from harness.teardown import at_run_end
 from harness.workload import WorkloadSpec
+from systems import package_version
 
 UPSTREAM = "deepseek-ai/DeepEP@567632d"
 #: hidden sizes the low-latency kernels are compiled for (csrc/kernels/launch.cuh:114-135,
@@ -98,13 +85,8 @@ def cell_bytes(spec: WorkloadSpec, rdma_bytes: int = 0) -> int:
     larger: the run's Buffer; rounded up to NVSHMEM's granule), the dispatch's recv_x
     [E, W*M, H] and the combine's y of the same shape, the packed rows [P, H + F + H], the
     experts' W1 and W2, x and out [T, H] (bf16)."""
-    W, M, H, F, E = (
-        spec.world_size,
-        spec.tokens_per_rank,
-        spec.hidden,
-        spec.ffn,
-        spec.experts_per_rank,
-    )
+    W, M, H = spec.world_size, spec.tokens_per_rank, spec.hidden
+    F, E = spec.ffn, spec.experts_per_rank
     rdma = max(ll_rdma_bytes(M, H, W, spec.n_experts), rdma_bytes)
     rdma = -(-rdma // NVSHMEM_GRANULE) * NVSHMEM_GRANULE
     worst = E * W * M
@@ -113,16 +95,18 @@ def cell_bytes(spec: WorkloadSpec, rdma_bytes: int = 0) -> int:
 
 def device_sms() -> int | None:
     """SMs of this process's GPU, None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return _device_property("multi_processor_count")
 
 
 def device_memory() -> int | None:
     """Bytes of this process's GPU, None without CUDA."""
+    return _device_property("total_memory")
+
+
+def _device_property(name: str) -> int | None:
     if not torch.cuda.is_available():
         return None
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), name)
 
 
 def ll_limits(spec: WorkloadSpec, run_rdma: int = 0) -> list[str]:
@@ -195,12 +179,7 @@ def pack_index(
 
 
 def packed_ffn(
-    recv: torch.Tensor,
-    count: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    rows: torch.Tensor,
-    y: torch.Tensor,
+    recv: torch.Tensor, count: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, rows, y
 ) -> torch.Tensor:
     """The FFN experts over the real rows of recv [E, S, H] (expert e's first count[e] rows):
     y[e, s] = gelu(recv[e, s] @ W1_e) @ W2_e for s < count[e], written into y [E * S + 1, H]
@@ -298,12 +277,7 @@ def ll_buffer(
     depth = max(qp_depth, int(os.environ.get("NVSHMEM_QP_DEPTH", QP_DEPTH_DEFAULT)))
     os.environ["NVSHMEM_QP_DEPTH"] = str(depth)  # read by Buffer() and NVSHMEM's init
     _Held.buffer = deep_ep.Buffer(
-        group,
-        0,
-        rdma_bytes,
-        low_latency_mode=True,
-        num_qps_per_rank=qps,
-        explicitly_destroy=True,
+        group, 0, rdma_bytes, low_latency_mode=True, num_qps_per_rank=qps, explicitly_destroy=True
     )
     _Held.qps = qps
     at_run_end(release)
@@ -413,15 +387,10 @@ class DeepEPSystem(System):
             f"native (deep_ep {deepep_version()} low-latency bf16; experts "
             f"{expert_gemm_impl(recv_rows, step.w1)} over packed rows)"
         )
-        self.extra = {
-            "deep_ep": UPSTREAM,
-            "host_syncs": 0 if step.host_free else 1,
-            "max_tokens": M,
-            "packed_rows": int(step.rows.numel()),
-            "rdma_bytes": int(buffer.num_rdma_bytes),
-            "rdma_bytes_cell": int(rdma),
-            "qp_depth": int(buffer.nvshmem_qp_depth),
-        }
+        self.extra = dict(deep_ep=UPSTREAM, host_syncs=0 if step.host_free else 1, max_tokens=M)
+        rdma_run = int(buffer.num_rdma_bytes)
+        self.extra |= dict(packed_rows=int(step.rows.numel()), rdma_bytes=rdma_run)
+        self.extra |= dict(rdma_bytes_cell=int(rdma), qp_depth=int(buffer.nvshmem_qp_depth))
         return step
 
     @property
@@ -434,9 +403,4 @@ class DeepEPSystem(System):
 
 
 def deepep_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("deep_ep")
-    except Exception:  # noqa: BLE001 - metadata missing: the commit still names it
-        return "?"
+    return package_version("deep_ep")

@@ -62,15 +62,9 @@ class SmartScheduleStep(Step):
     def timed(self) -> torch.Tensor:
         spec = self.spec
         with torch.no_grad():
-            rows = self.fwd(
-                self.x,
-                self.gate,
-                self.expert_fn,
-                spec.experts_per_rank,
-                spec.world_size,
-                experts=self.experts,
-                stored_models=self.stored,
-            )  # [T*k, N], row t*k + j
+            E, W = spec.experts_per_rank, spec.world_size
+            kw = dict(experts=self.experts, stored_models=self.stored)
+            rows = self.fwd(self.x, self.gate, self.expert_fn, E, W, **kw)  # [T*k, N]: t*k + j
         T, k, N = spec.tokens_per_rank, spec.top_k, spec.out
         out = (rows.view(T, k, N).float() * self.gw[..., None]).sum(1)
         return out.to(self.x.dtype)
@@ -122,11 +116,8 @@ class FasterMoESystem(System):
             _PROCESS_GROUP_SIZE.append(g)  # fmoe's first call in this process fixes it
         step = SmartScheduleStep(_fmoe_general_global_forward, inputs)
         ensure_comm(step.x, self.ctx.group or dist.group.WORLD)
-        self.extra = {
-            "group_size": g,
-            "shadowing": False,
-            "experts": "ffn (gelu)" if spec.ffn else "single GEMM",
-        }
+        experts = "ffn (gelu)" if spec.ffn else "single GEMM"
+        self.extra = {"group_size": g, "shadowing": False, "experts": experts}
         return step
 
     @property

@@ -46,12 +46,7 @@ import torch.distributed as dist
 from harness.layout import send_order
 from harness.system import CellInputs, RunContext, Step, System, int_param
 from harness.workload import WorkloadSpec, routing_of
-from systems.tutel_reimpl import (
-    PipelinedLayer,
-    PipelinedStep,
-    check_scope,
-    expert_counts,
-)
+from systems.tutel_reimpl import PipelinedLayer, PipelinedStep, check_scope, expert_counts
 
 
 class Plan:
@@ -209,12 +204,8 @@ class FasterMoEReimplSystem(System):
         """The schedule's plan and the step of the `scope` param."""
         (inputs,) = ranks
         plan = Plan(inputs.spec, self.ctx.rank, self.group_size)
-        self.extra = {
-            "scope": self.scope,
-            "group_size": plan.g,
-            "steps": plan.n,
-            "host_bound": "one python batch_isend_irecv per (step, expert)",
-        }
+        self.extra = {"scope": self.scope, "group_size": plan.g, "steps": plan.n}
+        self.extra["host_bound"] = "one python batch_isend_irecv per (step, expert)"
         step_cls = LayerScheduleStep if self.scope == "layer" else CombineScheduleStep
         return step_cls(inputs, plan)
 

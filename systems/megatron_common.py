@@ -1,81 +1,38 @@
 """Shared glue for the Megatron-core baselines (megatron-core 0.16.1), imported only at setup.
 
-How our operator maps onto Megatron's MoE layer
------------------------------------------------
-Megatron's MoELayer runs route -> dispatch_preprocess (permute 1) -> token_dispatch (EP
-all-to-all) -> dispatch_postprocess (sort rows by local expert) -> experts -> combine_preprocess
-(unsort) -> token_combine (EP all-to-all) -> combine_postprocess (unpermute: sum of each token's
-rows). The real MoELayer and its MoEAlltoAllTokenDispatcher are used unchanged, with two plug-ins:
+Megatron's real MoELayer and MoEAlltoAllTokenDispatcher run unchanged (route -> permute ->
+EP all-to-all -> sort by local expert -> experts -> unsort -> EP all-to-all -> unpermute) with
+two plug-ins:
+* `FixedRouter`, a router stub that returns the harness routing as Megatron's router output
+  (probs [T, G] f32, routing_map [T, G] bool), so Megatron's dispatched rows equal the
+  harness's x_recv row for row (setup asserts it);
+* operator cells (scope gemm+combine, our expert is ONE GEMM Y_e = X_e @ B_e): an experts module
+  that is Megatron's expert fc1 followed by its probs multiply: `SingleGemmGroupedMLP`
+  (megatron_cutlass: GroupedMLP's weight1 [K, E*N] read as [E, K, N]; grouped_gemm.ops.gmm
+  where the package imports, else harness.experts.expert_gemm) or `SingleGemmTEGroupedMLP`
+  (megatron_te: TE GroupedLinear, weight{e} [N, K] = B_e^T). Setup runs route, preprocess and
+  dispatch once; the timed forward is routed_experts_compute, the combine all-to-all and the
+  unpermute -> [T, N] (the dispatcher's remembered shapes are set to [T, N]).
 
-* Router stub (`FixedRouter`): returns the harness routing as Megatron's (probs [T, G] float32,
-  routing_map [T, G] bool), so Megatron dispatches exactly the seeded top-k with the seeded gate
-  weights. Megatron's dispatched rows then equal the harness's x_recv row for row (both order
-  rows by source rank, then local expert, then token); setup asserts this.
-* Experts module with Megatron's expert interface
-  forward(permuted_local_hidden_states [R, K], tokens_per_expert [E] (host), permuted_probs [R])
-  -> (out [R, N], None). Megatron's experts are fc1 -> activation -> (x probs) -> fc2; our
-  expert is ONE GEMM Y_e = X_e @ B_e. We keep fc1 and drop the activation and fc2, i.e. the
-  experts module is Megatron's expert fc1 (same weight layout, same grouped-GEMM call), followed
-  by Megatron's probs multiply (GroupedMLP's activation_func_with_probs with the identity):
-    - `SingleGemmGroupedMLP` (megatron_cutlass): legacy GroupedMLP's fc1: weight1 [K, E*N]
-      viewed [E, K, N]; the GEMM is grouped_gemm.ops.gmm (CUTLASS grouped GEMM, what GroupedMLP
-      calls) when the `grouped_gemm` package imports, else torch._grouped_mm (PyTorch's CUTLASS
-      grouped GEMM on Hopper, bf16), else a per-expert matmul (other GPUs / dtypes).
-    - `SingleGemmTEGroupedMLP` (megatron_te): TEGroupedMLP's linear_fc1, i.e. Megatron's
-      TEColumnParallelGroupedLinear (Transformer Engine GroupedLinear), weight{e} [N, K] = B_e^T.
-  The probs are applied before the combine (Megatron's convention) instead of after it (the
-  reference's); in exact arithmetic the output is the same sum_j w_j (x @ B_j).
+Layer cells (ffn = F > 0, `MegatronLayer`): Megatron's real experts as its specs build them
+(moe_grouped_gemm=True), timed as the whole layer(x [T, 1, H]) -> [T, H]:
+  * "grouped": legacy GroupedMLP, weight1 [H, E*F] read as view(E, H, F), weight2 [E*F, H] as
+    view(E, F, H); GEMMs via grouped_gemm's gmm, or where that package is absent a stand-in
+    with gmm's signature over torch._grouped_mm (`grouped_gemm_fallback`). bf16 only.
+  * "te": TEGroupedMLP (TEColumnParallelGroupedLinear / TERowParallelGroupedLinear), fc1
+    weight{e} [F, H] = W1_e^T, fc2 weight{e} [H, F] = W2_e^T; activation config.activation_func
+    = F.gelu (erf form, as the reference).
+Both apply the probs after the activation: sum_j w_j gelu(x W1_j) W2_j, the reference's sum.
 
-Timed region (scope "gemm+combine", like serial): setup runs route, preprocess and dispatch once
-(untimed); forward() then runs dispatch_postprocess + experts + combine_preprocess (MoELayer.
-routed_experts_compute), token_combine and combine_postprocess -> out [T, N]. Megatron assumes
-the experts return the hidden width K; our expert returns N, so after the dispatch setup sets the
-dispatcher's remembered output shapes (hidden_shape, hidden_shape_before_permute) to [T, N].
-dispatch_postprocess consumes `tokens_per_expert`; forward() restores it from the setup copy.
+Capacity (layer cells): "dropless" (default) reads the counts on the host in its preprocess
+(token_dispatcher.py _maybe_dtoh_and_synchronize), so its step cannot be captured. "padded" is
+Megatron's drop-and-pad route (moe_expert_capacity_factor = f, moe_pad_expert_input_to_capacity):
+the router stub applies apply_router_token_dropping, counts become host constants and every
+expert computes W * capacity rows. f is the smallest factor that drops nothing for the cell's
+routing (`no_drop_capacity`); setup counts the pairs Megatron dropped anyway (must be 0).
 
-Layer cells (spec.ffn = F > 0, scope "layer"): the REAL MoELayer with Megatron's REAL experts
-(`MegatronLayer`), timed as the whole `layer(x [T, 1, H])` forward -> out [T, H]:
-router stub (scatters our expert_ids / gate [T, k] into probs [T, G] f32 and routing_map [T, G],
-what TopKRouter's top-k step does), preprocess (counts, split sizes, their D2H sync, permute 1),
-EP all-to-all, sort by local expert, experts (fc1, gelu x probs, fc2), unsort, EP all-to-all,
-unpermute. Experts are built as Megatron's specs build them (moe_grouped_gemm=True):
-  * megatron_cutlass: legacy `GroupedMLP(num_local_experts, config, pg_collection)`, weight1
-    [H, E*F] read as weight1.view(E, H, F) and weight2 [E*F, H] read as weight2.view(E, F, H);
-    GEMMs via grouped_gemm_util.ops.gmm(x, w, tokens_per_expert (host), trans_b=False), i.e. the
-    `grouped_gemm` package (CUTLASS). GroupedMLP asserts that package at construction; where it
-    is absent, `grouped_gemm_fallback` puts a gmm with the same signature over torch._grouped_mm
-    (PyTorch's CUTLASS grouped GEMM, Hopper bf16; per-expert matmul elsewhere) under
-    grouped_gemm_util.ops, so GroupedMLP's own forward runs unchanged (impl says which GEMM ran).
-    Megatron users without grouped_gemm run TEGroupedMLP (the default spec whenever TE >= 1.7 is
-    present; GroupedMLP is "legacy", deprecated since mcore 0.12): that is megatron_te.
-    GroupedMLP supports bf16 only (its forward asserts config.bf16).
-  * megatron_te: `TEGroupedMLP(num_local_experts, config, submodules=MLPSubmodules(
-    linear_fc1=TEColumnParallelGroupedLinear, linear_fc2=TERowParallelGroupedLinear,
-    activation_func=TEActivationOp), pg_collection)` as TESpecProvider.grouped_mlp_modules gives
-    it; use_te_activation_func stays False (its default), so the activation is config.
-    activation_func = F.gelu (erf form, as our reference), not TE's op. fc1 weight{e} [F, H] =
-    W1_e^T, fc2 weight{e} [H, F] = W2_e^T (TE computes y = x W^T).
-Both apply the probs after the activation (activation_func_with_probs), i.e. gelu(h) * p before
-fc2, the same sum_j w_j gelu(x W1_j) W2_j as the reference's gate-after.
-
-Capacity (layer cells, param `capacity`): "dropless" (the default) is the dispatcher above; its
-preprocess copies tokens_per_expert and the split sizes to the host and waits for them
-(token_dispatcher.py _maybe_dtoh_and_synchronize), so the step cannot be captured in a CUDA
-graph. "padded" is Megatron's drop-and-pad route, the one its CUDA-graph scope `moe` requires
-(transformer_config.py: "moe cuda graph is only supported with drop-padding MoE"):
-moe_expert_capacity_factor = f and moe_pad_expert_input_to_capacity = True. The router stub
-then applies Megatron's apply_router_token_dropping (what TopKRouter.routing does after its
-top-k): each expert keeps its `capacity` = ceil(T*k/G * f) highest-prob tokens of this rank and
-is padded to exactly that many with zero-prob tokens. The dispatcher's counts become host
-constants (torch.full), the all-to-all splits equal (None), permute / unpermute index by the
-fixed [G, capacity] layout, every expert computes W * capacity rows: nothing in the step reads
-a device value on the host. f is the smallest factor that drops nothing for the cell's routing
-(no_drop_capacity: capacity = the busiest (source rank, expert) count, computed on the host at
-setup); setup counts the (token, expert) pairs Megatron's map dropped anyway (must be 0).
-
-Parallel state: Megatron's model-parallel groups are created once per process over the default
-process group with expert-model-parallel size = world size (TP = PP = CP = 1); repeated calls
-with the same world size are no-ops.
+Parallel state: created once per process over the default group with EP = world size
+(TP = PP = CP = 1).
 """
 
 from __future__ import annotations
@@ -93,15 +50,11 @@ import torch.distributed as dist
 
 from harness.experts import device_offsets, expert_gemm, expert_gemm_impl
 from harness.workload import WorkloadSpec, routing_of
+from systems import package_version
 
 
 def mcore_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("megatron-core")
-    except Exception:  # noqa: BLE001
-        return "unknown"
+    return package_version("megatron-core", "unknown")
 
 
 def loaded_library_dir(prefix: str, maps: str | None = None) -> str | None:
@@ -220,34 +173,18 @@ def transformer_config(spec: WorkloadSpec, **overrides: Any):
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    dt = spec.torch_dtype
-    width = spec.ffn or spec.out
-    kw: dict[str, Any] = dict(
-        num_layers=1,
-        hidden_size=spec.hidden,
-        num_attention_heads=1,
-        ffn_hidden_size=width,
-        moe_ffn_hidden_size=width,
-        activation_func=torch.nn.functional.gelu,
-        num_moe_experts=spec.n_experts,
-        moe_router_topk=spec.top_k,
-        expert_model_parallel_size=spec.world_size,
-        moe_token_dispatcher_type="alltoall",
-        moe_expert_capacity_factor=None,
-        moe_pad_expert_input_to_capacity=False,
-        moe_permute_fusion=False,
-        moe_grouped_gemm=True,
-        moe_router_dtype="fp32",
-        add_bias_linear=False,
-        gated_linear_unit=False,
-        bf16=dt == torch.bfloat16,
-        fp16=dt == torch.float16,
-        params_dtype=dt,
-        use_cpu_initialization=True,
-        perform_initialization=False,
-    )
-    kw.update(overrides)
-    return TransformerConfig(**kw)
+    dt, width = spec.torch_dtype, spec.ffn or spec.out
+    kw: dict[str, Any] = dict(num_layers=1, hidden_size=spec.hidden, num_attention_heads=1)
+    kw |= dict(ffn_hidden_size=width, moe_ffn_hidden_size=width)
+    kw |= dict(activation_func=torch.nn.functional.gelu, num_moe_experts=spec.n_experts)
+    kw |= dict(moe_router_topk=spec.top_k, expert_model_parallel_size=spec.world_size)
+    kw |= dict(moe_token_dispatcher_type="alltoall", moe_expert_capacity_factor=None)
+    kw |= dict(moe_pad_expert_input_to_capacity=False, moe_permute_fusion=False)
+    kw |= dict(moe_grouped_gemm=True, moe_router_dtype="fp32")
+    kw |= dict(add_bias_linear=False, gated_linear_unit=False, params_dtype=dt)
+    kw |= dict(bf16=dt == torch.bfloat16, fp16=dt == torch.float16)
+    kw |= dict(use_cpu_initialization=True, perform_initialization=False)
+    return TransformerConfig(**(kw | overrides))
 
 
 def megatron_capacity(spec: WorkloadSpec, factor: float) -> int:
@@ -290,12 +227,8 @@ def routing_tensors(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The harness routing as Megatron's router output: probs [T, G] f32, routing_map [T, G]."""
     routing = routing_of(spec)
-    ids = routing.expert_ids[rank].to(device)  # [T, k]
-    w = routing.gate_weights[rank].to(device)  # [T, k]
-    T, G = spec.tokens_per_rank, spec.n_experts
-    probs = torch.zeros(T, G, dtype=torch.float32, device=device).scatter_(1, ids, w)
-    rmap = torch.zeros(T, G, dtype=torch.bool, device=device).scatter_(1, ids, True)
-    return probs, rmap
+    ids, gate = routing.expert_ids[rank].to(device), routing.gate_weights[rank].to(device)
+    return topk_to_dense(ids, gate, spec.n_experts)
 
 
 def grouped_fc1_layout(weights: torch.Tensor) -> torch.Tensor:
@@ -440,13 +373,11 @@ class FixedRouter(torch.nn.Module):
         from megatron.core.transformer.moe.moe_utils import apply_router_token_dropping
 
         return apply_router_token_dropping(
-            probs,
-            routing_map,
-            router_topk=cfg.moe_router_topk,
+            probs, routing_map, router_topk=cfg.moe_router_topk,
             capacity_factor=cfg.moe_expert_capacity_factor,
             drop_policy=cfg.moe_token_drop_policy,
             pad_to_capacity=cfg.moe_pad_expert_input_to_capacity,
-        )
+        )  # fmt: skip
 
     def set_layer_number(self, layer_number: int) -> None:
         pass
@@ -496,23 +427,14 @@ def single_gemm_te_grouped_mlp_cls():
 
         def __init__(self, num_local_experts: int, config: Any, pg_collection: Any = None):
             super().__init__(config=config)
-            from megatron.core.extensions.transformer_engine import (
-                TEColumnParallelGroupedLinear,
-            )
+            from megatron.core.extensions.transformer_engine import TEColumnParallelGroupedLinear
 
             self.num_local_experts = num_local_experts
             self.linear_fc1 = TEColumnParallelGroupedLinear(
-                num_local_experts,
-                config.hidden_size,
-                config.moe_ffn_hidden_size,
-                config=config,
-                init_method=config.init_method,
-                bias=False,
-                skip_bias_add=False,
-                is_expert=True,
-                tp_comm_buffer_name="fc1",
-                pg_collection=pg_collection,
-            )
+                num_local_experts, config.hidden_size, config.moe_ffn_hidden_size,
+                config=config, init_method=config.init_method, bias=False, skip_bias_add=False,
+                is_expert=True, tp_comm_buffer_name="fc1", pg_collection=pg_collection,
+            )  # fmt: skip
 
         def load_weights(self, weights: torch.Tensor) -> None:
             copy_te_weights(self.linear_fc1, weights)
@@ -687,17 +609,11 @@ class MegatronLayer:
         ensure_parallel_state(spec.world_size)
         dev = inputs.x.device
         self.spec = spec
-        padded = {}
+        kw = dict(moe_permute_fusion=permute_fusion, use_cpu_initialization=dev.type != "cuda")
         if capacity_factor is not None:
-            padded = dict(
-                moe_expert_capacity_factor=capacity_factor, moe_pad_expert_input_to_capacity=True
-            )
-        self.config = transformer_config(
-            spec,
-            moe_permute_fusion=permute_fusion,
-            use_cpu_initialization=dev.type != "cuda",
-            **{**padded, **(config or {})},
-        )
+            kw |= dict(moe_expert_capacity_factor=capacity_factor)
+            kw |= dict(moe_pad_expert_input_to_capacity=True)
+        self.config = transformer_config(spec, **(kw | (config or {})))
         submodules = MoESubmodules(
             experts=layer_experts_spec(experts, spec.n_experts), router=FixedRouter
         )

@@ -1,33 +1,21 @@
 """Megatron-core with CUTLASS grouped GEMM experts (megatron-core 0.16.1; needs CUDA).
 
-The real MoELayer with the all-to-all token dispatcher (MoEAlltoAllTokenDispatcher), fed the
-harness routing through a router stub, with the legacy GroupedMLP's fc1 as the single-GEMM
-expert (systems/megatron_common.py explains the mapping). The expert GEMM is
-grouped_gemm.ops.gmm (CUTLASS, what GroupedMLP calls) when the `grouped_gemm` package imports,
-otherwise torch._grouped_mm (PyTorch's CUTLASS grouped GEMM on Hopper, bf16); `impl` says which.
-Megatron does not overlap the forward combine with the expert GEMMs: this baseline is serial in
-structure (GEMM, then the EP all-to-all), with Megatron's own permutation and unpermutation.
+The real MoELayer with the all-to-all token dispatcher, fed the harness routing through a router
+stub (systems/megatron_common.py explains the mapping). Megatron does not overlap the combine
+with the expert GEMMs: this baseline is serial in structure, with Megatron's own permutations
+(TE's fused kernels where TE is installed: param permute_fusion=auto; p_permute_fusion_used).
 
-Timed region (scope "gemm+combine"): sort rows by local expert, expert GEMM, probs multiply,
-unsort, EP all-to-all, unpermute (sum of each token's rows) -> out [T, N]. The permutations are
-TE's fused kernels (`moe_permute_fusion`) where TE is installed (param permute_fusion=auto; the
-row's p_permute_fusion_used says which ran).
+Operator cells (scope gemm+combine): GroupedMLP's fc1 as the single-GEMM expert, timed from the
+dispatched rows: sort by local expert, GEMM, probs multiply, unsort, EP all-to-all, unpermute
+-> out [T, N]. Layer cells (scope layer): the real MoELayer with legacy GroupedMLP (bf16 only),
+timed as the whole layer(x [T, 1, H]) -> [T, H]. The GEMM is grouped_gemm.ops.gmm, or without
+that package torch._grouped_mm (`impl` says which).
 
-Layer cells (ffn = F > 0, scope "layer"): the real MoELayer with Megatron's legacy GroupedMLP
-(fc1 weight1 [H, E*F], fc2 weight2 [E*F, H], gelu x probs between; bf16 only, as GroupedMLP
-asserts), timed as the whole layer(x [T, 1, H]) forward -> out [T, H]: router stub, preprocess,
-dispatch all-to-all, experts, combine all-to-all, unpermute (megatron_common.MegatronLayer).
-Its GEMM is grouped_gemm.ops.gmm; without the grouped_gemm package a torch._grouped_mm stand-in
-with gmm's signature (impl says which).
-
-Param `capacity` (layer cells): "dropless" (default) is the dispatcher above, whose host sync
-keeps the step out of a CUDA graph; "padded" is Megatron's drop-and-pad route (capacity factor
-plus moe_pad_expert_input_to_capacity), with the smallest factor that drops no token of the
-cell (megatron_common.no_drop_capacity): no host read in the step, so it may be captured.
-The row's extra records capacity (rows per source rank and expert), expert_rows (W * capacity,
-what each expert computes), capacity_factor and dropped_tokens (0); a capacity that drops a
-(token, expert) pair anyway makes setup fail with the count (a dropped low-gate pair can pass
-the output check), so no row times a layer that computed less.
+Param `capacity` (layer cells): "dropless" (default; its host sync keeps the step out of a CUDA
+graph) or "padded" (Megatron's drop-and-pad route at the cell's no-drop capacity: no host read,
+so it may be captured). The row's extra records capacity, expert_rows (W * capacity),
+capacity_factor and dropped_tokens; a (token, expert) pair dropped anyway fails setup (a dropped
+low-gate pair can pass the output check).
 """
 
 from __future__ import annotations
@@ -171,15 +159,9 @@ class MegatronCutlassSystem(System):
 
     def _operator_step(self, mc, inputs: CellInputs) -> Step:
         """The real MoELayer run from the harness's dispatched rows x_recv [R, K]."""
-        op = mc.MegatronOperator(
-            inputs.spec,
-            self.ctx.rank,
-            self.experts_cls(mc),
-            inputs.x,
-            inputs.weights,
-            inputs.x_recv,
-            permute_fusion=self.fusion,
-        )
+        experts = self.experts_cls(mc)
+        op = mc.MegatronOperator(inputs.spec, self.ctx.rank, experts, inputs.x, inputs.weights,
+                                 inputs.x_recv, permute_fusion=self.fusion)  # fmt: skip
         self._impl = self.impl_name(mc, inputs)
         self.extra = {"megatron_core": mc.mcore_version(), "dispatcher": "alltoall"}
         return OperatorStep(op, self.name)
@@ -211,12 +193,8 @@ class MegatronCutlassSystem(System):
             f"native (mcore {mc.mcore_version()} MoELayer+{route}; "
             f"experts {op.experts_name}, {op.gemm})"
         )
-        self.extra = {
-            "megatron_core": mc.mcore_version(),
-            "dispatcher": route,
-            "experts": op.experts_name,
-            "gemm": op.gemm,
-        }
+        self.extra = dict(megatron_core=mc.mcore_version(), dispatcher=route)
+        self.extra |= dict(experts=op.experts_name, gemm=op.gemm)
 
     def resolved_params(self) -> dict[str, Any]:
         return {"permute_fusion_used": self.fusion}

@@ -38,11 +38,9 @@ NVL_PEERS = 8
 MAX_LOCAL_EXPERTS = 128
 MAX_HIDDEN = 8192 - 8
 #: the flex dispatcher's settings (megatron/core/transformer/moe/token_dispatcher.py)
-FLEX: dict[str, Any] = {
-    "moe_token_dispatcher_type": "flex",
-    "moe_flex_dispatcher_backend": "deepep",
-    "moe_router_dtype": "fp32",
-}
+FLEX: dict[str, Any] = dict(
+    moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep", moe_router_dtype="fp32"
+)
 
 
 def flex_limits(spec: WorkloadSpec) -> list[str]:
@@ -121,14 +119,9 @@ class MegatronDeepEPSystem(MegatronTESystem):
             f"native (mcore {mc.mcore_version()} MoELayer+flex/deepep {deepep_version()}; "
             f"experts {op.experts_name}, {op.gemm})"
         )
-        self.extra = {
-            "megatron_core": mc.mcore_version(),
-            "dispatcher": "flex (deepep)",
-            "deep_ep": UPSTREAM,
-            "deepep_num_sms": op.config.moe_deepep_num_sms,
-            "experts": op.experts_name,
-            "gemm": op.gemm,
-        }
+        self.extra = dict(megatron_core=mc.mcore_version(), dispatcher="flex (deepep)")
+        self.extra |= dict(deep_ep=UPSTREAM, deepep_num_sms=op.config.moe_deepep_num_sms)
+        self.extra |= dict(experts=op.experts_name, gemm=op.gemm)
         return FlexLayerStep(op)
 
     @property

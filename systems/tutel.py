@@ -32,6 +32,7 @@ import torch.distributed as dist
 from harness.system import CellInputs, Step, System, int_param, list_param
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
+from systems import package_version
 
 DEFAULT_DEGREES = (1, 2, 4, 8)
 #: Tutel's encode / decode kernels index its buffers with 32-bit ints
@@ -78,12 +79,9 @@ class TutelSystem(System):
     name = "tutel"
     scope = "layer"
     layer_scope = True
-    PARAMS: ClassVar[dict[str, Any]] = {
-        "degrees": list(DEFAULT_DEGREES),
-        "degree": 0,
-        "tune_iters": 3,
-        "capacity_factor": 0.0,
-    }
+    PARAMS: ClassVar[dict[str, Any]] = dict(
+        degrees=list(DEFAULT_DEGREES), degree=0, tune_iters=3, capacity_factor=0.0
+    )
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
@@ -141,7 +139,7 @@ class TutelSystem(System):
         self.extra.update(
             capacity_factor=cf,
             dropless=cf == 0,
-            tutel_version=_version(),
+            tutel_version=package_version("tutel"),
             experts="tutel.experts.ffn.FusedExpertsNetwork" if spec.ffn else "single GEMM",
         )
         return step
@@ -152,14 +150,9 @@ class TutelSystem(System):
         if len(degrees) > 1:
             for d in degrees:
                 step.degree = d
-                t = time_fn(
-                    step.timed,
-                    device=self.ctx.device,
-                    group=self.ctx.group,
-                    warmup=1,
-                    iters=int(self.params["tune_iters"]),
-                )
-                times[d] = t.median_ms
+                iters = int(self.params["tune_iters"])
+                kw = dict(device=self.ctx.device, group=self.ctx.group, warmup=1, iters=iters)
+                times[d] = time_fn(step.timed, **kw).median_ms
         best = min(times, key=times.get) if times else degrees[0]
         self.extra["degree"] = best
         self.extra["degree_ms"] = {str(d): round(v, 4) for d, v in times.items()}
@@ -170,7 +163,7 @@ class TutelSystem(System):
 
     @property
     def impl(self) -> str:
-        return f"native (tutel {_version()} moe_layer, a2a_ffn_overlap_degree)"
+        return f"native (tutel {package_version('tutel')} moe_layer, a2a_ffn_overlap_degree)"
 
 
 def router_logits(ids: torch.Tensor, gate: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -195,24 +188,11 @@ def candidates(params: dict[str, Any]) -> list[int]:
     return [fixed] if fixed else [int(d) for d in params.get("degrees", DEFAULT_DEGREES)]
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("tutel")
-    except Exception:  # noqa: BLE001 - provenance only
-        return "?"
-
-
 class _TutelSingleGemm(torch.nn.Module):
     """Tutel custom expert: x [E, W*C, K] -> x @ B [E, W*C, N] (one GEMM per expert)."""
 
     def __init__(
-        self,
-        model_dim: int,
-        num_experts_per_device: int,
-        sharded_count: int,
-        weight: torch.Tensor,
+        self, model_dim: int, num_experts_per_device: int, sharded_count: int, weight: torch.Tensor
     ) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(weight, requires_grad=False)
@@ -246,22 +226,10 @@ def _tutel_ffn() -> type:
         fc1_w / fc2_w [E, F, H] from tutel_ffn_weights. x [E, W*C, H] -> [E, W*C, H]."""
 
         def __init__(
-            self,
-            model_dim: int,
-            num_experts_per_device: int,
-            sharded_count: int,
-            fc1_w: torch.Tensor,
-            fc2_w: torch.Tensor,
+            self, model_dim: int, num_experts_per_device: int, sharded_count: int, fc1_w, fc2_w
         ) -> None:
-            super().__init__(
-                model_dim,
-                fc1_w.shape[1],
-                num_experts_per_device,
-                sharded_count,
-                activation_fn=activation,
-                has_fc1_bias=False,
-                has_fc2_bias=False,
-            )
+            kw = dict(activation_fn=activation, has_fc1_bias=False, has_fc2_bias=False)
+            super().__init__(model_dim, fc1_w.shape[1], num_experts_per_device, sharded_count, **kw)
             self.batched_fc1_w = torch.nn.Parameter(fc1_w, requires_grad=False)
             self.batched_fc2_w = torch.nn.Parameter(fc2_w, requires_grad=False)
 

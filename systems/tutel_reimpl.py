@@ -252,16 +252,10 @@ class ChunkedCombineStep(PipelinedStep):
         idx_tk[order] = idx
 
         def alloc() -> _State:
-            st = _State(
-                degree=d,
-                chunk_rows=cc,
-                idx=idx.to(dev),
-                idx_tk=idx_tk.to(dev),
-                xs=torch.zeros(d, G * cc, K, dtype=dt, device=dev),
-                xr=torch.empty(d, W * E * cc, K, dtype=dt, device=dev),
-                ys=torch.empty(d, W * E * cc, N, dtype=dt, device=dev),
-                yr=torch.empty(d, G * cc, N, dtype=dt, device=dev),
-            )
+            kw = dict(dtype=dt, device=dev)
+            xs, xr = torch.zeros(d, G * cc, K, **kw), torch.empty(d, W * E * cc, K, **kw)
+            ys, yr = torch.empty(d, W * E * cc, N, **kw), torch.empty(d, G * cc, N, **kw)
+            st = _State(d, cc, idx.to(dev), idx_tk.to(dev), xs, xr, ys, yr)
             # the per-chunk temporaries of _compute, so that forward finds their memory
             scratch = st.xr.new_empty(W * E * cc, K + N)
             del scratch
@@ -336,12 +330,9 @@ class ChunkedLayerStep(PipelinedLayer, ChunkedCombineStep):
 
 class TutelReimplSystem(System):
     name = "tutel_reimpl"
-    PARAMS: ClassVar[dict[str, Any]] = {
-        "scope": "gemm+combine",
-        "degrees": list(DEFAULT_DEGREES),
-        "degree": 0,
-        "tune_iters": 3,
-    }
+    PARAMS: ClassVar[dict[str, Any]] = dict(
+        scope="gemm+combine", degrees=list(DEFAULT_DEGREES), degree=0, tune_iters=3
+    )
 
     def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
         super().__init__(ctx, params)
@@ -376,10 +367,8 @@ class TutelReimplSystem(System):
                 except torch.cuda.OutOfMemoryError:
                     oom.append(d)  # every rank skips it: set_degree agrees on the failure
                     continue
-                t = time_fn(
-                    step.timed, device=self.ctx.device, group=self.ctx.group, warmup=1, iters=iters
-                )
-                times[d] = t.median_ms
+                kw = dict(device=self.ctx.device, group=self.ctx.group, warmup=1, iters=iters)
+                times[d] = time_fn(step.timed, **kw).median_ms
             if not times:
                 raise torch.cuda.OutOfMemoryError(
                     f"tutel padded buffers (capacity {step.cap_max}) fit for no degree in {oom}"

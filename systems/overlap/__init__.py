@@ -3,14 +3,11 @@
 The public layer: `OverlapMoE` (layer.py), a torch module with one context sized once and one
 call; `OverlapParams` (params.py) its knobs. RankExperts (rank_experts.py) is one rank's expert
 part of it; steps.py and system.py are the harness's client.
-Stage A (metadata, no communication): `plan.build_plan` gives the remote-aligned row layout, the
-remote-first band schedule and the combine plan (per band and per segment device arrays).
-`oracle_cpu` is the CPU oracle of the whole overlapped combine built on that plan.
+Stage A (metadata, no communication): `plan` (the CombinePlan: the remote-aligned row layout,
+the remote-first band schedule and the combine plan), built on the device by `plan_device`.
 Stage B: `kernels/` (the Triton producer and consumer, their shared device primitives and thin
 launchers), `runner` (OverlapRunner: one rank's host state and launches), `transport` (where the
 bands land), `modes` (named put and flag modes, no Triton), `errors` (device error records).
-`testing`: synthetic plans (through `plan.build_plan`) and expectations shared by the kernel
-tests and the benchmarks.
 Imports nothing heavy here, so reading the package pulls in no GPU code.
 """
 

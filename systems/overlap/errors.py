@@ -31,10 +31,7 @@ CODE_NONE = 0
 CODE_BAND_TIMEOUT = 1
 CODE_SIGNAL_TIMEOUT = 2
 
-_CODE_NAMES = {
-    CODE_BAND_TIMEOUT: "band wait",
-    CODE_SIGNAL_TIMEOUT: "receive wait",
-}
+_CODE_NAMES = {CODE_BAND_TIMEOUT: "band wait", CODE_SIGNAL_TIMEOUT: "receive wait"}
 
 
 @dataclass(frozen=True)

@@ -23,19 +23,10 @@ class OperatorRank:
     def __init__(self, inp, transport, params: OverlapParams) -> None:
         spec, w, x_recv = inp.spec, inp.weights, inp.x_recv
         cap = pick_config(params.tile_m, w.shape[1], spec.out, w.dtype).group_cap
-        self.plan = plan_for_layout(
-            inp.layout,
-            world_size=spec.world_size,
-            experts_per_rank=spec.experts_per_rank,
-            tile_m=params.tile_m,
-            mgb=params.mgb,
-            out_cols=spec.out,
-            elem_bytes=x_recv.element_size(),
-            device=x_recv.device,
-            layout=params.layout,
-            order=params.order,
-            group_cap=cap,
-        )
+        shape = dict(world_size=spec.world_size, experts_per_rank=spec.experts_per_rank)
+        shape |= dict(tile_m=params.tile_m, mgb=params.mgb, out_cols=spec.out, group_cap=cap)
+        shape |= dict(elem_bytes=x_recv.element_size(), layout=params.layout, order=params.order)
+        self.plan = plan_for_layout(inp.layout, device=x_recv.device, **shape)
         self.x = padded_input(x_recv, self.plan.gather_index)
         self.y = torch.empty(self.x.shape[0], spec.out, dtype=x_recv.dtype, device=x_recv.device)
         self.runner = make_runner(self.plan, w, transport, params)

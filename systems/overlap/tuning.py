@@ -18,10 +18,6 @@ import torch
 
 from harness.kernels.ints import cdiv
 
-#: the readiness flag modes (kernels/producer.py): "cta" one release per CTA after a barrier,
-#: "thread" one release per thread, "deferred" per thread one tile later (off the critical path)
-FLAGS = ("cta", "thread", "deferred")
-
 
 @dataclass(frozen=True)
 class TileConfig:
@@ -35,7 +31,9 @@ class TileConfig:
     group_m: int = 1  # 1 = band-major (the paper's order); >1 = L2 swizzle over schedule entries
     use_tma: bool = True
     flatten: bool = True  # tl.range(flatten=True): one pipelined loop over tiles x K steps
-    flag: str = "thread"  # one of FLAGS
+    #: readiness flags (modes.FLAG_CODES): "cta" one release per CTA after a barrier, "thread"
+    #: one per thread, "deferred" per thread one tile later (off the critical path)
+    flag: str = "thread"
     epi_split: int = 1  # the epilogue stores the tile in 1, 2 or 4 column slices
     #: swizzle groups = runs of one expert's bands in the visiting order, at most group_m long
     #: (the plan's `groups`), instead of fixed groups of group_m positions

@@ -13,27 +13,7 @@ Importing this package imports triton.
 
 from __future__ import annotations
 
-from systems.overlap.kernels.consumer import launch_consumer, launch_wait_signals
-from systems.overlap.kernels.producer import launch_producer, producer_grid, producer_input_args
-from systems.overlap.tuning import (
-    ConsumerConfig,
-    TileConfig,
-    interpreter_config,
-    interpreter_consumer_config,
-    pick_config,
-    shared_consumer_config,
-)
+from systems.overlap.kernels.consumer import launch_wait_signals
+from systems.overlap.kernels.producer import launch_producer
 
-__all__ = [
-    "ConsumerConfig",
-    "TileConfig",
-    "interpreter_config",
-    "interpreter_consumer_config",
-    "launch_consumer",
-    "launch_producer",
-    "launch_wait_signals",
-    "pick_config",
-    "producer_grid",
-    "producer_input_args",
-    "shared_consumer_config",
-]
+__all__ = ["launch_producer", "launch_wait_signals"]

@@ -54,15 +54,7 @@ def uniform_now(clock):
 
 
 @triton.jit
-def spin_until(
-    ptr,
-    target,
-    err,
-    clock,
-    timeout,
-    SCOPE: tl.constexpr,
-    USE_TIMER: tl.constexpr,
-):
+def spin_until(ptr, target, err, clock, timeout, SCOPE: tl.constexpr, USE_TIMER: tl.constexpr):
     """Poll *ptr (acquire) until >= target. Returns (status, last value seen).
 
     status 0: reached; 1: timed out (more than timeout ns); 2: gave up because another program
