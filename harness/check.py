@@ -26,6 +26,7 @@ class CheckResult:
     max_rel_err: float
     message: str
     max_row_rel_err: float = float("nan")
+    ERRORS = ("max_rel_err", "max_row_rel_err")
 
 
 def row_errors(o: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -39,8 +40,17 @@ def check(out: torch.Tensor, ref: torch.Tensor, tol: float = DEFAULT_TOL) -> Che
     """Compare out [T, N] with ref [T, N]: the whole-tensor and the per-row bound (module doc).
 
     Fails with a reason on a shape mismatch, NaN/inf, an all-zero output where the reference is
-    not zero, and names the worst row when a bound is exceeded.
+    not zero, and names the worst row when a bound is exceeded. Dicts of named tensors (a train
+    step's output and gradients): each checked on its own, the worst errors and every failure.
     """
+    if isinstance(ref, dict):
+        if not isinstance(out, dict) or set(out) != set(ref):
+            got = sorted(out) if isinstance(out, dict) else type(out).__name__
+            return CheckResult(False, float("inf"), f"parts {got} != {sorted(ref)}")
+        res = {name: check(out[name], r, tol) for name, r in ref.items()}
+        bad = "; ".join(f"{name}: {r.message}" for name, r in res.items() if not r.ok)
+        whole, row = (max(getattr(r, f) for r in res.values()) for f in CheckResult.ERRORS)
+        return CheckResult(not bad, whole, bad, row)
     if tuple(out.shape) != tuple(ref.shape):
         return CheckResult(False, float("inf"), f"shape {tuple(out.shape)} != {tuple(ref.shape)}")
     o, r = out.detach().float(), ref.detach().float().to(out.device)

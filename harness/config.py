@@ -63,6 +63,8 @@ class GridConf:
     #: expert width F of FFN experts (a whole layer, scope `layer`); 0 = the single-GEMM
     #: operator (scope gemm+combine). FFN cells need out == hidden.
     ffn: list[int] = field(default_factory=lambda: [0])
+    #: true: a layer cell timed as one training step, forward + backward (scope train)
+    train: list[bool] = field(default_factory=lambda: [False])
     #: logical ranks of the layer; empty = the number of processes
     world_size: list[int] = field(default_factory=list)
 

@@ -31,15 +31,34 @@ from harness import dispatch as ld
 DISPATCHES = ("auto", "device", "nccl")
 
 
-def dispatch_used(choice: object, world_size: int, plays_every_rank: bool) -> str:
+def dispatch_used(
+    choice: object, world_size: int, plays_every_rank: bool, triton: bool = True
+) -> str:
     """The dispatch a layer step runs for the asked `choice`; a one-line ValueError where it
     cannot run this way (a choice outside DISPATCHES, nccl with one process playing W > 1
-    ranks)."""
+    ranks, device across processes where Triton cannot run: `triton` False, a CPU without
+    TRITON_INTERPRET=1, where auto takes nccl)."""
     if choice not in DISPATCHES:
         raise ValueError(f"dispatch must be one of {', '.join(DISPATCHES)}, got {choice!r}")
     if choice == "nccl" and plays_every_rank and world_size > 1:
         raise ValueError("dispatch=nccl needs one process per rank at W > 1")
+    across = world_size > 1 and not plays_every_rank
+    if across and not triton:
+        if choice == "device":
+            raise ValueError(
+                "dispatch=device with one process per rank runs Triton kernels: a GPU, or "
+                "TRITON_INTERPRET=1 on the CPU"
+            )
+        return "nccl"
     return "device" if choice == "auto" else str(choice)
+
+
+def triton_runs(device_type: str) -> bool:
+    """Whether Triton kernels run on `device_type` in this process (on the CPU: the
+    interpreter)."""
+    import os
+
+    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def recv_bytes(world_size: int, tokens: int, top_k: int, hidden: int, elem_bytes: int) -> int:

@@ -79,7 +79,8 @@ class _Waits:
 
 class PeerDispatch:
     """dispatch(x [T, H], expert_ids [T, k]) -> harness.dispatch.Dispatched over `group` (W
-    ranks, E local experts each), T <= tokens: x_recv [W*T*k, H] with labels at that bound
+    ranks, E local experts each), T <= tokens (or x [T*k, H], a row per pair: row t*k+j goes to
+    expert_ids[t, j], the combine's adjoint): x_recv [W*T*k, H] with labels at that bound
     (rows past n_rows are junk, labels -1, expert_pos the identity), no host lists. transport:
     p2p, nvshmem or shm. Collective: every rank builds it and calls it in lockstep."""
 
@@ -118,7 +119,8 @@ class PeerDispatch:
         if not x.is_cuda:  # torch's sort: no host read either, 100x faster than interpreted
             sort_meta, split_sizes = ld.sort_meta_torch, ld.split_sizes_torch
         order, pos, token, meta = sort_meta(expert_ids, W, E, k)  # [S] x3, [W, 2E]
-        torch.index_select(x, 0, token, out=self.rows.recv[: T * k])  # rows in send order
+        rows = token if x.shape[0] == T else order  # a row per token, or per pair
+        torch.index_select(x, 0, rows, out=self.rows.recv[: T * k])  # rows in send order
         torch.remainder(self.steps, 2, out=self.slot)
         peer.publish(meta, self.slot, self.counts.recv_ptrs, self.counts.signal_ptrs, self.rank)
         self.steps.add_(1)

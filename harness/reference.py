@@ -127,3 +127,42 @@ def reference_distributed(
     x_recv = dispatch(x, lay, group)
     y_recv = expert_step(x_recv, lay, weights, w1)
     return scale(combine(y_recv, lay, group), lay, spec.tokens_per_rank)
+
+
+def moe_torch(x, expert_ids, gate, w1, w2) -> torch.Tensor:
+    """out [T, H] = sum_j gate[t, j] * gelu(x[t] @ w1[g]) @ w2[g], g = expert_ids[t, j], over every
+    global expert's w1 [G, H, F] and w2 [G, F, H]: plain differentiable torch."""
+    out = x.new_zeros(x.shape[0], w2.shape[2])
+    for g in torch.unique(expert_ids).tolist():
+        t, j = (expert_ids == g).nonzero(as_tuple=True)
+        y = activation(x.index_select(0, t) @ w1[g]) @ w2[g]
+        out = out.index_add(0, t, y * gate[t, j].unsqueeze(1))
+    return out
+
+
+def reference_train(spec: WorkloadSpec, played: list[int], device: torch.device) -> dict:
+    """The train scope's oracle: torch autograd in float32 of every rank's layer with the loss
+    sum_r <out_r, dy_r> (dy_r: workload.make_grad). The played ranks' out [T, H], dx [T, H],
+    dgate [T, k] and their experts' dw1 [E, H, F], dw2 [E, F, H], each stacked in `played` order.
+    """
+    from harness.workload import make_grad
+
+    routing, E = routing_of(spec), spec.experts_per_rank
+    w1 = torch.stack([make_fc1_weight(spec, g, device) for g in range(spec.n_experts)])
+    w2 = torch.stack([make_fc2_weight(spec, g, device) for g in range(spec.n_experts)])
+    w1, w2 = w1.float().requires_grad_(), w2.float().requires_grad_()
+    xs, gates, outs = [], [], []
+    for r in range(spec.world_size):
+        xs.append(make_tokens(spec, r, device).float().requires_grad_())
+        gates.append(routing.gate_weights[r].to(device).float().requires_grad_())
+        outs.append(moe_torch(xs[r], routing.expert_ids[r].to(device), gates[r], w1, w2))
+    dys = [make_grad(spec, r, device).float() for r in range(spec.world_size)]
+    torch.autograd.backward(outs, dys)
+    mine = [slice(r * E, (r + 1) * E) for r in played]
+    return {
+        "out": torch.cat([outs[r].detach() for r in played]),
+        "dx": torch.cat([xs[r].grad for r in played]),
+        "dgate": torch.cat([gates[r].grad for r in played]),
+        "dw1": torch.cat([w1.grad[s] for s in mine]),
+        "dw2": torch.cat([w2.grad[s] for s in mine]),
+    }

@@ -41,6 +41,8 @@ class WorkloadSpec:
     seed: int = 0
     #: expert width F of FFN experts; 0 = the single-GEMM operator cell
     ffn: int = 0
+    #: a layer cell timed as one training step, forward + backward (scope train)
+    train: bool = False
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTINGS:
@@ -57,6 +59,8 @@ class WorkloadSpec:
                 f"a layer cell (ffn={self.ffn}) returns the hidden width: out must equal hidden, "
                 f"got hidden={self.hidden}, out={self.out}"
             )
+        if self.train and not self.ffn:
+            raise ValueError("a train cell is a layer cell: it needs ffn > 0")
         if self.top_k > self.world_size * self.experts_per_rank:
             raise ValueError(
                 f"top_k={self.top_k} > number of experts {self.world_size * self.experts_per_rank}"
@@ -68,8 +72,9 @@ class WorkloadSpec:
 
     @property
     def scope(self) -> str:
-        """The timed region's scope: "layer" for FFN cells, "gemm+combine" for the operator."""
-        return "layer" if self.ffn else "gemm+combine"
+        """The timed region's scope: "layer" for FFN cells, "train" for their forward +
+        backward, "gemm+combine" for the operator."""
+        return ("train" if self.train else "layer") if self.ffn else "gemm+combine"
 
     @property
     def gemm_in(self) -> int:
@@ -81,7 +86,7 @@ class WorkloadSpec:
         return self.world_size * self.experts_per_rank
 
     def key(self) -> str:
-        items = {k: v for k, v in asdict(self).items() if k != "ffn" or v}
+        items = {k: v for k, v in asdict(self).items() if k not in ("ffn", "train") or v}
         return hashlib.sha1(repr(sorted(items.items())).encode()).hexdigest()[:12]
 
 
@@ -97,6 +102,13 @@ def make_tokens(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Te
     g = _gen(device, spec.seed, 1, rank)
     x = torch.randn(spec.tokens_per_rank, spec.hidden, generator=g, device=device)
     return x.to(spec.torch_dtype)
+
+
+def make_grad(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
+    """A train cell's upstream gradient dL/dout of one rank, dy [T, H] in spec.dtype."""
+    g = _gen(device, spec.seed, 5, rank)
+    dy = torch.randn(spec.tokens_per_rank, spec.out, generator=g, device=device)
+    return dy.to(spec.torch_dtype)
 
 
 def make_expert_weight(

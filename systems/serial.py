@@ -11,7 +11,8 @@ sort by expert, counts exchange, dispatch, rows grouped by expert (skipped where
 auto) needs no host sync (harness/dispatch_device.py at W=1, harness/dispatch_peer.py with one
 process per rank: the same dispatch as the overlap system's), so the step captures in a CUDA
 graph; "nccl" is harness/dispatch.py's all-to-all dispatch and combine with the split sizes'
-host sync (a labelled variant).
+host sync (a labelled variant; what auto takes across CPU processes without Triton's
+interpreter).
 The GEMM is torch._grouped_mm where it applies (Hopper, bf16), a per-expert matmul elsewhere.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from harness import dispatch as ld
-from harness.dispatch_device import DISPATCHES, PlayedDispatch, dispatch_used
+from harness.dispatch_device import DISPATCHES, PlayedDispatch, dispatch_used, triton_runs
 from harness.experts import (
     device_offsets,
     expert_gemm,
@@ -197,10 +198,66 @@ class _PeerDispatchLayerStep(_DeviceDispatchLayerStep):
         self.combiner.check()
 
 
+def _autograd_gemm(x: torch.Tensor, counts: list[int], w: torch.Tensor) -> torch.Tensor:
+    """expert_gemm under autograd: torch._grouped_mm on a GPU where it applies, else per-expert
+    matmuls joined (the CPU's grouped GEMM has no working backward)."""
+    if x.is_cuda and grouped_mm_usable(x, w):
+        return torch._grouped_mm(x, w, offs=device_offsets(counts, x.device))
+    return torch.cat([xe @ w[e] for e, xe in enumerate(x.split(counts))])
+
+
+class _TrainLayerStep(Step):
+    """Train cell (scope train): one forward + backward under torch autograd over serial's own
+    ops: the NCCL dispatch's labels (harness/dispatch.py, its host sync), the row gather and
+    NCCL's all-to-all (torch.distributed.nn, differentiable) for the rows both ways, the grouped
+    GEMMs, the scale in torch ops. timed() returns {"out", "dx", "dgate", "dw1", "dw2"}, fresh
+    every call."""
+
+    timed_rank = None
+    host_syncs = 1  # the dispatch's split sizes
+
+    def __init__(self, inputs: CellInputs, group) -> None:
+        spec = inputs.spec
+        self.dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, group)
+        self.group, self.k, self.W = group, spec.top_k, spec.world_size
+        self.ids, self.dy = inputs.expert_ids, inputs.dy
+        leaves = (inputs.x, inputs.gate, inputs.w1, inputs.weights)
+        self.leaves = [t.detach().clone().requires_grad_() for t in leaves]
+        self.gemm_impl = expert_gemm_impl(inputs.x, inputs.w1)
+        self.d = self.dispatch(inputs.x, self.ids)  # the row's facts
+
+    def _a2a(self, rows: torch.Tensor, out_splits, in_splits) -> torch.Tensor:
+        if self.W == 1:
+            return rows
+        from torch.distributed.nn.functional import all_to_all_single
+
+        out = rows.new_empty(sum(out_splits), rows.shape[1])
+        return all_to_all_single(out, rows, out_splits, in_splits, group=self.group)
+
+    def timed(self) -> dict:
+        x, gate, w1, w2 = self.leaves
+        for t in self.leaves:
+            t.grad = None
+        d = self.dispatch(x.detach(), self.ids)
+        rows = self._a2a(x.index_select(0, d.send_order // self.k), d.recv_splits, d.send_splits)
+        h = torch.nn.functional.gelu(_autograd_gemm(ld.to_expert_order(d, rows), d.expert_rows, w1))
+        y = ld.from_expert_order(d, _autograd_gemm(h, d.expert_rows, w2))
+        back = self._a2a(y, d.send_splits, d.recv_splits)
+        out = back.index_select(0, d.pos.view(-1)).view(*gate.shape, -1).float()
+        out = (out * gate.unsqueeze(-1)).sum(1).to(x.dtype)
+        out.backward(self.dy)
+        return {"out": out.detach(), "dx": x.grad, "dgate": gate.grad, "dw1": w1.grad,
+                "dw2": w2.grad}  # fmt: skip
+
+    def capture_blocker(self) -> str | None:
+        return "train scope: autograd's backward is not captured"
+
+
 class SerialSystem(System):
     name = "serial"
     overlaps = False  # the combine runs after the experts
     layer_scope = True
+    train_scope = True
     PARAMS = {"dispatch": "auto"}
 
     def __init__(self, ctx: RunContext, params: dict) -> None:
@@ -214,7 +271,8 @@ class SerialSystem(System):
         plays one rank a process: W > 1 is one process per rank)."""
         if spec.ffn and spec.world_size == processes:
             try:
-                dispatch_used(params["dispatch"], spec.world_size, spec.world_size == 1)
+                W, triton = spec.world_size, triton_runs(device)
+                dispatch_used(params["dispatch"], W, W == 1, triton)
             except ValueError as exc:
                 raise ValueError(f"serial: {exc}") from None
 
@@ -234,8 +292,11 @@ class SerialSystem(System):
             step = _GemmCombineStep(inputs, self.ctx.group)
             self._impl = step.gemm_impl
             return step
-        used = dispatch_used(self.params["dispatch"], spec.world_size, spec.world_size == 1)
-        if used == "device" and spec.world_size > 1:
+        triton = triton_runs(self.ctx.device.type)
+        used = dispatch_used(self.params["dispatch"], spec.world_size, spec.world_size == 1, triton)
+        if spec.train:  # autograd: NCCL's dispatch, whatever `dispatch` asks
+            step, used = _TrainLayerStep(inputs, self.ctx.group), "nccl"
+        elif used == "device" and spec.world_size > 1:
             step = _PeerDispatchLayerStep(inputs, self.ctx.group)
         elif used == "device":
             step = _DeviceDispatchLayerStep(inputs, self.ctx.group)

@@ -45,6 +45,9 @@ def test_the_dispatch_choice_and_its_errors():
     assert dispatch_used("auto", 1, True) == "device"
     assert dispatch_used("auto", 4, False) == "device"  # harness/dispatch_peer.py
     assert dispatch_used("device", 2, False) == "device"
+    assert dispatch_used("auto", 2, False, triton=False) == "nccl"  # CPU, no interpreter
+    with pytest.raises(ValueError, match="runs Triton kernels"):
+        dispatch_used("device", 2, False, triton=False)
     assert dispatch_used("nccl", 1, True) == "nccl"  # the old path, to compare at W=1
     with pytest.raises(ValueError, match="one process per rank"):
         dispatch_used("nccl", 2, True)

@@ -11,8 +11,8 @@ group (one process per rank) the peers' buffers come from torch symmetric memory
 (params.transport p2p or nvshmem; shm between CPU processes), and the dispatch moves counts and
 rows through them (harness/dispatch_peer.py). Either way the forward reads nothing on the host
 and captures in a CUDA graph (params.dispatch=nccl: NCCL's all-to-all, one host sync a step).
-On the CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1). Inference only: the
-forward has no backward yet.
+On the CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1). The backward is
+overlapped at tile level too (backward.py); w1 and w2 are trainable parameters.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ class OverlapMoE(torch.nn.Module):
         rank = 0 if group is None else dist.get_rank(group)
         E, H, F, k = experts_per_rank, hidden, ffn, top_k
         self.world_size, self.rank, self.top_k, self.max_tokens = W, rank, k, max_tokens
-        self.w1 = torch.nn.Parameter(self._weight(w1, (E, H, F), dtype, device), False)
-        self.w2 = torch.nn.Parameter(self._weight(w2, (E, F, H), dtype, device), False)
+        self.w1 = torch.nn.Parameter(self._weight(w1, (E, H, F), dtype, device))
+        self.w2 = torch.nn.Parameter(self._weight(w2, (E, F, H), dtype, device))
         params = params or OverlapParams()
         self.transport_name = params.transport_for(W, device.type)
         if (group is None) != (self.transport_name == "loopback"):
@@ -185,7 +185,18 @@ class OverlapMoE(torch.nn.Module):
         self, x: torch.Tensor, expert_ids: torch.Tensor, gate: torch.Tensor
     ) -> torch.Tensor:
         """y [T, H] = sum_j gate[t, j] * expert_{ids[t, j]}(x[t]); x [T, H] (T <= max_tokens),
-        expert_ids [T, k] global expert ids, gate [T, k]. No host sync without a group."""
+        expert_ids [T, k] global expert ids, gate [T, k]. No host sync without a group. Where
+        grad is on and x, gate or a weight needs it, the overlapped backward (backward.py) puts
+        the gradients of x, gate, w1 and w2 where autograd puts them."""
+        needs = (x, gate, self.w1, self.w2)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in needs):
+            from systems.overlap.backward import LayerFunction
+
+            return LayerFunction.apply(self, expert_ids, x, gate, self.w1, self.w2)
+        return self._step(x, expert_ids, gate)
+
+    def _step(self, x: torch.Tensor, expert_ids: torch.Tensor, gate: torch.Tensor):
+        """The forward (no autograd)."""
         self._check_inputs(x, expert_ids, gate)
         ex = self.experts
         if self.dispatch == "device" and self.group is None:  # rows go straight from the
@@ -205,6 +216,8 @@ class OverlapMoE(torch.nn.Module):
     def check(self) -> None:
         """Raise where a device-side wait of the forwards so far timed out (reads the device)."""
         self.experts.runner.check()
+        if self.experts.back is not None:
+            self.experts.back.runner.check()
         if hasattr(self.dispatcher, "check"):
             self.dispatcher.check()
 

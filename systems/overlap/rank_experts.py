@@ -91,6 +91,10 @@ class RankExperts:
 
         E, H, F = w1.shape
         self.w1, self.w2, self.world_size, self.rank = w1, w2, world_size, rank
+        self.params = params
+        #: keep: a training forward holds its own plan and padded input (kept) for backward.py;
+        #: back: its systems.overlap.backward.RankBackward, made by the first backward
+        self.keep, self.kept, self.back = False, None, None
         #: fc2 overlapped with the combine; at W=1 (no remote rows) the producer alone
         self.combines = world_size > 1
         group_cap = pick_config(params.tile_m, F, H, w2.dtype).group_cap
@@ -156,7 +160,11 @@ class RankExperts:
     def experts(self, d: ld.Dispatched, plan=None) -> None:
         """Stage A, fc1 + GELU, fc2 overlapped with the combine's puts (at W=1 the producer
         alone on every SM, storing each row in place)."""
-        plan, x_pad = self.stage_a(d, plan)
+        if self.keep:  # a plan and padded input of its own, for the backward
+            self.kept = self.hold(d)
+            plan, x_pad = self.kept.plan, self.kept.x_pad
+        else:
+            plan, x_pad = self.stage_a(d, plan)
         self.fc2_combine(plan, self.fc1(plan, x_pad), overlapped=self.combines)
 
     def scale(self, d: ld.Dispatched, gate: torch.Tensor) -> torch.Tensor:

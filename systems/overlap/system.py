@@ -35,6 +35,7 @@ class OverlapSystem(System):
     PARAMS: ClassVar[dict[str, Any]] = OverlapParams().as_dict()
     simulates_ranks = True
     layer_scope = True
+    train_scope = True
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
@@ -69,10 +70,14 @@ class OverlapSystem(System):
             params = replace(params, dispatch=dispatch)
             if spec.world_size == 1:  # nothing to combine: no consumer, so no cCTA
                 self.used["ccta_used"] = 0
+            one, every = steps.LayerStep, steps.PlayedLayerStep
+            if spec.train:  # one forward + backward
+                from systems.overlap.backward import LayerTrainStep as one
+                from systems.overlap.backward import PlayedTrainStep as every
             if plays and spec.world_size > 1:
-                step = steps.PlayedLayerStep(ranks, params)
+                step = every(ranks, params)
             else:
-                step = steps.LayerStep(ranks[0], group, params)
+                step = one(ranks[0], group, params)
             self.metrics |= step.metrics
         elif self._transport == "loopback":
             if ctx.world_size != 1:
