@@ -34,12 +34,13 @@ from harness.errors import CommFailure, is_comm_failure
 from harness.graphs import capture, graph_choice, graph_mode
 from harness.layout import rank_layout
 from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
-from harness.reference import dispatch, dispatch_local, reference_local
+from harness.reference import dispatch, dispatch_local, reference_local, reference_train
 from harness.system import CellInputs, RunContext, get_system
 from harness.timing import STATE, barrier, count_host_syncs, summarize, time_fn, waiting
 from harness.workload import (
     WorkloadSpec,
     imbalance_of,
+    make_grad,
     make_rank_fc1,
     make_rank_weights,
     make_tokens,
@@ -186,8 +187,11 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
     cells = []
     rng = random.Random(cfg.seed)
     seen: list[dict] = []
-    for values in itertools.product(worlds, *axes.values()):
+    trains = [bool(t) for t in getattr(g, "train", [False])]
+    for train, *values in itertools.product(trains, worlds, *axes.values()):
         base = {"world_size": values[0], **dict(zip(axes, values[1:]))}
+        if train:  # only where set: the other cells keep their hashes
+            base["train"] = True
         if base["ffn"]:  # an FFN layer returns its input width: out is hidden
             base["out"] = base["hidden"]
             if base in seen:
@@ -222,7 +226,9 @@ def workload_cells(
 def spec_of(cell: dict) -> WorkloadSpec:
     """The cell's workload; a hand-built cell without `ffn` is the single-GEMM operator."""
     keys = ("world_size", "seed", *SPEC_KEYS)
-    return WorkloadSpec(**{k: cell[k] for k in keys}, ffn=cell.get("ffn", 0))
+    return WorkloadSpec(
+        **{k: cell[k] for k in keys}, ffn=cell.get("ffn", 0), train=cell.get("train", False)
+    )
 
 
 def validate_cells(
@@ -292,9 +298,12 @@ def cell_inputs(
             routing = routing_of(spec)
             ids = routing.expert_ids[r].to(ctx.device)
             gate = routing.gate_weights[r].to(device=ctx.device, dtype=torch.float32)
-            inputs.append(CellInputs(spec, lay, x, w, x_recv, w1, ids, gate))
-            refs.append(reference_local(spec, r, ctx.device))
-        _InputCache.key, _InputCache.value = key, (inputs, torch.cat(refs))
+            dy = make_grad(spec, r, ctx.device) if spec.train else None
+            inputs.append(CellInputs(spec, lay, x, w, x_recv, w1, ids, gate, dy))
+            if not spec.train:
+                refs.append(reference_local(spec, r, ctx.device))
+        ref = reference_train(spec, played, ctx.device) if spec.train else torch.cat(refs)
+        _InputCache.key, _InputCache.value = key, (inputs, ref)
     return _InputCache.value  # type: ignore[return-value]
 
 
@@ -435,9 +444,11 @@ class _Prepared:
 
     def timed_ref(self) -> torch.Tensor:
         """The reference of what the step returns: the played rank system.timed_rank's rows
-        [T, N] of the stacked reference (None: all of it)."""
+        [T, N] of the stacked reference (None: all of it; a train step returns all of it)."""
         r, T = self.system.timed_rank, self.spec.tokens_per_rank
-        return self.ref if r is None else self.ref[r * T : (r + 1) * T]
+        if r is None or isinstance(self.ref, dict):
+            return self.ref
+        return self.ref[r * T : (r + 1) * T]
 
 
 def poison(ctx: RunContext, p: _Prepared) -> None:
@@ -458,6 +469,8 @@ def checked_call(ctx: RunContext, p: _Prepared, call) -> Any:
     out = call()
     if isinstance(out, torch.Tensor):
         p.returned = [out]
+    elif isinstance(out, dict):  # a train step's output and gradients
+        p.returned = list(out.values())
     return out
 
 
@@ -467,7 +480,7 @@ def check_step(ctx: RunContext, cfg: Any, p: _Prepared, when: str) -> bool:
     (recorded in the row)."""
     out = checked_call(ctx, p, p.step)
     p.system.check_errors()
-    if not isinstance(out, torch.Tensor):
+    if not isinstance(out, (torch.Tensor, dict)):
         p.row.status, p.row.reason = "fail", f"{when}: the timed step returned no output tensor"
         return False
     return _checked(ctx, p.row, check(out, p.timed_ref(), cfg.measure.tol), when)
@@ -533,6 +546,9 @@ def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
     if spec.ffn and not cls.layer_scope:
         row.status = "skipped"
         row.reason = f"{info.name} has no layer scope (FFN experts timed from the tokens)"
+        return row
+    if spec.train and not cls.train_scope:
+        row.status, row.reason = "skipped", f"{info.name} has no train scope (forward + backward)"
         return row
     if len(played) > 1 and not cls.simulates_ranks:
         row.status = "skipped"
@@ -652,9 +668,32 @@ def _bounds(ctx: RunContext, p: _Prepared, kw: dict) -> bool:
     return True
 
 
+def _serialized(ctx: RunContext, cfg: Any, p: _Prepared, kw: dict) -> bool:
+    """Step.serialized where the step has one: captured where the step is, checked like the
+    step, then timed (serialized_ms); two stages (a check can fail on one rank only). Not in
+    Triton's interpreter (a functional run): it runs the kernels one after the other anyway."""
+    fn, row = p.system.step.serialized, p.row
+    if fn is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    got: list = []
+
+    def check_serialized() -> None:
+        got.append(capture(fn, ctx.device).replay if row.graph else fn)
+        out = checked_call(ctx, p, got[0])
+        _checked(ctx, row, check(out, p.timed_ref(), cfg.measure.tol), "serialized")
+
+    def timed_serialized() -> None:
+        poison(ctx, p)
+        row.serialized_ms = time_fn(got[0], **kw).median_ms
+
+    return all(stage(ctx, row, n, f) is not None for n, f in (
+        ("serialized check", check_serialized), ("serialized", timed_serialized)))  # fmt: skip
+
+
 def _checks_after(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
     """Every rank's output and the timed step's own, checked again after timing (no reused
-    buffer overwritten, no wait timed out); a failure clears the latency. False after one."""
+    buffer overwritten, no wait timed out). False after a failure (finish_cell clears the
+    latency)."""
     row, system = p.row, p.system
     after = "after timing"
 
@@ -665,15 +704,10 @@ def _checks_after(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
     def check_step_after() -> None:
         check_step(ctx, cfg, p, f"{after} (step)")
 
-    if (
-        stage(ctx, row, after, check_after) is None
-        or stage(ctx, row, f"{after} (step)", check_step_after) is None
-    ):
-        if row.status == "fail":
-            row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
-            row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
-        return False
-    return True
+    return (
+        stage(ctx, row, after, check_after) is not None
+        and stage(ctx, row, f"{after} (step)", check_step_after) is not None
+    )
 
 
 def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
@@ -692,7 +726,10 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
     guarded(ctx, row, latency)  # of the samples agreed over the ranks: the same everywhere
     if row.status != "ok":
         return row
-    if not _bounds(ctx, p, kw) or not _checks_after(ctx, cfg, p):
+    if not (_bounds(ctx, p, kw) and _serialized(ctx, cfg, p, kw) and _checks_after(ctx, cfg, p)):
+        if row.status == "fail":  # a failed check after timing: no latency
+            row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
+            row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
         return row
     counted = [float("nan")]
     if ctx.device.type == "cuda":

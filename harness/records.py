@@ -27,6 +27,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
@@ -41,6 +42,10 @@ from filelock import FileLock, Timeout
 from harness.errors import HarnessUserError
 
 STATUSES = ("ok", "fail", "skipped", "error")
+#: this run's id, shared by the rank processes it spawns (they inherit the variable)
+RUN_ID = os.environ.setdefault(
+    "HARNESS_RUN_ID", time.strftime("%Y%m%dT%H%M%SZ-", time.gmtime()) + str(os.getpid())
+)
 
 
 @dataclass
@@ -54,7 +59,7 @@ class Row:
     experiment: str
     system: str
     impl: str = ""
-    scope: str = ""  # timed region: "gemm+combine" (operator level) or "layer"
+    scope: str = ""  # timed region: "gemm+combine" (operator level), "layer" or "train"
     cell_hash: str = ""
     world_size: int = 1
     transport: str = ""
@@ -77,6 +82,8 @@ class Row:
     latency_ci_hi_ms: float = float("nan")
     compute_ms: float = float("nan")
     comm_ms: float = float("nan")
+    #: the method's own kernels one after the other (Step.serialized), timed as the step is
+    serialized_ms: float = float("nan")
     overlap_ratio: float = float("nan")
     max_rel_err: float = float("nan")
     #: worst token row's relative error (harness/check.py: must stay <= 10 x tol)
@@ -112,6 +119,8 @@ class Row:
     nccl_version: str = ""
     command: str = ""
     timestamp: float = 0.0
+    #: the `harness.run` invocation that measured the row (RUN_ID)
+    run_id: str = ""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -165,11 +174,8 @@ def cell_hash(cell: dict) -> str:
 
 
 def overlap_ratio(compute_ms: float, comm_ms: float, overlapped_ms: float) -> float:
-    """Share of the standalone combine hidden: (Tc + Tm - To) / Tm clipped to [0, 1]."""
-    if not (comm_ms > 0):
-        return float("nan")
-    r = (compute_ms + comm_ms - overlapped_ms) / comm_ms
-    return min(1.0, max(0.0, r))
+    """Share of the standalone combine hidden: (Tc + Tm - To) / Tm, unclipped (noise shows)."""
+    return (compute_ms + comm_ms - overlapped_ms) / comm_ms if comm_ms > 0 else float("nan")
 
 
 def _git(*args: str) -> str:
@@ -241,6 +247,7 @@ def provenance() -> dict:
         "torch_version": torch.__version__,
         "triton_version": triton_v,
         "nccl_version": nccl,
+        "run_id": RUN_ID,
     }
 
 
@@ -251,8 +258,6 @@ def command_line() -> str:
 def cell_row(cell: dict, row_type: type[Row] = Row, **fields: Any) -> Row:
     """A row of `cell` (its experiment, system, hash, W and params) with this process's
     command, time and provenance, and `fields` for the rest."""
-    import time
-
     return row_type(
         **{"world_size": cell.get("world_size", 1), **fields},
         experiment=cell["experiment"],

@@ -12,6 +12,10 @@ ranks): `setup(ranks)` builds and stores a `Step` (the base class calls the subc
   check()          raise if a device-side wait of the last steps timed out (after every loop)
   compute_only()   everything but the communication (for the overlap ratio), or None
   comm_only()      the combine communication alone, or None
+  serialized       the method's own kernels one after the other, as one step returning what
+                   timed() returns (the overlap system's: producer to the end, then consumer,
+                   then the scale), or None: serial / serialized is the kernel gain,
+                   serialized / timed the overlap gain
 The catalogue of systems lives one floor up, in systems/__init__.py: its entries name their class
 by import path ("module:Class"), so reading the registry imports no GPU code.
 """
@@ -80,6 +84,7 @@ class CellInputs:
     w1         [E, H, F]  fc1 of the FFN experts (FFN cells only, else None)
     expert_ids [T, k]  this rank's routing on the device: global expert of (token, slot)
     gate       [T, k]  its gate weights, float32 on the device
+    dy         [T, N]  a train cell's upstream gradient dL/dout (else None)
     A layer-scope system starts its timed region from x, expert_ids and gate only.
     """
 
@@ -91,6 +96,7 @@ class CellInputs:
     w1: torch.Tensor | None = None
     expert_ids: torch.Tensor | None = None
     gate: torch.Tensor | None = None
+    dy: torch.Tensor | None = None
 
 
 class Step:
@@ -99,6 +105,8 @@ class Step:
 
     #: whose output timed() returns: an index into setup's `ranks` (None: all, stacked)
     timed_rank: int | None = 0
+    #: a method of the step (module doc), or None: checked, then timed as timed() is
+    serialized = None
 
     def timed(self) -> torch.Tensor:
         """The timed region: out [T, N] of the played rank `timed_rank` (None: all, stacked)."""
@@ -156,6 +164,9 @@ class System:
     #: can the system run FFN cells (spec.ffn > 0) timed from the tokens and routing (scope
     #: layer)? If not, such a cell is recorded as skipped with the reason.
     layer_scope: ClassVar[bool] = False
+    #: can the system run a layer cell as one training step (spec.train: forward + backward,
+    #: scope train)? If not, such a cell is recorded as skipped with the reason.
+    train_scope: ClassVar[bool] = False
     #: the system's own knobs and their defaults; an experiment may set only these keys
     PARAMS: ClassVar[dict[str, Any]] = {}
     #: does the step hide any communication behind compute? A system that runs them one after

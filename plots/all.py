@@ -37,8 +37,7 @@ _DRAWS = {
 FIGURES = {stem: f"plots.{m}" for m, stems in _DRAWS.items() for stem in stems.split()}
 #: figure script -> what its figure shows (results/REPORT.md's figure index)
 SHOWS = {
-    "latency_vs_experts": "latency per system against experts per rank (bars at one expert "
-    "count); lower is better",
+    "latency_vs_experts": "latency per system and expert count; lower is better",
     "speedup_vs_serial": "the best overlap cell against serial, per routing",
     "variants": "the overlap system's variants (layout, order) against serial",
     "placement": "consumer placement: step time against the compute bound",

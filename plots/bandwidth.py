@@ -1,8 +1,8 @@
 """Fig 3a: consumer bandwidth against transfer (segment) size, one line per cCTA, one panel per
 transport, with the all_to_all_single reference (dashed) where one was measured. Higher is
-better. GB/s count only the bytes that leave the sending GPU. Input: the `bandwidth`
-experiment's table (experiments/bandwidth.py). Loopback is a local copy on one GPU, never an
-interconnect figure; each panel's title says which transport and how many ranks.
+better. GB/s count only the bytes that leave the sending GPU (copied within it on loopback).
+Input: the `bandwidth` experiment's table (experiments/bandwidth.py). Loopback is a local copy
+on one GPU, never an interconnect figure; each panel's title says which transport and W.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         if tr != "loopback" and not r.empty:
             ax.plot(r["m_segment_bytes"] / 1024, r["m_gbps"], "k--", label="all_to_all_single")
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="segment size (KiB)", ylabel="GB/s leaving the GPU (higher is better)")
-        note = " (local copy)" if tr == "loopback" or w == 1 else ""
+        local = tr == "loopback" or w == 1
+        moved = "GB/s copied on the GPU" if local else "GB/s leaving the GPU"
+        ax.set(xlabel="segment size (KiB)", ylabel=f"{moved} (higher is better)")
+        note = " (local copy)" if local else ""
         ax.set_title(f"{tr}{note}, W={w:g}", fontsize=9)
         ax.legend(fontsize=7)
     gpu = ", ".join(sorted(set(df["gpu_name"].astype(str))))

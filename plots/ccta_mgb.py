@@ -8,7 +8,9 @@ marks the measured optimum, a red diamond the adaptive pick (ccta=auto, mgb=auto
 ran with. Without serial rows (a loopback table: serial cannot play W ranks in one process) the
 panels show latency in ms instead. summary(): per workload and transport the best (cCTA, mgb),
 the cCTA=2 slowdown (against serial and against the best) and the auto pick against the best;
-`python -m plots.ccta_mgb --summary` prints it.
+`python -m plots.ccta_mgb --summary` prints it. The panels' notes give speedups (serial / cCTA=2,
+best / auto: higher is better) and whether the best and the runner-up setting (and the auto
+pick) lie apart beyond their 95% CIs.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def overlap_rows(df: pd.DataFrame) -> pd.DataFrame:
     return o
 
 
+def _apart(best: pd.Series, other, rows: pd.DataFrame) -> bool:
+    """Is the best row's 95% CI below that of rows.loc[other] (apart beyond both CIs)?"""
+    return bool(best["latency_ci_hi_ms"] < rows.loc[other, "latency_ci_lo_ms"])
+
+
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per workload and transport: best measured (cCTA, mgb), its speedup over serial, cCTA=2
     against serial and against the best (> 1: slower), and the auto pick against the best."""
@@ -52,6 +59,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         if swept.empty:
             continue
         best = swept.loc[swept["latency_ms"].idxmin()]
+        rest = swept[swept.index != best.name]
         two = swept[swept["ccta"] == 2]["latency_ms"].min()
         auto = g[g["auto"]]
         a = auto.iloc[0] if len(auto) else dict.fromkeys(("p_ccta_used", "p_mgb_used"), np.nan)
@@ -61,6 +69,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
             ccta2_vs_serial=two / best["serial_ms"], ccta2_vs_best=two / best["latency_ms"],
             auto_ccta=a["p_ccta_used"], auto_mgb=a["p_mgb_used"],
             auto_vs_best=a.get("latency_ms", np.nan) / best["latency_ms"],
+            best_apart=len(swept) > 1 and _apart(best, rest["latency_ms"].idxmin(), swept),
+            auto_apart=_apart(best, a.name, g) if len(auto) else False,
         ))  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -97,12 +107,15 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
                 a = g[g["auto"]]
                 if len(a):
                     ax.plot(a["p_ccta_used"], a[y], "rD", ms=7, label="auto pick")
-                pick = f"({r['auto_ccta']:g}, {r['auto_mgb']:g}) {r['auto_vs_best']:.3f}x best"
-                two = f"{r['ccta2_vs_serial']:.2f}x serial, " if vs_serial else ""
+                ci = "apart" if r["auto_apart"] else "within CIs"
+                pick = f"best/auto ({r['auto_ccta']:g}, {r['auto_mgb']:g}) "
+                pick += f"{1 / r['auto_vs_best']:.3f}x, {ci}"
+                two = f"serial/cCTA=2 {1 / r['ccta2_vs_serial']:.2f}x, " if vs_serial else ""
+                near = "apart from" if r["best_apart"] else "within CIs of"
                 notes.append(
-                    f"{key[-1]}: best ({r['best_ccta']:g}, {r['best_mgb']:g}); cCTA=2 {two}"
-                    f"{r['ccta2_vs_best']:.2f}x best; auto "
-                    + (pick if pd.notna(r["auto_vs_best"]) else "not measured")
+                    f"{key[-1]}: best ({r['best_ccta']:g}, {r['best_mgb']:g}), {near} the next\n"
+                    f"{two}best/cCTA=2 {1 / r['ccta2_vs_best']:.2f}x\n"
+                    + (pick if pd.notna(r["auto_vs_best"]) else "auto not measured")
                 )
             if vs_serial:
                 ax.axhline(1.0, color="k", lw=0.8)

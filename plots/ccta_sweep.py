@@ -30,7 +30,6 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         ax.set_title(f"{routing}", fontsize=9)
         ax.set(xlabel="cCTA (consumer SMs)", ylabel="ms (lower is better)")
         ax2.set(xlabel="cCTA (consumer SMs)", ylabel="overlap ratio (higher is better)")
-        ax2.set_ylim(0, 1.05)
         for a in (ax, ax2):
             a.legend(fontsize=7)
     r = df.iloc[0]

@@ -194,7 +194,11 @@ def transport_note(df: pd.DataFrame, timing: bool = True) -> str:
     w = ", ".join(str(int(v)) for v in sorted(set(_col(df, "world_size").dropna())))
     how = setting_note(df)
     note = f"transport: {tr}; W={w}; {gpu}" + (f"; {timing_note(df)}" if timing else "")
-    return note + (f"; measured with {how}" if how else "")
+    note += f"; measured with {how}" if how else ""
+    runs = _col(df, "run_id").nunique()
+    note += f"; rows of {runs} runs" if runs > 1 else ""
+    cav = _col(df, "caveat")[_col(df, "system") == "serial"].dropna().astype(str)
+    return note + "".join(f"\n{c}" for c in sorted({c.split("; ")[0] for c in cav if c}))
 
 
 def against(

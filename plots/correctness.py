@@ -59,19 +59,22 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _heatmap(ax: plt.Axes, g: pd.DataFrame) -> plt.cm.ScalarMappable:
+def _heatmap(ax: plt.Axes, g: pd.DataFrame, tol: float) -> plt.cm.ScalarMappable:
     g = g.assign(ccta=pd.to_numeric(g["p_ccta"]), mgb=pd.to_numeric(g["p_mgb"]))
     ys = ["experts_per_rank", "out", "routing"]
     m = g.pivot_table(index=ys, columns=["ccta", "mgb"], values="max_rel_err", aggfunc="max")
     # inf (a broken output) and the 1e30 of an unmeasured rank show as the top colour (1.0)
     colour = np.log10(np.clip(m.to_numpy(dtype=float), 1e-8, 1.0))
-    im = ax.imshow(colour, aspect="auto", cmap="viridis")
+    # one scale from a decade under the smallest error to the tolerance: alike errors look alike
+    lo = min(np.floor(np.nanmin(colour)), np.log10(tol) - 1)
+    im = ax.imshow(colour, aspect="auto", cmap="viridis", vmin=lo, vmax=np.log10(tol))
     failed = g[g["status"] == "fail"].set_index(ys + ["ccta", "mgb"]).index
     for i, y in enumerate(m.index):
         for j, x in enumerate(m.columns):
             if (*y, *x) in failed:
                 ax.text(j, i, "x", color="red", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(m.columns)), [f"{c:g}/{b:g}" for c, b in m.columns], fontsize=5)
+    ax.set_xticks(range(len(m.columns)), [f"{c:g}/{b:g}" for c, b in m.columns], fontsize=5,
+                  rotation=90)  # fmt: skip
     ax.set_yticks(range(len(m.index)), [f"E={e} N={n} {r}" for e, n, r in m.index], fontsize=5)
     ax.set_xlabel("cCTA / mgb")
     return im
@@ -85,15 +88,15 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     groups = list(df.groupby(GROUP, sort=True))
     cols = max(2, len(groups))
     fig, axes = grid(2, cols, 5.5, 5)
+    tol = float(df["tol"].max()) if "tol" in df and df["tol"].notna().any() else DEFAULT_TOL
     for ax, (key, g) in zip(axes[0], groups):
-        im = _heatmap(ax, g)
+        im = _heatmap(ax, g, tol)
         layout, tr, w, dt = key
         n_fail = int((g["status"] == "fail").sum())
         ax.set_title(f"{layout}, {tr}, W={w}, {dt}: {len(g) - n_fail}/{len(g)} passed", fontsize=8)
-        fig.colorbar(im, ax=ax, label="log10 max_rel_err")
+        fig.colorbar(im, ax=ax, label="log10 max_rel_err", format="%.2f")  # no offset notation
     for ax in axes[0][len(groups) :]:
         ax.axis("off")
-    tol = float(df["tol"].max()) if "tol" in df and df["tol"].notna().any() else DEFAULT_TOL
     hists = (("max_rel_err", tol, "whole-tensor"), ("max_row_rel_err", ROW_TOL_FACTOR * tol, "row"))
     for ax, (col, bound, what) in zip(axes[1], hists):
         for key, g in groups:
@@ -108,9 +111,12 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     for ax in axes[1][2:]:
         ax.axis("off")
     s = summary(df).iloc[-1]
+    work = [c for c in ("world_size", "experts_per_rank", "out", "routing", "dtype") if c in df]
+    n, d = len(df[work].drop_duplicates()), len(df[[*work, "max_rel_err"]].drop_duplicates())
     title = (
-        f"Correctness matrix: {s['passed']}/{s['checks']} checks passed, max rel. error "
-        f"{s['rel_err_max']:.2e} (tol {tol:.0e})\n{transport_note(df, timing=False)}"
+        f"Correctness matrix: {s['passed']}/{s['checks']} checks passed ({n} workloads, {d} "
+        f"distinct errors), max rel. error {s['rel_err_max']:.2e} (tol {tol:.0e})\n"
+        f"{transport_note(df, timing=False)}"
     )
     return save(fig, out_dir, name, title)
 

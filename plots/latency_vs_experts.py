@@ -2,8 +2,8 @@
 overlap system's variants (plots.common.line_label) are lines of their own, never a best-of.
 Median with the p10-p90 spread; lower is better.
 
-Each system's timed region (its `scope`) is named in the title, and in the legend wherever a
-system's scope differs from the rest (native Tutel and FasterMoE time the whole layer).
+The table's most common timed region (its `scope`) is named in the title; rows of another scope
+(native Tutel and FasterMoE time the whole layer) are not drawn, the title names them.
 
 A table of one expert count (baselines_smoke) gets bars instead: per (shape, routing) panel one
 bar per line, the median with its p10-p90 spread (lines would put every point at one x).
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from plots import common as pc
-from plots.common import line_label, load, main, panel_grid, save, transport_note
+from plots.common import label, line_label, load, main, panel_grid, save, transport_note
 
 SHAPE = {"tokens_per_rank": "T/rank", "hidden": "K", "out": "N", "dtype": ""}
 
@@ -69,8 +69,11 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     line = line_label(df)
     scope = df["scope"].fillna("") if "scope" in df else line.map(lambda _: "")
     common = scope.mode().iloc[0]  # older tables have no scope
-    df = df.assign(line=line + scope.map(lambda sc: f" [{sc}]" if sc and sc != common else ""))
+    other = sorted(set(df["system"][(scope != common) & (scope != "")]))
+    df = df.assign(line=line)[(scope == common) | (scope == "")]
     title = f"MoE {common or 'gemm+combine'} latency (lower is better)\n{transport_note(df)}"
+    if other:
+        title += f"\nnot drawn (another timed region): {', '.join(map(label, other))}"
     if absent:
         title += f"\nno ok row (see the table's reason column): {', '.join(absent)}"
     if df["experts_per_rank"].nunique() == 1:

@@ -1,9 +1,11 @@
 """results/REPORT.md from the committed tables only (no GPU, no run): `make report`.
 
-Sections: the headline (the overlap system against serial and against the best baseline, per
-scope and machine), the paper's claims next to ours, then one line per committed table. Every
-number is read from a table under results/reference/ (a row's `caveat` is shown where it
-bounds a claim); the text is deterministic (sorted keys, fixed float formats).
+Sections: the headline (the overlap system against serial, split into the kernel gain and the
+overlap gain, and against the fastest baseline, per scope, machine and timing), the paper's
+claims next to ours, then one line per committed table. Every number is read from a table under
+results/reference/ (a row's `caveat` is shown where it bounds a claim); the text is
+deterministic (sorted keys, fixed float formats). A speedup is other / overlap (higher is
+better) throughout. `make report` also writes README.md's headline block (README_MARKS).
 """
 
 from __future__ import annotations
@@ -14,18 +16,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from plots.all import FIGURES as DRAWN
-from plots.all import SHOWS, reference_names
-from plots.common import FIG_DIR, placements, prefer_graph
+from plots.all import SHOWS
+from plots.common import FIG_DIR, TIMING_KNOBS, graphed, placements
 from systems.overlap.autotune import DEFAULT, MAX_DISTANCE
 from systems.overlap.autotune import TABLE as AUTOTUNE_TABLE
 
 REF = Path("results/reference")
-#: scope -> (the rows' scope value, the experiment whose table holds it)
-SCOPES = {"operator": ("gemm+combine", "operator"), "layer": ("layer", "layer"),
-          "model": ("model", "models")}  # fmt: skip
+#: scope -> (the rows' scope value, the experiments whose tables hold it)
+SCOPES = {"operator": ("gemm+combine", ("operator",)), "layer": ("layer", ("layer_w1", "layer")),
+          "model": ("model", ("models",))}  # fmt: skip
+#: README.md's block that `make report` rewrites: the headline's tables
+README_MARKS = ("<!-- headline: written by make report (plots/report.py) -->", "<!-- /headline -->")
+HEADLINE_TEXT = (
+    "Other / overlap per workload cell (higher is better), median (min-max) over cells. A cell "
+    "pairs rows of one run (`run_id`) and one timing: the median over the runs that hold both, "
+    'else the median of each one\'s runs ("across runs"); a graphed overlap row meets a '
+    'baseline\'s eager rows only where it cannot be captured ("eager baseline"). serial / '
+    "overlap = kernel gain x overlap gain per cell; serialized: the overlap system's kernels one "
+    "after the other (`serialized_ms`), in older tables C+M: compute-only + comm-only (eager "
+    "bounds, none for graph rows; at layer scope without the dispatch's sync). Ceiling: what "
+    "overlap alone can buy, from the same overlap row. W=1: nothing remote, a kernel comparison."
+)
 CELL = ["world_size", "tokens_per_rank", "hidden", "out", "ffn", "experts_per_rank", "routing",
         "dtype", "model"]  # fmt: skip
 
@@ -55,30 +70,103 @@ def _med(v: pd.Series) -> str:
     return "none" if v.empty else f"{v.median():.2f}x ({_range(v, unit='')})"
 
 
-def cells(df: pd.DataFrame, scope: str | None = None) -> pd.DataFrame:
-    """Per workload cell of the ok rows (of `scope`, where the table has the column): each
-    system's fastest latency (columns = systems; the overlap system over p2p or its default
-    transport, not nvshmem, so a cell is one variant)."""
-    o = prefer_graph(_ok(df))
+def fastest(df: pd.DataFrame, scope: str | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """Each system variant's fastest ok row per (workload cell, run, timing) (of `scope` where
+    the table has the column), with `run` (run_id), `timing` ("graph" or "eager") and `variant`
+    (its knobs but those that decide the timing, TIMING_KNOBS; one for the overlap system, not
+    over nvshmem); and the cell's key columns (NaN -> -1)."""
+    o = _ok(df).dropna(subset=["latency_ms"])
     if scope is not None and "scope" in o:
         o = o[o["scope"].fillna("") == scope]
     if "p_transport" in o:
         o = o[(o["system"] != "overlap") | (o["p_transport"].fillna("") != "nvshmem")]
     keys = [c for c in CELL if c in o and o[c].notna().any()]
-    o = o.assign(**{k: o[k].fillna(-1) for k in keys})
-    return o.pivot_table(index=keys, columns="system", values="latency_ms", aggfunc="min")
+    o = o.assign(**{k: o[k].fillna(-1) for k in keys},
+                 **{c: o.get(c, np.nan) for c in ("compute_ms", "comm_ms", "serialized_ms")},
+                 run=o["run_id"].fillna("") if "run_id" in o else "",
+                 timing=np.where(graphed(o), "graph", "eager"))  # fmt: skip
+    knobs = [c for c in o if c.startswith("p_") and c[-5:] != "_used" and c not in TIMING_KNOBS]
+    v = o[knobs].map(str).agg("|".join, axis=1) if knobs and len(o) else ""
+    o = o.assign(variant=pd.Series(v, index=o.index).where(o["system"] != "overlap", ""))
+    if o.empty:
+        return o, keys
+    by = keys + ["system", "variant", "run", "timing"]
+    return o.loc[o.groupby(by)["latency_ms"].idxmin()], keys
 
 
-def versus(lat: pd.DataFrame) -> pd.DataFrame:
-    """Per cell: serial / overlap, best baseline / overlap and its name (NaN where missing)."""
-    out = pd.DataFrame(index=lat.index, columns=["serial", "best", "best_name"], dtype=object)
-    base = lat.drop(columns=[c for c in ("overlap", "serial") if c in lat]).dropna(how="all")
-    if "serial" in lat:
-        out["serial"] = lat["serial"] / lat["overlap"]
-    if len(base.columns) and len(base):
-        out["best"] = base.min(axis=1) / lat["overlap"]
-        out["best_name"] = base.idxmin(axis=1)
-    return out.astype({"serial": float, "best": float})
+def compare(r: pd.DataFrame, keys: list[str], others, timing: str) -> pd.DataFrame:
+    """Per (cell, other system) of fastest()'s rows `r`: `ratio` = other / overlap for the
+    overlap rows timed `timing` and each variant's rows timed alike (its eager rows where it has
+    none: `eager`), run by run where both have rows of a run (the median over those runs), else
+    the medians over each side's runs (`across`); the system's fastest variant counts. Also
+    the kernel gain other / serialized (`kernel`), the overlap gain serialized / overlap
+    (`gain`) and the ceiling (C + M) / max(C, M) of the overlap row (`ceiling`); serialized is
+    its serialized_ms, else C + M of an eager row (`cm`; the bounds are timed eager, so a graph
+    row has none)."""
+    ours = r[(r["system"] == "overlap") & (r["timing"] == timing)]
+    x = r[r["system"].isin(list(others))]
+    g = keys + ["system", "variant"]
+    has = (x["timing"] == timing).groupby([x[k] for k in g]).transform("any")
+    x = x[(x["timing"] == timing) | (~has & (x["timing"] == "eager"))]
+    x = x.assign(eager=x["timing"] != timing)
+    c, m = ours["compute_ms"], ours["comm_ms"]
+    cm = ours["serialized_ms"].isna() & (ours["timing"] == "eager") & (c + m).notna()
+    ours = ours.assign(ser=ours["serialized_ms"].where(~cm, c + m), cm=cm,
+                       ceiling=(c + m) / np.maximum(c, m))  # fmt: skip
+    vals = ["ratio", "kernel", "gain", "ceiling"]
+    flags = {"cm": ("cm", "any"), "eager": ("eager", "any")}
+    p = x.merge(ours[keys + ["run", "latency_ms", "ser", "cm", "ceiling"]], on=keys + ["run"],
+                suffixes=("", "_o"))  # fmt: skip
+    p = p.assign(ratio=p["latency_ms"] / p["latency_ms_o"], kernel=p["latency_ms"] / p["ser"],
+                 gain=p["ser"] / p["latency_ms_o"])  # fmt: skip
+    same = p.groupby(g, as_index=False).agg(**{v: (v, "median") for v in vals}, **flags,
+                                             lat=("latency_ms", "median"))  # fmt: skip
+    xa = x.groupby(g, as_index=False).agg(lat=("latency_ms", "median"), eager=("eager", "any"))
+    oa = ours.groupby(keys, as_index=False).agg(lat_o=("latency_ms", "median"),
+                                                ser=("ser", "median"), cm=("cm", "any"),
+                                                ceiling=("ceiling", "median"))  # fmt: skip
+    a = xa.merge(oa, on=keys).merge(same[g], on=g, how="left", indicator=True)
+    a = a[a["_merge"] == "left_only"]
+    a = a.assign(ratio=a["lat"] / a["lat_o"], kernel=a["lat"] / a["ser"],
+                 gain=a["ser"] / a["lat_o"])  # fmt: skip
+    out = pd.concat([same.assign(across=False), a[same.columns].assign(across=True)],
+                    ignore_index=True)  # fmt: skip
+    return out.loc[out.groupby(keys + ["system"])["ratio"].idxmin()] if len(out) else out
+
+
+def best_of(c: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per cell, compare()'s row of the fastest other system (the smallest other / overlap)."""
+    return c.loc[c.groupby(keys)["ratio"].idxmin()] if len(c) else c
+
+
+def baselines(r: pd.DataFrame) -> list[str]:
+    return sorted(set(r["system"]) - {"overlap", "serial"})
+
+
+def _flags(c: pd.DataFrame, what: str) -> str:
+    """ ", eager baseline, across runs": how compare()'s rows `c` pair (in how many cells)."""
+    out = []
+    for col, text in (("eager", f"eager {what}"), ("across", "across runs")):
+        n = int(c[col].sum())
+        out += [text + ("" if n == len(c) else f" in {n} of {len(c)}")] if n else []
+    return "".join(f", {t}" for t in out)
+
+
+def _gain(v: pd.Series, cm: pd.Series) -> str:
+    return "not measured" if v.isna().all() else _med(v) + (" (C+M)" if cm.any() else "")
+
+
+def _above(c: pd.DataFrame) -> str:
+    if c["ceiling"].isna().all():
+        return "-"
+    over = (c["ratio"] > c["ceiling"]).sum(), (c["gain"] > c["ceiling"]).sum()
+    return "speedup {}, overlap gain {}".format(*over)
+
+
+def timings(r: pd.DataFrame) -> list[str]:
+    """The timings of the overlap system's rows, graph first."""
+    ours = r[r["system"] == "overlap"]
+    return [t for t in ("graph", "eager") if (ours["timing"] == t).any()]
 
 
 def serial_caveat(df: pd.DataFrame) -> str:
@@ -95,38 +183,51 @@ def _machine(key: str, df: pd.DataFrame) -> str:
     tr = sorted(set(df.get("transport", pd.Series(dtype=str)).dropna().astype(str)) - {""})
     m = re.fullmatch(r"h200x(\d+)", key)
     where = f"{m.group(1)} H200s, NVLink" if m else ("1 H200" if key == "h200" else key)
-    return f"{where} (W={w}{', loopback' if tr == ['loopback'] else ''})"
+    lb = ", loopback" if tr == ["loopback"] else ", nothing remote" if w == "1" else ""
+    return f"{where} (W={w}{lb})"
 
 
 def headline(d: dict[str, pd.DataFrame]) -> list[str]:
-    out = ["## Headline", "",
-           "The overlap system's speedup per workload cell: serial / overlap and the fastest "
-           "baseline of the cell / overlap (median and range over cells; each system's fastest "
-           "row of a cell). Higher is better; \\* marks a table whose serial rows carry a "
-           "caveat (below the table).", "",
-           "| scope | machine | table | cells | vs serial | vs best baseline | best baseline |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    """Per scope, machine and timing: serial / overlap split into the kernel gain and the
+    overlap gain with its ceiling; then the fastest baseline / overlap."""
+    one = ["| scope | machine | table | timing | cells | serial / overlap | kernel gain: serial "
+           "/ serialized | overlap gain: serialized / overlap | ceiling (C+M) / max(C,M) | "
+           "over the ceiling |", "| --- " * 10 + "|"]  # fmt: skip
+    two = ["| scope | machine | table | timing | cells | fastest baseline / overlap | fastest "
+           "baseline (cells) |", "| --- " * 7 + "|"]  # fmt: skip
     caveats: dict[str, list[str]] = {}
-    for scope, (value, stem) in SCOPES.items():
-        for key in sorted(k for k in d if k.endswith(f"/{stem}")):
-            lat = cells(d[key], value)
-            if "overlap" not in lat:
-                continue
-            v = versus(lat).dropna(subset=["serial", "best"], how="all")
-            if v.empty:
-                continue
-            names = v["best_name"].dropna().value_counts().sort_index()
-            who = ", ".join(f"{n} {c}" for n, c in names.items()) or "none"
-            caveat, star = serial_caveat(d[key]), ""
-            if caveat:
-                caveats.setdefault(caveat, []).append(f"`{key}`")
-                star = "\\*"
-            out.append(
-                f"| {scope} ({value}) | {_machine(key.split('/')[0], d[key])} | `{key}` | "
-                f"{len(v)} | {_med(v['serial'])}{star} | {_med(v['best'])} | {who} |"
-            )
-    notes = [f"\\* {', '.join(keys)}: {c}." for c, keys in sorted(caveats.items())]
-    return out + ([""] + notes if notes else []) + [""]
+    above: list[str] = []  # cells whose overlap gain passes its ceiling
+    for scope, (value, stems) in SCOPES.items():
+        for key in sorted(k for k in d if k.split("/")[1] in stems):
+            r, keys = fastest(d[key], value)
+            where = f"{scope} | {_machine(key.split('/')[0], d[key])} | `{key}`"
+            for t in timings(r):
+                s = compare(r, keys, ["serial"], t)
+                star = "\\*" if (cav := serial_caveat(d[key])) else ""
+                if len(s):
+                    if cav:
+                        caveats.setdefault(cav, []).append(f"`{key}`")
+                    for _, c in s[s["gain"] > s["ceiling"]].iterrows():
+                        above.append(f"`{key}` {t} " + " ".join(f"{k}={c[k]}" for k in keys
+                                     if c[k] != -1 and s[k].nunique() > 1))  # fmt: skip
+                    one.append(f"| {where} | {t} | {len(s)} | {_med(s['ratio'])}{star}"
+                               f"{_flags(s, 'serial')} | {_gain(s['kernel'], s['cm'])} | "
+                               f"{_gain(s['gain'], s['cm'])} | {_range(s['ceiling'])} | "
+                               f"{_above(s)} |")  # fmt: skip
+                b = best_of(compare(r, keys, baselines(r), t), keys)
+                if len(b):
+                    who = ", ".join(f"{n} {k}" for n, k in b["system"].value_counts().sort_index()
+                                    .items())  # fmt: skip
+                    two.append(f"| {where} | {t} | {len(b)} | {_med(b['ratio'])}"
+                               f"{_flags(b, 'baseline')} | {who} |")  # fmt: skip
+    notes = [f"\\* {', '.join(sorted(set(k)))}: {c}." for c, k in sorted(caveats.items())]
+    if above:
+        notes.append("Overlap gain above its ceiling (the step beat its slower part run alone: "
+                     "noise, or a part slower alone than inside the step): "
+                     f"{'; '.join(above)}.")  # fmt: skip
+    return (["## Headline", "", HEADLINE_TEXT, "", *one, "", *(notes and [*notes, ""]),
+             "Against the fastest baseline of each cell (each baseline's fastest row):", "",
+             *two, ""])  # fmt: skip
 
 
 #: the host-free layer's table: every system's layer at W=1 on one H200
@@ -137,8 +238,8 @@ HOST_FREE_COLS = ("serial graph", "overlap graph", "overlap eager", "overlap ncc
 def host_free_cells(df: pd.DataFrame) -> pd.DataFrame:
     """Per cell (hidden, ffn, E, routing) of the ok rows: serial's and overlap's latency per
     timing (HOST_FREE_COLS: graph replay, eager step, NCCL dispatch; plots.layer_w1.modes), the
-    best baseline (its CUDA-graph row where it has one: plots.common.prefer_graph) and its name,
-    and the latency ratios overlap graph / serial graph and eager / graph of each."""
+    fastest baseline against graphed overlap (compare(): its graph row where it has one) and
+    the ratios serial graph / overlap graph and eager / graph of each."""
     from plots.layer_w1 import modes
 
     o = _ok(df)
@@ -146,11 +247,12 @@ def host_free_cells(df: pd.DataFrame) -> pd.DataFrame:
     ours = o[o["system"].isin(["serial", "overlap"])]
     ours = ours.assign(col=ours["system"] + " " + modes(ours))
     out = ours.pivot_table(index=keys, columns="col", values="latency_ms", aggfunc="median")
-    base = prefer_graph(o[~o["system"].isin(["serial", "overlap"])])
-    base = base.pivot_table(index=keys, columns="system", values="latency_ms", aggfunc="min")
     out = out.reindex(columns=list(HOST_FREE_COLS) + ["serial eager"])
-    out["best"], out["best_name"] = base.min(axis=1), base.idxmin(axis=1)
-    out["vs_serial"] = out["overlap graph"] / out["serial graph"]
+    r, rk = fastest(df, "layer")
+    b = best_of(compare(r, rk, baselines(r), "graph"), rk).set_index(keys)
+    out["best"] = b["system"] + " " + b["lat"].map("{:.3f}".format)
+    out["best"] += np.where(b["eager"], " eager", " graph") + np.where(b["across"], "\\*", "")
+    out["vs_serial"] = out["serial graph"] / out["overlap graph"]
     out["overlap_gain"] = out["overlap eager"] / out["overlap graph"]
     out["serial_gain"] = out["serial eager"] / out["serial graph"]
     return out
@@ -167,47 +269,27 @@ def _loopback_line(df: pd.DataFrame) -> str:
             f"worst-case receive buffers {mem}; latency a proxy.")  # fmt: skip
 
 
-def _models_line(df: pd.DataFrame) -> str:
-    """The models at W=1: graphed overlap against graphed serial (end to end and MoE calls) and
-    against each model's fastest baseline row (its CUDA-graph row where it has one)."""
-    o = _ok(df)
-    g = o[o["graph"].fillna(False).astype(bool)]
-    per = g.pivot_table(index="model", columns="system", values=["latency_ms", "m_moe_ms"])
-    if not {"overlap", "serial"} <= set(per["latency_ms"].columns):
-        return ""
-    lat, moe = per["latency_ms"], per["m_moe_ms"]
-    base = prefer_graph(o[~o["system"].isin(["serial", "overlap"])])
-    best = base.groupby("model")["latency_ms"].min()
-    return (f"Models (`h200/models`, graphed): overlap / serial end to end "
-            f"{_range(lat['overlap'] / lat['serial'], unit='x')}, MoE calls "
-            f"{_range(moe['overlap'] / moe['serial'], unit='x')}; fastest baseline / overlap "
-            f"{_range(best / lat['overlap'], unit='x')}.")  # fmt: skip
-
-
 def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
     """The host-free layer at W=1 (HOST_FREE), per cell: serial and overlap per timing, the
-    best baseline, the ratios; the loopback correctness line. [] without the table."""
+    fastest baseline, the ratios; the loopback correctness line. [] without the table."""
     if HOST_FREE not in d:
         return []
     df = d[HOST_FREE]
     c = host_free_cells(df)
     shape = f"T={_join(df['tokens_per_rank'])}, top-{_join(df['top_k'])}, {_join(df['dtype'])}"
     out = ["## Host-free layer (one H200, W=1)", "",
-           f"`{HOST_FREE}`, {shape}; median ms. graph: CUDA-graph replay; eager: "
-           "the same step eager; nccl: the NCCL dispatch (host sync). Best baseline: CUDA graph "
-           "where capturable (deepep, Megatron padded), else eager.", "",
-           "| H, F | E | routing | " + " | ".join(HOST_FREE_COLS) + " | best baseline | "
-           "overlap / serial | eager / graph: overlap, serial |",
+           f"`{HOST_FREE}`, {shape}; median ms; serial and overlap of one run per timing. graph: "
+           "CUDA-graph replay; eager: the step eager; nccl: the NCCL dispatch (host sync). "
+           "Fastest baseline: graph where captured; \\* another run than overlap's.", "",
+           "| H, F | E | routing | " + " | ".join(HOST_FREE_COLS) + " | fastest baseline | "
+           "serial / overlap, graph | eager / graph: overlap, serial |",
            "| --- " * 10 + "|"]  # fmt: skip
     for (h, f, e, r), row in c.iterrows():
         lat = " | ".join(f"{row[k]:.3f}" for k in HOST_FREE_COLS)
-        out.append(f"| {h}, {f} | {e} | {r} | {lat} | {row['best_name']} {row['best']:.3f} | "
-                   f"{row['vs_serial']:.2f}x | {row['overlap_gain']:.2f}x, "
-                   f"{row['serial_gain']:.2f}x |")  # fmt: skip
+        out.append(f"| {h}, {f} | {e} | {r} | {lat} | {row['best']} | {row['vs_serial']:.2f}x | "
+                   f"{row['overlap_gain']:.2f}x, {row['serial_gain']:.2f}x |")  # fmt: skip
     if "h200/layer_loopback" in d:
         out += ["", _loopback_line(d["h200/layer_loopback"])]
-    if "h200/models" in d and (line := _models_line(d["h200/models"])):
-        out += ["", line]
     return out + [""]
 
 
@@ -262,16 +344,18 @@ def _padding(d):
 
 def _correctness(d):
     """The overlap system's errors over every committed table: a cell's max_rel_err, or for
-    model rows (the whole model's output) the worst of its MoE calls (m_moe_max_rel_err)."""
-    errs = []  # (error, dtype)
+    model rows (the whole model's output) the worst of its MoE calls (m_moe_max_rel_err); and
+    how many distinct (workload, error) results they are."""
+    errs, distinct = [], 0  # (error, dtype)
     for key in sorted(d):
         df = d[key]
         if "system" in df and "max_rel_err" in df:
             o = _ok(df[df["system"] == "overlap"])
             model = o["scope"].eq("model") if "scope" in o else pd.Series(False, index=o.index)
             per_call = o["m_moe_max_rel_err"] if "m_moe_max_rel_err" in o else float("nan")
-            err = o["max_rel_err"].where(~model, per_call)
-            errs += [(e, str(t)) for e, t in zip(err, o.get("dtype", "?")) if e == e]
+            o = o.assign(err=o["max_rel_err"].where(~model, per_call)).dropna(subset=["err"])
+            errs += [(e, str(t)) for e, t in zip(o["err"], o.get("dtype", "?"))]
+            distinct += len(o[[c for c in [*CELL, "err"] if c in o]].drop_duplicates())
     if not errs:
         return None
     worst, dtype = max(errs)
@@ -279,57 +363,90 @@ def _correctness(d):
     short = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
     within = "all within 8e-3" if not over else f"{over} above 8e-3"
     return "agrees" if not over else "differs", (
-        f"{len(errs)} committed overlap cells (model rows: each MoE call) {within}, max "
-        f"{worst:.2e} ({short})"
+        f"{len(errs)} committed overlap rows (model rows: each MoE call) {within}, max "
+        f"{worst:.2e} ({short}); {distinct} distinct (workload, error) results"
     )
+
+
+def _pairs(df: pd.DataFrame, scope: str, others=("serial",)) -> tuple[pd.DataFrame, list, str]:
+    """compare() at the overlap rows' first timing (graph where they have it): (rows, keys,
+    timing)."""
+    r, keys = fastest(df, scope)
+    t = (timings(r) or ["eager"])[0]
+    return compare(r, keys, others if others else baselines(r), t), keys, t
 
 
 def _operator(d):
     """The operator table of the machine with the most GPUs: speedup over serial per routing,
-    the 1.35x count, and the cells where overlap is ahead of every baseline."""
+    the 1.35x count, serial's own ceiling and the cells where overlap is ahead of every
+    baseline."""
     if (got := _widest(d, "operator")) is None:
         return None
     machine, n, df = got
-    lat = cells(df, "gemm+combine")
-    if "overlap" not in lat or "serial" not in lat:
+    s, keys, t = _pairs(df, "gemm+combine")
+    if s.empty:
         return None
-    v = versus(lat)
-    sp = v["serial"].dropna()
-    s = (
-        f"{n} H200s over NVLink (`{machine}/operator`, rev {_join(df['git_rev'])}): "
+    b = best_of(_pairs(df, "gemm+combine", ())[0], keys)
+    r = fastest(df, "gemm+combine")[0]
+    r = r[(r["system"] == "serial") & (r["timing"] == t)]
+    own = (r["compute_ms"] + r["comm_ms"]) / r[["compute_ms", "comm_ms"]].max(axis=1)
+    own = own.groupby([r[k] for k in keys]).median().reindex(s.set_index(keys).index)
+    sp = s.set_index(keys)["ratio"]
+    out = (
+        f"{n} H200s over NVLink (`{machine}/operator`, rev {_join(df['git_rev'])}, {t}): "
         + ", ".join(f"{k} {_range(g)}" for k, g in sp.groupby(level="routing"))
-        + f"; >= 1.35x in {int((sp >= 1.35).sum())} of {len(sp)} cells; ahead of every "
-        f"baseline in {int((v['best'] > 1).sum())} of {int(v['best'].notna().sum())}"
+        + f"; >= 1.35x in {int((sp >= 1.35).sum())} of {len(sp)} cells; serial's own C and M "
+        f"give a ceiling (C + M) / max(C, M) of {_range(own)}, exceeded in "
+        f"{int((sp > own).sum())} of {len(sp)} (kernel gain); ahead of every baseline in "
+        f"{int((b['ratio'] > 1).sum())} of {len(b)}{_flags(b, 'baseline')}"
     )
-    if caveat := serial_caveat(df):
-        s += f" ({caveat})"
-    return "differs", s
+    return "differs", out + (" \\*" if serial_caveat(df) else "")
+
+
+def best_setting(g: pd.DataFrame, by: str) -> tuple[float, bool]:
+    """The value of `by` whose fastest row is fastest, and whether it is apart from the
+    runner-up (the fastest row of any other value) beyond their 95% CIs."""
+    f = g.loc[g.groupby(by)["latency_ms"].idxmin()].sort_values("latency_ms")
+    a, b = f.iloc[0], f.iloc[1]
+    return a[by], bool(a["latency_ci_hi_ms"] < b["latency_ci_lo_ms"])
 
 
 def _ccta(d):
-    if (df := d.get("h200/overlap_ccta")) is None:
+    """cCTA=2 and the best cCTA against serial, from the ccta_mgb table with the most GPUs."""
+    if (got := _widest(d, "ccta_mgb")) is None:
         return None
-    o = _ok(df)
-    best = o.groupby("routing")["latency_ms"].min()
-    two = o[o["p_ccta"] == 2].groupby("routing")["latency_ms"].min()
-    bestc = o.loc[o.groupby("routing")["latency_ms"].idxmin()].set_index("routing")["p_ccta"]
+    machine, n, df = got
+    o = _ok(df).assign(ccta=lambda x: pd.to_numeric(x.get("p_ccta"), errors="coerce"))
+    cell = [c for c in CELL if c in o and o[c].notna().all()]
+    ser = o[o["system"] == "serial"].groupby(cell)["latency_ms"].min()
+    sw = o[(o["system"] == "overlap") & o["ccta"].notna()]
+    two = ser / sw[sw["ccta"] == 2].groupby(cell)["latency_ms"].min()
+    best = [best_setting(g, "ccta") for _, g in sw.groupby(cell)]
+    apart = sum(a for _, a in best)
     return "partly", (
-        f"loopback W=4 on one H200 (a proxy; rev {_join(o['git_rev'])}): cCTA=2 is "
-        + ", ".join(f"{k} {v:.2f}x" for k, v in (two / best).items())
-        + " the best cCTA's latency (best: "
-        + ", ".join(f"{k} {int(c)}" for k, c in bestc.items())
-        + "); no serial row in that table"
+        f"{n} H200s over NVLink (`{machine}/ccta_mgb`, one run): serial / overlap at cCTA=2 "
+        f"{_range(two)} (slower than serial in {int((two < 1).sum())} of {len(two)} cells); best "
+        f"cCTA {_range(pd.Series([c for c, _ in best]), 'g', '')}, apart from the runner-up "
+        f"cCTA beyond their 95% CIs in {apart} of {len(best)} cells"
+        + (" \\*" if serial_caveat(df) else "")
     )
 
 
 def _bound(d):
-    if (df := d.get("h200/overlap_ccta")) is None:
+    """serial / overlap = kernel gain x overlap gain on the operator table with the most GPUs,
+    and the overlap gain's ceiling."""
+    if (got := _widest(d, "operator")) is None:
         return None
-    o = _ok(df).dropna(subset=["compute_ms", "comm_ms"])
-    b = (o["compute_ms"] + o["comm_ms"]) / o[["compute_ms", "comm_ms"]].max(axis=1)
+    machine, n, df = got
+    s, _, t = _pairs(df, "gemm+combine")
+    if s["ceiling"].isna().all():
+        return None
+    cm = " (serialized: C+M)" if s["cm"].any() else ""
     return "explains", (
-        f"compute C and combine M measured alone (loopback W=4, E=16, rev {_join(o['git_rev'])})"
-        f" give (C + M) / max(C, M) = {_range(b, unit='')}: the most overlap alone can buy"
+        f"{n} H200s (`{machine}/operator`, {t}): serial / overlap {_med(s['ratio'])} = kernel gain "
+        f"{_med(s['kernel'])} x overlap gain {_med(s['gain'])}{cm}; the overlap gain's ceiling "
+        f"(C + M) / max(C, M) {_range(s['ceiling'])}, passed in "
+        f"{int((s['gain'] > s['ceiling']).sum())} of {len(s)} cells: above 2, only a kernel gain"
     )
 
 
@@ -337,12 +454,12 @@ def _vs_systems(d, stem: str, scope: str, what: str):
     if (got := _widest(d, stem)) is None:
         return None
     _, n, df = got
-    lat = cells(df, scope)
-    if "overlap" not in lat:
-        return None
-    parts = [f"vs {s} {_range(lat[s] / lat['overlap'])}" for s in sorted(lat) if s != "overlap"
-             and (lat[s] / lat["overlap"]).notna().any()]  # fmt: skip
-    return "partly", f"{n} H200s over NVLink, {what}: " + ", ".join(parts)
+    c, _, t = _pairs(df, scope, ())
+    c = pd.concat([c, _pairs(df, scope)[0]])
+    parts = [f"vs {s} {_range(g['ratio'])}{_flags(g, 'baseline')}"
+             for s, g in c.groupby("system") if g["ratio"].notna().any()]  # fmt: skip
+    star = " \\*" if serial_caveat(df) else ""
+    return "partly", f"{n} H200s over NVLink, {what} ({t}): " + ", ".join(parts) + star
 
 
 CLAIMS = [
@@ -357,9 +474,9 @@ CLAIMS = [
     Claim("Operator speedup vs serial", "2.97x balanced, 2.94x moderate, 3.01x stress (4x A100)",
           _operator, "`python -m harness.run experiment=operator hardware=h200` on 2+ GPUs"),
     Claim("cCTA sweep", "cCTA=2 slower than serial everywhere, up to 1.91x; best cCTA in [10, 20]",
-          _ccta, "`python -m harness.run experiment=overlap_ccta`"),
+          _ccta, "`python -m harness.run experiment=ccta_mgb` with one process per GPU"),
     Claim("What overlap alone can buy", "(the paper reports 2.9-3.0x vs serial)", _bound,
-          "`python -m harness.run experiment=overlap_ccta`"),
+          "`python -m harness.run experiment=operator hardware=h200` on 2+ GPUs"),
     Claim("Fig 4: model end-to-end speedups",
           "vs FasterMoE 1.57-2.64x; vs Tutel 1.35x (M-GPT), 1.15x (M-BERT); slower on M-Trans-xl",
           lambda d: _vs_systems(d, "models", "model", "end to end over the three models"),
@@ -377,9 +494,7 @@ def claims_section(d: dict[str, pd.DataFrame]) -> list[str]:
         got = c.ours(d)
         text, status = (f"not measured: {c.missing}", "not measured") if got is None else got[::-1]
         out.append(f"| {c.what} | {c.paper} | {text} | {status} |")
-    return out + ["", "A speedup over (C + M) / max(C, M) <= 2 (C, M: compute and combine alone) "
-                  "comes from elsewhere: a slower serial GEMM or all-to-all, or work serial does "
-                  "that the method skips.", ""]  # fmt: skip
+    return out + ["", "\\* serial rows: upper bounds (the tables below).", ""]
 
 
 #: kept study -> the knob it compares (a column of plots.common.placements' rows)
@@ -388,12 +503,13 @@ KNOBS = {"operator_order": "p_order", "operator_layouts_loopback": "p_layout",
 
 
 def knob_ratios(df: pd.DataFrame, col: str) -> str:
-    """Overlap latency of each value of `col` / that of the first value, per cell."""
+    """Per value of `col` but the first: the first value's overlap latency / this value's, per
+    cell ("compact vs aligned": above 1, compact is faster)."""
     o = placements(df)
     keys = [c for c in CELL if c in o and o[c].notna().all()]
     lat = o.pivot_table(index=keys, columns=col, values="latency_ms", aggfunc="min")
     first = lat.columns[0]
-    return ", ".join(f"{c} / {first} {_med(lat[c] / lat[first])}" for c in lat.columns[1:])
+    return ", ".join(f"{c} vs {first} {_med(lat[first] / lat[c])}" for c in lat.columns[1:])
 
 
 def summary(key: str, df: pd.DataFrame) -> str:
@@ -402,7 +518,9 @@ def summary(key: str, df: pd.DataFrame) -> str:
     rows = ", ".join(f"{n} {s}" for s, n in sorted(df["status"].value_counts().items())) if (
         "status" in df) else f"{len(df)} benchmark rows"  # fmt: skip
     rev = _join(df["git_rev"].astype(str).str[:7]) if "git_rev" in df else "see the README"
-    s = f"{rows}; rev {rev}"
+    n = df["run_id"].nunique() if "run_id" in df else 0
+    runs = f"; {n} run{'s' if n > 1 else ''}" if n else ""
+    s = f"{rows}; rev {rev}{runs}"
     if stem in KNOBS:
         s += "; " + knob_ratios(df, KNOBS[stem])
     elif stem == "producer":
@@ -410,42 +528,57 @@ def summary(key: str, df: pd.DataFrame) -> str:
 
         s += f"; the producer vs torch._grouped_mm {_med(ratios(_ok(df))['vs_grouped_mm'])}"
     elif "system" in df and "overlap" in set(df["system"]) and stem in DRAWN.keys() - {"bandwidth"}:
-        v = versus(cells(df)) if len(set(_ok(df)["system"])) > 1 else pd.DataFrame()
-        for col, what in (("serial", "serial"), ("best", "best baseline")):
-            if col in v and v[col].notna().any():
-                s += f"; overlap vs {what} {_med(v[col])}"
+        if any(stem in stems for _, stems in SCOPES.values()):
+            s += "; in the headline"
+        elif len(set(_ok(df)["system"])) > 1:
+            for others, what in ((["serial"], "serial"), ((), "fastest baseline")):
+                c, keys, t = _pairs(df, None, others)
+                c = c if others else best_of(c, keys)
+                if len(c):
+                    when = " (graph)" if t == "graph" else ""
+                    s += f"; {what} / overlap {_med(c['ratio'])}{_flags(c, 'baseline')}{when}"
+    if serial_caveat(df):
+        s += " \\*"
     if stem.startswith("correctness"):
         o = df[df["system"] == "overlap"]
         ok, err = int((o["status"] == "ok").sum()), o["max_rel_err"].max()
-        s += f"; {ok} of {len(o)} checks pass, max rel. error {err:.2e}"
+        w = len(o[[c for c in CELL if c in o]].drop_duplicates())
+        s += (f"; {ok} of {len(o)} checks pass ({w} workloads), max rel. error "
+              f"{err:.2e}")  # fmt: skip
     if stem == "autotune_heldout":
         r = df["pick_ratio"].dropna()
-        s += f"; the pick within 3% of the best in {int((r <= 1.03).sum())} of {len(r)} workloads"
+        s += (f"; the pick within 3% of the best in {int((r <= 1.03).sum())} of {len(r)} "
+              "workloads (no CIs recorded)")  # fmt: skip
     return f"- `{key}`: {s}{'' if stem in DRAWN else '; no figure'}"
 
 
 def tables_section(d: dict[str, pd.DataFrame]) -> list[str]:
+    cav: dict[str, list[str]] = {}
+    for k in sorted(d):
+        if "system" in d[k] and (c := serial_caveat(d[k])):
+            cav.setdefault(c, []).append(f"`{k}`")
     return ["## The tables", "",
-            "The command that made each is in `results/reference/<machine>/README.md` and in "
-            "every row's `command` column.", "",
-            *(summary(k, d[k]) for k in sorted(d)), ""]  # fmt: skip
+            "Commands: `results/reference/<machine>/README.md`, each row's `command`; a run "
+            "is one `harness.run` (`run_id`). Ratios as in the headline.", "",
+            *(summary(k, d[k]) for k in sorted(d)), "",
+            *(f"\\* serial rows of {', '.join(k)}: {c}." for c, k in sorted(cav.items())),
+            ""]  # fmt: skip
 
 
 def figures_section(d: dict[str, pd.DataFrame], figures: Path = FIG_DIR) -> list[str]:
-    """The figure index: per committed table with a figure script, its files, what they show,
-    the table and the command that redraws them (`make figures` redraws all)."""
+    """The figure index: per figure script, what it shows and the committed tables it draws
+    (each table's files: plots.all.reference_names)."""
     out = ["## Figures", "",
-           f"`make figures` draws every figure into `{figures}/` from its table alone (no GPU); "
-           "each row's command redraws one. Each figure draws one measurement setting (the "
-           "table's newest).", "",
-           "| figure | what it shows | table | command |", "| --- | --- | --- | --- |"]  # fmt: skip
+           f"`make figures` draws every figure into `{figures}/` from its table alone (no GPU), "
+           "named `reference_<machine>_<experiment>` (a suffix per part where a script draws "
+           "several); `python -m <script> --table results/reference/<table>.parquet` redraws "
+           "one. Each draws one measurement setting (the table's newest).", "",
+           "| script | what it shows | tables |", "| --- | --- | --- |"]  # fmt: skip
+    drawn: dict[str, list[str]] = {}
     for key in sorted(k for k in d if k.split("/")[1] in DRAWN):
-        module = DRAWN[key.split("/")[1]]
-        files = ", ".join(f"`{n}.png`" for n in reference_names(key))
-        cmd = f"python -m {module} --table results/reference/{key}.parquet"
-        shows = SHOWS[module.removeprefix("plots.")]
-        out.append(f"| {files} | {shows}; {_machine(key.split('/')[0], d[key])} | `{key}` | "
-                   f"`{cmd}` |")  # fmt: skip
+        drawn.setdefault(DRAWN[key.split("/")[1]], []).append(f"`{key}`")
+    for module, keys in sorted(drawn.items()):
+        out.append(f"| `{module}` | {SHOWS[module.removeprefix('plots.')]} | {', '.join(keys)} |")
     return out + [""]
 
 
@@ -486,11 +619,26 @@ def render(ref: Path = REF, figures: Path = FIG_DIR) -> str:
     return "\n".join(lines)
 
 
+def readme_text(readme: str, d: dict[str, pd.DataFrame]) -> str:
+    """README.md's text with its headline block (between README_MARKS) rewritten: the
+    headline section of the report without its heading."""
+    start, end = README_MARKS
+    if start not in readme or end not in readme:
+        raise ValueError(f"README.md has no block {start} ... {end}")
+    head, rest = readme.split(start, 1)
+    block = "\n".join(headline(d)[2:]).strip()
+    return f"{head}{start}\n{block}\n{end}{rest.split(end, 1)[1]}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/REPORT.md")
-    Path(ap.parse_args().out).write_text(render())
-    print(ap.parse_args().out)
+    ap.add_argument("--readme", default="README.md", help="its headline block is rewritten")
+    args = ap.parse_args()
+    Path(args.out).write_text(render())
+    readme = Path(args.readme)
+    readme.write_text(readme_text(readme.read_text(), tables()))
+    print(args.out, readme)
 
 
 if __name__ == "__main__":

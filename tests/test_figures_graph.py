@@ -62,11 +62,15 @@ def test_the_layer_figure_draws_serials_graph_row_and_says_so(tmp_path):
     assert sorted(sp[sp["system"] == "tutel"]["speedup"]) == [0.5, 0.5]
 
 
-def test_report_cells_take_the_graph_row_not_the_fastest_eager_one(tmp_path):
-    from plots.report import cells
+def test_report_pairs_graph_rows_not_the_fastest_eager_one(tmp_path):
+    from plots.report import compare, fastest
 
-    lat = cells(pd.read_parquet(_table(tmp_path / "t.parquet")), "layer")
-    assert sorted(lat["serial"]) == [2.0, 4.0] and sorted(lat["tutel"]) == [4.0, 8.0]
+    df = pd.read_parquet(_table(tmp_path / "t.parquet"))
+    ours = df[df["system"] == "tutel"].assign(system="overlap", graph=True, latency_ms=1.0)
+    r, keys = fastest(pd.concat([df, ours]), "layer")
+    c = compare(r, keys, ["serial", "tutel"], "graph").set_index("system")
+    assert sorted(c.loc["serial", "ratio"]) == [2.0, 4.0]  # the graph rows, not eager 0.5 * e
+    assert sorted(c.loc["tutel", "ratio"]) == [4.0, 8.0] and c.loc["tutel", "eager"].all()
 
 
 def test_layer_w1_figures_label_each_lines_timing(tmp_path, monkeypatch):

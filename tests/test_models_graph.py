@@ -99,21 +99,3 @@ def test_a_capture_that_fails_runs_eager_with_the_reason(monkeypatch):
 def test_off_cuda_and_with_graph_false_the_row_says_why_it_is_eager(monkeypatch):
     assert _measure(monkeypatch, None).graph_reason == "no CUDA device: eager host timing"
     assert _measure(monkeypatch, None, "false").graph_reason == "measure.graph=false"
-
-
-def test_the_reports_models_line_compares_graph_rows_and_the_fastest_baseline():
-    import pandas as pd
-
-    from plots.report import _models_line
-
-    rows = [  # (model, system, graph, latency_ms, m_moe_ms)
-        ("a", "serial", True, 2.0, 1.0), ("a", "overlap", True, 2.2, 1.5),
-        ("a", "overlap", False, 9.0, 8.0), ("a", "tutel", False, 4.4, 3.0),
-        ("b", "serial", True, 4.0, 2.0), ("b", "overlap", True, 4.0, 2.0),
-        ("b", "megatron_te", False, 8.0, 5.0), ("b", "megatron_te", True, 6.0, 4.0),
-    ]  # fmt: skip
-    cols = ["model", "system", "graph", "latency_ms", "m_moe_ms"]
-    df = pd.DataFrame(rows, columns=cols).assign(status="ok")
-    line = _models_line(df)
-    assert "end to end 1.00-1.10x, MoE calls 1.00-1.50x" in line, line
-    assert "fastest baseline / overlap 1.50-2.00x" in line, line

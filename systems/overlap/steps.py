@@ -36,6 +36,18 @@ def _plan_facts(plan, runner) -> dict:
     }
 
 
+def _serialized(step: Step, runners) -> torch.Tensor:
+    """step.timed() with each runner's producer run to the end before its consumer starts
+    (runner.sequential for runner.overlapped): the method's own kernels, not overlapped."""
+    for r in runners:
+        r.overlapped = r.sequential
+    try:
+        return step.timed()
+    finally:
+        for r in runners:
+            del r.overlapped
+
+
 def _fc1_blocker(x: torch.Tensor, w1: torch.Tensor) -> str | None:
     if not grouped_mm_usable(x, w1):
         return "the per-expert fc1 fallback needs the expert counts on the host"
@@ -59,7 +71,7 @@ class LayerStep(Step):
             params=params,
             w1=inp.w1,
             w2=inp.weights,
-        )
+        ).requires_grad_(False)  # the forward alone (TrainStep turns the gradients on)
         self.x, self.ids, self.gate = inp.x, inp.expert_ids, inp.gate
         self.held = self.moe.hold(self.x, self.ids)  # one untimed dispatch: bounds, facts
         ex = self.moe.experts
@@ -99,6 +111,9 @@ class LayerStep(Step):
 
     def comm_only(self) -> None:
         self.moe.comm_only(self.held, self.x, self.ids)
+
+    def serialized(self) -> torch.Tensor:
+        return _serialized(self, [self.moe.experts.runner])
 
 
 class PlayedLayerStep(Step):
@@ -151,6 +166,9 @@ class PlayedLayerStep(Step):
     def capture_blocker(self) -> str | None:
         return _fc1_blocker(self.xs[0], self.ranks[0].w1)
 
+    def serialized(self) -> torch.Tensor:
+        return _serialized(self, [rk.runner for rk in self.ranks])
+
 
 class _OperatorStep(Step):
     """What both operator steps share: the bounds of the timed rank `rk`; facts: its plan's."""
@@ -179,6 +197,9 @@ class _OperatorStep(Step):
     def comm_only(self) -> None:
         """The consumer alone on cCTA SMs, flags taken as set."""
         self.rk.runner.comm_only(self.rk.y)
+
+    def serialized(self) -> torch.Tensor:
+        return _serialized(self, [self.rk.runner])
 
     def buffers(self) -> list[torch.Tensor]:
         """The timed rank's receive buffer and GEMM output (its padded input is fixed)."""
