@@ -7,7 +7,11 @@ The per-row bound catches what the whole-tensor norm averages away: at T=16384 a
 lost token row (error 1.0 in that row) moves the Frobenius error by only ~1/sqrt(T) and passes
 8e-3. Rounding in bf16 gives per-row errors of a few 1e-3 (the same order as the whole-tensor
 error), far below 8e-2. A row whose reference norm is below 0.1 of the median row norm is
-measured against 0.1 x the median norm (no division by a near-zero norm).
+measured against 0.1 x the median norm (no division by a near-zero norm). A train step's gate
+gradient dgate [T, k] holds inner products dy_t . y_tj over H, which cancel: their rounding
+scales with the operands, not the result, so its rows are measured against at least the median
+row norm (ROW_FLOOR; at T=8192, H=4096 in bf16 serial's and overlap's dgate rows alike reach
+8.3e-2 of their own norm with whole-tensor errors of 3e-3).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import torch
 
 DEFAULT_TOL = 8e-3  # the paper's relative tolerance
 ROW_TOL_FACTOR = 10.0  # per-row bound = ROW_TOL_FACTOR * tol
+#: the fraction of the median row norm a row is measured against at least, per dict part
+ROW_FLOOR = {"dgate": 1.0}
 
 
 @dataclass(frozen=True)
@@ -29,14 +35,17 @@ class CheckResult:
     ERRORS = ("max_rel_err", "max_row_rel_err")
 
 
-def row_errors(o: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """Relative error of every row [T] (float32 inputs [T, N])."""
+def row_errors(o: torch.Tensor, r: torch.Tensor, floor: float = 0.1) -> torch.Tensor:
+    """Relative error of every row [T] (float32 inputs [T, N]), each against at least floor x
+    the median row norm."""
     norms = r.norm(dim=-1)
-    floor = 0.1 * norms.median().clamp_min(1e-30)
+    floor = floor * norms.median().clamp_min(1e-30)
     return (o - r).norm(dim=-1) / torch.maximum(norms, floor)
 
 
-def check(out: torch.Tensor, ref: torch.Tensor, tol: float = DEFAULT_TOL) -> CheckResult:
+def check(
+    out: torch.Tensor, ref: torch.Tensor, tol: float = DEFAULT_TOL, floor: float = 0.1
+) -> CheckResult:
     """Compare out [T, N] with ref [T, N]: the whole-tensor and the per-row bound (module doc).
 
     Fails with a reason on a shape mismatch, NaN/inf, an all-zero output where the reference is
@@ -47,7 +56,7 @@ def check(out: torch.Tensor, ref: torch.Tensor, tol: float = DEFAULT_TOL) -> Che
         if not isinstance(out, dict) or set(out) != set(ref):
             got = sorted(out) if isinstance(out, dict) else type(out).__name__
             return CheckResult(False, float("inf"), f"parts {got} != {sorted(ref)}")
-        res = {name: check(out[name], r, tol) for name, r in ref.items()}
+        res = {name: check(out[name], r, tol, ROW_FLOOR.get(name, 0.1)) for name, r in ref.items()}
         bad = "; ".join(f"{name}: {r.message}" for name, r in res.items() if not r.ok)
         whole, row = (max(getattr(r, f) for r in res.values()) for f in CheckResult.ERRORS)
         return CheckResult(not bad, whole, bad, row)
@@ -61,7 +70,8 @@ def check(out: torch.Tensor, ref: torch.Tensor, tol: float = DEFAULT_TOL) -> Che
     if ref_norm > 0 and o.abs().max().item() == 0:
         return CheckResult(False, 1.0, "output is all zeros", 1.0)
     err = (o - r).norm().item() / max(ref_norm, 1e-30)
-    rows = row_errors(o.reshape(o.shape[0], -1), r.reshape(r.shape[0], -1)) if o.ndim else None
+    flat = (o.reshape(o.shape[0], -1), r.reshape(r.shape[0], -1)) if o.ndim else None
+    rows = row_errors(*flat, floor) if flat else None
     worst = int(rows.argmax()) if rows is not None and rows.numel() else -1
     row_err = float(rows[worst]) if worst >= 0 else 0.0
     row_tol = ROW_TOL_FACTOR * tol

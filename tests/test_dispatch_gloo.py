@@ -74,7 +74,7 @@ def _worker(rank: int, world: int, init: str, q) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3])  # W=3: the hot routing grows past the first bound
 def test_dispatch_labels_at_a_bound_equal_the_torch_path_on_every_rank(world, monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the ranks import triton afresh

@@ -36,8 +36,10 @@ def _env() -> dict:
             "PYTHONPATH": str(ROOT)}  # fmt: skip
 
 
-#: the 1-token cells (a rank receives nothing at stress_skew) at W=4 only: the tier's time
-TOKENS = {2: ["experiment.grid.tokens_per_rank=[32]"], 3: ["experiment.grid.tokens_per_rank=[32]"],
+#: the 1-token cells (a rank receives nothing at stress_skew) at W=4 only, W=3 at layer scope
+#: only: the tier's time
+TOKENS = {2: ["experiment.grid.tokens_per_rank=[32]"],
+          3: ["experiment.grid.tokens_per_rank=[32]", "experiment.grid.ffn=[64]"],
           4: []}  # fmt: skip
 
 
@@ -55,11 +57,13 @@ def test_per_process_cells_on_shm_are_right_by_both_checks(tmp_path, world):
     assert (df["status"] == "ok").all(), df[["system", "ffn", "status", "reason"]]
     over = df[df["system"] == "overlap"]
     tokens = {32, 1} if world == 4 else {32}
-    assert len(over) == 8 * len(tokens) and set(over["transport"]) == {"shm"}
-    assert set(over["p_layout"]) == {"aligned", "compact"} and set(over["ffn"]) == {0, 64}
+    scopes = 1 if world == 3 else 2
+    assert len(over) == 4 * scopes * len(tokens) and set(over["transport"]) == {"shm"}
+    assert set(over["p_layout"]) == {"aligned", "compact"}
+    assert set(over["ffn"]) == ({64} if world == 3 else {0, 64})  # W=3: layer cells alone
     assert set(df["routing"]) == {"balanced", "stress_skew"} and (df["world_size"] == world).all()
     assert set(df["tokens_per_rank"]) == tokens  # 1 at stress_skew: a rank receives nothing
-    assert len(df[df["system"] == "serial"]) == 4 * len(tokens)
+    assert len(df[df["system"] == "serial"]) == 2 * scopes * len(tokens)
     assert set(df.loc[df["ffn"] > 0, "p_dispatch_used"]) == {"device"}  # harness/dispatch_peer.py
     assert (df["max_rel_err"] < df["tol"]).all() and (df["max_row_rel_err"] < df["tol"]).all()
 
