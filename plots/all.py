@@ -31,7 +31,7 @@ _DRAWS = {
     "ccta_mgb": "ccta_mgb ccta_auto", "correctness": "correctness correctness_loopback",
     "producer": "producer", "functional": "overlap_functional overlap_functional_ranks",
     "layer_w1": "layer_w1",
-    "layer_loopback": "layer_loopback",
+    "layer_loopback": "layer_loopback", "layer_train": "layer_train",
 }  # fmt: skip
 #: experiment (table stem) -> plot module with plot(table, out_dir, name)
 FIGURES = {stem: f"plots.{m}" for m, stems in _DRAWS.items() for stem in stems.split()}
@@ -55,6 +55,7 @@ SHOWS = {
     "layer_w1": "the layer at W=1: each system vs serial (_systems), eager vs graph replay "
     "(_graph)",
     "layer_loopback": "the layer, one GPU playing W ranks: errors, receive memory, latency",
+    "layer_train": "one training step (forward + backward) per system, W=1 and loopback",
 }
 #: figure script -> the files it draws per table (<name><part>); others draw one, <name>
 PARTS = {"layer": ("_latency", "_speedup"), "layer_w1": ("_systems", "_graph")}

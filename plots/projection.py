@@ -121,9 +121,12 @@ def _join(values) -> str:
     return ", ".join(str(x) for x in sorted(set(values)))
 
 
-def report_section(validation: str | Path = VALIDATION, projection: str | Path = PROJECTION) -> str:
+def report_section(
+    validation: str | Path = VALIDATION, projection: str | Path = PROJECTION, notes: bool = False
+) -> str:
     """The REPORT section: the model's validation and projection (markdown, every model number
-    labelled a prediction)."""
+    labelled a prediction); notes: what the model misses, per table (docs/measurements.md has
+    them for REPORT)."""
     val, s = pd.read_parquet(validation), speedups(pd.read_parquet(projection))
     err = errors(val)
     lines = ["## Where the method pays: the step model (predictions)", "",
@@ -142,7 +145,8 @@ def report_section(validation: str | Path = VALIDATION, projection: str | Path =
         noise = f"{pct(g['ci'].max(), '.1%')} / {pct(g['repeats'].max())}"
         lines.append(f"| `{table}` | {scope} | {int(g['n'].sum())} | {cols[0]} | {cols[1]} | "
                      f"{noise} |")  # fmt: skip
-    lines += ["", *(f"- {n}" for n in _notes(val)), "",
+    lines += ["", *(f"- {n}" for n in (_notes(val) if notes else [])),
+              "What the model misses: docs/measurements.md (step model).", "",
               "Predicted serial / overlap latency (each cell's best cCTA, mgb, layout; "
               "balanced, stress_skew after the slash); the paper reports 2.94-3.01x at W=4 on "
               "A100s:", "", "| node | W | paper Fig 5-8 shape | Mixtral-proxy | DeepSeek-proxy |",

@@ -181,8 +181,9 @@ def serial_caveat(df: pd.DataFrame) -> str:
 def _machine(key: str, df: pd.DataFrame) -> str:
     w = _join(df["world_size"].dropna().astype(int)) if "world_size" in df else "?"
     tr = sorted(set(df.get("transport", pd.Series(dtype=str)).dropna().astype(str)) - {""})
-    m = re.fullmatch(r"h200x(\d+)", key)
-    where = f"{m.group(1)} H200s, NVLink" if m else ("1 H200" if key == "h200" else key)
+    m = re.fullmatch(r"(h[0-9]+)(?:x(\d+))?", key)  # h200, h200x2, h100x8: GPU model, count
+    gpu = m.group(1).upper() if m else key
+    where = f"{m.group(2)} {gpu}s, NVLink" if m and m.group(2) else f"1 {gpu}" if m else key
     lb = ", loopback" if tr == ["loopback"] else ", nothing remote" if w == "1" else ""
     return f"{where} (W={w}{lb})"
 
@@ -606,6 +607,16 @@ def unmeasured_section(d: dict[str, pd.DataFrame]) -> list[str]:
             ""]  # fmt: skip
 
 
+def step_model_section() -> list[str]:
+    """plots/projection.py's section: the step model's validation and projections (every number
+    a prediction), where its tables exist."""
+    from plots.projection import PROJECTION, VALIDATION, report_section
+
+    if not (Path(VALIDATION).exists() and Path(PROJECTION).exists()):
+        return []
+    return [report_section(), ""]
+
+
 def render(ref: Path = REF, figures: Path = FIG_DIR) -> str:
     d = tables(ref)
     lines = ["# Report: tile-level overlap for MoE, reproduced", "",
@@ -615,7 +626,7 @@ def render(ref: Path = REF, figures: Path = FIG_DIR) -> str:
              "variants have no rows here; `docs/measurements.md` keeps what they measured.",
              ""]  # fmt: skip
     lines += headline(d) + host_free_section(d) + claims_section(d) + tables_section(d)
-    lines += figures_section(d, figures) + unmeasured_section(d)
+    lines += step_model_section() + figures_section(d, figures) + unmeasured_section(d)
     return "\n".join(lines)
 
 

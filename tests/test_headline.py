@@ -118,8 +118,8 @@ def _flags(got: list, what: str) -> str:
 
 def _machine(name: str, df: pd.DataFrame) -> str:
     w = ", ".join(str(int(x)) for x in sorted(set(df["world_size"].dropna())))
-    m = re.fullmatch(r"h200x(\d+)", name)
-    return f"{m.group(1)} H200s, NVLink (W={w})" if m else f"1 H200 (W={w}, nothing remote)"
+    gpu, _, n = name.partition("x")
+    return f"{n} {gpu.upper()}s, NVLink (W={w})" if n else f"1 {gpu.upper()} (W={w}, nothing remote)"
 
 
 def expected() -> tuple[list[str], list[str]]:
