@@ -5,7 +5,6 @@ compared; and the committed rows' tolerances and overlap ratios as data."""
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from statistics import median
 
@@ -119,7 +118,8 @@ def _flags(got: list, what: str) -> str:
 def _machine(name: str, df: pd.DataFrame) -> str:
     w = ", ".join(str(int(x)) for x in sorted(set(df["world_size"].dropna())))
     gpu, _, n = name.partition("x")
-    return f"{n} {gpu.upper()}s, NVLink (W={w})" if n else f"1 {gpu.upper()} (W={w}, nothing remote)"
+    gpu = gpu.upper()
+    return f"{n} {gpu}s, NVLink (W={w})" if n else f"1 {gpu} (W={w}, nothing remote)"
 
 
 def expected() -> tuple[list[str], list[str]]:
