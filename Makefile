@@ -79,8 +79,9 @@ reproduce: setup ## run the preset for the hardware found (CPU, one GPU, several
 report: ## results/REPORT.md from the committed tables (no GPU): tables, the paper's claims next to ours
 	$(PY) -m plots.report
 
-figures: ## regenerate every figure from results/*.parquet and results/reference/
+figures: ## regenerate every figure from results/*.parquet and results/reference/, and the step model's projection
 	$(PY) -m plots.all
+	$(PY) -m plots.projection
 
 VENDOR_WHEELS ?= ../shared/vendor/gpu-wheels
 
