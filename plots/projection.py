@@ -64,7 +64,10 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     ax.set(xlabel="link GB/s out of a GPU per GEMM TFLOP/s",
            ylabel="serial / overlap latency (higher is better)")  # fmt: skip
     ax.legend(fontsize=6.5, loc="upper left")
-    title = "Speedup over serial: lines, o, s, ^ predicted; x measured; * the paper's"
+    title = (
+        "Where the method pays: speedup over serial, step-model predictions (lines, o, s, ^)"
+        " beside measured (x, 2 H200s) and the paper's (*, 4 A100s)"
+    )
     return pc.save(fig, out_dir, name, title)
 
 
