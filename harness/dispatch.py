@@ -153,6 +153,32 @@ class Dispatched:
     token_rows: torch.Tensor | None = None
 
 
+def host_free(x_recv, send, sizes, recv_counts, labels, world_size, experts, **extra):
+    """The Dispatched of a dispatch with no host sync (harness/dispatch_device.py,
+    harness/dispatch_peer.py): send = (order [S], pos [T, k]), sizes the split sizes on the
+    device [2W + E + 1], labels = recv_rows' (src, expert, dst_index, expert_pos, offs) at the
+    bound; no host lists. extra: tokens, token_rows."""
+    W, E = world_size, experts
+    src, expert, dst, expert_pos, offs = labels
+    return Dispatched(
+        x_recv=x_recv,
+        send_order=send[0],
+        pos=send[1],
+        send_counts=sizes[:W],
+        recv_counts=recv_counts,
+        recv_expert=expert,
+        recv_src=src,
+        recv_dst_index=dst,
+        expert_pos=expert_pos,
+        offs=offs,
+        send_splits=None,
+        recv_splits=None,
+        expert_rows=None,
+        received=Received(src, expert, dst, sizes[2 * W + E :], sizes[:W]),
+        **extra,
+    )
+
+
 class LayerDispatch:
     """dispatch(x [T, H], expert_ids [T, k]) -> Dispatched, over `group` (W ranks, E local
     experts each).

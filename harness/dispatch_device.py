@@ -144,30 +144,14 @@ class PlayedDispatch:
             got = metas[:, d].contiguous()  # [W_src, 2E]: what every source sends rank d
             counts, off = got.view(W, E, 2)[..., 0], got.view(W, E, 2)[..., 1]
             sizes = split_sizes(metas[d], got, W, E)
-            src, expert, dst, expert_pos, offs = self._labels(counts, off, epos)
+            labels = self._labels(counts, off, epos)
+            src, dst = labels[0], labels[2]
             rows = token_all.index_select(0, (src * S + dst).clamp_min(0))
             if gather:
                 torch.index_select(x_all, 0, rows, out=self.x_recv[d])
-            received = ld.Received(src, expert, dst, sizes[2 * W + E :], sizes[:W])
             order, pos, _, _ = sends[d]
-            out.append(
-                ld.Dispatched(
-                    x_recv=self.x_recv[d] if gather else None,
-                    send_order=order,
-                    pos=pos.view(T, k),
-                    send_counts=sizes[:W],
-                    recv_counts=counts,
-                    recv_expert=expert,
-                    recv_src=src,
-                    recv_dst_index=dst,
-                    expert_pos=expert_pos,
-                    offs=offs,
-                    send_splits=None,
-                    recv_splits=None,
-                    expert_rows=None,
-                    received=received,
-                    tokens=x_all,
-                    token_rows=rows,
-                )
-            )
+            x_recv = self.x_recv[d] if gather else None
+            send = (order, pos.view(T, k))
+            out.append(ld.host_free(x_recv, send, sizes, counts, labels, W, E,
+                                    tokens=x_all, token_rows=rows))  # fmt: skip
         return out

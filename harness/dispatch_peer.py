@@ -129,26 +129,11 @@ class PeerDispatch:
         counts, off = got.view(W, E, 2)[..., 0], got.view(W, E, 2)[..., 1]
         sizes = split_sizes(meta, got, W, E)
         src, expert, dst, epos, offs = recv_rows(counts, off, self.bound, W > 1 and E > 1)
-        n_rows = sizes[2 * W + E :]
-        peer.gather(self.x_recv, src, dst, n_rows, self.rows.recv_ptrs)
+        peer.gather(self.x_recv, src, dst, sizes[2 * W + E :], self.rows.recv_ptrs)
         if epos is not None:  # the junk rows past n_rows stay where they are
             epos = torch.where(epos < 0, self.identity, epos)
-        return ld.Dispatched(
-            x_recv=self.x_recv,
-            send_order=order,
-            pos=pos.view(T, k),
-            send_counts=sizes[:W],
-            recv_counts=counts,
-            recv_expert=expert,
-            recv_src=src,
-            recv_dst_index=dst,
-            expert_pos=epos,
-            offs=offs,
-            send_splits=None,
-            recv_splits=None,
-            expert_rows=None,
-            received=ld.Received(src, expert, dst, n_rows, sizes[:W]),
-        )
+        labels = (src, expert, dst, epos, offs)
+        return ld.host_free(self.x_recv, (order, pos.view(T, k)), sizes, counts, labels, W, E)
 
     def check(self) -> None:
         """Raise where a wait for a peer's counts timed out (reads the device)."""

@@ -150,13 +150,13 @@ class _DeviceDispatchLayerStep(_LayerStep):
     (harness/dispatch_device.py), so the step captures where the grouped GEMM is
     torch._grouped_mm (its per-expert fallback reads the counts on the host)."""
 
-    def __init__(self, inputs: CellInputs, group) -> None:
+    def __init__(self, inputs: CellInputs, group, peers=None) -> None:
         spec = inputs.spec
-        played = PlayedDispatch(
+        played = peers or PlayedDispatch(
             1, spec.experts_per_rank, spec.tokens_per_rank, spec.top_k, inputs.x
         )
-        super().__init__(inputs, lambda x, ids: played([x], [ids])[0], group)
         self.recv_mib = played.recv_mib
+        super().__init__(inputs, peers or (lambda x, ids: played([x], [ids])[0]), group)
         self.grouped_mm = grouped_mm_usable(self.xs, self.w1)
         self.host_syncs = 0 if self.grouped_mm else 1
 
@@ -179,11 +179,8 @@ class _PeerDispatchLayerStep(_DeviceDispatchLayerStep):
         s, x, group = inputs.spec, inputs.x, group or dist.group.WORLD
         args = (s.tokens_per_rank, s.top_k, x, group, transport_here(x.device))
         self.peers = PeerDispatch(s.world_size, s.experts_per_rank, *args)
-        self.recv_mib = self.peers.recv_mib
         self.combiner = PeerCombine(s.world_size, *args)
-        _LayerStep.__init__(self, inputs, self.peers, group)
-        self.grouped_mm = grouped_mm_usable(self.xs, self.w1)
-        self.host_syncs = 0 if self.grouped_mm else 1
+        super().__init__(inputs, group, self.peers)
 
     def combine(self, d: ld.Dispatched, y: torch.Tensor) -> torch.Tensor:
         return self.combiner(d, y)
