@@ -309,7 +309,10 @@ def read_table(path: str | Path, shown: str | Path | None = None) -> pd.DataFram
     if not path.exists():
         return pd.DataFrame(columns=CORE_COLUMNS)
     try:
-        table = pq.read_table(path, page_checksum_verification=True)
+        # One read of the bytes: pyarrow by path stats the size and opens the file apart, so a
+        # writer's atomic replace in between hands it one file's size and another's bytes.
+        data = pa.BufferReader(path.read_bytes())
+        table = pq.read_table(data, page_checksum_verification=True)
         stored = (table.schema.metadata or {}).get(CHECKSUM_KEY)
         if stored is not None and stored.decode(errors="replace") != table_checksum(table):
             raise HarnessUserError(

@@ -216,6 +216,21 @@ def test_5_two_concurrent_writers_keep_every_row(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_5_a_reader_during_a_writers_replace_sees_a_whole_table(tmp_path):
+    """A plot or a progress poll reads while a sweep writes: every read gives a whole table
+    (pyarrow by path would take one file's size and the replaced file's bytes)."""
+    path = tmp_path / "t.parquet"
+    ResultsTable(path).append([Row("e", "serial", cell_hash="0")])
+    ctx = multiprocessing.get_context("fork")
+    writer = ctx.Process(target=_append_many, args=(str(path), "w", 150))
+    writer.start()
+    sizes = []
+    while writer.is_alive():
+        sizes.append(len(read_table(path)))  # a torn read raises HarnessUserError
+    writer.join(60)
+    assert writer.exitcode == 0 and len(sizes) > 20 and sizes == sorted(sizes), sizes[:20]
+
+
 def test_5_two_runs_on_one_table_keep_every_row(tmp_path):
     table = tmp_path / "t.parquet"
     cmd = [sys.executable, "-m", "harness.run", "progress=false", f"table={table}"]
