@@ -19,13 +19,11 @@ class HardwareConf:
     device: str = "cpu"  # cpu | cuda
     backend: str = "gloo"  # gloo | nccl
     world_size: int = 4  # processes to spawn on this node (ignored under torchrun)
-    #: the harness's own bound, in seconds, on every cell and every collective: a rank that
-    #: makes no progress for this long ends the run (short on the CPU, long enough for a first
-    #: Triton compile on a GPU)
+    #: bound (s) on every cell and every collective: a rank that makes no progress for this long
+    #: ends the run (long enough for a first Triton compile on a GPU)
     timeout_s: float = 60.0
-    #: after a rank dies or stalls in a cell, record that cell as `error` (with the reason) and
-    #: start fresh ranks for the remaining cells, at most this many times per run (0: the run
-    #: stops at the first such cell and the cell in flight is not recorded)
+    #: after a rank dies or stalls in a cell, record that cell as `error` and start fresh ranks
+    #: for the rest, at most this many times per run (0: the run stops, the cell unrecorded)
     restarts: int = 0
 
 
@@ -35,23 +33,20 @@ class MeasureConf:
     iters: int = 5
     tol: float = 8e-3
     #: > 1: the systems of one workload are timed in this many interleaved rounds of
-    #: iters / rounds iterations each (harness.measure.measure_workload); 1: one system after
-    #: the other, each timed in one go
+    #: iters / rounds iterations each (harness.measure.measure_workload)
     rounds: int = 1
-    #: GPU: enqueue every timed iteration behind a sleep kernel first, so the events measure
-    #: device time back to back, not the host's launch time (harness/timing.py); the host's
-    #: enqueue time per iteration is reported either way (metric host_ms)
+    #: GPU: enqueue every timed iteration behind a sleep kernel, so the events measure device
+    #: time back to back, not the host's launch time (harness/timing.py)
     queue_ahead: bool = False
     #: GPU: time a CUDA graph of the step (harness/graphs.py): auto = every system whose step
-    #: declares itself capturable, true = every system (a failed capture runs eager and says
-    #: why), false = eager timing for all
+    #: declares itself capturable, true = every system, false = none
     graph: str = "auto"
 
 
 @dataclass
 class GridConf:
     """The WORKLOAD axes of the cell grid. Every combination is one workload; each system then
-    runs once per workload, or once per point of its own `sweep` (SystemConf)."""
+    runs once per workload, or once per point of its own `sweep`."""
 
     tokens_per_rank: list[int] = field(default_factory=lambda: [64])
     hidden: list[int] = field(default_factory=lambda: [64])
@@ -70,24 +65,15 @@ class GridConf:
 
 
 @dataclass
-class SystemConf:
-    """One system's own knobs in an experiment: fixed `params` and the `sweep` (lists whose
-    product it runs per workload). Keys are checked against the system's PARAMS (systems/)."""
-
-    params: dict[str, Any] = field(default_factory=dict)
-    sweep: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class ExperimentConf:
     name: str = MISSING
     module: str = "experiments.systems_sweep"
-    #: the grid's shape comes from the `workload` group (conf/workload/); an experiment that sets
-    #: its own shape leaves this false, and `workload=<name>` with it is an error
+    #: the grid's shape comes from the `workload` group (conf/workload/); false: the experiment
+    #: sets its own shape, and `workload=<name>` is an error
     takes_workload: bool = False
-    #: system name -> {params: {...}, sweep: {...}} as SystemConf describes (checked by
-    #: harness.measure.system_points; untyped here so `+experiment.systems.<name>={}` composes);
-    #: an empty entry `{}` runs the system once per workload with its defaults
+    #: system name -> {params: {...}, sweep: {lists whose product it runs per workload}}
+    #: (checked by harness.measure.system_points; untyped so `+experiment.systems.<name>={}`
+    #: composes); an empty entry `{}` runs the system once per workload with its defaults
     systems: dict[str, Any] = field(default_factory=dict)
     #: run only these systems of `systems` (empty = all of them)
     select: list[str] = field(default_factory=list)
@@ -120,8 +106,7 @@ def register_configs() -> None:
 
 def nearest_key(key: str) -> str | None:
     """The schema's key nearest a misspelt dotted `key` (difflib on each part below a typed
-    node; the parts below an untyped node, such as experiment.systems, kept), or None when no
-    part is near a key or `key` is a key of the schema already."""
+    node), or None when no part is near a key or `key` is a key of the schema already."""
     node: Any = Config
     parts = key.split(".")
     for i, part in enumerate(parts):
@@ -139,8 +124,8 @@ def nearest_key(key: str) -> str | None:
 
 
 def bad_experiment_name(name: Any) -> str | None:
-    """Why `name` cannot name an experiment (its table is <results_dir>/<name>.parquet, so the
-    name must be one plain file name inside that folder), or None where it can."""
+    """Why `name` cannot name an experiment (its table is <results_dir>/<name>.parquet: a plain
+    file name), or None where it can."""
     text = "" if name is None else str(name)
     if not text.strip():
         return "experiment.name is empty; give the experiment a name (its table's file name)"

@@ -1,13 +1,4 @@
-"""The two kinds of failure the runner tells apart from a failing cell.
-
-HarnessUserError  bad input (settings, table path, a damaged table): `harness.run` prints one line
-                  `error: <message>` and exits with code 2 (the trace only with HYDRA_FULL_ERROR=1).
-CommFailure       the process group broke (a peer died, stalled or timed out): the run stops and
-                  the cell in flight is NOT recorded, so a re-run measures it again.
-ContextLost       a sticky CUDA error (an illegal memory access...) ended a cell: its `error` row
-                  is written, then the rank ends, since every later CUDA call in that process
-                  fails or aborts (with hardware.restarts, fresh ranks run the remaining cells).
-"""
+"""The kinds of failure the runner tells apart from a failing cell (each class says which)."""
 
 from __future__ import annotations
 
@@ -15,11 +6,13 @@ import torch.distributed as dist
 
 
 class HarnessUserError(ValueError):
-    """Bad input, found before any work (or a table damaged while the run went on)."""
+    """Bad input, found before any work (or a table damaged while the run went on):
+    `harness.run` prints one line `error: <message>` and exits with code 2."""
 
 
 class CommFailure(RuntimeError):
-    """A collective failed because a peer is gone or stalled; the run cannot go on."""
+    """A collective failed because a peer is gone or stalled: the run stops and the cell in
+    flight is not recorded (a re-run measures it again)."""
 
 
 #: text of the errors gloo and NCCL raise when a peer dies, stalls or times out (they are plain
@@ -37,7 +30,8 @@ COMM_MARKERS = (
 
 
 class ContextLost(RuntimeError):
-    """The process's CUDA context is unusable after a sticky error; the rank must end."""
+    """A sticky CUDA error (an illegal memory access...) ended a cell: its `error` row is
+    written, then the rank ends (every later CUDA call in that process fails or aborts)."""
 
 
 #: CUDA errors that poison the process's context (cudaGetLastError cannot clear them)

@@ -1,14 +1,10 @@
 """CUDA-graph timing: a system's step captured once, then timed as the graph's replays.
 
-measure.graph chooses per cell (graph_choice): "auto" captures every system whose step says it
-is capturable (System.capture_blocker() is None), "true" tries every system, "false" none; off
-CUDA nothing is captured. The capture follows torch's recipe: the caller has already run the
-step (allocations, Triton compiles, symmetric-memory rendezvous happen before), three more
-steps run on a side stream, then one step is captured into a graph with a private memory pool.
-The step's output tensor at capture time is the graph's static output: every replay rewrites
-it, so the harness checks that tensor after a replay, before and after timing. A capture that
-fails (a host synchronisation inside the step, an uncapturable library call) leaves the
-system eager with the error as the reason; the sweep goes on.
+measure.graph chooses per cell (graph_choice). The capture follows torch's recipe: the caller
+has already run the step (allocations, Triton compiles, rendezvous happen before), a few more
+steps run on a side stream, then one step is captured. The step's output at capture time is the
+graph's static output: every replay rewrites it, so the harness checks that tensor after a
+replay. A capture that fails leaves the system eager with the error as the reason.
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ SIDE_WARMUP = 3
 
 
 def graph_mode(value: object) -> str:
-    """measure.graph as one of MODES (Hydra may hand a bool for true/false); anything else is a
-    one-line ValueError."""
+    """measure.graph as one of MODES (Hydra may hand a bool); else a one-line ValueError."""
     mode = str(value).lower()
     if mode not in MODES:
         raise ValueError(f"measure.graph must be one of {', '.join(MODES)}, got {value!r}")
@@ -33,7 +28,8 @@ def graph_mode(value: object) -> str:
 
 
 def graph_choice(mode: str, device: torch.device, blocker: str | None) -> str | None:
-    """None where the step should be captured, else why it runs eager (one line)."""
+    """None where the step should be captured ("auto": where the system's capture_blocker() is
+    None; "true": always; never off CUDA), else why it runs eager (one line)."""
     if mode == "false":
         return "measure.graph=false"
     if device.type != "cuda":
@@ -56,10 +52,8 @@ class Captured:
 
 
 def capture(step: Callable[[], object], device: torch.device) -> Captured:
-    """Capture one call of step() (already run eagerly at least once) into a CUDA graph.
-
-    Raises RuntimeError naming the cause when the step cannot be captured; the device is
-    synchronised and usable afterwards."""
+    """Capture one call of step() (already run eagerly at least once) into a CUDA graph; a
+    RuntimeError naming the cause where it cannot (the device stays usable)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):

@@ -1,17 +1,13 @@
 """Cell expansion and the generic measurement of one system on one cell.
 
-A cell = one workload (the grid's axes) x one system x one point of that system's own sweep
-(cell["params"]: the system's PARAMS defaults, the experiment's fixed params and the sweep point).
-Per cell: workload -> capability gate (GPU, packages, ranks played) -> system.setup on the
-inputs of every played rank -> correctness gate vs the reference (reference_local, float32) ->
-timed region, compute-only and comm-only -> one Row (params as p_<key> columns).
-A cell that fails the check records status=fail and no latency.
-Ranks fail together: every stage of a cell a rank can fail in (setup, each check, each timed
-loop, each bound) ends in an agreement over the ranks (`stage`, `settle`), so where one rank
-raises, its check fails or a device wait timed out, every rank ends the cell with the same row,
-naming that rank and the cause ("rank 2: ..."), and the sweep goes on. A rank that never
-reaches the agreement (stuck) is named by the supervising parent, which ends the run (or, with
-hardware.restarts, goes on with fresh ranks): harness.supervisor.
+A cell = one workload (the grid's axes) x one system x one point of its own sweep (params).
+Per cell: capability gates -> system.setup on the inputs of every played rank -> check against
+the reference (float32) -> timed region, compute-only and comm-only bounds -> one Row. A cell
+that fails a check records status=fail and no latency.
+Ranks fail together: every stage a rank can fail in ends in an agreement over the ranks (`stage`,
+`settle`), so every rank ends the cell with the same row naming the failed rank ("rank 2: ...")
+and the sweep goes on; a rank that never reaches the agreement is named by the supervising
+parent (harness.supervisor).
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ import itertools
 import json
 import os
 import random
-import time
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -33,10 +28,10 @@ from harness.check import check
 from harness.errors import CommFailure, is_comm_failure
 from harness.graphs import capture, graph_choice, graph_mode
 from harness.layout import rank_layout
-from harness.records import Row, cell_hash, command_line, overlap_ratio, provenance
+from harness.records import Row, cell_hash, cell_row, overlap_ratio
 from harness.reference import dispatch, dispatch_local, reference_local, reference_train
 from harness.system import CellInputs, RunContext, get_system
-from harness.timing import STATE, barrier, count_host_syncs, summarize, time_fn, waiting
+from harness.timing import STATE, Timing, barrier, count_host_syncs, summarize, time_fn, waiting
 from harness.workload import (
     WorkloadSpec,
     imbalance_of,
@@ -57,11 +52,8 @@ SPEC_KEYS = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "r
 
 def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
     """Every parameter set one system runs per workload: its PARAMS defaults, overridden by the
-    experiment's `params`, times the product of its `sweep` lists (one point without a sweep).
-
-    Unknown keys, a key both fixed and swept, an empty sweep list and a value listed twice are
-    errors naming the system before any process starts.
-    """
+    experiment's `params`, times the product of its `sweep` lists. Unknown keys, a key both fixed
+    and swept, an empty sweep list and a value listed twice are errors naming the system."""
     cls = get_system(name).load()
     if isinstance(conf, DictConfig):
         conf = OmegaConf.to_container(conf, resolve=True)
@@ -104,7 +96,7 @@ def unused_knobs(experiment: str, system: str, params: dict[str, Any], used: tup
 
 
 def selected_systems(cfg: Any) -> dict[str, Any]:
-    """The experiment's systems (name -> SystemConf), narrowed to `experiment.select` if set."""
+    """The experiment's systems (name -> {params, sweep}), narrowed to `experiment.select`."""
     systems = dict(cfg.experiment.systems)
     for name in systems:
         get_system(name)  # unknown system -> error with the choices
@@ -129,35 +121,22 @@ def experiment_options(cfg: Any, name: str, defaults: dict[str, Any]) -> dict[st
 
 
 def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
-    """What changes a cell's numbers besides its workload and system: the measure settings, the
-    hardware preset and backend, and the number of processes (which decides whether a process
-    plays one rank or all of them). Part of every cell hash, so a changed setting re-runs the
-    cell; the time-out and the table path are not (they change no number). queue_ahead and
-    graph enter only where they change the timing (queued; a graph on a GPU), so the hashes of
-    eager rows stay those they had before the two settings existed.
-
-    On CUDA the hardware's name is the machine found (harness.records.this_machine: h200,
-    h200x2, h100x8), not the preset's, so a row of one GPU model or count never resumes
-    another's cell; one H200 hashes as the preset `h200` always did. Where no GPU is here (a
-    dry run of a GPU config on a CPU) the preset's name stands in; CPU cells keep the preset's
-    name, and the hashes they always had."""
+    """What changes a cell's numbers besides its workload and system (part of every cell hash):
+    the measure settings, the hardware and backend, and the number of processes. Not the
+    time-out or the table path (they change no number). queue_ahead and graph enter only where
+    they change the timing, so eager rows keep their hashes. On CUDA the hardware's name is the
+    machine found (this_machine: h200, h100x8), so a row of one GPU model or count never resumes
+    another's cell; without a GPU (a dry run) the preset's name stands in."""
     from harness.records import this_machine
 
     m, hw = cfg.measure, cfg.hardware
-    timing = {
-        "warmup": int(m.warmup),
-        "iters": int(m.iters),
-        "tol": float(m.tol),
-        "rounds": int(m.rounds),
-    }
+    timing = dict(warmup=int(m.warmup), iters=int(m.iters), tol=float(m.tol), rounds=int(m.rounds))
     if bool(getattr(m, "queue_ahead", False)):
         timing["queue_ahead"] = True
     graph = graph_mode(getattr(m, "graph", "false"))
     if hw.device == "cuda" and graph != "false":
         timing["graph"] = graph
-    name = hw.name
-    if hw.device == "cuda" and this_machine() != "cpu":
-        name = this_machine()
+    name = this_machine() if hw.device == "cuda" and this_machine() != "cpu" else hw.name
     return {
         "measure": timing,
         "hardware": {"name": name, "device": hw.device, "backend": hw.backend},
@@ -171,14 +150,9 @@ def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
 
 
 def expand_grid(cfg: Any, process_world: int) -> list[dict]:
-    """All cells of an experiment: the product of the workload axes, then per workload every
-    system once per point of its own sweep.
-
-    FFN cells (ffn > 0) take out = hidden: the out axis does not multiply them.
-    The systems of one workload run in a seeded random order, different per workload, so slow
-    drift of the machine does not favour one system (the same order on every rank); a system's
-    sweep points stay together in their product order.
-    """
+    """All cells: the product of the workload axes, then per workload every system once per
+    point of its sweep. FFN cells (ffn > 0) take out = hidden. The systems of one workload run in
+    a seeded random order (the same on every rank), so slow drift of the machine favours none."""
     g = cfg.experiment.grid
     worlds = list(g.world_size) or [process_world]
     axes = {k: list(getattr(g, k)) for k in (*SPEC_KEYS, "ffn")}
@@ -245,18 +219,7 @@ def validate_cells(
 
 
 def base_row(cell: dict, spec: WorkloadSpec) -> Row:
-    imb = imbalance_of(spec)
-    keys = ("experiment", "system", "cell_hash", "world_size", *SPEC_KEYS)
-    return Row(
-        **{k: cell[k] for k in keys},
-        ffn=spec.ffn,
-        imbalance_rank=imb["imbalance_rank"],
-        imbalance_expert=imb["imbalance_expert"],
-        params=dict(cell["params"]),
-        command=command_line(),
-        timestamp=time.time(),
-        **provenance(),
-    )
+    return cell_row(cell, **{k: cell[k] for k in SPEC_KEYS}, ffn=spec.ffn, **imbalance_of(spec))
 
 
 def played_ranks(ctx: RunContext, spec: WorkloadSpec) -> list[int] | None:
@@ -269,12 +232,9 @@ def played_ranks(ctx: RunContext, spec: WorkloadSpec) -> list[int] | None:
     return None
 
 
-class _InputCache:
-    """Inputs and stacked reference of the last (workload, played ranks), shared by the systems
-    of a workload (built untimed, once)."""
-
-    key: tuple = ()
-    value: tuple[list[CellInputs], torch.Tensor] | None = None
+#: (workload, played ranks) -> inputs and stacked reference, of the last such key only: shared
+#: by the systems of a workload (built untimed, once)
+_INPUTS: dict[tuple, tuple[list[CellInputs], torch.Tensor]] = {}
 
 
 def cell_inputs(
@@ -282,8 +242,8 @@ def cell_inputs(
 ) -> tuple[list[CellInputs], torch.Tensor]:
     """One CellInputs per played rank and their references stacked [len(played) * T, N]."""
     key = (spec.key(), tuple(played))
-    if _InputCache.key != key:
-        _InputCache.value = None
+    if key not in _INPUTS:
+        _INPUTS.clear()  # the last workload's tensors go before this one's are made
         inputs, refs = [], []
         for r in played:
             lay = rank_layout(spec, r)
@@ -303,8 +263,8 @@ def cell_inputs(
             if not spec.train:
                 refs.append(reference_local(spec, r, ctx.device))
         ref = reference_train(spec, played, ctx.device) if spec.train else torch.cat(refs)
-        _InputCache.key, _InputCache.value = key, (inputs, ref)
-    return _InputCache.value  # type: ignore[return-value]
+        _INPUTS[key] = (inputs, ref)
+    return _INPUTS[key]
 
 
 def agree(ctx: RunContext, value: float, op=dist.ReduceOp.MAX) -> float:
@@ -327,10 +287,9 @@ class _Agreement:
 
 
 def open_agreement(timeout: timedelta) -> None:
-    """Give the stages' agreements a gloo group of their own over every rank (call on every
-    rank, after the process group is up): an agreement then never pairs with a collective of
-    a system that a failed rank left out (on one group, an all-reduce could), and on a GPU it
-    costs no device synchronisation."""
+    """Give the stages' agreements a gloo group of their own (call on every rank, after the
+    process group is up): an agreement then never pairs with a collective of a system that a
+    failed rank left out, and on a GPU it costs no device synchronisation."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         _Agreement.group = dist.new_group(backend="gloo", timeout=timeout)
 
@@ -349,17 +308,13 @@ def _decode(v: float) -> float:
 
 
 def settle(ctx: RunContext, row: Row, values: list[float] | None, n: int = 0) -> list[float] | None:
-    """The agreement that ends every stage of a cell: one all-reduce (MAX) over the ranks of
-    each rank's outcome of the stage (ok; fail: its check failed; error: it raised), the row's
-    worst check errors so far and this rank's `n` values (None: it has none). Where any rank
-    failed, every rank's row takes the status and the reason of the lowest rank that raised
-    (else of the lowest whose check failed), sent from that rank: "rank r: <reason>"; returns
-    None. Else the values, each the MAX over the ranks (NaN where no rank has one).
-
-    A rank that never reaches the agreement (stuck in a wait that does not return) leaves the
-    others waiting here, marked (harness.timing.waiting), until the supervising parent ends
-    the cell at its time-out naming the stuck rank (harness.supervisor); the collective itself
-    is bounded by the process group's time-out, hardware.timeout_s."""
+    """The agreement that ends every stage of a cell: one all-reduce (MAX) of each rank's outcome
+    (ok; fail: its check failed; error: it raised), the row's worst check errors and this rank's
+    `n` values (None: it has none). Where any rank failed, every row takes the status and reason
+    of the lowest rank that raised (else whose check failed): "rank r: <reason>"; returns None.
+    Else the values, each the MAX over the ranks (NaN where no rank has one). A stuck rank leaves
+    the others waiting here (marked: harness.timing.waiting) until the supervising parent ends
+    the cell naming it; the collective is bounded by hardware.timeout_s."""
     ok = row.status == "ok"
     mine = [_encode(float(v)) for v in values] if ok and values is not None else []
     mine += [-float("inf")] * (n - len(mine))
@@ -393,13 +348,11 @@ def settle(ctx: RunContext, row: Row, values: list[float] | None, n: int = 0) ->
 
 
 def stage(ctx: RunContext, row: Row, name: str, fn, n: int = 0) -> list[float] | None:
-    """One stage of a cell that a rank can fail in: fn() on this rank (guarded: an exception
-    becomes the row's `error`; a check that failed has set the row's `fail`), then the ranks'
-    agreement (settle) on the outcome and on the `n` numbers fn returned (a list, or None).
-    Returns the agreed numbers where the stage ended ok on every rank, else None: every rank's
-    row then names the rank that failed and why. A stage holds at most one call that makes
-    collectives of the harness (time_fn), so a rank that failed before it is never left out of
-    one its peers wait in."""
+    """One stage of a cell that a rank can fail in: fn() on this rank (guarded), then the ranks'
+    agreement (settle) on the outcome and on the `n` numbers fn returned. Returns the agreed
+    numbers where the stage ended ok on every rank, else None (every row names the failed rank).
+    A stage holds at most one call that makes collectives of the harness (time_fn), so a rank
+    that failed before it is never left out of one its peers wait in."""
     STATE.stage = name
     values = guarded(ctx, row, fn) if row.status == "ok" else None
     values = values if n else None
@@ -412,8 +365,8 @@ def stage(ctx: RunContext, row: Row, name: str, fn, n: int = 0) -> list[float] |
 
 
 def _checked(ctx: RunContext, row: Row, res: Any, when: str = "") -> bool:
-    """Record this rank's check (its worst errors; settle agrees them over the ranks); on a
-    failure set status fail with the reason. True when the check passed here."""
+    """Record this rank's check (its worst errors); on a failure set status fail with the
+    reason. True when the check passed here."""
 
     def worst(prev: float, new: float) -> float:
         new = new if new == new else 1e30  # NaN (not measured) counts as worst
@@ -453,8 +406,8 @@ class _Prepared:
 
 def poison(ctx: RunContext, p: _Prepared) -> None:
     """NaN into every floating tensor the step keeps between calls (Step.poison) and every
-    output an earlier checked call returned, then a barrier, so no peer's puts of the next call
-    land before this rank's poison: a call passes its check only with work it did itself."""
+    output an earlier checked call returned, then a barrier (no peer's puts of the next call land
+    before this rank's poison): a call passes its check only with work it did itself."""
     p.system.step.poison()
     for t in p.returned:
         if t.is_floating_point():
@@ -474,10 +427,15 @@ def checked_call(ctx: RunContext, p: _Prepared, call) -> Any:
     return out
 
 
+def check_forward(ctx: RunContext, cfg: Any, p: _Prepared, when: str) -> bool:
+    """Run forward() once from poisoned buffers and check every played rank's output."""
+    out = checked_call(ctx, p, p.system.forward)
+    return _checked(ctx, p.row, check(out, p.ref, cfg.measure.tol), when)
+
+
 def check_step(ctx: RunContext, cfg: Any, p: _Prepared, when: str) -> bool:
     """Run the step to time once from poisoned buffers and check ITS output (not forward()'s)
-    against the reference, then the system's device-side error words; False after a failure
-    (recorded in the row)."""
+    and the system's device-side error words; False after a failure (recorded in the row)."""
     out = checked_call(ctx, p, p.step)
     p.system.check_errors()
     if not isinstance(out, (torch.Tensor, dict)):
@@ -487,9 +445,8 @@ def check_step(ctx: RunContext, cfg: Any, p: _Prepared, when: str) -> bool:
 
 
 def arm_step(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
-    """Choose eager or graph timing (harness/graphs.py), capture where chosen, and check the
-    step's output once. A capture that fails leaves the step eager with the reason in the row.
-    False where the check failed."""
+    """Choose eager or graph timing (harness/graphs.py), capture where chosen (a failed capture
+    leaves the step eager, the reason in the row), and check the step once; False on a fail."""
     mode = graph_mode(getattr(cfg.measure, "graph", "false"))
     why = graph_choice(mode, ctx.device, p.system.capture_blocker())
     if why is None:
@@ -502,6 +459,12 @@ def arm_step(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
         p.row.graph_reason = why
     when = "graph replay" if p.row.graph else "timed step"
     return check_step(ctx, cfg, p, when)
+
+
+def set_latency(row: Row, t: Timing) -> None:
+    """row's latency columns from t: median, p10, p90 and the median's 95% interval (ms)."""
+    row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
+    row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
 
 
 def guarded(ctx: RunContext, row: Row, fn) -> Any:
@@ -520,44 +483,46 @@ def guarded(ctx: RunContext, row: Row, fn) -> Any:
     return None
 
 
+def skip_reason(
+    ctx: RunContext, spec: WorkloadSpec, info: Any, params: dict, played: list[int] | None
+) -> str | None:
+    """Why this run cannot measure the cell (a capability gate), or None."""
+    reason = info.unavailable_reason(ctx, spec.world_size)
+    if reason is not None:
+        return reason
+    if played is None:
+        return (
+            f"cell W={spec.world_size} needs {spec.world_size} processes, or 1 that plays every "
+            f"rank; this run has {ctx.world_size}"
+        )
+    cls = info.load()
+    reason = cls.unsupported(spec, {**cls.PARAMS, **params})
+    if reason is not None:
+        return reason
+    if spec.ffn and not cls.layer_scope:
+        return f"{info.name} has no layer scope (FFN experts timed from the tokens)"
+    if spec.train and not cls.train_scope:
+        return f"{info.name} has no train scope (forward + backward)"
+    if len(played) > 1 and not cls.simulates_ranks:
+        return (
+            f"{info.name} cannot play {spec.world_size} ranks in one process; run the cell with "
+            f"one process per rank (hardware.world_size={spec.world_size})"
+        )
+    return None
+
+
 def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
     """The untimed part of a cell: capability gates, setup, the first check. Returns the final
     Row (skipped, fail, error) or the prepared cell to time."""
     spec = spec_of(cell)
     row = base_row(cell, spec)
     info = get_system(cell["system"])
-    reason = info.unavailable_reason(ctx, spec.world_size)
+    played = played_ranks(ctx, spec)
+    reason = skip_reason(ctx, spec, info, cell["params"], played)
     if reason is not None:
         row.status, row.reason = "skipped", reason
-        return row
-    played = played_ranks(ctx, spec)
-    if played is None:
-        row.status = "skipped"
-        row.reason = (
-            f"cell W={spec.world_size} needs {spec.world_size} processes, or 1 that plays every "
-            f"rank; this run has {ctx.world_size}"
-        )
         return row
     cls = info.load()
-    reason = cls.unsupported(spec, {**cls.PARAMS, **cell["params"]})
-    if reason is not None:
-        row.status, row.reason = "skipped", reason
-        return row
-    if spec.ffn and not cls.layer_scope:
-        row.status = "skipped"
-        row.reason = f"{info.name} has no layer scope (FFN experts timed from the tokens)"
-        return row
-    if spec.train and not cls.train_scope:
-        row.status, row.reason = "skipped", f"{info.name} has no train scope (forward + backward)"
-        return row
-    if len(played) > 1 and not cls.simulates_ranks:
-        row.status = "skipped"
-        row.reason = (
-            f"{info.name} cannot play {spec.world_size} ranks in one process; run the cell with "
-            f"one process per rank (hardware.world_size={spec.world_size})"
-        )
-        return row
-
     made: dict[str, Any] = {}
 
     def setup() -> None:
@@ -573,12 +538,7 @@ def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
         return row
     p = made.pop("p")
     when = "first check" if ctx.world_size > 1 else ""
-
-    def first_check() -> None:
-        out = checked_call(ctx, p, p.system.forward)
-        _checked(ctx, row, check(out, p.ref, cfg.measure.tol), when)
-
-    if stage(ctx, row, "first check", first_check) is None:
+    if stage(ctx, row, "first check", lambda: check_forward(ctx, cfg, p, when)) is None:
         return row
     if stage(ctx, row, "step check", lambda: arm_step(ctx, cfg, p)) is None:
         return row
@@ -614,9 +574,8 @@ def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: i
 
 
 def _timing_note(kw: dict, p: _Prepared) -> dict:
-    """extra's `timing`: "graph" (replays of a CUDA graph), "queued" (device time,
-    harness.timing) or "eager", and where a queued run's host did not finish enqueueing before
-    the device started, how often."""
+    """extra's `timing`: "graph", "queued" or "eager" (harness.timing), and how often a queued
+    run's host did not finish enqueueing before the device started."""
     if kw["device"].type != "cuda":
         return {}
     if p.row.graph:
@@ -632,8 +591,7 @@ def _timing_note(kw: dict, p: _Prepared) -> dict:
 
 def _bounds(ctx: RunContext, p: _Prepared, kw: dict) -> bool:
     """The compute-only and comm-only bounds (each from poisoned buffers, a stage of its own),
-    the overlap ratio or why it has none, then the system's extra bounds. False after a
-    failure (recorded in the row)."""
+    the overlap ratio or why it has none, then the system's extra bounds; False on a failure."""
     row, system, spec = p.row, p.system, p.spec
     if system.has_bounds():
 
@@ -670,8 +628,7 @@ def _bounds(ctx: RunContext, p: _Prepared, kw: dict) -> bool:
 
 def _serialized(ctx: RunContext, cfg: Any, p: _Prepared, kw: dict) -> bool:
     """Step.serialized where the step has one: captured where the step is, checked like the
-    step, then timed (serialized_ms); two stages (a check can fail on one rank only). Not in
-    Triton's interpreter (a functional run): it runs the kernels one after the other anyway."""
+    step, then timed (serialized_ms). Not in Triton's interpreter (it serializes anyway)."""
     fn, row = p.system.step.serialized, p.row
     if fn is None or os.environ.get("TRITON_INTERPRET") == "1":
         return True
@@ -691,22 +648,12 @@ def _serialized(ctx: RunContext, cfg: Any, p: _Prepared, kw: dict) -> bool:
 
 
 def _checks_after(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
-    """Every rank's output and the timed step's own, checked again after timing (no reused
-    buffer overwritten, no wait timed out). False after a failure (finish_cell clears the
-    latency)."""
-    row, system = p.row, p.system
-    after = "after timing"
-
-    def check_after() -> None:
-        out = checked_call(ctx, p, system.forward)
-        _checked(ctx, row, check(out, p.ref, cfg.measure.tol), after)
-
-    def check_step_after() -> None:
-        check_step(ctx, cfg, p, f"{after} (step)")
-
+    """forward()'s output and the timed step's own, checked again after timing (no reused
+    buffer overwritten, no wait timed out); False after a failure."""
+    after, step = "after timing", "after timing (step)"
     return (
-        stage(ctx, row, after, check_after) is not None
-        and stage(ctx, row, f"{after} (step)", check_step_after) is not None
+        stage(ctx, p.row, after, lambda: check_forward(ctx, cfg, p, after)) is not None
+        and stage(ctx, p.row, step, lambda: check_step(ctx, cfg, p, step)) is not None
     )
 
 
@@ -717,13 +664,8 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
     if row.status != "ok":
         return row
     kw = _timing_kw(ctx, cfg, cfg.measure.iters, cfg.measure.warmup)
-
-    def latency() -> None:
-        t = summarize(p.samples)
-        row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
-        row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
-
-    guarded(ctx, row, latency)  # of the samples agreed over the ranks: the same everywhere
+    # of the samples agreed over the ranks: the same everywhere
+    guarded(ctx, row, lambda: set_latency(row, summarize(p.samples)))
     if row.status != "ok":
         return row
     if not (_bounds(ctx, p, kw) and _serialized(ctx, cfg, p, kw) and _checks_after(ctx, cfg, p)):
@@ -768,10 +710,8 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
 def measure_workload(ctx: RunContext, cfg: Any, cells: list[dict]) -> list[Row]:
     """The systems of one workload timed in interleaved rounds (measure.rounds = r): every
     system is set up and checked, then r times each system in turn runs iters / r timed
-    iterations (the warm-up before its first round, one more iteration before the others), so
-    slow drift of the machine spreads over all systems; the median and its bootstrap interval
-    come from all of a system's iterations. The systems of the workload live on the device
-    together. One row per cell, in the cells' order."""
+    iterations (its warm-up before the first round, one iteration before the others), so slow
+    drift of the machine spreads over all systems. One row per cell, in the cells' order."""
     rounds = int(cfg.measure.rounds)
     per = max(1, -(-int(cfg.measure.iters) // rounds))
     done = [prepare_cell(ctx, cfg, c) for c in cells]
@@ -782,11 +722,12 @@ def measure_workload(ctx: RunContext, cfg: Any, cells: list[dict]) -> list[Row]:
                 time_prepared(ctx, cfg, p, per, cfg.measure.warmup if r == 0 else 1)
     rows = []
     for p in done:
-        if not isinstance(p, Row):
-            p.system.extra["rounds"] = rounds
-        rows.append(p if isinstance(p, Row) else finish_cell(ctx, cfg, p))
-        if not isinstance(p, Row):
-            p.system = None  # free the device memory of the finished system
+        if isinstance(p, Row):
+            rows.append(p)
+            continue
+        p.system.extra["rounds"] = rounds
+        rows.append(finish_cell(ctx, cfg, p))
+        p.system = None  # free the device memory of the finished system
     return rows
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,6 @@ NONEMPTY_AXES = [f for f in GridConf.__dataclass_fields__ if f != "world_size"]
 
 def table_path(cfg: Any) -> Path:
     return Path(cfg.table or Path(cfg.results_dir) / f"{cfg.experiment.name}.parquet")
-
-
-# ---------------------------------------------------------------- validation (before any work)
 
 
 def resolve_world(cfg: Any) -> int:
@@ -118,12 +116,10 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
             f"hardware.device={hw.device} with hardware.backend={hw.backend} is not supported; "
             "use cpu with gloo, or cuda with nccl"
         )
-    if not (0 < cfg.hardware.timeout_s < float("inf")):
-        raise HarnessUserError(
-            f"hardware.timeout_s must be > 0 seconds, got {cfg.hardware.timeout_s}"
-        )
-    if cfg.hardware.restarts < 0:
-        raise HarnessUserError(f"hardware.restarts must be >= 0, got {cfg.hardware.restarts}")
+    if not (0 < hw.timeout_s < float("inf")):
+        raise HarnessUserError(f"hardware.timeout_s must be > 0 seconds, got {hw.timeout_s}")
+    if hw.restarts < 0:
+        raise HarnessUserError(f"hardware.restarts must be >= 0, got {hw.restarts}")
     for axis in NONEMPTY_AXES:
         if len(cfg.experiment.grid[axis]) == 0:
             raise HarnessUserError(f"experiment.grid.{axis} is empty; give it at least one value")
@@ -145,9 +141,9 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
 
 
 def unread_settings(cfg: Any, exp: Any) -> None:
-    """A setting the experiment module would ignore without a word is an error: a grid axis it
-    does not read (its `GRID_AXES`; a module without one reads every axis) set away from the
-    schema's default, or `experiment.options` for a module that takes none (no `options`)."""
+    """A setting the experiment module would ignore is an error: a grid axis not in its
+    `GRID_AXES` (if it has one) set away from the default, or `experiment.options` for a module
+    without `options`."""
     name = cfg.experiment.name
     read = getattr(exp, "GRID_AXES", None)
     if read is not None:
@@ -170,9 +166,8 @@ def unread_settings(cfg: Any, exp: Any) -> None:
 
 
 def memory_bytes(cfg: Any) -> int | None:
-    """The memory one rank's tensors live in: the first GPU's where hardware.device is cuda (None
-    when no GPU is here, e.g. a dry run of a GPU config on a CPU machine), else the host's
-    physical memory."""
+    """The memory one rank's tensors live in: the first GPU's on cuda (None when no GPU is here),
+    else the host's physical memory."""
     if cfg.hardware.device == "cuda":
         if not torch.cuda.is_available():
             return None
@@ -201,11 +196,10 @@ def rank_floor_bytes(cell: dict) -> int:
 
 def check_memory(cfg: Any, cells: list[dict], world: int, one_rank: bool = False) -> None:
     """A cell whose tensors cannot fit is a one-line error before any process starts (it would
-    be killed, or fail in every rank, with nothing to record). `world` processes; a cell of W
-    ranks runs with one process per rank (W == world) or all W in one process (world == 1), and
-    is skipped otherwise (harness.measure.played_ranks), so not checked. The ranks that share
-    one memory: every rank on a CPU host; one per GPU, or all W where one process plays them;
-    one where the experiment computes one rank's problem (`one_rank`, its ONE_RANK)."""
+    fail in every rank with nothing to record). Cells that `world` processes skip
+    (harness.measure.played_ranks) are not checked. The ranks that share one memory: every rank
+    on a CPU host; one per GPU, or all W where one process plays them; one where the experiment
+    computes one rank's problem (`one_rank`, its ONE_RANK)."""
     have = memory_bytes(cfg)
     if have is None:
         return
@@ -249,8 +243,8 @@ class Plan:
 def preflight(
     cfg: Any, world: int, workload: str | None = None, *, table: bool = True, writable: bool = True
 ) -> Plan:
-    """Build and validate every cell, and read the table, before any rank starts. Every bad
-    input is a HarnessUserError (one line for the user)."""
+    """Build and validate every cell, and read the table, before any rank starts; bad input is a
+    HarnessUserError."""
     try:
         validate_settings(cfg, workload)
         exp = load_experiment(cfg)
@@ -290,10 +284,7 @@ def start_message(cfg: Any, plan: Plan) -> str:
     kept = len(plan.cells) - len(plan.todo)
     todo = {c["cell_hash"] for c in plan.todo}
     retry = len(todo & set(plan.found))
-    counts: dict[str, int] = {}
-    for h, s in plan.found.items():
-        if h not in todo:
-            counts[s] = counts.get(s, 0) + 1
+    counts = Counter(s for h, s in plan.found.items() if h not in todo)
     why = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     msg = (
         f"[harness] {cfg.experiment.name}: {len(plan.cells)} cells; {kept} already in "
@@ -327,12 +318,9 @@ def describe(cell: dict | None) -> str:
     return f"{cell['cell_hash']} ({cell['system']} {shape} {tail}{' ' + params if params else ''})"
 
 
-# ---------------------------------------------------------------------------------- dry run
-
-
 def dry_run(cfg: Any, workload: str | None = None) -> None:
     """Print a short table of the cells, marking those already in the table; needs no GPU and
-    starts no rank. The process count is hardware.world_size, or the GPUs present."""
+    starts no rank."""
     hw = cfg.hardware
     n_gpu = torch.cuda.device_count() if hw.device == "cuda" else 0
     world = hw.world_size or n_gpu or 1

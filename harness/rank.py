@@ -38,14 +38,10 @@ STARTUP_S = 120.0
 PR_SET_PDEATHSIG = 1
 
 
-# ------------------------------------------------------------------------------- the ranks
-
-
 def end_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel SIGKILL this rank the moment the process that spawned it ends
-    (prctl PR_SET_PDEATHSIG), also a rank that is stopped or blocked in a collective, so a
-    parent killed with SIGKILL leaves no rank that holds a GPU or writes a row. The Reporter's
-    heartbeat notices a lost parent too (any platform), within one beat."""
+    """Linux: have the kernel SIGKILL this rank the moment its parent ends (PR_SET_PDEATHSIG),
+    also a rank stopped or blocked in a collective, so a parent killed with SIGKILL leaves no
+    rank that holds a GPU or writes a row (the Reporter's heartbeat notices it too, later)."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -57,13 +53,10 @@ def end_with_parent(parent_pid: int) -> None:
 
 class Reporter:
     """A rank's reports to the supervising parent through its own pipe (one writer per pipe, so
-    a rank killed or stopped mid-write cannot block another rank's reports). With a parent, a
-    heartbeat every `beat_s`, ("beat",) or, inside a cell, ("beat", stage, seconds waited in a
-    collective of the harness or None, a failure the ranks have not agreed on yet or None)
-    from harness.timing.STATE, so the parent can name the rank that is stuck or failed when
-    a cell runs over its time-out; when the parent is gone (the pipe broke, or the parent
-    process `parent_pid` is no longer this process's parent) the rank ends at once, writing
-    nothing. Without a parent (torchrun) it only draws rank 0's progress bar."""
+    a rank killed mid-write cannot block another's reports). With a parent, a heartbeat every
+    `beat_s`: ("beat",) or, inside a cell, ("beat", *harness.timing.STATE.report()); when the
+    parent is gone (the pipe broke, or `parent_pid` is no longer the parent) the rank ends at
+    once, writing nothing. Without a parent (torchrun) it only draws rank 0's progress bar."""
 
     def __init__(
         self,
@@ -128,7 +121,7 @@ class Reporter:
 def _init_group(cfg: Any, rank: int, world: int, device: torch.device, rendezvous) -> None:
     """The process group, its collectives bounded by hardware.timeout_s. With a rendezvous
     (host, port) every rank first waits on a TCP store until all have started (bounded by
-    STARTUP_S), so slow imports of one rank do not count against the collectives' time-out."""
+    STARTUP_S): one rank's slow imports do not count against the collectives' time-out."""
     timeout = timedelta(seconds=float(cfg.hardware.timeout_s))
     kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     if rendezvous is None:  # torchrun / Slurm: env://
@@ -180,8 +173,8 @@ def worker(
 
 
 def _stamp(rows: list[Row], cfg: Any, ctx: RunContext) -> list[Row]:
-    """Every row says how it was run (the settings that are part of its cell hash); `tol` is
-    measure.tol unless the experiment recorded the tolerance that gated the row itself."""
+    """Every row says how it was run; `tol` is measure.tol unless the experiment recorded the
+    tolerance that gated the row itself."""
     for r in rows:
         r.hardware, r.backend = cfg.hardware.name, ctx.backend
         r.warmup, r.iters = cfg.measure.warmup, cfg.measure.iters
@@ -190,12 +183,12 @@ def _stamp(rows: list[Row], cfg: Any, ctx: RunContext) -> list[Row]:
     return rows
 
 
-def _batches(exp: Any, cfg: Any, todo: list[dict]) -> list[list[int]]:
-    """Indexes of the cells run together: one per cell, or (measure.rounds > 1 and an
-    experiment with run_workload) the consecutive cells of one workload."""
+def _batches(todo: list[dict], grouped: bool) -> list[list[int]]:
+    """Indexes of the cells run together: one per cell, or (grouped) the consecutive cells of
+    one workload."""
     from harness.measure import workload_key
 
-    if int(cfg.measure.get("rounds", 1)) <= 1 or not hasattr(exp, "run_workload"):
+    if not grouped:
         return [[i] for i in range(len(todo))]
     out: list[list[int]] = []
     for i, cell in enumerate(todo):
@@ -215,12 +208,12 @@ def _error_row(cfg: Any, cell: dict, exc: BaseException) -> Row:
 def _walk(ctx: RunContext, cfg: Any, todo: list[dict], report: Reporter) -> None:
     exp = load_experiment(cfg)
     table = ResultsTable(table_path(cfg))
-    rounds = int(cfg.measure.get("rounds", 1))
-    for batch in _batches(exp, cfg, todo):
+    grouped = int(cfg.measure.get("rounds", 1)) > 1 and hasattr(exp, "run_workload")
+    for batch in _batches(todo, grouped):
         report.cell(batch[0])
         cells = [todo[i] for i in batch]
         try:
-            if rounds > 1 and hasattr(exp, "run_workload"):
+            if grouped:
                 per_cell = [[r] for r in exp.run_workload(ctx, cfg, cells)]
             else:
                 per_cell = [exp.run_cell(ctx, cfg, cells[0])]

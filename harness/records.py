@@ -1,17 +1,12 @@
 """Result rows and the parquet table they go to (append per cell, resume by cell hash).
 
-The table is one parquet file that every reader takes as it is (`pd.read_parquet`). Writers
-serialise on a lock file next to it (`<table>.lock`, `filelock`): each append reads the table,
-adds its rows and replaces the file atomically through a temporary file of a unique name, so
-two runs on one table lose no row and a reader never sees half a file. A table the harness
-cannot read is never overwritten.
-
-A table path that is a symbolic link (or lies in a linked folder) names its target: the lock, the
-temporary file and the replace act on the target, so two links to one table serialise on one
-lock and the link stays a link; a dangling link or a link loop is an error. Every table the
-harness writes carries a SHA-256 of its columns' names and values in the parquet key-value
-metadata (CHECKSUM_KEY) and CRC32 checksums of its data pages: a bit flip that still parses is
-a damaged table (read_table), never a quiet change of a number.
+Writers serialise on a lock file next to the table (`<table>.lock`): each append reads the
+table, adds its rows and replaces the file atomically through a uniquely named temporary file,
+so two runs on one table lose no row and a reader never sees half a file. A table the harness
+cannot read is never overwritten. A table path that is a symbolic link acts on its target (the
+link stays a link). Every table carries a SHA-256 of its columns in the parquet metadata
+(CHECKSUM_KEY) and CRC32 checksums of its data pages: a bit flip is a damaged table, never a
+quiet change of a number.
 """
 
 from __future__ import annotations
@@ -50,11 +45,8 @@ RUN_ID = os.environ.setdefault(
 
 @dataclass
 class Row:
-    """One measured (or not measured) cell. Core columns are fixed; `extra` is a JSON string.
-
-    `params` (the system's own knobs, e.g. ccta) are written as columns p_<key>, `metrics`
-    (experiment-specific numbers) as m_<key>.
-    """
+    """One measured (or not measured) cell. Core columns are fixed; `extra` is a JSON string;
+    `params` (the system's own knobs) are written as columns p_<key>, `metrics` as m_<key>."""
 
     experiment: str
     system: str
@@ -90,8 +82,7 @@ class Row:
     max_row_rel_err: float = float("nan")
     status: str = "ok"
     reason: str = ""
-    #: what a reader of the row must know that no other column says (e.g. the committed serial
-    #: rows measured before a fix: their speedups are upper bounds); "" for a row measured now
+    #: what a reader of the row must know that no other column says; "" for a row measured now
     caveat: str = ""
     #: timed as a CUDA graph's replays (harness/graphs.py); where not, graph_reason says why
     graph: bool = False
@@ -111,8 +102,7 @@ class Row:
     git_rev: str = ""
     gpu_name: str = ""
     gpu_count: int = 0
-    #: the host, as results/reference/ names its folders: the GPU model and, where more than
-    #: one, the count (h200, h200x2, h100x8); cpu without CUDA (machine_name)
+    #: the host as results/reference/ names its folders (machine_name: h200, h100x8, cpu)
     machine: str = ""
     torch_version: str = ""
     triton_version: str = ""
@@ -186,8 +176,7 @@ def _git(*args: str) -> str:
 
 def gpu_model(gpu_name: str) -> str:
     """A GPU's short model tag, lowercase: the first word of its name that holds a digit
-    ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA A100-SXM4-80GB" -> a100, "NVIDIA GH200 480GB"
-    -> gh200); "gpu" for a name without one. plots.common.machine reads tables the same way."""
+    ("NVIDIA H100 80GB HBM3" -> h100, "NVIDIA GH200 480GB" -> gh200); "gpu" for none."""
     words = re.sub(r"[^0-9A-Za-z]+", " ", gpu_name).split()
     return next((w.lower() for w in words if any(c.isdigit() for c in w)), "gpu")
 
@@ -203,8 +192,7 @@ def machine_name(gpu_name: str, gpu_count: int) -> str:
 
 @lru_cache(maxsize=1)
 def this_machine() -> str:
-    """This host's machine_name, from CUDA's first device and device count (once per
-    process); "cpu" where torch sees no CUDA GPU."""
+    """This host's machine_name (once per process); "cpu" where torch sees no CUDA GPU."""
     import torch
 
     if not torch.cuda.is_available():
@@ -298,10 +286,9 @@ def table_checksum(table: pa.Table) -> str:
 
 
 def read_table(path: str | Path, shown: str | Path | None = None) -> pd.DataFrame:
-    """The table at `path` (empty with the core columns if there is none); a table that cannot be
-    read, fails its checksums (data pages' CRC, CHECKSUM_KEY), or lacks the key columns, is a
-    HarnessUserError with a one-line reason that names it as `shown` (default: `path`). A table
-    without CHECKSUM_KEY (written by an older harness or another tool) is read as it is."""
+    """The table at `path` (empty with the core columns if there is none); one that cannot be
+    read, fails its checksums or lacks the key columns is a one-line HarnessUserError naming it
+    as `shown` (default: `path`). A table without CHECKSUM_KEY (another tool's) is read as is."""
     path = Path(path)
     name = Path(shown) if shown is not None else path
     if path.is_dir():
@@ -337,8 +324,7 @@ def read_table(path: str | Path, shown: str | Path | None = None) -> pd.DataFram
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> None:
-    """Write df as a table at `path` (no index) with its checksum (CHECKSUM_KEY) and the data
-    pages' CRC32, as every table of the harness is written."""
+    """Write df as a table at `path` (no index) with its checksum and the data pages' CRC32."""
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = {**(table.schema.metadata or {}), CHECKSUM_KEY: table_checksum(table).encode()}
     pq.write_table(table.replace_schema_metadata(meta), path, write_page_checksum=True)
@@ -346,8 +332,7 @@ def write_table(df: pd.DataFrame, path: str | Path) -> None:
 
 def resolve_table_path(path: str | Path) -> Path:
     """The file a table path names, symbolic links followed (also of its folders); a dangling
-    link or a link loop on the way is a HarnessUserError (it would be replaced by a file, or
-    hide where the rows go)."""
+    link or a link loop on the way is a HarnessUserError."""
     path = Path(path)
     for p in (path, *path.parents):
         if not p.is_symlink():
@@ -356,10 +341,8 @@ def resolve_table_path(path: str | Path) -> Path:
         fix = "fix the link or choose another table with table=<path>"
         try:
             p.resolve(strict=True)
-        except RuntimeError as exc:  # a loop (Python < 3.13; an OSError from 3.13 on)
-            raise HarnessUserError(f"{what} is a symbolic link loop; {fix}") from exc
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
+        except (RuntimeError, OSError) as exc:  # a loop: RuntimeError before Python 3.13
+            if isinstance(exc, RuntimeError) or exc.errno == errno.ELOOP:
                 raise HarnessUserError(f"{what} is a symbolic link loop; {fix}") from exc
             raise HarnessUserError(
                 f"{what} is a symbolic link to {os.readlink(p)}, which does not exist; {fix}"
@@ -367,9 +350,8 @@ def resolve_table_path(path: str | Path) -> Path:
     return path.resolve()
 
 
-#: the kind of a core column's values a table may hold, by its Row field's type: a string
-#: column holds text, an int or float column numbers (an int column read back as float where
-#: an older table lacked it), a bool column booleans; any column may be all null
+#: the arrow types a core column may hold, by its Row field's type (an int column may read back
+#: as float; any column may be all null)
 _KINDS = {
     "str": (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view),
     "int": (pa.types.is_integer, pa.types.is_floating),
@@ -381,9 +363,8 @@ _WRITES = {"str": "string", "int": "int64", "float": "double", "bool": "bool"}
 
 def schema_mismatch(path: str | Path) -> str | None:
     """Why rows of this harness cannot be added to the table at `path` (a core column of
-    another type: the write would fail after the cell was measured), in one phrase naming the
-    column and both types; None where they can (or there is no table, or one that cannot be
-    read: read_table says why)."""
+    another type: the write would fail after the cell was measured), naming the column and both
+    types; None where they can (or there is no table, or one read_table refuses)."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -423,8 +404,7 @@ class ResultsTable:
         return FileLock(str(self.target) + ".lock", timeout=LOCK_TIMEOUT_S)
 
     def check_schema(self) -> None:
-        """A HarnessUserError naming the column and both types if this harness's rows cannot be
-        added to the table (schema_mismatch), before any cell is measured for it."""
+        """A HarnessUserError if this harness's rows cannot be added to the table."""
         why = schema_mismatch(self.target)
         if why:
             raise HarnessUserError(
@@ -456,8 +436,7 @@ class ResultsTable:
 
     def refuse_read_only(self) -> None:
         """A HarnessUserError if the table, or the folder it is (or would be) written in, is
-        read-only: by os.access and by the mode bits, since os.access is always true for root
-        (who would rewrite a table of mode 0444 or one in a folder of mode 0555)."""
+        read-only: by os.access and by the mode bits (os.access is always true for root)."""
         folder = next((p for p in self.target.parents if p.exists()), Path("."))
         for p, what in ((self.target, "it"), (folder, f"its folder {folder}")):
             if not p.exists():
@@ -476,12 +455,6 @@ class ResultsTable:
         """cell_hash -> status of the cells in the table."""
         df = self.load()
         return dict(zip(df["cell_hash"].astype(str), df["status"].astype(str)))
-
-    def done_hashes(self, redo_failed: bool = False) -> set[str]:
-        """Cells a re-run skips: ok, fail and skipped (ok and skipped with redo_failed); cells
-        that ended in `error` are always measured again."""
-        keep = KEEP_STATUSES_REDO_FAILED if redo_failed else KEEP_STATUSES
-        return {h for h, s in self.statuses().items() if s in keep}
 
     def append(self, rows: list[Row]) -> None:
         """Append rows; a row replaces any earlier row with the same (cell_hash, system)."""
@@ -505,9 +478,9 @@ class ResultsTable:
             ) from exc
 
     def _replace(self, df: pd.DataFrame) -> None:
-        """Write df to a temporary file of a unique name next to the table's target, then rename
-        it over the target (atomic; a link to it stays a link). Called with the lock held, so
-        any older temporary file is a leftover of a killed writer and is removed."""
+        """Write df to a uniquely named temporary file next to the target, then rename it over
+        the target (atomic). Called with the lock held: an older temporary file is a killed
+        writer's."""
         folder, name = self.target.parent, self.target.name
         for stale in folder.glob(f".{name}.*.tmp"):
             stale.unlink(missing_ok=True)

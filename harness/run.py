@@ -1,33 +1,17 @@
 """Entry point: `python -m harness.run experiment=<name> [overrides]`.
 
-Before any process starts, `preflight` validates everything (settings, systems and their params,
-every cell, the table path and an existing table) and decides which cells to run: those not in
-the table yet, and those that ended in `error`. Bad input prints one line `error: ...` and exits
-with code 2 (the trace only with HYDRA_FULL_ERROR=1).
+Before any process starts, harness/preflight.py validates everything and decides which cells
+to run (those not in the table yet, and those that ended in `error`); bad input prints one line
+`error: ...` and exits 2. On one node the parent spawns W ranks (harness/rank.py) and supervises
+them (harness/supervisor.py): a rank that dies, fails or makes no progress for
+`hardware.timeout_s` ends the run within that bound, naming the rank and the cell. Rank 0 writes
+each cell's rows as soon as every rank finished it; the cell in flight runs again on the next
+re-run. With `hardware.restarts=n` the parent instead records that cell as `error` and starts
+fresh ranks for the rest, up to n times. Under torchrun (RANK / WORLD_SIZE set) the ranks run
+without the supervisor. SIGTERM or SIGINT ends the run with one line saying what it wrote.
 
-On one node the parent spawns W ranks (one process per GPU with NCCL, or W CPU processes with
-gloo) and supervises them: every rank reports each cell it starts and a heartbeat through its
-own pipe. A rank that dies, fails, or makes no progress for `hardware.timeout_s` (a stalled
-peer, a hung collective or kernel) ends the whole run within that bound: the parent kills every
-rank and prints one line naming the rank and the cell; a parent that ends, even by SIGKILL,
-takes its ranks with it (harness.rank.end_with_parent), and they write nothing. Rank 0 writes
-each cell's rows as soon as every rank finished it; the cell in flight is lost and runs again
-on the next (plain) re-run.
-With `hardware.restarts=n` (n > 0) the parent instead records that cell as `error` (reason
-`crashed: ...`) and starts fresh ranks for the remaining cells, up to n times per run. A cell
-that ends in a sticky CUDA error (an illegal memory access) is recorded as `error`, then its rank
-ends (harness.errors.ContextLost): every later CUDA call of that process would fail or abort.
-Under torchrun (RANK / WORLD_SIZE set) the ranks run without this supervisor, bounded by the
-process-group time-out (`hardware.timeout_s`).
-
-SIGTERM or SIGINT (Ctrl-C, which the ranks ignore: the parent ends them) ends the run with one
-line saying how many rows it wrote and where; the same command resumes.
-
-Exit codes: 0 done; 1 the run stopped (a rank failed) or some cell ended in `error`; 2 bad input;
-143 / 130 stopped by SIGTERM / SIGINT.
-The pieces: harness/preflight.py (validation, the Plan, dry run), harness/supervisor.py (the
-parent: spawn and watch the ranks), harness/rank.py (a rank: process group, the walk over the
-cells, heartbeats); this module composes them and prints the end.
+Exit codes: 0 done; 1 the run stopped or some cell ended in `error`; 2 bad input; 143 / 130
+stopped by SIGTERM / SIGINT.
 """
 
 from __future__ import annotations
@@ -60,14 +44,7 @@ register_configs()
 #: most summary rows printed (the rest are in the table)
 SUMMARY_ROWS = 15
 
-__all__ = ["launch", "main", "summary", "table_path"]
-
-
-def table_path(cfg: Any) -> Path:
-    """The run's table (harness.preflight.table_path)."""
-    from harness.preflight import table_path as path
-
-    return path(cfg)
+__all__ = ["launch", "main", "summary"]
 
 
 def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
@@ -77,12 +54,9 @@ def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
     return run(cfg, plan)
 
 
-# ------------------------------------------------------------------------------ the end
-
-
 def summary(rows: list[dict], path: Path) -> list[str]:
-    """At most about 20 lines: counts, up to SUMMARY_ROWS rows (errors and fails first), the
-    first reasons (of fail and error cells, then of skipped ones), and where the table is."""
+    """At most about 20 lines: up to SUMMARY_ROWS rows (errors and fails first), the first
+    reasons (of fail and error cells, then of skipped ones), counts and where the table is."""
     if not rows:
         return [f"[harness] nothing new; table at {path}"]
     import pandas as pd
@@ -120,8 +94,7 @@ def finish(
     cfg: Any, plan: Plan, stopped: str | None, hashes: set[str], total: int | None = None
 ) -> int:
     """Print what this run wrote (the cells of `hashes`) and why it stopped; the exit code.
-    `total`: the cells the run set out to run (default: plan.todo's, which after a restart
-    holds only the rest)."""
+    `total`: the cells the run set out to run (default: len(plan.todo))."""
     from harness.errors import HarnessUserError
 
     try:
@@ -199,8 +172,8 @@ def launch(cfg: DictConfig, workload: str | None = None) -> int:
 
 
 def interrupted_line(signum: int, plan: Plan, written: set[str], since: float) -> str:
-    """The one line of a run stopped by a signal: how many rows it wrote and where (its cells'
-    rows in the table from `since` on, and those of `written`), and that a re-run resumes."""
+    """The one line of a run stopped by a signal: how many rows it wrote (its cells' rows from
+    `since` on, and those of `written`) and where, and that a re-run resumes."""
     from harness.errors import HarnessUserError
 
     name = signal.Signals(signum).name
@@ -224,6 +197,7 @@ def record_crash(cfg: Any, cell: dict, reason: str) -> None:
     measures it again)."""
     from dataclasses import fields
 
+    from harness.preflight import table_path
     from harness.records import ResultsTable, Row, provenance
 
     names = {f.name for f in fields(Row)} - {"experiment", "status", "reason"}
@@ -272,8 +246,8 @@ _TASK_STARTED = False
 
 
 class Interrupted(BaseException):
-    """SIGTERM (a `timeout`, a scheduler's stop) or SIGINT (Ctrl-C) of the parent: it unwinds
-    the run (the supervisor kills the ranks on the way) to one line saying what was written."""
+    """SIGTERM or SIGINT of the parent: it unwinds the run (the supervisor kills the ranks on the
+    way) to one line saying what was written."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -281,8 +255,7 @@ class Interrupted(BaseException):
 
 
 def _stop(signum: int, frame: object) -> None:
-    """A signal that ends the run: unwind once (a second signal does not break the unwinding;
-    SIGKILL still ends it at once, the ranks with it)."""
+    """A signal that ends the run: unwind once (a second signal does not break the unwinding)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     raise Interrupted(signum)
@@ -318,7 +291,7 @@ def main(cfg: DictConfig) -> None:
 
 class _HeldStderr(io.TextIOBase):
     """stderr until the task starts: Hydra's composition errors are held back (so _main can say
-    them in one line), everything after the start passes straight through."""
+    them in one line), then everything passes straight through."""
 
     def __init__(self, real: Any) -> None:
         self.real, self.held = real, []
@@ -364,9 +337,8 @@ HYDRA_HINTS = ("To append to your config", "Set the environment variable", "Avai
 
 def hydra_error_line(text: str) -> str:
     """One line from Hydra's error message before the task starts: its statements joined, the
-    choices of a missing group listed (not the schema bases), the key nearest a misspelt one,
-    its hints (`+key`, HYDRA_FULL_ERROR), search path and indented details dropped; a trace:
-    its exception line (an OSError: the run folder Hydra could not create or write)."""
+    choices of a missing group, the key nearest a misspelt one; its hints, search path and
+    indented details dropped; of a trace, its exception line (_trace_line)."""
     lines = [x.rstrip() for x in text.splitlines() if x.strip()]
     if any(x.startswith("Traceback") for x in lines):
         return _trace_line([x for x in lines if not x.startswith(HYDRA_HINTS)])
@@ -392,8 +364,8 @@ def hydra_error_line(text: str) -> str:
 
 
 def _trace_line(lines: list[str]) -> str:
-    """The exception line of a trace (its last unindented line); for an OSError, such as a run
-    folder under a file or without write permission, what Hydra was doing and the way out."""
+    """The exception line of a trace (its last unindented line); for an OSError (Hydra's run
+    folder cannot be made or written), what Hydra was doing and the way out."""
     line = next((x.strip() for x in reversed(lines) if not x[0].isspace()), "")
     name = line.split(":", 1)[0]
     kind = getattr(builtins, name, None)
@@ -408,8 +380,7 @@ def _trace_line(lines: list[str]) -> str:
 
 def _main() -> None:
     """Hydra's own composition errors (an unknown key, a missing group) exit 1 before our task
-    starts; they are bad input too: one line `error: ...`, exit 2 (Hydra's own text with
-    HYDRA_FULL_ERROR=1)."""
+    starts; they are bad input too: one line `error: ...`, exit 2."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         held = None
     else:

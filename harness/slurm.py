@@ -1,10 +1,8 @@
 """Ranks from Slurm (or submitit's local executor): one task per GPU, across nodes.
 
-Hydra's submitit launcher (`hydra/launcher=slurm`, conf/hydra/launcher/slurm.yaml) starts
-`nodes x tasks_per_node` copies of the job; each copy is one rank. `export_torch_env` turns the
-job's task ids into the torchrun variables (MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK) with
-submitit's TorchDistributedEnvironment, so harness.run takes its torchrun path (env://, rank 0
-writes). A job of one task is left alone: it spawns one process per GPU itself.
+Hydra's submitit launcher (`hydra/launcher=slurm`) starts `nodes x tasks_per_node` copies of
+the job, one per rank. `export_torch_env` turns the job's task ids into the torchrun variables,
+so harness.run takes its torchrun path. A job of one task spawns one process per GPU itself.
 """
 
 from __future__ import annotations

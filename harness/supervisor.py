@@ -1,13 +1,9 @@
 """The parent side of a run on one node: spawn W ranks, watch their reports and heartbeats, and
 end the whole run within `hardware.timeout_s` when a rank dies, fails or stalls, naming the rank
-and the cell (the root cause, from the rank where it happened).
-
-A rank that fails in a cell (raises, fails its check, a device wait timed out) ends the cell
-together with the others (harness.measure.stage); the parent steps in where they cannot: a cell
-over its time-out. The heartbeats say in which stage each rank is, whether it waits in a
-collective of the harness, and a failure the ranks have not agreed on yet, so the parent names
-the rank that failed (its peers were left in a collective of the system) or the one that is
-stuck (its peers waited for it).
+and the cell. Ranks end a failed cell together themselves (harness.measure.stage); the parent
+steps in for a cell over its time-out: the heartbeats say in which stage each rank is, whether
+it waits in a collective of the harness, and a failure not agreed on yet, so the parent names
+the rank that failed or the one that is stuck (its peers waited for it).
 """
 
 from __future__ import annotations
@@ -36,9 +32,6 @@ STALE_BEAT_S = 2.0
 GRACE_S = 1.0
 
 
-# ---------------------------------------------------------------------- the supervisor
-
-
 @dataclass
 class _Rank:
     proc: Any
@@ -49,8 +42,7 @@ class _Rank:
     beat: float = 0.0
     written: set[int] = field(default_factory=set)
     failure: tuple[str, bool, str] | None = None  # (message, comm, traceback)
-    #: from its heartbeats in the cell (harness.timing.RankState): the stage it is in, whether
-    #: it waits in a collective of the harness, and a failure not agreed on yet
+    #: from its heartbeats in the cell (harness.timing.RankState)
     stage: str = ""
     waiting: bool = False
     unsettled: str | None = None
@@ -63,18 +55,17 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+#: the scheduler states (/proc/<pid>/stat) a stalled rank is named with
+_STATES = {"T": "stopped", "t": "stopped (traced)", "Z": "exited", "D": "in uninterruptible I/O"}
+
+
 def _proc_state(pid: int) -> str:
     """The process's scheduler state from /proc (Linux), e.g. 'stopped'; '' where unknown."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
-    return {
-        "T": "stopped",
-        "t": "stopped (traced)",
-        "Z": "exited",
-        "D": "in uninterruptible I/O",
-    }.get(state, "")
+    return _STATES.get(state, "")
 
 
 def _take(rank: _Rank, msg: tuple, bar: Any) -> None:
@@ -114,8 +105,8 @@ def drain(rank: _Rank, bar: Any) -> None:
 
 def supervise(ranks: list[_Rank], todo: list[dict], cfg: Any, bar: Any) -> str | None:
     """Watch the ranks until all are done (None) or the run must stop (the reason, one line).
-    Every report a rank sent is read before its exit code is judged: a parent that lagged (paused,
-    swapped out) finds the rows of a rank that finished and exited meanwhile, and says so."""
+    Every report a rank sent is read before its exit code is judged (a parent that lagged finds
+    the rows of a rank that finished and exited meanwhile)."""
     timeout = float(cfg.hardware.timeout_s)
     now = time.monotonic()
     for r in ranks:
@@ -225,10 +216,9 @@ def _kill(ranks: list[_Rank]) -> None:
 
 @contextmanager
 def _ctrl_c_ignored():
-    """SIGINT ignored while a rank is spawned: the rank inherits the ignored signal through exec
-    (and Python then installs no KeyboardInterrupt handler), so a terminal's Ctrl-C, sent to the
-    whole process group, leaves the ranks to the parent, which ends them and says what was
-    written (harness.run), instead of every rank printing a trace."""
+    """SIGINT ignored while a rank is spawned: the rank inherits the ignored signal, so a
+    terminal's Ctrl-C, sent to the whole process group, leaves the ranks to the parent, which
+    ends them and says what was written, instead of every rank printing a trace."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -256,9 +246,9 @@ def progress_bar(cfg: Any, total: int):
 def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
     """Spawn one process per rank and supervise them: the reason the run stopped (None when it
     did not), the indexes of the cells whose rows rank 0 wrote, and the index of the unwritten
-    cell in flight when it stopped (None when there is none). A rank ends as soon as this
-    process does, also by SIGKILL (harness.rank.end_with_parent: on Linux when the thread that
-    called this ends, so call it from a thread that lives as long as the run)."""
+    cell in flight when it stopped (or None). A rank ends as soon as this process does
+    (harness.rank.end_with_parent: on Linux when the calling thread ends, so call it from a
+    thread that lives as long as the run)."""
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     ctx = mp.get_context("spawn")
     rendezvous = ("127.0.0.1", _free_port())
@@ -269,7 +259,7 @@ def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
             recv, send = ctx.Pipe(duplex=False)
             args = (rank, plan.world, cfg_dict, plan.todo, rendezvous, send, os.getpid())
             proc = ctx.Process(target=spawn_entry, args=args, name=f"harness-rank{rank}")
-            with _ctrl_c_ignored():  # a terminal's Ctrl-C reaches the parent only: it ends them
+            with _ctrl_c_ignored():
                 proc.start()
             send.close()
             ranks.append(_Rank(proc, recv))

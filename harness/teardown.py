@@ -1,12 +1,9 @@
 """What a system keeps across the cells of a run, released before the process group ends.
 
-A system that holds something for the whole run (deepep's NVSHMEM Buffer: its destroy is a
-collective, a barrier over every rank, and must run while the ranks and their process group are
-still there) registers a release function with at_run_end(fn). A rank calls run_end() after its
-last cell and before dist.destroy_process_group() (harness/rank.py worker). Each function runs
-once, the last registered first; one that raises is reported on stderr and the others still run
-(every row is written by then). A rank that fails ends without it (harness/rank.py spawn_entry:
-a broken process group can hang in a collective).
+A system that holds something for the whole run (deepep's NVSHMEM Buffer, whose destroy is a
+collective over every rank) registers a release function with at_run_end(fn); a rank calls
+run_end() after its last cell, before dist.destroy_process_group(). A rank that fails ends
+without it (a broken process group can hang in a collective).
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """The one timing primitive.
 
 GPU: a CUDA event pair around every iteration on the current stream (after a barrier and warm-up).
-  queue_ahead=False ("eager"): the iterations are enqueued as the host gets to them. When the
-    host needs longer to launch one iteration than the device needs to run it, the device
-    waits for the host between iterations and the event pairs measure the host's launch time.
-  queue_ahead=True ("queued"): a sleep kernel (torch.cuda._sleep) is enqueued first, long
-    enough that the host has enqueued every iteration before the device starts the first one:
-    the event pairs measure device time back to back, as in a model whose host runs ahead. If
-    the host still was not done when the sleep ended, Timing.queued is False.
-  Both modes measure the host's time to enqueue each iteration (Timing.host_ms, the median), so
-  a row says when a step is host-bound.
-CPU: a host clock around every iteration, each iteration started after a barrier.
-Each rank's per-iteration times are reduced with MAX over ranks (the slowest rank sets the
-layer's latency), then summarised as median, p10 and p90 in milliseconds.
-Failing together: where fn raises on one rank, that rank still takes part in every collective
-of time_fn (it calls fn no more) and raises after the last, so its peers are not left waiting in
-a barrier (harness.measure then agrees over the ranks who failed). STATE says what this rank
-does, for the supervising parent's heartbeat: the stage of the cell, whether it waits in one of
-the harness's collectives, and a failure the ranks have not agreed on yet.
+  queue_ahead=False ("eager"): where the host launches an iteration slower than the device runs
+    it, the event pairs measure the host's launch time.
+  queue_ahead=True ("queued"): a sleep kernel is enqueued first, long enough that the host has
+    enqueued every iteration before the device starts: the events measure device time back to
+    back. If the host was not done when the sleep ended, Timing.queued is False.
+  Both measure the host's median time to enqueue an iteration (Timing.host_ms).
+CPU: a host clock around every iteration, each started after a barrier.
+Per-iteration times are reduced with MAX over ranks (the slowest rank sets the latency), then
+summarised in milliseconds. Where fn raises on one rank, that rank still takes part in every
+collective of time_fn and raises after the last, so its peers are not left waiting. STATE says
+what this rank does, for the supervising parent's heartbeat.
 """
 
 from __future__ import annotations
@@ -76,11 +70,10 @@ def median_interval(ms: torch.Tensor, level: float = 0.95) -> tuple[float, float
 
 
 class RankState:
-    """What this rank does in its cell, read by its heartbeat (harness.rank.Reporter), so the
-    supervising parent can name a rank that is stuck or failed when a cell runs over its
-    time-out: the stage of the cell (harness.measure.stage), since when (time.monotonic) it
-    waits in a collective of the harness (None while it runs its own or a system's work), and
-    a failure of this rank in the stage that the ranks have not agreed on yet."""
+    """What this rank does in its cell, read by its heartbeat (harness.rank.Reporter): the stage
+    of the cell (harness.measure.stage), since when (time.monotonic) it waits in a collective of
+    the harness (None while it runs its own or a system's work), and a failure of this rank in
+    the stage that the ranks have not agreed on yet."""
 
     def __init__(self) -> None:
         self.reset()
@@ -130,12 +123,10 @@ SYNC_WARNING = "called a synchronizing CUDA operation"
 
 
 def count_host_syncs(fn: Callable[[], object], device: torch.device) -> int | None:
-    """How often one call of fn() makes the host wait for the device through torch: .item(),
-    .cpu() or .tolist() of a device tensor, a blocking host-device copy, a stream or device
-    synchronize (torch.cuda.set_sync_debug_mode("warn") flags each), and torch.cuda.Event's
-    synchronize (which that mode does not flag; Megatron's dispatcher waits on one). Not
-    counted: NCCL calls, kernel launches, polling with Event.query. None off CUDA. The device is
-    synchronised after the call."""
+    """How often one call of fn() makes the host wait for the device through torch: what
+    torch.cuda.set_sync_debug_mode("warn") flags (.item(), a blocking copy, a synchronize...)
+    and torch.cuda.Event.synchronize (which that mode does not flag; Megatron's dispatcher
+    waits on one). Not counted: NCCL calls, polling with Event.query. None off CUDA."""
     if device.type != "cuda":
         return None
     before = torch.cuda.get_sync_debug_mode()
@@ -215,11 +206,8 @@ def time_fn(
     queue_ahead: bool = False,
 ) -> Timing:
     """Time fn() over `iters` iterations after `warmup` ones; max over ranks, then quantiles.
-
-    queue_ahead (GPU): a sleep kernel first, so the device runs the iterations back to back
-    (device time, not the host's launch time); see the module docstring. Where fn raises, this
-    rank calls it no more but takes part in every collective left, then raises (a broken
-    process group at once)."""
+    queue_ahead: see the module docstring. Where fn raises, this rank calls it no more but takes
+    part in every collective left, then raises (a broken process group at once)."""
     if iters < 1:
         raise ValueError("iters must be >= 1")
     failed: list[Exception] = []  # fn's exception on this rank, raised after the collectives

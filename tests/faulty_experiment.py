@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from experiments import systems_sweep
+from harness.preflight import table_path
 from harness.reference import reference_local
-from harness.run import table_path
 from harness.system import REGISTRY, CellInputs, RunContext, Step, System, SystemInfo, register
 
 cells = systems_sweep.cells

@@ -20,11 +20,23 @@ from pathlib import Path
 import pytest
 
 from harness.measure import expand_grid
-from harness.records import ResultsTable, Row, read_table
+from harness.records import (
+    KEEP_STATUSES,
+    KEEP_STATUSES_REDO_FAILED,
+    ResultsTable,
+    Row,
+    read_table,
+)
 from tests.cli import FAULTY, ROOT, alive, children, cmdline, error_lines, out, run
 from tests.inprocess import compose_run, launch
 
 STATUSES = ("ok", "fail", "skipped", "error")
+
+
+def done_hashes(table: ResultsTable, redo_failed: bool = False) -> set[str]:
+    """Cells a re-run skips (harness.preflight's rule): `error` cells are always measured again."""
+    keep = KEEP_STATUSES_REDO_FAILED if redo_failed else KEEP_STATUSES
+    return {h for h, s in table.statuses().items() if s in keep}
 
 
 def _cells(table, world: int) -> list[dict]:
@@ -132,8 +144,8 @@ def test_1_sigterm_ends_the_run_and_kills_its_ranks(tmp_path):
 def test_1_a_plain_rerun_retries_error_rows_and_keeps_the_rest(tmp_path):
     t = ResultsTable(tmp_path / "x.parquet")
     t.append([Row("e", "s", cell_hash=h, status=s) for h, s in zip("abcd", STATUSES)])
-    assert t.done_hashes() == {"a", "b", "c"}  # ok, fail, skipped kept; error measured again
-    assert t.done_hashes(redo_failed=True) == {"a", "c"}
+    assert done_hashes(t) == {"a", "b", "c"}  # ok, fail, skipped kept; error measured again
+    assert done_hashes(t, redo_failed=True) == {"a", "c"}
 
 
 def test_1_with_restarts_a_dead_rank_costs_one_error_row_and_the_sweep_goes_on(

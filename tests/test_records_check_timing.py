@@ -6,8 +6,21 @@ import pytest
 import torch
 
 from harness.check import check
-from harness.records import ResultsTable, Row, cell_hash, overlap_ratio
+from harness.records import (
+    KEEP_STATUSES,
+    KEEP_STATUSES_REDO_FAILED,
+    ResultsTable,
+    Row,
+    cell_hash,
+    overlap_ratio,
+)
 from harness.timing import count_host_syncs, time_fn
+
+
+def done_hashes(table: ResultsTable, redo_failed: bool = False) -> set[str]:
+    """Cells a re-run skips (harness.preflight's rule): `error` cells are always measured again."""
+    keep = KEEP_STATUSES_REDO_FAILED if redo_failed else KEEP_STATUSES
+    return {h for h, s in table.statuses().items() if s in keep}
 
 
 def test_check_passes_close_and_fails_far():
@@ -62,8 +75,8 @@ def test_table_appends_replaces_and_resumes(tmp_path):
     assert h1 != h2 and h1 == cell_hash({"a": 1})
     t.append([Row("e", "serial", cell_hash=h1, latency_ms=1.0, metrics={"pad": 3})])
     t.append([Row("e", "serial", cell_hash=h2, status="error", reason="boom")])
-    assert t.done_hashes() == {h1}  # an error row is measured again by a plain re-run
-    assert t.done_hashes(redo_failed=True) == {h1}
+    assert done_hashes(t) == {h1}  # an error row is measured again by a plain re-run
+    assert done_hashes(t, redo_failed=True) == {h1}
     t.append([Row("e", "serial", cell_hash=h2, latency_ms=2.0)])  # replaces, no duplicate
     df = pd.read_parquet(t.path)
     assert len(df) == 2 and set(df["status"]) == {"ok"}
