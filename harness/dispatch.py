@@ -1,33 +1,23 @@
 """The dispatch a whole MoE layer pays on every forward, from this rank's tokens and routing.
 
-Shared by the layer-scope systems that dispatch with NCCL's all_to_all_single (serial, and the
-overlap system's stage A inputs). Everything is computed on the device from expert_ids [T, k];
-the only host synchronisation is the one every all-to-all dispatcher pays: the split sizes of
-the uneven all-to-all (one `.tolist()` of 2W + E + 1 ints after the counts exchange). The device
-waits for the host through most of a layer step (the sync drains it), so on a GPU the
-bookkeeping is a few Triton kernels (harness/kernels/dispatch.py): the send side's sort,
-positions and counts, the split sizes, and the received rows' labels, instead of about 30 torch
-kernels (`sort_meta_torch`, `split_sizes_torch`, `recv_rows_torch`: the CPU path and the
-references).
-The labels are launched before the sync, at a bound on the rows this rank receives (launches
-before the sync queue behind the previous step's kernels, those after it are on the step's
-critical path: the device idles until the host has made them). The bound (LayerDispatch.bound)
-starts at min(W*T*k, 2*T*k): every row there can be at W <= 2, and twice the average beyond, so
-the buffers sized from it do not grow with W. A step that receives more (known after the sync)
-labels its rows again after the sync and doubles the bound for the steps after it.
+Shared by the layer-scope systems that dispatch with NCCL's all_to_all_single. Everything is
+computed on the device from expert_ids [T, k]; the only host synchronisation is the split sizes
+of the uneven all-to-all (one `.tolist()` of 2W + E + 1 ints after the counts exchange). On a
+GPU the bookkeeping is a few Triton kernels (harness/kernels/dispatch.py) instead of about 30
+torch kernels (`sort_meta_torch`, `split_sizes_torch`, `recv_rows_torch`: the CPU path and the
+references). The labels are launched before the sync, at a bound on the rows this rank
+receives: launches before the sync queue behind the previous step's kernels, those after it are
+on the step's critical path (the device idles until the host has made them).
 
-Order of rows (as harness/layout.py, so the checks line up):
-  send   this rank's (token, slot) pairs sorted by global expert (stable): destination rank,
-         then local expert, then (token, slot)
-  recv   grouped by source rank, then local expert, then the source's send order
-recv_dst_index[i] is row i's position in its source's combine receive buffer (= the source's
-send order), from the send offsets exchanged with the counts.
+Rows follow harness/layout.py's order (send: sorted by global expert, stable; recv: by source
+rank, then local expert, then the source's send order), so the checks line up;
+recv_dst_index comes from the send offsets exchanged with the counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -184,16 +174,16 @@ class LayerDispatch:
     experts each).
 
     before_sync(Received), if given, is called with the received rows' labels as soon as they
-    exist: on a GPU before the split sizes' host sync, so device work it enqueues (a plan
-    built from the labels) is queued behind the previous step's kernels, not after the sync
-    on the step's critical path; on the CPU after the sync. A step that receives more rows
-    than the labels' bound calls it again after the sync, with labels at the grown bound (the
-    earlier call's work is void).
+    exist: on a GPU before the host sync, so device work it enqueues (a plan built from the
+    labels) is off the step's critical path; on the CPU after the sync. A step that receives
+    more rows than the bound calls it again after the sync, at the grown bound (the earlier
+    call's work is void).
 
     bound: rows the labels are sized for before the sync (None: min(W*T*k, 2*T*k) on the first
-    call); it only grows, to max(R, min(2 * bound, W*T*k)) when a step receives R > bound.
-    device_labels: label the rows with the Triton kernels before the sync (None: on a GPU;
-    True on the CPU runs them in Triton's interpreter, for tests).
+    call: every row at W <= 2, twice the average beyond, so buffers sized from it do not grow
+    with W); it only grows, to max(R, min(2 * bound, W*T*k)) when a step receives R > bound
+    (counted in `regrown`). device_labels: label with the Triton kernels before the sync
+    (None: on a GPU; True on the CPU runs Triton's interpreter, for tests).
     """
 
     #: the first bound is this many times the average rows a rank receives (T*k)
@@ -212,11 +202,6 @@ class LayerDispatch:
         self.W, self.E, self.group = world_size, experts_per_rank, group
         self.bound, self.device_labels = bound, device_labels
         self.regrown = 0  # steps that received more rows than the bound
-
-    def _first_bound(self, T: int, k: int) -> int:
-        if self.bound is None:
-            self.bound = min(self.W * T * k, self.HEADROOM * T * k)
-        return self.bound
 
     def __call__(
         self,
@@ -255,7 +240,9 @@ class LayerDispatch:
         labels = None
         x_send = x.index_select(0, token) if W > 1 else None  # needs no split size either
         if on_device:  # before the sync, at the bound
-            bound = self._first_bound(T, k)
+            if self.bound is None:
+                self.bound = min(W * T * k, self.HEADROOM * T * k)
+            bound = self.bound
             labels, received = label(bound)
         host = sizes.tolist()  # THE host synchronisation (split sizes)
         send_splits, recv_splits = host[:W], host[W : 2 * W]
@@ -271,26 +258,11 @@ class LayerDispatch:
             torch.index_select(x, 0, token, out=x_recv)
         if labels is None:  # the torch path needs R on the host
             labels, received = label(R)
-        src, expert, dst_index, expert_pos, offs = labels
-        if src.numel() != R:  # the rows of this step
-            src, expert, dst_index = src[:R], expert[:R], dst_index[:R]
-            expert_pos = None if expert_pos is None else expert_pos[:R]
-        return Dispatched(
-            x_recv=x_recv,
-            send_order=send_order,
-            pos=pos.view(T, k),
-            send_counts=send_counts,
-            recv_counts=recv_counts,
-            recv_expert=expert,
-            recv_src=src,
-            recv_dst_index=dst_index,
-            expert_pos=expert_pos,
-            offs=offs,
-            send_splits=send_splits,
-            recv_splits=recv_splits,
-            expert_rows=expert_rows,
-            received=received,
-        )
+        if labels[0].numel() != R:  # the rows of this step
+            labels = [None if t is None else t[:R] for t in labels[:4]] + [labels[4]]
+        d = host_free(x_recv, (send_order, pos.view(T, k)), sizes, recv_counts, labels, W, E)
+        hosts = dict(send_splits=send_splits, recv_splits=recv_splits, expert_rows=expert_rows)
+        return replace(d, received=received, **hosts)
 
 
 def to_expert_order(d: Dispatched, rows: torch.Tensor) -> torch.Tensor:

@@ -1,22 +1,16 @@
 """The layer's dispatch with no host synchronisation, when one process plays every rank.
 
-harness/dispatch.py's LayerDispatch exchanges counts and rows between processes with NCCL's
-all_to_all_single, whose uneven splits must be on the host: one host synchronisation a step.
+harness/dispatch.py's LayerDispatch needs the uneven splits on the host: one host sync a step.
 Here one process plays every rank of the cell (W=1, or loopback: W ranks on one GPU), so the
-ranks read each other's send metadata and tokens directly, and everything a step sizes is its
-worst case, fixed per cell: a rank receives at most W*T*k rows (every source sends it all its
-rows), so its receive buffer and labels have `bound` = W*T*k rows (T*k at W=1, where every row
-stays). The rows a step really receives (n_rows) and the per-expert offsets stay on the device,
-so a step captures whole in a CUDA graph.
+ranks read each other's send metadata and tokens directly, and every size is the cell's worst
+case: a rank receives at most `bound` = W*T*k rows (every source sends it all its rows). n_rows
+and the per-expert offsets stay on the device, so a step captures whole in a CUDA graph.
 
-Per step, per source s: sort_meta, the stable sort of its routing's global experts (its send
-order, positions and per-(destination, expert) counts and offsets, as LayerDispatch). The
-counts exchange is a transpose of the stacked metadata [W_src, W_dst, 2E]; each destination's
-rows are labelled at the bound (recv_rows: rows past n_rows are -1) and gathered in one
-index_select from the played ranks' stacked tokens (source s's send-order row j is token
-token_s[j] of s). Rows and labels follow harness/layout.py's order, as LayerDispatch's do.
-Memory: the receive buffers are W * bound * H elements (recv_bytes), checked before any
-allocation against what the device has free (a one-line error).
+Per step: sort_meta per source (as LayerDispatch); the counts exchange is a transpose of the
+stacked metadata [W_src, W_dst, 2E]; each destination's rows are labelled at the bound
+(recv_rows: rows past n_rows are -1) and gathered in one index_select from the played ranks'
+stacked tokens. The receive buffers (W * bound * H elements, recv_bytes) are checked against the
+device's free memory before any allocation.
 """
 
 from __future__ import annotations
@@ -34,10 +28,9 @@ DISPATCHES = ("auto", "device", "nccl")
 def dispatch_used(
     choice: object, world_size: int, plays_every_rank: bool, triton: bool = True
 ) -> str:
-    """The dispatch a layer step runs for the asked `choice`; a one-line ValueError where it
-    cannot run this way (a choice outside DISPATCHES, nccl with one process playing W > 1
-    ranks, device across processes where Triton cannot run: `triton` False, a CPU without
-    TRITON_INTERPRET=1, where auto takes nccl)."""
+    """The dispatch a layer step runs for the asked `choice`, or a one-line ValueError where it
+    cannot run (nccl with one process playing W > 1 ranks; device across processes where
+    Triton cannot run, `triton` False: there auto takes nccl)."""
     if choice not in DISPATCHES:
         raise ValueError(f"dispatch must be one of {', '.join(DISPATCHES)}, got {choice!r}")
     if choice == "nccl" and plays_every_rank and world_size > 1:
@@ -54,8 +47,7 @@ def dispatch_used(
 
 
 def triton_runs(device_type: str) -> bool:
-    """Whether Triton kernels run on `device_type` in this process (on the CPU: the
-    interpreter)."""
+    """Whether Triton kernels run on `device_type` here (on the CPU: the interpreter)."""
     import os
 
     return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
@@ -71,9 +63,8 @@ class PlayedDispatch:
 
     xs[r] [T, H] and ids[r] [T, k] (global experts) of rank r = 0..W-1, T <= tokens; returns one
     harness.dispatch.Dispatched per rank with x_recv [bound, H] (rows past n_rows are junk),
-    labels at the bound, and no host lists (send_splits, recv_splits, expert_rows are None).
-    The receive buffers are allocated once (their addresses stay, for graphs and launch memos).
-    device_labels: the Triton kernels (None: on a GPU; True on the CPU: the interpreter).
+    labels at the bound, and no host lists. The receive buffers are allocated once (their
+    addresses stay, for graphs and launch memos). device_labels: as LayerDispatch's.
     """
 
     def __init__(

@@ -1,19 +1,18 @@
 """The layer's dispatch and combine with no host synchronisation, one process per rank.
 
-harness/dispatch.py's LayerDispatch pays a host sync a step (NCCL's uneven all-to-all needs the
-split sizes on the host). Here the ranks reach each other's memory through the address tables
-of a transport (systems/overlap/transport.py peer_transport: p2p or nvshmem symmetric memory on
-GPUs, shm between CPU processes), and every size is the cell's worst case, fixed once, so a
-step reads nothing on the host and captures whole in a CUDA graph (harness/kernels/peer.py):
+The ranks reach each other's memory through the address tables of a transport
+(systems/overlap/transport.py peer_transport: p2p or nvshmem on GPUs, shm between CPU
+processes), and every size is the cell's worst case, so a step reads nothing on the host and
+captures whole in a CUDA graph (kernels: harness/kernels/peer.py):
 
   PeerDispatch  each source sorts its routing (sort_meta), writes its rows in send order into
-                its own symmetric row region [T*k, H], and publishes its per-(destination,
-                expert) counts and offsets into every destination's count region, releasing
-                one counter per source; each destination waits for every source's counter to
-                reach the step number, labels its rows from the counts (recv_rows, at the
-                bound W*T*k) and loads them from the sources' regions. Counts alternate between
-                two slots by step parity (a fast source may publish step n+1 while a slow
-                destination still reads step n's counts; never n+2: step n+1 waits for it).
+                its own row region [T*k, H], and publishes its per-(destination, expert) counts
+                and offsets into every destination's count region, releasing one counter per
+                source; each destination waits for every source's counter to reach the step
+                number, labels its rows (recv_rows, at the bound W*T*k) and loads them from the
+                sources' regions. Counts alternate between two slots by step parity (a fast
+                source may publish step n+1 while a slow destination still reads step n's
+                counts; never n+2: step n+1 waits for it).
   PeerCombine   the expert side puts every received row back into its owner's receive region
                 (at its send-order position) and adds the rows to the owner's counter for this
                 source; the owner waits until each counter holds every row it sent so far.
@@ -21,8 +20,7 @@ step reads nothing on the host and captures whole in a CUDA graph (harness/kerne
 Why a step never overwrites what a peer still reads: a destination loads a source's rows
 before its experts run, and the source waits for the rows it sent to come back before its next
 step writes its row region; a peer puts step n+1's rows only after this rank published step
-n+1's counts, after its step n. Rows and labels follow harness/layout.py's order, as
-LayerDispatch's do.
+n+1's counts, after its step n. Rows and labels follow harness/layout.py's order.
 """
 
 from __future__ import annotations
@@ -32,16 +30,10 @@ import torch
 from harness import dispatch as ld
 
 
-def peer_bytes(world_size: int, tokens: int, top_k: int, hidden: int, elem_bytes: int) -> int:
-    """Bytes one rank holds for a dispatch + combine sized for `tokens`: the received rows
-    (W*T*k), its own rows in send order and the combine's receive region (T*k each)."""
-    return (world_size + 2) * tokens * top_k * hidden * elem_bytes
-
-
 def transport_here(device: torch.device) -> str:
-    """The transport of a system with no transport knob (serial): shm on the CPU; on a GPU p2p,
-    or nvshmem where this process's symmetric memory already is NVSHMEM's (torch keeps one
-    backend a process)."""
+    """The transport of a system with no transport knob (serial): shm on the CPU; on a GPU
+    nvshmem where this process's symmetric memory already is NVSHMEM's (torch keeps one backend
+    a process), else p2p."""
     if device.type != "cuda":
         return "shm"
     import torch.distributed._symmetric_memory as symm_mem
@@ -92,7 +84,9 @@ class PeerDispatch:
         W, E, H, dev = world_size, experts_per_rank, like.shape[1], like.device
         self.W, self.E, self.T, self.k, self.group = W, E, tokens, top_k, group
         self.rank, self.bound = dist.get_rank(group), W * tokens * top_k
-        need = peer_bytes(W, tokens, top_k, H, like.element_size())
+        # bytes a rank holds: the received rows (W*T*k), its own rows in send order and the
+        # combine's receive region (T*k each)
+        need = (W + 2) * tokens * top_k * H * like.element_size()
         if like.is_cuda and need > torch.cuda.mem_get_info(dev)[0]:
             raise ValueError(
                 f"dispatch: W={W} x T*k={tokens * top_k} rows x H={H} need {need / 2**30:.1f} "

@@ -11,13 +11,10 @@ def grouped_mm_usable(x: torch.Tensor, w: torch.Tensor) -> bool:
         return False
     K, N = w.shape[1], w.shape[2]
     aligned = (K * x.element_size()) % 16 == 0 and (N * w.element_size()) % 16 == 0
-    if x.is_cuda:
-        return (
-            aligned
-            and x.dtype == torch.bfloat16
-            and torch.cuda.get_device_capability(x.device) >= (9, 0)
-        )
-    return aligned and x.dtype == torch.float32
+    if not x.is_cuda:
+        return aligned and x.dtype == torch.float32
+    hopper = torch.cuda.get_device_capability(x.device) >= (9, 0)
+    return aligned and x.dtype == torch.bfloat16 and hopper
 
 
 def device_offsets(counts: list[int], device: torch.device) -> torch.Tensor:
@@ -33,15 +30,10 @@ def device_offsets(counts: list[int], device: torch.device) -> torch.Tensor:
 def expert_gemm(
     x: torch.Tensor, counts: list[int], w: torch.Tensor, offs: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Y = per-expert X_e @ B_e over rows grouped by expert.
-
-    x: [R, K] rows sorted by local expert; counts: rows per expert (len E, host ints; None:
-    read from offs, a host sync where the per-expert loop runs);
-    w: [E, K, N]; offs: the same counts as int32 cumulative sums on the device, if at hand.
-    Returns y [R, N] in x.dtype.
-    Without offs, torch._grouped_mm's offsets are copied from the host on every call
-    (device_offsets: a non-blocking copy from pinned memory, no stream synchronisation, but one
-    more launch); a path whose counts are fixed passes offs made once (systems/serial.py).
+    """y [R, N] in x.dtype = per-expert X_e @ B_e over x [R, K] rows sorted by local expert,
+    w [E, K, N]. counts: rows per expert (len E, host ints; None: read from offs, a host sync
+    where the per-expert loop runs); offs: the same counts as int32 cumulative sums on the
+    device, if at hand (without it, device_offsets copies them on every call: one more launch).
     """
     if x.shape[0] == 0:
         return x.new_empty(0, w.shape[2])

@@ -8,41 +8,39 @@ no biases in the linear layers, no embedding and no LM head (the input is seeded
             x = x + fc2(gelu(fc1(h)))                 dense FFN, width 4 H    (i not in moe_blocks)
             x = x + moe(i, h, *router(h))             MoE FFN                 (i in moe_blocks)
 
-Parallelism: data-parallel attention (every rank holds the same dense weights and its own
-B x S tokens) and an expert-parallel MoE (G experts, G / W per rank, top-k). The router (one per
-MoE block: Linear H -> G, softmax in float32, top-k, the k gate weights RENORMALISED to sum to
-one, as the harness's routing and Tutel's default) runs in the model, identically for every
-system; the MoE call itself is a callable `moe(i, h [T, H], ids [T, k], gate [T, k]) -> [T, H]`,
-so any layer-scope system (SystemMoE) or the float32 oracle (ReferenceMoE) computes it.
-The experts are the harness's FFN experts gelu(x W1_g) W2_g (W1_g [H, F], W2_g [F, H], F = 4 H,
-seeded by harness.workload.make_fc1_weight / make_fc2_weight): ONE set of G experts per model,
-shared by all its MoE blocks (every system is set up once per model); attention, dense FFN and
-router weights are per block.
+Data-parallel attention (every rank holds the same dense weights and its own B x S tokens) and
+an expert-parallel MoE (G experts, G / W per rank, top-k). The router (per MoE block: Linear
+H -> G, softmax in float32, top-k, gates renormalised to sum to one) runs in the model for every
+system; the MoE call `moe(i, h [T, H], ids [T, k], gate [T, k]) -> [T, H]` is any layer-scope
+system (SystemMoE) or the float32 oracle (ReferenceMoE). ONE set of G FFN experts
+(harness.workload's fc1 / fc2 weights) is shared by all MoE blocks of a model (every system is
+set up once per model); attention, dense FFN and router weights are per block.
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.experts import activation
+from harness.reference import moe_torch
 from harness.system import CellInputs, System
 from harness.workload import DTYPES, WorkloadSpec, make_fc1_weight, make_fc2_weight
+from harness.workload import seeded_generator as generator
 
 #: the routing name a model's MoE spec is set up with (its routing comes from the model's router)
 SETUP_ROUTING = "balanced"
 
 
-#: attention kernels: flash, memory-efficient, math; not cuDNN. Torch's cuDNN attention loads
-#: its cuDNN sub-libraries first, and Transformer Engine (megatron_te, and megatron_cutlass,
-#: which imports it) then fails to load the system's libcudnn_cnn.so.9 next to them
-#: ("undefined symbol ... libcudnn_graph.so.9", seen on the H200 machine)
+#: attention kernels: not cuDNN. Torch's cuDNN attention loads its cuDNN sub-libraries first,
+#: and Transformer Engine (megatron_te, megatron_cutlass) then fails to load the system's
+#: libcudnn_cnn.so.9 next to them ("undefined symbol ... libcudnn_graph.so.9")
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -113,17 +111,6 @@ class ModelSpec:
         return d
 
 
-def _generator(device: torch.device, *parts: int) -> torch.Generator:
-    seed = 0
-    for p in parts:
-        seed = (seed * 1_000_003 + int(p) + 1) % (2**61 - 1)
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _seeded(shape: tuple[int, ...], fan_in: int, gen: torch.Generator, like: torch.Tensor):
-    return torch.randn(shape, generator=gen, device=like.device).mul_(fan_in**-0.5)
-
-
 class Router(torch.nn.Module):
     """Linear H -> G, softmax in float32, top-k, gates renormalised: h [T, H] -> ids [T, k]
     int64, gate [T, k] float32. With `forced` ids [T, k] the gates are the softmax at those."""
@@ -142,10 +129,8 @@ class Router(torch.nn.Module):
         return ids, vals / vals.sum(-1, keepdim=True)
 
 
-class MoECall(Protocol):
-    def __call__(
-        self, block: int, h: torch.Tensor, ids: torch.Tensor, gate: torch.Tensor
-    ) -> torch.Tensor: ...
+#: moe(block, h [T, H], ids [T, k], gate [T, k]) -> [T, H]
+MoECall = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Block(torch.nn.Module):
@@ -171,9 +156,9 @@ class Block(torch.nn.Module):
         tag = zlib.crc32(spec.name.encode())
         with torch.no_grad():
             for j, lin in enumerate(linears):  # nn.Linear's weight is [out, in]: fan-in = in
-                gen = _generator(device, seed, 10, tag, index, j)
-                w = _seeded(tuple(lin.weight.shape), lin.weight.shape[1], gen, lin.weight)
-                lin.weight.copy_(w)
+                gen = generator(device, seed, 10, tag, index, j)
+                w = torch.randn(tuple(lin.weight.shape), generator=gen, device=lin.weight.device)
+                lin.weight.copy_(w.mul_(lin.weight.shape[1] ** -0.5))
 
     def attention(self, h: torch.Tensor) -> torch.Tensor:
         """h [B, S, H] -> [B, S, H]: qkv, sdpa over `heads` heads, output projection."""
@@ -220,7 +205,7 @@ class MoEModel(torch.nn.Module):
 
 def model_input(spec: ModelSpec, seed: int, rank: int, device: torch.device) -> torch.Tensor:
     """This rank's input activations x0 [B, S, H] in the model's dtype, seeded by (seed, rank)."""
-    gen = _generator(device, seed, 11, zlib.crc32(spec.name.encode()), rank)
+    gen = generator(device, seed, 11, zlib.crc32(spec.name.encode()), rank)
     x = torch.randn(spec.batch, spec.seq, spec.hidden, generator=gen, device=device)
     return x.to(DTYPES[spec.dtype])
 
@@ -228,23 +213,18 @@ def model_input(spec: ModelSpec, seed: int, rank: int, device: torch.device) -> 
 class ReferenceMoE:
     """The oracle of a MoE call: every global expert in float32 on this rank, no communication.
     out[t] = sum_j gate[t, j] * gelu(h[t] W1_g) W2_g with g = ids[t, j]; h [T, H] -> [T, H]
-    float32. Records the ids of each call in `ids` (block index -> [T, k])."""
+    float32 (reference.moe_torch over w1 [G, H, F], w2 [G, F, H] in float32). Records the ids of
+    each call in `ids` (block index -> [T, k])."""
 
     def __init__(self, spec: WorkloadSpec, device: torch.device) -> None:
         G = spec.n_experts
-        self.w1 = [make_fc1_weight(spec, g, device).float() for g in range(G)]  # [H, F] each
-        self.w2 = [make_fc2_weight(spec, g, device).float() for g in range(G)]  # [F, H] each
+        self.w1 = torch.stack([make_fc1_weight(spec, g, device) for g in range(G)]).float()
+        self.w2 = torch.stack([make_fc2_weight(spec, g, device) for g in range(G)]).float()
         self.ids: dict[int, torch.Tensor] = {}
 
     def __call__(self, block: int, h, ids, gate) -> torch.Tensor:
         self.ids[block] = ids.clone()
-        x = h.float()
-        out = torch.zeros_like(x)
-        for g in torch.unique(ids).tolist():
-            t, j = (ids == g).nonzero(as_tuple=True)
-            y = activation(x.index_select(0, t) @ self.w1[g]) @ self.w2[g]
-            out.index_add_(0, t, y * gate[t, j].float().unsqueeze(1))
-        return out
+        return moe_torch(h.float(), ids, gate.float(), self.w1, self.w2)
 
 
 class MoETimer:
@@ -253,34 +233,30 @@ class MoETimer:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.forwards: list[list] = []
-        self._t0 = 0.0
+        self.forwards: list[list] = []  # per forward: a [start, stop] pair per MoE call
 
     def new_forward(self) -> None:
         self.forwards.append([])
 
+    def _now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
     def start(self) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.forwards[-1].append([ev, None])
-        else:
-            self._t0 = time.perf_counter()
+        self.forwards[-1].append([self._now(), None])
 
     def stop(self) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.forwards[-1][-1][1] = ev
-        else:
-            self.forwards[-1].append((time.perf_counter() - self._t0) * 1e3)
+        self.forwards[-1][-1][1] = self._now()
 
     def per_forward_ms(self) -> list[float]:
         """The summed MoE time of every recorded forward, ms (synchronises the device)."""
         if self.cuda:
             torch.cuda.synchronize()
             return [sum(s.elapsed_time(e) for s, e in f) for f in self.forwards]
-        return [sum(f) for f in self.forwards]
+        return [sum((e - s) * 1e3 for s, e in f) for f in self.forwards]
 
 
 class SystemMoE:

@@ -9,7 +9,7 @@ Five steps on rank r (harness/layout.py gives the row order):
   5 scale     out[t] = sum_j w[t, j] * y[t, j]                           [S, N] -> [T, N]
 
 `reference_local` computes the same output in one process with no communication, in float32:
-it is the oracle. `reference_distributed` runs the five steps over a real process group.
+it is the oracle.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness.experts import activation, expert_gemm, ffn_experts
+from harness.experts import activation
 from harness.layout import RankLayout
 from harness.workload import (
     WorkloadSpec,
@@ -60,41 +60,19 @@ def combine(y_recv: torch.Tensor, lay: RankLayout, group: dist.ProcessGroup | No
 
 
 def scale(y_back: torch.Tensor, lay: RankLayout, tokens: int) -> torch.Tensor:
-    """Step 5: out [T, N] = sum_j gate[t, j] * y_back[send_pos[t, j]], from y_back [S, N].
-
-    Every token has exactly k rows: a gather to [T, k, N], a product with the gate weights (in
-    y_back's dtype) and a sum over k (accumulated in float32 by torch's reduction).
-    """
+    """Step 5: out [T, N] = sum_j gate[t, j] * y_back[send_pos[t, j]], from y_back [S, N]: a
+    gather to [T, k, N], a product with the gates in y_back's dtype, a sum over k (torch
+    accumulates it in float32)."""
     k = lay.send_pos.shape[1]
     rows = y_back.index_select(0, lay.send_pos.reshape(-1).to(y_back.device))
     w = lay.gate.to(device=y_back.device, dtype=y_back.dtype)
     return (rows.view(tokens, k, y_back.shape[1]) * w.unsqueeze(-1)).sum(1)
 
 
-def expert_step(
-    x_recv: torch.Tensor,
-    lay: RankLayout,
-    weights: torch.Tensor,
-    w1: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Step 3: rows grouped by source -> sorted by local expert -> experts -> back.
-    [R, K] -> [R, N]; with w1 [E, H, F] the experts are FFNs (weights = W2 [E, F, H])."""
-    perm = torch.sort(lay.recv_expert, stable=True).indices.to(x_recv.device)
-    xs, counts = x_recv.index_select(0, perm), lay.expert_counts.tolist()
-    y_sorted = (
-        expert_gemm(xs, counts, weights) if w1 is None else ffn_experts(xs, counts, w1, weights)
-    )
-    y = torch.empty_like(y_sorted)
-    y[perm] = y_sorted
-    return y
-
-
 def reference_local(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
-    """The oracle: out [T, N] float32 of `rank`, with no communication.
-
-    out[t] = sum_j w[t, j] * (x[t] @ B_{g(t, j)}), in float32 from spec.dtype inputs; for FFN
-    cells x[t] @ B_g is gelu(x[t] @ W1_g) @ W2_g, all in float32.
-    """
+    """The oracle: out [T, N] float32 of `rank`, with no communication: out[t] = sum_j
+    w[t, j] * (x[t] @ B_{g(t, j)}) in float32 from spec.dtype inputs (FFN cells: gelu(x[t] @
+    W1_g) @ W2_g)."""
     routing = routing_of(spec)
     x = make_tokens(spec, rank, device).float()
     ids = routing.expert_ids[rank]  # [T, k]
@@ -112,21 +90,6 @@ def reference_local(spec: WorkloadSpec, rank: int, device: torch.device) -> torc
             y = xg @ make_expert_weight(spec, g, device).float()
         out.index_add_(0, t, y * gw[t, j][:, None])
     return out
-
-
-def reference_distributed(
-    spec: WorkloadSpec,
-    lay: RankLayout,
-    x: torch.Tensor,
-    weights: torch.Tensor,
-    group: dist.ProcessGroup | None,
-    w1: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The five steps over a real process group. x [T, K], weights [E, K, N] -> out [T, N]
-    (FFN experts with w1 [E, H, F] and weights = W2 [E, F, H])."""
-    x_recv = dispatch(x, lay, group)
-    y_recv = expert_step(x_recv, lay, weights, w1)
-    return scale(combine(y_recv, lay, group), lay, spec.tokens_per_rank)
 
 
 def moe_torch(x, expert_ids, gate, w1, w2) -> torch.Tensor:

@@ -6,10 +6,6 @@ Definition (the project owns it; PAPER.md suggests it):
     sampling without replacement from p (the same law as torch.multinomial(replacement=False)).
     Gate weights are a softmax over top_k seeded logits, so they sum to one per token.
 
-Two draws of that one law: redrawing collisions (every cell whose expected redraws are few,
-so every committed table's routing), and an exponential race for the rest, such as top_k = E
-under stress_skew, where the last slots would redraw for hours (sample_topk says which).
-
     balanced       s = 0.0
     moderate_skew  s = 0.8
     stress_skew    s = 1.6
@@ -41,9 +37,9 @@ def popularity(n_experts: int, s: float) -> torch.Tensor:
     return p / p.sum()
 
 
-#: the collision redraw serves a cell up to this many expected draws per token (worst case);
-#: above it the exponential race does, so the routing of every cell the redraw finishes
-#: quickly stays as it was drawn before the race existed
+#: two draws of the one law: the collision redraw serves a cell up to this many expected draws
+#: per token (worst case; every committed table's routing), the exponential race the rest (such
+#: as top_k = E under stress_skew, where the last slots would redraw for hours)
 REDRAW_MAX_DRAWS = 32.0
 #: elements of one chunk of the race's keys [tokens, experts] (bounds its memory)
 RACE_CHUNK = 1 << 22
@@ -61,8 +57,7 @@ def sample_topk(
     n_tokens: int, n_experts: int, top_k: int, s: float, gen: torch.Generator
 ) -> torch.Tensor:
     """Top-k distinct expert ids [n_tokens, top_k] (int64) drawn from popularity (g+1)^-s by
-    successive sampling without replacement: the collision redraw (_redraw) where its expected
-    cost redraw_cost is at most REDRAW_MAX_DRAWS, else the exponential race (_race)."""
+    successive sampling without replacement (REDRAW_MAX_DRAWS picks the draw)."""
     if top_k > n_experts:
         raise ValueError(f"top_k={top_k} exceeds the number of experts {n_experts}")
     if redraw_cost(n_experts, top_k, s) <= REDRAW_MAX_DRAWS:
@@ -84,10 +79,7 @@ def _redraw(n_tokens: int, n_experts: int, top_k: int, s: float, gen: torch.Gene
             u = torch.rand(todo.numel(), generator=gen, dtype=torch.float64)
             draw = torch.searchsorted(cdf, u).clamp_(max=n_experts - 1)
             col[todo] = draw
-            clash = (
-                (ids[todo, :j] == draw[:, None]).any(1) if j else torch.zeros_like(draw, dtype=bool)
-            )
-            todo = todo[clash]
+            todo = todo[(ids[todo, :j] == draw[:, None]).any(1)]
         ids[:, j] = col
     return ids
 
@@ -142,10 +134,8 @@ def make_routing(
 
 
 def imbalance(expert_ids: torch.Tensor, world_size: int, experts_per_rank: int) -> dict[str, float]:
-    """Load imbalance of a routing: max/mean rows per receiving rank and per expert.
-
-    expert_ids: [W, T, top_k] global expert ids.
-    """
+    """Load imbalance of a routing, expert_ids [W, T, top_k]: max/mean rows per receiving rank
+    and per expert."""
     n_exp = world_size * experts_per_rank
     per_expert = torch.bincount(expert_ids.reshape(-1), minlength=n_exp).double()
     per_rank = per_expert.view(world_size, experts_per_rank).sum(1)

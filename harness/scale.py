@@ -1,10 +1,8 @@
 """The scale every system shares: out [T, N] = sum_j gate[t, j] * y_back[pos[t, j]].
 
-A Scaler is built once per cell in `setup` (untimed): the indices pos [T, k] and the gate
-weights [T, k] float32 move to the device there, so the timed region holds no host-to-device
-copy. On a CUDA device it runs one fused Triton kernel (harness/kernels/scale.py), elsewhere the
-same arithmetic in torch (a gather, a float32 product, a sum). Both accumulate in float32 and
-return out in y_back's dtype.
+A Scaler is built once per cell in `setup` (untimed), so the timed region holds no
+host-to-device copy. On a CUDA device it runs one fused Triton kernel (harness/kernels/scale.py),
+elsewhere the same arithmetic in torch; both accumulate in float32 and return y_back's dtype.
 """
 
 from __future__ import annotations

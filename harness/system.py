@@ -1,23 +1,10 @@
 """The system protocol, the step a system declares, and the registry mechanics.
 
 A system is set up once per cell on the ranks this process plays (one, unless it simulates
-ranks): `setup(ranks)` builds and stores a `Step` (the base class calls the subclass's
-`build`), and every later call goes to that step, so no system branches on scope after setup:
-  outputs()        out [T, N] of every played rank, stacked (checked vs the reference)
-  timed()          the timed region; its output is checked too: the output of the played rank
-                   `timed_rank` (None: of every played rank, stacked)
-  capture_blocker() why timed() cannot be captured in a CUDA graph, or None (harness/graphs.py)
-  buffers()        what a call writes and keeps: poison() fills them with NaN before every
-                   checked call
-  check()          raise if a device-side wait of the last steps timed out (after every loop)
-  compute_only()   everything but the communication (for the overlap ratio), or None
-  comm_only()      the combine communication alone, or None
-  serialized       the method's own kernels one after the other, as one step returning what
-                   timed() returns (the overlap system's: producer to the end, then consumer,
-                   then the scale), or None: serial / serialized is the kernel gain,
-                   serialized / timed the overlap gain
-The catalogue of systems lives one floor up, in systems/__init__.py: its entries name their class
-by import path ("module:Class"), so reading the registry imports no GPU code.
+ranks): `setup(ranks)` stores the `Step` its `build` returns and every later call goes to that
+step, so no system branches on scope after setup. The catalogue of systems lives in
+systems/__init__.py: its entries name their class by import path ("module:Class"), so reading
+the registry imports no GPU code.
 """
 
 from __future__ import annotations
@@ -47,11 +34,8 @@ def int_param(system: str, name: str, value: Any, least: int | None = None) -> i
 def list_param(owner: str, name: str, value: Any, nonempty: bool = False) -> list:
     """A setting that must be a list (not a scalar or a string), non-empty if asked; anything
     else is a one-line ValueError naming it."""
-    if (
-        isinstance(value, (str, bytes))
-        or not hasattr(value, "__iter__")
-        or (nonempty and not len(value))
-    ):
+    scalar = isinstance(value, (str, bytes)) or not hasattr(value, "__iter__")
+    if scalar or (nonempty and not len(value)):
         kind = "non-empty list" if nonempty else "list"
         raise ValueError(f"{owner}: {name} must be a {kind}, got {value!r}")
     return list(value)
@@ -105,7 +89,10 @@ class Step:
 
     #: whose output timed() returns: an index into setup's `ranks` (None: all, stacked)
     timed_rank: int | None = 0
-    #: a method of the step (module doc), or None: checked, then timed as timed() is
+    #: the method's own kernels one after the other, as one call returning what timed() returns
+    #: (overlap: producer to the end, then consumer, then the scale), or None; checked, then
+    #: timed as timed() is: serial / serialized is the kernel gain, serialized / timed the
+    #: overlap gain
     serialized = None
 
     def timed(self) -> torch.Tensor:
@@ -122,8 +109,7 @@ class Step:
         return f"{type(self).__name__}: not declared capturable"
 
     def buffers(self) -> list[torch.Tensor]:
-        """The tensors a call writes that live from call to call (outputs, receive buffers,
-        intermediates it may legitimately overwrite)."""
+        """The tensors a call writes that live from call to call (outputs, receive buffers)."""
         return []
 
     def poison(self) -> None:
@@ -134,14 +120,14 @@ class Step:
                 t.fill_(float("nan"))
 
     def check(self) -> None:
-        """Raise where a device-side wait of the steps run so far timed out."""
+        """Raise where a device-side wait of the steps run so far timed out (after every loop)."""
 
     def has_bounds(self) -> bool:
         """Are compute_only and comm_only defined for this step?"""
         return type(self).compute_only is not Step.compute_only
 
     def compute_only(self) -> object:
-        """Everything timed() does but the communication, or None if not defined."""
+        """Everything timed() does but the communication (for the overlap ratio), or None."""
         return None
 
     def comm_only(self) -> object:
@@ -149,8 +135,7 @@ class Step:
         return None
 
     def extra_bounds(self) -> dict[str, Any]:
-        """Further parts timed alone after the bounds, name -> callable; the harness stores each
-        median as the metric `<name>_ms` (column m_<name>_ms)."""
+        """Further parts timed alone after the bounds, name -> callable (column m_<name>_ms)."""
         return {}
 
 
@@ -161,21 +146,18 @@ class System:
     name: str = ""
     #: scope of the timed region: "gemm+combine" (operator level) or "layer"
     scope: str = "gemm+combine"
-    #: can the system run FFN cells (spec.ffn > 0) timed from the tokens and routing (scope
-    #: layer)? If not, such a cell is recorded as skipped with the reason.
+    #: the capabilities below: a cell that needs one the system lacks is recorded as skipped
+    #: with the reason. FFN cells (spec.ffn > 0) timed from the tokens and routing (scope layer)
     layer_scope: ClassVar[bool] = False
-    #: can the system run a layer cell as one training step (spec.train: forward + backward,
-    #: scope train)? If not, such a cell is recorded as skipped with the reason.
+    #: a layer cell as one training step (spec.train: forward + backward, scope train)
     train_scope: ClassVar[bool] = False
+    #: ONE process plays every rank of a cell (loopback), where W differs from the processes
+    simulates_ranks: ClassVar[bool] = False
     #: the system's own knobs and their defaults; an experiment may set only these keys
     PARAMS: ClassVar[dict[str, Any]] = {}
-    #: does the step hide any communication behind compute? A system that runs them one after
-    #: the other (serial, Megatron's dispatcher) has no overlap ratio (NaN, with the reason):
-    #: its bounds' sum differs from its latency by noise only
+    #: does the step hide any communication behind compute? One that does not (serial,
+    #: Megatron's dispatcher) has no overlap ratio (NaN, with the reason)
     overlaps: ClassVar[bool] = True
-    #: can ONE process play every rank of a cell (loopback)? If not, a cell whose W differs
-    #: from the number of processes is recorded as skipped with the reason.
-    simulates_ranks: ClassVar[bool] = False
 
     def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
         self.ctx = ctx
@@ -216,9 +198,8 @@ class System:
         return None
 
     def setup(self, ranks: list[CellInputs]) -> None:
-        """Untimed preparation: build the cell's step. `ranks` holds one entry per rank this
-        process plays: exactly one (this rank) unless the system simulates ranks and one process
-        plays the whole cell."""
+        """Untimed: build the cell's step. `ranks`: one entry per rank this process plays (one
+        unless the system simulates ranks)."""
         self.step = self.build(ranks)
 
     def build(self, ranks: list[CellInputs]) -> Step:
@@ -263,8 +244,7 @@ class System:
         return self.ctx.backend
 
     def resolved_params(self) -> dict[str, Any]:
-        """Parameters the system chose itself while setting up (tile sizes, a tuned degree...);
-        written next to the cell's params as p_<name> columns."""
+        """Parameters the system chose itself while setting up (p_<name> columns)."""
         return {}
 
 

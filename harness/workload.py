@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 import torch
 
@@ -90,7 +91,8 @@ class WorkloadSpec:
         return hashlib.sha1(repr(sorted(items.items())).encode()).hexdigest()[:12]
 
 
-def _gen(device: torch.device, *parts: int) -> torch.Generator:
+def seeded_generator(device: torch.device, *parts: int) -> torch.Generator:
+    """A generator on `device` seeded by a hash of the integer parts."""
     seed = 0
     for p in parts:
         seed = (seed * 1_000_003 + int(p) + 1) % (2**61 - 1)
@@ -99,14 +101,14 @@ def _gen(device: torch.device, *parts: int) -> torch.Generator:
 
 def make_tokens(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
     """Token activations of one rank, x [T, K] in spec.dtype, seeded by (seed, rank)."""
-    g = _gen(device, spec.seed, 1, rank)
+    g = seeded_generator(device, spec.seed, 1, rank)
     x = torch.randn(spec.tokens_per_rank, spec.hidden, generator=g, device=device)
     return x.to(spec.torch_dtype)
 
 
 def make_grad(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
     """A train cell's upstream gradient dL/dout of one rank, dy [T, H] in spec.dtype."""
-    g = _gen(device, spec.seed, 5, rank)
+    g = seeded_generator(device, spec.seed, 5, rank)
     dy = torch.randn(spec.tokens_per_rank, spec.out, generator=g, device=device)
     return dy.to(spec.torch_dtype)
 
@@ -115,7 +117,7 @@ def make_expert_weight(
     spec: WorkloadSpec, global_expert: int, device: torch.device
 ) -> torch.Tensor:
     """Weight of one global expert, B_g [K, N] in spec.dtype, scaled by 1/sqrt(K)."""
-    g = _gen(device, spec.seed, 2, global_expert)
+    g = seeded_generator(device, spec.seed, 2, global_expert)
     w = torch.randn(spec.hidden, spec.out, generator=g, device=device) * spec.hidden**-0.5
     return w.to(spec.torch_dtype)
 
@@ -130,14 +132,14 @@ def make_rank_weights(spec: WorkloadSpec, rank: int, device: torch.device) -> to
 
 def make_fc1_weight(spec: WorkloadSpec, global_expert: int, device: torch.device) -> torch.Tensor:
     """fc1 of one global FFN expert, W1_g [H, F] in spec.dtype, scaled by 1/sqrt(H)."""
-    g = _gen(device, spec.seed, 3, global_expert)
+    g = seeded_generator(device, spec.seed, 3, global_expert)
     w = torch.randn(spec.hidden, spec.ffn, generator=g, device=device) * spec.hidden**-0.5
     return w.to(spec.torch_dtype)
 
 
 def make_fc2_weight(spec: WorkloadSpec, global_expert: int, device: torch.device) -> torch.Tensor:
     """fc2 of one global FFN expert, W2_g [F, H] in spec.dtype, scaled by 1/sqrt(F)."""
-    g = _gen(device, spec.seed, 4, global_expert)
+    g = seeded_generator(device, spec.seed, 4, global_expert)
     w = torch.randn(spec.ffn, spec.hidden, generator=g, device=device) * spec.ffn**-0.5
     return w.to(spec.torch_dtype)
 
@@ -150,30 +152,16 @@ def make_rank_fc1(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.
     )
 
 
-_ROUTING_CACHE: dict[str, Routing] = {}
+#: the global routing per (W, T, E, top_k, routing, seed): make_routing, cached
+_routing = lru_cache(maxsize=8)(make_routing)
 
 
 def routing_of(spec: WorkloadSpec) -> Routing:
-    """The global routing of a spec (CPU tensors), cached per spec."""
-    key = spec.key()
-    if key not in _ROUTING_CACHE:
-        if len(_ROUTING_CACHE) > 8:
-            _ROUTING_CACHE.clear()
-        _ROUTING_CACHE[key] = make_routing(
-            spec.world_size,
-            spec.tokens_per_rank,
-            spec.experts_per_rank,
-            spec.top_k,
-            spec.routing,
-            spec.seed,
-        )
-    return _ROUTING_CACHE[key]
+    """The global routing of a spec (CPU tensors), cached."""
+    W, T, E = spec.world_size, spec.tokens_per_rank, spec.experts_per_rank
+    return _routing(W, T, E, spec.top_k, spec.routing, spec.seed)
 
 
 def imbalance_of(spec: WorkloadSpec) -> dict[str, float]:
     """Measured imbalance (max/mean rows per rank and per expert) of the spec's routing."""
     return imbalance(routing_of(spec).expert_ids, spec.world_size, spec.experts_per_rank)
-
-
-# Named shapes (the Table 2 grid and the three models' MoE layers) live in conf/workload/*.yaml:
-# `python -m harness.run experiment=operator workload=m_gpt`.

@@ -2,11 +2,22 @@ import pytest
 import torch
 
 from harness.check import check
-from harness.layout import counts_matrix, rank_layout
-from harness.reference import dispatch_local, expert_step, reference_local, scale
+from harness.experts import expert_gemm
+from harness.layout import RankLayout, counts_matrix, rank_layout
+from harness.reference import dispatch_local, reference_local, scale
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens, routing_of
 
 CPU = torch.device("cpu")
+
+
+def expert_step(x_recv: torch.Tensor, lay: RankLayout, weights: torch.Tensor) -> torch.Tensor:
+    """Step 3: rows grouped by source -> sorted by local expert -> experts -> back.
+    [R, K] -> [R, N], weights [E, K, N]."""
+    perm = torch.sort(lay.recv_expert, stable=True).indices.to(x_recv.device)
+    y_sorted = expert_gemm(x_recv.index_select(0, perm), lay.expert_counts.tolist(), weights)
+    y = torch.empty_like(y_sorted)
+    y[perm] = y_sorted
+    return y
 
 
 def _spec(routing="stress_skew", W=3, E=3):

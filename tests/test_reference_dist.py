@@ -5,11 +5,19 @@ import torch.distributed as dist
 
 from harness.check import check
 from harness.layout import rank_layout
-from harness.reference import reference_distributed, reference_local
+from harness.reference import combine, dispatch, reference_local, scale
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens
 from tests import ranks
+from tests.test_reference import expert_step
 
 W = 4
+
+
+def reference_distributed(spec, lay, x, weights, group):
+    """The reference's five steps over a real process group: x [T, K], weights [E, K, N] ->
+    out [T, N]."""
+    y_recv = expert_step(dispatch(x, lay, group), lay, weights)
+    return scale(combine(y_recv, lay, group), lay, spec.tokens_per_rank)
 
 
 def _worker(rank, init, q):

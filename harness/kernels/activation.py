@@ -46,19 +46,16 @@ def blocks(F: int) -> tuple[int, int]:
     return max(1, ELEMS // bf), bf
 
 
-def gelu_rows_(
-    h: torch.Tensor, n_rows: torch.Tensor, br: int | None = None, bf: int | None = None
-) -> torch.Tensor:
+def gelu_rows_(h: torch.Tensor, n_rows: torch.Tensor) -> torch.Tensor:
     """h [P, F] contiguous, n_rows a 1-element int device tensor (<= P): rows [0, n) of h
     become gelu(h) in place, rows past n are left as they are. Returns h. One launch of
-    [P / br, F / bf] programs (br, bf: powers of two, default blocks(F))."""
+    [P / br, F / bf] programs, (br, bf) = blocks(F)."""
     if h.dim() != 2 or not h.is_contiguous():
         raise ValueError(f"gelu_rows_: a contiguous [P, F] tensor, got {tuple(h.shape)}")
     P, F = h.shape
     if P == 0 or F == 0:
         return h
-    if br is None or bf is None:
-        br, bf = blocks(F)
+    br, bf = blocks(F)
     args = (h, n_rows.reshape(1), F)
     launch_cached(_gelu_rows_kernel, (cdiv(P, br), cdiv(F, bf)), args, dict(BR=br, BF=bf))
     return h

@@ -1,9 +1,6 @@
-"""The layer dispatch's bookkeeping (harness/dispatch.py) in a few Triton kernels.
-
-After the counts exchange and its host synchronisation every launch of a layer step is on the
-step's critical path: the device idles while the host enqueues it. The received rows' labels
-took about 20 small torch kernels (repeat_interleave, two exclusive cumsums, a transpose,
-gathers, a division and a modulo); two kernels compute the same tensors here.
+"""The layer dispatch's bookkeeping (harness/dispatch.py) in a few Triton kernels: after the
+counts exchange every launch is on the step's critical path, and torch needs about 20 small
+kernels for the received rows' labels alone.
 
 For the rows [R] received in (source s, local expert e) blocks of recv_counts [W, E] (source
 major, G = W*E blocks), with the blocks' offsets recv_off [W, E] in each source's send order:
@@ -12,21 +9,18 @@ major, G = W*E blocks), with the blocks' offsets recv_off [W, E] in each source'
   recv_dst_index[i]  recv_off[s, e] + (i - the block's first row)
   expert_pos[i]      row i's position when the blocks are reordered expert-major (e, then s)
   offs[e]            int32 cumulative rows of experts 0..e (torch._grouped_mm's offs)
-One program first writes the blocks' inclusive ends (source major) and their starts in the
-expert-major order (two chunked cumsums over the G blocks), and offs. Then program p labels rows
-[p*BLOCK, (p+1)*BLOCK): a row's block is the number of blocks that end at or before it (blocks
-with no rows end where they start), found by a binary search over the ends (log2 G loads a row:
-comparing every row against every block costs G loads a row, too slow at W=64, E=64: see
-docs/measurements.md). R may be a bound on the rows
-(the dispatch launches it before its host sync): rows past the blocks' total are -1 and search
-nothing, so programs past the total only write their -1 rows.
+One program writes the blocks' inclusive ends (source major), their starts in the expert-major
+order, and offs. Then program p labels rows [p*BLOCK, (p+1)*BLOCK): a row's block is the number
+of blocks that end at or before it, found by a binary search over the ends (comparing every row
+with every block is too slow at W=64, E=64: docs/measurements.md). R may be a bound on the rows
+(launched before the host sync): rows past the blocks' total are -1.
 
 The send side (sort_meta) is a stable counting sort of the routing's S = T*k global experts
-over G = W*E keys, in two launches with no memset (10.6-10.8 us at T=8192, k=2, E 16/64 on
-one H200, against 100-106 us in 35 kernels for the same outputs in torch: sort_meta_torch).
-Program p sorts block p's B pairs in registers by (expert << log2 B | place), so ties keep their
-order, and writes lb[p, g], the block's pairs routed to experts before g (binary searches of the
-sorted block). Then pair j of block p's sorted block, routed to expert e, goes to send row
+over G = W*E keys, in two launches with no memset (about 10x faster than sort_meta_torch's 35
+kernels at T=8192, k=2 on one H200). Program p sorts block p's B pairs in registers by
+(expert << log2 B | place), so ties keep their order, and writes lb[p, g], the block's pairs
+routed to experts before g. Then pair j of block p's sorted block, routed to expert e, goes to
+send row
   sum over blocks q of lb[q, e]  (every pair routed to an earlier expert)
   + sum over q < p of (lb[q, e+1] - lb[q, e])  (expert e's pairs in earlier blocks)
   + j - lb[p, e]  (expert e's pairs before it in its block).
@@ -138,7 +132,7 @@ def recv_rows(
     """(recv_src, recv_expert, recv_dst_index [rows] int64, expert_pos [rows] int64 or None,
     offs [E] int32) of the rows received in recv_counts' [W, E] blocks (module docstring);
     rows: a host int, recv_counts.sum() or a bound on it (rows past the sum are -1). Two
-    launches (the blocks' starts, then the rows); no host synchronisation."""
+    launches, no host synchronisation."""
     W, E = recv_counts.shape
     G = W * E
     dev = recv_counts.device
@@ -267,12 +261,9 @@ def _split_sizes_kernel(
 def sort_meta(
     expert_ids: torch.Tensor, world_size: int, experts: int, top_k: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(order [S], pos [S], token [S], meta [W, 2E]) int64 of the stable sort of the routing's
-    global experts expert_ids [T, k] (S = T*k, pair i = token * k + slot, G = W*E experts):
-    send row j holds pair order[j], pos[order[j]] = j, token[j] = order[j] // k, and per
-    global expert g the rows sent to it and the rows sent to the experts before it (the
-    counts exchange's payload). A counting sort in two launches, no memset: blocks of B pairs
-    each sorted in registers with their per-expert lower bounds, then every pair placed."""
+    """(order [S], pos [S], token [S], meta [W, 2E]) int64, as harness.dispatch's
+    sort_meta_torch, from expert_ids [T, k] (S = T*k, G = W*E experts). Two launches, no
+    memset (module docstring)."""
     S, G = expert_ids.numel(), world_size * experts
     dev = expert_ids.device
     ids = expert_ids.reshape(-1)

@@ -2,26 +2,19 @@
 
 Triton binds and specialises every argument on every launch, then our launchers check their
 operands and build TMA descriptors: several times the host time of the compiled kernel's own
-launcher (docs/measurements.md, host time per step). A
-runner launches the same kernels with the same arguments on every step (only the consumer's
-epoch target changes), so it remembers each launch once and then re-runs the compiled kernel
-with the remembered argument list.
-
-The re-run calls Triton's C launcher with the argument list already resolved (the fast path):
-each tensor as its device address (the C launcher would call data_ptr() and
-cuPointerGetAttribute on every pointer, every launch) and each host TMA descriptor already
-encoded (Triton's wrapper would encode it again, every launch). Where this Triton's launcher has
-another shape (scratch memory, an unknown wrapper) or FAST is False, it re-runs through
-CompiledKernel.run with the bound arguments, as Triton would.
+launcher (docs/measurements.md). A runner launches the same kernels with the same arguments on
+every step, so it remembers each launch once and re-runs the compiled kernel with the
+remembered argument list: on the fast path straight through Triton's C launcher, each tensor
+already resolved to its device address and each host TMA descriptor already encoded; where
+this Triton's launcher has another shape (scratch memory, an unknown wrapper) or FAST is False,
+through CompiledKernel.run with the bound arguments, as Triton would.
 
 The caller owns the key: it must differ whenever any argument but the `volatile` ones would
-differ (another tensor or shape, another plan, another flag). The memo holds the remembered
-arguments, so their memory stays allocated (and their addresses unique) while it is remembered.
-A volatile int must be declared do_not_specialize in its kernel (so its value never picks
-another compiled variant) and must keep its integer width. A volatile tensor (an input made anew
-on every step) must keep its dtype, device and 16-byte alignment, the only things Triton
-specialises a pointer on: the caller's key should hold them, launch() checks them. While a
-Triton launch hook is set (a profiler), every launch takes Triton's own path.
+differ. The memo holds the remembered arguments, so their memory stays allocated (and their
+addresses unique). A volatile int must be declared do_not_specialize in its kernel and keep its
+integer width; a volatile tensor must keep its dtype, device and 16-byte alignment, the only
+things Triton specialises a pointer on (launch() checks them). While a Triton launch hook is set
+(a profiler), every launch takes Triton's own path.
 """
 
 from __future__ import annotations
@@ -73,11 +66,6 @@ def c_launcher(compiled: Any) -> tuple[Any, dict[int, Any]] | None:
     return raw, dict(zip(indices, meta))
 
 
-def _address(t: torch.Tensor) -> int:
-    """A tensor's device address, as the C launcher would take it from data_ptr()."""
-    return t.data_ptr()
-
-
 class _Released:
     """What a released tensor argument leaves in a memo: what Triton bound it on."""
 
@@ -90,16 +78,11 @@ class _Released:
 def _binds_alike(old: Any, value: torch.Tensor) -> bool:
     """A new tensor Triton would bind as the remembered one (dtype, device, 16-byte alignment)."""
     if isinstance(old, torch.Tensor):
-        aligned = old.data_ptr() % 16 == 0
-    elif isinstance(old, _Released):
-        aligned = old.aligned
-    else:
+        old = _Released(old)
+    if not isinstance(old, _Released):
         return False
-    return (
-        value.dtype == old.dtype
-        and value.device == old.device
-        and (value.data_ptr() % 16 == 0) == aligned
-    )
+    new = _Released(value)
+    return (new.dtype, new.device, new.aligned) == (old.dtype, old.device, old.aligned)
 
 
 class LaunchMemo:
@@ -164,12 +147,12 @@ class LaunchMemo:
             from triton.backends.nvidia.driver import make_tensordesc_arg
 
             r = [
-                _address(v) if isinstance(v, torch.Tensor) else v
+                v.data_ptr() if isinstance(v, torch.Tensor) else v
                 for v in make_tensordesc_arg(a, self.desc_meta[i])
             ]
             self.desc_last[i] = (k, r)
             return r
-        return [_address(a) if isinstance(a, torch.Tensor) else a]
+        return [a.data_ptr() if isinstance(a, torch.Tensor) else a]
 
     def forget(self) -> None:
         self.key, self.compiled, self.bound, self.raw, self.final = None, None, [], None, []

@@ -3,11 +3,8 @@
 One Triton kernel instead of a gather, a product and a sum (three kernels and a [T, k, N]
 temporary). Program (b, c) reads the k rows of BLOCK_T tokens in column block c, multiplies by
 the gate weights and accumulates in float32, then stores a [BLOCK_T, BLOCK_N] block of out in
-out's dtype. Memory traffic: k*T*N elements read, T*N written, plus the [T, k] indices and
-weights. Several tokens per program give each thread several independent row loads in flight
-(the rows are gathered: pos is a permutation). ScaleConfig picks (BLOCK_T, BLOCK_N, warps);
-benchmarks.scale_bound measures every variant in VARIANTS against the memory bound (a
-persistent variant lost by 1-8%, docs/measurements.md).
+out's dtype. benchmarks.scale_bound measures every variant in VARIANTS against the memory bound
+(k*T*N elements read, T*N written; docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ class ScaleConfig:
     num_warps: int
 
 
-#: the variants the benchmark measures (the first is the one-token kernel this file started with)
+#: the variants the benchmark measures
 VARIANTS: dict[str, ScaleConfig] = {
     "t1_n2048_w8": ScaleConfig(1, 2048, 8),
     "t2_n1024_w4": ScaleConfig(2, 1024, 4),
