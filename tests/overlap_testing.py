@@ -140,3 +140,34 @@ def balanced_rows(experts: int, rows_per_expert: int, world: int) -> list[list[i
     """rows[e][s]: each expert's rows split evenly over `world` owners."""
     share = rows_per_expert // world
     return [[share] * world for _ in range(experts)]
+
+
+def nvshmem_self_transport(recv_rows: int, n: int, dtype: torch.dtype, device: torch.device):
+    """W = 1 NVSHMEM transport without rendezvous (torch refuses a rendezvous of one rank): every
+    put goes to PE 0 (this process), to measure the NVSHMEM put paths on one GPU. Needs
+    torch.distributed initialised with one rank (NVSHMEM bootstraps from it)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    from systems.overlap.transport import Transport, _symm_backend
+
+    _symm_backend("NVSHMEM", device)
+    buf = symm_mem.empty(max(recv_rows, 1) * n, dtype=dtype, device=device)
+    sig = symm_mem.empty(1, dtype=torch.int64, device=device)
+    buf.zero_()
+    sig.zero_()
+    t_buf = torch.tensor([buf.data_ptr()], dtype=torch.int64, device=device)
+    t_sig = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
+    return Transport(
+        name="nvshmem",
+        rank=0,
+        world=1,
+        recv=buf.view(-1, n)[:recv_rows],
+        signal=sig,
+        recv_ptrs=t_buf,
+        signal_ptrs=t_sig,
+        scope="sys",
+        recv_symm=t_buf,
+        signal_symm=t_sig,
+        aligned=buf.data_ptr() % 16 == 0,
+        keep=[buf, sig],
+    )

@@ -447,11 +447,10 @@ if not symm_mem.is_nvshmem_available():
     print("NO_NVSHMEM"); sys.exit(0)
 dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
 from dataclasses import replace
-from tests.overlap_testing import synthetic_plan, expected_sends
+from tests.overlap_testing import synthetic_plan, expected_sends, nvshmem_self_transport
 from systems.overlap.errors import new_error_buffer, raise_if_error
 from systems.overlap.modes import PUT_STORE, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL
 from systems.overlap.runner import run_consumer
-from systems.overlap.transport import nvshmem_self_transport
 from systems.overlap.tuning import ConsumerConfig
 plan = synthetic_plan([[100, 0], [64, 0], [30, 0]], rank=1, tile_m=64, mgb=2, device="cuda")
 y = torch.randn(plan.n_padded, 256, device="cuda").to(torch.bfloat16)

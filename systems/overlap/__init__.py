@@ -1,14 +1,10 @@
 """The paper's method: tile-level computation-communication overlap of the MoE combine.
 
-The public layer: `OverlapMoE` (layer.py), a torch module with one context sized once and one
-call; `OverlapParams` (params.py) its knobs. RankExperts (rank_experts.py) is one rank's expert
-part of it; steps.py and system.py are the harness's client.
-Stage A (metadata, no communication): `plan` (the CombinePlan: the remote-aligned row layout,
-the remote-first band schedule and the combine plan), built on the device by `plan_device`.
-Stage B: `kernels/` (the Triton producer and consumer, their shared device primitives and thin
-launchers), `runner` (OverlapRunner: one rank's host state and launches), `transport` (where the
-bands land), `modes` (named put and flag modes, no Triton), `errors` (device error records).
-Imports nothing heavy here, so reading the package pulls in no GPU code.
+The public layer is `OverlapMoE` (layer.py) with its knobs `OverlapParams` (params.py);
+rank_experts.py is one rank's expert part of it; steps.py and system.py are the harness's
+client. Stage A: `plan` (host) and `plan_device` (device) build the CombinePlan. Stage B:
+`kernels/` (Triton), `runner` (one rank's host state and launches), `transport`, `modes`,
+`errors`. Imports nothing heavy here, so reading the package pulls in no GPU code.
 """
 
 __all__ = ["OverlapMoE", "OverlapParams"]

@@ -1,36 +1,21 @@
-"""ccta="auto" / mgb="auto" for the overlap system: a nearest-cells rule on a calibration table.
+"""ccta="auto" / mgb="auto" / order="auto" for the overlap system, on the host (no GPU, no timing).
 
-Host code only (no GPU, no timing). The table (`autotune_table.csv`, written by
-`systems/overlap/autotune_fit.py` from measured overlap sweeps) holds, per calibrated workload, its
-features and the latency of every measured (ccta, mgb) relative to that workload's best.
-
-The rule (`pick`):
-  1. features of the cell: log2 of T, K, N, E, W and of the rank imbalance (max/mean rows a
-     rank receives, from the spec's seeded routing); a transport that differs from the
-     calibrated one (loopback vs NVLink: p2p and nvshmem are one class) adds TRANSPORT_PENALTY;
-  2. the K_NEAREST nearest calibrated workloads within MAX_DISTANCE (Euclidean distance on
-     those features);
-  3. per (ccta, mgb) measured in at least half of them: the mean of its relative latency over
-     those that measured it; the pick is the lowest mean, restricted to a value the caller
-     fixed (ccta=8, mgb="auto" picks the best mgb at the scored ccta nearest 8). Averaging
-     over neighbours keeps one noisy cell of one sweep from deciding the pick: leave one
-     workload out, the nearest cell alone lands within 3% of the best in 20 of 27 calibrated
-     workloads, the mean of the 4 nearest in 26 (systems/overlap/autotune_fit.py);
-     with no calibrated workload that near: the documented DEFAULT (the system's defaults,
-     the paper's setting);
-  4. ccta clamped to [1, sm_count - 1] (sm_count 0: unknown, no clamp).
-Every pick returns a one-line `why`. The table's workloads were calibrated on a GPU of a known SM
-count (its `sm_count` column): where the table holds rows of the cell's SM count, only those
-count; where it holds none (another GPU), the rule still reads them and the `why` says so, with
-how to calibrate this GPU.
-
-The consumer placement (the system's `consumer`: "own" SMs, the paper's, or SMs "shared" with
-the producer) is a column of the table (`consumer`; a table without it is all "own"): the rule
-reads only the rows of the cell's placement. Where no "shared" workload is calibrated near,
-shared picks SHARED_DEFAULT: one consumer CTA on every SM (cCTA = sm_count; DEFAULT's 16 where
-the SM count is unknown) and mgb 1, the best of cCTA {66, 132} at mgb 1 in every loopback cell
-measured (experiment operator_consumer_loopback, one H200); shared
-cCTA is clamped to [1, sm_count].
+ccta / mgb: a nearest-cells rule (`pick`) on a calibration table (`autotune_table.csv`, written
+by autotune_fit.py from measured sweeps: per calibrated workload, its features and the latency
+of every measured (ccta, mgb) relative to that workload's best):
+  1. features: log2 of T, K, N, E, W and of the rank imbalance (from the spec's seeded routing);
+     another transport class (loopback vs nvlink) adds TRANSPORT_PENALTY;
+  2. the K_NEAREST calibrated workloads within MAX_DISTANCE (Euclidean on the features);
+  3. per (ccta, mgb) measured in at least half of them, the mean relative latency; the lowest
+     wins, restricted to a value the caller fixed. Averaging keeps one noisy cell from
+     deciding: held out, the nearest cell alone lands within 3% of the best in 20 of 27
+     calibrated workloads, the mean of the 4 nearest in 26. None near: DEFAULT (the paper's);
+  4. ccta clamped to [1, sm_count - 1] ([1, sm_count] when shared; sm_count 0: no clamp).
+Only the table's rows of the cell's SM count are read where it has some (else all, and the
+one-line `why` says how to calibrate this GPU), and only those of the cell's consumer placement
+(column `consumer`, "own" where absent). Shared with nothing near: SHARED_DEFAULT, one consumer
+CTA on every SM and mgb 1 (the best of cCTA {66, 132} in every loopback cell measured).
+order: `pick_order` (ORDER_EXPERT_BANDS).
 """
 
 from __future__ import annotations

@@ -5,20 +5,13 @@
     python -m systems.overlap.autotune_fit results/ccta_auto.parquet --sm-count 108 \
         --keep-other-gpus
 
-Every row written carries --sm-count (the SMs of the GPU that measured the sweeps; the rule reads
-the rows of the cell's own SM count where it has some). --keep-other-gpus keeps the rows the
-table already holds for other SM counts, so another GPU's calibration is added to the committed
-one instead of replacing it.
-
-Input: any results tables (Rows) holding overlap cells swept over ccta and mgb (ok rows with
-integer p_ccta / p_mgb) at the producer order the system runs that workload with (order="auto":
-autotune.auto_order; rows of the other order are left out); rows run with ccta="auto" or
-mgb="auto" (experiment ccta_auto) are not fitted on but reported: their measured latency next
-to the sweep's optimum. The consumer placement (p_consumer; "own" where a row has none) is part
-of a workload, so own and shared sweeps calibrate separately in one table (column `consumer`).
-Output: the calibration table (systems/overlap/autotune.py reads it) and the held-out table, one
-row per workload: the rule's pick when that workload is left out of the table, latency(pick) /
-latency(best measured), and the same ratio for the fixed default.
+Input: results tables holding ok overlap cells swept over integer p_ccta / p_mgb, at the order
+the system runs the workload with (autotune.auto_order); the consumer placement (p_consumer) is
+part of a workload. Rows run with "auto" are not fitted on but reported next to the sweep's
+optimum. Every row written carries --sm-count (the measuring GPU's SMs); --keep-other-gpus keeps
+the table's rows of other SM counts. Output: the calibration table (autotune.py reads it) and
+the held-out table: per workload, the rule's pick with that workload left out, latency(pick) /
+latency(best) and the same ratio for the fixed default.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """The overlap system's parameters: one frozen type with its choices, validation and the reasons
-a valid cell cannot run. Importable without Triton or a GPU (the harness, autotune and plots
-read it on any machine).
+a valid cell cannot run. Importable without Triton or a GPU.
 
   ccta       consumer SMs (consumer=own) or consumer CTAs (shared): an integer or "auto"
   mgb        bands per segment: an integer >= 1 or "auto"
   tile_m     the producer's row tile: 64 or 128
   transport  "" (loopback with one process; with several: p2p on GPUs, shm on the CPU),
-             loopback, p2p, nvshmem or shm (CPU processes, systems/overlap/shm.py)
-  layout     aligned (the paper's remote-aligned rows) or compact (an expert's remote rows of
-             every owner back to back, the local rows filling the padding)
+             loopback, p2p, nvshmem or shm (CPU processes, shm.py)
+  layout     aligned (the paper's remote-aligned rows) or compact (plan.py)
   order      the producer's visiting order: remote_first (the paper's), expert (each expert's
              local bands right after its remote ones) or auto (autotune.pick_order)
-  consumer   own (the paper's: cCTA SMs of its own, one big consumer CTA each, the producer on
-             SMs - cCTA) or shared (cCTA small consumer CTAs, kernels/consumer.py
-             shared_consumer_config, next to the producer's CTAs on every SM)
+  consumer   own (the paper's) or shared (runner.py's placement)
   dispatch   the layer scope's dispatch (harness/dispatch_device.py DISPATCHES): auto (device
-             where one process plays every rank: W=1 or loopback; nccl with one process per
-             rank), device (no host sync) or nccl (the all-to-all with its host sync)
+             where one process plays every rank, else nccl), device (no host sync) or nccl
 """
 
 from __future__ import annotations

@@ -2,46 +2,36 @@
 
 `build_plan` (pure torch, vectorised, identical on CPU and GPU) and
 plan_device.build_plan_device (Triton, no host synchronisation) return the same CombinePlan.
-The host builder makes ONE host synchronisation: the `.tolist()` of the sizes, needed to size
-its outputs exactly; everything else passes `output_size` to repeat_interleave and uses
-scatter/index_add instead of bincount/nonzero/boolean masks.
+The host builder makes ONE host synchronisation, the `.tolist()` of the sizes that size its
+outputs exactly (repeat_interleave with output_size, scatter/index_add, no boolean masks).
 
 Terms (W ranks, E local experts, tile height tile_m, this rank = `rank`):
   row      one (token, slot) pair this rank's experts compute: x_recv[i], i in [0, R)
-  group    the rows of one (local expert e, owner rank s); rows of a group occupy CONSECUTIVE
-           positions of the owner's combine receive buffer (harness/layout.py), so a group is
-           laid out in the order of those positions (recv_dst_index ascending)
+  group    the rows of one (local expert e, owner rank s); they occupy CONSECUTIVE positions of
+           the owner's combine receive buffer (harness/layout.py) and are laid out in that order
   layout   per expert e, X_e = [remote groups, owners ascending, each padded with zero rows to a
-           multiple of tile_m][local group last, NOT padded]; experts concatenated (e ascending)
+           multiple of tile_m][local group last, NOT padded]; experts concatenated (ascending)
            into the padded GEMM input X [P, K]; expert e holds rows expert_row_start[e:e+2]
   band     tile_m consecutive rows of one group (all N output columns); a remote band is
-           owner-uniform and its valid rows are contiguous in both X and the owner's buffer;
-           only a group's last band has padding (remote) or fewer rows (local)
+           owner-uniform, its valid rows contiguous in X and in the owner's buffer; only a
+           group's last band has padding (remote) or fewer rows (local)
   schedule the producer's order: rule (i) every remote band before any local band; rule (ii)
            experts with more remote bands first (ties: lower expert index), within an expert in
-           layout order (owners ascending); then the local bands, experts ascending
+           layout order; then the local bands, experts ascending
   segment  the unit of one put: consecutive REMOTE schedule entries. The first and the last
-           segment hold one band each; the middle ones hold mgb bands, counted from the start
-           of each group.
-           CUT RULE: a segment never spans two groups. Where the group (expert, destination)
-           changes inside a would-be segment, the segment is cut there and the next one starts
-           at the new group. So a segment never spans two destinations, and, stricter, never
-           two experts: its valid rows are then ONE contiguous range of X's output Y and ONE
-           contiguous range of the destination's receive buffer, each from its first unit's
-           row on. A middle segment can hold fewer than mgb bands at a cut.
-
+           segment hold one band each, the middle ones mgb bands counted from each group's start.
+           CUT RULE: a segment never spans two groups (so never two destinations, nor two
+           experts): its valid rows are ONE contiguous range of Y and ONE of the destination's
+           buffer. A middle segment can hold fewer than mgb bands at a cut.
 Local rows are never sent: the producer's epilogue stores them straight into this rank's own
-receive buffer at row_dst. The scale step is harness.reference.scale over that full buffer.
+receive buffer at row_dst (the scale step, harness.reference.scale, reads that full buffer).
 
-layout="compact" (beyond the paper): per expert e, X_e = [ALL remote groups back to back, owners
-ascending][local group], with NO zero rows at all (P = R). The expert's bands are then exactly
-torch._grouped_mm's row tiles of that expert (ceil((remote + local) / tile_m) of them; only the
-expert's last band can be short). The band that holds an expert's last remote rows may hold its
-first local rows too: such a *mixed* band is a remote band (in the remote schedule, signalled).
-A remote band may hold rows of several owners; a *piece* is the rows of one owner in one band
-(contiguous in Y and at the destination). Pieces are ordered like the send: remote bands in
-schedule order, owners ascending inside a band. Segments are built over pieces exactly as over
-bands in the aligned layout (first / last single, middle mgb, cut where the group changes).
+layout="compact" (beyond the paper): per expert, X_e = [ALL remote groups back to back, owners
+ascending][local group], NO zero rows (P = R): the expert's bands are exactly torch._grouped_mm's
+row tiles. The band holding an expert's last remote rows may hold its first local rows too: such
+a *mixed* band is a remote band (scheduled, signalled). A *piece* is the rows of one owner in one
+remote band (contiguous in Y and at the destination), ordered like the send (remote bands in
+schedule order, owners ascending); segments are built over pieces exactly as over bands.
 """
 
 from __future__ import annotations
@@ -63,38 +53,29 @@ COUNT_NAMES += ("n_pieces",)
 class CombinePlan:
     """The combine plan of one rank: int64 tensors on the build device (groups: int32).
 
-    Host ints and strs: world_size W, rank, experts_per_rank E, tile_m, mgb, out_cols N,
-    elem_bytes, layout ("aligned" | "compact"), order ("remote_first" | "expert"), group_cap
-    (the producer's expert swizzle groups hold at most group_cap bands; 0: no such groups).
-    counts [7] int64 on the device: n_rows R, n_padded P, n_bands B, n_remote_bands,
-    n_segments S, n_local L, n_pieces Q (0 in an aligned plan); the properties of those names
-    are 0-dim views of it. The arrays are sized at least that long: exactly (build_plan) or at
-    their worst case (build_plan_device, entries past the counts -1); the max_* properties
-    are the sizes.
-
-    Rows and layout:
-      row_pos          [R]    padded GEMM row of each x_recv row
-      gather_index     [P]    x_recv row of each padded GEMM row, -1 for a zero padding row
-      row_dst          [P]    place in this rank's own receive buffer of each LOCAL row, -1 at
-                              every other row (remote rows, padding): the producer's epilogue
-      expert_row_start [E+1]  expert e occupies padded rows [start[e], start[e+1])
-    Bands (b in layout order, band_row ascending):
+    Host fields: world_size W, rank, experts_per_rank E, tile_m, mgb, out_cols N, elem_bytes,
+    layout ("aligned" | "compact"), order ("remote_first" | "expert"), group_cap (the producer's
+    expert swizzle groups hold at most group_cap bands; 0: none). counts [7] int64 on the
+    device: n_rows R, n_padded P, n_bands B, n_remote_bands, n_segments S, n_local L, n_pieces Q
+    (0 when aligned), also as 0-dim properties. The arrays are at least that long: exactly
+    (build_plan) or worst-case sized, -1 past the counts (build_plan_device; max_*: the sizes).
+      row_pos [R]: padded GEMM row of each x_recv row; gather_index [P]: x_recv row of each
+        padded row (-1: zero padding); row_dst [P]: place in this rank's own receive buffer of
+        each LOCAL row (-1 elsewhere; the producer's epilogue); expert_row_start [E+1]: expert e
+        occupies padded rows [start[e], start[e+1])
       band_expert, band_row (first padded row), band_rows (GEMM rows), band_dst (owner of its
-      first valid row), band_valid (valid rows, the first ones), band_offset (destination row
-      of its first valid row)   [B] each
-    Schedule and the producer's walk:
-      schedule [B]  band ids in producer order; schedule[:n_remote_bands] are the remote bands
-      visit    [B]  order="expert": the schedule positions in visiting order (each expert's
-                    remote bands then its local bands, experts by their first remote band);
-                    None: the schedule's own order
-      groups   [B]  int32, group_cap > 0: the swizzle group of each visiting position,
-                    first * GROUP_CODE + size (producer_groups); None: no expert groups
-    Segments (s in send order): seg_start (first unit: a schedule index, or a piece id in a
-      compact plan), seg_count (units), seg_dst [S] each. A unit's rows, first padded row and
-      destination row are its band's (band_valid, band_row, band_offset) or its piece's.
-    Receive side: recv_rows [W] (rows coming back from each rank), None without send_counts.
-    Pieces (compact; None in an aligned plan): piece_band, piece_row, piece_rows,
-      piece_offset [Q].
+        first valid row), band_valid (valid rows, the first ones), band_offset (destination row
+        of its first valid row) [B] each, b in layout order (band_row ascending)
+      schedule [B]: band ids in producer order, schedule[:n_remote_bands] the remote bands
+      visit [B]: order="expert": the schedule positions in visiting order (producer_order);
+        None: the schedule's own order
+      groups [B] int32: group_cap > 0: the swizzle group of each visiting position, first *
+        GROUP_CODE + size (producer_groups); else None
+      seg_start (first unit: a schedule index, or a piece id when compact), seg_count (units),
+        seg_dst [S] each, in send order; a unit's rows, first padded row and destination row are
+        its band's (band_valid, band_row, band_offset) or its piece's
+      recv_rows [W]: rows coming back from each rank (None without send_counts)
+      piece_band, piece_row, piece_rows, piece_offset [Q] (compact; else None)
     """
 
     world_size: int
@@ -457,13 +438,10 @@ def plan_from_rows(
     elem_bytes: int = 0,
     **knobs,
 ) -> CombinePlan:
-    """A plan of `rank` from group sizes alone: rows[e][s] = valid rows of local expert e
-    owned by rank s, through build_plan on `device` (knobs: its layout, order, group_cap).
-
-    x_recv row i is the i-th valid row in layout order (experts ascending, remote owners
-    ascending, then the local group). Destination d receives this rank's rows consecutively
-    from dst_base[d] on, in (expert, row) order.
-    """
+    """build_plan on `device` from group sizes alone: rows[e][s] = valid rows of local expert e
+    owned by rank s (knobs: layout, order, group_cap). x_recv row i is the i-th valid row in
+    layout order; destination d receives this rank's rows consecutively from dst_base[d] on, in
+    (expert, row) order."""
     E, W = len(rows), len(rows[0])
     src, expert, dst = rows_of_sizes(rows, rank=rank, dst_base=dst_base)
     shape = dict(world_size=W, rank=rank, experts_per_rank=E, tile_m=tile_m, mgb=mgb)
@@ -557,15 +535,12 @@ def row_tiles(
 
 
 def producer_order(plan: CombinePlan) -> torch.Tensor:
-    """visit [B] int64 on the plan's device: the schedule positions in the order the producer
-    visits them for order="expert".
+    """visit [B] int64: the schedule positions in the producer's order="expert" visiting order.
 
-    Each expert's remote bands (consecutive in the schedule) are directly followed by its local
-    bands, experts in the order of their first remote band, experts without remote bands last;
-    positions past n_bands (a worst-case-sized plan) stay at the end. So the bands that read
-    one expert's weights run together, while the remote bands keep their schedule order (the
-    consumer never waits on a later band first). A handful of device ops, no host sync.
-    """
+    Each expert's remote bands (consecutive in the schedule) directly followed by its local
+    bands, experts by their first remote band, those without remote bands last, positions past
+    n_bands at the end: one expert's weights are read together while the remote bands keep their
+    order (the consumer never waits on a later band first). No host sync."""
     sched = plan.schedule
     B, dev = sched.numel(), sched.device
     pos = torch.arange(B, dtype=torch.int64, device=dev)
@@ -577,16 +552,11 @@ def producer_order(plan: CombinePlan) -> torch.Tensor:
 
 
 def producer_groups(plan: CombinePlan, visit: torch.Tensor | None, cap: int) -> torch.Tensor:
-    """groups [B] int32 on the plan's device: the producer's swizzle group of each visiting
-    position v, encoded first * GROUP_CODE + size.
-
-    A group is a run of consecutive visiting positions [first, first + size) whose bands all
-    belong to one expert, at most `cap` long: each run of one expert is cut into
-    ceil(run / cap) groups of near-equal size. The producer walks a group column tile by
-    column tile, so each of that expert's weight strips is read from HBM once per group.
-    visit [B]: the visiting order (None: the schedule's own order). Positions past n_bands
-    are groups of one. A handful of device ops, no host synchronisation.
-    """
+    """groups [B] int32: the producer's swizzle group of each visiting position, encoded
+    first * GROUP_CODE + size: each run of one expert's bands in the visiting order (visit, None:
+    the schedule's) cut into ceil(run / cap) near-equal groups; positions past n_bands are
+    groups of one. The producer walks a group column tile by column tile, so each weight strip
+    is read from HBM once per group. No host sync."""
     if not 1 <= cap < GROUP_CODE:
         raise ValueError(f"producer_groups: cap must be in [1, {GROUP_CODE}), got {cap}")
     sched = plan.schedule

@@ -1,19 +1,15 @@
 """Stage A on the device with NO host synchronisation: build_plan's CombinePlan, worst-case sized.
 
-`build_plan_device` returns the plan systems.overlap.plan.build_plan returns (same inputs, same
-semantics) with every array sized at its WORST CASE from host ints alone; the counts are on the
-device (CombinePlan.counts) and entries past them hold the sentinel -1. Nothing waits for the
-device, so the plan can be rebuilt inside a timed step from this step's routing.
+`build_plan_device` returns the plan systems.overlap.plan.build_plan returns (same inputs and
+semantics) with every array sized at its WORST CASE from host ints alone; the counts stay on the
+device (CombinePlan.counts) and entries past them hold -1, so the plan can be rebuilt inside a
+timed step from this step's routing. Launches: one fill (-1) of the plan's buffer and the two
+kernels of kernels/plan.py (the row kernel, the fill kernel); the padded GEMM input is one more
+(`padded_input_device`). `DevicePlanBuilder` (a layer's stage A) makes the same launches into one
+plan rewritten in place every step, remembered (harness/kernels/relaunch.py).
 
-Launches: one fill (-1) of the plan's buffer and two Triton kernels (kernels/plan.py): the row
-kernel, whose last program computes the groups, and the fill kernel, whose last program computes
-the producer's swizzle groups (group_cap > 0); with no rows, the row kernel runs one program
-(all its rows masked) for the groups. The padded GEMM input is one more (`padded_input_device`).
-A layer's stage A runs `DevicePlanBuilder`: the same launches into one plan rewritten in place
-every step, remembered (harness/kernels/relaunch.py).
-
-Worst cases, from R = the inputs' length (a host int: the tensors' shape; with `n_rows` the
-inputs can be a worst-case-sized receive buffer whose first n_rows rows are real), E, W, tile_m:
+Worst cases, from R = the inputs' length (a host int; with `n_rows` only the first n_rows rows
+of a worst-case-sized receive buffer are real), E, W, tile_m:
   aligned  max_padded        R + min(E*(W-1), R) * (tile_m - 1)  (a remote group pads < tile_m)
            max_bands         (R + min(E*W, R) * (tile_m - 1)) // tile_m
            max_remote_bands  (R + min(E*(W-1), R) * (tile_m - 1)) // tile_m = max_segments
@@ -63,14 +59,11 @@ def build_plan_device(
     n_rows: torch.Tensor | None = None,
     **shape,
 ) -> CombinePlan:
-    """build_plan's plan on the inputs' device without a host synchronisation, in new buffers.
-
-    rows: recv_src, recv_expert, recv_dst_index [R] (any int dtype), build_plan's inputs;
-    n_rows (optional, a 1-element int device tensor): only rows [0, n_rows) are real;
-    send_counts [W] (optional): as in build_plan; shape: DevicePlanBuilder's arguments. The
-    valid prefixes equal build_plan's arrays. Triton kernels: on the GPU, or the CPU under
-    TRITON_INTERPRET=1.
-    """
+    """build_plan's plan on the inputs' device with no host sync, in new buffers (the valid
+    prefixes equal build_plan's arrays). rows: build_plan's recv_src, recv_expert,
+    recv_dst_index [R] (any int dtype); n_rows (a 1-element int device tensor): only rows
+    [0, n_rows) are real; shape: DevicePlanBuilder's arguments. On the GPU, or the CPU under
+    TRITON_INTERPRET=1."""
     build = DevicePlanBuilder(**shape, remember=False)
     return build(*rows, send_counts=send_counts, n_rows=n_rows)
 
@@ -79,14 +72,10 @@ class DevicePlanBuilder:
     """build_plan_device for one rank's fixed shape, rebuilt on every call INTO ONE PLAN.
 
     The buffers are allocated once per bound (the inputs' length R, whether send_counts /
-    n_rows are given) and every call with that bound returns the SAME CombinePlan object, its
-    contents rewritten on the current stream; the launches are remembered on a GPU
-    (harness/kernels/relaunch.py; the inputs, new tensors every call, are swapped in). A
-    runner given the same plan object keeps its own remembered launches (runner.use_plan). A
-    caller must be done with one call's plan (in stream order) before the next call.
-
-    padded_input(x_recv) is padded_input_device into one buffer [max_padded, K] kept the same
-    way. remember=False: no remembered launches (build_plan_device's one-off builds).
+    n_rows are given); every call with that bound rewrites the SAME CombinePlan object on the
+    current stream (a caller must be done with one call's plan, in stream order, before the
+    next), its launches remembered on a GPU with the inputs swapped in. padded_input(x_recv)
+    writes one buffer [max_padded, K] the same way. remember=False: no remembered launches.
     """
 
     def __init__(

@@ -1,51 +1,36 @@
 """The runner of stage B: one rank's producer + consumer pair and its host state.
 
-OverlapRunner owns the per-rank state of one plan: ready counters, error buffer, the two
-streams, the run counters (epochs), and launches
-  overlapped()    producer (priority 0 stream, grid SMs - cCTA) then consumer (priority -3
-                  stream, cCTA programs), joined back into the current stream; with
-                  consumer_sms="shared" the producer's grid is ALL SMs, its stream has the
-                  higher priority, and the cCTA small consumer CTAs sit next to its CTAs
-                  (checked from the compiled kernels on the first run, residency_report)
+OverlapRunner owns one plan's ready counters, error buffer, two streams and run counters, and
+launches
+  overlapped()    producer then consumer on two streams, joined into the current stream
   sequential()    the same two kernels one after the other on the current stream (reference)
   compute_only()  producer without flags (FLAG=0): the compute bound / flag-cost reference
   comm_only()     consumer without waiting (flags taken as set): the communication bound
   wait_received() receiver side: block the current stream until every source's rows arrived
   check()         raise OverlapTimeoutError if a wait timed out (synchronises)
   use_plan()      run another plan of the same rank (e.g. this step's device-built plan)
-The producer's epilogue stores the local rows straight into the transport's own receive buffer
-(plan.row_dst); the runner takes the plan's visiting order and swizzle groups as they are, and
-derives nothing from the plan. Its counts live on the device (plan.counts), so a worst-case-
-sized plan runs with no host synchronisation.
-On a GPU every launch is remembered (harness/kernels/relaunch.py LaunchMemo, keyed on what the
-launch passes and on plan_version, which every new plan object moves) and re-run from its
-compiled kernel while its key holds. The producer's input x is a volatile argument (a layer's
-fc1 output is a new tensor every step). use_plan() with the same plan object again (a
-plan_device.DevicePlanBuilder's, rewritten in place every step) keeps the remembered launches.
-run_consumer checks and resolves one consumer launch (tables, put mode, vector hints, the
-transport's NVSHMEM state) for the thin launcher of kernels/consumer.py.
+The producer's epilogue stores the local rows straight into the transport's receive buffer
+(plan.row_dst); the plan's counts stay on the device (plan.counts), so a worst-case-sized plan
+runs with no host synchronisation. On a GPU every launch is remembered (harness/kernels/
+relaunch.py LaunchMemo, keyed on its arguments and on plan_version, which every new plan object
+moves) and re-run from its compiled kernel; the producer's x is swapped in (a layer's fc1 output
+is a new tensor every step). The same plan object again (a DevicePlanBuilder's, rewritten in
+place) keeps the remembered launches.
 
-Placement. consumer_sms="own": one consumer CTA per SM, never sharing it with a producer CTA nor
-with another consumer CTA: the default consumer (tuning.ConsumerConfig: 1024 threads, a
-64K-element block) holds too many of the SM's registers to sit next to a producer CTA
-(registers and shared memory) or next to another consumer (registers); a pipelined config
-(stages > 1) is exclusive through shared memory instead: (stages - 1) * BLOCK * elem bytes + the
-producer's shared memory exceed the SM's. residency_report checks this from the compiled
-kernels (shared memory, registers, threads against the device limits); the GPU tests assert it
-on Hopper.
-consumer_sms="shared" (beyond the paper): cCTA SMALL consumer CTAs (shared_consumer_config: 4
-warps, an 8K-element block, no shared memory) that fit next to a producer CTA, so the producer
-keeps ALL SMs and the copies run in the gaps of its warps (checked from the compiled kernels on
-the first run). Two things keep a consumer CTA from taking a producer CTA's SM:
-  - the shared-memory carve-out: an SM runs with the L1 / shared-memory split of the kernels it
-    holds, and the driver gives a kernel that needs no shared memory a small one; an SM that
-    took a consumer CTA first could then not take a producer CTA (165 KiB) until it drained.
-    The runner asks for the largest split for the consumer (prefer_shared_carveout, through
-    run_consumer's `prepare` hook);
-  - the order: the producer is launched first on the higher-priority stream.
-The producer never waits for the consumer, so a consumer CTA that must queue behind producer CTAs
-only delays its copies; were a producer CTA ever kept off its SM by consumer CTAs spinning for
-its bands, the spins time out into an error record (errors.py): never a hang.
+Placement. consumer_sms="own" (the paper's): each of the cCTA consumer CTAs owns its SM, the
+producer gets SMs - cCTA. The default ConsumerConfig (1024 threads, a 64K-element block) holds
+too many registers to sit next to a producer CTA or another consumer; a pipelined one (stages >
+1) is exclusive through shared memory. consumer_sms="shared" (beyond the paper): cCTA small CTAs
+(shared_consumer_config: 4 warps, no shared memory) next to the producer's CTAs on ALL SMs,
+copying in the gaps of its warps. Two things keep a consumer CTA from taking a producer CTA's SM:
+  - the shared-memory carve-out: an SM runs with the L1 / shared split of the kernels it holds,
+    and the driver gives a kernel without shared memory a small one, so an SM that took a
+    consumer CTA first could not take a producer CTA (165 KiB) until it drained: the runner asks
+    for the largest split for the consumer (prefer_shared_carveout);
+  - the order: the producer is launched first, on the higher-priority stream.
+residency_report checks either placement from the compiled kernels (the GPU tests on Hopper; the
+shared runner on its first run). The producer never waits for the consumer; a consumer spinning
+too long times out into an error record (errors.py), never a hang.
 Importing this module imports triton (through kernels/), not the transports.
 """
 
@@ -59,11 +44,7 @@ import torch
 
 from harness.kernels.relaunch import LaunchMemo
 from systems.overlap.errors import ERR_SLOTS, new_clock, new_error_buffer, raise_if_error
-from systems.overlap.kernels.consumer import (
-    _consumer_kernel,
-    launch_consumer,
-    launch_wait_signals,
-)
+from systems.overlap.kernels.consumer import _consumer_kernel, launch_wait_signals
 from systems.overlap.kernels.producer import launch_producer, producer_grid, producer_input_args
 from systems.overlap.modes import PUT_STORE
 from systems.overlap.params import CONSUMER_SMS
@@ -120,23 +101,20 @@ def run_consumer(
     memo: LaunchMemo | None = None,
     memo_key: Any = None,
 ):
-    """Launch the consumer of `plan` through `transport` on the current stream; returns Triton's
-    compiled kernel (None for a plan without segments).
+    """Launch the consumer of `plan` through `transport` on ccta programs of the current stream;
+    returns Triton's compiled kernel (None for a plan without segments).
 
-    y [P, N] producer output; plan: a CombinePlan on the device (its segment count read from
-    plan.counts; segments past it are skipped; a compact plan's segments walk its pieces);
-    band_ready [B] int32 producer counters; transport: a transport.Transport (its tables() as
-    its put mode needs them, its scope, and the NVSHMEM state of its put mode, launchable);
-    err [ERR_SLOTS] int64; clock [>= ccta] int64 scratch; ready_target: counter value of a
-    complete band this run; rank: the source slot this rank signals in the receivers' counters
-    (None: plan.rank); wait=False skips the spins (flags taken as set: the comm-only bound);
-    vec: 16-byte vector hints (None: where legal, from the transport's known alignment); prepare
-    (PUT_STORE only): called with the compiled kernel before its launch (the runner's
-    shared-memory carve-out request); memo (GPU): the launch it remembers relaunched (with
-    this ready_target) where its key holds, else this one launched and remembered
-    (harness/kernels/relaunch.py); the key: memo_key (the caller's, e.g. its plan's version:
-    the plan's tensors are not in the key) and every other argument. An NVSHMEM launch is
-    torch's wrapper: it forgets the memo instead.
+    y [P, N] producer output; plan: a CombinePlan on the device (segments past plan.counts are
+    skipped; a compact plan's segments walk its pieces); band_ready [B] int32 producer counters;
+    transport: a transport.Transport (its tables, scope and put mode); err [ERR_SLOTS] int64;
+    clock [>= ccta] int64 scratch; ready_target: counter value of a complete band this run;
+    rank: the source slot this rank signals in the receivers' counters (None: plan.rank);
+    wait=False skips the spins (the comm-only bound); vec: 16-byte vector hints (None: where
+    legal, from the transport's known alignment); prepare (PUT_STORE only): called with the
+    compiled kernel before its launch (the shared-memory carve-out request); memo (GPU): the
+    launch it remembers relaunched with this ready_target where its key (memo_key, e.g. the
+    plan's version, and every other argument) holds, else this one launched and remembered.
+    An NVSHMEM launch is torch's wrapper: it forgets the memo instead.
     """
     recv_tab, sig_tab = transport.tables()
     if rank is None:
@@ -165,45 +143,42 @@ def run_consumer(
         if aligned is None:  # unknown: read the table back (a host sync: not in the timed path)
             aligned = bool((recv_tab % 16 == 0).all())
         vec = (y.shape[1] * y.element_size()) % 16 == 0 and y.data_ptr() % 16 == 0 and aligned
-    compiled = launch_consumer(
-        transport.launchable(_consumer_kernel),
-        y,
-        plan,
-        band_ready,
-        recv_tab,
-        sig_tab,
-        err,
-        clock,
-        ready_target=ready_target,
-        rank=rank,
-        ccta=ccta,
-        config=config,
-        wait=wait,
-        scope=transport.scope,
-        put_mode=put_mode,
-        vec=vec,
-        prepare=prepare,
-        memo=memo if store else None,
-        memo_key=key,
-    )
-    if memo is not None and not store:  # the NVSHMEM launch is torch's wrapper
+    kernel = transport.launchable(_consumer_kernel)
+    args = _consumer_args(y, plan, band_ready, recv_tab, sig_tab, err, clock, ready_target, rank)
+    args += (int(config.timeout_s * 1e9), ccta)
+    meta = dict(BLOCK=config.block, WAIT=wait, SCOPE=transport.scope, USE_TIMER=config.use_timer)
+    meta |= dict(VEC=vec, STAGES=config.stages, STREAM=config.streaming)
+    meta |= dict(PIECES=plan.layout == "compact", num_warps=config.num_warps)
+    if prepare is not None:  # compiled (or found) without a launch
+        prepare(kernel.warmup(*args, grid=(ccta,), PUT_MODE=put_mode, **meta))
+    meta["PUT_MODE"] = put_mode
+    compiled = kernel[(ccta,)](*args, **meta)
+    if memo is not None and store:
+        memo.remember(key, kernel, (ccta,), args, meta, compiled)
+    elif memo is not None:  # the NVSHMEM launch is torch's wrapper
         memo.forget()
     return compiled
+
+
+def _consumer_args(y, p: CombinePlan, band_ready, recv_tab, sig_tab, err, clock, target, rank):
+    """_consumer_kernel's arguments up to N (a compact plan's pieces in place of the bands)."""
+    if p.layout == "compact":  # the last is unused unless PIECES
+        tabs = (p.piece_row, p.piece_rows, p.piece_offset, p.piece_band)
+    else:
+        tabs = (p.band_row, p.band_valid, p.band_offset, p.schedule)
+    args = (y, p.schedule, *tabs, band_ready, p.seg_start, p.seg_count, p.seg_dst, p.counts)
+    return (*args, recv_tab, sig_tab, err, clock, target, rank, y.shape[1])
 
 
 class OverlapRunner:
     """Producer + consumer of ONE rank's plan on one device.
 
-    plan: a systems.overlap.plan.CombinePlan with tensors on the device (host- or
-      device-built), built for this runner's `order` and its tile's group_cap;
-    weights [E, K, N]; transport: systems.overlap.transport.Transport of this rank;
-    ccta: consumer programs; the producer gets SMs - ccta (num_programs overrides, e.g. for
-      the CPU interpreter where there are no SMs);
-    tile: the producer's TileConfig (None: the tile table's pick, tuning.pick_config);
-    order: the plan's order ("remote_first" | "expert"), checked against it;
-    consumer_sms: "own" (the paper's: the consumer's cCTA programs own their SMs, the producer
-      gets SMs - ccta) or "shared" (cCTA small consumer CTAs, `consumer` defaulting to
-      shared_consumer_config, next to the producer's CTAs on ALL SMs; ccta <= SMs).
+    plan: a CombinePlan on the device (host- or device-built) for this runner's `order` and its
+    tile's group_cap; weights [E, K, N]; transport: this rank's transport.Transport; ccta:
+    consumer programs; num_programs: the producer's grid (None: SMs - ccta, or all SMs with
+    consumer_sms="shared"; the CPU interpreter has no SMs); tile: the producer's TileConfig
+    (None: tuning.pick_config); consumer: its ConsumerConfig (None: the placement's default);
+    consumer_sms: "own" or "shared" (module doc; shared: ccta <= SMs).
     """
 
     def __init__(
@@ -223,11 +198,9 @@ class OverlapRunner:
         self.weights = weights
         self.transport = transport
         self.ccta = ccta
-        dev = weights.device
-        self.device = dev
-        E, K, N = weights.shape
-        self.n = N
-        self.tile = tile or pick_config(plan.tile_m, K, N, weights.dtype)
+        self.device = dev = weights.device
+        _, K, self.n = weights.shape
+        self.tile = tile or pick_config(plan.tile_m, K, self.n, weights.dtype)
         if self.tile.block_m != plan.tile_m:
             raise ValueError(f"tile block_m {self.tile.block_m} != plan tile_m {plan.tile_m}")
         if order != plan.order:
@@ -273,9 +246,7 @@ class OverlapRunner:
             #: overlapped()'s fork and joins (recorded again every run)
             self.events = tuple(torch.cuda.Event() for _ in range(3))
         self.last_kernels: dict[str, Any] = {}
-        #: GPU: each launch of a step remembered once and re-run without Triton's per-call host
-        #: work while its key holds (harness/kernels/relaunch.py); `plan_version` is in every key
-        #: and moves with every new plan object (use_plan; not the same plan again)
+        #: GPU: the remembered launches (module doc); plan_version moves with every new plan
         self.memos = {k: LaunchMemo() for k in ("produce", "bound", "consume", "comm", "wait")}
         self.use_memos = dev.type == "cuda"
         self.plan_version = 0
@@ -289,10 +260,9 @@ class OverlapRunner:
 
     def use_plan(self, plan: CombinePlan) -> None:
         """Run `plan` (same rank, tile_m, order and group_cap) from now on: the band counters
-        restart from zero at the next signalling run (_next_target; a band id names another
-        band in another plan), the receive counters keep their epochs. The same plan object
-        again (rewritten in place by a DevicePlanBuilder) keeps every remembered launch; a new
-        one expires them (and the counters grow where its schedule is longer)."""
+        restart from zero at the next signalling run, the receive counters keep their epochs.
+        The same plan object again (a DevicePlanBuilder's) keeps every remembered launch; a new
+        one expires them."""
         p = self.plan
         if (plan.rank, plan.tile_m, plan.order, plan.group_cap) != (
             p.rank, p.tile_m, p.order, p.group_cap
@@ -305,10 +275,9 @@ class OverlapRunner:
             self.plan = plan
             self.plan_version += 1
             self.recv_step = self._recv_step(plan)
-        if plan.schedule.numel() > self.band_ready.numel():  # zeroed by every signalling run
-            self.band_ready = torch.zeros(
-                plan.schedule.numel(), dtype=torch.int32, device=self.device
-            )
+        B = plan.schedule.numel()
+        if B > self.band_ready.numel():  # zeroed by every signalling run
+            self.band_ready = torch.zeros(B, dtype=torch.int32, device=self.device)
 
     # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:

@@ -54,7 +54,16 @@ def _fc1_blocker(x: torch.Tensor, w1: torch.Tensor) -> str | None:
     return None
 
 
-class LayerStep(Step):
+class _Checked(Step):
+    """outputs(): the timed region, then check() (the device-side waits)."""
+
+    def outputs(self) -> torch.Tensor:
+        out = self.timed()
+        self.check()
+        return out
+
+
+class LayerStep(_Checked):
     """The public layer on this rank's cell: timed() is moe(x, expert_ids, gate) -> [T, H]."""
 
     def __init__(self, inp: CellInputs, group, params: OverlapParams) -> None:
@@ -87,11 +96,6 @@ class LayerStep(Step):
     def timed(self) -> torch.Tensor:
         return self.moe(self.x, self.ids, self.gate)
 
-    def outputs(self) -> torch.Tensor:
-        out = self.timed()
-        self.moe.check()
-        return out
-
     def check(self) -> None:
         self.moe.check()
 
@@ -103,9 +107,6 @@ class LayerStep(Step):
             return "dispatch=nccl: the split sizes' host sync"
         return _fc1_blocker(self.x, self.moe.w1)
 
-    def has_bounds(self) -> bool:
-        return True
-
     def compute_only(self) -> torch.Tensor:
         return self.moe.compute_only(self.held, self.gate)
 
@@ -116,7 +117,7 @@ class LayerStep(Step):
         return _serialized(self, [self.moe.experts.runner])
 
 
-class PlayedLayerStep(Step):
+class PlayedLayerStep(_Checked):
     """Every rank of a loopback cell in one process: the host-free dispatch of every rank
     (harness/dispatch_device.py), each rank's experts with its combine puts into one
     LoopbackFabric, each rank's scale. timed() returns every rank's output, stacked [W*T, H]."""
@@ -151,11 +152,6 @@ class PlayedLayerStep(Step):
             rk.experts(d)
         return torch.cat([rk.scale(d, g) for rk, d, g in zip(self.ranks, ds, self.gates)])
 
-    def outputs(self) -> torch.Tensor:
-        out = self.timed()
-        self.check()
-        return out
-
     def check(self) -> None:
         for rk in self.ranks:
             rk.runner.check()
@@ -170,7 +166,7 @@ class PlayedLayerStep(Step):
         return _serialized(self, [rk.runner for rk in self.ranks])
 
 
-class _OperatorStep(Step):
+class _OperatorStep(_Checked):
     """What both operator steps share: the bounds of the timed rank `rk`; facts: its plan's."""
 
     rk: OperatorRank
@@ -284,11 +280,6 @@ class PerProcessOperatorStep(_OperatorStep):
         self.rk.step()
         self.rk.runner.wait_received()  # every peer's rows of every step so far
         return self.rk.scaled()
-
-    def outputs(self) -> torch.Tensor:
-        out = self.timed()
-        self.check()
-        return out
 
     def check(self) -> None:
         self.rk.runner.check()

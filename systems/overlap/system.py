@@ -1,20 +1,13 @@
 """The `overlap` system: the harness's client of the paper's method (systems/overlap/layer.py).
 
-setup resolves the knobs (systems/overlap/params.py OverlapParams: ccta, mgb and order also take
-"auto", picked on the host before any GPU work by systems/overlap/autotune.py; rows keep p_ccta /
-p_mgb / p_order as asked and carry what ran as p_*_used, the reasons in extra["auto"] /
-extra["auto_order"]) and builds one step (systems/overlap/steps.py):
-  layer cells (ffn > 0)  LayerStep: the public OverlapMoE at W=1 or one process per rank;
-                         PlayedLayerStep: one process plays every rank (loopback W > 1)
-  operator cells         PlayedOperatorStep (loopback) or PerProcessOperatorStep (p2p, nvshmem,
-                         shm)
-Transports (param `transport`; empty = `loopback` with one process, `p2p` with several):
-loopback plays every rank on one GPU (a development proxy, never an interconnect number); p2p
-and nvshmem are torch symmetric memory, one process per GPU; shm is one shared file between CPU
-processes (Triton's interpreter: functional rows, never a timing). compute_only(): everything
-but the communication (the producer alone on ALL SMs without flags); comm_only(): the consumer alone
-(flags taken as set); the harness derives the overlap ratio from these. Stage A's cost timed on
-its own lives in benchmarks/plan_time.py.
+setup resolves the knobs (params.py; "auto" ones picked on the host by autotune.py: rows keep
+p_ccta / p_mgb / p_order as asked and carry what ran as p_*_used, the reasons in extra["auto"] /
+extra["auto_order"]) and builds one step (steps.py): for layer cells (ffn > 0) LayerStep (the
+public OverlapMoE at W=1 or one process per rank) or PlayedLayerStep (one process plays every
+rank, loopback); for operator cells PlayedOperatorStep (loopback) or PerProcessOperatorStep
+(p2p, nvshmem, shm). compute_only() is everything but the communication (the producer alone on
+ALL SMs without flags), comm_only() the consumer alone (flags taken as set); the harness derives
+the overlap ratio from these. Stage A's cost alone: benchmarks/plan_time.py.
 """
 
 from __future__ import annotations

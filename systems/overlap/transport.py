@@ -1,66 +1,46 @@
 """Transports of the combine: where the consumer's bands land and how the receiver is told.
 
-One interface (Transport) for three ways of reaching a destination rank d, all driven by the
-SAME consumer kernel (kernels/consumer.py) through two [W] int64 address tables:
+One interface (Transport) for every way of reaching a destination rank d, all driven by the SAME
+consumer kernel (kernels/consumer.py) through two [W] int64 address tables:
   recv table    address of row 0 of d's combine receive buffer [rows, N]
   signal table  address of d's receive counters [W] int64 (one per source rank)
 The consumer writes a band's valid rows at recv[d] + band_offset * N and, once per segment, adds
 the segment's rows to signal[d][rank] (release). Receiver d has all of source s's rows of run r
 (1-based) when its counter s reaches r * rows_from_s (epoch values: never reset).
 
-  loopback  ONE GPU plays W ranks (a development and correctness mode: its numbers are local
-            copies, never interconnect results). Destinations are regions of one local buffer
-            (LoopbackFabric): per-destination base offsets; counters [W, W] local. Scope "gpu".
-  p2p       one process per GPU, W >= 2: torch symmetric memory on the CUDA backend
-            (symm_mem.empty + rendezvous); the tables hold the PEERS' pointers (get_buffer), so
-            the consumer stores straight into peer memory over NVLink with wide vector stores,
-            then a release atomic at system scope on the peer's counter.
-  nvshmem   one process per GPU: torch symmetric memory on the NVSHMEM backend. put_mode
-            (modes.py) picks the data path: PUT_STORE (default, the fast one: Triton wide
-            stores through the peer pointers NVSHMEM maps for load/store-reachable peers, like
-            p2p), PUT_NVSHMEM (nvshmemx_putmem_block + nvshmem_quiet + release atomic) or
-            PUT_NVSHMEM_SIGNAL (putmem_block, and putmem_signal_block with NVSHMEM_SIGNAL_ADD
-            for a segment's last band). The put modes pass SYMMETRIC addresses (this process's
-            own, the same for every destination) and PE = destination rank (requires group
-            ranks == global ranks).
-            nvshmem_self_transport builds a W = 1 transport without rendezvous (torch refuses a
-            rendezvous of one rank), for measuring the put paths on one GPU.
-p2p and nvshmem need W >= 2 processes for their real purpose and cannot be fully exercised on
-one GPU; they are written for W = number of GPUs, one process per GPU.
-
-Put modes (modes.py), all ONE consumer kernel: PUT_MODE is a constexpr, so a PUT_STORE compile
-holds no NVSHMEM call and needs no NVSHMEM device library; the NVSHMEM modes launch the same
-function wrapped (lazily, on their first launch) by torch's requires_nvshmem, which links
+  loopback  ONE GPU plays W ranks (a development mode: local copies, never interconnect
+            numbers): regions of one local buffer (LoopbackFabric), counters [W, W]; scope "gpu"
+  p2p       one process per GPU, W >= 2: torch symmetric memory (CUDA backend); the tables hold
+            the PEERS' pointers, so the consumer stores straight into peer memory over NVLink,
+            then a release atomic at system scope on the peer's counter
+  nvshmem   the same on torch's NVSHMEM backend; put_mode (modes.py) picks the data path:
+            PUT_STORE (default, the fast one: Triton stores through the peer pointers NVSHMEM
+            maps, like p2p), PUT_NVSHMEM (putmem_block, quiet, release atomic) or
+            PUT_NVSHMEM_SIGNAL (putmem_signal_block with NVSHMEM_SIGNAL_ADD for a segment's last
+            band). The put modes pass SYMMETRIC addresses (this process's own) and PE =
+            destination rank (requires group ranks == global ranks)
+  shm       CPU processes (systems/overlap/shm.py)
+A PUT_STORE compile holds no NVSHMEM call and needs no NVSHMEM device library; the NVSHMEM modes
+launch the same function wrapped (lazily) by torch's requires_nvshmem, which links
 libnvshmem_device. Transport.launchable gives the kernel a launch takes and sets torch's NVSHMEM
 registry for it (the only NVSHMEM state a launch toggles).
-  PUT_STORE          Triton vectorised loads/stores to the destination address (the table holds
-                     directly writable pointers: local regions in loopback, peer pointers of
-                     symmetric memory in p2p / nvshmem); BLOCK elements a step, stages > 1
-                     software-pipelines the loads (cp.async through shared memory).
-  PUT_NVSHMEM        nvshmemx_putmem_block per band to PE dst (symmetric address table), then
-                     nvshmem_quiet and the same release atomic on the mapped signal pointer.
-  PUT_NVSHMEM_SIGNAL nvshmemx_putmem_block per band, the segment's last band with
-                     nvshmemx_putmem_signal_block (NVSHMEM_SIGNAL_ADD, symmetric signal
-                     address): the paper's "one put + signal" path.
-Why PUT_STORE is the fast path: NVSHMEM's block put on a load/store-reachable peer is
-`for (i = tid; i < n16; i += nthreads) dst[i] = src[i]` in 16-byte words
-(nvshmemi_memcpy_threadgroup): ONE 16-byte load in flight per thread, so a CTA's bandwidth is
-bound by its threads x 16 bytes per memory latency and scales with the warps (the signal is not
-the problem: put_signal costs the same as put). The Triton copy keeps BLOCK * elem bytes in
-flight per step. So: PUT_STORE wherever the peer is load/store reachable (NVLink: p2p and
-nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where it is not.
+Why PUT_STORE is the fast path: NVSHMEM's block put on a load/store-reachable peer copies 16-byte
+words with ONE load in flight per thread (nvshmemi_memcpy_threadgroup), so a CTA's bandwidth is
+bound by its threads x 16 bytes per memory latency (put_signal costs the same as put); the
+Triton copy keeps BLOCK * elem bytes in flight per step. So: PUT_STORE wherever the peer is
+load/store reachable (NVLink: p2p and nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where
+it is not.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from systems.overlap.modes import PUT_MODE_NAMES, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
-
-TRANSPORTS = ("loopback", "p2p", "nvshmem", "shm")
 
 #: torch's NVSHMEM Triton support, imported on the first NVSHMEM launch (it needs a GPU machine
 #: with the NVSHMEM device library): kernel -> the kernel wrapped by requires_nvshmem, and
@@ -82,24 +62,6 @@ def _nvshmem_kernel(kernel: Any) -> Any:
         _nvshmem_launchers[kernel] = requires_nvshmem(kernel)
         _nvshmem_registry = NvshmemKernelRegistry
     return _nvshmem_launchers[kernel]
-
-
-def _nvshmem_module_init(name: str, on: bool) -> None:
-    """Whether kernels named `name` compiled by the next launch get torch's NVSHMEM module
-    initialisation.
-
-    torch's post-compile hook initialises NVSHMEM in every newly compiled module of a kernel NAME
-    that requires_nvshmem registered, and nvshmemx_cumodule_init fails on a module without the
-    NVSHMEM device state. The PUT_STORE and NVSHMEM launches compile the same function (same
-    name), so the name is registered for an NVSHMEM launch and deregistered for a PUT_STORE one
-    (no-op before the first NVSHMEM launch). The hook runs inside the launch that compiles.
-    """
-    if _nvshmem_registry is None:
-        return
-    if on:
-        _nvshmem_registry.register(name)
-    else:
-        _nvshmem_registry.deregister(name)
 
 
 @dataclass
@@ -145,14 +107,16 @@ class Transport:
     def launchable(self, kernel: Any) -> Any:
         """The consumer's @triton.jit `kernel` as this put mode launches it: PUT_STORE the kernel
         itself, the NVSHMEM modes torch's requires_nvshmem wrapper of it (made on first use).
-        Sets torch's NVSHMEM registry for the launch that follows (_nvshmem_module_init): call
-        it right before every launch of the kernel."""
-        name = kernel.fn.__name__
-        if self.put_mode == PUT_STORE:
-            _nvshmem_module_init(name, False)
-            return kernel
-        launcher = _nvshmem_kernel(kernel)
-        _nvshmem_module_init(name, True)
+        Call it right before every launch: torch's post-compile hook initialises NVSHMEM in every
+        newly compiled module of a kernel NAME its registry holds, and nvshmemx_cumodule_init
+        fails on a module without the NVSHMEM device state; both put paths compile the same
+        function (same name), so the name is registered for an NVSHMEM launch and deregistered
+        for a PUT_STORE one (nothing to do before the first NVSHMEM launch)."""
+        store = self.put_mode == PUT_STORE
+        launcher = kernel if store else _nvshmem_kernel(kernel)
+        if _nvshmem_registry is not None:
+            toggle = _nvshmem_registry.deregister if store else _nvshmem_registry.register
+            toggle(kernel.fn.__name__)
         return launcher
 
     @property
@@ -189,10 +153,7 @@ class LoopbackFabric:
         self.world = len(recv_rows)
         self.n = n
         self.rows = [int(r) for r in recv_rows]
-        starts = [0]
-        for r in self.rows:
-            starts.append(starts[-1] + r)
-        self.starts = starts
+        self.starts = starts = [0, *itertools.accumulate(self.rows)]
         self.buffer = torch.zeros(max(starts[-1], 1), n, dtype=dtype, device=device)
         self.counters = torch.zeros(self.world, self.world, dtype=torch.int64, device=device)
         esize = self.buffer.element_size()
@@ -230,7 +191,6 @@ class LoopbackFabric:
 def _symm_backend(name: str, device: torch.device) -> None:
     import torch.distributed._symmetric_memory as symm_mem
 
-    current = None
     try:
         current = symm_mem.get_backend(device)
     except Exception:  # noqa: BLE001 - older torch: no get_backend
@@ -312,44 +272,6 @@ def nvshmem_transport(
 ) -> Transport:
     """NVSHMEM-backed symmetric memory transport, W >= 2 processes (collective over `group`)."""
     return _symmetric_transport("nvshmem", "NVSHMEM", group, recv_rows, n, dtype, device, put_mode)
-
-
-def nvshmem_self_transport(
-    recv_rows: int,
-    n: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    put_mode: int = PUT_STORE,
-) -> Transport:
-    """W = 1 NVSHMEM transport without rendezvous: every put goes to PE 0 (this process).
-
-    Needs torch.distributed initialised with one rank (NVSHMEM bootstraps from it). Used to
-    measure the NVSHMEM put paths on one GPU; a real run uses nvshmem_transport.
-    """
-    import torch.distributed._symmetric_memory as symm_mem
-
-    _symm_backend("NVSHMEM", device)
-    buf = symm_mem.empty(max(recv_rows, 1) * n, dtype=dtype, device=device)
-    sig = symm_mem.empty(1, dtype=torch.int64, device=device)
-    buf.zero_()
-    sig.zero_()
-    t_buf = _ptr_table([buf.data_ptr()], device)
-    t_sig = _ptr_table([sig.data_ptr()], device)
-    return Transport(
-        name="nvshmem",
-        rank=0,
-        world=1,
-        recv=buf.view(-1, n)[:recv_rows],
-        signal=sig,
-        recv_ptrs=t_buf,
-        signal_ptrs=t_sig,
-        scope="sys",
-        put_mode=put_mode,
-        recv_symm=t_buf,
-        signal_symm=t_sig,
-        aligned=_aligned([buf.data_ptr()]),
-        keep=[buf, sig],
-    )
 
 
 def peer_transport(

@@ -1,13 +1,8 @@
-"""The kernels' configurations, importable without Triton: the producer's tile table and the
-consumer's copy configurations.
-
-TileConfig holds the knobs of the persistent producer (kernels/producer.py); `pick_config`
-chooses the table's entry for a problem. Entries are keyed by (tile_m, N class): N class 0 is
-narrow (N < 2048), 1 mid (2048 <= N < 4096), 2 wide (4096 <= N < 8192), 3 widest (N >= 8192).
-The measurements behind each choice are in docs/measurements.md.
-ConsumerConfig holds the knobs of the consumer (kernels/consumer.py): the default one owns its
-SM (consumer_sms="own"), shared_consumer_config sits next to a producer CTA (consumer_sms=
-"shared"), interpreter_consumer_config runs in the CPU interpreter (runner.py says more).
+"""The kernels' configurations, importable without Triton: the producer's TileConfig and its
+tile table (`pick_config`; keyed by (tile_m, n_class(N)); the measurements behind each choice
+are in docs/measurements.md) and the consumer's ConsumerConfig (the default owns its SM,
+shared_consumer_config sits next to a producer CTA, interpreter_consumer_config runs in the CPU
+interpreter).
 """
 
 from __future__ import annotations
@@ -101,13 +96,9 @@ def interpreter_config(tile_m: int) -> TileConfig:
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """Copy knobs of the consumer. block: elements per copy step; stages: copy pipeline depth.
-
-    The default (1024 threads, a 64K-element block: 128 KiB in flight per CTA in bf16) holds
-    too many of the SM's registers to sit next to a producer CTA or another consumer CTA, so
-    each consumer CTA owns its SM; a pipelined one (stages > 1: tl.range(num_stages) loads
-    through shared memory) is exclusive through its shared memory instead (shared_bytes).
-    """
+    """Copy knobs of the consumer. block: elements per copy step; stages: copy pipeline depth
+    (stages > 1: loads through shared memory). The default (1024 threads, 128 KiB in flight per
+    CTA in bf16) owns its SM (runner.py's placement)."""
 
     block: int = 65536
     num_warps: int = 32
@@ -115,10 +106,6 @@ class ConsumerConfig:
     timeout_s: float = 5.0  # the time bound of every spin
     use_timer: bool = True  # False in the CPU interpreter (the host clock bounds the spins)
     streaming: bool = False  # evict-first loads, .cs stores
-
-    def shared_bytes(self, elem_bytes: int) -> int:
-        """Shared memory the copy pipeline asks for (what keeps other CTAs off the SM)."""
-        return self.block * elem_bytes * (self.stages - 1) if self.stages > 1 else 0
 
 
 def shared_consumer_config() -> ConsumerConfig:

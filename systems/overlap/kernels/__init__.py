@@ -1,14 +1,8 @@
-"""Stage B of the method, device side: the Triton kernels and their thin launchers.
-
-producer.py    ONE persistent Triton GEMM per rank over all local experts, per-band ready counters
-consumer.py    ONE persistent Triton kernel of cCTA programs: wait for bands, copy valid rows,
-               signal
-plan.py        stage A's kernels (systems/overlap/plan_device.py launches them)
-primitives.py  the device primitives both share (bounded spins, error record, timers, copies,
-               flag publishing, NVSHMEM externs)
-The host state that pairs them (counters, streams, epochs) is systems/overlap/runner.py; the
-tile table is systems/overlap/tuning.py; the named modes are systems/overlap/modes.py.
-Importing this package imports triton.
+"""Stage B of the method, device side: the Triton kernels and their thin launchers: producer.py
+(the persistent grouped GEMM with per-band ready counters), consumer.py (the kernel that waits
+for bands, copies valid rows and signals), plan.py (stage A's kernels, launched by
+systems/overlap/plan_device.py) and primitives.py (their shared device functions). The host
+state that pairs them is systems/overlap/runner.py. Importing this package imports triton.
 """
 
 from __future__ import annotations

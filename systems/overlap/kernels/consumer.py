@@ -8,14 +8,12 @@ columns, contiguous) to the destination's receive buffer at its offset. An align
 entries are bands (schedule), a compact plan's (PIECES) pieces (piece_*, waiting for
 piece_band). Once the segment is copied, the receiver's counter signal[dst][rank] grows by the
 segment's rows (release, once per segment; never reset: epoch values).
-PUT_MODE (modes.py) picks the data path at compile time: a PUT_STORE compile holds no NVSHMEM
-call. The host side: runner.py (checks, placement), transport.py (put modes, NVSHMEM state),
-tuning.py (ConsumerConfig).
+The host side: runner.run_consumer (checks, arguments, launch), transport.py (put modes, NVSHMEM
+state), tuning.py (ConsumerConfig).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import triton
@@ -178,54 +176,6 @@ def _wait_signals_kernel(
             status = st
             if st == 1:
                 record_error(err, _SIGNAL_TIMEOUT, -1, -1, rank, 0, seen, want, s)
-
-
-def launch_consumer(
-    kernel: Any,
-    y: torch.Tensor,
-    plan: Any,
-    band_ready: torch.Tensor,
-    recv_ptrs: torch.Tensor,
-    signal_ptrs: torch.Tensor,
-    err: torch.Tensor,
-    clock: torch.Tensor,
-    *,
-    ready_target: int,
-    rank: int,
-    ccta: int,
-    config: ConsumerConfig,
-    wait: bool,
-    scope: str,
-    put_mode: int,
-    vec: bool,
-    prepare: Callable[[Any], None] | None = None,
-    memo: LaunchMemo | None = None,
-    memo_key: Any = None,
-):
-    """Launch `kernel` (_consumer_kernel, or the NVSHMEM wrapper Transport.launchable gives) on
-    ccta programs of the current stream, its arguments resolved and checked by the host
-    (runner.run_consumer documents them); returns Triton's compiled kernel. prepare: called
-    with the compiled kernel before its launch; memo: remember the launch under memo_key."""
-    p = plan
-    pieces = p.layout == "compact"
-    tabs = (
-        (p.piece_row, p.piece_rows, p.piece_offset, p.piece_band)
-        if pieces  # the last is unused unless PIECES
-        else (p.band_row, p.band_valid, p.band_offset, p.schedule)
-    )
-    args = (y, p.schedule, *tabs, band_ready, p.seg_start, p.seg_count, p.seg_dst, p.counts)
-    args += (recv_ptrs, signal_ptrs, err, clock, ready_target, rank, y.shape[1])
-    args += (int(config.timeout_s * 1e9), ccta)
-    meta = dict(BLOCK=config.block, WAIT=wait, SCOPE=scope, USE_TIMER=config.use_timer, VEC=vec)
-    meta.update(STAGES=config.stages, STREAM=config.streaming, PIECES=pieces)
-    meta.update(num_warps=config.num_warps)
-    if prepare is not None:  # compiled (or found) without a launch
-        prepare(kernel.warmup(*args, grid=(ccta,), PUT_MODE=put_mode, **meta))
-    meta["PUT_MODE"] = put_mode
-    compiled = kernel[(ccta,)](*args, **meta)
-    if memo is not None:
-        memo.remember(memo_key, kernel, (ccta,), args, meta, compiled)
-    return compiled
 
 
 def launch_wait_signals(

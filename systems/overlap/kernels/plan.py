@@ -4,36 +4,28 @@ Two kernels build a combine plan with no host synchronisation (plan.py's terms; 
 groups g = e * W + slot, slot = the owner's position: remote owners ascending, this rank last):
   _rows_kernel    one program per BLOCK rows: per run of one group in input order, the run
                   length onto the group's row count and the run's dst onto the group's minimum
-                  dst (a few atomics per group and block on grouped input, not one per row).
-                  The LAST program to finish then runs the groups body (below)
-  _groups_body    every group-level quantity as [EP, WP] tiles (prefix sums over groups, the
-                  remote-first expert order by pairwise comparison of the experts' remote band
-                  counts, segments per group with the cut rule) and the counts. The pairwise
-                  sums (_sums_before) read the other experts' values back from the work rows
-                  in chunks of JB, so the code is [EP, JB] wide at any E (built as [EP, EP]
-                  tiles it compiled for a minute). Where there are no rows, the row kernel
-                  runs one program (all rows masked)
-  _fill_kernel    aligned: programs [0, G) one group each (its bands, schedule entries, their
-                  places in the order="expert" visiting order `visit`, segments); compact
-                  (COMPACT): [0, E) one expert's bands, [E, E + G) one remote group's pieces
-                  and segments; then one row block each: row_pos, gather_index, row_dst. With
-                  GROUPS, the LAST program to finish then runs the producer's swizzle groups
-                  (_producer_groups_body, plan.producer_groups)
-Both take the constexpr COMPACT (layout="compact": sections per expert, pieces per remote group,
-segments over pieces); `_segment_of` is the segment rule both layouts share. One more kernel:
-`_gather_rows_kernel` (the padded GEMM input X, counts on the device).
+                  dst (a few atomics per group and block on grouped input, not one per row);
+                  the LAST program to finish then runs _groups_body: every group-level quantity
+                  as [EP, WP] tiles (prefix sums, the rule (ii) expert order, segments per group
+                  with the cut rule) and the counts. _sums_before reads the other experts'
+                  values back in chunks of JB, so the code is [EP, JB] wide at any E ([EP, EP]
+                  tiles compiled for a minute). With no rows the grid is one masked program
+  _fill_kernel    aligned: programs [0, G) one group each (bands, schedule entries, places in
+                  the order="expert" `visit`, segments); COMPACT: [0, E) one expert's bands,
+                  [E, E + G) one remote group's pieces and segments; then one row block each
+                  (row_pos, gather_index, row_dst). With GROUPS the last program then runs
+                  _producer_groups_body (plan.producer_groups)
+`_segment_of` is the segment rule both layouts share; `_gather_rows_kernel` builds the padded
+GEMM input X (counts on the device).
 
-The last program (_last_program, the "last block done" pattern of CUB and the CUDA
-threadFenceReduction sample): every program ends with a CTA barrier (all its threads' stores and
-atomics issued) and ONE scalar acq_rel ticket at GPU scope on a word the plan's fill set to -1;
-the program that draws ticket num_programs - 2 is the last, whatever its id, and its acquire
-(then a CTA barrier, so every thread's loads follow it) makes every other program's released
-writes visible. What a body reads from the other programs (cnt_enc, dmin_enc; visit,
-schedule, band_expert) is only stored or atomically updated before the tickets, never loaded, so
-no SM holds a stale line of it. The fill of the plan's buffer resets the tickets every call.
-
-The encodings of the -1-filled work words: cnt_enc[g] = rows - 1 (atomic adds onto -1) and
-dmin_enc[g] = BIG - min dst (atomic max onto -1).
+The last program (the "last block done" pattern of CUB and the CUDA threadFenceReduction
+sample): every program ends with a CTA barrier and ONE scalar acq_rel ticket at GPU scope on a
+word the plan's fill set to -1; the program drawing ticket num_programs - 2 is the last, and its
+acquire (then a CTA barrier, so every thread's loads follow it) makes every other program's
+released writes visible. What a body reads from the other programs is only stored or atomically
+updated before the tickets, never loaded, so no SM holds a stale line of it.
+Work words (-1-filled): cnt_enc[g] = rows - 1 (atomic adds), dmin_enc[g] = BIG - min dst
+(atomic max).
 """
 
 from __future__ import annotations

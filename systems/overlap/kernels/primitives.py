@@ -1,27 +1,11 @@
-"""Shared Triton device primitives of the overlap kernels (producer.py, consumer.py).
-
-Bounded waits
-  spin_until      poll a counter with acquire atomics until it reaches a target; every spin is
-                  bounded by time: on the GPU (USE_TIMER) by %globaltimer nanoseconds, in the
-                  CPU interpreter (no inline asm) by the host clock the runner passes as `clock`
-                  (errors.new_clock); gives up early when another program recorded an error
-  record_error    the error record of errors.py, first writer wins (compare-and-swap on err[0])
-  globaltimer     %globaltimer (inline PTX, GPU only)
-  poll_bound      the time-out / peer-error status of a polling loop (spin_until's)
-  uniform_now     %globaltimer read through a scalar atomic exchange on a per-program scratch
-                  word: Triton runs a scalar atomic once per CTA and broadcasts its result, so
-                  the loop condition stays uniform across the CTA's threads (a raw per-thread
-                  timer read could diverge)
-Copies
-  copy_rows       contiguous dst[0:n] = src[0:n], BLOCK elements a step, loads pipelined
-Producer readiness flags (the FLAG modes of producer.py, modes.py)
-  publish_threads every thread adds 1 to a band's counter with release
-NVSHMEM device functions (externs, resolved from libnvshmem_device.bc only when a kernel that
-calls them is launched through torch's `requires_nvshmem`; a kernel that never reaches a call,
-e.g. the consumer with PUT_MODE == PUT_STORE, never needs the library)
-  nvshmem_putmem_block, nvshmem_putmem_signal_block, nvshmem_quiet
-They are defined here rather than imported from torch's _nvshmem_triton, which only defines them
-on a machine with a GPU.
+"""Shared Triton device primitives of the overlap kernels (producer.py, consumer.py): bounded
+waits (spin_until, poll_bound, record_error; every spin is bounded by time: %globaltimer on the
+GPU, the host clock errors.new_clock refreshes in the CPU interpreter, which has no inline asm),
+copies (copy_rows), flag publishing (publish_threads) and the NVSHMEM device functions.
+The NVSHMEM externs resolve from libnvshmem_device.bc only when a kernel that calls them is
+launched through torch's `requires_nvshmem` (the PUT_STORE consumer never reaches a call, so
+never needs the library); they are defined here because torch's _nvshmem_triton only defines
+them on a machine with a GPU.
 """
 
 from __future__ import annotations
@@ -147,47 +131,26 @@ def publish_threads(band_ready, band, lane):
     )
 
 
+def _nvshmem(name: str, args: list, types: tuple[str, ...], _semantic):
+    """A call of the NVSHMEM device function `name` (int32 result) on args of `types`."""
+    sig = tuple(core.dtype(t) for t in types)
+    ret = (name, core.dtype("int32"))
+    return core.extern_elementwise("", "", args, {sig: ret}, is_pure=False, _semantic=_semantic)
+
+
 @core.extern
 def nvshmem_putmem_block(dest, source, nbytes, pe, _semantic=None):
-    return core.extern_elementwise(
-        "",
-        "",
-        [dest, source, nbytes, pe],
-        {
-            (core.dtype("int64"), core.dtype("int64"), core.dtype("int64"), core.dtype("int32")): (
-                "nvshmemx_putmem_block",
-                core.dtype("int32"),
-            )
-        },
-        is_pure=False,
-        _semantic=_semantic,
-    )
+    args, types = [dest, source, nbytes, pe], ("int64", "int64", "int64", "int32")
+    return _nvshmem("nvshmemx_putmem_block", args, types, _semantic)
 
 
 @core.extern
 def nvshmem_putmem_signal_block(dest, source, nbytes, sig, value, op, pe, _semantic=None):
-    return core.extern_elementwise(
-        "",
-        "",
-        [dest, source, nbytes, sig, value, op, pe],
-        {
-            (
-                core.dtype("int64"),
-                core.dtype("int64"),
-                core.dtype("int64"),
-                core.dtype("int64"),
-                core.dtype("uint64"),
-                core.dtype("int32"),
-                core.dtype("int32"),
-            ): ("nvshmemx_putmem_signal_block", core.dtype("int32"))
-        },
-        is_pure=False,
-        _semantic=_semantic,
-    )
+    args = [dest, source, nbytes, sig, value, op, pe]
+    types = ("int64", "int64", "int64", "int64", "uint64", "int32", "int32")
+    return _nvshmem("nvshmemx_putmem_signal_block", args, types, _semantic)
 
 
 @core.extern
 def nvshmem_quiet(_semantic=None):
-    return core.extern_elementwise(
-        "", "", [], {(): ("nvshmem_quiet", core.dtype("int32"))}, is_pure=False, _semantic=_semantic
-    )
+    return _nvshmem("nvshmem_quiet", [], (), _semantic)

@@ -1,58 +1,42 @@
 """The producer: ONE persistent Triton GEMM per rank over all local experts, with readiness flags.
 
-Operands (the remote-aligned layout of systems/overlap/plan.py):
-  x       [P, K]     padded GEMM input X (zero rows where plan.gather_index == -1)
-  weights [E, K, N]  this rank's expert weights, contiguous
-  y       [P, N]     padded GEMM output Y
-Work: the schedule lists bands (tile_m rows of one expert, all N columns). A TILE is a pair
-(schedule position s, column tile n); tiles are numbered t = s * tiles_n + n (band-major, so the
-tiles of the first band in the schedule finish first), optionally swizzled in groups of
-`group_m` consecutive schedule positions (column-major inside a group, for L2 reuse of B strips)
-or (TileConfig.expert_groups, EXPERT_GROUPS) in the plan's `groups` (plan.producer_groups): each
-run of one expert's bands in the visiting order, cut into groups of at most group_m; group
-[first, first + size) owns tiles first * tiles_n .. (first + size) * tiles_n - 1, so the tile's
-group is read from groups[t // tiles_n]. A fixed group that straddles two experts reads both
-experts' weight strips; with the expert groups each strip is read from HBM once per group.
-Program i of the persistent grid takes tiles i, i + G, i + 2G, ... (G = grid size = SMs - cCTA).
-With the plan's `visit` array (order="expert", plan.producer_order) the tile numbering runs over the
-visiting order order[0], order[1], ... of the schedule positions instead of 0, 1, ...: one
-expert's remote and local bands then sit side by side, so a swizzle group's concurrent tiles
-share that expert's weight strips in L2 (at W=2 the default order puts an expert's one remote
-band and its local band half a schedule apart, and every weight strip is read from HBM twice).
-Switching expert is pointer arithmetic: the band's expert e selects rows e*K .. e*K+K-1 of the
-weights viewed as [E*K, N]; the band's rows are masked at the store (a band never writes past
-band_rows, so a partial local band cannot touch the next expert's rows). Nothing is relaunched.
+Operands (the layout of systems/overlap/plan.py): x [P, K] the padded GEMM input X (zero rows
+where plan.gather_index == -1), weights [E, K, N] this rank's experts (contiguous), y [P, N].
+A TILE is (schedule position s, column tile n), numbered t = s * tiles_n + n (band-major: the
+first scheduled band finishes first); program i of the persistent grid takes tiles i, i + G, ...
+(G = SMs - cCTA). Swizzles for L2 reuse of the weight strips: fixed groups of `group_m`
+consecutive positions (column-major inside a group), or (TileConfig.expert_groups) the plan's
+`groups` (plan.producer_groups: each run of one expert's bands cut into groups of <= group_m,
+group [first, first + size) owning tiles first * tiles_n .. (first + size) * tiles_n - 1), so
+each expert's weight strip is read from HBM once per group (a fixed group straddling two
+experts reads both). With the plan's `visit` (order="expert") positions are taken in visiting
+order: one expert's remote and local bands side by side (at W=2 the default order puts them half
+a schedule apart, and every weight strip is read from HBM twice). The band's expert selects rows
+e*K .. e*K+K-1 of the weights viewed as [E*K, N]; rows past band_rows are masked at the store,
+so a partial local band never touches the next expert's rows.
 
-Readiness signal, per band: a counter band_ready[band] (int32) that grows by `tile_increment`
-per finished tile, so a band is complete when its counter reaches tiles_n * tile_increment
-(the runner zeroes the counters before every run: a CUDA graph replays one fixed target). Only
-remote bands (schedule positions < n_signal) are signalled; local bands need no flag. The ways
-to publish (TileConfig.flag):
-  "thread" (FLAG=2): after its part of the tile's tl.store, EVERY thread does one
-           tl.atomic_add(counter, 1, sem="release", scope="gpu"): each release orders that
-           thread's own stores, so tile_increment = 32 * num_warps. No CTA barrier, which keeps
-           the flattened (tl.range(flatten=True)) tile loop software-pipelined across tiles:
-           a tl.debug_barrier in the loop makes Triton 3.6 drop that pipelining (checked on the
-           sm_90 compile).
-  "deferred" (FLAG=3): like "thread", but tile t is published right after the main loop of the
-           program's NEXT tile (and the last one after the loop). The release waits for the
-           thread's own earlier stores; a whole main loop later they are long complete, so the
-           flag costs nothing on the critical path, for one tile of extra latency per band.
-  "cta"    (FLAG=1): tl.debug_barrier() (all the CTA's stores issued, CTA-scope ordering), then
-           ONE scalar release atomic (Triton runs a scalar atomic once per CTA; release is
-           cumulative, so the whole tile is visible to whoever acquires); tile_increment = 1.
-FLAG=0 (signal=False) is the same kernel without any flag: the compute-only bound and the
-reference for the flag cost. The main loop (loads + tl.dot) is identical in all of them.
-Epilogue: TileConfig.epi_split (EPI_SPLIT) stores the tile in 1, 2 or 4 column slices; each row's
-destination (Y, or for a local row its place row_dst in this rank's own receive buffer) is
-chosen once per row. 4 slices convert the accumulator's layout through 16 KB of shared memory
-instead of 64 KB. ACT (the layer's fc1): GELU of the rounded tile before its store.
-
-Loads: USE_TMA=True takes host-side TMA descriptors (triton.tools.tensor_descriptor) for X and
-the [E*K, N] weight view (needs K % block_k == 0 so a K tile never crosses into the next
-expert); USE_TMA=False uses masked pointer loads (any K; also the CPU-interpreter path). The
-output is written with a plain masked tl.store, never a TMA store, so the flag cannot overtake
-the data.
+Readiness, per band: band_ready[band] (int32) grows by `tile_increment` per finished tile, so a
+band is complete at tiles_n * tile_increment (the runner zeroes the counters every run: a CUDA
+graph replays one fixed target). Only remote bands (positions < n_signal) are signalled.
+TileConfig.flag:
+  "thread" (FLAG=2): after its part of the tile's tl.store EVERY thread does one release
+           atomic_add of 1 (each orders its own stores): tile_increment = 32 * num_warps. No CTA
+           barrier, which keeps the flattened tile loop software-pipelined (a tl.debug_barrier
+           in the loop makes Triton 3.6 drop that pipelining, checked on the sm_90 compile).
+  "deferred" (FLAG=3): like "thread", but tile t is published after the main loop of the
+           program's NEXT tile (the last one after the loop): its stores are long complete, so
+           the release costs nothing on the critical path, for one tile of extra latency.
+  "cta"    (FLAG=1): tl.debug_barrier() then ONE scalar release atomic (once per CTA; release
+           is cumulative): tile_increment = 1.
+FLAG=0 (signal=False): no flag at all, the compute-only bound and the flag-cost reference.
+Epilogue: EPI_SPLIT stores the tile in 1, 2 or 4 column slices (4 convert the accumulator's
+layout through 16 KB of shared memory instead of 64 KB); each row's destination (Y, or a local
+row's place row_dst in this rank's own receive buffer) is chosen once per row. ACT (the layer's
+fc1): GELU of the rounded tile before its store.
+Loads: USE_TMA takes host-side TMA descriptors for X and the [E*K, N] weight view (K % block_k
+== 0, so a K tile never crosses into the next expert); else masked pointer loads (any K; the
+CPU interpreter's path). The output is a plain masked tl.store, never a TMA store, so the flag
+cannot overtake the data.
 """
 
 from __future__ import annotations
@@ -69,7 +53,6 @@ from harness.kernels.relaunch import LaunchMemo
 from systems.overlap import modes
 from systems.overlap.kernels.primitives import publish_threads
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE, GROUP_CODE
-from systems.overlap.operands import check_producer_operands
 from systems.overlap.tuning import TileConfig
 
 # constexpr globals for the kernel (the FLAG modes, modes.py)
@@ -268,6 +251,23 @@ def producer_input_args(x: torch.Tensor, config: TileConfig) -> dict:
     return {"x_ptr": x, "x_desc": desc}
 
 
+def _check_operands(x, weights, y, band_ready) -> tuple[int, int, int, int]:
+    """(P, K, E, N) of x [P, K], weights [E, K, N], y [P, N]: one dtype, contiguous, int32
+    band_ready; else a one-line ValueError."""
+    P, K = x.shape
+    E, K2, N = weights.shape
+    if K2 != K or y.shape != (P, N) or x.dtype != weights.dtype or y.dtype != x.dtype:
+        raise ValueError(
+            f"producer shapes: x {tuple(x.shape)} {x.dtype}, weights {tuple(weights.shape)} "
+            f"{weights.dtype}, y {tuple(y.shape)} {y.dtype}"
+        )
+    if not (x.is_contiguous() and weights.is_contiguous() and y.is_contiguous()):
+        raise ValueError("producer operands must be contiguous")
+    if band_ready.dtype != torch.int32:
+        raise ValueError("band_ready must be int32")
+    return P, K, E, N
+
+
 def launch_producer(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -285,21 +285,18 @@ def launch_producer(
 ):
     """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
 
-    x [P, K], weights [E, K, N], y [P, N] (same dtype; fp16/bf16 on GPU, fp16/fp32 in the
-    interpreter); plan: a systems.overlap.plan.CombinePlan on the device (its arrays may be
-    worst-case sized [B']: the kernel reads n_bands / n_remote_bands from plan.counts and
-    skips the tiles past them); it visits the schedule in plan.visit's order (None: the
-    schedule's) and, with config.expert_groups, swizzles in plan.groups (built for
-    group_cap == config.group_m); band_ready [B'] int32 counters (grown by
-    config.band_increment(N) per signalled band per run); num_programs: persistent grid
-    (producer_grid: SMs - cCTA); signal=False: no flags (FLAG=0); recv [S, N] (this rank's
-    own receive buffer): every local row p (plan.row_dst[p] >= 0, also the local rows of a
+    x [P, K], weights [E, K, N], y [P, N] (one dtype; fp16/bf16 on GPU, fp16/fp32 in the
+    interpreter); plan: a CombinePlan on the device (arrays may be worst-case sized [B']: the
+    kernel reads n_bands / n_remote_bands from plan.counts), visited in plan.visit's order and,
+    with config.expert_groups, swizzled in plan.groups (group_cap == config.group_m);
+    band_ready [B'] int32 counters (+ config.band_increment(N) per signalled band per run);
+    num_programs: persistent grid (producer_grid); signal=False: no flags (FLAG=0); recv [S, N]
+    (this rank's own receive buffer): every local row p (plan.row_dst[p] >= 0, also those of a
     compact plan's mixed band) is stored at recv[row_dst[p]] instead of y[p], a local band's
-    other rows are not stored; None: every row goes to y; memo (GPU): remember this launch
-    under memo_key (harness/kernels/relaunch.py) for memo.launch() while its key holds;
-    act: y = gelu(x @ w_e) (the layer's fc1), GELU in the epilogue.
+    other rows not at all (None: every row to y); memo (GPU): remember this launch under
+    memo_key (harness/kernels/relaunch.py); act: y = gelu(x @ w_e) (the layer's fc1).
     """
-    P, K, E, N = check_producer_operands("producer", x, weights, y, band_ready)
+    P, K, E, N = _check_operands(x, weights, y, band_ready)
     cfg = config
     if cfg.epi_split not in (1, 2, 4) or cfg.block_n % (2 * cfg.epi_split):
         raise ValueError(
@@ -332,25 +329,12 @@ def launch_producer(
     args += (plan.schedule, unused if plan.visit is None else plan.visit)
     args += (plan.groups if cfg.expert_groups else unused, plan.band_expert, plan.band_row)
     args += (plan.band_rows, band_ready, plan.counts, N, K, grid[0])
-    meta = dict(
-        BM=cfg.block_m,
-        BN=cfg.block_n,
-        BK=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        FLAG=FLAG_CODES[cfg.flag] if signal else FLAG_NONE,
-        NT=32 * cfg.num_warps,
-        USE_TMA=use_tma,
-        FLATTEN=cfg.flatten,
-        LOCAL_DIRECT=recv is not None,
-        MIXED=plan.layout == "compact",
-        ORDERED=plan.visit is not None,
-        EPI_SPLIT=cfg.epi_split,
-        EXPERT_GROUPS=cfg.expert_groups,
-        GROUP_CODE=GROUP_CODE,
-        ACT=act,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+    meta = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m)
+    meta |= dict(FLAG=FLAG_CODES[cfg.flag] if signal else FLAG_NONE, NT=32 * cfg.num_warps)
+    meta |= dict(USE_TMA=use_tma, FLATTEN=cfg.flatten, LOCAL_DIRECT=recv is not None)
+    meta |= dict(MIXED=plan.layout == "compact", ORDERED=plan.visit is not None)
+    meta |= dict(EPI_SPLIT=cfg.epi_split, EXPERT_GROUPS=cfg.expert_groups, GROUP_CODE=GROUP_CODE)
+    meta |= dict(ACT=act, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     compiled = _producer_kernel[grid](*args, **meta)
     if memo is not None:
         memo.remember(memo_key, _producer_kernel, grid, args, meta, compiled)
