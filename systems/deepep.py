@@ -1,29 +1,21 @@
 """DeepEP's low-latency kernels as a layer baseline (deepseek-ai/DeepEP at 567632d, v1 API).
 
 The field's host-free dispatch and combine: worst-case per-expert receive buffers plus a count
-on the device, no host synchronisation, capturable in a CUDA graph. One process per rank
-(NVSHMEM: one PE per GPU), any W, one GPU included.
+on the device, no host synchronisation (its Python checks host ints only, its C++ joins its
+comm stream by events, csrc/deep_ep.cpp:1534-1795), capturable in a CUDA graph. One process per
+rank (NVSHMEM: one PE per GPU), any W. Timed region (layer cells only):
+  1 Buffer.low_latency_dispatch(x [T, H] bf16, ids [T, k], M = T, G = W * E) -> recv_x
+    [E, W*M, H] (expert e's rows at recv_x[e, :count[e]]) and count [E] int32 on the device;
+  2 the FFN experts over ONLY the real rows (`packed_ffn`): DeepEP's users run DeepGEMM's masked
+    grouped GEMM; a batched GEMM over the worst case would multiply the FLOPs by W*M*E / (T*k);
+  3 Buffer.low_latency_combine(y, ids, gate [T, k] f32, handle) -> out [T, H] (gate-weighted).
 
-Timed region (layer cells only), from x [T, H] bf16, expert_ids [T, k] and gate [T, k] f32:
-  1 Buffer.low_latency_dispatch(x, ids, M = T, G = W * E, use_fp8=False) -> recv_x [E, W*M, H]
-    (expert e's rows at recv_x[e, :count[e]]) and count [E] int32 on the device;
-  2 the FFN experts over ONLY the real rows (`packed_ffn`): packed by a device-computed index
-    into [P, H], P = W * M * min(k, E), fc1 and fc2 as torch._grouped_mm with device offsets,
-    GELU over the real rows, scattered back into y [E, W*M, H]. DeepEP's users run DeepGEMM's
-    masked grouped GEMM on recv_x (the same count); a batched GEMM over the worst case would
-    multiply the FLOPs by W*M*E / (T*k), so the packed grouped GEMM stands in for it;
-  3 Buffer.low_latency_combine(y, ids, gate, handle) -> out [T, H] bf16 (gate-weighted sum).
-DeepEP's Python checks host ints only and its C++ joins its comm stream by events
-(csrc/deep_ep.cpp:1534-1795): no step synchronises the host.
-
-Setup: ONE low-latency Buffer per process and run (`ll_buffer`), made at the first deepep cell
-for the run's worst case: validate() sees every cell before any rank starts and keeps, per world
-size, the largest RDMA size, QP count (one per local expert, internode_ll.cu:285) and
-NVSHMEM_QP_DEPTH (>= 2 (M + 1), buffer.py:602) in the environment (PLAN_ENV), which the spawned
-ranks inherit; a process that never validated (a test) sizes it for its first cell and grows it
-where a later one needs more. Every cell cleans it for its layout; its destroy() runs in
-harness.teardown.run_end. Cells the kernels cannot take are skipped before any GPU work
-(`ll_limits`: each limit with where it sits in DeepEP's source).
+ONE low-latency Buffer per process and run (`ll_buffer`), sized for the run's worst case:
+validate() sees every cell before any rank starts and keeps, per W, the largest RDMA size, QP
+count (one per local expert, internode_ll.cu:285) and NVSHMEM_QP_DEPTH (>= 2 (M + 1),
+buffer.py:602) in the environment (PLAN_ENV), which spawned ranks inherit; a process that never
+validated (a test) grows it where a later cell needs more. Cells the kernels cannot take are
+skipped before any GPU work (`ll_limits`: each limit with where it sits in DeepEP's source).
 """
 
 from __future__ import annotations
@@ -61,8 +53,8 @@ NVSHMEM_GRANULE = 2**29
 
 def ll_rdma_bytes(max_tokens: int, hidden: int, world: int, n_experts: int) -> int:
     """Buffer.get_low_latency_rdma_size_hint(M, H, W, G) without the package: the bytes of
-    LowLatencyLayout (csrc/config.hpp:136-193), two send, two receive and two signalling
-    buffers, bf16 rows of H with 16 bytes of metadata (dispatch) or H / 128 bf16 pairs (combine)."""
+    LowLatencyLayout (csrc/config.hpp:136-193), two send, receive and signalling buffers each,
+    bf16 rows of H with 16 bytes of metadata (dispatch) or H / 128 bf16 pairs (combine)."""
     scales = hidden // 128
     dispatch_msg = 16 + max(hidden * 2, hidden + scales * 4)
     combine_msg = scales * 4 + hidden * 2
@@ -74,17 +66,16 @@ def ll_rdma_bytes(max_tokens: int, hidden: int, world: int, n_experts: int) -> i
 
 
 def packed_rows(spec: WorkloadSpec) -> int:
-    """P: the most rows one rank can receive (each of W * M source tokens sends one row to
-    each of its k experts that live here)."""
+    """P = W * M * min(k, E): the most rows one rank can receive (each source token sends one
+    row to each of its k experts that live here)."""
     W, M = spec.world_size, spec.tokens_per_rank
     return W * M * min(spec.top_k, spec.experts_per_rank)
 
 
 def cell_bytes(spec: WorkloadSpec, rdma_bytes: int = 0) -> int:
-    """Device bytes of one rank's cell: the RDMA buffer (the cell's own, or rdma_bytes where
-    larger: the run's Buffer; rounded up to NVSHMEM's granule), the dispatch's recv_x
-    [E, W*M, H] and the combine's y of the same shape, the packed rows [P, H + F + H], the
-    experts' W1 and W2, x and out [T, H] (bf16)."""
+    """Device bytes of one rank's cell: the RDMA buffer (the cell's own, or the run's
+    rdma_bytes where larger; rounded up to NVSHMEM's granule), recv_x and y [E, W*M, H], the
+    packed rows [P, H + F + H], W1 and W2, x and out [T, H] (bf16)."""
     W, M, H = spec.world_size, spec.tokens_per_rank, spec.hidden
     F, E = spec.ffn, spec.experts_per_rank
     rdma = max(ll_rdma_bytes(M, H, W, spec.n_experts), rdma_bytes)
@@ -166,9 +157,8 @@ def pack_index(
 
     count [E] int: real rows of each expert (its first count[e] slots); rows = arange(P) int64.
     Returns src [P] (the row of recv.view(-1, H) that packed row p holds; 0 past the real rows),
-    dst [P] (the same, `spare` past the real rows: where their outputs are dropped), offs [E]
-    int32 (the inclusive cumulative counts: torch._grouped_mm's offsets) and n [1] (real rows).
-    """
+    dst [P] (the same, `spare` past the real rows: their outputs dropped there), offs [E] int32
+    (inclusive cumulative counts: torch._grouped_mm's offsets) and n [1] (real rows)."""
     ends = torch.cumsum(count.long(), 0)
     expert = torch.searchsorted(ends, rows, right=True).clamp_(max=count.numel() - 1)
     row = expert * slots + rows - (ends - count.long())[expert]
@@ -181,10 +171,11 @@ def pack_index(
 def packed_ffn(
     recv: torch.Tensor, count: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, rows, y
 ) -> torch.Tensor:
-    """The FFN experts over the real rows of recv [E, S, H] (expert e's first count[e] rows):
-    y[e, s] = gelu(recv[e, s] @ W1_e) @ W2_e for s < count[e], written into y [E * S + 1, H]
-    (its last row takes the padding rows' outputs); rows past a count keep what they held.
-    w1 [E, H, F], w2 [E, F, H], rows = arange(P). Returns y[:-1] viewed [E, S, H]."""
+    """The FFN experts over the real rows of recv [E, S, H] (expert e's first count[e] rows),
+    packed by a device-computed index into [P, H], fc1 and fc2 as grouped GEMMs with device
+    offsets: y[e, s] = gelu(recv[e, s] @ W1_e) @ W2_e for s < count[e], written into
+    y [E * S + 1, H] (its last row takes the padding rows' outputs; rows past a count keep
+    what they held). w1 [E, H, F], w2 [E, F, H], rows = arange(P). Returns y[:-1] [E, S, H]."""
     E, S, H = recv.shape
     src, dst, offs, n = pack_index(count, S, rows, E * S)
     xs = recv.view(E * S, H).index_select(0, src)
@@ -255,9 +246,8 @@ def ll_buffer(
 ) -> Any:
     """The held Buffer if it fits (same group, enough bytes, QPs and QP depth), else a new one
     of the largest of the asked sizes, the run's planned ones at this world size and the held
-    one's (a held one destroyed first: every rank walks the same cells, so every rank does it
-    at the same cell). Within a harness run the first cell makes it at the planned sizes, and it
-    fits every later cell."""
+    one's (a held one destroyed first: every rank walks the same cells, so all do it at the same
+    cell). In a harness run the first cell makes it at the planned sizes, which fit every cell."""
     held = _Held.buffer
     if held is not None:
         fits = (
@@ -285,10 +275,8 @@ def ll_buffer(
 
 
 class LowLatencyStep(Step):
-    """One layer step on DeepEP's low-latency kernels (module doc): dispatch x [T, H] ->
-    recv [E, W*M, H] and count [E] int32, the packed FFN experts, the gate-weighted combine
-    -> out [T, H]. Holds one untimed step's receive buffer, counts and expert rows for the
-    bounds."""
+    """One layer step on DeepEP's low-latency kernels (module doc) -> out [T, H]. Holds one
+    untimed step's receive buffer, counts and expert rows for the bounds."""
 
     def __init__(self, buffer: Any, idx_t: torch.dtype, inputs: CellInputs) -> None:
         spec = inputs.spec

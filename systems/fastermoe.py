@@ -1,23 +1,14 @@
 """FasterMoE, the real package (laekov/fastmoe, `fmoe`): its smart schedule fed the harness routing.
 
 fmoe.fastermoe.schedule._fmoe_general_global_forward runs FasterMoE's pipelined group-step
-exchange (FMOE_FASTER_GROUP_SIZE = g) with our experts as expert_fn(x [m, K], counts, e) -> [m, N]
-and shadowing off (stored_models all False: shadowing moves work but, like the topology-aware
-gate, is off by default); the gate-weighted sum of each token's k rows follows, as FMoE's layer
-does. Experts: operator cells (ffn = 0) one GEMM x @ B_e; FFN cells (ffn = F) the FFN
-gelu(x @ W1_e) @ W2_e (H -> F -> H, fc1's output rounded to the dtype before GELU, as
-harness.experts.ffn_experts).
-
-Timed region (scope "layer"): from this rank's tokens x [T, K] and the top-k expert ids and gate
-weights (the CellInputs tensors, read on every forward, so routing copied into them is
-followed): count and exchange of the expert counts, dispatch steps, expert GEMMs, return steps,
-the gather to (token, slot) order and the weighted sum -> out [T, N].
-FasterMoE's buffers take expert output width == input width, so an operator cell with K != N is
-skipped with the reason (FFN cells always have out == hidden). fmoe reads
-FMOE_FASTER_GROUP_SIZE ONCE per process (a static in smart_schedule.cpp, at its first call), so
-one run holds one group size: a cell asking another is skipped with the reason (run each group
-size in its own invocation). Needs CUDA and the `fmoe` package (the registry skips the system
-otherwise). The re-implementation of the schedule is the separate system `fastermoe_reimpl`.
+exchange (FMOE_FASTER_GROUP_SIZE = g) with our experts as expert_fn and shadowing off
+(stored_models all False: off by default, like the topology-aware gate); the gate-weighted sum
+of each token's k rows follows, as FMoE's layer does. Timed region: from x [T, K] and the
+routing (the CellInputs tensors, read on every forward), count exchange, dispatch steps, expert
+GEMMs, return steps, gather to (token, slot) order and the weighted sum -> out [T, N].
+FasterMoE's buffers need expert output width == input width, so operator cells with K != N are
+skipped. fmoe reads FMOE_FASTER_GROUP_SIZE ONCE per process (a static in smart_schedule.cpp), so
+a cell asking another group size than the run's first is skipped (run it in its own invocation).
 """
 
 from __future__ import annotations
@@ -42,9 +33,8 @@ def _group_size(spec: WorkloadSpec, params: dict[str, Any]) -> int:
 
 class SmartScheduleStep(Step):
     """fmoe's _fmoe_general_global_forward `fwd` from this rank's tokens x [T, K] and the
-    routing (expert_ids [T, k], gate [T, k] float32: the CellInputs tensors, read on every
-    forward, so new routing copied in is followed), then the gate-weighted sum of each token's
-    k rows -> out [T, N]."""
+    routing (expert_ids [T, k], gate [T, k] float32), then the gate-weighted sum of each
+    token's k rows -> out [T, N]."""
 
     def __init__(self, fwd: Any, inputs: CellInputs) -> None:
         spec = inputs.spec

@@ -1,38 +1,20 @@
-"""FasterMoE baseline: the smart schedule (pipelined point-to-point exchange per group step).
+"""FasterMoE's smart schedule re-implemented (pipelined point-to-point exchange per group step).
 
 FasterMoE (He et al., PPoPP 2022; laekov/fastmoe, cuda/fastermoe/smart_schedule.h) replaces the
-two all-to-alls by n = W / g steps of point-to-point exchanges between groups of g ranks:
-at step s, rank r (group grp = r // g) sends to group (grp + s) mod n and receives from group
-(grp - s) mod n. Its forward enqueues
-  1. the dispatch steps on a communication stream, one NCCL group per (step, local expert),
-     each step recording input_ready[s];
-  2. on the compute stream, per step: wait input_ready[s], one GEMM per local expert over the
-     rows that arrived from group (grp - s), record output_ready[s];
-  3. the return (combine) steps on the communication stream, step s waiting output_ready[s].
-Buffers follow smart_schedule.h: the send buffer in (destination, expert) order (our send
-order), the receive buffer expert-major (expert, source), so the rows one step computes for one
-expert are contiguous.
+two all-to-alls by n = W / g steps of point-to-point exchanges between groups of g ranks: at
+step s, group grp = r // g sends to group (grp + s) mod n and receives from (grp - s) mod n.
+Stages: 1 the dispatch steps on a comm stream, one NCCL group per (step, local expert), each
+recording input_ready[s]; 2 per step on the compute stream, one GEMM per local expert over the
+rows from group (grp - s); 3 the return steps, step s waiting output_ready[s]. Send buffer in
+(destination, expert) order, receive buffer expert-major, as smart_schedule.h.
+Here in torch, one dist.batch_isend_irecv per (step, expert): HOST-BOUND (extra says so). Not
+reproduced, both off in FasterMoE by default: shadowing (same output in exact arithmetic, moved
+work; stored_models all False) and the topology-aware gate (it changes the routing).
 
-This module is the re-implementation (system `fastermoe_reimpl`, impl "reimpl"): the schedule
-above in torch with dist.batch_isend_irecv per (step, expert); the rank's own rows are copied
-locally. On the CPU (gloo) the same step order runs without streams. It is HOST-BOUND: one
-Python batch_isend_irecv per (step, expert), so its communication time carries the launch cost
-of every call (the row's `extra` says so). The real package runs as the system `fastermoe`
-(systems/fastermoe.py) where it is installed.
-
-Not reproduced, both off in FasterMoE by default:
-  shadowing (FMOE_ENABLE_FUSE / shadow policy): broadcasts hot experts' weights so their tokens
-      are computed at the owner. In exact arithmetic the forward output is unchanged; it moves
-      work (and adds a weight broadcast per iteration), so stored_models is all False here.
-  topology-aware gate (hir_gate / dynamic gate): changes WHICH experts tokens go to, i.e. the
-      routing, which the harness fixes for every system; using it would change the outputs.
-
-Scope (param `scope`): "gemm+combine" (default, CombineScheduleStep: setup runs the dispatch
-steps once, untimed; the timed region is steps 2-3 and the output step) or "layer"
-(LayerScheduleStep: steps 1-3 and output).
-Output step as FMoE's layer: _local_gather of the rows to (token, slot) order [T, k, N], then
-torch.bmm(gate_score [T, 1, k], rows) -> [T, N] (gate scores in the data dtype, like FMoE).
-Param `group_size` g (default 1; clamped to W like FasterMoE; W % g must be 0).
+Scope (param `scope`): "gemm+combine" (default; the dispatch steps run once at setup, timed:
+stages 2-3 and the output step) or "layer" (stages 1-3 and output). Output step as FMoE's
+layer: gather to (token, slot) order [T, k, N], torch.bmm(gate_score [T, 1, k], rows) -> [T, N]
+(gate scores in the data dtype). Param `group_size` g (default 1; clamped to W; W % g == 0).
 """
 
 from __future__ import annotations
@@ -103,10 +85,8 @@ class Plan:
 
 
 class CombineScheduleStep(PipelinedStep):
-    """Scope gemm+combine: the dispatch steps ran once at setup (gin [R, K] filled), the timed
-    region is the compute steps (stage 2), the return steps (stage 3) and the output step
-    -> out [T, N]. Buffers (module doc): xs [S, K] send, gin [R, K] / gout [R, N] expert-major
-    receive, yout [S, N] returned rows in send order."""
+    """Scope gemm+combine (module doc). Buffers: xs [S, K] send, gin [R, K] / gout [R, N]
+    expert-major receive, yout [S, N] returned rows in send order."""
 
     system = "fastermoe_reimpl"
     COMBINE_EACH = False  # every return step after the last compute step (smart_schedule.h)
@@ -129,8 +109,6 @@ class CombineScheduleStep(PipelinedStep):
         self.stages = plan.n
         self._events(plan.n)
         self.setup_dispatch()
-
-    # steps ---------------------------------------------------------------------------------
 
     def _encode(self) -> None:
         """_local_scatter: x [T, K] -> send buffer [S, K] in (destination, expert) order."""
@@ -177,8 +155,7 @@ class CombineScheduleStep(PipelinedStep):
 
 
 class LayerScheduleStep(PipelinedLayer, CombineScheduleStep):
-    """Scope layer: the timed region also encodes x and runs the dispatch steps (stage 1) on
-    the comm stream, each compute step waiting for its step's rows."""
+    """Scope layer: the dispatch steps (stage 1) timed too."""
 
 
 class FasterMoEReimplSystem(System):
@@ -189,7 +166,6 @@ class FasterMoEReimplSystem(System):
     def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
         super().__init__(ctx, params)
         self.scope = str(self.params["scope"])
-        self.group_size = int(self.params["group_size"])
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
@@ -203,7 +179,7 @@ class FasterMoEReimplSystem(System):
     def build(self, ranks: list[CellInputs]) -> Step:
         """The schedule's plan and the step of the `scope` param."""
         (inputs,) = ranks
-        plan = Plan(inputs.spec, self.ctx.rank, self.group_size)
+        plan = Plan(inputs.spec, self.ctx.rank, int(self.params["group_size"]))
         self.extra = {"scope": self.scope, "group_size": plan.g, "steps": plan.n}
         self.extra["host_bound"] = "one python batch_isend_irecv per (step, expert)"
         step_cls = LayerScheduleStep if self.scope == "layer" else CombineScheduleStep

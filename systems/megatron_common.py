@@ -1,38 +1,22 @@
 """Shared glue for the Megatron-core baselines (megatron-core 0.16.1), imported only at setup.
 
 Megatron's real MoELayer and MoEAlltoAllTokenDispatcher run unchanged (route -> permute ->
-EP all-to-all -> sort by local expert -> experts -> unsort -> EP all-to-all -> unpermute) with
-two plug-ins:
-* `FixedRouter`, a router stub that returns the harness routing as Megatron's router output
-  (probs [T, G] f32, routing_map [T, G] bool), so Megatron's dispatched rows equal the
-  harness's x_recv row for row (setup asserts it);
-* operator cells (scope gemm+combine, our expert is ONE GEMM Y_e = X_e @ B_e): an experts module
-  that is Megatron's expert fc1 followed by its probs multiply: `SingleGemmGroupedMLP`
-  (megatron_cutlass: GroupedMLP's weight1 [K, E*N] read as [E, K, N]; grouped_gemm.ops.gmm
-  where the package imports, else harness.experts.expert_gemm) or `SingleGemmTEGroupedMLP`
-  (megatron_te: TE GroupedLinear, weight{e} [N, K] = B_e^T). Setup runs route, preprocess and
-  dispatch once; the timed forward is routed_experts_compute, the combine all-to-all and the
-  unpermute -> [T, N] (the dispatcher's remembered shapes are set to [T, N]).
+EP all-to-all -> sort by local expert -> experts -> unsort -> EP all-to-all -> unpermute), fed
+the harness routing by the router stub `FixedRouter` (so the dispatched rows equal x_recv).
+Operator cells (`MegatronOperator`; our expert is ONE GEMM Y_e = X_e @ B_e): experts that are
+Megatron's fc1 then its probs multiply (`SingleGemmGroupedMLP`: GroupedMLP weight1 [K, E*N] read
+as [E, K, N]; `SingleGemmTEGroupedMLP`: TE GroupedLinear weight{e} [N, K] = B_e^T), timed from
+the dispatched rows (experts, combine all-to-all, unpermute -> [T, N]).
+Layer cells (ffn = F > 0, `MegatronLayer`): Megatron's real experts as its specs build them,
+"grouped" = legacy GroupedMLP (bf16 only; gmm, or `grouped_gemm_fallback`) or "te" =
+TEGroupedMLP, timed as layer(x [T, 1, H]) -> [T, H]. Both apply the probs after the activation
+(F.gelu, erf form): sum_j w_j gelu(x W1_j) W2_j, the reference's sum.
 
-Layer cells (ffn = F > 0, `MegatronLayer`): Megatron's real experts as its specs build them
-(moe_grouped_gemm=True), timed as the whole layer(x [T, 1, H]) -> [T, H]:
-  * "grouped": legacy GroupedMLP, weight1 [H, E*F] read as view(E, H, F), weight2 [E*F, H] as
-    view(E, F, H); GEMMs via grouped_gemm's gmm, or where that package is absent a stand-in
-    with gmm's signature over torch._grouped_mm (`grouped_gemm_fallback`). bf16 only.
-  * "te": TEGroupedMLP (TEColumnParallelGroupedLinear / TERowParallelGroupedLinear), fc1
-    weight{e} [F, H] = W1_e^T, fc2 weight{e} [H, F] = W2_e^T; activation config.activation_func
-    = F.gelu (erf form, as the reference).
-Both apply the probs after the activation: sum_j w_j gelu(x W1_j) W2_j, the reference's sum.
-
-Capacity (layer cells): "dropless" (default) reads the counts on the host in its preprocess
+Capacity (layer cells): "dropless" reads the counts on the host in its preprocess
 (token_dispatcher.py _maybe_dtoh_and_synchronize), so its step cannot be captured. "padded" is
-Megatron's drop-and-pad route (moe_expert_capacity_factor = f, moe_pad_expert_input_to_capacity):
-the router stub applies apply_router_token_dropping, counts become host constants and every
-expert computes W * capacity rows. f is the smallest factor that drops nothing for the cell's
-routing (`no_drop_capacity`); setup counts the pairs Megatron dropped anyway (must be 0).
-
-Parallel state: created once per process over the default group with EP = world size
-(TP = PP = CP = 1).
+Megatron's drop-and-pad route at the smallest capacity factor that drops nothing
+(`no_drop_capacity`): counts become host constants, every expert computes W * capacity rows.
+Parallel state: made once per process over the default group, EP = world size, TP = PP = CP = 1.
 """
 
 from __future__ import annotations
@@ -51,6 +35,7 @@ import torch.distributed as dist
 from harness.experts import device_offsets, expert_gemm, expert_gemm_impl
 from harness.workload import WorkloadSpec, routing_of
 from systems import package_version
+from systems.overlap.plan import owner_expert_counts
 
 
 def mcore_version() -> str:
@@ -88,14 +73,12 @@ CUDNN_LIBS = (
 
 def pin_cudnn_to_torch() -> str | None:
     """Load every cuDNN library from the folder of the one torch loaded, before Transformer
-    Engine looks for cuDNN; point TE's loader there too (CUDNN_HOME).
+    Engine looks for cuDNN, and point TE's loader there (CUDNN_HOME; one already set, or
+    CUDNN_PATH, wins). Returns the folder, or None.
 
-    Where a machine has two cuDNN copies (the H200 image: /lib/x86_64-linux-gnu and torch's
-    nvidia-cudnn wheel), torch maps some libraries of its copy (libcudnn_graph.so.9 among them)
-    and a later load by name picks the other copy's (libcudnn_heuristic.so.9), which fails:
-    "undefined symbol ..., version libcudnn_graph.so.9". With all of them mapped from one folder
-    first, every later load by name finds them already there. A CUDNN_HOME or CUDNN_PATH already
-    set wins. Returns the folder, or None."""
+    Why: with two cuDNN copies (the H200 image: /lib/x86_64-linux-gnu and torch's wheel) a later
+    load by name picks the other copy's libcudnn_heuristic.so.9 beside torch's libcudnn_graph:
+    "undefined symbol ..., version libcudnn_graph.so.9"."""
     import ctypes
 
     if os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH"):
@@ -140,8 +123,7 @@ def ensure_parallel_state(world_size: int) -> None:
 
 
 def fused_permute_available() -> bool:
-    """True where megatron-core finds Transformer Engine's fused permute / unpermute kernels
-    (what `moe_permute_fusion=True` runs; TE >= 2.1)."""
+    """Does megatron-core find TE's fused permute / unpermute (moe_permute_fusion; TE >= 2.1)?"""
     try:
         from megatron.core.transformer.moe import moe_utils
     except Exception:  # noqa: BLE001 - megatron missing or broken: no fusion
@@ -163,14 +145,10 @@ def resolve_permute_fusion(value: Any) -> bool:
 
 
 def transformer_config(spec: WorkloadSpec, **overrides: Any):
-    """Megatron TransformerConfig for one cell: hidden K, expert width N, G experts, top-k.
-
-    Operator cells: moe_ffn_hidden_size = N (the single GEMM's width). Layer cells (ffn = F):
-    moe_ffn_hidden_size = F, hidden H, activation F.gelu (erf form, our reference's).
-    Dropless all-to-all dispatcher, no bias, no gated unit, unfused permute unless overridden
-    (`moe_permute_fusion`, needs TE), float32 router probs, weights allocated on the CPU
-    without init (they are copied in).
-    """
+    """Megatron TransformerConfig for one cell: hidden K (H), moe_ffn_hidden_size N (the single
+    GEMM's width) or F (layer cells), G experts, top-k, activation F.gelu (erf form). Dropless
+    all-to-all dispatcher, no bias, no gated unit, unfused permute unless overridden, float32
+    router probs, weights allocated on the CPU without init (they are copied in)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dt, width = spec.torch_dtype, spec.ffn or spec.out
@@ -216,27 +194,13 @@ def no_drop_capacity(spec: WorkloadSpec) -> tuple[int, float]:
     """(capacity, factor): the smallest capacity that drops no token of the cell's routing
     (the most tokens any rank routes to any one expert; Megatron's capacity is per source
     rank and expert) and a factor that gives it. Host work on the seeded routing [W, T, k]."""
-    ids = routing_of(spec).expert_ids  # [W, T, k] global experts
-    counts = torch.stack([torch.bincount(r.flatten(), minlength=spec.n_experts) for r in ids])
-    capacity = int(counts.max())
+    capacity = int(owner_expert_counts(routing_of(spec).expert_ids, spec.experts_per_rank).max())
     return capacity, capacity_factor_for(spec, capacity)
 
 
-def routing_tensors(
-    spec: WorkloadSpec, rank: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The harness routing as Megatron's router output: probs [T, G] f32, routing_map [T, G]."""
-    routing = routing_of(spec)
-    ids, gate = routing.expert_ids[rank].to(device), routing.gate_weights[rank].to(device)
-    return topk_to_dense(ids, gate, spec.n_experts)
-
-
 def grouped_fc1_layout(weights: torch.Tensor) -> torch.Tensor:
-    """Our weights [E, K, N] -> GroupedMLP weight1 [K, E*N] (whose .view(E, K, N) gives back B).
-
-    GroupedMLP stores weight1 as [hidden, E * ffn] and reads it as weight1.view(E, hidden, ffn):
-    a reinterpretation of the same memory, so the copy is of the flat [E, K, N] data.
-    """
+    """Our weights [E, K, N] -> GroupedMLP weight1 [K, E*N], the flat [E, K, N] data: GroupedMLP
+    reads weight1.view(E, K, N), a reinterpretation of the same memory."""
     E, K, N = weights.shape
     return weights.contiguous().view(K, E * N)
 
@@ -247,34 +211,8 @@ def te_fc1_layout(weights: torch.Tensor) -> list[torch.Tensor]:
 
 
 def copy_te_weights(linear: torch.nn.Module, weights: torch.Tensor) -> None:
-    """Copy B [E, K, N] into a TE GroupedLinear's weight0..weight{E-1} [N, K]."""
-    copy_grouped_linear(linear, te_fc1_layout(weights))
-
-
-def grouped_mlp_layout(w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """W1 [E, H, F], W2 [E, F, H] -> GroupedMLP (weight1 [H, E*F], weight2 [E*F, H]).
-
-    GroupedMLP.forward reads weight1.view(E, H, -1) and weight2.view(E, -1, H): reinterpretations
-    of the same memory, so each is the flat copy of the stacked per-expert weights (weight1 is
-    NOT [W1_0 | W1_1 | ...] side by side).
-    """
-    E, H, F = w1.shape
-    if tuple(w2.shape) != (E, F, H):
-        raise ValueError(f"W2 has shape {tuple(w2.shape)}, expected {(E, F, H)}")
-    return w1.contiguous().view(H, E * F), w2.contiguous().view(E * F, H)
-
-
-def te_mlp_layout(
-    w1: torch.Tensor, w2: torch.Tensor
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """W1 [E, H, F], W2 [E, F, H] -> TEGroupedMLP's linear_fc1 weight{e} [F, H] = W1_e^T and
-    linear_fc2 weight{e} [H, F] = W2_e^T (TE GroupedLinear computes y = x W^T)."""
-    return te_fc1_layout(w1), te_fc1_layout(w2)
-
-
-def copy_grouped_linear(linear: torch.nn.Module, weights: list[torch.Tensor]) -> None:
-    """Copy weights[e] into a TE GroupedLinear's weight{e}, shapes checked."""
-    for e, w in enumerate(weights):
+    """Copy B [E, K, N] into a TE GroupedLinear's weight0..weight{E-1} [N, K], shapes checked."""
+    for e, w in enumerate(te_fc1_layout(weights)):
         p = getattr(linear, f"weight{e}")
         if tuple(p.shape) != tuple(w.shape):
             raise ValueError(f"weight{e} has shape {tuple(p.shape)}, expected {tuple(w.shape)}")
@@ -282,9 +220,19 @@ def copy_grouped_linear(linear: torch.nn.Module, weights: list[torch.Tensor]) ->
             p.copy_(w)
 
 
+def grouped_mlp_layout(w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W1 [E, H, F], W2 [E, F, H] -> GroupedMLP weight1 [H, E*F], weight2 [E*F, H]: flat copies
+    (as grouped_fc1_layout; weight1 is NOT [W1_0 | W1_1 | ...] side by side)."""
+    E, H, F = w1.shape
+    if tuple(w2.shape) != (E, F, H):
+        raise ValueError(f"W2 has shape {tuple(w2.shape)}, expected {(E, F, H)}")
+    return w1.contiguous().view(H, E * F), w2.contiguous().view(E * F, H)
+
+
 def copy_mlp_weights(experts: torch.nn.Module, w1: torch.Tensor, w2: torch.Tensor) -> None:
     """Copy W1 [E, H, F] and W2 [E, F, H] into Megatron's GroupedMLP (weight1, weight2) or
-    TEGroupedMLP (linear_fc1 / linear_fc2 weight{e}), on the parameters' device."""
+    TEGroupedMLP (linear_fc1 weight{e} [F, H] = W1_e^T, linear_fc2 weight{e} [H, F] = W2_e^T),
+    on the parameters' device."""
     if hasattr(experts, "weight1"):
         for p, w in zip((experts.weight1, experts.weight2), grouped_mlp_layout(w1, w2)):
             if tuple(p.shape) != tuple(w.shape):
@@ -292,9 +240,8 @@ def copy_mlp_weights(experts: torch.nn.Module, w1: torch.Tensor, w2: torch.Tenso
             with torch.no_grad():
                 p.copy_(w)
         return
-    fc1, fc2 = te_mlp_layout(w1, w2)
-    copy_grouped_linear(experts.linear_fc1, fc1)
-    copy_grouped_linear(experts.linear_fc2, fc2)
+    copy_te_weights(experts.linear_fc1, w1)
+    copy_te_weights(experts.linear_fc2, w2)
 
 
 def apply_probs(y: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -311,20 +258,13 @@ def gemm_backend(x: torch.Tensor, w: torch.Tensor) -> str:
     return expert_gemm_impl(x, w)
 
 
-def _megatron_module():
-    from megatron.core.transformer.module import MegatronModule
-
-    return MegatronModule
-
-
 def topk_to_dense(
     expert_ids: torch.Tensor, gate: torch.Tensor, n_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """expert_ids [T, k], gate [T, k] -> Megatron's router output: probs [T, G] f32 (the gate
     weight at each chosen expert, 0 elsewhere) and routing_map [T, G] bool (TopKRouter's scatter
     after its top-k)."""
-    T = expert_ids.shape[0]
-    dev = expert_ids.device
+    T, dev = expert_ids.shape[0], expert_ids.device
     probs = torch.zeros(T, n_experts, dtype=torch.float32, device=dev)
     probs.scatter_(1, expert_ids, gate.float())
     rmap = torch.zeros(T, n_experts, dtype=torch.bool, device=dev).scatter_(1, expert_ids, True)
@@ -332,36 +272,25 @@ def topk_to_dense(
 
 
 class FixedRouter(torch.nn.Module):
-    """Router stub: forward(hidden, padding_mask) -> the probs / routing_map set beforehand.
-
-    Where the config sets moe_expert_capacity_factor, the map then goes through Megatron's
-    apply_router_token_dropping as TopKRouter.routing sends its top-k (capacity, drop policy
-    and padding from the config): probs [T, G] f32 zero where dropped or padded, routing_map
-    [T, G] with `capacity` entries per expert when padded."""
+    """Router stub: forward(hidden, padding_mask) -> probs [T, G] f32, routing_map [T, G] bool of
+    the routing set by set_topk. Where the config sets moe_expert_capacity_factor, they then go
+    through Megatron's apply_router_token_dropping as TopKRouter.routing sends its top-k
+    (probs zero where dropped or padded, `capacity` map entries per expert when padded)."""
 
     def __init__(self, config: Any = None, pg_collection: Any = None) -> None:
         super().__init__()
         self.config = config
-        self.probs: torch.Tensor | None = None
-        self.routing_map: torch.Tensor | None = None
         self.topk: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
-    def set_routing(self, probs: torch.Tensor, routing_map: torch.Tensor) -> None:
-        self.probs, self.routing_map = probs, routing_map
-
     def set_topk(self, expert_ids: torch.Tensor, gate: torch.Tensor, n_experts: int) -> None:
-        """Layer cells: route from expert_ids [T, k] and gate [T, k] f32 on every forward."""
+        """Route from expert_ids [T, k] and gate [T, k] f32 on every forward."""
         self.topk = (expert_ids, gate.float(), n_experts)
 
     def forward(self, hidden: torch.Tensor, padding_mask: Any = None):
         tokens = hidden.numel() // hidden.shape[-1]
-        if self.topk is not None:
-            if self.topk[0].shape[0] != tokens:
-                raise RuntimeError("FixedRouter: set_topk() for this input first")
-            return self.token_dropping(*topk_to_dense(*self.topk))
-        if self.probs is None or self.probs.shape[0] != tokens:
-            raise RuntimeError("FixedRouter: set_routing() for this input first")
-        return self.token_dropping(self.probs, self.routing_map)
+        if self.topk is None or self.topk[0].shape[0] != tokens:
+            raise RuntimeError("FixedRouter: set_topk() for this input first")
+        return self.token_dropping(*topk_to_dense(*self.topk))
 
     def token_dropping(
         self, probs: torch.Tensor, routing_map: torch.Tensor
@@ -380,12 +309,12 @@ class FixedRouter(torch.nn.Module):
         )  # fmt: skip
 
     def set_layer_number(self, layer_number: int) -> None:
-        pass
+        """Called by MoELayer.set_layer_number."""
 
 
 def single_gemm_grouped_mlp_cls():
     """The CUTLASS experts class (built lazily so this module imports without megatron)."""
-    MegatronModule = _megatron_module()
+    from megatron.core.transformer.module import MegatronModule
 
     class SingleGemmGroupedMLP(MegatronModule):
         """GroupedMLP's fc1 as the whole expert: [R, K] rows by expert -> [R, N] (x probs)."""
@@ -420,7 +349,7 @@ def single_gemm_grouped_mlp_cls():
 
 def single_gemm_te_grouped_mlp_cls():
     """The Transformer Engine experts class (needs transformer_engine at construction)."""
-    MegatronModule = _megatron_module()
+    from megatron.core.transformer.module import MegatronModule
 
     class SingleGemmTEGroupedMLP(MegatronModule):
         """TEGroupedMLP's linear_fc1 (TE GroupedLinear) as the whole expert, then x probs."""
@@ -446,8 +375,47 @@ def single_gemm_te_grouped_mlp_cls():
     return SingleGemmTEGroupedMLP
 
 
-class MegatronOperator:
-    """A real MoELayer (all-to-all dispatcher) run from the dispatched rows (see module doc)."""
+class _HeldDispatch:
+    """A real MoELayer (`layer`, its `dispatcher`) with one dispatch held for the bounds: the
+    dispatched rows disp [R, K] and probs disp_probs [R]."""
+
+    def _make_layer(self, spec: WorkloadSpec, submodules: Any, fallback: bool, **config: Any):
+        """The MoELayer of this cell's config (inside grouped_gemm_fallback where `fallback`)
+        and its parallel state; returns whether the real grouped_gemm package is there."""
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+
+        ensure_parallel_state(spec.world_size)
+        self.spec = spec
+        self.config = transformer_config(spec, **config)
+        with grouped_gemm_fallback() if fallback else contextlib.nullcontext() as real_gg:
+            layer = MoELayer(self.config, submodules)
+        self.layer, self.dispatcher = layer, layer.token_dispatcher
+        return real_gg
+
+    def _dispatch_once(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """route, preprocess and dispatch x, the dispatch held -> (preprocessed rows, their
+        probs, routing_map [T, G])."""
+        with torch.no_grad():
+            probs, rmap = self.layer.route(x)
+            hidden, probs = self.layer.preprocess(x, probs, rmap)
+            self.disp, self.disp_probs = self.layer.dispatch(hidden, probs)
+        # the flex dispatcher keeps its counts in its comm manager, set by every dispatch
+        self.tokens_per_expert = getattr(self.dispatcher, "tokens_per_expert", None)
+        return hidden, probs, rmap
+
+    def experts(self) -> torch.Tensor:
+        """routed_experts_compute (dispatch_postprocess + experts + combine_preprocess) on the
+        held rows [R, K] -> [R, N] (x probs)."""
+        if self.tokens_per_expert is not None:
+            self.dispatcher.tokens_per_expert = self.tokens_per_expert
+        with torch.no_grad():
+            out, _ = self.layer.routed_experts_compute(self.disp, self.disp_probs)
+        return out
+
+
+class MegatronOperator(_HeldDispatch):
+    """An operator cell on the real MoELayer (all-to-all dispatcher), run from the dispatched
+    rows (module doc); x_recv, where given, must equal them."""
 
     def __init__(
         self,
@@ -459,46 +427,36 @@ class MegatronOperator:
         x_recv: torch.Tensor | None = None,
         permute_fusion: bool = False,
     ) -> None:
-        from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+        from megatron.core.transformer.moe.moe_layer import MoESubmodules
 
-        ensure_parallel_state(spec.world_size)
-        self.spec = spec
-        dev = x.device
-        self.config = transformer_config(spec, moe_permute_fusion=permute_fusion)
-        layer = MoELayer(self.config, MoESubmodules(experts=experts_cls, router=FixedRouter))
-        layer.experts.load_weights(weights.cpu())
-        self.layer = layer.to(dev).eval()
-        self.dispatcher = layer.token_dispatcher
-        probs, rmap = routing_tensors(spec, rank, dev)
-        layer.router.set_routing(probs, rmap)
-        with torch.no_grad():
-            probs, rmap = layer.route(x)
-            hidden, probs = layer.preprocess(x, probs, rmap)
-            self.disp, self.disp_probs = layer.dispatch(hidden, probs)
+        submodules = MoESubmodules(experts=experts_cls, router=FixedRouter)
+        self._make_layer(spec, submodules, False, moe_permute_fusion=permute_fusion)
+        self.layer.experts.load_weights(weights.cpu())
+        self.layer = self.layer.to(x.device).eval()
+        routing = routing_of(spec)
+        ids, gate = routing.expert_ids[rank], routing.gate_weights[rank]
+        self.layer.router.set_topk(ids.to(x.device), gate.to(x.device), spec.n_experts)
+        self._dispatch_once(x)
         if x_recv is not None and not torch.equal(self.disp, x_recv):
             raise RuntimeError("Megatron's dispatched rows differ from the harness's x_recv")
-        self.tokens_per_expert = self.dispatcher.tokens_per_expert
         T, N = spec.tokens_per_rank, spec.out
         self.dispatcher.hidden_shape = torch.Size([T, N])
         self.dispatcher.hidden_shape_before_permute = torch.Size([T, N])
-        self.y_expert = self.compute()
-
-    def compute(self) -> torch.Tensor:
-        """dispatch_postprocess + experts + combine_preprocess: [R, K] -> [R, N] (x probs)."""
-        self.dispatcher.tokens_per_expert = self.tokens_per_expert
-        with torch.no_grad():
-            out, _ = self.layer.routed_experts_compute(self.disp, self.disp_probs)
-        return out
-
-    def combine(self, y: torch.Tensor) -> torch.Tensor:
-        """token_combine (EP all-to-all): [R, N] -> [S, N] in this rank's permuted order."""
-        with torch.no_grad():
-            return self.layer.combine(y)
+        self.y_expert = self.experts()
 
     def forward(self) -> torch.Tensor:
-        """The timed region: compute, combine, unpermute -> out [T, N]."""
+        """The timed region: experts, combine, unpermute -> out [T, N]."""
         with torch.no_grad():
-            return self.layer.postprocess(self.combine(self.compute()), None)
+            return self.layer.postprocess(self.layer.combine(self.experts()), None)
+
+    def compute_only(self) -> torch.Tensor:
+        """The experts on the held dispatched rows -> [R, N] (x probs)."""
+        return self.experts()
+
+    def comm_only(self) -> torch.Tensor:
+        """The combine all-to-all (EP) of the held expert rows [R, N] -> [S, N]."""
+        with torch.no_grad():
+            return self.layer.combine(self.y_expert)
 
 
 # layer scope: the real MoELayer with Megatron's real experts -------------------------------
@@ -578,19 +536,12 @@ def layer_experts_spec(experts: str, n_experts: int):
     return spec
 
 
-class MegatronLayer:
-    """A layer cell on one rank: the real MoELayer (all-to-all dispatcher) with Megatron's real
-    experts ("grouped": GroupedMLP, "te": TEGroupedMLP), timed as layer(x [T, 1, H]) -> [T, H].
-
-    Setup copies W1 [E, H, F] / W2 [E, F, H] in, feeds the routing to the router stub and runs
-    route / preprocess / dispatch / experts / combine once (untimed); the bounds reuse those
-    rows: compute_only = experts (sort by expert, fc1, gelu x probs, fc2, unsort) + unpermute,
-    comm_only = the dispatch (rows and probs) and combine all-to-alls.
-    capacity_factor (None: dropless) sets Megatron's drop-and-pad route (module doc); then
-    `capacity` is Megatron's rows per (source rank, expert), every local expert computes
-    W * capacity rows, and `dropped` counts the (token, expert) pairs of the whole cell that
-    Megatron's map left out (None where dropless).
-    """
+class MegatronLayer(_HeldDispatch):
+    """A layer cell on one rank (module doc), timed as layer(x [T, 1, H]) -> [T, H]. Setup copies
+    W1 [E, H, F] / W2 [E, F, H] in and runs route / preprocess / dispatch / experts / combine
+    once, for the bounds. capacity_factor (None: dropless) sets the drop-and-pad route; then
+    `capacity` is Megatron's rows per (source rank, expert) and `dropped` counts the (token,
+    expert) pairs of the whole cell that Megatron's map left out (None where dropless)."""
 
     def __init__(
         self,
@@ -601,37 +552,26 @@ class MegatronLayer:
         capacity_factor: float | None = None,
     ) -> None:
         """config: further TransformerConfig fields (megatron_deepep: the flex dispatcher)."""
-        from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+        from megatron.core.transformer.moe.moe_layer import MoESubmodules
 
         spec = inputs.spec
         if not spec.ffn:
             raise ValueError("MegatronLayer needs a layer cell (ffn > 0)")
-        ensure_parallel_state(spec.world_size)
         dev = inputs.x.device
-        self.spec = spec
         kw = dict(moe_permute_fusion=permute_fusion, use_cpu_initialization=dev.type != "cuda")
         if capacity_factor is not None:
             kw |= dict(moe_expert_capacity_factor=capacity_factor)
             kw |= dict(moe_pad_expert_input_to_capacity=True)
-        self.config = transformer_config(spec, **(kw | (config or {})))
         submodules = MoESubmodules(
             experts=layer_experts_spec(experts, spec.n_experts), router=FixedRouter
         )
-        fallback = grouped_gemm_fallback() if experts == "grouped" else contextlib.nullcontext()
-        with fallback as real_gg:
-            layer = MoELayer(self.config, submodules)
-        self.layer = layer.to(dev).eval()
+        real_gg = self._make_layer(spec, submodules, experts == "grouped", **(kw | (config or {})))
+        layer = self.layer = self.layer.to(dev).eval()
         copy_mlp_weights(layer.experts, inputs.w1, inputs.weights)
         layer.router.set_topk(inputs.expert_ids, inputs.gate, spec.n_experts)
-        self.dispatcher = layer.token_dispatcher
         T, H = spec.tokens_per_rank, spec.hidden
         self.x = inputs.x.view(T, 1, H)  # Megatron's [sequence, batch, hidden]
-        with torch.no_grad():
-            probs, rmap = layer.route(self.x)
-            self.hidden, self.probs = layer.preprocess(self.x, probs, rmap)
-            self.disp, self.disp_probs = layer.dispatch(self.hidden, self.probs)
-        # the flex dispatcher keeps its counts in its comm manager, set by every dispatch
-        self.tokens_per_expert = getattr(self.dispatcher, "tokens_per_expert", None)
+        self.hidden, self.probs, rmap = self._dispatch_once(self.x)
         self.capacity: int | None = getattr(self.dispatcher, "capacity", None)
         self.dropped = None if capacity_factor is None else self._dropped(rmap)
         if capacity_factor is not None and experts == "grouped" and not real_gg:
@@ -663,14 +603,6 @@ class MegatronLayer:
         w1 = self.layer.experts.weight1.view(self.spec.experts_per_rank, self.spec.hidden, -1)
         return f"{expert_gemm_impl(self.disp, w1)} (gmm stand-in: no grouped_gemm)"
 
-    def experts(self) -> torch.Tensor:
-        """routed_experts_compute on the held dispatched rows [R, H] -> [R, H] (x probs)."""
-        if self.tokens_per_expert is not None:
-            self.dispatcher.tokens_per_expert = self.tokens_per_expert
-        with torch.no_grad():
-            out, _ = self.layer.routed_experts_compute(self.disp, self.disp_probs)
-        return out
-
     def forward(self) -> torch.Tensor:
         """The timed region: the whole MoELayer forward, x [T, 1, H] -> out [T, H]."""
         with torch.no_grad():
@@ -680,13 +612,14 @@ class MegatronLayer:
         return out.view(self.spec.tokens_per_rank, self.spec.hidden)
 
     def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The experts on the held rows, and the unpermute of the held combine output."""
+        """The experts on the held rows [R, H] (sort by expert, fc1, gelu x probs, fc2, unsort)
+        and the unpermute of the held combine output -> [T, 1, H]."""
         y = self.experts()
         with torch.no_grad():
             return y, self.layer.postprocess(self.back, None)
 
     def comm_only(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The dispatch all-to-alls (rows, probs) and the combine all-to-all, on held rows."""
+        """The dispatch all-to-alls (rows, probs) and the combine's, on held rows."""
         with torch.no_grad():
             disp, _ = self.layer.dispatch(self.hidden, self.probs)
             return disp, self.layer.combine(self.y)

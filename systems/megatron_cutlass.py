@@ -1,21 +1,15 @@
 """Megatron-core with CUTLASS grouped GEMM experts (megatron-core 0.16.1; needs CUDA).
 
-The real MoELayer with the all-to-all token dispatcher, fed the harness routing through a router
-stub (systems/megatron_common.py explains the mapping). Megatron does not overlap the combine
-with the expert GEMMs: this baseline is serial in structure, with Megatron's own permutations
-(TE's fused kernels where TE is installed: param permute_fusion=auto; p_permute_fusion_used).
-
-Operator cells (scope gemm+combine): GroupedMLP's fc1 as the single-GEMM expert, timed from the
-dispatched rows: sort by local expert, GEMM, probs multiply, unsort, EP all-to-all, unpermute
--> out [T, N]. Layer cells (scope layer): the real MoELayer with legacy GroupedMLP (bf16 only),
-timed as the whole layer(x [T, 1, H]) -> [T, H]. The GEMM is grouped_gemm.ops.gmm, or without
-that package torch._grouped_mm (`impl` says which).
+The real MoELayer with the all-to-all token dispatcher (systems/megatron_common.py). Megatron
+does not overlap the combine with the expert GEMMs: serial in structure, with Megatron's own
+permutations (TE's fused kernels where TE is installed: permute_fusion=auto). Operator cells:
+GroupedMLP's fc1 as the single-GEMM expert; layer cells: legacy GroupedMLP (bf16 only). The GEMM
+is grouped_gemm.ops.gmm, or without that package torch._grouped_mm (`impl` says which).
 
 Param `capacity` (layer cells): "dropless" (default; its host sync keeps the step out of a CUDA
-graph) or "padded" (Megatron's drop-and-pad route at the cell's no-drop capacity: no host read,
-so it may be captured). The row's extra records capacity, expert_rows (W * capacity),
-capacity_factor and dropped_tokens; a (token, expert) pair dropped anyway fails setup (a dropped
-low-gate pair can pass the output check).
+graph) or "padded" (the drop-and-pad route at the cell's no-drop capacity: no host read, so it
+may be captured); a (token, expert) pair dropped anyway fails setup (a dropped low-gate pair can
+pass the output check).
 """
 
 from __future__ import annotations
@@ -39,9 +33,9 @@ def dropless_blocker(name: str) -> str:
     )
 
 
-class _MegatronStep(Step):
-    """A step on a megatron_common object `op` whose forward() is the timed region, with the
-    dropless dispatcher's capture blocker (system `name`)."""
+class MegatronStep(Step):
+    """A step on a megatron_common MegatronOperator or dropless MegatronLayer `op` of system
+    `name`: timed = op.forward(), the bounds op's on its held rows."""
 
     def __init__(self, op: Any, name: str) -> None:
         self.op, self.name = op, name
@@ -52,36 +46,14 @@ class _MegatronStep(Step):
     def capture_blocker(self) -> str | None:
         return dropless_blocker(self.name)
 
-
-class OperatorStep(_MegatronStep):
-    """Operator cell (scope gemm+combine) on megatron_common.MegatronOperator `op`, whose
-    setup ran route, preprocess and dispatch: timed = sort by local expert, expert GEMM
-    [R, K] x [E, K, N], probs multiply, unsort, EP all-to-all, unpermute -> out [T, N]."""
-
-    def compute_only(self) -> torch.Tensor:
-        """The experts on the held dispatched rows -> [R, N] (x probs)."""
-        return self.op.compute()
-
-    def comm_only(self) -> torch.Tensor:
-        """The EP all-to-all of the held expert rows [R, N] -> [S, N]."""
-        return self.op.combine(self.op.y_expert)
-
-
-class DroplessLayerStep(_MegatronStep):
-    """Layer cell (scope layer) on megatron_common.MegatronLayer `op` with the dropless
-    all-to-all dispatcher: timed = the whole MoELayer forward x [T, 1, H] -> out [T, H]."""
-
-    def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The experts on the held rows [R, H] and the unpermute of the held combine output
-        [T, 1, H]."""
+    def compute_only(self) -> Any:
         return self.op.compute_only()
 
-    def comm_only(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The dispatch all-to-alls (rows, probs) and the combine's, on held rows."""
+    def comm_only(self) -> Any:
         return self.op.comm_only()
 
 
-class PaddedLayerStep(DroplessLayerStep):
+class PaddedLayerStep(MegatronStep):
     """Layer cell on Megatron's drop-and-pad route (capacity=padded): the same layer forward,
     with host-constant counts and equal splits, so nothing in it reads the device on the
     host."""
@@ -106,10 +78,8 @@ class MegatronCutlassSystem(System):
     layer_scope = True
     #: Megatron experts of layer cells: "grouped" (GroupedMLP) or "te" (TEGroupedMLP)
     layer_experts = "grouped"
-    #: permute_fusion: Megatron's moe_permute_fusion (TE's fused permute / unpermute kernels);
-    #: "auto" = on where TE provides them, as Megatron users run it
-    #: capacity: "dropless" (Megatron's dropless all-to-all dispatcher) or "padded" (its
-    #: drop-and-pad route at the smallest capacity that drops nothing; layer cells only)
+    #: permute_fusion: Megatron's moe_permute_fusion ("auto": on where TE provides it);
+    #: capacity: CAPACITIES (module doc)
     PARAMS: ClassVar[dict[str, Any]] = {"permute_fusion": "auto", "capacity": "dropless"}
 
     @classmethod
@@ -142,20 +112,23 @@ class MegatronCutlassSystem(System):
         return None
 
     def build(self, ranks: list[CellInputs]) -> Step:
-        """An operator cell's OperatorStep, or a layer cell's DroplessLayerStep or
+        """An operator cell's or a dropless layer cell's MegatronStep, or a padded layer cell's
         PaddedLayerStep (the `capacity` param)."""
         from systems import megatron_common as mc
 
         mc.pin_cudnn_to_torch()  # before megatron imports Transformer Engine
         (inputs,) = ranks
         self.fusion = mc.resolve_permute_fusion(self.params["permute_fusion"])
+        return self._build(mc, inputs)
+
+    def _build(self, mc, inputs: CellInputs) -> Step:
         if not inputs.spec.ffn:
             return self._operator_step(mc, inputs)
         if self.params.get("capacity") == "padded":
             return self._padded_step(mc, inputs)
         op = mc.MegatronLayer(inputs, self.layer_experts, permute_fusion=self.fusion)
         self._layer_facts(mc, op, "alltoall")
-        return DroplessLayerStep(op, self.name)
+        return MegatronStep(op, self.name)
 
     def _operator_step(self, mc, inputs: CellInputs) -> Step:
         """The real MoELayer run from the harness's dispatched rows x_recv [R, K]."""
@@ -164,7 +137,7 @@ class MegatronCutlassSystem(System):
                                  inputs.x_recv, permute_fusion=self.fusion)  # fmt: skip
         self._impl = self.impl_name(mc, inputs)
         self.extra = {"megatron_core": mc.mcore_version(), "dispatcher": "alltoall"}
-        return OperatorStep(op, self.name)
+        return MegatronStep(op, self.name)
 
     def _padded_step(self, mc, inputs: CellInputs) -> Step:
         """The real MoELayer padded to the cell's no-drop capacity; a (token, expert) pair
@@ -187,13 +160,14 @@ class MegatronCutlassSystem(System):
             )
         return PaddedLayerStep(op, self.name)
 
-    def _layer_facts(self, mc, op: Any, route: str) -> None:
-        """impl and extra of a layer cell on MegatronLayer `op` through `route`."""
+    def _layer_facts(self, mc, op: Any, route: str, dispatcher: str | None = None) -> None:
+        """impl and extra of a layer cell on MegatronLayer `op` through `route` (extra's
+        dispatcher: `dispatcher`, else route)."""
         self._impl = (
             f"native (mcore {mc.mcore_version()} MoELayer+{route}; "
             f"experts {op.experts_name}, {op.gemm})"
         )
-        self.extra = dict(megatron_core=mc.mcore_version(), dispatcher=route)
+        self.extra = dict(megatron_core=mc.mcore_version(), dispatcher=dispatcher or route)
         self.extra |= dict(experts=op.experts_name, gemm=op.gemm)
 
     def resolved_params(self) -> dict[str, Any]:

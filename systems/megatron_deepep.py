@@ -2,19 +2,15 @@
 scale): megatron-core 0.16.1, deepseek-ai/DeepEP at 567632d, Transformer Engine grouped experts.
 
 The real MoELayer as megatron_te builds it for layer cells (systems/megatron_common.py
-MegatronLayer: router stub fed the harness routing, TEGroupedMLP fc1, gelu x probs, fc2), with
-moe_token_dispatcher_type="flex", moe_flex_dispatcher_backend="deepep" and
-moe_router_dtype="fp32": the dispatch and combine are DeepEP's normal (high-throughput) kernels
-through megatron's fused_a2a (Buffer.get_dispatch_layout, Buffer.dispatch, Buffer.combine, one
-Buffer per process that megatron holds), moe_deepep_num_sms = 20 (Megatron's default). Timed as
-the whole layer(x [T, 1, H]) forward -> out [T, H].
+MegatronLayer) with the FLEX settings: the dispatch and combine are DeepEP's normal
+(high-throughput) kernels through megatron's fused_a2a (one Buffer per process, megatron's),
+moe_deepep_num_sms = 20 (Megatron's default). Timed as the whole layer(x [T, 1, H]) -> [T, H].
 
 Not capturable: the normal dispatch waits on the host for the received counts (fused_a2a.py:
 "the CPU will wait for GPU's signal to arrive") and the permute reads tokens_per_expert.sum()
 on the host. No bounds: the flex dispatcher's expert step consumes its dispatch's state (the
 top-k probs become the multihot map), so the experts cannot be rerun on held rows.
-Cells DeepEP's normal kernels or the flex dispatcher refuse are skipped before any GPU work
-(unsupported()), W=1 among them.
+Cells the kernels or the flex dispatcher refuse (W=1 among them) are skipped before GPU work.
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ from harness.workload import WorkloadSpec
 from systems.deepep import UPSTREAM, deepep_version
 from systems.megatron_te import MegatronTESystem
 
-#: EP sizes DeepEP's normal kernels have a config for (deep_ep/buffer.py:245-259, else
-#: "Unsupported number of EP ranks")
+#: EP sizes DeepEP's normal kernels have a config for (deep_ep/buffer.py:245-259)
 EP_SIZES = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
 #: the intranode kernels' limits (one node, W <= 8): local experts per rank
 #: (csrc/kernels/intranode.cu:154, kNumThreads 128) and a bf16 row's half plus its barrier in a
@@ -74,8 +69,7 @@ def flex_limits(spec: WorkloadSpec) -> list[str]:
 
 class FlexLayerStep(Step):
     """The whole MoELayer forward on megatron_common.MegatronLayer `op` with the flex
-    dispatcher, x [T, 1, H] -> out [T, H]. No bounds: the flex dispatcher's expert step consumes
-    its dispatch's state, so the experts cannot be rerun on held rows."""
+    dispatcher, x [T, 1, H] -> out [T, H]; no bounds (module doc)."""
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -107,21 +101,11 @@ class MegatronDeepEPSystem(MegatronTESystem):
             return f"megatron_deepep (flex dispatcher on {UPSTREAM}): " + "; ".join(why)
         return None
 
-    def build(self, ranks) -> Step:
+    def _build(self, mc, inputs) -> Step:
         """The real MoELayer on the flex dispatcher (DeepEP's normal kernels)."""
-        from systems import megatron_common as mc
-
-        mc.pin_cudnn_to_torch()  # before megatron imports Transformer Engine
-        (inputs,) = ranks
-        self.fusion = mc.resolve_permute_fusion(self.params["permute_fusion"])
         op = mc.MegatronLayer(inputs, "te", permute_fusion=self.fusion, config=FLEX)
-        self._impl = (
-            f"native (mcore {mc.mcore_version()} MoELayer+flex/deepep {deepep_version()}; "
-            f"experts {op.experts_name}, {op.gemm})"
-        )
-        self.extra = dict(megatron_core=mc.mcore_version(), dispatcher="flex (deepep)")
+        self._layer_facts(mc, op, f"flex/deepep {deepep_version()}", "flex (deepep)")
         self.extra |= dict(deep_ep=UPSTREAM, deepep_num_sms=op.config.moe_deepep_num_sms)
-        self.extra |= dict(experts=op.experts_name, gemm=op.gemm)
         return FlexLayerStep(op)
 
     @property

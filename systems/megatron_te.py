@@ -1,11 +1,9 @@
 """Megatron-core with Transformer Engine grouped GEMM experts (TEGroupedMLP's GroupedLinear).
 
-megatron_cutlass's layer and router stub (systems/megatron_common.py) with TE experts: operator
-cells run TEGroupedMLP's linear_fc1 (weight{e} [N, K] = B_e^T) as the single-GEMM expert; layer
-cells run TEGroupedMLP as Megatron's TE spec builds it (fc1 weight{e} [F, H] = W1_e^T, gelu x
-probs, fc2 weight{e} [H, F] = W2_e^T), param `capacity` as megatron_cutlass. TE's math is never
-imitated: without transformer_engine every cell is a `skipped` row with the reason (the GPU
-machine gets TE 2.20.2 from the vendor wheels, `make wheels-gpu`).
+megatron_cutlass with TE experts: operator cells run TEGroupedMLP's linear_fc1 as the single-GEMM
+expert, layer cells TEGroupedMLP as Megatron's TE spec builds it. TE's math is never imitated:
+without transformer_engine every cell is skipped with the reason (the GPU machine gets TE 2.20.2
+from the vendor wheels, `make wheels-gpu`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """The paper's serial baseline: expert GEMMs, then the combine all-to-all, then scale.
 
-Operator cells (scope gemm+combine; _GemmCombineStep), timed region: grouped GEMM over rows
-sorted by expert [R, K] x [E, K, N] -> [R, N], un-permute to source order, all_to_all_single back
-to the owners, gate-weighted scale -> [T, N].
-Layer cells (ffn > 0, scope layer; _DeviceDispatchLayerStep at W=1, _PeerDispatchLayerStep at
-W > 1, _NcclDispatchLayerStep by the dispatch used), timed region from x [T, H] and the routing:
-sort by expert, counts exchange, dispatch, rows grouped by expert (skipped where the received
-(source, expert) order already is), fc1, GELU, fc2, back to the received order, combine, scale
--> [T, H]. Param `dispatch` (harness/dispatch_device.py DISPATCHES): "device" (the default,
-auto) needs no host sync (harness/dispatch_device.py at W=1, harness/dispatch_peer.py with one
-process per rank: the same dispatch as the overlap system's), so the step captures in a CUDA
-graph; "nccl" is harness/dispatch.py's all-to-all dispatch and combine with the split sizes'
-host sync (a labelled variant; what auto takes across CPU processes without Triton's
-interpreter).
-The GEMM is torch._grouped_mm where it applies (Hopper, bf16), a per-expert matmul elsewhere.
+Operator cells: grouped GEMM over rows sorted by expert [R, K] x [E, K, N] -> [R, N], back to the
+received order, all_to_all_single to the owners, gate-weighted scale -> [T, N]. Layer cells
+(ffn > 0), from x [T, H] and the routing: dispatch, rows grouped by expert (skipped where the
+received (source, expert) order already is), fc1, GELU, fc2, back, combine, scale -> [T, H].
+Param `dispatch` (harness/dispatch_device.py DISPATCHES): "device" (auto's default) needs no host
+sync (harness/dispatch_device.py at W=1, harness/dispatch_peer.py with one process per rank: the
+overlap system's dispatch), so the step captures in a CUDA graph; "nccl" is harness/dispatch.py's
+all-to-all dispatch and combine with the split sizes' host sync (auto's choice across CPU
+processes without Triton's interpreter). The GEMM is torch._grouped_mm where it applies (Hopper,
+bf16), a per-expert matmul elsewhere.
 """
 
 from __future__ import annotations
@@ -36,10 +32,9 @@ from harness.workload import WorkloadSpec
 
 
 class _GemmCombineStep(Step):
-    """Operator cell (scope gemm+combine) from the dispatched rows x_recv [R, K]: grouped GEMM
-    over the rows sorted by expert, back to the received order, combine all-to-all to the
-    owners, gate-weighted scale -> out [T, N]. The routing is fixed per cell, so the sort, its
-    inverse and the expert offsets are made here, untimed."""
+    """Operator cell from the dispatched rows x_recv [R, K] (module doc) -> out [T, N]. The
+    routing is fixed per cell, so the sort, its inverse and the expert offsets are made here,
+    untimed (offsets from host counts would cost a host-to-device copy every forward)."""
 
     def __init__(self, inputs: CellInputs, group) -> None:
         lay, dev = inputs.layout, inputs.x_recv.device
@@ -50,10 +45,7 @@ class _GemmCombineStep(Step):
         self.inv_perm[perm] = torch.arange(perm.numel(), device=dev)
         self.x_sorted = inputs.x_recv.index_select(0, perm).contiguous()  # [R, K] by expert
         self.counts = lay.expert_counts.tolist()  # [E] rows per local expert (host)
-        # expert offsets [E] int32 on the device from setup (as the overlap system's plan,
-        # built untimed): built from host counts they would cost a host-to-device copy every
-        # forward (until 9dfcb31 a blocking one, a stream sync)
-        self.offs = device_offsets(self.counts, dev)
+        self.offs = device_offsets(self.counts, dev)  # [E] int32
         self.weights = inputs.weights  # [E, K, N]
         self.y_recv = self.gemm()  # [R, N]: one untimed forward's rows, for the bounds
         self.y_back = combine(self.y_recv, lay, group)  # [S, N]
@@ -84,11 +76,9 @@ class _GemmCombineStep(Step):
 
 
 class _LayerStep(Step):
-    """Layer cell (ffn > 0, scope layer) from x [T, H], expert_ids [T, k] and gate [T, k]:
-    dispatch (counts exchange, rows), rows grouped by expert, fc1 W1 [E, H, F], GELU, fc2
-    W2 [E, F, H], back to the received order, combine, scale -> out [T, H]. `dispatch(x, ids)`
-    -> harness.dispatch.Dispatched is the subclass's; one untimed forward is held for the
-    bounds."""
+    """Layer cell from x [T, H], expert_ids [T, k] and gate [T, k] (module doc; fc1
+    W1 [E, H, F], fc2 W2 [E, F, H]) -> out [T, H]. The subclass gives `dispatch(x, ids)` ->
+    harness.dispatch.Dispatched; one untimed forward is held for the bounds."""
 
     #: extra's host_syncs: the host synchronisations of one step
     host_syncs = 1
@@ -113,18 +103,20 @@ class _LayerStep(Step):
         """y [R, H] in d's received order -> [S, H] this rank's rows in its send order."""
         return ld.combine(d, y, self.group)
 
+    def _expert_rows(self, d: ld.Dispatched) -> torch.Tensor:
+        """The experts on d's received rows, back in the received order -> [R, H]."""
+        return ld.from_expert_order(d, self.experts(d, ld.to_expert_order(d, d.x_recv)))
+
     def timed(self) -> torch.Tensor:
         d = self.dispatch(self.x, self.ids)
-        y = self.experts(d, ld.to_expert_order(d, d.x_recv))
-        back = self.combine(d, ld.from_expert_order(d, y))
+        back = self.combine(d, self._expert_rows(d))
         return Scaler.on_device(d.pos, self.gate, self.rows)(back)
 
     def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The scale of the held combine's rows [T, H] and the experts on the held dispatch's
         rows [R, H]: all but the all-to-alls."""
-        d = self.d
-        y = ld.from_expert_order(d, self.experts(d, ld.to_expert_order(d, d.x_recv)))
-        return Scaler.on_device(d.pos, self.gate, self.rows)(self.y_back), y
+        y = self._expert_rows(self.d)
+        return Scaler.on_device(self.d.pos, self.gate, self.rows)(self.y_back), y
 
     def comm_only(self) -> torch.Tensor:
         """The dispatch's row all-to-all and the combine's, with the held dispatch's splits."""
@@ -204,11 +196,10 @@ def _autograd_gemm(x: torch.Tensor, counts: list[int], w: torch.Tensor) -> torch
 
 
 class _TrainLayerStep(Step):
-    """Train cell (scope train): one forward + backward under torch autograd over serial's own
-    ops: the NCCL dispatch's labels (harness/dispatch.py, its host sync), the row gather and
-    NCCL's all-to-all (torch.distributed.nn, differentiable) for the rows both ways, the grouped
-    GEMMs, the scale in torch ops. timed() returns {"out", "dx", "dgate", "dw1", "dw2"}, fresh
-    every call."""
+    """Train cell: one forward + backward under torch autograd over serial's own ops: the NCCL
+    dispatch's labels (harness/dispatch.py, its host sync), the row gather and NCCL's
+    differentiable all-to-all (torch.distributed.nn) both ways, the grouped GEMMs, the scale in
+    torch ops. timed() returns {"out", "dx", "dgate", "dw1", "dw2"}, fresh every call."""
 
     timed_rank = None
     host_syncs = 1  # the dispatch's split sizes

@@ -1,25 +1,14 @@
 """Tutel, the real package (microsoft/tutel): `tutel.moe.moe_layer` fed the harness routing.
 
-The layer runs as Tutel users run it: a top-k gate with `capacity_factor` (0 = dropless, Tutel's
-own semantics: capacity from the busiest expert, so no token is dropped and the output equals the
-reference), and Tutel's adaptive pipelining degree `a2a_ffn_overlap_degree` = d, tuned per cell:
-every candidate in `degrees` is timed on the cell and the fastest kept (the choice and every
-candidate's time are in the row). The router is a stub whose logits make the gate's top-k and
-normalised weights exactly the cell's routing (log w on the chosen experts, -1e9 elsewhere), built
-on every forward from the CellInputs' expert_ids and gate (`router_logits`; a [T, G] fill and
-scatter inside the timed region, as Megatron's stub pays), so routing copied into those tensors
-is followed (the models experiment does this).
-
-Experts: operator cells (ffn = 0) use single-GEMM custom experts (x [E, W*C, K] @ B [E, K, N]);
-FFN cells (ffn = F) use Tutel's own FFN expert class (tutel.experts.ffn.FusedExpertsNetwork, what
-experts type "ffn" builds) with our weights in its layout (`tutel_ffn_weights`), no biases and
-GELU (erf form) as activation_fn: y = gelu(x @ batched_fc1_w^T) @ batched_fc2_w. It is passed as
-a custom module only to skip Tutel's random nn.Linear init of weights we overwrite anyway.
-
-Timed region (scope "layer"): the whole moe_layer from this rank's tokens x [T, K]: gate stub,
-Tutel's encode, dispatch all-to-all, experts, combine all-to-all and decode -> out [T, N].
-Needs CUDA and the `tutel` package (the registry skips the system with the reason otherwise).
-The re-implementation of the same strategy is the separate system `tutel_reimpl`.
+As Tutel users run it: a top-k gate with `capacity_factor` (0 = Tutel's dropless: capacity from
+the busiest expert, so the output equals the reference) and a2a_ffn_overlap_degree = d tuned per
+cell (every candidate in `degrees` timed, the fastest kept). The router stub's logits make the
+gate's top-k and weights exactly the cell's routing (`router_logits`), rebuilt on every forward
+from the CellInputs' expert_ids and gate (inside the timed region, as Megatron's stub pays), so
+routing copied into them is followed. Experts: operator cells single-GEMM custom experts; FFN
+cells Tutel's FusedExpertsNetwork with our weights (`tutel_ffn_weights`), no biases, GELU (erf),
+passed as a custom module only to skip Tutel's random init of weights we overwrite anyway.
+Timed region: the whole moe_layer, x [T, K] -> out [T, N]. Needs CUDA and `tutel`.
 """
 
 from __future__ import annotations
@@ -33,6 +22,7 @@ from harness.system import CellInputs, Step, System, int_param, list_param
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
 from systems import package_version
+from systems.overlap.plan import owner_expert_counts
 
 DEFAULT_DEGREES = (1, 2, 4, 8)
 #: Tutel's encode / decode kernels index its buffers with 32-bit ints
@@ -45,20 +35,20 @@ def buffer_width(spec: WorkloadSpec) -> int:
     return max(spec.hidden, spec.out, spec.ffn)
 
 
+def expert_counts(spec: WorkloadSpec) -> torch.Tensor:
+    """cnt [W, G]: rows source rank s sends to global expert g (from the seeded routing)."""
+    return owner_expert_counts(routing_of(spec).expert_ids, spec.experts_per_rank)
+
+
 def dropless_capacity(spec: WorkloadSpec) -> int:
     """Tutel's dropless capacity C: the busiest (source rank, global expert) pair's rows."""
-    ids = routing_of(spec).expert_ids  # [W, T, k]
-    return max(
-        int(torch.bincount(ids[r].reshape(-1), minlength=spec.n_experts).max())
-        for r in range(spec.world_size)
-    )
+    return int(expert_counts(spec).max())
 
 
 class MoeLayerStep(Step):
     """Tutel's moe_layer on this rank's tokens x [T, K] at a2a_ffn_overlap_degree `degree`
-    (set by the tuning) -> out [T, N]. Its router stub is the cell's routing, rebuilt from
-    expert_ids [T, k] and gate [T, k] on every forward (as Megatron's stub does), so new
-    routing copied into those tensors is followed."""
+    (set by the tuning) -> out [T, N], its router stub reading expert_ids [T, k] and gate
+    [T, k] on every forward."""
 
     def __init__(self, layer: Any, inputs: CellInputs) -> None:
         self.layer, self.x = layer, inputs.x
@@ -86,16 +76,10 @@ class TutelSystem(System):
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
         check_tuning(params)
-        if isinstance(params["capacity_factor"], bool) or not isinstance(
-            params["capacity_factor"], (int, float)
-        ):
-            raise ValueError(
-                f"tutel: capacity_factor must be a number, got {params['capacity_factor']!r}"
-            )
-        degrees = candidates(params)
-        if not degrees or any(d < 1 for d in degrees):
-            raise ValueError(f"tutel: degrees must be positive integers, got {degrees}")
-        if float(params["capacity_factor"]) < 0:
+        cf = params["capacity_factor"]
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)):
+            raise ValueError(f"tutel: capacity_factor must be a number, got {cf!r}")
+        if float(cf) < 0:
             raise ValueError("tutel: capacity_factor must be >= 0 (0 = dropless)")
 
     @classmethod
@@ -175,11 +159,14 @@ def router_logits(ids: torch.Tensor, gate: torch.Tensor, n_experts: int) -> torc
 
 
 def check_tuning(params: dict[str, Any]) -> None:
-    """degree (0 = tune), degrees and tune_iters are integers (both Tutel systems take them)."""
+    """degree (0 = tune), degrees and tune_iters are integers, and there is a degree to try
+    (both Tutel systems take them)."""
     int_param("tutel", "degree", params.get("degree", 0), least=0)
     int_param("tutel", "tune_iters", params.get("tune_iters", 3), least=1)
     for d in list_param("tutel", "degrees", params.get("degrees", DEFAULT_DEGREES)):
         int_param("tutel", "degrees", d, least=1)
+    if not candidates(params):
+        raise ValueError("tutel: degrees must be positive integers, got []")
 
 
 def candidates(params: dict[str, Any]) -> list[int]:
@@ -202,11 +189,9 @@ class _TutelSingleGemm(torch.nn.Module):
 
 
 def tutel_ffn_weights(w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Our FFN weights in Tutel's FusedExpertsNetwork layout (both [E, F, H]).
-
-    w1 [E, H, F] (h = x @ W1_e) -> batched_fc1_w [E, F, H], nn.Linear's [out, in] per expert
-    (Tutel computes x @ batched_fc1_w.permute(0, 2, 1)); w2 [E, F, H] -> batched_fc2_w
-    [E, F, H] as it is (Tutel computes h @ batched_fc2_w)."""
+    """Our FFN weights in Tutel's FusedExpertsNetwork layout: w1 [E, H, F] -> batched_fc1_w
+    [E, F, H] (Tutel computes x @ batched_fc1_w.permute(0, 2, 1)); w2 [E, F, H] as it is
+    (Tutel computes h @ batched_fc2_w)."""
     return w1.transpose(1, 2).contiguous(), w2.contiguous()
 
 

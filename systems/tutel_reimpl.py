@@ -1,34 +1,21 @@
-"""Tutel baseline: capacity-padded all-to-all, pipelined along the capacity dimension.
+"""Tutel's strategy re-implemented: capacity-padded all-to-all, pipelined along the capacity.
 
-Tutel (Hwang et al., MLSys 2023; microsoft/tutel) lays the dispatched tokens out as a dense,
-capacity-padded tensor [E_global, C, K]: expert g's rows from this rank sit at [g, 0:count) and
-the rest is zero padding, so both all-to-alls are EQUAL-size all_to_all_single calls (each rank
-sends E*C rows to every rank). Its overlap (tutel/impls/overlap.py, a2a_ffn_overlap_forward)
-splits that tensor along the capacity dimension into d chunks (C padded to a multiple of d):
-all d dispatch all-to-alls are enqueued first on a dedicated communication stream, each
-releasing an event; the compute stream runs per chunk: wait, expert, record; the combine
-all-to-all of chunk i waits for that chunk's expert. Tutel picks d per workload
-(its "adaptive pipelining degree"); we time every candidate d on the cell and keep the fastest.
+Tutel (Hwang et al., MLSys 2023; microsoft/tutel) lays the dispatched tokens out as a dense
+tensor [E_global, C, K] padded to capacity C (here the busiest (source rank, global expert)
+pair's rows: nothing dropped), so both all-to-alls are EQUAL-size all_to_all_single calls. Its
+overlap (tutel/impls/overlap.py) splits it along C into d chunks: the d dispatch all-to-alls
+are enqueued first on a comm stream; per chunk the compute stream waits, runs the expert and
+records; chunk i's combine waits for its expert. Tutel picks d per workload; we time every
+candidate d on the cell and keep the fastest. The CPU (gloo) runs the same order, no streams.
 
-This module is the re-implementation (system `tutel_reimpl`, impl "reimpl"); the real package
-runs as the system `tutel` (systems/tutel.py) where it is installed. Capacity C = the most rows
-any (source rank, global expert) pair has, so no token is dropped and the output equals the
-reference. On the CPU (gloo) there are no streams: the same chunk order runs without them.
-
-Scope (param `scope`):
-  "gemm+combine" (default, ChunkedCombineStep): setup runs the chunked dispatch once
-      (untimed); the timed region is per chunk expert GEMM + combine all-to-all, then decode
-      (gate-weighted sum) -> [T, N].
-  "layer" (ChunkedLayerStep): the timed region also encodes x into the padded layout and runs
-      the d dispatch all-to-alls (Tutel's full pipeline).
-
-Buffers (reimpl), Cc = C / d rows per (expert, chunk), G = W * E global experts:
+Scope (param `scope`): "gemm+combine" (default; the chunked dispatch runs once at setup, timed:
+per chunk expert GEMM + combine, then decode -> [T, N]) or "layer" (also the encode of x and the
+d dispatch all-to-alls: Tutel's full pipeline). Buffers, Cc = C / d, G = W * E:
   xs [d, G*Cc, K]   padded send buffer of this rank's tokens (chunk-major)
   xr [d, W*E*Cc, K] received chunks, rows (source, local expert, slot)
   ys [d, W*E*Cc, N] expert output in the same layout
   yr [d, G*Cc, N]   combine result at the owner, rows (global expert, slot)
-Params: degrees (candidates, default [1, 2, 4, 8]), degree (fix d; 0 = adaptive),
-tune_iters (timed iterations per candidate, default 3), scope.
+Params: degrees (candidates), degree (fix d; 0 = tune), tune_iters (per candidate), scope.
 """
 
 from __future__ import annotations
@@ -43,7 +30,7 @@ from harness.layout import send_order
 from harness.system import CellInputs, RunContext, Step, System
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
-from systems.tutel import DEFAULT_DEGREES, candidates, check_tuning
+from systems.tutel import DEFAULT_DEGREES, candidates, check_tuning, expert_counts
 
 SCOPES = ("gemm+combine", "layer")
 
@@ -55,21 +42,10 @@ def check_scope(owner: str, params: dict[str, Any]) -> None:
         raise ValueError(f"{owner}: scope must be one of {SCOPES}, got {scope!r}")
 
 
-def expert_counts(spec: WorkloadSpec) -> torch.Tensor:
-    """cnt [W, G]: rows source rank s sends to global expert g (from the seeded routing)."""
-    W, G = spec.world_size, spec.n_experts
-    ids = routing_of(spec).expert_ids.reshape(W, -1)
-    return torch.stack([torch.bincount(ids[s], minlength=G) for s in range(W)])
-
-
 def padded_slots(spec: WorkloadSpec, rank: int, chunk_rows: int, degree: int) -> torch.Tensor:
-    """Flat row [S] of each of rank's send rows (send order) in the chunk-major padded layout.
-
-    A row for global expert g at slot p (its rank among rank's rows for g, in token order) goes
-    to chunk p // Cc, row g * Cc + p % Cc of that chunk, i.e. flat index
-    (p // Cc) * G * Cc + g * Cc + p % Cc.
-    The combine brings the row's expert output back to the same flat position.
-    """
+    """Flat row [S] of each of rank's send rows (send order) in the chunk-major padded layout:
+    a row for global expert g at slot p (its rank among rank's rows for g, in token order) goes
+    to (p // Cc) * G * Cc + g * Cc + p % Cc. The combine brings its output back there."""
     G = spec.n_experts
     _, gid = send_order(spec, rank)  # sorted by global expert, then token
     count = torch.bincount(gid, minlength=G)
@@ -83,17 +59,14 @@ def padded_slots(spec: WorkloadSpec, rank: int, chunk_rows: int, degree: int) ->
 
 class PipelinedStep(Step):
     """Scope gemm+combine of a pipeline of `stages` stages (Tutel's capacity chunks, FasterMoE's
-    group steps): the dispatch ran once per set-up (setup_dispatch, untimed); the timed region is
-    per stage the expert compute and the combine (on the comm stream `comm`), then the output
-    step -> out [T, N]. On the CPU (comm None) the same order runs without streams.
-    COMBINE_EACH: each stage's combine is enqueued right after its compute (Tutel), else every
-    combine after the last compute (FasterMoE).
+    group steps): the dispatch ran once at setup (setup_dispatch); the timed region is per stage
+    the expert compute and the combine (on the comm stream `comm`; the CPU, comm None, runs the
+    same order without streams), then the output step -> out [T, N]. COMBINE_EACH: each stage's
+    combine right after its compute (Tutel), else every combine after the last compute.
 
-    A subclass sets `system` (its name) and `stages`, calls _events(stages) and defines the
-    parts: _encode() (this rank's tokens into the send buffer), and per stage i
-    _dispatch_stage(i), _compute(i) (the experts on its received rows), _combine(i) (the expert
-    rows back to their sources); _output() -> [T, N] from the combined rows and _combined()
-    (the buffer the combine writes, comm_only's result).
+    A subclass sets `system` and `stages`, calls _events(stages) and defines _encode() (this
+    rank's tokens into the send buffer), per stage i _dispatch_stage(i), _compute(i),
+    _combine(i), and _output() -> [T, N] and _combined() (the combine's buffer).
     """
 
     system = ""
@@ -106,13 +79,13 @@ class PipelinedStep(Step):
         self.comm = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
 
     def _events(self, n: int) -> None:
-        """ev_in / ev_out: an event per stage (its rows received / its compute done; GPU)."""
+        """ev_in / ev_out: per stage, its rows received / its compute done (GPU)."""
         cuda = self.comm is not None
         self.ev_in = [torch.cuda.Event() if cuda else None for _ in range(n)]
         self.ev_out = [torch.cuda.Event() if cuda else None for _ in range(n)]
 
     def setup_dispatch(self) -> None:
-        """Every stage's dispatch, once and untimed: the received rows are there from here on."""
+        """Every stage's dispatch, once and untimed."""
         self._encode()
         for i in range(self.stages):
             self._dispatch_stage(i)
@@ -120,9 +93,8 @@ class PipelinedStep(Step):
     # the timed region ----------------------------------------------------------------------
 
     def _dispatch(self, cur) -> None:
-        """What the timed region runs before the stages' compute, on the current stream `cur`
-        (None on the CPU): here, only let the comm stream follow (the previous iteration's
-        output step has read the combine's buffer)."""
+        """Before the stages' compute, on stream `cur` (None on the CPU): the comm stream
+        follows (the previous iteration's output step has read the combine's buffer)."""
         if cur is not None:
             self.comm.wait_stream(cur)
 
@@ -171,13 +143,12 @@ class PipelinedStep(Step):
 
 class PipelinedLayer(PipelinedStep):
     """Scope layer: the timed region also encodes x and runs every stage's dispatch on the comm
-    stream, each stage's compute waiting for its rows (event ev_in[i])."""
+    stream (recording ev_in[i]), each stage's compute waiting for its rows."""
 
     def setup_dispatch(self) -> None:
         """Nothing: the timed region dispatches."""
 
     def _dispatch(self, cur) -> None:
-        """Encode, then every stage's dispatch (on the comm stream, recording ev_in[i])."""
         self._encode()
         if cur is None:
             for i in range(self.stages):
@@ -220,9 +191,8 @@ class _State:
 
 
 class ChunkedCombineStep(PipelinedStep):
-    """Scope gemm+combine: the chunked dispatch ran once per degree (set_degree, untimed); the
-    timed region is per chunk the expert GEMM and the combine all-to-all, then the decode
-    -> out [T, N]. Buffers of the degree in `st` (module doc)."""
+    """Scope gemm+combine (module doc); the chunked dispatch runs once per degree (set_degree).
+    Buffers of the degree in `st`."""
 
     system = "tutel_reimpl"
 
@@ -266,11 +236,8 @@ class ChunkedCombineStep(PipelinedStep):
         self.setup_dispatch()
 
     def _agreed(self, alloc):
-        """Run alloc() on every rank; if it runs out of memory on any rank, raise on all.
-
-        The padded buffers have the same size on every rank (equal-size all-to-all), but a
-        failure on one rank alone would leave the others waiting in the next collective.
-        """
+        """Run alloc() on every rank; if it runs out of memory on any rank, raise on all (a
+        failure on one rank alone would leave the others waiting in the next collective)."""
         out, ok = None, 1.0
         try:
             out = alloc()
@@ -311,10 +278,8 @@ class ChunkedCombineStep(PipelinedStep):
         dist.all_to_all_single(self.st.yr[c], self.st.ys[c], group=self.group)
 
     def _output(self) -> torch.Tensor:
-        """fast_decode: per token, gather its k rows from yr [T, k, N]; gate-weighted sum -> [T, N].
-
-        A gather per token (as Tutel's decode kernel), weights and sum in float32.
-        """
+        """fast_decode: per token, gather its k rows from yr [T, k, N] (as Tutel's decode
+        kernel); gate-weighted sum in float32 -> [T, N]."""
         T, k, N = self.spec.tokens_per_rank, self.spec.top_k, self.spec.out
         rows = self.st.yr.view(-1, N).index_select(0, self.st.idx_tk).view(T, k, N)
         return (rows.float() * self.gates[:, :, None]).sum(1).to(rows.dtype)
@@ -324,8 +289,7 @@ class ChunkedCombineStep(PipelinedStep):
 
 
 class ChunkedLayerStep(PipelinedLayer, ChunkedCombineStep):
-    """Scope layer: the timed region also encodes x into the padded layout and runs the d
-    dispatch all-to-alls on the comm stream, each chunk's expert waiting for its chunk."""
+    """Scope layer: Tutel's full pipeline (encode, d dispatch all-to-alls, chunks, decode)."""
 
 
 class TutelReimplSystem(System):
@@ -342,8 +306,6 @@ class TutelReimplSystem(System):
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
         check_scope("tutel", params)
         check_tuning(params)
-        if not candidates(params):  # check_tuning took each degree as an integer >= 1
-            raise ValueError("tutel degrees must be positive integers, got []")
 
     def build(self, ranks: list[CellInputs]) -> Step:
         """The step of the `scope` param at the degree tuned on the cell."""

@@ -44,6 +44,17 @@ def _spec(routing: str = "moderate_skew", W: int = 4, dtype: str = "float32") ->
     )
 
 
+def routing_tensors(
+    spec: WorkloadSpec, rank: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The harness routing as Megatron's router output: probs [T, G] f32, routing_map [T, G]."""
+    from systems.megatron_common import topk_to_dense
+
+    routing = routing_of(spec)
+    ids, gate = routing.expert_ids[rank].to(device), routing.gate_weights[rank].to(device)
+    return topk_to_dense(ids, gate, spec.n_experts)
+
+
 # registry ----------------------------------------------------------------------------------
 
 
@@ -88,8 +99,6 @@ def test_transformer_config_translation() -> None:
 
 @needs_mcore
 def test_routing_tensors_match_the_harness_routing() -> None:
-    from systems.megatron_common import routing_tensors
-
     spec = _spec()
     probs, rmap = routing_tensors(spec, 1, torch.device("cpu"))
     r = routing_of(spec)
@@ -111,8 +120,6 @@ def test_megatron_permute_gives_the_harness_send_order(routing: str) -> None:
     EP all-to-all then delivers exactly the harness's x_recv on every rank.
     """
     from megatron.core.transformer.moe.moe_utils import permute
-
-    from systems.megatron_common import routing_tensors
 
     spec = _spec(routing)
     for rank in range(spec.world_size):
@@ -315,12 +322,12 @@ def test_grouped_mlp_layout_is_what_grouped_mlp_reads() -> None:
 @needs_mcore
 def test_te_mlp_layout_and_copy() -> None:
     """TEGroupedMLP: linear_fc1.weight{e} [F, H] = W1_e^T, linear_fc2.weight{e} [H, F] = W2_e^T."""
-    from systems.megatron_common import copy_mlp_weights, te_mlp_layout
+    from systems.megatron_common import copy_mlp_weights, te_fc1_layout
 
     spec = _layer_spec()
     w1, w2 = _ffn_weights(spec)
     E, H, F = w1.shape
-    fc1, fc2 = te_mlp_layout(w1, w2)
+    fc1, fc2 = te_fc1_layout(w1), te_fc1_layout(w2)
     experts = torch.nn.Module()  # parameters only, named as TEGroupedMLP's; no TE math imitated
     for name, shape in (("linear_fc1", (F, H)), ("linear_fc2", (H, F))):
         lin = torch.nn.Module()
@@ -359,7 +366,7 @@ def test_copy_into_grouped_mlp_parameters() -> None:
 
 @needs_mcore
 def test_topk_router_stub_matches_routing_tensors() -> None:
-    from systems.megatron_common import FixedRouter, routing_tensors, topk_to_dense
+    from systems.megatron_common import FixedRouter, topk_to_dense
 
     spec = _layer_spec(W=2)
     r = routing_of(spec)
