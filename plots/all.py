@@ -1,14 +1,11 @@
 """Regenerate every figure from results/*.parquet and results/reference/**/*.parquet.
 
-Each table's file name (its experiment) picks the figure script in FIGURES; figures are named by
-experiment and machine (figure_names): `reference_<machine>_<experiment>` for a committed table,
-`<machine>_<experiment>` for a local one (the machine of its newest rows), so reference and local
-tables never overwrite each other. results/REPORT.md indexes the committed tables' figures.
-
-A figure that cannot be redrawn never stays behind looking current: its old files are removed.
-A table that cannot be read whole (a damaged footer or a damaged page in the middle), a folder
-named like a table (the harness refuses it too), or a figure script that crashes, is an error:
-every other figure is still drawn, then the command exits 1 naming the tables.
+A table's stem (its experiment) picks the figure script (FIGURES); figures are named
+`reference_<machine>_<experiment>` for a committed table, `<machine>_<experiment>` for a local one
+(the machine of its newest rows), so the two never overwrite each other. A figure that cannot be
+redrawn never stays behind looking current: its old files are removed. An unreadable table, a
+folder named like a table, or a crashing figure script is an error: every other figure is still
+drawn, then the command exits 1 naming the tables.
 """
 
 from __future__ import annotations
@@ -65,15 +62,9 @@ def _parts(table: Path) -> tuple[str, ...]:
     return PARTS.get(FIGURES.get(table.stem, "").removeprefix("plots."), ("",))
 
 
-def reference_names(key: str) -> list[str]:
-    """The figure files (no suffix) of the committed table `<machine>/<experiment>`."""
-    return figure_names(Path("results/reference", f"{key}.parquet"), Path("results"))
-
-
 def figure_base(table: Path, results: Path, df: pd.DataFrame | None = None) -> str:
-    """A table's figure name: `reference_<machine>_<experiment>` under
-    results/reference/<machine>/, else `<machine>_<experiment>` with the machine of df's newest
-    rows (plots.common.machine)."""
+    """A table's figure name: `reference_<machine>_<experiment>` under results/reference/, else
+    `<machine>_<experiment>` (plots.common.machine of df)."""
     rel = table.with_suffix("").relative_to(results).parts
     if rel[0] == "reference":
         return "_".join(rel)

@@ -1,8 +1,6 @@
-"""Fig 3a: consumer bandwidth against transfer (segment) size, one line per cCTA, one panel per
-transport, with the all_to_all_single reference (dashed) where one was measured. Higher is
-better. GB/s count only the bytes that leave the sending GPU (copied within it on loopback).
-Input: the `bandwidth` experiment's table (experiments/bandwidth.py). Loopback is a local copy
-on one GPU, never an interconnect figure; each panel's title says which transport and W.
+"""Fig 3a: consumer bandwidth against segment size, one line per cCTA, one panel per transport,
+with the all_to_all_single reference (dashed) where measured. Higher is better. GB/s count only
+the bytes that leave the sending GPU; loopback is a copy on one GPU, never an interconnect figure.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Figs 6-8: the overlap system against serial per cCTA and mgb (operator scope).
+"""Figs 6-8: the overlap system against serial per cCTA and mgb (operator scope, one run).
 
-Input: the `ccta_mgb` table (conf/experiment/ccta_mgb.yaml): the overlap system's cCTA x mgb
-sweep, its `auto` cells and serial once per workload, all from one run. One panel per shape
-(rows) and routing (columns): speedup = latency(serial) / latency(overlap) against cCTA, one line
-per (transport, mgb); higher is better, below 1 the overlap system is slower than serial. A star
-marks the measured optimum, a red diamond the adaptive pick (ccta=auto, mgb=auto) at the cCTA it
-ran with. Without serial rows (a loopback table: serial cannot play W ranks in one process) the
-panels show latency in ms instead. summary(): per workload and transport the best (cCTA, mgb),
-the cCTA=2 slowdown (against serial and against the best) and the auto pick against the best;
-`python -m plots.ccta_mgb --summary` prints it. The panels' notes give speedups (serial / cCTA=2,
-best / auto: higher is better) and whether the best and the runner-up setting (and the auto
-pick) lie apart beyond their 95% CIs.
+One panel per shape (rows) and routing (columns): latency(serial) / latency(overlap) against
+cCTA, one line per (transport, mgb); higher is better. A star marks the measured optimum, a red
+diamond the auto pick at the cCTA it ran with. Without serial rows (loopback: serial cannot play
+W ranks in one process) the panels show latency in ms. The notes say whether the best, the
+runner-up and the auto pick lie apart beyond their 95% CIs; `--summary` prints summary().
 """
 
 from __future__ import annotations
@@ -28,9 +22,8 @@ SHAPE = ["tokens_per_rank", "hidden", "out", "experts_per_rank"]
 
 
 def overlap_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The ok overlap rows with `ccta`/`mgb` (numbers, NaN for `auto`), `auto` (both asked
-    auto), `order` (the visiting order run: p_order_used, else p_order) and `serial_ms`/`speedup`
-    against serial on the same workload (NaN without serial)."""
+    """The ok overlap rows with `ccta`/`mgb` (NaN for `auto`), `auto` (both asked auto), `order`
+    (p_order_used, else p_order) and `serial_ms`/`speedup` against serial (NaN without)."""
     df = df[df["status"] == "ok"]
     ser = df[df["system"] == "serial"].groupby(WORKLOAD, as_index=False)["latency_ms"].min()
     o = df[df["system"] == "overlap"].copy()

@@ -1,7 +1,6 @@
-"""cCTA sweep of the overlap system: overlapped latency against cCTA with its two bounds
-(compute alone on all SMs, combine alone on cCTA SMs), one panel per routing, one line style per
-mgb; below, the overlap ratio. Latency: lower is better; overlap ratio: higher is better.
-"""
+"""cCTA sweep of the overlap system, one panel per routing, one line per mgb: latency against
+cCTA with its two bounds (compute alone on all SMs, combine alone on cCTA SMs; lower is better);
+below, the overlap ratio (higher is better)."""
 
 from __future__ import annotations
 

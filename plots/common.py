@@ -31,9 +31,8 @@ def _col(df: pd.DataFrame, name: str) -> pd.Series:
 
 
 def overlap_variant(df: pd.DataFrame) -> pd.Series:
-    """Per row, the overlap system's kept knobs that make it another line where they differ
-    from the defaults: the transport, the layout (compact), the order (expert, or what auto
-    chose), the consumer (`shared SMs, cCTA <c>`); "" for every other system."""
+    """Per overlap row, its transport and the kept knobs off their defaults (layout, order,
+    `shared SMs, cCTA <c>`): each variant its own line; "" for every other system."""
     tr = _col(df, "transport").fillna("").astype(str)
     out = []
     for s, t, la, od, co, cc in zip(
@@ -52,7 +51,7 @@ def overlap_variant(df: pd.DataFrame) -> pd.Series:
 
 
 def line_label(df: pd.DataFrame) -> pd.Series:
-    """Per row, the plotted line: the system's label, the overlap system with its variant
+    """Per row, the plotted line: the system's label, with its variant for the overlap system
     ("Overlap (ours) (p2p, compact)"); never a best-of over variants."""
     var = overlap_variant(df)
     lines = [f"{label(s)} ({v})" if v else label(s) for s, v in zip(df["system"], var)]
@@ -73,14 +72,13 @@ def placements(df: pd.DataFrame) -> pd.DataFrame:
     return ok
 
 
-#: the columns of a row that say how it was measured (where the table has them): rows of two
-#: settings are never drawn in one figure
+#: the columns that say how a row was measured: rows of two settings never share a figure
 SETTING = ("hardware", "backend", "warmup", "iters", "rounds", "queue_ahead")
 
 
 def newest_setting(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
-    """The rows of the table's newest measurement setting (the values of its SETTING columns;
-    the newest by the newest row of each); says on stdout what it left out."""
+    """The rows of the table's newest measurement setting (SETTING columns, by the newest row of
+    each); says on stdout what it left out."""
     cols = [c for c in SETTING if c in df]
     if not cols or df.empty:
         return df
@@ -106,8 +104,8 @@ def _join(v: pd.Series) -> str:
 
 
 def machine(df: pd.DataFrame) -> str:
-    """The machine of a table's newest rows, named as the folders of results/reference/ are:
-    "cpu", "h200", "h200x2" (the GPU's model, and the count where more than one)."""
+    """The machine of a table's newest rows, named as results/reference/'s folders: "cpu",
+    "h200", "h200x2" (the GPU's model, and the count where more than one)."""
     from harness.records import machine_name
 
     if df.empty or "gpu_count" not in df:
@@ -127,17 +125,15 @@ TIMING_KNOBS = ("p_dispatch",)
 
 
 def graphed(df: pd.DataFrame) -> pd.Series:
-    """Per row, True where its step was timed as CUDA-graph replays (`graph`); a table older
-    than the column, or a missing value, is eager."""
+    """Per row, True where its step was timed as CUDA-graph replays (`graph`; missing: eager)."""
     g = _col(df, "graph")
     return g.where(g.notna(), False).astype(bool)
 
 
 def prefer_graph(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
-    """The rows a figure of one latency per (system, cell) draws: where a system's cell
-    (SYSTEM_CELL and its knobs, TIMING_KNOBS aside) has an ok row timed as CUDA-graph replays,
-    that cell's eager rows leave; a cell without one keeps every row. Says on stdout what it
-    left out."""
+    """Where a system's cell (SYSTEM_CELL and its knobs, TIMING_KNOBS aside) has an ok CUDA-graph
+    row, its eager rows leave; a cell without one keeps every row. Says on stdout what it left
+    out."""
     g = graphed(df)
     ok = g & (df["status"] == "ok") if "status" in df else g
     if not ok.any():
@@ -153,8 +149,8 @@ def prefer_graph(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
 
 
 def timing_note(df: pd.DataFrame) -> str:
-    """ "timing: CUDA-graph replay", "timing: eager", or which systems' rows are graph replays
-    (the rest eager): the timing of df's rows, for a title."""
+    """The timing of df's rows, for a title: "timing: CUDA-graph replay", "timing: eager", or
+    which systems' rows are graph replays."""
     g = graphed(df)
     if len(df) and g.all():
         return "timing: CUDA-graph replay"
@@ -187,8 +183,8 @@ def save(fig: plt.Figure, out_dir: str | Path, name: str, title: str = "") -> li
 
 
 def transport_note(df: pd.DataFrame, timing: bool = True) -> str:
-    """A caption fragment naming the transports and hardware, so proxies are never mistaken,
-    and (with `timing`: figures of latencies) the timing (timing_note)."""
+    """A caption naming the transports and hardware, so proxies are never mistaken, and with
+    `timing` (figures of latencies) timing_note."""
     tr = ", ".join(sorted(set(df["transport"].dropna().astype(str)) - {""})) or "?"
     gpu = ", ".join(sorted(set(_col(df, "gpu_name").dropna().astype(str)))) or "?"
     w = ", ".join(str(int(v)) for v in sorted(set(_col(df, "world_size").dropna())))
@@ -237,12 +233,10 @@ def panel_grid(
     rows: dict[str, str] | None = None, colors: dict | None = None, ncol: int = 4,
     hlines: tuple[float, ...] = (1.0,), extra: Callable | None = None, logy: bool = False,
 ) -> plt.Figure:  # fmt: skip
-    """One panel per (a value of the `rows` columns, a routing), one line per value of `line`:
-    the median of `y` against experts per rank (log2), its colour from `colors` (else palette).
-    `rows` (N unless given) maps a column to its short name in the panel titles; its columns of
-    one value join the title's first line instead. `extra(ax, rows of the line, style)` draws
-    more of each line. One legend above the panels (a line per colour, in at most `ncol`
-    columns), the title above the legend."""
+    """One panel per (value of the `rows` columns, routing), one line per value of `line`: the
+    median of `y` against experts per rank (log2). `rows` (default N) maps a column to its short
+    name in panel titles; columns of one value join the title instead. `extra(ax, rows of the
+    line, style)` draws more per line. One legend above the panels, the title above it."""
     rows = rows or {"out": "N"}
     fig, axes = grid(len(_keys(df, list(rows))), df["routing"].nunique())
     colors = colors or palette(df[line])
@@ -288,8 +282,8 @@ def main(
     default_name: str,
     summary: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
 ) -> None:
-    """The command line of a figure script: --table, --out, --name, and with `summary`
-    --summary: print the script's summary table, draw nothing; prints the paths."""
+    """A figure script's command line: --table, --out, --name; with `summary`, --summary prints
+    the summary table instead of drawing."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--table", default=default_table)
     ap.add_argument("--out", default=str(FIG_DIR))

@@ -1,16 +1,9 @@
 """The correctness matrix: every overlap cell's check against the float32 reference.
 
-Input: the `correctness` table (conf/experiment/correctness*.yaml: p2p, nvshmem and loopback
-passes into one table). A check is a row with status ok (passed) or fail (failed); skipped and
-error rows were not checked and are counted apart. The layout is the row's `p_layout` where the
-table has that column, else `aligned` (the only layout the plan builds today), so a second layout
-becomes its own group here without a change.
-
-summary(df): one row per (layout, transport, W, dtype) and one for all: checks, passed, failed,
-not checked, and max / quantiles of the relative error (`max_rel_err`) and of the per-row check
-(`max_row_rel_err`). plot(): per group a heatmap of log10 max_rel_err over (E, N, routing) x
-(cCTA, mgb), failed cells crossed; below, histograms of both errors with their bounds (tol and
-10 x tol). Lower is better. `python -m plots.correctness --summary` prints the summary.
+A check is a row with status ok (passed) or fail; skipped and error rows were not checked and
+are counted apart. Per (layout, transport, W, dtype) group, a heatmap of log10 max_rel_err over
+(E, N, routing) x (cCTA, mgb), failed cells crossed; below, histograms of both errors with their
+bounds. Lower is better. `python -m plots.correctness --summary` prints summary().
 """
 
 from __future__ import annotations
@@ -29,9 +22,8 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 
 def with_layout(df: pd.DataFrame) -> pd.DataFrame:
-    """df with a `layout` column (p_layout where present, else `aligned`), the asked transport
-    (p_transport) where a row skipped before setup has none, and `max_row_rel_err` (NaN in
-    tables older than the per-row check)."""
+    """df with `layout` (p_layout, else `aligned`), the asked transport where a row skipped
+    before setup has none, and `max_row_rel_err` (NaN in tables older than the per-row check)."""
     layout = df["p_layout"] if "p_layout" in df else pd.Series("aligned", index=df.index)
     tr = df["transport"].fillna("").astype(str)
     if "p_transport" in df:
@@ -52,7 +44,7 @@ def _stats(g: pd.DataFrame) -> dict:
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Checks, passes, failures and error quantiles per (layout, transport, W, dtype), and all."""
+    """Checks, passes, failures, not checked and error quantiles per GROUP, and for all."""
     df = with_layout(df[df["system"] == "overlap"])
     rows = [{**dict(zip(GROUP, key)), **_stats(g)} for key, g in df.groupby(GROUP, sort=True)]
     rows.append({**{k: "all" for k in GROUP}, **_stats(df)})

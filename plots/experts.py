@@ -1,14 +1,10 @@
 """Fig 5: the overlap system against every other system as experts per rank grow (4 to 64).
 
-Input: the `experts` table. Its layer rows (ffn > 0, `experiment=experts`) give the speedup of
-the overlap system over each system on the same workload, latency(system) / latency(overlap)
-(higher is better; 1 = as fast), one line per system, one panel per routing: native FasterMoE
-and Tutel, their re-implementations where they have rows (they have no layer scope, so their
-rows are skipped), serial and both Megatron layers. A layer row has no overlap ratio (its bounds
-leave the dispatch out: harness.measure.LAYER_RATIO_NOTE), so the ratio panel below reads the
-operator-scope rows (ffn 0: the layer's fc2 as the operator, K=F, N=H) that
-`experiment=experts_operator` adds to the same table. Systems without an ok row are named in
-the caption with their reason.
+The layer rows (ffn > 0) give latency(system) / latency(overlap) on the same workload (higher
+is better), one line per system, one panel per routing. A layer row has no overlap ratio (its
+bounds leave the dispatch out: harness.measure.LAYER_RATIO_NOTE), so the ratio panel below reads
+the operator-scope rows (ffn 0: the layer's fc2, K=F, N=H) of `experiment=experts_operator`.
+Systems without an ok row are named in the caption with their reason.
 """
 
 from __future__ import annotations

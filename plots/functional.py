@@ -1,13 +1,8 @@
-"""The functional run (experiment overlap_functional): the overlap system's Triton kernels run in
-Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny loopback cells, each checked against the
-reference layer. Functional, not a timing: the figure shows each cell's error against the
-tolerance that gated it (lower is better) and its status, never a latency.
-
-One horizontal bar per overlap cell (W, E/rank, routing, shape, FFN width or "op", layout where
-the table has several): max relative error on a log axis, the tolerance as a dashed line; a cell
-without an error value (error, skipped) shows its status. Input: results/overlap_functional.parquet
-(one process playing W ranks) or results/overlap_functional_ranks.parquet (one process per rank).
-Output: <out>/<name>.png and .pdf.
+"""The functional run (experiment overlap_functional[_ranks]): the overlap system's Triton kernels
+in Triton's CPU interpreter on tiny loopback cells, each checked against the reference layer.
+Functional, not a timing: one horizontal bar per overlap cell, its max relative error on a log
+axis (lower is better) against the tolerance that gated it (dashed) and its status, never a
+latency; a cell without an error value (error, skipped) shows its status only.
 """
 
 from __future__ import annotations
@@ -25,9 +20,8 @@ COLOURS = {"ok": "tab:green", "fail": "tab:red", "error": "tab:gray", "skipped":
 
 
 def cells(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per overlap cell: its label ("W=2 E=2 balanced T=32 K=32 N=64 op", a layout
-    appended where the table has several), status, max_rel_err and tol (NaN where none), in
-    grid order."""
+    """One row per overlap cell in grid order: its label ("W=2 E=2 balanced T=32 K=32 N=64 op",
+    and the layout where the table has several), status, max_rel_err and tol (NaN where none)."""
     o = df[df["system"] == "overlap"]
     if o.empty:
         raise ValueError("a functional table needs overlap rows")

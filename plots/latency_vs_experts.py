@@ -1,14 +1,8 @@
-"""Latency against experts per rank: one panel per (shape, routing), one line per system; the
-overlap system's variants (plots.common.line_label) are lines of their own, never a best-of.
-Median with the p10-p90 spread; lower is better.
-
-The table's most common timed region (its `scope`) is named in the title; rows of another scope
-(native Tutel and FasterMoE time the whole layer) are not drawn, the title names them.
-
-A table of one expert count (baselines_smoke) gets bars instead: per (shape, routing) panel one
-bar per line, the median with its p10-p90 spread (lines would put every point at one x).
-
-Input: any systems-sweep table (smoke, operator). Output: <out>/<name>.png and .pdf.
+"""Latency against experts per rank of a systems-sweep table: one panel per (shape, routing), one
+line per system (each overlap variant its own line), median with the p10-p90 spread; lower is
+better. Only the table's most common timed region (`scope`) is drawn; the title names systems
+of another (native Tutel and FasterMoE time the whole layer). A table of one expert count gets
+one bar per line instead (lines would put every point at one x).
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ def _spread(ax, s: pd.DataFrame, style: dict) -> None:
 
 def _bars(df: pd.DataFrame, title: str) -> tuple:
     """One panel per (shape, routing), one horizontal bar per line (every panel lists every
-    line, in one order and colour): median latency, p10-p90 whiskers; lower is better."""
+    line, in one order and colour): median latency, p10-p90 whiskers."""
     shapes, routings = pc._keys(df, list(SHAPE)), sorted(df["routing"].unique())
     lines = sorted(df["line"].unique())
     colors = pc.palette(lines)

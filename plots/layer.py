@@ -1,9 +1,6 @@
-"""The layer table (scope `layer`): two figures, each one panel row per shape (T, H) and one
-column per routing, against experts per rank.
-
-<name>_latency: latency (ms) of every system. <name>_speedup: latency(serial) / latency(system)
-on the same workload (same table). The overlap system's rows are split by variant (transport,
-kept knobs off their defaults): each its own line, never a best-of.
+"""The layer table (scope `layer`), one panel row per shape (T, H), one column per routing,
+against experts per rank: <name>_latency, every system's latency; <name>_speedup,
+latency(serial) / latency(system). Each overlap variant is its own line, never a best-of.
 """
 
 from __future__ import annotations
@@ -19,8 +16,8 @@ WORKLOAD = ["world_size", *SHAPE, "ffn", "experts_per_rank", "top_k", "routing",
 
 
 def series(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, line): latency_ms (median) and speedup against serial. A line is
-    a system, the overlap system per variant ("... (p2p, compact)")."""
+    """One row per (workload, line: plots.common.line_label): latency_ms (median) and speedup
+    against serial."""
     out = pc.against(df.assign(line=pc.line_label(df)), WORKLOAD, ["system", "line"], agg="median")
     return out[out["ref_ms"].notna()]
 

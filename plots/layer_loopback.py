@@ -1,12 +1,8 @@
-"""The overlap layer with one GPU playing W ranks (experiment layer_loopback): correctness at
-every W per layout, the worst-case receive memory, and the latency as what it is, a loopback
-proxy (the W ranks' steps in turn on one GPU), never an interconnect number.
-
-Three panels against W: the worst relative error over the cells (the relative Frobenius check,
-max_rel_err, and the worst-row check, max_row_rel_err) per layout with their tolerances (lower
-is better; a point under its tolerance passes); the worst-case receive buffer per H
-(m_recv_worst_mib); the latency per (layout, H), the median over E and routing (lower is
-better).
+"""The overlap layer with one GPU playing W ranks (experiment layer_loopback), three panels
+against W: the worst error over the cells per layout and check, with their tolerances; the
+worst-case receive buffer per H; the latency per (layout, H), median over E and routing, as
+what it is: a loopback proxy (the W ranks' steps in turn on one GPU), never an interconnect
+number. Lower is better throughout.
 """
 
 from __future__ import annotations
@@ -22,8 +18,8 @@ ERRORS = {"max_rel_err": "relative Frobenius", "max_row_rel_err": "worst row"}
 
 
 def errors(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (W, layout, check): the worst error over the cells checked (every status
-    with an error recorded), `line` = "<layout>: <check>"."""
+    """One row per (W, layout, check): the worst error recorded over the cells (any status),
+    `line` = "<layout>: <check>"."""
     d = df.assign(layout=pc._col(df, "p_layout").fillna("aligned"))
     long = d.melt(id_vars=["world_size", "layout"], value_vars=list(ERRORS), var_name="check")
     long = long.dropna(subset=["value"])

@@ -1,7 +1,5 @@
-"""One training step of the MoE layer (experiment layer_train: forward + backward timed as one
-step, checked before timing against torch autograd): latency per system and routing, W=1 and
-one GPU playing W=2 ranks (loopback: a proxy, never an interconnect number). Lower is better.
-"""
+"""One training step (forward + backward) of the MoE layer (experiment layer_train): latency per
+system and routing, W=1 and one GPU playing W=2 (loopback: a proxy). Lower is better."""
 
 from __future__ import annotations
 

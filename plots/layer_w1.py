@@ -1,13 +1,11 @@
 """The whole MoE layer on ONE GPU at W=1 (experiment layer_w1): every system from x [T, H] and
-the routing to out [T, H]; nothing leaves the rank, so nothing is overlapped. Two figures, one
-panel row per shape (H, F) and one column per routing, against experts per rank:
+the routing to out [T, H]; nothing leaves the rank, so nothing is overlapped. One panel row per
+shape (H, F), one column per routing, against experts per rank; higher is better:
 
 <name>_systems: latency(serial) / latency(system), each system's CUDA-graph replay where its
-step is capturable (plots.common.prefer_graph) and its eager step where it is not; each legend
-entry says which. Higher is better.
-<name>_graph: what graph replay buys serial and overlap: the eager step of the same code (the
-device dispatch, `measure.graph=false`) and the NCCL dispatch (its split sizes' host sync, so
-eager), each over that system's graph replay. Higher is better; 1 = no gain.
+step is capturable, else its eager step; each legend entry says which.
+<name>_graph: what graph replay buys serial and overlap: the eager device dispatch and the NCCL
+dispatch (its split sizes' host sync, so eager), each over that system's graph replay.
 """
 
 from __future__ import annotations
@@ -26,11 +24,10 @@ MODES = {"eager": "eager step / CUDA graph", "nccl": "NCCL dispatch (host sync) 
 
 
 def systems(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (cell, line) of df's ok rows, each system's CUDA-graph rows where its cell
-    has them: latency_ms (median), ref_ms (serial's), speedup = ref_ms / latency_ms, and `line`,
-    the system's label with its timing ("... [CUDA graph]", "... [eager]"). A Megatron system
-    with both routes (p_capacity dropless: eager; padded: CUDA graph) is one line, its faster
-    route per cell: the strongest setting its users would pick."""
+    """One row per (cell, line) of df's ok rows (CUDA-graph rows where a cell has them):
+    latency_ms (median), ref_ms (serial's), speedup, and `line`, the label with its timing
+    ("... [eager]"). A Megatron system with both routes (p_capacity dropless: eager; padded:
+    CUDA graph) is one line, its faster route per cell: what its users would pick."""
     d = pc.prefer_graph(df[df["status"] == "ok"])
     how = pc.graphed(d).map({True: " [CUDA graph]", False: " [eager]"})
     d = d.assign(line=pc.line_label(d) + how)
@@ -48,8 +45,7 @@ def systems(df: pd.DataFrame) -> pd.DataFrame:
 
 def modes(df: pd.DataFrame) -> pd.Series:
     """Per row, how its step was timed: "graph" (CUDA-graph replay), "eager" (the device
-    dispatch, eager) or "nccl" (the NCCL dispatch: eager); a row without p_dispatch_used (a
-    table older than the device dispatch) ran the NCCL one."""
+    dispatch) or "nccl" (the NCCL dispatch, also a row without p_dispatch_used)."""
     used = df["p_dispatch_used"] if "p_dispatch_used" in df else pd.Series(None, index=df.index)
     eager = used.map(lambda u: "eager" if u == "device" else "nccl")
     return eager.where(~pc.graphed(df), "graph")
@@ -57,8 +53,8 @@ def modes(df: pd.DataFrame) -> pd.Series:
 
 def graph_gain(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (cell, line) of serial's and overlap's ok eager rows whose cell has a graph
-    replay of the same system: gain = latency(eager row) / latency(graph replay) (> 1: the
-    replay is faster); `line` names the system and the eager mode (MODES)."""
+    replay of the system: gain = latency(eager) / latency(graph replay); `line` names the
+    system and the eager mode (MODES)."""
     d = df[(df["status"] == "ok") & df["system"].isin(["serial", "overlap"])]
     d = d.assign(mode=modes(d), line=pc.line_label(d))
     keys = [*CELL, "system", "line"]

@@ -1,9 +1,7 @@
-"""Fig 4: speedup of the overlap system against each baseline, per model: end to end (the whole
-forward, latency_ms) and per MoE layer (the MoE calls inside that forward, m_moe_ms).
-speedup = time(baseline) / time(overlap) on the same model, W, dtype and timing (CUDA graph
-against CUDA graph where the baseline was captured, else eager against eager; the bar's label
-says which); each system's fastest row of a run counts, several runs by their median. Higher is
-better; 1 = as fast as the baseline.
+"""Fig 4: time(baseline) / time(overlap) per model, end to end (latency_ms) and per MoE layer
+(the MoE calls in that forward, m_moe_ms), on the same model, W, dtype and timing (graph
+against graph where the baseline was captured, else eager; the bar's label says which); each
+system's fastest row of a run, runs by their median. Higher is better.
 """
 
 from __future__ import annotations

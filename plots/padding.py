@@ -1,13 +1,11 @@
 """Padding of the remote-aligned layout against W, with both bounds. Lower is better.
 
-Input: results/padding.parquet (experiments/padding.py). Output: <out>/<name>.png and .pdf.
-Columns (one per routing), one colour per E (at most three: the smallest, middle and largest):
-  row 1  max zero rows per rank vs W, with the paper's bound (W-1)(tile_m-1) (black dashed)
-         and E(W-1)(tile_m-1) (dotted, the colour of its E)
+One column per routing, one colour per E (the smallest, middle and largest):
+  row 1  max zero rows per rank, with the paper's bound (W-1)(tile_m-1) (black dashed) and
+         E(W-1)(tile_m-1) (dotted)
   row 2  padding share of all GEMM rows (solid) and on the busiest rank (dashed)
   row 3  padding share of all GEMM rows per tile_m at one E
-  row 4  (tables with m_tiles_*) the row tiles the producers compute, aligned over the compact
-         layout's (= torch._grouped_mm's)
+  row 4  (tables with m_tiles_*) row tiles of the aligned layout over the compact one's
 """
 
 from __future__ import annotations

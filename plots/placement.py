@@ -1,8 +1,7 @@
-"""Where the consumer runs (the overlap system's `consumer`: own SMs, the paper's, or shared
-with the producer): the overlapped step divided by compute on ALL SMs (the producer alone, no
-consumer; the row's compute_ms) against experts per rank, one panel per (N, routing), one line
-per placement ("own:16", "shared:132", "own:auto"). Lower is better; 1.0 is the compute bound,
-the dashed line the 1.05x target (there the combine alone is shorter than the compute)."""
+"""Where the consumer runs (own SMs, the paper's, or shared with the producer): the overlapped
+step / compute alone on ALL SMs (compute_ms) against experts per rank, one panel per (N,
+routing), one line per placement ("own:16", "shared:132"). Lower is better; 1.0 is the compute
+bound, the dashed line the 1.05x target (there the combine alone is shorter than the compute)."""
 
 from __future__ import annotations
 

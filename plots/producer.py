@@ -1,9 +1,8 @@
-"""The producer against torch._grouped_mm and cuBLAS, from an experiment=producer table: per
-(N, routing) panel, time(reference) / time(producer) against experts per rank, one line per
-producer variant (tile_m, layout, visiting order, flags). Above 1: the producer is faster.
-Solid: against torch._grouped_mm on the same valid rows; dashed: against one dense cuBLAS GEMM
-of the same useful FLOPs; dotted, where the table has it: against one batched cuBLAS GEMM
-(torch.bmm) of E x (R // E) rows, the same FLOPs and the same E x K x N weight bytes.
+"""The producer against torch._grouped_mm and cuBLAS: per (N, routing) panel, time(reference) /
+time(producer) against experts per rank, one line per producer variant; above 1 the producer is
+faster. Solid: torch._grouped_mm on the same valid rows; dashed: one dense cuBLAS GEMM of the
+same useful FLOPs; dotted: one batched GEMM (torch.bmm) of E x (R // E) rows, the same FLOPs and
+E x K x N weight bytes.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank"
 
 
 def ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (workload, producer variant): producer_ms, vs_grouped_mm, vs_cublas, vs_bmm
-    (time of the reference / time of the producer, same table; NaN where the table lacks the
-    reference)."""
+    """One row per (workload, producer variant): producer_ms and vs_grouped_mm, vs_cublas,
+    vs_bmm = t(reference) / t(producer) (NaN where the table lacks the reference)."""
     ok = df[df["status"] == "ok"] if "status" in df else df
     prod = ok[ok["system"] == "overlap"].copy()
     if prod.empty:

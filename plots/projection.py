@@ -1,9 +1,7 @@
-"""The step model's projection (harness/step_model.py; every number here is a PREDICTION, but the
-measured points and the paper's, which are labelled so): predicted speedup over serial against
-a node's link GB/s per GEMM TFLOP/s, and the report's section (report_section).
-
-Inputs: results/predicted/projection.parquet and validation.parquet (experiments/predict.py),
-results/reference/h200x2/operator.parquet (our measured points).
+"""The step model's projection (harness/step_model.py): predicted speedup over serial against a
+node's link GB/s per GEMM TFLOP/s, and REPORT's section (report_section). Every number is a
+PREDICTION but the measured points and the paper's, which are labelled so. Inputs:
+results/predicted/ (experiments/predict.py) and results/reference/h200x2/operator.parquet.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ def speedups(proj: pd.DataFrame) -> pd.DataFrame:
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     s = speedups(pd.read_parquet(table))
-    fig, axes = pc.grid(1, 1, 7.5, 4.6)
-    ax = axes[0][0]
+    fig, ((ax,),) = pc.grid(1, 1, 7.5, 4.6)
     sweep = s[s["pred_node"].str.contains("link x") | (s["pred_node"] == "h200")]
     sweep = sweep[(sweep["world_size"] == 8) & (sweep["routing"] == "balanced")]
     for (w, g), c in zip(sweep.groupby("workload"), ("C0", "C1", "C2")):
@@ -72,9 +69,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
 
 
 def errors(val: pd.DataFrame) -> pd.DataFrame:
-    """Per table, scope and system: n, mean / worst |predicted / measured - 1| and bias, the
-    noise floor (median CI half-width; worst spread of repeated identical cells) and the rows'
-    m_dispatch_ms range."""
+    """Per table, scope and system: n, mean / worst |predicted / measured - 1| and bias, and the
+    noise floor (median CI half-width; worst spread of repeated identical cells)."""
     v = val[val["m_pred_ms"].notna() & (val["status"] == "ok")].copy()
     v["err"] = v["m_pred_ms"] / v["latency_ms"] - 1
     v["ci"] = (v["latency_ci_hi_ms"] - v["latency_ci_lo_ms"]) / 2 / v["latency_ms"]
@@ -93,44 +89,14 @@ def errors(val: pd.DataFrame) -> pd.DataFrame:
     }).reset_index()  # fmt: skip
 
 
-def _notes(val: pd.DataFrame) -> list[str]:
-    """The mechanisms behind the misses, each with the rows' evidence."""
-    v = val[val["m_pred_ms"].notna() & (val["status"] == "ok")]
-    v = v.assign(err=v["m_pred_ms"] / v["latency_ms"] - 1)
-    op = v[(v["scope"] == "gemm+combine") & (v["system"] == "overlap")]
-    bad, cb = op[op["err"].abs() > 0.25], op[op["comm_ms"] >= 0.8 * op["compute_ms"]]
-    ser = v[(v["scope"] == "gemm+combine") & (v["system"] == "serial")]
-    lay = v[(v["scope"] == "layer") & (v["transport"] != "loopback")]["m_dispatch_ms"]
-    loop = v[v["table"] == "h200/layer_loopback"].groupby("hidden")["err"].mean()
-    return [
-        f"operator, overlap: {len(bad)} cells off by > 25% ({_join(bad['routing'])}); "
-        f"{int((bad['overlap_ratio'] <= 0.05).sum())} measured no faster than compute then "
-        "combine alone (overlap ratio <= 0.05): host-bound steps, which a device-time model does "
-        "not see (the same cell measures up to the repeats column apart); the rest as below.",
-        f"operator, overlap, combine alone >= 0.8x compute alone ({len(cb)} cells, cCTA "
-        f"{_join(cb['p_ccta_used'].astype(int))}): {cb['err'].mean():+.0%} mean: over NVLink the "
-        "puts run slower next to the producer than alone, which no single-GPU row calibrates.",
-        f"operator, serial: {ser['err'].mean():+.0%} mean: its rows predate 9dfcb31 and pay a "
-        "host sync a step (their caveat), which the model leaves out.",
-        f"layer at W=2 (eager, NCCL dispatch): the dispatch alone measures {lay.min():.2f}-"
-        f"{lay.max():.2f} ms (m_dispatch_ms) against the model's all-to-all of about 0.3 ms: "
-        "its host sync across processes, which no single-GPU row holds.",
-        "layer_loopback: " + ", ".join(f"{x:+.0%} at H={h}" for h, x in loop.items())
-        + ": a fixed cost per played rank beyond the W=1 layer's constant.",
-    ]  # fmt: skip
-
-
 def _join(values) -> str:
     return ", ".join(str(x) for x in sorted(set(values)))
 
 
-def report_section(
-    validation: str | Path = VALIDATION, projection: str | Path = PROJECTION, notes: bool = False
-) -> str:
+def report_section() -> str:
     """The REPORT section: the model's validation and projection (markdown, every model number
-    labelled a prediction); notes: what the model misses, per table (docs/measurements.md has
-    them for REPORT)."""
-    val, s = pd.read_parquet(validation), speedups(pd.read_parquet(projection))
+    labelled a prediction; what it misses: docs/measurements.md)."""
+    val, s = pd.read_parquet(VALIDATION), speedups(pd.read_parquet(PROJECTION))
     err = errors(val)
     lines = ["## Where the method pays: the step model (predictions)", "",
              "`harness/step_model.py` walks each rank's real plan (bands, segments) on rates "
@@ -148,8 +114,7 @@ def report_section(
         noise = f"{pct(g['ci'].max(), '.1%')} / {pct(g['repeats'].max())}"
         lines.append(f"| `{table}` | {scope} | {int(g['n'].sum())} | {cols[0]} | {cols[1]} | "
                      f"{noise} |")  # fmt: skip
-    lines += ["", *(f"- {n}" for n in (_notes(val) if notes else [])),
-              "What the model misses: docs/measurements.md (step model).", "",
+    lines += ["", "What the model misses: docs/measurements.md (step model).", "",
               "Predicted serial / overlap latency (each cell's best cCTA, mgb, layout; "
               "balanced, stress_skew after the slash); the paper reports 2.94-3.01x at W=4 on "
               "A100s:", "", "| node | W | paper Fig 5-8 shape | Mixtral-proxy | DeepSeek-proxy |",

@@ -1,11 +1,8 @@
 """results/REPORT.md from the committed tables only (no GPU, no run): `make report`.
 
-Sections: the headline (the overlap system against serial, split into the kernel gain and the
-overlap gain, and against the fastest baseline, per scope, machine and timing), the paper's
-claims next to ours, then one line per committed table. Every number is read from a table under
-results/reference/ (a row's `caveat` is shown where it bounds a claim); the text is
-deterministic (sorted keys, fixed float formats). A speedup is other / overlap (higher is
-better) throughout. `make report` also writes README.md's headline block (README_MARKS).
+Every number is read from a table under results/reference/ (a row's `caveat` is shown where
+it bounds a claim); the text is deterministic (sorted keys, fixed float formats). A speedup is
+other / overlap (higher is better) throughout. Also rewrites README.md's headline block.
 """
 
 from __future__ import annotations
@@ -71,10 +68,9 @@ def _med(v: pd.Series) -> str:
 
 
 def fastest(df: pd.DataFrame, scope: str | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """Each system variant's fastest ok row per (workload cell, run, timing) (of `scope` where
-    the table has the column), with `run` (run_id), `timing` ("graph" or "eager") and `variant`
-    (its knobs but those that decide the timing, TIMING_KNOBS; one for the overlap system, not
-    over nvshmem); and the cell's key columns (NaN -> -1)."""
+    """Each system variant's fastest ok row (of `scope`) per (cell, run, timing), with `run`,
+    `timing` ("graph"/"eager") and `variant` (its knobs but TIMING_KNOBS; one for the overlap
+    system, not over nvshmem); and the cell's key columns (NaN -> -1)."""
     o = _ok(df).dropna(subset=["latency_ms"])
     if scope is not None and "scope" in o:
         o = o[o["scope"].fillna("") == scope]
@@ -95,14 +91,12 @@ def fastest(df: pd.DataFrame, scope: str | None = None) -> tuple[pd.DataFrame, l
 
 
 def compare(r: pd.DataFrame, keys: list[str], others, timing: str) -> pd.DataFrame:
-    """Per (cell, other system) of fastest()'s rows `r`: `ratio` = other / overlap for the
-    overlap rows timed `timing` and each variant's rows timed alike (its eager rows where it has
-    none: `eager`), run by run where both have rows of a run (the median over those runs), else
-    the medians over each side's runs (`across`); the system's fastest variant counts. Also
-    the kernel gain other / serialized (`kernel`), the overlap gain serialized / overlap
-    (`gain`) and the ceiling (C + M) / max(C, M) of the overlap row (`ceiling`); serialized is
-    its serialized_ms, else C + M of an eager row (`cm`; the bounds are timed eager, so a graph
-    row has none)."""
+    """Per (cell, other system) of fastest()'s rows `r`: `ratio` = other / overlap for overlap
+    rows timed `timing` and each variant's rows timed alike (else its eager rows: `eager`), run
+    by run where both have a run (median over those), else the medians over each side's runs
+    (`across`); the fastest variant counts. Also `kernel` = other / serialized, `gain` =
+    serialized / overlap and `ceiling` = (C + M) / max(C, M); serialized is serialized_ms, else
+    C + M of an eager row (`cm`: the bounds are timed eager, so a graph row has none)."""
     ours = r[(r["system"] == "overlap") & (r["timing"] == timing)]
     x = r[r["system"].isin(list(others))]
     g = keys + ["system", "variant"]
@@ -170,8 +164,8 @@ def timings(r: pd.DataFrame) -> list[str]:
 
 
 def serial_caveat(df: pd.DataFrame) -> str:
-    """The caveat every ok serial row of the table carries (its `caveat` column: e.g. measured
-    before a fix of serial, so speedups over it are upper bounds), or "" where any has none."""
+    """The `caveat` every ok serial row carries (e.g. measured before a fix of serial: speedups
+    over it are upper bounds), or "" where any has none."""
     s = _ok(df)
     s = s[s["system"] == "serial"] if "system" in s else s.iloc[:0]
     c = s["caveat"].fillna("").astype(str) if "caveat" in s else pd.Series("", index=s.index)
@@ -237,10 +231,9 @@ HOST_FREE_COLS = ("serial graph", "overlap graph", "overlap eager", "overlap ncc
 
 
 def host_free_cells(df: pd.DataFrame) -> pd.DataFrame:
-    """Per cell (hidden, ffn, E, routing) of the ok rows: serial's and overlap's latency per
-    timing (HOST_FREE_COLS: graph replay, eager step, NCCL dispatch; plots.layer_w1.modes), the
-    fastest baseline against graphed overlap (compare(): its graph row where it has one) and
-    the ratios serial graph / overlap graph and eager / graph of each."""
+    """Per cell (H, F, E, routing) of the ok rows: serial's and overlap's latency per timing
+    (HOST_FREE_COLS; plots.layer_w1.modes), the fastest baseline against graphed overlap
+    (compare()), serial graph / overlap graph and eager / graph of each."""
     from plots.layer_w1 import modes
 
     o = _ok(df)
@@ -567,8 +560,7 @@ def tables_section(d: dict[str, pd.DataFrame]) -> list[str]:
 
 
 def figures_section(d: dict[str, pd.DataFrame], figures: Path = FIG_DIR) -> list[str]:
-    """The figure index: per figure script, what it shows and the committed tables it draws
-    (each table's files: plots.all.reference_names)."""
+    """The figure index: per figure script, what it shows and the committed tables it draws."""
     out = ["## Figures", "",
            f"`make figures` draws every figure into `{figures}/` from its table alone (no GPU), "
            "named `reference_<machine>_<experiment>` (a suffix per part where a script draws "
@@ -584,8 +576,8 @@ def figures_section(d: dict[str, pd.DataFrame], figures: Path = FIG_DIR) -> list
 
 
 def autotune_coverage(path: Path = AUTOTUNE_TABLE) -> str:
-    """The calibrated workloads of the auto rule's table, per transport, W and GPU (SM count):
-    "nvlink W=2 132 SMs: T 8192, K 2048, N 4096/8192, E 4/16/32/64"."""
+    """The auto rule's calibrated workloads per transport, W and SM count: "nvlink W=2 132 SMs:
+    T 8192, K 2048, N 4096/8192, E 4/16/32/64"."""
     df = pd.read_csv(path)
     axes = (("T", "tokens_per_rank"), ("K", "hidden"), ("N", "out"), ("E", "experts_per_rank"))
     parts = []
@@ -608,13 +600,10 @@ def unmeasured_section(d: dict[str, pd.DataFrame]) -> list[str]:
 
 
 def step_model_section() -> list[str]:
-    """plots/projection.py's section: the step model's validation and projections (every number
-    a prediction), where its tables exist."""
+    """plots/projection.py's section (every number a prediction), where its tables exist."""
     from plots.projection import PROJECTION, VALIDATION, report_section
 
-    if not (Path(VALIDATION).exists() and Path(PROJECTION).exists()):
-        return []
-    return [report_section(), ""]
+    return [report_section(), ""] if VALIDATION.exists() and PROJECTION.exists() else []
 
 
 def render(ref: Path = REF, figures: Path = FIG_DIR) -> str:
@@ -631,8 +620,8 @@ def render(ref: Path = REF, figures: Path = FIG_DIR) -> str:
 
 
 def readme_text(readme: str, d: dict[str, pd.DataFrame]) -> str:
-    """README.md's text with its headline block (between README_MARKS) rewritten: the
-    headline section of the report without its heading."""
+    """README.md's text with its block between README_MARKS rewritten: the headline section
+    without its heading."""
     start, end = README_MARKS
     if start not in readme or end not in readme:
         raise ValueError(f"README.md has no block {start} ... {end}")

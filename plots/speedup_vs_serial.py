@@ -1,7 +1,5 @@
-"""Speedup of every system against `serial` on the same workload (same table, same run):
-latency(serial) / latency(system), against experts per rank, one panel per (T, N, routing), one
-line per system, the best cCTA/mgb of each system per workload. Higher is better; 1 = as fast
-as serial.
+"""latency(serial) / latency(system) on the same workload against experts per rank, one panel
+per (T, N, routing), one line per system (its best cCTA/mgb per workload). Higher is better.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The overlap system's kept knobs at operator scope (gemm+combine): per (N, routing) panel,
-one line per variant (layout aligned | compact, order remote_first | expert, cCTA and mgb where
-not the defaults) against experts per rank. With serial in the table: latency(serial) /
-latency(variant) on the same workload, higher is better; without: the latency, lower is better.
-Rows without p_layout ran `aligned`; without p_order, `remote_first`.
+"""The overlap system's kept knobs at operator scope: per (N, routing) panel, one line per
+variant (layout, order, cCTA and mgb off the defaults) against experts per rank: latency(serial)
+/ latency(variant), higher is better; without serial rows the latency, lower is better.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def test_the_layer_figure_is_two_figures_of_at_most_12_panels_and_8_lines(tmp_pa
 
 
 def test_the_report_indexes_every_committed_figure_with_its_table_and_script():
-    from plots.all import FIGURES, reference_names
+    from plots.all import FIGURES, figure_names
     from plots.report import render
 
     text = render(ROOT / "results" / "reference", Path("plots/figures"))
@@ -123,7 +123,8 @@ def test_the_report_indexes_every_committed_figure_with_its_table_and_script():
     for p in drawn:
         key = f"{p.parent.name}/{p.stem}"
         assert f"`{key}`" in rows[FIGURES[p.stem]].split("|")[3], key
-        assert reference_names(key)[0].startswith(f"reference_{p.parent.name}_{p.stem}")
+        names = figure_names(Path("results/reference", f"{key}.parquet"), Path("results"))
+        assert names[0].startswith(f"reference_{p.parent.name}_{p.stem}")
 
 
 def test_a_reference_tables_figure_takes_the_name_make_figures_gives_it(monkeypatch, capsys):
