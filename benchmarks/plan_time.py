@@ -2,22 +2,18 @@
 
 Table 2 shapes (tokens per rank 8192 / 16384, top-2, W=4 logical, E in {4..64}, K=2048,
 N=8192, three routings), the plan of one rank (rank 0 by default: the hottest under skew).
-  plan_ms         systems.overlap.plan.build_plan on device-resident layout arrays (its one
-                  host sync included)
-  plan_dev_ms     systems.overlap.plan_device.build_plan_device on the same arrays (no host
-                  sync; worst-case sized): the stage-A cost inside a timed step
+  plan_ms         build_plan on device-resident layout arrays (its one host sync included)
+  plan_dev_ms     build_plan_device on the same arrays (no host sync; worst-case sized): the
+                  stage-A cost inside a timed step
   input_dev_ms    padded_input_device: the padded GEMM input X [P', K] from x_recv (one kernel)
   dev_plan_ok     the device plan equals build_plan's (checked before timing; else an error)
-  gemm_ms         the expert GEMM on the same rows, unpadded (harness.experts.expert_gemm:
-                  torch._grouped_mm bf16 on Hopper, per-expert matmul elsewhere)
+  gemm_ms         the expert GEMM on the same rows, unpadded (harness.experts.expert_gemm)
   gemm_padded_ms  the same GEMM on the plan's padded layout (P rows), its valid rows checked
                   against float32 first
 Times: harness.timing.time_fn (eager), warm-up, median (p10, p90).
-Usage:
-  python -m benchmarks.plan_time                        # GPU, Table 2 shapes
-  python -m benchmarks.plan_time --device cpu --small   # quick check anywhere (the device plan's
-                                                        # Triton kernels in the interpreter)
-Writes $OUT/plan_time.parquet (or --out) and prints a short table last.
+Usage: python -m benchmarks.plan_time [--device cpu --small]  (GPU, Table 2 shapes; or a quick
+check anywhere, the device plan's Triton kernels in the interpreter). Writes
+$OUT/plan_time.parquet (or --out) and prints a short table last.
 """
 
 from __future__ import annotations
@@ -149,14 +145,12 @@ def main() -> None:
     shapes = SMALL if args.small else FULL
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     rows = []
-    warm = True  # one discarded cell first: allocator, kernels and library handles warm up
     for tokens, E, routing in itertools.product(shapes["tokens"], shapes["experts"], ROUTINGS):
         spec = WorkloadSpec(
             tokens, shapes["hidden"], shapes["out"], E, 2, args.world_size, routing, dtype=dtype
         )
-        if warm:
+        if not rows:  # one discarded cell first: allocator, kernels and library handles warm up
             bench_one(spec, args.ranks[0], args.tile_m, args.mgb, device, 1, 1)
-            warm = False
         for rank in args.ranks:
             r = bench_one(spec, rank, args.tile_m, args.mgb, device, args.warmup, args.iters)
             rows.append(r)

@@ -3,11 +3,10 @@
 For each shape (T tokens, N columns, top-k, dtype) on one device:
   scale_ms  harness.scale.Scaler (one Triton kernel on CUDA): out[t] = sum_j gate[t, j] *
             y[pos[t, j]], pos a random permutation of the k*T rows (the send order); on CUDA
-            also every kernel variant of harness/kernels/scale.py (VARIANTS: tokens and columns
-            per program, warps), one row each (column `variant`; `default` marks the Scaler's)
-  copy_ms   torch copy_ of a contiguous buffer of (k+1)*T*N elements (the same bytes read and
-            written: read k*T*N + write T*N for the scale, read + write for the copy, so the
-            copy moves 2x; copy_gbps counts read + write)
+            also every kernel variant of harness/kernels/scale.py (VARIANTS), one row each
+            (column `variant`; `default` marks the Scaler's)
+  copy_ms   torch copy_ of (k+1)*T*N elements: the scale's bytes (read k*T*N, write T*N), read
+            AND written, so the copy moves 2x; copy_gbps counts read + write
   bound_ms  the scale's bytes at the copy's bandwidth: (k+1)*T*N*elem / copy_gbps
   ratio     scale_ms / bound_ms (1.0 = at the copy bandwidth)
 Every variant is checked against the float32 scale first (rel_err); one past TOL records
@@ -21,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -53,12 +53,8 @@ def measure(
 
         out = torch.empty(T, N, dtype=dtype, device=device)
         for name in VARIANTS:
-
-            def run(name=name):
-                return launch_scale(y, scale.pos, scale.gate, out, variant=name)
-
-            got = run().float()
-            runs[name] = (run, float((got - ref).norm() / ref.norm()))
+            run = partial(launch_scale, y, scale.pos, scale.gate, out, variant=name)
+            runs[name] = (run, float((run().float() - ref).norm() / ref.norm()))
 
     def timed(fn) -> tuple[float, float]:
         """(queued, eager) median ms of fn, in that order."""

@@ -3,21 +3,18 @@ torch.profiler, each step cut at a marker kernel and reduced to its parts.
 
 Every cell of the composed grid (the same Hydra overrides as harness.run) is set up and checked
 as harness.measure does; then `--steps` timed steps run back to back under the profiler, each
-behind a 1-cycle marker kernel on the step's stream. Per step and part (the kernels of one kind,
-PARTS; any other kernel under its own name) it takes the first start and the last end, relative
-to the marker's end, and the busy time (the union of the part's kernels); the row keeps the
-median over the steps. For the overlap system the derived `lead_us` (step start to the
-producer's start: the handshake all-reduce on the step's stream, the launches), `tail_us` (the
-producer's end to the consumer's: the combine left after the compute) and `after_us` (the
-consumer's end to the step's: the receive wait and the scale) split its step into the waits the
-compute does not hide.
+behind a 1-cycle marker kernel. Per step and part (PARTS; any other kernel under its own name):
+first start and last end from the marker's end, and the busy time (union of the part's
+kernels); the row keeps the median over the steps. For the overlap system, `lead_us` (step start
+to the producer's start: the handshake all-reduce, the launches), `tail_us` (producer end to
+consumer end: the combine left after the compute) and `after_us` (consumer end to step end: the
+receive wait and the scale) are the waits the compute does not hide.
 
 One process: W > 1 cells are played on one GPU (loopback, a proxy). Under torchrun, one process
 per GPU: every rank profiles its own timeline and rank 0 prints and writes them all.
-
-With --idle it prints instead, per cell, the device's idle time per step (the span of the
-kernels minus their union over every stream) and the kernels the longest gaps come before: the
-host's share of a step that synchronises inside (the layer scope's dispatch).
+--idle prints instead, per cell, the device's idle time per step (the kernels' span minus their
+union over every stream) and the kernels the longest gaps come before: the host's share of a
+step that synchronises inside (the layer scope's dispatch).
 
 Usage: python -m benchmarks.step_profile [--steps 20] [--out DIR] [--idle] -- <overrides>
        torchrun --nproc-per-node 2 -m benchmarks.step_profile [--steps 20] [--out DIR] -- <...>
@@ -53,10 +50,10 @@ def busy_union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 8) -> dict:
+def idle_gaps(kernels: list[tuple[float, float, str]]) -> dict:
     """Device idle time of one step's kernel timeline [(start_us, end_us, name)] (every
     stream): span (first start to last end), busy (union of the kernels), idle = span - busy,
-    and `gaps`: {kernel name: idle us just before it}, longest first (the `top` longest)."""
+    and `gaps`: {kernel name: idle us just before it}."""
     if not kernels:
         return {"span_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "gaps": {}}
     ks = sorted(kernels)
@@ -68,8 +65,7 @@ def idle_gaps(kernels: list[tuple[float, float, str]], top: int = 8) -> dict:
         if s > end:
             gaps[name] = gaps.get(name, 0.0) + s - end
         end = max(end, e)
-    top_gaps = dict(sorted(gaps.items(), key=lambda kv: -kv[1])[:top])
-    return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "gaps": top_gaps}
+    return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "gaps": gaps}
 
 
 #: torch.cuda._sleep's kernel (demangled "at::cuda::(anonymous namespace)::spin_kernel(long)"):
@@ -92,19 +88,17 @@ def split_steps(kernels: list[tuple[float, float, str]]) -> list[list[tuple[floa
     return steps[:-1]
 
 
-def marked_kernels(
-    step: Callable[[], object], calls: int, warmup: int = 3
-) -> list[tuple[float, float, str]]:
+def marked_kernels(step: Callable[[], object], calls: int) -> list[tuple[float, float, str]]:
     """Every device kernel [(start_us, end_us, name)] of `calls` back-to-back calls of `step`
     under torch.profiler, each behind a 1-cycle MARKER kernel (split_steps cuts them), after
-    `warmup` unprofiled calls."""
+    3 unprofiled calls."""
     from torch.autograd import DeviceType
 
     def marked():
         torch.cuda._sleep(1)
         step()
 
-    for _ in range(warmup):
+    for _ in range(3):
         marked()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -118,28 +112,30 @@ def marked_kernels(
     ]
 
 
-def device_idle(step: Callable[[], object], reps: int, warmup: int = 3, top: int = 16) -> dict:
+def _top(per_step: list[list[tuple[str, float]]], top: int) -> dict[str, float]:
+    """(name, us) pairs of each step summed per name over the steps, per step, the `top` most."""
+    total: dict[str, float] = {}
+    for pairs in per_step:
+        for name, us in pairs:
+            total[name] = total.get(name, 0.0) + us / len(per_step)
+    return dict(sorted(total.items(), key=lambda kv: -kv[1])[:top])
+
+
+def device_idle(step: Callable[[], object], reps: int, top: int = 16) -> dict:
     """idle_gaps of `reps` back-to-back steps (torch.profiler, device activity only; a 1-cycle
-    marker kernel starts each step): the median step's span_us, busy_us, idle_us, and gaps
-    summed over the steps and divided by reps (us per step before each kernel name)."""
-    ks = marked_kernels(step, reps + 1, warmup)  # the last marker closes the last step
-    per = [idle_gaps(k, top=10**6) for k in split_steps(ks)[1:]]  # the 1st: profiler start
-    if not per:
+    marker kernel starts each step): the median step's span_us, busy_us, idle_us; `gaps` and
+    `kernels`: us per step idle before / busy in each kernel name, averaged over the steps."""
+    ks = marked_kernels(step, reps + 1)  # the last marker closes the last step
+    steps = split_steps(ks)[1:]  # the 1st: the profiler's start
+    if not steps:
         names = sorted({k[2][:80] for k in ks})[:12]
         raise RuntimeError(f"device_idle: no {MARKER} step markers among the kernels {names}")
+    per = [idle_gaps(k) for k in steps]
     mid = sorted(per, key=lambda r: r["idle_us"])[len(per) // 2]
-    gaps: dict[str, float] = {}
-    for r in per:
-        for name, us in r["gaps"].items():
-            gaps[name] = gaps.get(name, 0.0) + us / len(per)
     out = {k: mid[k] for k in ("span_us", "busy_us", "idle_us")}
-    out["gaps"] = dict(sorted(gaps.items(), key=lambda kv: -kv[1])[:top])
+    out["gaps"] = _top([list(r["gaps"].items()) for r in per], top)
     out["steps"] = len(per)
-    busy: dict[str, float] = {}  # kernel time per step by name (what the device spends)
-    for step in split_steps(ks)[1:]:
-        for s0, e0, name in step:
-            busy[name] = busy.get(name, 0.0) + (e0 - s0) / len(per)
-    out["kernels"] = dict(sorted(busy.items(), key=lambda kv: -kv[1])[:top])
+    out["kernels"] = _top([[(name, e - s) for s, e, name in k] for k in steps], top)
     return out
 
 
@@ -205,10 +201,10 @@ def derived(parts: dict[str, dict[str, float]]) -> dict[str, float]:
     }
 
 
-def profile_steps(fn, steps: int, warmup: int = 3) -> list[dict[str, dict[str, float]]]:
+def profile_steps(fn, steps: int) -> list[dict[str, dict[str, float]]]:
     """step_parts of `steps` marked, back-to-back calls of fn (the first profiled step, which
     holds the profiler's start, is dropped)."""
-    ks = marked_kernels(fn, steps + 2, warmup)  # the last marker closes the last step
+    ks = marked_kernels(fn, steps + 2)  # the last marker closes the last step
     return [step_parts(s) for s in split_steps(ks)[1:]]
 
 

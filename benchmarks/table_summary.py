@@ -29,21 +29,13 @@ def summarize(df: pd.DataFrame) -> str:
             lines.append(best.round(3).to_string())
         if "m_host_ms" in ok and ok["m_host_ms"].notna().any():
             share = (ok["m_host_ms"] / ok["latency_ms"]).groupby(ok["system"])
-            lines.append(
-                "host time / step (median, max): "
-                + ", ".join(
-                    f"{name} {g.median():.2f}, {g.max():.2f}"
-                    for name, g in share
-                    if g.notna().any()
-                )
-            )
+            per = [f"{n} {g.median():.2f}, {g.max():.2f}" for n, g in share if g.notna().any()]
+            lines.append("host time / step (median, max): " + ", ".join(per))
         if "m_host_syncs" in ok and ok["m_host_syncs"].notna().any():
             has = ok[ok["m_host_syncs"].notna()]
             syncs = has.groupby("system")["m_host_syncs"].agg(["min", "max"])
-            lines.append(
-                "host syncs / step (min, max): "
-                + ", ".join(f"{n} {int(r['min'])}, {int(r['max'])}" for n, r in syncs.iterrows())
-            )
+            per = [f"{n} {int(r['min'])}, {int(r['max'])}" for n, r in syncs.iterrows()]
+            lines.append("host syncs / step (min, max): " + ", ".join(per))
     return "\n".join(lines)
 
 

@@ -1,26 +1,21 @@
 """Fig 3a: the consumer's bandwidth against transfer (segment) size, per cCTA and transport.
 
-One cell = (segment size, the overlap system's cCTA and transport). The sending rank's consumer
-kernel (systems/overlap/kernels/consumer.py, default ConsumerConfig) ships n_seg segments of one
-band each, round-robin to its peers, with the producer's ready flags pre-set (the kernel still
-polls each band's flag, as in a real run), and signals the receiver once per segment. Every rank
-sends at once. Before timing, one run is checked: every receiver's buffer holds exactly the
-rows its peers sent. Timed: one consumer launch (CUDA events per iteration, max over ranks).
+One cell = (segment size, the overlap system's cCTA and transport). Every rank's consumer kernel
+(systems/overlap/kernels/consumer.py, default ConsumerConfig) ships n_seg segments of one band
+each, round-robin to its peers, with the producer's ready flags pre-set (still polled per band)
+and one signal to the receiver per segment. One run is checked first (every receiver holds
+exactly the rows its peers sent); timed: one consumer launch (CUDA events, max over ranks).
 
   bytes_sent  bytes that LEAVE the sending GPU (its own rows never move); n_seg segments, enough
               for `min_total_mib` per run and one segment per consumer CTA, a multiple of cCTA
   gbps        bytes_sent / median time of one launch
 
-Transports (the overlap system's `transport` param):
-  loopback  one process plays W = `loopback_ranks` ranks; rank 0 sends to the other regions of
-            one GPU's memory. A LOCAL copy through the consumer, never an interconnect figure.
-  p2p, nvshmem  one process per GPU (W = the number of processes), stores into the peers'
-            symmetric memory over NVLink. Skipped, with the reason, on one process. torch keeps
-            one symmetric-memory backend per process, so p2p and nvshmem run in separate
-            invocations (the YAML sweeps loopback and p2p; nvshmem by override, same table).
-Reference line (system `nccl_all_to_all`, only with >= 2 processes): the process group's
-all_to_all_single (NCCL on GPUs; gloo on the CPU, which the CPU tests use to check the data
-movement) moving the same bytes out of every rank, split evenly over the peers.
+Transports (the overlap system's `transport` param): loopback (one process plays W =
+`loopback_ranks` ranks; rank 0 sends to other regions of one GPU's memory: a LOCAL copy, never
+an interconnect figure); p2p, nvshmem (one process per GPU, stores into the peers' symmetric
+memory; torch keeps one symmetric-memory backend per process, so they run in separate
+invocations). Reference (system `nccl_all_to_all`, >= 2 processes): all_to_all_single of the
+process group (gloo on the CPU, where tests check the data movement) moving the same bytes.
 Options (experiment.options): segment_kib (list), min_total_mib (64), loopback_ranks (4; its W x W
 receive regions of the largest cell must fit the device memory, checked before any work).
 """
@@ -28,6 +23,7 @@ receive regions of the largest cell must fit the device memory, checked before a
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import Any
 
 import torch
@@ -39,6 +35,7 @@ from harness.measure import (
     guarded,
     hash_cell,
     selected_systems,
+    set_latency,
     system_points,
     unused_knobs,
 )
@@ -273,15 +270,13 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, row: Row) -> None:
         go, ok, sent, extra = _consumer(ctx, cfg, cell)
         row.transport, row.impl = cell["params"]["transport"], "consumer kernel (triton)"
     row.metrics.update(extra)
+    row.max_rel_err = 0.0 if ok else 1.0
     if not ok:
         row.status, row.reason = "fail", "a receive buffer differs from the rows sent"
-        row.max_rel_err = 1.0
         return
-    row.max_rel_err = 0.0
     m = cfg.measure
     t = time_fn(go, device=ctx.device, group=ctx.group, warmup=m.warmup, iters=m.iters)
-    row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
-    row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
+    set_latency(row, t)
     row.metrics.update(bytes_sent=float(sent), gbps=sent / t.median_ms / 1e6)
 
 
@@ -300,17 +295,13 @@ def _consumer(ctx: RunContext, cfg: Any, cell: dict):
     me = 0 if name == "loopback" else ctx.rank
     plan = sender_plan(me, W, rows_per_seg, n_seg, ctx.device)
     y = sender_y(cell, me, int(plan.n_padded), ctx.device)
-    rows_per_source = n_seg * rows_per_seg
     made = _transport(ctx, cfg, cell)
     tr = made.transport(0) if name == "loopback" else made
     ready = torch.ones(plan.max_bands, dtype=torch.int32, device=ctx.device)
     err = new_error_buffer(ctx.device)
     clock = torch.zeros(ccta, dtype=torch.int64, device=ctx.device)
-    cfg = ConsumerConfig()
-
-    def go():
-        run_consumer(y, plan, ready, tr, err, clock, ready_target=1, ccta=ccta, config=cfg)
-
+    kw = dict(ready_target=1, ccta=ccta, config=ConsumerConfig())
+    go = partial(run_consumer, y, plan, ready, tr, err, clock, **kw)
     receivers = range(1, W) if name == "loopback" else [ctx.rank]
     bufs = {d: (made.recv(d) if name == "loopback" else tr.recv) for d in receivers}
     for b in bufs.values():
@@ -330,7 +321,7 @@ def _consumer(ctx: RunContext, cfg: Any, cell: dict):
             expected_region(plan_s, y_s, d, want)
         ok = ok and torch.equal(buf, want)
     ok = _agree_ok(ctx, ok)
-    sent = rows_per_source * row_bytes  # every row of this rank goes to a peer
+    sent = n_seg * rows_per_seg * row_bytes  # every row of this rank goes to a peer
     metrics = {"segment_bytes": float(rows_per_seg * row_bytes), "n_segments": float(n_seg)}
     return go, ok, sent, metrics
 
@@ -343,10 +334,7 @@ def _nccl(ctx: RunContext, cell: dict):
     split = [0 if d == me else per_peer for d in range(W)]
     x = sender_y(cell, me, per_peer * (W - 1), ctx.device)
     out = torch.empty_like(x)
-
-    def go():
-        dist.all_to_all_single(out, x, split, split, group=ctx.group)
-
+    go = partial(dist.all_to_all_single, out, x, split, split, group=ctx.group)
     go()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)

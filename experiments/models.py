@@ -2,28 +2,22 @@
 
 One cell = (model, dtype, system, a point of the system's sweep) on W = the processes of the run
 (one per GPU). The model is harness/models.py; its MoE blocks call the system through SystemMoE
-(copy h, ids and gate into the CellInputs the system was set up with, then system.timed()).
-Per cell:
+(h, ids and gate copied into the system's CellInputs, then system.timed()). Per cell:
   1 gates    the system must have a layer scope, run here (GPU, packages), take the MoE shape
   2 setup    once per model, through the harness's path (WorkloadSpec: T = B x S, H, out = H,
-             F = 4 H, G / W experts per rank, top-k, routing `balanced` for setup only;
-             harness.measure.cell_inputs with x, ids, gate copied into tensors of their own)
+             F = ffn_mult x H, G / W experts per rank, top-k; harness.measure.cell_inputs)
   3 check    one forward with every MoE block's top-k forced to the reference model's (so a
              near-tie cannot flip a token between two bf16 runs): (a) every MoE call against the
-             float32 oracle on the same inputs (harness.check, measure.tol), (b) the model output
-             against the reference model's (the same model with the float32 oracle as MoE),
-             options.model_tol; both agreed over the ranks. A failure records `fail`, no latency.
-             The row's `tol` is model_tol (it gates max_rel_err, the output's error), m_moe_tol
-             is measure.tol (it gates m_moe_max_rel_err, the worst MoE call's)
-  4 timed    the plain forward (the model's own routing), harness.timing.time_fn: latency_ms;
-             the MoE calls inside it timed per forward (events around system.timed(), summed):
-             m_moe_ms
+             float32 oracle on its inputs (measure.tol, column m_moe_tol), (b) the model output
+             against the reference model's (the float32 oracle as MoE; model_tol, column `tol`);
+             both agreed over the ranks. A failure records `fail`, no latency
+  4 timed    the plain forward (the model's own routing): latency_ms; the MoE calls inside it
+             timed per forward and summed: m_moe_ms
   5 again    the check of step 3 once more (nothing the timing did changed the output)
 The reference model (its output, routing and imbalance) is computed once per model and process.
-Options (experiment.options): models (name -> blocks, moe_blocks, batch, seq, hidden, heads,
-causal), experts (64), top_k (2), ffn_mult (4), model_tol (5e-2: the check of the output catches
-integration errors, O(1); the drift of bf16 MoE calls through 12 MoE blocks measured 1.0e-2
-on the CPU, each call within 3.6e-3).
+Options (experiment.options): models (name -> MODEL_KEYS), experts (64), top_k (2), ffn_mult
+(4), model_tol (5e-2: the output check catches integration errors, O(1); bf16 MoE calls drift
+1.0e-2 through 12 MoE blocks on the CPU, each call within 3.6e-3).
 """
 
 from __future__ import annotations
@@ -31,6 +25,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -43,6 +38,7 @@ from harness.measure import (
     experiment_options,
     guarded,
     selected_systems,
+    set_latency,
     system_points,
     workload_cells,
 )
@@ -251,11 +247,10 @@ def _worst(results: list[CheckResult]) -> CheckResult:
 def _agreed(ctx: RunContext, res: CheckResult) -> tuple[bool, float, float]:
     """(ok on every rank, worst whole error, worst row error) over the ranks."""
     ok = agree(ctx, 0.0 if res.ok else 1.0) == 0.0
-
-    def worst(v: float) -> float:
-        return agree(ctx, v if v == v else 1e30)
-
-    return ok, worst(res.max_rel_err), worst(res.max_row_rel_err)
+    err, row_err = (
+        agree(ctx, v if v == v else 1e30) for v in (res.max_rel_err, res.max_row_rel_err)
+    )
+    return ok, err, row_err
 
 
 def gate_tolerances(cfg: Any, row: ModelRow) -> tuple[float, float]:
@@ -275,12 +270,11 @@ def _verdict(ctx: RunContext, row: ModelRow, a: CheckResult, b: CheckResult, whe
     row.metrics["moe_max_row_rel_err"] = max(row.metrics.get("moe_max_row_rel_err", 0.0), row_a)
     row.max_rel_err = max(err_b, row.max_rel_err) if row.max_rel_err == row.max_rel_err else err_b
     row.max_row_rel_err = row_b
-    at = f"{when}: " if when else ""
-    if not ok_a:
-        row.status, row.reason = "fail", f"{at}a MoE call: {a.message or 'failed on another rank'}"
-    elif not ok_b:
-        reason = b.message or "failed on another rank"
-        row.status, row.reason = "fail", f"{at}model output: {reason}"
+    if not (ok_a and ok_b):
+        what, res = ("a MoE call", a) if not ok_a else ("model output", b)
+        at = f"{when}: " if when else ""
+        row.status = "fail"
+        row.reason = f"{at}{what}: {res.message or 'failed on another rank'}"
     return row.status == "ok"
 
 
@@ -338,21 +332,17 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
         except RuntimeError as exc:
             why = str(exc)
     row.graph, row.graph_reason = graphs is not None, why or ""
-    timings = (
-        _timed_graphs(ctx, cfg, row, ref, graphs)
-        if graphs
-        else _timed_eager(ctx, cfg, ref, system, inputs)
-    )
+    if graphs:
+        timings = _timed_graphs(ctx, cfg, row, ref, graphs)  # checked on replays after timing
+    else:
+        timings = _timed_eager(ctx, cfg, ref, system, inputs)
+        if not checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs), "after timing"):
+            timings = None
     if timings is None:
-        return
-    if graphs is None and not checked_forward(
-        ctx, cfg, row, ref, SystemMoE(system, inputs), "after timing"
-    ):
         return
     t, tm = timings
     copy_in = _copy_in_time(ctx, cfg, ref, m, SystemMoE(system, inputs))
-    row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
-    row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
+    set_latency(row, t)
     row.metrics.update(moe_ms=tm.median_ms, moe_p10_ms=tm.p10_ms, moe_p90_ms=tm.p90_ms)
     row.metrics.update(moe_blocks=float(len(m.moe_blocks)), copy_in_ms=copy_in)
     row.extra = _extra(m, system, row.graph)
@@ -389,10 +379,8 @@ def _copy_in_time(ctx: RunContext, cfg: Any, ref: Reference, m: ModelSpec, moe: 
     h = ref.x0.reshape(-1, m.hidden)
     ids = ref.ids[m.moe_blocks[0]]
     gate = torch.full(ids.shape, 0.5, device=ids.device)  # any [T, k] float32: only copied
-    kw = dict(device=ctx.device, group=ctx.group)
-    return time_fn(
-        lambda: moe.copy_in(h, ids, gate), warmup=1, iters=cfg.measure.iters, **kw
-    ).median_ms
+    kw = dict(device=ctx.device, group=ctx.group, warmup=1, iters=cfg.measure.iters)
+    return time_fn(partial(moe.copy_in, h, ids, gate), **kw).median_ms
 
 
 @dataclass

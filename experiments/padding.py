@@ -132,8 +132,7 @@ DEFINITION = (
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
     spec = _spec(cell)
     counts, imb = counts_of(spec)
-    keys = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
-    shape = {k: getattr(spec, k) for k in keys}
+    shape = {k: getattr(spec, k) for k in AXES}
     impl = "exact count (systems.overlap.plan.padding_rows)"
     row = cell_row(cell, impl=impl, transport="none", **shape, **imb)
     row.extra = json.dumps({"definition": DEFINITION, "seed": spec.seed})

@@ -52,9 +52,7 @@ def workloads() -> dict[str, tuple[dict, int | None]]:
 
 def predict_table(df: pd.DataFrame, node: Node) -> pd.DataFrame:
     """df with the PRED columns on its serial and overlap rows of SCOPES."""
-    out = df.copy()
-    for c in PRED:
-        out[c] = float("nan")
+    out = df.assign(**dict.fromkeys(PRED, float("nan")))
     if "system" not in out:  # not a table of systems' rows: nothing to predict
         return out.assign(pred_node=node.name)
     ffn = out["ffn"].fillna(0) if "ffn" in out else pd.Series(0, index=out.index)

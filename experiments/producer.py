@@ -1,9 +1,8 @@
 """The producer against cuBLAS: the overlap system's expert GEMM alone, on one GPU.
 
-One workload = (T, K, N, E, top_k, routing, W, dtype): the routing of W ranks is drawn as in
-every experiment (harness.workload.routing_of) and rank 0's expert problem is built from it:
-rows[e][s] = rows owner s sends to rank 0's expert e, laid out by the real stage-A builder
-(systems.overlap.plan.plan_from_rows -> build_plan), X [P, K] (zero padding rows included),
+One workload = (T, K, N, E, top_k, routing, W, dtype): rank 0's expert problem from the routing
+of W ranks (harness.workload.routing_of): rows[e][s] = rows owner s sends to rank 0's expert e,
+laid out by the real stage-A builder (plan_from_rows), X [P, K] (zero padding rows included),
 weights [E, K, N]. Per workload, side by side in one run:
 
   overlap           the persistent Triton producer with the tuning table's tile configuration,
@@ -11,17 +10,13 @@ weights [E, K, N]. Per workload, side by side in one run:
                     overlap system's sweep (tile_m, layout, order); the local rows go straight
                     to the receive buffer through row_dst, as the overlap system stores them
   torch_grouped_mm  torch._grouped_mm (CUTLASS) on the valid rows only, grouped by expert
-  cublas            one dense torch.matmul [R, K] x [K, N] with R = the valid rows: the same
-                    useful FLOPs as one GEMM
-  cublas_bmm        one torch.bmm (cuBLAS, batched) [E, m, K] x [E, K, N] with m = R // E: the
-                    same FLOPs (less up to E - 1 rows) and the same E x K x N weight bytes as
-                    the grouped GEMM, split evenly: a dense library on this problem's shape
+  cublas            one dense torch.matmul [R, K] x [K, N], R = the valid rows: the same FLOPs
+  cublas_bmm        one torch.bmm [E, R // E, K] x [E, K, N]: the same FLOPs (less up to E - 1
+                    rows) and weight bytes as the grouped GEMM, split evenly
 
-Every kernel is checked against the float32 reference of its rows (harness/check.py) before it
-is timed; a failing one records `fail`. Timed: one launch (CUDA events). Metrics: m_tflops
-(useful FLOPs 2 R K N / time; the bmm's own rows for cublas_bmm), m_valid_rows, m_gemm_rows
-(rows the kernel computes, padding included), m_flags. The ratios against the references are
-read across the rows of one workload (plots/producer.py).
+Each kernel is checked against the float32 reference of its rows before it is timed (one launch,
+CUDA events); a failing one records `fail`. Metrics: m_tflops (useful FLOPs 2 R K N / time; the
+bmm's own rows for cublas_bmm), m_valid_rows, m_gemm_rows (padding included), m_flags.
 Options (experiment.options): flags (list of bool, default [true]).
 """
 
@@ -30,7 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import time
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,9 +37,10 @@ from harness.measure import (
     experiment_options,
     hash_cell,
     selected_systems,
+    set_latency,
     system_points,
 )
-from harness.records import Row, command_line, provenance
+from harness.records import Row, cell_row
 from harness.routing import imbalance
 from harness.system import RunContext, list_param
 from harness.timing import time_fn
@@ -112,20 +108,17 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
             raise ValueError(f"producer: top_k {spec.top_k} > W x E")
         if spec.hidden % 8 or spec.out % 8:
             raise ValueError("producer: K and N must be multiples of 8 (16-byte rows)")
-        if cell["system"] == "overlap":
-            _check_knobs(cell["params"])
-
-
-def _check_knobs(p: dict) -> None:
-    """One-line errors for the producer's knobs of an overlap cell."""
-    if p["tile_m"] not in (64, 128):
-        raise ValueError(f"producer: tile_m must be 64 or 128, got {p['tile_m']}")
-    if p.get("order") not in ORDERS:
-        raise ValueError(f"producer: order must be one of {ORDERS}, got {p}")
-    if p.get("layout", "aligned") not in LAYOUTS:
-        raise ValueError(
-            f"producer: layout must be one of {', '.join(LAYOUTS)}, got {p.get('layout')!r}"
-        )
+        if cell["system"] != "overlap":
+            continue
+        p = cell["params"]
+        if p["tile_m"] not in (64, 128):
+            raise ValueError(f"producer: tile_m must be 64 or 128, got {p['tile_m']}")
+        if p.get("order") not in ORDERS:
+            raise ValueError(f"producer: order must be one of {ORDERS}, got {p}")
+        if p.get("layout", "aligned") not in LAYOUTS:
+            raise ValueError(
+                f"producer: layout must be one of {', '.join(LAYOUTS)}, got {p.get('layout')!r}"
+            )
 
 
 def rank0_rows(spec: WorkloadSpec) -> tuple[list[list[int]], dict]:
@@ -211,53 +204,30 @@ def batched_rows(x_valid: torch.Tensor, e: int) -> torch.Tensor:
 
 
 def _row(cell: dict, spec: WorkloadSpec) -> Row:
-    return Row(
-        experiment=cell["experiment"],
-        system=cell["system"],
-        cell_hash=cell["cell_hash"],
-        scope="expert gemm",
-        transport="none",
-        **{k: getattr(spec, k) for k in AXES},
-        params=dict(cell["params"]),
-        command=command_line(),
-        timestamp=time.time(),
-        **provenance(),
-    )
+    shape = {k: getattr(spec, k) for k in AXES}
+    return cell_row(cell, scope="expert gemm", transport="none", **shape)
 
 
 def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
     """(launch, output, its float32 reference, metrics) of one cell's kernel."""
-    valid_rows = int(pb.x_valid.shape[0])
+    rows = float(pb.x_valid.shape[0])
     if cell["system"] == "torch_grouped_mm":
-        out = torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets)
-        ref = pb.ref_y()[pb.valid]
-
-        def go():
-            torch._grouped_mm(pb.x_valid, pb.w, offs=pb.offsets)
-
-        return go, out, ref, {"gemm_rows": float(valid_rows), "impl": "torch._grouped_mm"}
-    if cell["system"] == "cublas":
-        w0 = pb.w[0]
-        out = torch.matmul(pb.x_valid, w0)
-        ref = pb.x_valid.float() @ w0.float()
-
-        def go():
-            torch.matmul(pb.x_valid, w0)
-
-        return go, out, ref, {"gemm_rows": float(valid_rows), "impl": "torch.matmul (cuBLAS)"}
-    if cell["system"] == "cublas_bmm":
-        e = pb.w.shape[0]
-        xb = batched_rows(pb.x_valid, e)
-        m = xb.shape[1]
-        out = torch.bmm(xb, pb.w)
-        ref = torch.bmm(xb.float(), pb.w.float())
-
-        def go():
-            torch.bmm(xb, pb.w)
-
+        go = partial(torch._grouped_mm, pb.x_valid, pb.w, offs=pb.offsets)
+        out, ref = go(), pb.ref_y()[pb.valid]
+        impl = "torch._grouped_mm"
+    elif cell["system"] == "cublas":
+        go = partial(torch.matmul, pb.x_valid, pb.w[0])
+        out, ref = go(), pb.x_valid.float() @ pb.w[0].float()
+        impl = "torch.matmul (cuBLAS)"
+    elif cell["system"] == "cublas_bmm":
+        xb = batched_rows(pb.x_valid, pb.w.shape[0])
+        go = partial(torch.bmm, xb, pb.w)
+        out, ref = go(), torch.bmm(xb.float(), pb.w.float())
+        rows = float(xb.shape[0] * xb.shape[1])
         impl = "torch.bmm (cuBLAS batched, R // E rows an expert)"
-        return go, out, ref, {"gemm_rows": float(e * m), "impl": impl}
-    return _producer_kernel(ctx, cell, pb)
+    else:
+        return _producer_kernel(ctx, cell, pb)
+    return go, out, ref, {"gemm_rows": rows, "impl": impl}
 
 
 def _producer_kernel(
@@ -276,11 +246,8 @@ def _producer_kernel(
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
     row_dst = p.row_dst
     recv = torch.zeros(int(row_dst.max()) + 1 if n["n_padded"] else 0, n_out, dtype=dt, device=dev)
-
-    def go():
-        launch_producer(pb.x, pb.w, y, p, ready, num_programs=sms, config=cfg, signal=flags,
-                        recv=recv)  # fmt: skip
-
+    kw = dict(num_programs=sms, config=cfg, signal=flags, recv=recv)
+    go = partial(launch_producer, pb.x, pb.w, y, p, ready, **kw)
     go()
     # one run: every remote band's counter holds one run's increment
     got = ready[p.schedule[: n["n_remote_bands"]]]
@@ -334,8 +301,7 @@ def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
             row.status, row.reason = "fail", res.message
             return [row]
         t = time_fn(go, device=ctx.device, warmup=cfg.measure.warmup, iters=cfg.measure.iters)
-        row.latency_ms, row.latency_p10_ms, row.latency_p90_ms = t.median_ms, t.p10_ms, t.p90_ms
-        row.latency_ci_lo_ms, row.latency_ci_hi_ms = t.ci_lo_ms, t.ci_hi_ms
+        set_latency(row, t)
         row.compute_ms = t.median_ms
         # useful rows: the valid rows, or the bmm's own E x (R // E) (all useful, none padding)
         done = row.metrics["gemm_rows"] if cell["system"] == "cublas_bmm" else valid

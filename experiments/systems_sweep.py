@@ -15,9 +15,9 @@ from harness.measure import expand_grid, measure_cell, measure_workload, validat
 from harness.records import Row
 from harness.system import RunContext
 
-
-def cells(cfg: Any, process_world: int) -> list[dict]:
-    return expand_grid(cfg, process_world)
+cells = expand_grid
+#: the cells of one workload, timed in interleaved rounds (measure.rounds > 1)
+run_workload = measure_workload
 
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
@@ -28,8 +28,3 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
 
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
     return [measure_cell(ctx, cfg, cell)]
-
-
-def run_workload(ctx: RunContext, cfg: Any, cells: list[dict]) -> list[Row]:
-    """The cells of one workload, timed in interleaved rounds (measure.rounds > 1)."""
-    return measure_workload(ctx, cfg, cells)
