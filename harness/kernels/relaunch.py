@@ -78,11 +78,16 @@ class _Released:
 def _binds_alike(old: Any, value: torch.Tensor) -> bool:
     """A new tensor Triton would bind as the remembered one (dtype, device, 16-byte alignment)."""
     if isinstance(old, torch.Tensor):
-        old = _Released(old)
-    if not isinstance(old, _Released):
+        aligned = old.data_ptr() % 16 == 0
+    elif isinstance(old, _Released):
+        aligned = old.aligned
+    else:
         return False
-    new = _Released(value)
-    return (new.dtype, new.device, new.aligned) == (old.dtype, old.device, old.aligned)
+    return (
+        value.dtype == old.dtype
+        and value.device == old.device
+        and (value.data_ptr() % 16 == 0) == aligned
+    )
 
 
 class LaunchMemo:
