@@ -18,6 +18,7 @@ import os
 import random
 import traceback
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import torch
@@ -120,13 +121,13 @@ def experiment_options(cfg: Any, name: str, defaults: dict[str, Any]) -> dict[st
     return {**defaults, **given}
 
 
-def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
-    """What changes a cell's numbers besides its workload and system (part of every cell hash):
-    the measure settings, the hardware and backend, and the number of processes. Not the
-    time-out or the table path (they change no number). queue_ahead and graph enter only where
-    they change the timing, so eager rows keep their hashes. On CUDA the hardware's name is the
-    machine found (this_machine: h200, h100x8), so a row of one GPU model or count never resumes
-    another's cell; without a GPU (a dry run) the preset's name stands in."""
+def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
+    """The cell hash: the cell (workload, system, params, seed) and what else changes its
+    numbers: the measure settings, the hardware and backend, and the number of processes. Not
+    the time-out or the table path (they change no number). queue_ahead and graph enter only
+    where they change the timing, so eager rows keep their hashes. On CUDA the hardware's name
+    is the machine found (this_machine: h200, h100x8), so a row of one GPU model or count never
+    resumes another's cell; without a GPU (a dry run) the preset's name stands in."""
     from harness.records import this_machine
 
     m, hw = cfg.measure, cfg.hardware
@@ -137,16 +138,12 @@ def run_settings(cfg: Any, process_world: int) -> dict[str, Any]:
     if hw.device == "cuda" and graph != "false":
         timing["graph"] = graph
     name = this_machine() if hw.device == "cuda" and this_machine() != "cpu" else hw.name
-    return {
+    run = {
         "measure": timing,
         "hardware": {"name": name, "device": hw.device, "backend": hw.backend},
         "processes": process_world,
     }
-
-
-def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
-    """The cell hash: the cell (workload, system, params, seed) and the run settings."""
-    return cell_hash({**cell, "run": run_settings(cfg, process_world)})
+    return cell_hash({**cell, "run": run})
 
 
 def expand_grid(cfg: Any, process_world: int) -> list[dict]:
@@ -205,16 +202,14 @@ def spec_of(cell: dict) -> WorkloadSpec:
     )
 
 
-def validate_cells(
-    cells: list[dict], sm_count: int, processes: int | None = None, device: str = "cpu"
-) -> None:
+def validate_cells(cells: list[dict], sm_count: int, processes: int, device: str) -> None:
     """Clear errors for bad cells before any GPU work: routing, shapes, each system's params,
-    and (processes given) what cannot run on that many processes of `device`."""
+    and what cannot run on that many processes of `device`."""
     for cell in cells:
         cls = get_system(cell["system"]).load()
         params, spec = {**cls.PARAMS, **cell["params"]}, spec_of(cell)
         cls.validate(spec, params, sm_count)
-        if processes is not None and spec.world_size in (1, processes):
+        if spec.world_size in (1, processes):
             cls.refuse(spec, params, processes, device)
 
 
@@ -355,13 +350,12 @@ def stage(ctx: RunContext, row: Row, name: str, fn, n: int = 0) -> list[float] |
     that failed before it is never left out of one its peers wait in."""
     STATE.stage = name
     values = guarded(ctx, row, fn) if row.status == "ok" else None
-    values = values if n else None
     if row.status != "ok":
         if row.status == "error" and ctx.world_size > 1:
             row.reason = f"{name}: {row.reason}"[:500]
         # for the parent, until the ranks agree
         STATE.failure = row.reason if row.reason.startswith(name) else f"{name}: {row.reason}"
-    return settle(ctx, row, values, n)
+    return settle(ctx, row, values if n else None, n)
 
 
 def _checked(ctx: RunContext, row: Row, res: Any, when: str = "") -> bool:
@@ -558,19 +552,15 @@ def _timing_kw(ctx: RunContext, cfg: Any, iters: int, warmup: int) -> dict:
 def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: int) -> bool:
     """Add `iters` timed iterations of the cell to its samples; False after a failure."""
     kw = _timing_kw(ctx, cfg, iters, warmup)
-    got: list = []
 
-    def timed_loop() -> None:
-        got.append(time_fn(p.step, **kw))
+    def timed_loop() -> None:  # a rank's samples count only where every rank ended it ok
+        t = time_fn(p.step, **kw)
         p.system.check_errors()  # a wait that timed out in the loop: the cell's error
+        p.samples.extend(t.samples)
+        p.host_ms.append(t.host_ms)
+        p.queued.append(t.queued)
 
-    if stage(ctx, p.row, f"timed loop {len(p.host_ms) + 1}", timed_loop) is None:
-        return False
-    (t,) = got
-    p.samples.extend(t.samples)
-    p.host_ms.append(t.host_ms)
-    p.queued.append(t.queued)
-    return True
+    return stage(ctx, p.row, f"timed loop {len(p.host_ms) + 1}", timed_loop) is not None
 
 
 def _timing_note(kw: dict, p: _Prepared) -> dict:
@@ -589,23 +579,26 @@ def _timing_note(kw: dict, p: _Prepared) -> dict:
     return note
 
 
+def _time_alone(ctx: RunContext, p: _Prepared, kw: dict, name: str, fn, put) -> bool:
+    """Stage `name`: fn() timed from poisoned buffers, as the checked calls run, and put(its
+    median, ms); False on a failure."""
+
+    def timed_alone() -> None:
+        poison(ctx, p)
+        put(time_fn(fn, **kw).median_ms)
+
+    return stage(ctx, p.row, name, timed_alone) is not None
+
+
 def _bounds(ctx: RunContext, p: _Prepared, kw: dict) -> bool:
-    """The compute-only and comm-only bounds (each from poisoned buffers, a stage of its own),
-    the overlap ratio or why it has none, then the system's extra bounds; False on a failure."""
+    """The compute-only and comm-only bounds (each a stage of its own), the overlap ratio or why
+    it has none, then the system's extra bounds; False on a failure."""
     row, system, spec = p.row, p.system, p.spec
     if system.has_bounds():
-
-        def bound(fn, field: str):
-            def timed_alone() -> None:  # from poisoned buffers, as the checked calls
-                poison(ctx, p)
-                setattr(row, field, time_fn(fn, **kw).median_ms)
-
-            return timed_alone
-
-        if stage(ctx, row, "compute-only bound", bound(system.compute_only, "compute_ms")) is None:
-            return False
-        if stage(ctx, row, "comm-only bound", bound(system.comm_only, "comm_ms")) is None:
-            return False
+        for what, fn in (("compute", system.compute_only), ("comm", system.comm_only)):
+            put = partial(setattr, row, f"{what}_ms")
+            if not _time_alone(ctx, p, kw, f"{what}-only bound", fn, put):
+                return False
         if not system.overlaps:
             system.extra["overlap_ratio"] = f"{system.name} overlaps nothing: it runs its "
             system.extra["overlap_ratio"] += "communication after its compute"
@@ -616,12 +609,8 @@ def _bounds(ctx: RunContext, p: _Prepared, kw: dict) -> bool:
         else:  # nothing to hide: a ratio of local copies would read as overlap
             system.extra["overlap_ratio"] = "undefined at W=1: no bytes leave the rank"
     for name, fn in system.extra_bounds().items():
-
-        def extra_bound(name=name, fn=fn) -> None:
-            poison(ctx, p)
-            row.metrics[f"{name}_ms"] = time_fn(fn, **kw).median_ms
-
-        if stage(ctx, row, f"{name} bound", extra_bound) is None:
+        put = partial(row.metrics.__setitem__, f"{name}_ms")
+        if not _time_alone(ctx, p, kw, f"{name} bound", fn, put):
             return False
     return True
 
@@ -639,12 +628,9 @@ def _serialized(ctx: RunContext, cfg: Any, p: _Prepared, kw: dict) -> bool:
         out = checked_call(ctx, p, got[0])
         _checked(ctx, row, check(out, p.timed_ref(), cfg.measure.tol), "serialized")
 
-    def timed_serialized() -> None:
-        poison(ctx, p)
-        row.serialized_ms = time_fn(got[0], **kw).median_ms
-
-    return all(stage(ctx, row, n, f) is not None for n, f in (
-        ("serialized check", check_serialized), ("serialized", timed_serialized)))  # fmt: skip
+    if stage(ctx, row, "serialized check", check_serialized) is None:
+        return False
+    return _time_alone(ctx, p, kw, "serialized", got[0], partial(setattr, row, "serialized_ms"))
 
 
 def _checks_after(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
@@ -673,12 +659,11 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
             row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
             row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
         return row
-    counted = [float("nan")]
-    if ctx.device.type == "cuda":
-        # GPU: the host synchronisations of one timed call (the most on any rank)
+    counted = None
+    if ctx.device.type == "cuda":  # the host synchronisations of one timed call (most on a rank)
+
         def syncs() -> list[float]:
-            n = count_host_syncs(p.step, ctx.device)
-            return [float("nan") if n is None else float(n)]
+            return [float(count_host_syncs(p.step, ctx.device))]
 
         counted = stage(ctx, row, "host syncs", syncs, n=1)
         if counted is None:
@@ -691,7 +676,7 @@ def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
         row.metrics.update(system.metrics)
         if p.host_ms and all(v == v for v in p.host_ms):  # GPU: the host's enqueue time
             row.metrics["host_ms"] = float(torch.tensor(p.host_ms).median())
-        if counted[0] == counted[0]:
+        if counted is not None:
             row.metrics["host_syncs"] = counted[0]
 
     guarded(ctx, row, results)
@@ -720,15 +705,12 @@ def measure_workload(ctx: RunContext, cfg: Any, cells: list[dict]) -> list[Row]:
         for p in live:
             if p.row.status == "ok":
                 time_prepared(ctx, cfg, p, per, cfg.measure.warmup if r == 0 else 1)
-    rows = []
-    for p in done:
-        if isinstance(p, Row):
-            rows.append(p)
-            continue
-        p.system.extra["rounds"] = rounds
-        rows.append(finish_cell(ctx, cfg, p))
-        p.system = None  # free the device memory of the finished system
-    return rows
+    for i, p in enumerate(done):
+        if not isinstance(p, Row):
+            p.system.extra["rounds"] = rounds
+            done[i] = finish_cell(ctx, cfg, p)
+            p.system = None  # free the device memory of the finished system
+    return done
 
 
 def workload_key(cell: dict) -> tuple:

@@ -330,17 +330,16 @@ def dry_run(cfg: Any, workload: str | None = None) -> None:
     import pandas as pd
 
     keep = {c["cell_hash"] for c in plan.cells} - {c["cell_hash"] for c in plan.todo}
+    skip = ("experiment", "system", "seed", "cell_hash", "params")
     lines = []
     for c in plan.cells[:DRY_RUN_ROWS]:
         h = c["cell_hash"]
         status = plan.found.get(h)
         mark = "-" if status is None else status if h in keep else f"{status}, runs again"
-        row = {"cell_hash": h, "system": c["system"]}
-        skip = ("experiment", "system", "seed", "cell_hash", "params")
-        row.update({k: v for k, v in c.items() if k not in skip})
-        row["params"] = " ".join(f"{k}={v}" for k, v in c.get("params", {}).items())
-        row["in table"] = mark
-        lines.append(row)
+        shape = {k: v for k, v in c.items() if k not in skip}
+        params = " ".join(f"{k}={v}" for k, v in c.get("params", {}).items())
+        row = {"cell_hash": h, "system": c["system"], **shape, "params": params}
+        lines.append({**row, "in table": mark})
     print(pd.DataFrame(lines).to_string(index=False))
     if len(plan.cells) > DRY_RUN_ROWS:
         print(f"... and {len(plan.cells) - DRY_RUN_ROWS} more cell(s)")

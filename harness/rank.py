@@ -59,14 +59,9 @@ class Reporter:
     once, writing nothing. Without a parent (torchrun) it only draws rank 0's progress bar."""
 
     def __init__(
-        self,
-        rank: int,
-        conn: Connection | None,
-        beat_s: float,
-        bar: Any = None,
-        parent_pid: int | None = None,
+        self, conn: Connection | None, beat_s: float, bar: Any = None, parent_pid: int | None = None
     ):
-        self.rank, self.conn, self.bar, self.parent_pid = rank, conn, bar, parent_pid
+        self.conn, self.bar, self.parent_pid = conn, bar, parent_pid
         #: indexes of the cells whose rows this rank wrote
         self.written_cells: set[int] = set()
         self._lock = threading.Lock()
@@ -188,11 +183,9 @@ def _batches(todo: list[dict], grouped: bool) -> list[list[int]]:
     one workload."""
     from harness.measure import workload_key
 
-    if not grouped:
-        return [[i] for i in range(len(todo))]
     out: list[list[int]] = []
     for i, cell in enumerate(todo):
-        if out and workload_key(todo[out[-1][0]]) == workload_key(cell):
+        if grouped and out and workload_key(todo[out[-1][0]]) == workload_key(cell):
             out[-1].append(i)
         else:
             out.append([i])
@@ -249,7 +242,7 @@ def spawn_entry(
 ) -> None:
     end_with_parent(parent_pid)
     beat_s = min(0.5, float(cfg_dict["hardware"]["timeout_s"]) / 10)
-    report = Reporter(rank, conn, beat_s, parent_pid=parent_pid)
+    report = Reporter(conn, beat_s, parent_pid=parent_pid)
     try:
         worker(rank, world, rank, cfg_dict, cells, report, rendezvous)
     except BaseException as exc:  # noqa: BLE001 - reported once to the parent, which decides

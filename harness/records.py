@@ -239,10 +239,6 @@ def provenance() -> dict:
     }
 
 
-def command_line() -> str:
-    return " ".join([Path(sys.executable).name, "-m", "harness.run", *sys.argv[1:]])
-
-
 def cell_row(cell: dict, row_type: type[Row] = Row, **fields: Any) -> Row:
     """A row of `cell` (its experiment, system, hash, W and params) with this process's
     command, time and provenance, and `fields` for the rest."""
@@ -252,7 +248,7 @@ def cell_row(cell: dict, row_type: type[Row] = Row, **fields: Any) -> Row:
         system=cell["system"],
         cell_hash=cell["cell_hash"],
         params=dict(cell["params"]),
-        command=command_line(),
+        command=" ".join([Path(sys.executable).name, "-m", "harness.run", *sys.argv[1:]]),
         timestamp=time.time(),
         **provenance(),
     )
@@ -350,40 +346,14 @@ def resolve_table_path(path: str | Path) -> Path:
     return path.resolve()
 
 
-#: the arrow types a core column may hold, by its Row field's type (an int column may read back
-#: as float; any column may be all null)
+#: per Row field type: the arrow type this harness writes, and the arrow types a core column of
+#: that field may hold (an int column may read back as float; any column may be all null)
 _KINDS = {
-    "str": (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view),
-    "int": (pa.types.is_integer, pa.types.is_floating),
-    "float": (pa.types.is_integer, pa.types.is_floating),
-    "bool": (pa.types.is_boolean,),
+    "str": ("string", (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)),
+    "int": ("int64", (pa.types.is_integer, pa.types.is_floating)),
+    "float": ("double", (pa.types.is_integer, pa.types.is_floating)),
+    "bool": ("bool", (pa.types.is_boolean,)),
 }
-_WRITES = {"str": "string", "int": "int64", "float": "double", "bool": "bool"}
-
-
-def schema_mismatch(path: str | Path) -> str | None:
-    """Why rows of this harness cannot be added to the table at `path` (a core column of
-    another type: the write would fail after the cell was measured), naming the column and both
-    types; None where they can (or there is no table, or one read_table refuses)."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    try:
-        schema = pq.read_schema(path)
-    except Exception:  # noqa: BLE001 - a damaged table: read_table says so
-        return None
-    types = {f.name: f.type for f in fields(Row)}
-    for name in CORE_COLUMNS:
-        kind = str(types[name])
-        if name not in schema.names or kind not in _KINDS:
-            continue
-        have = schema.field(name).type
-        if pa.types.is_dictionary(have):
-            have = have.value_type
-        if pa.types.is_null(have) or any(ok(have) for ok in _KINDS[kind]):
-            continue
-        return f"column {name} holds {have} where this harness writes {_WRITES[kind]}"
-    return None
 
 
 @dataclass
@@ -404,11 +374,28 @@ class ResultsTable:
         return FileLock(str(self.target) + ".lock", timeout=LOCK_TIMEOUT_S)
 
     def check_schema(self) -> None:
-        """A HarnessUserError if this harness's rows cannot be added to the table."""
-        why = schema_mismatch(self.target)
-        if why:
+        """A HarnessUserError if this harness's rows cannot be added to the table: a core column
+        of another type (the write would fail after the cell was measured), naming the column
+        and both types. Nothing where there is no table, or one read_table refuses."""
+        if not self.target.is_file():
+            return
+        try:
+            schema = pq.read_schema(self.target)
+        except Exception:  # noqa: BLE001 - a damaged table: read_table says so
+            return
+        types = {f.name: str(f.type) for f in fields(Row)}
+        for name in CORE_COLUMNS:
+            if name not in schema.names or types[name] not in _KINDS:
+                continue
+            writes, oks = _KINDS[types[name]]
+            have = schema.field(name).type
+            if pa.types.is_dictionary(have):
+                have = have.value_type
+            if pa.types.is_null(have) or any(ok(have) for ok in oks):
+                continue
             raise HarnessUserError(
-                f"table {self.path}: {why}, so no row could be added to it; {_fix_hint(self.path)}"
+                f"table {self.path}: column {name} holds {have} where this harness writes "
+                f"{writes}, so no row could be added to it; {_fix_hint(self.path)}"
             )
 
     def check_writable(self) -> None:

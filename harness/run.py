@@ -90,11 +90,9 @@ def summary(rows: list[dict], path: Path) -> list[str]:
     return lines
 
 
-def finish(
-    cfg: Any, plan: Plan, stopped: str | None, hashes: set[str], total: int | None = None
-) -> int:
+def finish(cfg: Any, plan: Plan, stopped: str | None, hashes: set[str]) -> int:
     """Print what this run wrote (the cells of `hashes`) and why it stopped; the exit code.
-    `total`: the cells the run set out to run (default: len(plan.todo))."""
+    `plan`: the run's first plan (every cell it set out to run)."""
     from harness.errors import HarnessUserError
 
     try:
@@ -109,8 +107,7 @@ def finish(
             print(line, flush=True)
     if stopped is not None:
         print(
-            f"error: {stopped}; run stopped after {len(hashes)} of "
-            f"{len(plan.todo) if total is None else total} cell(s) "
+            f"error: {stopped}; run stopped after {len(hashes)} of {len(plan.todo)} cell(s) "
             f"(the cell in flight is not recorded); run the same command again to resume",
             file=sys.stderr,
             flush=True,
@@ -144,7 +141,7 @@ def launch(cfg: DictConfig, workload: str | None = None) -> int:
     print(start_message(cfg, plan), flush=True)
     if not plan.todo:
         return finish(cfg, plan, None, set())
-    first, total, since = plan, len(plan.todo), time.time()
+    first, since = plan, time.time()
     written: set[str] = set()  # hashes of the cells whose rows this run wrote
     try:
         for restart in range(cfg.hardware.restarts + 1):
@@ -157,15 +154,15 @@ def launch(cfg: DictConfig, workload: str | None = None) -> int:
                 written.add(plan.todo[cell]["cell_hash"])
             rest = [c for c in plan.todo if c["cell_hash"] not in written]
             print(
-                f"[harness] {stopped}; fresh ranks run the remaining {len(rest)} of {total} "
-                "cell(s)",
+                f"[harness] {stopped}; fresh ranks run the remaining {len(rest)} of "
+                f"{len(first.todo)} cell(s)",
                 flush=True,
             )
             if not rest:
                 stopped = None
                 break
             plan = Plan(plan.cells, rest, plan.found, plan.others, plan.table, plan.world)
-        return finish(cfg, plan, stopped, written, total)
+        return finish(cfg, first, stopped, written)
     except Interrupted as exc:
         print(f"error: {interrupted_line(exc.signum, first, written, since)}", file=sys.stderr)
         return 128 + exc.signum
@@ -227,7 +224,7 @@ def _launch_torchrun(cfg: DictConfig, workload: str | None) -> int:
         print(start_message(cfg, plan), flush=True)
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     bar = progress_bar(cfg, len(plan.todo)) if rank == 0 else None
-    report = Reporter(rank, None, 0.0, bar)
+    report = Reporter(None, 0.0, bar)
     local = int(os.environ.get("LOCAL_RANK", 0))
     try:
         worker(rank, world, local, cfg_dict, plan.todo if rank == 0 else plan.cells, report, None)

@@ -206,14 +206,6 @@ def _diagnose(
     )
 
 
-def _kill(ranks: list[_Rank]) -> None:
-    for r in ranks:
-        if r.proc.exitcode is None:
-            r.proc.kill()  # SIGKILL: also ends a stopped process
-    for r in ranks:
-        r.proc.join(10)
-
-
 @contextmanager
 def _ctrl_c_ignored():
     """SIGINT ignored while a rank is spawned: the rank inherits the ignored signal, so a
@@ -227,12 +219,6 @@ def _ctrl_c_ignored():
         yield
     finally:
         signal.signal(signal.SIGINT, old if old is not None else signal.SIG_DFL)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def progress_bar(cfg: Any, total: int):
@@ -251,7 +237,9 @@ def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
     thread that lives as long as the run)."""
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     ctx = mp.get_context("spawn")
-    rendezvous = ("127.0.0.1", _free_port())
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        rendezvous = ("127.0.0.1", s.getsockname()[1])
     ranks: list[_Rank] = []
     bar = None
     try:  # a signal while the ranks start ends those started too
@@ -268,7 +256,11 @@ def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
     finally:
         if bar is not None:
             bar.close()
-        _kill(ranks)
+        for r in ranks:
+            if r.proc.exitcode is None:
+                r.proc.kill()  # SIGKILL: also ends a stopped process
+        for r in ranks:
+            r.proc.join(10)
     # the earliest cell a rank started and rank 0 did not write: where the run broke (a rank
     # that finished it may already wait in the next one)
     in_flight = {r.cell for r in ranks if r.phase == "cell"} - ranks[0].written

@@ -242,15 +242,7 @@ def time_fn(
         torch.cuda.synchronize(device)
         ms = [s.elapsed_time(e) for s, e in zip(starts, ends)]
         host_ms = 1e3 * float(torch.tensor(host, dtype=torch.float64).median())
-        stats = torch.tensor(
-            [host_ms, 0.0 if queued in (None, True) else 1.0], dtype=torch.float64, device=device
-        )
-        if dist.is_available() and dist.is_initialized():
-            with waiting():
-                dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=group)
-        host_ms = float(stats[0])
-        if queued is not None:
-            queued = bool(stats[1] == 0)
+        ms += [host_ms, float(queued is False)]  # reduced with the times (1: a rank not queued)
     else:
         ms = []
         for _ in range(iters):
@@ -264,7 +256,8 @@ def time_fn(
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     if failed:
         raise failed[0]
-    out = summarize(t.cpu().tolist())
+    agreed = t.cpu().tolist()
+    out = summarize(agreed[:iters])
     if device.type != "cuda":
         return out
-    return replace(out, host_ms=host_ms, queued=queued)
+    return replace(out, host_ms=agreed[iters], queued=None if queued is None else agreed[-1] == 0)

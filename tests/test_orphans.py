@@ -61,7 +61,7 @@ def test_ranks_end_within_a_second_of_a_killed_parent_and_write_no_row(tmp_path)
 
 def _rank_without_parent(recv, send) -> None:
     recv.close()  # only the parent holds the reading end, as with spawned ranks
-    Reporter(0, send, 0.05)  # no parent_pid: only the pipe tells
+    Reporter(send, 0.05)  # no parent_pid: only the pipe tells
     time.sleep(30)
     os._exit(0)
 
