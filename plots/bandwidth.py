@@ -7,17 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plots.common import grid, load, main, save
+from plots.common import grid, load, main, need, save
 
 REFERENCE = "nccl_all_to_all"
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = load(table)
-    cons = df[df["system"] != REFERENCE]
+    cons = need(df[df["system"] != REFERENCE], table, "ok consumer rows")
     ref = df[df["system"] == REFERENCE]
-    if cons.empty:
-        raise ValueError(f"{table}: no ok consumer rows")
     panels = list(dict.fromkeys(zip(cons["transport"], cons["world_size"])))
     fig, axes = grid(1, len(panels), 4.5, 3.8)
     for ax, (tr, w) in zip(axes[0], panels):

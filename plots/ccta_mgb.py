@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from plots.common import grid, load, main, palette, save, transport_note
+from plots.common import load, main, palette, panels, save, transport_note
 
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k"]
 WORKLOAD += ["routing", "dtype"]
-SHAPE = ["tokens_per_rank", "hidden", "out", "experts_per_rank"]
+SHAPE = {"tokens_per_rank": "T", "hidden": "K", "out": "N", "experts_per_rank": "E"}
 
 
 def overlap_rows(df: pd.DataFrame) -> pd.DataFrame:
@@ -77,45 +77,39 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     y = "speedup" if vs_serial else "latency_ms"
     ylabel = "speedup vs serial (higher is better)" if vs_serial else "ms (lower is better)"
     summ = summary(df).set_index(WORKLOAD + ["transport"])
-    shapes = sorted(o.groupby(SHAPE).groups)
-    routings = sorted(o["routing"].unique())
-    fig, axes = grid(len(shapes), len(routings), 4.8, 3.8)
     order = (", " + o["order"] + " order") if o["order"].nunique() > 1 else ""
     o["line"] = o["transport"].astype(str) + order + ", mgb=" + o["mgb"].map("{:g}".format)
     colors = palette(o["line"].dropna())
-    for i, shape in enumerate(shapes):
-        for j, routing in enumerate(routings):
-            ax = axes[i][j]
-            sub = o[(o[SHAPE] == list(shape)).all(axis=1) & (o["routing"] == routing)]
-            notes = []
-            for line, s in sub.dropna(subset=["ccta", "mgb"]).groupby("line"):
-                s = s.sort_values("ccta")
-                ax.plot(s["ccta"], s[y], "o-", ms=3, color=colors[line], label=line)
-            for key, g in sub.groupby(WORKLOAD + ["transport"]):
-                if key not in summ.index:
-                    continue
-                r = summ.loc[key]
-                best = r["best_speedup"] if vs_serial else r["best_ms"]
-                ax.plot(r["best_ccta"], best, "k*", ms=12, label="best measured")
-                a = g[g["auto"]]
-                if len(a):
-                    ax.plot(a["p_ccta_used"], a[y], "rD", ms=7, label="auto pick")
-                ci = "apart" if r["auto_apart"] else "within CIs"
-                pick = f"best/auto ({r['auto_ccta']:g}, {r['auto_mgb']:g}) "
-                pick += f"{1 / r['auto_vs_best']:.3f}x, {ci}"
-                two = f"serial/cCTA=2 {1 / r['ccta2_vs_serial']:.2f}x, " if vs_serial else ""
-                near = "apart from" if r["best_apart"] else "within CIs of"
-                notes.append(
-                    f"{key[-1]}: best ({r['best_ccta']:g}, {r['best_mgb']:g}), {near} the next\n"
-                    f"{two}best/cCTA=2 {1 / r['ccta2_vs_best']:.2f}x\n"
-                    + (pick if pd.notna(r["auto_vs_best"]) else "auto not measured")
-                )
-            if vs_serial:
-                ax.axhline(1.0, color="k", lw=0.8)
-            t, k, n, e = shape
-            ax.set_title(f"T={t} K={k} N={n} E={e}, {routing}\n" + "\n".join(notes), fontsize=7)
-            ax.set(xlabel="cCTA (consumer SMs)", ylabel=ylabel)
-            ax.legend(fontsize=6)
+    fig, cells = panels(o, SHAPE, 4.8, 3.8)
+    for ax, _, sub, (t, k, n, e, routing) in cells:
+        notes = []
+        for line, s in sub.dropna(subset=["ccta", "mgb"]).groupby("line"):
+            s = s.sort_values("ccta")
+            ax.plot(s["ccta"], s[y], "o-", ms=3, color=colors[line], label=line)
+        for key, g in sub.groupby(WORKLOAD + ["transport"]):
+            if key not in summ.index:
+                continue
+            r = summ.loc[key]
+            best = r["best_speedup"] if vs_serial else r["best_ms"]
+            ax.plot(r["best_ccta"], best, "k*", ms=12, label="best measured")
+            a = g[g["auto"]]
+            if len(a):
+                ax.plot(a["p_ccta_used"], a[y], "rD", ms=7, label="auto pick")
+            ci = "apart" if r["auto_apart"] else "within CIs"
+            pick = f"best/auto ({r['auto_ccta']:g}, {r['auto_mgb']:g}) "
+            pick += f"{1 / r['auto_vs_best']:.3f}x, {ci}"
+            two = f"serial/cCTA=2 {1 / r['ccta2_vs_serial']:.2f}x, " if vs_serial else ""
+            near = "apart from" if r["best_apart"] else "within CIs of"
+            notes.append(
+                f"{key[-1]}: best ({r['best_ccta']:g}, {r['best_mgb']:g}), {near} the next\n"
+                f"{two}best/cCTA=2 {1 / r['ccta2_vs_best']:.2f}x\n"
+                + (pick if pd.notna(r["auto_vs_best"]) else "auto not measured")
+            )
+        if vs_serial:
+            ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_title(f"T={t} K={k} N={n} E={e}, {routing}\n" + "\n".join(notes), fontsize=7)
+        ax.set(xlabel="cCTA (consumer SMs)", ylabel=ylabel)
+        ax.legend(fontsize=6)
     what = "against serial" if vs_serial else "latency (no serial rows in this table)"
     return save(fig, out_dir, name, f"Overlap cCTA x mgb {what}\n{transport_note(df)}")
 

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plots.common import grid, load, main, save, transport_note
+from plots.common import grid, load, main, need, save, transport_note
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = load(table)
-    df = df[df["system"] == "overlap"]
-    if df.empty:
-        raise ValueError(f"{table}: no ok overlap rows")
+    df = need(df[df["system"] == "overlap"], table, "ok overlap rows")
     routings = sorted(df["routing"].unique())
     fig, axes = grid(2, len(routings), 4.5, 3.25)
     for i, routing in enumerate(routings):

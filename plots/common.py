@@ -168,6 +168,13 @@ def load(table: str | Path, status: str | None = "ok", prefer: bool = True) -> p
     return df if status is None else df[df["status"] == status]
 
 
+def need(df: pd.DataFrame, table: str | Path, what: str) -> pd.DataFrame:
+    """df where it has rows, else ValueError "<table>: no <what>" (plots.all: no figure)."""
+    if df.empty:
+        raise ValueError(f"{table}: no {what}")
+    return df
+
+
 def save(fig: plt.Figure, out_dir: str | Path, name: str, title: str = "") -> list[Path]:
     """Write <out_dir>/<name>.png and .pdf (with `title` above a tight layout, where given)."""
     if title:
@@ -213,19 +220,37 @@ def palette(values) -> dict:
     return {v: plt.cm.tab10(k % 10) for k, v in enumerate(sorted(set(values)))}
 
 
-def _keys(df: pd.DataFrame, cols: list[str]) -> list[tuple]:
-    return sorted(df[cols].drop_duplicates().itertuples(index=False, name=None))
-
-
-def _fixed(df: pd.DataFrame, rows: dict[str, str]) -> str:
-    """The `rows` columns that hold one value in df, for the title ("T/rank=8192 K=2048")."""
+def _fixed(df: pd.DataFrame, rows: dict[str, str], title: str, lead: str = "") -> str:
+    """`title` with `lead` and the `rows` columns that hold one value in df ("T/rank=8192
+    K=2048") after its first line."""
     one = [(n, df[c].iloc[0]) for c, n in rows.items() if df[c].nunique() == 1]
-    return " ".join(f"{n}={v}" if n else str(v) for n, v in one)
+    fixed = lead + " ".join(f"{n}={v}" if n else str(v) for n, v in one)
+    if not fixed:
+        return title
+    first, nl, rest = title.partition("\n")
+    return f"{first}, {fixed}{nl}{rest}"
 
 
 def grid(n_rows: int, n_cols: int, w: float = 3.6, h: float = 2.9):
     """(figure, axes[n_rows][n_cols]) of panels w x h inches."""
     return plt.subplots(n_rows, n_cols, figsize=(w * n_cols, h * n_rows), squeeze=False)
+
+
+def panels(df: pd.DataFrame, rows: dict[str, str], w: float = 3.6, h: float = 2.9):
+    """(figure, [(ax, title, rows of the panel, (*values of `rows`, routing))]): a grid row per
+    value of the `rows` columns, a column per routing; a title names the `rows` columns that
+    vary in df (by their short names in `rows`) and the routing."""
+    keys = sorted(df[list(rows)].drop_duplicates().itertuples(index=False, name=None))
+    routings = sorted(df["routing"].unique())
+    fig, axes = grid(len(keys), len(routings), w, h)
+    vary = {c for c in rows if df[c].nunique() > 1}
+    out = []
+    for i, rk in enumerate(keys):
+        shape = [f"{n}={v}" if n else str(v) for (c, n), v in zip(rows.items(), rk) if c in vary]
+        for j, routing in enumerate(routings):
+            sub = df[(df[list(rows)] == list(rk)).all(axis=1) & (df["routing"] == routing)]
+            out.append((axes[i][j], " ".join([*shape, routing]), sub, (*rk, routing)))
+    return fig, out
 
 
 def panel_grid(
@@ -238,34 +263,26 @@ def panel_grid(
     name in panel titles; columns of one value join the title instead. `extra(ax, rows of the
     line, style)` draws more per line. One legend above the panels, the title above it."""
     rows = rows or {"out": "N"}
-    fig, axes = grid(len(_keys(df, list(rows))), df["routing"].nunique())
+    fig, cells = panels(df, rows)
     colors = colors or palette(df[line])
-    vary = {c for c in rows if df[c].nunique() > 1}
-    for i, rk in enumerate(_keys(df, list(rows))):
-        for j, (routing,) in enumerate(_keys(df, ["routing"])):
-            ax = axes[i][j]
-            sub = df[(df[list(rows)] == list(rk)).all(axis=1) & (df["routing"] == routing)]
-            for v, s in sub.groupby(line):
-                m = s.groupby("experts_per_rank")[y].median()
-                style = dict(marker="o", ms=3, color=colors[v])
-                ax.plot(m.index, m.values, label=v, **style)
-                if extra is not None:
-                    extra(ax, s, style)
-            for h, ls in zip(hlines, ("-", "--")):
-                ax.axhline(h, color="k", lw=0.8, ls=ls)
-            ax.set_xscale("log", base=2)
-            if logy:
-                ax.set_yscale("log")
-            kv = [(n, v) for (c, n), v in zip(rows.items(), rk) if c in vary]
-            shape = [f"{n}={v}" if n else str(v) for n, v in kv]
-            ax.set_title(" ".join([*shape, routing]), fontsize=8)
-            ax.set_ylabel(ylabel, fontsize=8)
-            ax.tick_params(which="both", labelsize=7)
-    for ax in axes[-1]:
-        ax.set_xlabel("experts per rank", fontsize=8)
-    if fixed := _fixed(df, rows):
-        first, nl, rest = title.partition("\n")
-        title = f"{first}, {fixed}{nl}{rest}"
+    for ax, name, sub, _ in cells:
+        for v, s in sub.groupby(line):
+            m = s.groupby("experts_per_rank")[y].median()
+            style = dict(marker="o", ms=3, color=colors[v])
+            ax.plot(m.index, m.values, label=v, **style)
+            if extra is not None:
+                extra(ax, s, style)
+        for h, ls in zip(hlines, ("-", "--")):
+            ax.axhline(h, color="k", lw=0.8, ls=ls)
+        ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.set_title(name, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.tick_params(which="both", labelsize=7)
+        if ax.get_subplotspec().is_last_row():
+            ax.set_xlabel("experts per rank", fontsize=8)
+    title = _fixed(df, rows, title)
     fig.tight_layout()
     handles = [Line2D([], [], marker="o", ms=3, color=c, label=v) for v, c in colors.items()]
     ncol = min(len(handles), ncol)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from harness.check import DEFAULT_TOL, ROW_TOL_FACTOR
-from plots.common import grid, main, save, transport_note
+from plots.common import grid, main, need, save, transport_note
 
 GROUP = ["layout", "transport", "world_size", "dtype"]
 QUANTILES = (0.5, 0.9, 0.99)
@@ -74,9 +74,8 @@ def _heatmap(ax: plt.Axes, g: pd.DataFrame, tol: float) -> plt.cm.ScalarMappable
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = with_layout(pd.read_parquet(table))
-    df = df[(df["system"] == "overlap") & df["status"].isin(["ok", "fail"])]
-    if df.empty:
-        raise ValueError(f"{table}: no checked overlap rows (status ok or fail)")
+    checked = df[(df["system"] == "overlap") & df["status"].isin(["ok", "fail"])]
+    df = need(checked, table, "checked overlap rows (status ok or fail)")
     groups = list(df.groupby(GROUP, sort=True))
     cols = max(2, len(groups))
     fig, axes = grid(2, cols, 5.5, 5)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plots.common import against, grid, label, main, prefer_graph, save, transport_note
+from plots.common import against, grid, label, main, need, prefer_graph, save, transport_note
 
 WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
 #: what the operator pass runs, for the caption when it is missing
@@ -50,8 +50,7 @@ def missing_systems(df: pd.DataFrame) -> dict[str, str]:
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = prefer_graph(pd.read_parquet(table), table)
     sp, ra = speedups(df), ratios(df)
-    if sp.empty:
-        raise ValueError(f"{table}: no layer workload with an ok overlap row and another system")
+    need(sp, table, "layer workload with an ok overlap row and another system")
     routings = sorted(sp["routing"].unique())
     es = sorted(int(e) for e in sp["experts_per_rank"].unique())
     fig, axes = grid(2, len(routings), 4.8, 3.5)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from plots import common as pc
-from plots.common import label, line_label, load, main, panel_grid, save, transport_note
+from plots.common import label, line_label, load, main, need, panel_grid, save, transport_note
 
 SHAPE = {"tokens_per_rank": "T/rank", "hidden": "K", "out": "N", "dtype": ""}
 
@@ -27,38 +27,30 @@ def _spread(ax, s: pd.DataFrame, style: dict) -> None:
 def _bars(df: pd.DataFrame, title: str) -> tuple:
     """One panel per (shape, routing), one horizontal bar per line (every panel lists every
     line, in one order and colour): median latency, p10-p90 whiskers."""
-    shapes, routings = pc._keys(df, list(SHAPE)), sorted(df["routing"].unique())
     lines = sorted(df["line"].unique())
     colors = pc.palette(lines)
-    fig, axes = pc.grid(len(shapes), len(routings), w=3.4, h=0.9 + 0.32 * len(lines))
+    fig, cells = pc.panels(df, SHAPE, w=3.4, h=0.9 + 0.32 * len(lines))
     right = 1.05 * df[["latency_ms", "latency_p90_ms"]].max().max()  # one scale for all panels
-    for i, shape in enumerate(shapes):
-        for j, routing in enumerate(routings):
-            ax = axes[i][j]
-            sub = df[(df[list(SHAPE)] == list(shape)).all(axis=1) & (df["routing"] == routing)]
-            m = sub.groupby("line")[["latency_ms", "latency_p10_ms", "latency_p90_ms"]].median()
-            m = m.reindex(lines)
-            err = [m["latency_ms"] - m["latency_p10_ms"], m["latency_p90_ms"] - m["latency_ms"]]
-            ax.barh(range(len(lines)), m["latency_ms"], xerr=err, capsize=2,
-                    color=[colors[v] for v in lines])  # fmt: skip
-            ax.set_yticks(range(len(lines)), lines if j == 0 else [""] * len(lines), fontsize=7)
-            ax.invert_yaxis()
-            vary = [f"{n}={v}" if n else str(v) for (c, n), v in zip(SHAPE.items(), shape)
-                    if df[c].nunique() > 1]  # fmt: skip
-            ax.set_title(" ".join([*vary, routing]), fontsize=8)
-            ax.set_xlim(0, right)
-            ax.set_xlabel("latency (ms, median, p10-p90)", fontsize=8)
-            ax.tick_params(axis="x", labelsize=7)
+    for ax, panel, sub, _ in cells:
+        m = sub.groupby("line")[["latency_ms", "latency_p10_ms", "latency_p90_ms"]].median()
+        m = m.reindex(lines)
+        err = [m["latency_ms"] - m["latency_p10_ms"], m["latency_p90_ms"] - m["latency_ms"]]
+        ax.barh(range(len(lines)), m["latency_ms"], xerr=err, capsize=2,
+                color=[colors[v] for v in lines])  # fmt: skip
+        first = ax.get_subplotspec().is_first_col()
+        ax.set_yticks(range(len(lines)), lines if first else [""] * len(lines), fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(panel, fontsize=8)
+        ax.set_xlim(0, right)
+        ax.set_xlabel("latency (ms, median, p10-p90)", fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
     (e,) = df["experts_per_rank"].unique()
-    first, nl, rest = title.partition("\n")
-    return fig, f"{first}, E/rank={int(e)} {pc._fixed(df, SHAPE)}{nl}{rest}"  # (figure, title)
+    return fig, pc._fixed(df, SHAPE, title, f"E/rank={int(e)} ")  # (figure, title)
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     every = load(table, status=None)
-    df = every[every["status"] == "ok"]
-    if df.empty:
-        raise ValueError(f"{table}: no rows with status ok to plot")
+    df = need(every[every["status"] == "ok"], table, "rows with status ok to plot")
     absent = sorted(set(every["system"]) - set(df["system"]))
     line = line_label(df)
     scope = df["scope"].fillna("") if "scope" in df else line.map(lambda _: "")

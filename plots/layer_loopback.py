@@ -48,9 +48,7 @@ def _lines(ax, d: pd.DataFrame, y: str, line: str, title: str) -> None:
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     every = pc.load(table, status=None)
     every = every[every["system"] == "overlap"]
-    ok = every[every["status"] == "ok"]
-    if ok.empty:
-        raise ValueError(f"{table}: no ok overlap rows to plot")
+    ok = pc.need(every[every["status"] == "ok"], table, "ok overlap rows to plot")
     fig, ((ax_err, ax_mem, ax_lat),) = pc.grid(1, 3, w=3.8, h=3.2)
     _lines(ax_err, errors(every), "value", "line", "worst error over the cells (lower is better)")
     tol = float(every["tol"].max()) if "tol" in every else DEFAULT_TOL

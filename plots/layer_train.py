@@ -9,9 +9,7 @@ from plots import common as pc
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
-    ok = pc.load(table)
-    if ok.empty:
-        raise ValueError(f"{table}: no ok rows to plot")
+    ok = pc.need(pc.load(table), table, "ok rows to plot")
     fig, ((ax,),) = pc.grid(1, 1, w=5.0, h=3.2)
     ok = ok.assign(where=ok["world_size"].map(lambda w: "W=1" if w == 1 else f"W={w} loopback"))
     cells = sorted(set(zip(ok["where"], ok["routing"])))

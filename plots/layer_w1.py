@@ -86,8 +86,7 @@ def _pairs(gain: pd.DataFrame) -> dict:
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = pc.load(table, prefer=False)
     sp, gain = systems(df), graph_gain(df)
-    if sp.empty:
-        raise ValueError(f"{table}: no ok serial layer rows to compare against")
+    pc.need(sp, table, "ok serial layer rows to compare against")
     drawn = pc.prefer_graph(df)
     t = "/".join(str(int(v)) for v in sorted(df["tokens_per_rank"].dropna().unique()))
     head = f"The MoE layer on {where(df)}, T={t}"

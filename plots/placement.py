@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plots.common import load, main, panel_grid, placements, save, transport_note
+from plots.common import load, main, need, panel_grid, placements, save, transport_note
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
-    o = placements(load(table, status=None))
-    if o.empty:
-        raise ValueError(f"{table}: no ok overlap rows")
+    o = need(placements(load(table, status=None)), table, "ok overlap rows")
     o["x_compute"] = o["latency_ms"] / o["compute_ms"]
     title = f"The overlapped step per consumer placement (consumer:cCTA)\n{transport_note(o)}"
     what = "step / compute on all SMs (lower is better)"

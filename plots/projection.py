@@ -43,8 +43,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
             n = nodes[nodes["pred_node"] == node]
             ax.scatter(n["link_per_tflops"], n["speedup"], marker=m, color=c, s=18, alpha=0.7)
     for node, m in (("h200", "o"), ("h100", "s"), ("a100_pairwise", "^")):
-        ws = s.loc[s["pred_node"] == node, "world_size"]
-        ax.scatter([], [], marker=m, color="gray", label=f"{node}, W={_join(ws)} (prediction)")
+        ws = ", ".join(str(w) for w in sorted(set(s.loc[s["pred_node"] == node, "world_size"])))
+        ax.scatter([], [], marker=m, color="gray", label=f"{node}, W={ws} (prediction)")
     if MEASURED.exists():
         meas = pd.read_parquet(MEASURED)
         meas = meas[meas["status"] == "ok"].pivot_table(
@@ -87,10 +87,6 @@ def errors(val: pd.DataFrame) -> pd.DataFrame:
         "worst": g["err"].apply(lambda e: e.abs().max()), "bias": g["err"].mean(),
         "ci": g["ci"].median(), "repeats": g["rep"].max(),
     }).reset_index()  # fmt: skip
-
-
-def _join(values) -> str:
-    return ", ".join(str(x) for x in sorted(set(values)))
 
 
 def report_section() -> str:
