@@ -74,7 +74,7 @@ class ModelRow(Row):
 
 
 def options(cfg: Any) -> dict[str, Any]:
-    """OPTIONS overridden by experiment.options; unknown keys are an error."""
+    """OPTIONS overridden by experiment.options (unknown keys: an error); preflight looks for it."""
     return experiment_options(cfg, "models", OPTIONS)
 
 
@@ -239,11 +239,6 @@ class _Checked:
         return out
 
 
-def _worst(results: list[CheckResult]) -> CheckResult:
-    bad = [r for r in results if not r.ok]
-    return bad[0] if bad else max(results, key=lambda r: r.max_rel_err)
-
-
 def _agreed(ctx: RunContext, res: CheckResult) -> tuple[bool, float, float]:
     """(ok on every rank, worst whole error, worst row error) over the ranks."""
     ok = agree(ctx, 0.0 if res.ok else 1.0) == 0.0
@@ -261,9 +256,11 @@ def gate_tolerances(cfg: Any, row: ModelRow) -> tuple[float, float]:
     return tol, model_tol
 
 
-def _verdict(ctx: RunContext, row: ModelRow, a: CheckResult, b: CheckResult, when: str) -> bool:
-    """Record check (a), the worst MoE call, and (b), the model output, agreed over the ranks;
-    False after a failure (the row says which, `when` and why)."""
+def _verdict(ctx: RunContext, row: ModelRow, calls: list[CheckResult], b: CheckResult, when: str):
+    """Record (a), the worst MoE call (first failure, else largest error), and (b), the model
+    output, agreed over the ranks; False after a failure (the row says which, `when` and why)."""
+    bad = [r for r in calls if not r.ok]
+    a = bad[0] if bad else max(calls, key=lambda r: r.max_rel_err)
     ok_a, err_a, row_a = _agreed(ctx, a)
     ok_b, err_b, row_b = _agreed(ctx, b)
     row.metrics.update(moe_max_rel_err=max(row.metrics.get("moe_max_rel_err", 0.0), err_a))
@@ -291,7 +288,7 @@ def checked_forward(
     tol, model_tol = gate_tolerances(cfg, row)
     checked = _Checked(moe, ref.oracle, tol)
     out = ref.model(ref.x0, checked, forced=ref.ids)
-    ok = _verdict(ctx, row, _worst(checked.results), _output_check(out, ref, model_tol), when)
+    ok = _verdict(ctx, row, checked.results, _output_check(out, ref, model_tol), when)
     return checked if ok else None
 
 
@@ -414,7 +411,7 @@ class _Graphs:
             self.copy.copy_in(h, ids, gate)
             results.append(check(self.moe.replay(), want, tol))
         self.system.check_errors()
-        return _verdict(ctx, row, _worst(results), b, when)
+        return _verdict(ctx, row, results, b, when)
 
 
 def _timed_graphs(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, g: _Graphs):

@@ -24,11 +24,10 @@ import pandas as pd
 import torch
 import yaml
 
-from harness.step_model import Node, fit, load_node, predict
+from harness.step_model import PRED, Node, fit, load_node, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PRED = ["m_pred_ms", "m_pred_compute_ms", "m_pred_comm_ms", "m_pred_overlap_ratio"]
 SCOPES = ("gemm+combine", "layer")
 #: the projection: node preset -> world sizes (W > 8 balanced only); workloads: the paper's
 #: Fig 5-8 operator (T=8192, K=2048, N=8192, 16 experts a rank: 64 at W=4) and the named

@@ -34,10 +34,6 @@ from harness.system import CellInputs, System
 from harness.workload import DTYPES, WorkloadSpec, make_fc1_weight, make_fc2_weight
 from harness.workload import seeded_generator as generator
 
-#: the routing name a model's MoE spec is set up with (its routing comes from the model's router)
-SETUP_ROUTING = "balanced"
-
-
 #: attention kernels: not cuDNN. Torch's cuDNN attention loads its cuDNN sub-libraries first,
 #: and Transformer Engine (megatron_te, megatron_cutlass) then fails to load the system's
 #: libcudnn_cnn.so.9 next to them ("undefined symbol ... libcudnn_graph.so.9")
@@ -72,11 +68,9 @@ class ModelSpec:
         return self.ffn_mult * self.hidden
 
     def validate(self, world_size: int) -> None:
-        """A one-line ValueError for a model that cannot run on `world_size` ranks."""
+        """A one-line ValueError for a model that cannot run on `world_size` ranks (its sizes
+        are integers >= 1: experiments.models.model_specs checked them)."""
         n = f"model {self.name}"
-        for key in ("blocks", "batch", "seq", "hidden", "heads", "experts", "top_k", "ffn_mult"):
-            if int(getattr(self, key)) < 1:
-                raise ValueError(f"{n}: {key} must be >= 1, got {getattr(self, key)}")
         if self.hidden % self.heads:
             raise ValueError(f"{n}: hidden {self.hidden} is not a multiple of heads {self.heads}")
         if not self.moe_blocks:
@@ -102,7 +96,8 @@ class ModelSpec:
         """The MoE block's cell: T = B x S, H, out = H, F, G / W experts per rank, top-k."""
         shape = dict(tokens_per_rank=self.tokens, hidden=self.hidden, out=self.hidden, ffn=self.ffn)
         shape |= dict(experts_per_rank=self.experts // world_size, top_k=self.top_k)
-        run = dict(world_size=world_size, routing=SETUP_ROUTING, dtype=self.dtype, seed=seed)
+        # the setup's routing only: every forward's routing comes from the model's router
+        run = dict(world_size=world_size, routing="balanced", dtype=self.dtype, seed=seed)
         return WorkloadSpec(**shape, **run)
 
     def as_dict(self) -> dict:
@@ -274,9 +269,8 @@ class SystemMoE:
             if dst is None or dst.shape != src.shape:
                 got = None if dst is None else tuple(dst.shape)
                 raise ValueError(f"SystemMoE: {name} {tuple(src.shape)} != the system's {got}")
-        inp.x.copy_(h)
-        inp.expert_ids.copy_(ids)
-        inp.gate.copy_(gate)
+        for dst, src in ((inp.x, h), (inp.expert_ids, ids), (inp.gate, gate)):
+            dst.copy_(src)
 
     def __call__(self, block: int, h, ids, gate) -> torch.Tensor:
         self.copy_in(h, ids, gate)

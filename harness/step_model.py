@@ -37,6 +37,7 @@ from systems.overlap.plan import owner_expert_counts, plan_from_rows
 NODES = Path(__file__).resolve().parents[1] / "conf" / "node"
 MAX_RANKS = 8  # ranks simulated per cell: the busiest ones (the step is the max over ranks)
 TILE_N, K_REF = 256, 2048
+PRED = ("m_pred_ms", "m_pred_compute_ms", "m_pred_comm_ms", "m_pred_overlap_ratio")
 
 
 @dataclass(frozen=True)
@@ -82,27 +83,22 @@ def spec_of(cell: dict) -> WorkloadSpec:
                         str(cell.get("dtype") or "bfloat16"), 0, ffn)  # fmt: skip
 
 
-def routing_key(spec: WorkloadSpec) -> tuple:
-    return (spec.world_size, spec.tokens_per_rank, spec.experts_per_rank, spec.top_k,
-            spec.routing)  # fmt: skip
-
-
-def counts(spec: WorkloadSpec) -> np.ndarray:
-    """[W, W, E]: rows owner s sends to local expert e of rank r (the cell's own routing)."""
-    return _counts(routing_key(spec))
+def routing_key(spec: WorkloadSpec) -> WorkloadSpec:
+    """The cell's routing alone (hidden = out = 1, float32, no FFN): the caches' key."""
+    return replace(spec, hidden=1, out=1, dtype="float32", ffn=0)
 
 
 @lru_cache(maxsize=64)
-def _counts(key: tuple) -> np.ndarray:
-    W, T, E, k, routing = key
-    ids = routing_of(WorkloadSpec(T, 1, 1, E, k, W, routing)).expert_ids
-    return owner_expert_counts(ids, E).view(W, W, E).numpy()
+def counts(key: WorkloadSpec) -> np.ndarray:
+    """[W, W, E]: rows owner s sends to local expert e of rank r (key: routing_key)."""
+    W, E = key.world_size, key.experts_per_rank
+    return owner_expert_counts(routing_of(key).expert_ids, E).view(W, W, E).numpy()
 
 
 @lru_cache(maxsize=1024)
-def rank_plan(key: tuple, rank: int, tile_m: int, mgb: int, layout: str, order: str) -> dict:
+def rank_plan(key: WorkloadSpec, rank: int, tile_m: int, mgb: int, layout: str, order: str) -> dict:
     """plan_arrays of a rank's combine plan, from its group sizes (key: routing_key)."""
-    rows = _counts(key)[:, rank, :].T.tolist()  # rows[e][s]
+    rows = counts(key)[:, rank, :].T.tolist()  # rows[e][s]
     return plan_arrays(plan_from_rows(rows, rank=rank, tile_m=tile_m, mgb=mgb, layout=layout,
                                       order=order))  # fmt: skip
 
@@ -122,12 +118,12 @@ def plan_arrays(p) -> dict:
                 seg_dst=p.seg_dst.numpy(), padded=int(p.n_padded))  # fmt: skip
 
 
-def gemm_work(expert_seq: np.ndarray, n_cols: int, k: int, tile_us: float, strip_us: float):
+def gemm_work(expert_seq: np.ndarray, n_cols: int, k: int, node: Node) -> np.ndarray:
     """SM-us of each band in visiting order: its tiles, and a strip read where the expert
     changes."""
     new = np.ones(len(expert_seq), bool)
     new[1:] = expert_seq[1:] != expert_seq[:-1]
-    return math.ceil(n_cols / TILE_N) * k / K_REF * (tile_us + strip_us * new)
+    return math.ceil(n_cols / TILE_N) * k / K_REF * (node.tile_us + node.strip_us * new)
 
 
 def consume(ready, nbytes, dst, ccta: int, seg_lat: float, cta: float, link: float, pairwise):
@@ -150,7 +146,7 @@ def overlap_rank(
 ):
     """(end of the overlapped GEMM + puts, producer alone on all SMs, consumer alone) of one
     rank, from t0; shared: the consumer's programs share the producer's SMs."""
-    work = gemm_work(pl["expert"][pl["seq"]], n_cols, k, node.tile_us, node.strip_us)
+    work = gemm_work(pl["expert"][pl["seq"]], n_cols, k, node)
     cum = np.cumsum(work)
     band_done = np.empty(len(cum))
     progs = node.sms - ccta if len(pl["seg"]) and not shared else node.sms
@@ -171,7 +167,7 @@ def overlap_rank(
 
 def all_to_all_us(spec: WorkloadSpec, cols: int, node: Node) -> float:
     """An all-to-all of rows `cols` wide (bf16) with the cell's routing: the busiest link."""
-    C = counts(spec).sum(2) * (1 - np.eye(spec.world_size))  # [s, d] rows of s at d
+    C = counts(routing_key(spec)).sum(2) * (1 - np.eye(spec.world_size))  # [s, d] rows of s at d
     if spec.world_size == 1:
         return 0.0
     rows = C.max() if node.topology == "pairwise" else np.maximum(C.sum(0), C.sum(1)).max()
@@ -179,14 +175,12 @@ def all_to_all_us(spec: WorkloadSpec, cols: int, node: Node) -> float:
 
 
 def after_us(spec: WorkloadSpec, node: Node) -> float:
-    cols = spec.hidden if spec.ffn else spec.out
-    return node.scale_gap_us + (spec.top_k + 1) * spec.tokens_per_rank * cols * 2 / (
-        1e6 * node.hbm_tbps
-    )
+    nbytes = (spec.top_k + 1) * spec.tokens_per_rank * (spec.hidden if spec.ffn else spec.out) * 2
+    return node.scale_gap_us + nbytes / (1e6 * node.hbm_tbps)
 
 
 def ranks_of(spec: WorkloadSpec, every: bool) -> list[int]:
-    rows = counts(spec).sum((0, 2))
+    rows = counts(routing_key(spec)).sum((0, 2))
     order = sorted(range(spec.world_size), key=lambda r: -int(rows[r]))
     return order if every else order[:MAX_RANKS]
 
@@ -194,7 +188,7 @@ def ranks_of(spec: WorkloadSpec, every: bool) -> list[int]:
 def serial_rank(spec: WorkloadSpec, rank: int, node: Node) -> float:
     """Serial's compute on one rank (us): torch._grouped_mm over its experts' rows, the
     un-permute of its output; in a layer fc1, GELU and the permute of x as well."""
-    rows = counts(spec)[:, rank, :].sum(0)  # [E]
+    rows = counts(routing_key(spec))[:, rank, :].sum(0)  # [E]
     R, hbm = rows.sum(), 1e6 * node.hbm_tbps
 
     def gemm(k: int, n: int) -> float:
@@ -234,8 +228,7 @@ def predict(cell: dict, node: Node) -> dict:
         pl = rank_plan(routing_key(spec), r, tm, mgb, layout, order)
         t0 = 0.0
         if layer:  # the padded gather, fc1 (+ GELU) on every SM
-            w1 = gemm_work(pl["expert"][pl["seq"]], spec.ffn, spec.hidden, node.tile_us,
-                           node.strip_us)  # fmt: skip
+            w1 = gemm_work(pl["expert"][pl["seq"]], spec.ffn, spec.hidden, node)
             t0 = 4 * pl["padded"] * spec.hidden / (1e6 * node.hbm_tbps) + w1.sum() / node.sms
         shared = cell.get("p_consumer") == "shared"
         end, c, m = overlap_rank(pl, n_gemm, k_gemm, node, ccta if W > 1 else 0, played, t0,
@@ -258,12 +251,11 @@ def _knob(cell: dict, name: str, default):
 
 
 def _out(lat: float, comp: float, comm: float, layer: bool = False) -> dict:
-    """The prediction's columns; the overlap ratio of the operator scope only (the harness's
-    definition, undefined in the layer scope)."""
+    """The prediction's columns (PRED); the overlap ratio of the operator scope only (the
+    harness's definition, undefined in the layer scope)."""
     ok = comm > 0 and not layer
     ratio = min(max((comp + comm - lat) / comm, 0.0), 1.0) if ok else float("nan")
-    return {"m_pred_ms": lat / 1e3, "m_pred_compute_ms": comp / 1e3,
-            "m_pred_comm_ms": comm / 1e3, "m_pred_overlap_ratio": ratio}  # fmt: skip
+    return dict(zip(PRED, (lat / 1e3, comp / 1e3, comm / 1e3, ratio)))
 
 
 def _lstsq_rel(A: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -271,9 +263,9 @@ def _lstsq_rel(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(A / y[:, None], np.ones_like(y), rcond=None)[0]
 
 
-def _curve(bw: pd.DataFrame, caps: np.ndarray) -> tuple[float, float, float]:
-    """(seg_lat_us, cta_gbps, link_gbps) from consumer rows with every segment ready: each of
-    c programs ships ceil(n / c) segments of b bytes at min(cta, link / c)."""
+def _curve(bw: pd.DataFrame, caps: np.ndarray, pre: str) -> dict[str, float]:
+    """<pre>seg_lat_us, <pre>cta_gbps, <pre>link_gbps from consumer rows with every segment
+    ready: each of c programs ships ceil(n / c) segments of b bytes at min(cta, link / c)."""
     c, b = bw["p_ccta"].to_numpy(), bw["m_segment_bytes"].to_numpy()
     k, y = np.ceil(bw["m_n_segments"].to_numpy() / c), bw["latency_ms"].to_numpy() * 1e3
     best = (np.inf,)
@@ -283,7 +275,7 @@ def _curve(bw: pd.DataFrame, caps: np.ndarray) -> tuple[float, float, float]:
             lat = max(float(np.sum(k / y * (1 - xfer / y)) / np.sum((k / y) ** 2)), 0.0)
             err = np.abs((k * lat + xfer) / y - 1).mean()
             best = min(best, (err, lat, cta, link))
-    return best[1:]
+    return dict(zip((f"{pre}seg_lat_us", f"{pre}cta_gbps", f"{pre}link_gbps"), best[1:]))
 
 
 def fit(ref: Path = Path("results/reference")) -> dict:
@@ -310,13 +302,10 @@ def fit(ref: Path = Path("results/reference")) -> dict:
     out["lead_us"] = float(scale["lead_us"].median())
     bw2 = pd.read_parquet(ref / "h200x2/bandwidth.parquet")
     bw2 = bw2[bw2["status"] == "ok"]
-    p2p = bw2[bw2["p_transport"] == "p2p"]
-    lat, cta, link = _curve(p2p, np.arange(250.0, 500.0, 2.5))
-    out |= {"seg_lat_us": lat, "cta_gbps": cta, "link_gbps": link}
+    out |= _curve(bw2[bw2["p_transport"] == "p2p"], np.arange(250.0, 500.0, 2.5), "")
     bw1 = pd.read_parquet(ref / "h200/bandwidth.parquet")
     loop = bw1[(bw1["status"] == "ok") & (bw1["p_transport"] == "loopback")]
-    lat, cta, link = _curve(loop, np.arange(300.0, 3000.0, 20.0))
-    out |= {"loop_seg_lat_us": lat, "loop_cta_gbps": cta, "loop_link_gbps": link}
+    out |= _curve(loop, np.arange(300.0, 3000.0, 20.0), "loop_")
     nccl = bw2[bw2["system"] == "nccl_all_to_all"]
     left = nccl["latency_ms"] * 1e3 - nccl["m_bytes_sent"] / (1e3 * out["link_gbps"])
     out["nccl_lat_us"] = float(left.median())

@@ -97,14 +97,10 @@ def default_pick(consumer: str, sm_count: int) -> tuple[int, int, str]:
     return DEFAULT[0], DEFAULT[1], "default"
 
 
-def _features(values: dict) -> dict[str, float]:
-    return {f: math.log2(max(float(values[col]), 1e-9)) for f, col in FEATURES.items()}
-
-
 def distance(a: dict, b: dict, transport_a: str, transport_b: str) -> float:
     """Euclidean distance of two workloads' log2 features plus the transport penalty."""
-    fa, fb = _features(a), _features(b)
-    d = math.sqrt(sum((fa[k] - fb[k]) ** 2 for k in FEATURES))
+    log2 = lambda v: math.log2(max(float(v), 1e-9))  # noqa: E731
+    d = math.sqrt(sum((log2(a[col]) - log2(b[col])) ** 2 for col in FEATURES.values()))
     return d + (TRANSPORT_PENALTY if transport_a != transport_b else 0.0)
 
 

@@ -76,9 +76,9 @@ def calibration_table(sweep: pd.DataFrame, sm_count: int) -> pd.DataFrame:
     g = sweep.groupby([*WORKLOAD, "ccta", "mgb"], as_index=False).agg(
         latency_ms=("latency_ms", "median"), imbalance_rank=("imbalance_rank", "first")
     )
-    g["rel_latency"] = g["latency_ms"] / g.groupby(WORKLOAD)["latency_ms"].transform("min")
+    best = g.groupby(WORKLOAD)["latency_ms"].transform("min")
+    g["rel_latency"] = (g["latency_ms"] / best).round(4)
     g["sm_count"] = sm_count
-    g["rel_latency"] = g["rel_latency"].round(4)
     g["imbalance_rank"] = g["imbalance_rank"].round(4)
     cols = [*COLUMNS[:-1], "consumer", COLUMNS[-1]]
     return g[cols].sort_values(cols[:-1]).reset_index(drop=True)
@@ -95,11 +95,10 @@ def _auto_cells(auto: pd.DataFrame, w: dict) -> dict:
     out = {"auto_ccta": -1, "auto_mgb": -1, "auto_ms": float("nan")}
     if auto.empty:
         return out
-    mask = pd.Series(True, index=auto.index)
+    mask = (auto["p_ccta"].astype(str) == "auto") & (auto["p_mgb"].astype(str) == "auto")
     for col, v in w.items():
         mask &= auto[col] == v
-    both = auto[mask & (auto["p_ccta"].astype(str) == "auto")]
-    both = both[both["p_mgb"].astype(str) == "auto"]
+    both = auto[mask]
     if len(both):
         r = both.iloc[0]
         out = {"auto_ccta": int(r["p_ccta_used"]), "auto_mgb": int(r["p_mgb_used"])}

@@ -389,9 +389,8 @@ def build_plan(
     counts, host, f = build(rows, W, rank, E, tm, mgb)
     P, L = host[1], host[5]
     loc = torch.sort((rows.slot != W - 1).long(), stable=True).indices[:L]  # the local rows
-    f["expert_row_start"] = torch.cat(
-        [torch.zeros(1, **i64), torch.cumsum(f["expert_row_start"], 0)]
-    )
+    n_e = f["expert_row_start"]  # [E] padded rows per expert
+    f["expert_row_start"] = torch.cat([n_e.new_zeros(1), torch.cumsum(n_e, 0)])
     plan = CombinePlan(
         world_size=W,
         rank=rank,
