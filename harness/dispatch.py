@@ -17,7 +17,7 @@ recv_dst_index comes from the send offsets exchanged with the counts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -258,11 +258,26 @@ class LayerDispatch:
             torch.index_select(x, 0, token, out=x_recv)
         if labels is None:  # the torch path needs R on the host
             labels, received = label(R)
-        if labels[0].numel() != R:  # the rows of this step
-            labels = [None if t is None else t[:R] for t in labels[:4]] + [labels[4]]
-        d = host_free(x_recv, (send_order, pos.view(T, k)), sizes, recv_counts, labels, W, E)
-        hosts = dict(send_splits=send_splits, recv_splits=recv_splits, expert_rows=expert_rows)
-        return replace(d, received=received, **hosts)
+        src, expert, dst_index, expert_pos, offs = labels
+        if src.numel() != R:  # the rows of this step
+            src, expert, dst_index = src[:R], expert[:R], dst_index[:R]
+            expert_pos = None if expert_pos is None else expert_pos[:R]
+        return Dispatched(
+            x_recv=x_recv,
+            send_order=send_order,
+            pos=pos.view(T, k),
+            send_counts=send_counts,
+            recv_counts=recv_counts,
+            recv_expert=expert,
+            recv_src=src,
+            recv_dst_index=dst_index,
+            expert_pos=expert_pos,
+            offs=offs,
+            send_splits=send_splits,
+            recv_splits=recv_splits,
+            expert_rows=expert_rows,
+            received=received,
+        )
 
 
 def to_expert_order(d: Dispatched, rows: torch.Tensor) -> torch.Tensor:
