@@ -25,10 +25,11 @@ import torch
 
 from harness.measure import hash_cell, selected_systems, system_points, unused_knobs
 from harness.records import Row, cell_row
+from harness.routing import owner_expert_counts
 from harness.system import RunContext, int_param
 from harness.workload import WorkloadSpec, imbalance_of, routing_of
 from systems.overlap.plan import TILE_COUNT_LAYOUTS as LAYOUTS
-from systems.overlap.plan import owner_expert_counts, padding_rows, row_tiles
+from systems.overlap.plan import padding_rows, row_tiles
 
 AXES = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
 GRID_AXES = AXES  # the grid axes this experiment reads (harness.preflight.unread_settings)

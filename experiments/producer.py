@@ -41,11 +41,11 @@ from harness.measure import (
     system_points,
 )
 from harness.records import Row, cell_row
-from harness.routing import imbalance
+from harness.routing import imbalance, owner_expert_counts
 from harness.system import RunContext, list_param
 from harness.timing import time_fn
 from harness.workload import DTYPES, WorkloadSpec, routing_of
-from systems.overlap.plan import LAYOUTS, ORDERS, owner_expert_counts
+from systems.overlap.plan import LAYOUTS, ORDERS
 
 AXES = ("world_size", *SPEC_KEYS)
 GRID_AXES = AXES  # the grid axes this experiment reads (harness.preflight.unread_settings)

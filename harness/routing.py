@@ -143,3 +143,12 @@ def imbalance(expert_ids: torch.Tensor, world_size: int, experts_per_rank: int) 
         "imbalance_rank": float(per_rank.max() / per_rank.mean()),
         "imbalance_expert": float(per_expert.max() / per_expert.mean()),
     }
+
+
+def owner_expert_counts(expert_ids: torch.Tensor, experts_per_rank: int) -> torch.Tensor:
+    """C [W, W*E]: C[s, g] = rows owner s sends to global expert g. expert_ids [W, T, k]."""
+    W = expert_ids.shape[0]
+    n_exp = W * experts_per_rank
+    src = torch.arange(W, device=expert_ids.device).view(W, 1, 1).expand_as(expert_ids)
+    key = (src * n_exp + expert_ids).reshape(-1)
+    return torch.bincount(key, minlength=W * n_exp).view(W, n_exp)

@@ -30,9 +30,10 @@ import pandas as pd
 import torch
 import yaml
 
+from harness.routing import owner_expert_counts
 from harness.workload import WorkloadSpec, routing_of
 from systems.overlap.autotune import auto_order
-from systems.overlap.plan import owner_expert_counts, plan_from_rows
+from systems.overlap.plan import plan_from_rows
 
 NODES = Path(__file__).resolve().parents[1] / "conf" / "node"
 MAX_RANKS = 8  # ranks simulated per cell: the busiest ones (the step is the max over ranks)

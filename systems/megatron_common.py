@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 
 from harness.experts import device_offsets, expert_gemm, expert_gemm_impl
+from harness.routing import owner_expert_counts
 from harness.workload import WorkloadSpec, routing_of
 from systems import package_version
-from systems.overlap.plan import owner_expert_counts
 
 
 def mcore_version() -> str:

@@ -18,11 +18,11 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from harness.routing import owner_expert_counts
 from harness.system import CellInputs, Step, System, int_param, list_param
 from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
 from systems import package_version
-from systems.overlap.plan import owner_expert_counts
 
 DEFAULT_DEGREES = (1, 2, 4, 8)
 #: Tutel's encode / decode kernels index its buffers with 32-bit ints

@@ -8,13 +8,10 @@ import torch
 
 from experiments.padding import counts_of, padding_metrics
 from harness.layout import counts_matrix
+from harness.routing import owner_expert_counts
 from harness.workload import WorkloadSpec
 from plots.padding import plot
-from systems.overlap.plan import (
-    owner_expert_counts,
-    padding_rows,
-    row_tiles,
-)
+from systems.overlap.plan import padding_rows, row_tiles
 from tests.inprocess import launch
 from tests.overlap_testing import plans_for_spec
 

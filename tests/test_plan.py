@@ -489,8 +489,9 @@ def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
     """Real routings: packed (and compact) plans write every row of every receive buffer exactly
     once with the right token, each rank's padding equals padding_rows(..., "packed") (the padding
     study) and its bands row_tiles."""
+    from harness.routing import owner_expert_counts
     from harness.workload import routing_of
-    from systems.overlap.plan import owner_expert_counts, row_tiles
+    from systems.overlap.plan import row_tiles
 
     if 2 > W * E:
         return

@@ -479,15 +479,6 @@ def padded_input(x_recv: torch.Tensor, gather_index: torch.Tensor) -> torch.Tens
     return out
 
 
-def owner_expert_counts(expert_ids: torch.Tensor, experts_per_rank: int) -> torch.Tensor:
-    """C [W, W*E]: C[s, g] = rows owner s sends to global expert g. expert_ids [W, T, k]."""
-    W = expert_ids.shape[0]
-    n_exp = W * experts_per_rank
-    src = torch.arange(W, device=expert_ids.device).view(W, 1, 1).expand_as(expert_ids)
-    key = (src * n_exp + expert_ids).reshape(-1)
-    return torch.bincount(key, minlength=W * n_exp).view(W, n_exp)
-
-
 def padding_rows(
     counts: torch.Tensor, experts_per_rank: int, tile_m: int, layout: str = "aligned"
 ) -> torch.Tensor:
