@@ -2,10 +2,9 @@
 
 A table's stem (its experiment) picks the figure script (FIGURES); figures are named
 `reference_<machine>_<experiment>` for a committed table, `<machine>_<experiment>` for a local one
-(the machine of its newest rows), so the two never overwrite each other. A figure that cannot be
-redrawn never stays behind looking current: its old files are removed. An unreadable table, a
-folder named like a table, or a crashing figure script is an error: every other figure is still
-drawn, then the command exits 1 naming the tables.
+(the machine of its newest rows). A figure that cannot be redrawn has its old files removed. An
+unreadable table, a folder named like a table, or a crashing script is an error: every other
+figure is still drawn, then the command exits 1 naming the tables.
 """
 
 from __future__ import annotations
@@ -76,14 +75,6 @@ def figure_names(table: Path, results: Path, df: pd.DataFrame | None = None) -> 
     return [figure_base(table, results, df) + part for part in _parts(table)]
 
 
-def _local_names(out: Path, table: Path) -> list[str]:
-    """Every figure name a local table's experiment may have in `out`: `<m>_<experiment>` for
-    each machine m found there, and `<experiment>` (the names before the machine was in them)."""
-    machines = {p.stem.split("_", 1)[0] for p in out.glob(f"*_{table.stem}*.png")}
-    bases = [table.stem, *(f"{m}_{table.stem}" for m in sorted(machines - {"reference"}))]
-    return [b + part for b in bases for part in _parts(table)]
-
-
 def _drop_old(out: Path, names: list[str]) -> list[Path]:
     old = [p for n in names for p in (out / f"{n}.png", out / f"{n}.pdf") if p.exists()]
     for p in old:
@@ -92,9 +83,14 @@ def _drop_old(out: Path, names: list[str]) -> list[Path]:
 
 
 def _drop_unread(out: Path, table: Path, results: Path) -> str:
-    """Remove the old figures of a table that cannot be read; what was removed, as a clause."""
-    local = table.parent == results
-    names = _local_names(out, table) if local else figure_names(table, results)
+    """Remove the old figures of a table that cannot be read; what was removed, as a clause. A
+    local table's may be `<m>_<experiment>` for each machine m found in `out`, or `<experiment>`
+    (the names before the machine was in them)."""
+    names = figure_names(table, results)
+    if table.parent == results:
+        machines = {p.stem.split("_", 1)[0] for p in out.glob(f"*_{table.stem}*.png")}
+        bases = [table.stem, *(f"{m}_{table.stem}" for m in sorted(machines - {"reference"}))]
+        names = [b + part for b in bases for part in _parts(table)]
     old = _drop_old(out, names)
     return f"; removed the old {', '.join(p.name for p in old)}" if old else ""
 

@@ -1,7 +1,6 @@
 """Fig 3a: consumer bandwidth against segment size, one line per cCTA, one panel per transport,
 with the all_to_all_single reference (dashed) where measured. Higher is better. GB/s count only
-the bytes that leave the sending GPU; loopback is a copy on one GPU, never an interconnect figure.
-"""
+the bytes that leave the sending GPU; loopback is a copy on one GPU, not an interconnect figure."""
 
 from __future__ import annotations
 
@@ -28,10 +27,9 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
             ax.plot(r["m_segment_bytes"] / 1024, r["m_gbps"], "k--", label="all_to_all_single")
         ax.set_xscale("log", base=2)
         local = tr == "loopback" or w == 1
-        moved = "GB/s copied on the GPU" if local else "GB/s leaving the GPU"
-        ax.set(xlabel="segment size (KiB)", ylabel=f"{moved} (higher is better)")
-        note = " (local copy)" if local else ""
-        ax.set_title(f"{tr}{note}, W={w:g}", fontsize=9)
+        moved = "copied on the GPU" if local else "leaving the GPU"
+        ax.set(xlabel="segment size (KiB)", ylabel=f"GB/s {moved} (higher is better)")
+        ax.set_title(f"{tr}{' (local copy)' if local else ''}, W={w:g}", fontsize=9)
         ax.legend(fontsize=7)
     gpu = ", ".join(sorted(set(df["gpu_name"].astype(str))))
     return save(fig, out_dir, name, f"Consumer bandwidth vs transfer size (Fig 3a); {gpu}")

@@ -1,11 +1,8 @@
-"""Figs 6-8: the overlap system against serial per cCTA and mgb (operator scope, one run).
-
-One panel per shape (rows) and routing (columns): latency(serial) / latency(overlap) against
-cCTA, one line per (transport, mgb); higher is better. A star marks the measured optimum, a red
-diamond the auto pick at the cCTA it ran with. Without serial rows (loopback: serial cannot play
-W ranks in one process) the panels show latency in ms. The notes say whether the best, the
-runner-up and the auto pick lie apart beyond their 95% CIs; `--summary` prints summary().
-"""
+"""Figs 6-8: the overlap system against serial per cCTA and mgb (operator scope, one run): per
+shape (rows) and routing (columns), latency(serial) / latency(overlap) against cCTA, one line per
+(transport, mgb), higher is better; star: the measured optimum; red diamond: the auto pick at the
+cCTA it ran with. Without serial rows (loopback) the panels show latency in ms. The notes say
+whether the best, the runner-up and the auto pick lie apart beyond their 95% CIs."""
 
 from __future__ import annotations
 
@@ -37,11 +34,6 @@ def overlap_rows(df: pd.DataFrame) -> pd.DataFrame:
     return o
 
 
-def _apart(best: pd.Series, other, rows: pd.DataFrame) -> bool:
-    """Is the best row's 95% CI below that of rows.loc[other] (apart beyond both CIs)?"""
-    return bool(best["latency_ci_hi_ms"] < rows.loc[other, "latency_ci_lo_ms"])
-
-
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per workload and transport: best measured (cCTA, mgb), its speedup over serial, cCTA=2
     against serial and against the best (> 1: slower), and the auto pick against the best."""
@@ -52,7 +44,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         if swept.empty:
             continue
         best = swept.loc[swept["latency_ms"].idxmin()]
+        hi = best["latency_ci_hi_ms"]  # apart: the best's 95% CI below the other row's
         rest = swept[swept.index != best.name]
+        nxt = rest.loc[rest["latency_ms"].idxmin()] if len(rest) else None
         two = swept[swept["ccta"] == 2]["latency_ms"].min()
         auto = g[g["auto"]]
         a = auto.iloc[0] if len(auto) else dict.fromkeys(("p_ccta_used", "p_mgb_used"), np.nan)
@@ -62,8 +56,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
             ccta2_vs_serial=two / best["serial_ms"], ccta2_vs_best=two / best["latency_ms"],
             auto_ccta=a["p_ccta_used"], auto_mgb=a["p_mgb_used"],
             auto_vs_best=a.get("latency_ms", np.nan) / best["latency_ms"],
-            best_apart=len(swept) > 1 and _apart(best, rest["latency_ms"].idxmin(), swept),
-            auto_apart=_apart(best, a.name, g) if len(auto) else False,
+            best_apart=nxt is not None and bool(hi < nxt["latency_ci_lo_ms"]),
+            auto_apart=bool(hi < a["latency_ci_lo_ms"]) if len(auto) else False,
         ))  # fmt: skip
     return pd.DataFrame(rows)
 

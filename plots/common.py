@@ -95,12 +95,9 @@ def newest_setting(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
 
 def setting_note(df: pd.DataFrame) -> str:
     """ "warmup 1, iters 5": the measurement setting of df's rows, for a title."""
-    parts = [f"{c} {_join(df[c])}" for c in ("warmup", "iters", "rounds") if c in df]
-    return ", ".join(parts)
-
-
-def _join(v: pd.Series) -> str:
-    return "/".join(str(x) for x in sorted(v.dropna().unique(), key=str)) or "?"
+    vals = {c: sorted(df[c].dropna().unique(), key=str) for c in ("warmup", "iters", "rounds")
+            if c in df}  # fmt: skip
+    return ", ".join(f"{c} {'/'.join(map(str, v)) or '?'}" for c, v in vals.items())
 
 
 def machine(df: pd.DataFrame) -> str:
@@ -115,8 +112,8 @@ def machine(df: pd.DataFrame) -> str:
     return machine_name(str(row.get("gpu_name", "")), n)
 
 
-#: the columns of a system's cell, with its knobs (p_*, not the *_used outcomes) apart from
-#: TIMING_KNOBS: rows that differ in nothing else differ only in how the step was timed
+#: a system's cell, with its knobs (p_*, not *_used) but TIMING_KNOBS: rows that differ in
+#: nothing else differ only in how the step was timed
 SYSTEM_CELL = ("system", "scope", "transport", "world_size", "tokens_per_rank", "hidden", "out",
                "ffn", "experts_per_rank", "top_k", "routing", "dtype", "model")  # fmt: skip
 #: knobs that decide whether a step can be captured: the NCCL dispatch syncs the host, so it is
@@ -131,9 +128,8 @@ def graphed(df: pd.DataFrame) -> pd.Series:
 
 
 def prefer_graph(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
-    """Where a system's cell (SYSTEM_CELL and its knobs, TIMING_KNOBS aside) has an ok CUDA-graph
-    row, its eager rows leave; a cell without one keeps every row. Says on stdout what it left
-    out."""
+    """df without the eager rows of a system's cell (SYSTEM_CELL) that has an ok CUDA-graph row;
+    says on stdout what it left out."""
     g = graphed(df)
     ok = g & (df["status"] == "ok") if "status" in df else g
     if not ok.any():

@@ -1,10 +1,8 @@
-"""The correctness matrix: every overlap cell's check against the float32 reference.
-
-A check is a row with status ok (passed) or fail; skipped and error rows were not checked and
-are counted apart. Per (layout, transport, W, dtype) group, a heatmap of log10 max_rel_err over
-(E, N, routing) x (cCTA, mgb), failed cells crossed; below, histograms of both errors with their
-bounds. Lower is better. `python -m plots.correctness --summary` prints summary().
-"""
+"""The correctness matrix: every overlap cell's check against the float32 reference. A check is
+a row with status ok (passed) or fail; skipped and error rows were not checked (counted apart).
+Per (layout, transport, W, dtype) group, a heatmap of log10 max_rel_err over (E, N, routing) x
+(cCTA, mgb), failed cells crossed; below, histograms of both errors with their bounds. Lower is
+better."""
 
 from __future__ import annotations
 

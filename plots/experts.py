@@ -1,11 +1,8 @@
-"""Fig 5: the overlap system against every other system as experts per rank grow (4 to 64).
-
-The layer rows (ffn > 0) give latency(system) / latency(overlap) on the same workload (higher
-is better), one line per system, one panel per routing. A layer row has no overlap ratio (its
-bounds leave the dispatch out: harness.measure.LAYER_RATIO_NOTE), so the ratio panel below reads
-the operator-scope rows (ffn 0: the layer's fc2, K=F, N=H) of `experiment=experts_operator`.
-Systems without an ok row are named in the caption with their reason.
-"""
+"""Fig 5: the overlap system against every other system as experts per rank grow (4 to 64):
+latency(system) / latency(overlap) of the layer rows (ffn > 0), higher is better, one line per
+system, one panel per routing. A layer row has no overlap ratio (harness.measure.LAYER_RATIO_NOTE),
+so the ratio panel below reads the operator-scope rows (ffn 0: the layer's fc2, K=F, N=H) of
+`experiment=experts_operator`. Systems without an ok row are named in the caption with why."""
 
 from __future__ import annotations
 
@@ -41,10 +38,8 @@ def missing_systems(df: pd.DataFrame) -> dict[str, str]:
     """Systems of the layer rows without an ok row -> the first reason they were not measured."""
     layer = df[_ffn(df) > 0]
     ok = set(layer.loc[layer["status"] == "ok", "system"])
-    return {
-        s: str(g["reason"].iloc[0])[:80]
-        for s, g in layer[~layer["system"].isin(ok)].groupby("system")
-    }
+    absent = layer[~layer["system"].isin(ok)]
+    return {s: str(g["reason"].iloc[0])[:80] for s, g in absent.groupby("system")}
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:

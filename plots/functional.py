@@ -1,9 +1,7 @@
 """The functional run (experiment overlap_functional[_ranks]): the overlap system's Triton kernels
-in Triton's CPU interpreter on tiny loopback cells, each checked against the reference layer.
-Functional, not a timing: one horizontal bar per overlap cell, its max relative error on a log
-axis (lower is better) against the tolerance that gated it (dashed) and its status, never a
-latency; a cell without an error value (error, skipped) shows its status only.
-"""
+in Triton's CPU interpreter on tiny loopback cells, each checked against the reference layer. Not
+a timing: one bar per overlap cell, its max relative error on a log axis (lower is better)
+against the tolerance that gated it (dashed), and its status (alone where it has no error)."""
 
 from __future__ import annotations
 
@@ -15,7 +13,6 @@ import pandas as pd
 from plots.common import load, main, save, transport_note
 
 CELL = ["world_size", "experts_per_rank", "routing", "tokens_per_rank", "hidden", "out", "ffn"]
-LABEL = "functional (Triton interpreter), not a timing"
 COLOURS = {"ok": "tab:green", "fail": "tab:red", "error": "tab:gray", "skipped": "tab:gray"}
 
 
@@ -59,7 +56,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         ax.legend(fontsize=7, loc="lower right")
     ok = int((c["status"] == "ok").sum())
     title = (
-        f"The overlap system's kernels on the CPU: {LABEL}\n"
+        "The overlap system's kernels on the CPU: functional (Triton interpreter), not a timing\n"
         f"{ok} of {len(c)} cells ok; {transport_note(df[df['system'] == 'overlap'], timing=False)}"
     )
     return save(fig, out_dir, name, title)

@@ -1,9 +1,7 @@
 """Latency against experts per rank of a systems-sweep table: one panel per (shape, routing), one
 line per system (each overlap variant its own line), median with the p10-p90 spread; lower is
-better. Only the table's most common timed region (`scope`) is drawn; the title names systems
-of another (native Tutel and FasterMoE time the whole layer). A table of one expert count gets
-one bar per line instead (lines would put every point at one x).
-"""
+better. Only the most common timed region (`scope`) is drawn; the title names systems of another
+(native Tutel and FasterMoE time the whole layer). One expert count: one bar per line instead."""
 
 from __future__ import annotations
 
@@ -24,7 +22,7 @@ def _spread(ax, s: pd.DataFrame, style: dict) -> None:
                 color=style["color"], capsize=2)  # fmt: skip
 
 
-def _bars(df: pd.DataFrame, title: str) -> tuple:
+def _bars(df: pd.DataFrame, title: str, out_dir: str | Path, name: str) -> list[Path]:
     """One panel per (shape, routing), one horizontal bar per line (every panel lists every
     line, in one order and colour): median latency, p10-p90 whiskers."""
     lines = sorted(df["line"].unique())
@@ -45,7 +43,7 @@ def _bars(df: pd.DataFrame, title: str) -> tuple:
         ax.set_xlabel("latency (ms, median, p10-p90)", fontsize=8)
         ax.tick_params(axis="x", labelsize=7)
     (e,) = df["experts_per_rank"].unique()
-    return fig, pc._fixed(df, SHAPE, title, f"E/rank={int(e)} ")  # (figure, title)
+    return save(fig, out_dir, name, pc._fixed(df, SHAPE, title, f"E/rank={int(e)} "))
 
 
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
@@ -63,8 +61,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     if absent:
         title += f"\nno ok row (see the table's reason column): {', '.join(absent)}"
     if df["experts_per_rank"].nunique() == 1:
-        fig, title = _bars(df, title)
-        return save(fig, out_dir, name, title)
+        return _bars(df, title, out_dir, name)
     fig = panel_grid(df, "line", "latency_ms", "latency (ms, median, p10-p90)", title,
                      rows=SHAPE, hlines=(), extra=_spread, logy=True)  # fmt: skip
     return save(fig, out_dir, name)

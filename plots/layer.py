@@ -1,7 +1,6 @@
 """The layer table (scope `layer`), one panel row per shape (T, H), one column per routing,
 against experts per rank: <name>_latency, every system's latency; <name>_speedup,
-latency(serial) / latency(system). Each overlap variant is its own line, never a best-of.
-"""
+latency(serial) / latency(system). Each overlap variant is its own line, never a best-of."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """The overlap layer with one GPU playing W ranks (experiment layer_loopback), three panels
-against W: the worst error over the cells per layout and check, with their tolerances; the
-worst-case receive buffer per H; the latency per (layout, H), median over E and routing, as
-what it is: a loopback proxy (the W ranks' steps in turn on one GPU), never an interconnect
-number. Lower is better throughout.
-"""
+against W, lower is better: the worst error over the cells per layout and check, with their
+tolerances; the worst-case receive buffer per H; the latency per (layout, H), median over E and
+routing: a loopback proxy (the W ranks' steps in turn on one GPU), never an interconnect number."""
 
 from __future__ import annotations
 
@@ -52,9 +50,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     fig, ((ax_err, ax_mem, ax_lat),) = pc.grid(1, 3, w=3.8, h=3.2)
     _lines(ax_err, errors(every), "value", "line", "worst error over the cells (lower is better)")
     tol = float(every["tol"].max()) if "tol" in every else DEFAULT_TOL
-    ax_err.axhline(tol, color="k", lw=0.8, ls="--", label=f"tolerance {tol:.0e}")
-    ax_err.axhline(ROW_TOL_FACTOR * tol, color="k", lw=0.8, ls=":",
-                   label=f"row tolerance {ROW_TOL_FACTOR * tol:.0e}")  # fmt: skip
+    for bound, ls, what in ((tol, "--", "tolerance"), (ROW_TOL_FACTOR * tol, ":", "row tolerance")):
+        ax_err.axhline(bound, color="k", lw=0.8, ls=ls, label=f"{what} {bound:.0e}")
     ax_err.legend(fontsize=6, loc="center right")
     mem = ok.assign(H=ok["hidden"].map(lambda h: f"H={int(h)}"))
     _lines(ax_mem, mem, "m_recv_worst_mib", "H", "worst-case receive memory (MiB)")

@@ -1,11 +1,9 @@
 """The whole MoE layer on ONE GPU at W=1 (experiment layer_w1): every system from x [T, H] and
-the routing to out [T, H]; nothing leaves the rank, so nothing is overlapped. One panel row per
-shape (H, F), one column per routing, against experts per rank; higher is better:
-
-<name>_systems: latency(serial) / latency(system), each system's CUDA-graph replay where its
-step is capturable, else its eager step; each legend entry says which.
-<name>_graph: what graph replay buys serial and overlap: the eager device dispatch and the NCCL
-dispatch (its split sizes' host sync, so eager), each over that system's graph replay.
+the routing to out [T, H]; nothing is overlapped. One panel row per shape (H, F), one column per
+routing, against experts per rank; higher is better. <name>_systems: latency(serial) /
+latency(system), each system's CUDA-graph replay where capturable, else eager (the legend says
+which). <name>_graph: the eager device dispatch and the NCCL dispatch (host sync, so eager) of
+serial and overlap, each over that system's graph replay.
 """
 
 from __future__ import annotations
@@ -65,31 +63,17 @@ def graph_gain(df: pd.DataFrame) -> pd.DataFrame:
     return out.assign(line=out["line"] + ": " + out["mode"].map(MODES))
 
 
-def where(df: pd.DataFrame) -> str:
-    """ "one H200, W=1": the machine and the world size of df's rows, for a title."""
-    n = int(df["gpu_count"].max()) if "gpu_count" in df and df["gpu_count"].notna().any() else 0
-    model = pc.machine(df).split("x")[0].upper()
-    gpus = "the CPU" if n == 0 else ("one " + model if n == 1 else f"{n} {model}s")
-    w = ", ".join(str(int(v)) for v in sorted(df["world_size"].dropna().unique()))
-    return f"{gpus}, W={w}"
-
-
-def _pairs(gain: pd.DataFrame) -> dict:
-    """line -> colour: a system's two lines in one hue, dark for the eager step, light for the
-    NCCL dispatch."""
-    order = sorted(gain["system"].unique())
-    return {line: plt.cm.tab20(2 * order.index(s) + (m == "nccl"))
-            for line, s, m in gain[["line", "system", "mode"]].drop_duplicates().itertuples(
-                index=False)}  # fmt: skip
-
-
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = pc.load(table, prefer=False)
     sp, gain = systems(df), graph_gain(df)
     pc.need(sp, table, "ok serial layer rows to compare against")
-    drawn = pc.prefer_graph(df)
+    n = int(df["gpu_count"].max()) if "gpu_count" in df and df["gpu_count"].notna().any() else 0
+    model = pc.machine(df).split("x")[0].upper()
+    gpus = "the CPU" if n == 0 else ("one " + model if n == 1 else f"{n} {model}s")
+    w = ", ".join(str(int(v)) for v in sorted(df["world_size"].dropna().unique()))
     t = "/".join(str(int(v)) for v in sorted(df["tokens_per_rank"].dropna().unique()))
-    head = f"The MoE layer on {where(df)}, T={t}"
+    head = f"The MoE layer on {gpus}, W={w}, T={t}"
+    drawn = pc.prefer_graph(df)
     title = f"{head}: speedup against serial, higher is better\n{pc.transport_note(drawn)}"
     fig = pc.panel_grid(sp, "line", "speedup", "speedup vs serial", title, SHAPE, ncol=2)
     paths = pc.save(fig, out_dir, name + "_systems")
@@ -102,7 +86,10 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     title = (f"{head}: what CUDA-graph replay buys, higher is better\neager latency / graph "
              f"replay latency of the same system and cell\n"
              f"{pc.transport_note(ours, timing=False)}")  # fmt: skip
-    colors = _pairs(gain)
+    order = sorted(gain["system"].unique())  # a system's eager line dark, its NCCL line light
+    colors = {line: plt.cm.tab20(2 * order.index(s) + (m == "nccl"))
+              for line, s, m in gain[["line", "system", "mode"]].drop_duplicates().itertuples(
+                  index=False)}  # fmt: skip
     fig = pc.panel_grid(gain, "line", "gain", "eager / CUDA graph", title, SHAPE, colors, ncol=2)
     return paths + pc.save(fig, out_dir, stale[0].stem)
 

@@ -1,8 +1,7 @@
 """Fig 4: time(baseline) / time(overlap) per model, end to end (latency_ms) and per MoE layer
-(the MoE calls in that forward, m_moe_ms), on the same model, W, dtype and timing (graph
-against graph where the baseline was captured, else eager; the bar's label says which); each
-system's fastest row of a run, runs by their median. Higher is better.
-"""
+(the MoE calls in that forward, m_moe_ms), on the same model, W, dtype and timing (graph where the
+baseline was captured, else eager: the bar's label says which); each system's fastest row of a
+run, runs by their median. Higher is better."""
 
 from __future__ import annotations
 

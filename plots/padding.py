@@ -1,12 +1,8 @@
-"""Padding of the remote-aligned layout against W, with both bounds. Lower is better.
-
-One column per routing, one colour per E (the smallest, middle and largest):
-  row 1  max zero rows per rank, with the paper's bound (W-1)(tile_m-1) (black dashed) and
-         E(W-1)(tile_m-1) (dotted)
-  row 2  padding share of all GEMM rows (solid) and on the busiest rank (dashed)
-  row 3  padding share of all GEMM rows per tile_m at one E
-  row 4  (tables with m_tiles_*) row tiles of the aligned layout over the compact one's
-"""
+"""Padding of the remote-aligned layout against W, with both bounds; lower is better. One column
+per routing, one colour per E (the smallest, middle and largest); rows: max zero rows per rank
+with the paper's bound (W-1)(tile_m-1) (black dashed) and E(W-1)(tile_m-1) (dotted); padding share
+of all GEMM rows (solid) and on the busiest rank (dashed); that share per tile_m at one E; (tables
+with m_tiles_*) row tiles of the aligned layout over the compact one's."""
 
 from __future__ import annotations
 

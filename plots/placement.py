@@ -15,9 +15,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     o["x_compute"] = o["latency_ms"] / o["compute_ms"]
     title = f"The overlapped step per consumer placement (consumer:cCTA)\n{transport_note(o)}"
     what = "step / compute on all SMs (lower is better)"
-    return save(
-        panel_grid(o, "placement", "x_compute", what, title, hlines=(1.0, 1.05)), out_dir, name
-    )
+    fig = panel_grid(o, "placement", "x_compute", what, title, hlines=(1.0, 1.05))
+    return save(fig, out_dir, name)
 
 
 if __name__ == "__main__":

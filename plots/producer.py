@@ -1,9 +1,7 @@
 """The producer against torch._grouped_mm and cuBLAS: per (N, routing) panel, time(reference) /
 time(producer) against experts per rank, one line per producer variant; above 1 the producer is
-faster. Solid: torch._grouped_mm on the same valid rows; dashed: one dense cuBLAS GEMM of the
-same useful FLOPs; dotted: one batched GEMM (torch.bmm) of E x (R // E) rows, the same FLOPs and
-E x K x N weight bytes.
-"""
+faster. Solid: torch._grouped_mm on the same valid rows; dashed: one dense cuBLAS GEMM of the same
+useful FLOPs; dotted: torch.bmm of E x (R // E) rows, the same FLOPs and E x K x N weight bytes."""
 
 from __future__ import annotations
 

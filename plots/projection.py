@@ -1,8 +1,7 @@
 """The step model's projection (harness/step_model.py): predicted speedup over serial against a
 node's link GB/s per GEMM TFLOP/s, and REPORT's section (report_section). Every number is a
 PREDICTION but the measured points and the paper's, which are labelled so. Inputs:
-results/predicted/ (experiments/predict.py) and results/reference/h200x2/operator.parquet.
-"""
+results/predicted/ (experiments/predict.py) and results/reference/h200x2/operator.parquet."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def errors(val: pd.DataFrame) -> pd.DataFrame:
 def report_section() -> str:
     """The REPORT section: the model's validation and projection (markdown, every model number
     labelled a prediction; what it misses: docs/measurements.md)."""
-    val, s = pd.read_parquet(VALIDATION), speedups(pd.read_parquet(PROJECTION))
-    err = errors(val)
+    err, s = errors(pd.read_parquet(VALIDATION)), speedups(pd.read_parquet(PROJECTION))
     lines = ["## Where the method pays: the step model (predictions)", "",
              "`harness/step_model.py` walks each rank's real plan (bands, segments) on rates "
              "fitted from single-GPU rows and the bandwidth tables only "

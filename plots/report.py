@@ -1,16 +1,14 @@
 """results/REPORT.md from the committed tables only (no GPU, no run): `make report`.
 
-Every number is read from a table under results/reference/ (a row's `caveat` is shown where
-it bounds a claim); the text is deterministic (sorted keys, fixed float formats). A speedup is
-other / overlap (higher is better) throughout. Also rewrites README.md's headline block.
-"""
+Every number is read from a table under results/reference/ (a row's `caveat` is shown where it
+bounds a claim); the text is deterministic (sorted keys, fixed float formats). A speedup is other
+/ overlap (higher is better) throughout. Also rewrites README.md's headline block."""
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,9 @@ import pandas as pd
 from plots.all import FIGURES as DRAWN
 from plots.all import SHOWS
 from plots.common import FIG_DIR, TIMING_KNOBS, graphed, placements
+from plots.layer_w1 import modes
+from plots.producer import ratios
+from plots.projection import PROJECTION, VALIDATION, report_section
 from systems.overlap.autotune import DEFAULT, MAX_DISTANCE
 from systems.overlap.autotune import TABLE as AUTOTUNE_TABLE
 
@@ -230,46 +231,23 @@ HOST_FREE = "h200/layer_w1"
 HOST_FREE_COLS = ("serial graph", "overlap graph", "overlap eager", "overlap nccl")
 
 
-def host_free_cells(df: pd.DataFrame) -> pd.DataFrame:
-    """Per cell (H, F, E, routing) of the ok rows: serial's and overlap's latency per timing
-    (HOST_FREE_COLS; plots.layer_w1.modes), the fastest baseline against graphed overlap
-    (compare()), serial graph / overlap graph and eager / graph of each."""
-    from plots.layer_w1 import modes
-
-    o = _ok(df)
-    keys = ["hidden", "ffn", "experts_per_rank", "routing"]
-    ours = o[o["system"].isin(["serial", "overlap"])]
-    ours = ours.assign(col=ours["system"] + " " + modes(ours))
-    out = ours.pivot_table(index=keys, columns="col", values="latency_ms", aggfunc="median")
-    out = out.reindex(columns=list(HOST_FREE_COLS) + ["serial eager"])
-    r, rk = fastest(df, "layer")
-    b = best_of(compare(r, rk, baselines(r), "graph"), rk).set_index(keys)
-    out["best"] = b["system"] + " " + b["lat"].map("{:.3f}".format)
-    out["best"] += np.where(b["eager"], " eager", " graph") + np.where(b["across"], "\\*", "")
-    out["vs_serial"] = out["serial graph"] / out["overlap graph"]
-    out["overlap_gain"] = out["overlap eager"] / out["overlap graph"]
-    out["serial_gain"] = out["serial eager"] / out["serial graph"]
-    return out
-
-
-def _loopback_line(df: pd.DataFrame) -> str:
-    o = df[df["system"] == "overlap"]
-    ok = _ok(o)
-    ws = _join(o["world_size"].astype(int))
-    mem = _range(ok["m_recv_worst_mib"], ".0f", " MiB")
-    return (f"Loopback (`h200/layer_loopback`, one H200 as W={ws}; {_join(o['p_layout'])}): "
-            f"{len(ok)} of {len(o)} cells pass both checks (max rel. error "
-            f"{o['max_rel_err'].max():.2e}, worst row {o['max_row_rel_err'].max():.2e}); "
-            f"worst-case receive buffers {mem}; latency a proxy.")  # fmt: skip
-
-
 def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
-    """The host-free layer at W=1 (HOST_FREE), per cell: serial and overlap per timing, the
-    fastest baseline, the ratios; the loopback correctness line. [] without the table."""
+    """The host-free layer at W=1 (HOST_FREE), per cell (H, F, E, routing) of the ok rows:
+    serial's and overlap's median latency per timing (HOST_FREE_COLS; plots.layer_w1.modes), the
+    fastest baseline against graphed overlap (compare()), serial / overlap (graph) and eager /
+    graph of each; the loopback correctness line. [] without the table."""
     if HOST_FREE not in d:
         return []
     df = d[HOST_FREE]
-    c = host_free_cells(df)
+    keys = ["hidden", "ffn", "experts_per_rank", "routing"]
+    ours = _ok(df).loc[lambda x: x["system"].isin(["serial", "overlap"])]
+    ours = ours.assign(col=ours["system"] + " " + modes(ours))
+    c = ours.pivot_table(index=keys, columns="col", values="latency_ms", aggfunc="median")
+    c = c.reindex(columns=list(HOST_FREE_COLS) + ["serial eager"])
+    r, rk = fastest(df, "layer")
+    b = best_of(compare(r, rk, baselines(r), "graph"), rk).set_index(keys)
+    c["best"] = b["system"] + " " + b["lat"].map("{:.3f}".format)
+    c["best"] += np.where(b["eager"], " eager", " graph") + np.where(b["across"], "\\*", "")
     shape = f"T={_join(df['tokens_per_rank'])}, top-{_join(df['top_k'])}, {_join(df['dtype'])}"
     out = ["## Host-free layer (one H200, W=1)", "",
            f"`{HOST_FREE}`, {shape}; median ms; serial and overlap of one run per timing. graph: "
@@ -278,22 +256,26 @@ def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
            "| H, F | E | routing | " + " | ".join(HOST_FREE_COLS) + " | fastest baseline | "
            "serial / overlap, graph | eager / graph: overlap, serial |",
            "| --- " * 10 + "|"]  # fmt: skip
-    for (h, f, e, r), row in c.iterrows():
+    for (h, f, e, routing), row in c.iterrows():
         lat = " | ".join(f"{row[k]:.3f}" for k in HOST_FREE_COLS)
-        out.append(f"| {h}, {f} | {e} | {r} | {lat} | {row['best']} | {row['vs_serial']:.2f}x | "
-                   f"{row['overlap_gain']:.2f}x, {row['serial_gain']:.2f}x |")  # fmt: skip
-    if "h200/layer_loopback" in d:
-        out += ["", _loopback_line(d["h200/layer_loopback"])]
+        out.append(f"| {h}, {f} | {e} | {routing} | {lat} | {row['best']} | "
+                   f"{row['serial graph'] / row['overlap graph']:.2f}x | "
+                   f"{row['overlap eager'] / row['overlap graph']:.2f}x, "
+                   f"{row['serial eager'] / row['serial graph']:.2f}x |")  # fmt: skip
+    if (lb := d.get("h200/layer_loopback")) is not None:
+        o = lb[lb["system"] == "overlap"]
+        ok, ws = _ok(o), _join(o["world_size"].astype(int))
+        out += ["", f"Loopback (`h200/layer_loopback`, one H200 as W={ws}; "
+                f"{_join(o['p_layout'])}): {len(ok)} of {len(o)} cells pass both checks (max "
+                f"rel. error {o['max_rel_err'].max():.2e}, worst row "
+                f"{o['max_row_rel_err'].max():.2e}); worst-case receive buffers "
+                f"{_range(ok['m_recv_worst_mib'], '.0f', ' MiB')}; latency a proxy."]  # fmt: skip
     return out + [""]
 
 
-@dataclass
-class Claim:
-    what: str
-    paper: str
-    ours: Callable[[dict[str, pd.DataFrame]], tuple[str, str] | None]
-    #: how to measure it where no table holds it yet
-    missing: str
+#: a claim of the paper: `ours`(tables) -> (status, our text), None where no table holds it;
+#: `missing`: how to measure it then
+Claim = namedtuple("Claim", "what paper ours missing")
 
 
 def _widest(d: dict[str, pd.DataFrame], stem: str) -> tuple[str, int, pd.DataFrame] | None:
@@ -311,10 +293,10 @@ def _fig3a(d):
     if (got := _widest(d, "bandwidth")) is None:
         return None
     _, n, df = got
-    p = _ok(df)
-    p = p[(p["system"] == "overlap") & (p["transport"] == "p2p")]
+    ok = _ok(df)
+    p = ok[(ok["system"] == "overlap") & (ok["transport"] == "p2p")]
     top = p.groupby("p_ccta")["m_gbps"].max()
-    ref = _ok(df)[_ok(df)["system"] == "nccl_all_to_all"]["m_gbps"]
+    ref = ok[ok["system"] == "nccl_all_to_all"]["m_gbps"]
     return "differs", (
         f"{n} H200s over NVLink (p2p): {top.get(4.0, float('nan')):.0f} GB/s with 4 CTAs, "
         f"{top.get(8.0, float('nan')):.0f} with 8, at most {top.max():.0f}; all_to_all_single "
@@ -397,14 +379,6 @@ def _operator(d):
     return "differs", out + (" \\*" if serial_caveat(df) else "")
 
 
-def best_setting(g: pd.DataFrame, by: str) -> tuple[float, bool]:
-    """The value of `by` whose fastest row is fastest, and whether it is apart from the
-    runner-up (the fastest row of any other value) beyond their 95% CIs."""
-    f = g.loc[g.groupby(by)["latency_ms"].idxmin()].sort_values("latency_ms")
-    a, b = f.iloc[0], f.iloc[1]
-    return a[by], bool(a["latency_ci_hi_ms"] < b["latency_ci_lo_ms"])
-
-
 def _ccta(d):
     """cCTA=2 and the best cCTA against serial, from the ccta_mgb table with the most GPUs."""
     if (got := _widest(d, "ccta_mgb")) is None:
@@ -415,12 +389,17 @@ def _ccta(d):
     ser = o[o["system"] == "serial"].groupby(cell)["latency_ms"].min()
     sw = o[(o["system"] == "overlap") & o["ccta"].notna()]
     two = ser / sw[sw["ccta"] == 2].groupby(cell)["latency_ms"].min()
-    best = [best_setting(g, "ccta") for _, g in sw.groupby(cell)]
-    apart = sum(a for _, a in best)
+    # per cell, the cCTA whose fastest row is fastest, and whether it is apart from the
+    # runner-up (the fastest row of any other cCTA) beyond their 95% CIs
+    best, apart = [], 0
+    for _, g in sw.groupby(cell):
+        f = g.loc[g.groupby("ccta")["latency_ms"].idxmin()].sort_values("latency_ms")
+        best.append(f["ccta"].iloc[0])
+        apart += bool(f["latency_ci_hi_ms"].iloc[0] < f["latency_ci_lo_ms"].iloc[1])
     return "partly", (
         f"{n} H200s over NVLink (`{machine}/ccta_mgb`, one run): serial / overlap at cCTA=2 "
         f"{_range(two)} (slower than serial in {int((two < 1).sum())} of {len(two)} cells); best "
-        f"cCTA {_range(pd.Series([c for c, _ in best]), 'g', '')}, apart from the runner-up "
+        f"cCTA {_range(pd.Series(best), 'g', '')}, apart from the runner-up "
         f"cCTA beyond their 95% CIs in {apart} of {len(best)} cells"
         + (" \\*" if serial_caveat(df) else "")
     )
@@ -518,8 +497,6 @@ def summary(key: str, df: pd.DataFrame) -> str:
     if stem in KNOBS:
         s += "; " + knob_ratios(df, KNOBS[stem])
     elif stem == "producer":
-        from plots.producer import ratios
-
         s += f"; the producer vs torch._grouped_mm {_med(ratios(_ok(df))['vs_grouped_mm'])}"
     elif "system" in df and "overlap" in set(df["system"]) and stem in DRAWN.keys() - {"bandwidth"}:
         if any(stem in stems for _, stems in SCOPES.values()):
@@ -599,13 +576,6 @@ def unmeasured_section(d: dict[str, pd.DataFrame]) -> list[str]:
             ""]  # fmt: skip
 
 
-def step_model_section() -> list[str]:
-    """plots/projection.py's section (every number a prediction), where its tables exist."""
-    from plots.projection import PROJECTION, VALIDATION, report_section
-
-    return [report_section(), ""] if VALIDATION.exists() and PROJECTION.exists() else []
-
-
 def render(ref: Path = REF, figures: Path = FIG_DIR) -> str:
     d = tables(ref)
     lines = ["# Report: tile-level overlap for MoE, reproduced", "",
@@ -615,19 +585,10 @@ def render(ref: Path = REF, figures: Path = FIG_DIR) -> str:
              "variants have no rows here; `docs/measurements.md` keeps what they measured.",
              ""]  # fmt: skip
     lines += headline(d) + host_free_section(d) + claims_section(d) + tables_section(d)
-    lines += step_model_section() + figures_section(d, figures) + unmeasured_section(d)
+    if VALIDATION.exists() and PROJECTION.exists():  # the step model's (every number predicted)
+        lines += [report_section(), ""]
+    lines += figures_section(d, figures) + unmeasured_section(d)
     return "\n".join(lines)
-
-
-def readme_text(readme: str, d: dict[str, pd.DataFrame]) -> str:
-    """README.md's text with its block between README_MARKS rewritten: the headline section
-    without its heading."""
-    start, end = README_MARKS
-    if start not in readme or end not in readme:
-        raise ValueError(f"README.md has no block {start} ... {end}")
-    head, rest = readme.split(start, 1)
-    block = "\n".join(headline(d)[2:]).strip()
-    return f"{head}{start}\n{block}\n{end}{rest.split(end, 1)[1]}"
 
 
 def main() -> None:
@@ -636,8 +597,13 @@ def main() -> None:
     ap.add_argument("--readme", default="README.md", help="its headline block is rewritten")
     args = ap.parse_args()
     Path(args.out).write_text(render())
-    readme = Path(args.readme)
-    readme.write_text(readme_text(readme.read_text(), tables()))
+    readme, (start, end) = Path(args.readme), README_MARKS
+    text = readme.read_text()
+    if start not in text or end not in text:
+        raise ValueError(f"README.md has no block {start} ... {end}")
+    head, rest = text.split(start, 1)
+    block = "\n".join(headline(tables())[2:]).strip()  # the headline section without its heading
+    readme.write_text(f"{head}{start}\n{block}\n{end}{rest.split(end, 1)[1]}")
     print(args.out, readme)
 
 

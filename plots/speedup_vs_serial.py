@@ -1,6 +1,5 @@
 """latency(serial) / latency(system) on the same workload against experts per rank, one panel
-per (T, N, routing), one line per system (its best cCTA/mgb per workload). Higher is better.
-"""
+per (T, N, routing), one line per system (its best cCTA/mgb per workload). Higher is better."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The overlap system's kept knobs at operator scope: per (N, routing) panel, one line per
 variant (layout, order, cCTA and mgb off the defaults) against experts per rank: latency(serial)
-/ latency(variant), higher is better; without serial rows the latency, lower is better.
-"""
+/ latency(variant), higher is better; without serial rows the latency, lower is better."""
 
 from __future__ import annotations
 
