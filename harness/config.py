@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import os
 import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +46,8 @@ class MeasureConf:
 
 @dataclass
 class GridConf:
-    """The WORKLOAD axes of the cell grid. Every combination is one workload; each system then
-    runs once per workload, or once per point of its own `sweep`."""
+    """The WORKLOAD axes of the cell grid: every combination is one workload, run by each system
+    once per point of its own `sweep`."""
 
     tokens_per_rank: list[int] = field(default_factory=lambda: [64])
     hidden: list[int] = field(default_factory=lambda: [64])
@@ -56,7 +57,7 @@ class GridConf:
     routing: list[str] = field(default_factory=lambda: ["balanced"])
     dtype: list[str] = field(default_factory=lambda: ["float32"])
     #: expert width F of FFN experts (a whole layer, scope `layer`); 0 = the single-GEMM
-    #: operator (scope gemm+combine). FFN cells need out == hidden.
+    #: operator (scope gemm+combine). FFN cells take out = hidden.
     ffn: list[int] = field(default_factory=lambda: [0])
     #: true: a layer cell timed as one training step, forward + backward (scope train)
     train: list[bool] = field(default_factory=lambda: [False])
@@ -71,15 +72,13 @@ class ExperimentConf:
     #: the grid's shape comes from the `workload` group (conf/workload/); false: the experiment
     #: sets its own shape, and `workload=<name>` is an error
     takes_workload: bool = False
-    #: system name -> {params: {...}, sweep: {lists whose product it runs per workload}}
-    #: (checked by harness.measure.system_points; untyped so `+experiment.systems.<name>={}`
-    #: composes); an empty entry `{}` runs the system once per workload with its defaults
+    #: system name -> {params: {...}, sweep: {lists whose product it runs per workload}}; `{}`
+    #: runs it once with its defaults (untyped so `+experiment.systems.<name>={}` composes)
     systems: dict[str, Any] = field(default_factory=dict)
     #: run only these systems of `systems` (empty = all of them)
     select: list[str] = field(default_factory=list)
     grid: GridConf = field(default_factory=GridConf)
-    #: settings of an experiment module that are not workload axes (e.g. bandwidth's
-    #: segment sizes); each module checks its own keys
+    #: an experiment module's settings that are not workload axes (each module checks its keys)
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -104,9 +103,18 @@ def register_configs() -> None:
     cs.store(group="experiment", name="base_experiment", node=ExperimentConf)
 
 
+def typed_nodes(schema: Any = Config, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, schema) of every typed config node: their keys are fixed (Hydra's `+` can
+    still add a key to them)."""
+    yield path, schema
+    for name, kind in typing.get_type_hints(schema).items():
+        if dataclasses.is_dataclass(kind):
+            yield from typed_nodes(kind, f"{path}.{name}".lstrip("."))
+
+
 def nearest_key(key: str) -> str | None:
     """The schema's key nearest a misspelt dotted `key` (difflib on each part below a typed
-    node), or None when no part is near a key or `key` is a key of the schema already."""
+    node); None when no part is near a key or `key` is in the schema already."""
     node: Any = Config
     parts = key.split(".")
     for i, part in enumerate(parts):
@@ -124,8 +132,8 @@ def nearest_key(key: str) -> str | None:
 
 
 def bad_experiment_name(name: Any) -> str | None:
-    """Why `name` cannot name an experiment (its table is <results_dir>/<name>.parquet: a plain
-    file name), or None where it can."""
+    """Why `name` cannot name an experiment (its table <results_dir>/<name>.parquet needs a plain
+    file name), or None."""
     text = "" if name is None else str(name)
     if not text.strip():
         return "experiment.name is empty; give the experiment a name (its table's file name)"
@@ -141,7 +149,7 @@ def bad_experiment_name(name: Any) -> str | None:
 
 def free_form(key: str) -> bool:
     """Whether the dotted `key` lies below a node the schema leaves open (experiment.systems,
-    experiment.options): there `+key=value` adds a key the experiment does not set."""
+    experiment.options), where `+key=value` adds a key."""
     node: Any = Config
     parts = key.lstrip("+").split(".")
     for i, part in enumerate(parts):

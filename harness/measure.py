@@ -1,13 +1,11 @@
 """Cell expansion and the generic measurement of one system on one cell.
 
-A cell = one workload (the grid's axes) x one system x one point of its own sweep (params).
-Per cell: capability gates -> system.setup on the inputs of every played rank -> check against
-the reference (float32) -> timed region, compute-only and comm-only bounds -> one Row. A cell
-that fails a check records status=fail and no latency.
-Ranks fail together: every stage a rank can fail in ends in an agreement over the ranks (`stage`,
-`settle`), so every rank ends the cell with the same row naming the failed rank ("rank 2: ...")
-and the sweep goes on; a rank that never reaches the agreement is named by the supervising
-parent (harness.supervisor).
+A cell = one workload (the grid's axes) x one system x one point of its sweep (params). Per
+cell: capability gates -> setup on the inputs of every played rank -> check against the float32
+reference -> timed region, compute-only and comm-only bounds -> one Row (a failed check: status
+fail, no latency). Every stage a rank can fail in ends in an agreement over the ranks (`stage`,
+`settle`), so every rank ends the cell with the same row naming the failed rank ("rank 2: ...");
+a rank that never reaches the agreement is named by the parent (harness.supervisor).
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ from harness.workload import (
     routing_of,
 )
 
-#: why a layer row has no overlap ratio
 LAYER_RATIO_NOTE = (
     "undefined in the layer scope: compute_ms and comm_ms leave out the dispatch's counts "
     "exchange, sort and host sync, so they do not partition the timed region"
@@ -52,9 +49,8 @@ SPEC_KEYS = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "r
 
 
 def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
-    """Every parameter set one system runs per workload: its PARAMS defaults, overridden by the
-    experiment's `params`, times the product of its `sweep` lists. Unknown keys, a key both fixed
-    and swept, an empty sweep list and a value listed twice are errors naming the system."""
+    """Every parameter set one system runs per workload: PARAMS overridden by the experiment's
+    `params`, times the product of its `sweep` lists; bad input is a ValueError naming it."""
     cls = get_system(name).load()
     if isinstance(conf, DictConfig):
         conf = OmegaConf.to_container(conf, resolve=True)
@@ -112,8 +108,7 @@ def selected_systems(cfg: Any) -> dict[str, Any]:
 
 
 def experiment_options(cfg: Any, name: str, defaults: dict[str, Any]) -> dict[str, Any]:
-    """An experiment's options: defaults overridden by experiment.options; an unknown key is a
-    one-line error naming the experiment and the accepted keys."""
+    """`defaults` overridden by experiment.options (an unknown key is a ValueError)."""
     given = dict(cfg.experiment.get("options") or {})
     unknown = sorted(set(given) - set(defaults))
     if unknown:
@@ -122,13 +117,12 @@ def experiment_options(cfg: Any, name: str, defaults: dict[str, Any]) -> dict[st
 
 
 def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
-    """The cell hash: the cell (workload, system, params, seed) and what else changes its
-    numbers: the measure settings, the hardware and backend, and the number of processes. Not
-    the time-out or the table path (they change no number). queue_ahead and graph enter only
-    where they change the timing, so eager rows keep their hashes. On CUDA the hardware's name
-    is the machine found (this_machine: h200, h100x8), so a row of one GPU model or count never
-    resumes another's cell; without a GPU (a dry run) the preset's name stands in."""
-    from harness.records import this_machine
+    """The cell hash: the cell and what else changes its numbers (measure settings, hardware,
+    backend, process count; not the time-out or table path). queue_ahead and graph enter only
+    where they change the timing, so eager rows keep their hashes. On CUDA the hardware name is
+    the machine found (h200, h100x8: no row resumes another GPU model's or count's cell); without
+    a GPU (a dry run) the preset's name stands in."""
+    from harness.records import this_machine  # looked up per call: tests patch it
 
     m, hw = cfg.measure, cfg.hardware
     timing = dict(warmup=int(m.warmup), iters=int(m.iters), tol=float(m.tol), rounds=int(m.rounds))
@@ -138,23 +132,19 @@ def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
     if hw.device == "cuda" and graph != "false":
         timing["graph"] = graph
     name = this_machine() if hw.device == "cuda" and this_machine() != "cpu" else hw.name
-    run = {
-        "measure": timing,
-        "hardware": {"name": name, "device": hw.device, "backend": hw.backend},
-        "processes": process_world,
-    }
+    hardware = {"name": name, "device": hw.device, "backend": hw.backend}
+    run = {"measure": timing, "hardware": hardware, "processes": process_world}
     return cell_hash({**cell, "run": run})
 
 
 def expand_grid(cfg: Any, process_world: int) -> list[dict]:
-    """All cells: the product of the workload axes, then per workload every system once per
-    point of its sweep. FFN cells (ffn > 0) take out = hidden. The systems of one workload run in
-    a seeded random order (the same on every rank), so slow drift of the machine favours none."""
+    """All cells: per workload (the product of the grid's axes; an FFN cell takes out = hidden)
+    every system once per point of its sweep, in a seeded random order (the same on every rank),
+    so slow drift of the machine favours none."""
     g = cfg.experiment.grid
     worlds = list(g.world_size) or [process_world]
     axes = {k: list(getattr(g, k)) for k in (*SPEC_KEYS, "ffn")}
-    systems = selected_systems(cfg)
-    points = {name: system_points(name, conf) for name, conf in systems.items()}
+    points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
     cells = []
     rng = random.Random(cfg.seed)
     seen: list[dict] = []
@@ -175,20 +165,14 @@ def expand_grid(cfg: Any, process_world: int) -> list[dict]:
 def workload_cells(
     cfg: Any, process_world: int, base: dict, points: dict[str, list[dict]], rng: random.Random
 ) -> list[dict]:
-    """One workload's cells (base: its axes): every system once per point of its sweep, the
-    systems in an order drawn from rng, each cell with its hash."""
+    """One workload's cells (base: its axes), the systems in an order drawn from rng."""
     order = list(points)
     rng.shuffle(order)
     cells = []
     for system in order:
         for params in points[system]:
-            cell = {
-                "experiment": cfg.experiment.name,
-                "system": system,
-                "seed": cfg.seed,
-                **base,
-                "params": params,
-            }
+            cell = {"experiment": cfg.experiment.name, "system": system, "seed": cfg.seed}
+            cell |= {**base, "params": params}
             cell["cell_hash"] = hash_cell(cfg, process_world, cell)
             cells.append(cell)
     return cells
@@ -196,10 +180,8 @@ def workload_cells(
 
 def spec_of(cell: dict) -> WorkloadSpec:
     """The cell's workload; a hand-built cell without `ffn` is the single-GEMM operator."""
-    keys = ("world_size", "seed", *SPEC_KEYS)
-    return WorkloadSpec(
-        **{k: cell[k] for k in keys}, ffn=cell.get("ffn", 0), train=cell.get("train", False)
-    )
+    given = {k: cell[k] for k in ("world_size", "seed", *SPEC_KEYS)}
+    return WorkloadSpec(**given, ffn=cell.get("ffn", 0), train=cell.get("train", False))
 
 
 def validate_cells(cells: list[dict], sm_count: int, processes: int, device: str) -> None:
@@ -262,12 +244,12 @@ def cell_inputs(
     return _INPUTS[key]
 
 
-def agree(ctx: RunContext, value: float, op=dist.ReduceOp.MAX) -> float:
-    """value reduced over the ranks of the run (the max by default; the value itself alone)."""
+def agree(ctx: RunContext, value: float) -> float:
+    """The max of value over the ranks of the run (the value itself alone)."""
     t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
     if dist.is_initialized():
         with waiting():
-            dist.all_reduce(t, op=op, group=ctx.group)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
     return float(t.item())
 
 
@@ -306,10 +288,9 @@ def settle(ctx: RunContext, row: Row, values: list[float] | None, n: int = 0) ->
     """The agreement that ends every stage of a cell: one all-reduce (MAX) of each rank's outcome
     (ok; fail: its check failed; error: it raised), the row's worst check errors and this rank's
     `n` values (None: it has none). Where any rank failed, every row takes the status and reason
-    of the lowest rank that raised (else whose check failed): "rank r: <reason>"; returns None.
-    Else the values, each the MAX over the ranks (NaN where no rank has one). A stuck rank leaves
-    the others waiting here (marked: harness.timing.waiting) until the supervising parent ends
-    the cell naming it; the collective is bounded by hardware.timeout_s."""
+    of the lowest rank that raised (else whose check failed), "rank r: <reason>", and None is
+    returned; else the values, each the MAX over the ranks (NaN where no rank has one). A stuck
+    rank leaves the others waiting here until the parent ends the cell (hardware.timeout_s)."""
     ok = row.status == "ok"
     mine = [_encode(float(v)) for v in values] if ok and values is not None else []
     mine += [-float("inf")] * (n - len(mine))
@@ -358,12 +339,12 @@ def stage(ctx: RunContext, row: Row, name: str, fn, n: int = 0) -> list[float] |
     return settle(ctx, row, values if n else None, n)
 
 
-def _checked(ctx: RunContext, row: Row, res: Any, when: str = "") -> bool:
-    """Record this rank's check (its worst errors); on a failure set status fail with the
-    reason. True when the check passed here."""
+def _checked(row: Row, res: Any, when: str) -> bool:
+    """Record this rank's check (its worst errors, NaN as worst); a failure sets status fail.
+    True when the check passed here."""
 
     def worst(prev: float, new: float) -> float:
-        new = new if new == new else 1e30  # NaN (not measured) counts as worst
+        new = new if new == new else 1e30
         return new if prev != prev else max(prev, new)
 
     row.max_rel_err = worst(row.max_rel_err, res.max_rel_err)
@@ -376,8 +357,7 @@ def _checked(ctx: RunContext, row: Row, res: Any, when: str = "") -> bool:
 
 
 class _Prepared:
-    """A cell set up and checked, ready to be timed: its row, system, reference and the step
-    to time (the system's timed(), or the replay of its CUDA graph)."""
+    """A cell set up and checked, ready to be timed; `step`: system.timed or its graph's replay."""
 
     def __init__(self, row: Row, system: Any, ref: torch.Tensor, spec: WorkloadSpec) -> None:
         self.row, self.system, self.ref, self.spec = row, system, ref, spec
@@ -390,8 +370,8 @@ class _Prepared:
         self.queued: list[bool | None] = []
 
     def timed_ref(self) -> torch.Tensor:
-        """The reference of what the step returns: the played rank system.timed_rank's rows
-        [T, N] of the stacked reference (None: all of it; a train step returns all of it)."""
+        """The reference of what the step returns: rows [T, N] of played rank timed_rank in the
+        stacked reference (all of it for None or a train step)."""
         r, T = self.system.timed_rank, self.spec.tokens_per_rank
         if r is None or isinstance(self.ref, dict):
             return self.ref
@@ -411,7 +391,7 @@ def poison(ctx: RunContext, p: _Prepared) -> None:
 
 
 def checked_call(ctx: RunContext, p: _Prepared, call) -> Any:
-    """call() from poisoned buffers (poison); its output is remembered to poison next time."""
+    """call() from poisoned buffers; its output is remembered to poison next time."""
     poison(ctx, p)
     out = call()
     if isinstance(out, torch.Tensor):
@@ -422,25 +402,25 @@ def checked_call(ctx: RunContext, p: _Prepared, call) -> Any:
 
 
 def check_forward(ctx: RunContext, cfg: Any, p: _Prepared, when: str) -> bool:
-    """Run forward() once from poisoned buffers and check every played rank's output."""
+    """forward() once from poisoned buffers, every played rank's output checked."""
     out = checked_call(ctx, p, p.system.forward)
-    return _checked(ctx, p.row, check(out, p.ref, cfg.measure.tol), when)
+    return _checked(p.row, check(out, p.ref, cfg.measure.tol), when)
 
 
 def check_step(ctx: RunContext, cfg: Any, p: _Prepared, when: str) -> bool:
-    """Run the step to time once from poisoned buffers and check ITS output (not forward()'s)
-    and the system's device-side error words; False after a failure (recorded in the row)."""
+    """The step to time once from poisoned buffers: ITS output (not forward()'s) and the
+    system's device-side error words checked; False after a failure (recorded in the row)."""
     out = checked_call(ctx, p, p.step)
     p.system.check_errors()
     if not isinstance(out, (torch.Tensor, dict)):
         p.row.status, p.row.reason = "fail", f"{when}: the timed step returned no output tensor"
         return False
-    return _checked(ctx, p.row, check(out, p.timed_ref(), cfg.measure.tol), when)
+    return _checked(p.row, check(out, p.timed_ref(), cfg.measure.tol), when)
 
 
 def arm_step(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
-    """Choose eager or graph timing (harness/graphs.py), capture where chosen (a failed capture
-    leaves the step eager, the reason in the row), and check the step once; False on a fail."""
+    """Eager or graph timing (harness/graphs.py): capture where chosen (a failed capture leaves
+    the step eager, the reason in the row), then check the step once; False on a fail."""
     mode = graph_mode(getattr(cfg.measure, "graph", "false"))
     why = graph_choice(mode, ctx.device, p.system.capture_blocker())
     if why is None:
@@ -462,8 +442,8 @@ def set_latency(row: Row, t: Timing) -> None:
 
 
 def guarded(ctx: RunContext, row: Row, fn) -> Any:
-    """Run fn(); a failure becomes the row's `error` (a broken process group stops the run).
-    Returns fn's result, or None after a failure."""
+    """fn()'s result; a failure becomes the row's `error` and None (a broken process group
+    stops the run)."""
     try:
         return fn()
     except torch.cuda.OutOfMemoryError as exc:
@@ -506,8 +486,8 @@ def skip_reason(
 
 
 def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
-    """The untimed part of a cell: capability gates, setup, the first check. Returns the final
-    Row (skipped, fail, error) or the prepared cell to time."""
+    """The untimed part of a cell (gates, setup, first check): the final Row (skipped, fail,
+    error) or the prepared cell to time."""
     spec = spec_of(cell)
     row = base_row(cell, spec)
     info = get_system(cell["system"])
@@ -540,13 +520,8 @@ def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
 
 
 def _timing_kw(ctx: RunContext, cfg: Any, iters: int, warmup: int) -> dict:
-    return dict(
-        device=ctx.device,
-        group=ctx.group,
-        warmup=warmup,
-        iters=iters,
-        queue_ahead=bool(getattr(cfg.measure, "queue_ahead", False)),
-    )
+    ahead = bool(getattr(cfg.measure, "queue_ahead", False))
+    return dict(device=ctx.device, group=ctx.group, warmup=warmup, iters=iters, queue_ahead=ahead)
 
 
 def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: int) -> bool:
@@ -564,8 +539,8 @@ def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: i
 
 
 def _timing_note(kw: dict, p: _Prepared) -> dict:
-    """extra's `timing`: "graph", "queued" or "eager" (harness.timing), and how often a queued
-    run's host did not finish enqueueing before the device started."""
+    """extra's `timing` ("graph", "queued" or "eager": harness.timing), and how often a queued
+    run's host was not done enqueueing when the device started."""
     if kw["device"].type != "cuda":
         return {}
     if p.row.graph:
@@ -580,8 +555,7 @@ def _timing_note(kw: dict, p: _Prepared) -> dict:
 
 
 def _time_alone(ctx: RunContext, p: _Prepared, kw: dict, name: str, fn, put) -> bool:
-    """Stage `name`: fn() timed from poisoned buffers, as the checked calls run, and put(its
-    median, ms); False on a failure."""
+    """Stage `name`: put(median ms of fn() timed from poisoned buffers); False on a failure."""
 
     def timed_alone() -> None:
         poison(ctx, p)
@@ -591,8 +565,8 @@ def _time_alone(ctx: RunContext, p: _Prepared, kw: dict, name: str, fn, put) -> 
 
 
 def _bounds(ctx: RunContext, p: _Prepared, kw: dict) -> bool:
-    """The compute-only and comm-only bounds (each a stage of its own), the overlap ratio or why
-    it has none, then the system's extra bounds; False on a failure."""
+    """The compute-only and comm-only bounds (a stage each), the overlap ratio or why it has
+    none, then the system's extra bounds; False on a failure."""
     row, system, spec = p.row, p.system, p.spec
     if system.has_bounds():
         for what, fn in (("compute", system.compute_only), ("comm", system.comm_only)):
@@ -626,46 +600,39 @@ def _serialized(ctx: RunContext, cfg: Any, p: _Prepared, kw: dict) -> bool:
     def check_serialized() -> None:
         got.append(capture(fn, ctx.device).replay if row.graph else fn)
         out = checked_call(ctx, p, got[0])
-        _checked(ctx, row, check(out, p.timed_ref(), cfg.measure.tol), "serialized")
+        _checked(row, check(out, p.timed_ref(), cfg.measure.tol), "serialized")
 
     if stage(ctx, row, "serialized check", check_serialized) is None:
         return False
     return _time_alone(ctx, p, kw, "serialized", got[0], partial(setattr, row, "serialized_ms"))
 
 
-def _checks_after(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
-    """forward()'s output and the timed step's own, checked again after timing (no reused
-    buffer overwritten, no wait timed out); False after a failure."""
-    after, step = "after timing", "after timing (step)"
-    return (
-        stage(ctx, p.row, after, lambda: check_forward(ctx, cfg, p, after)) is not None
-        and stage(ctx, p.row, step, lambda: check_step(ctx, cfg, p, step)) is not None
-    )
-
-
 def finish_cell(ctx: RunContext, cfg: Any, p: _Prepared) -> Row:
-    """The latency from the samples, the bounds, the check after timing, extra and metrics;
-    each timed part and each check a stage of its own (agreed over the ranks)."""
+    """The latency from the samples (agreed over the ranks: the same everywhere), the bounds,
+    the checks after timing (forward()'s and the step's: no reused buffer overwritten, no wait
+    timed out), extra and metrics; each timed part and each check a stage of its own."""
     row, system = p.row, p.system
     if row.status != "ok":
         return row
     kw = _timing_kw(ctx, cfg, cfg.measure.iters, cfg.measure.warmup)
-    # of the samples agreed over the ranks: the same everywhere
     guarded(ctx, row, lambda: set_latency(row, summarize(p.samples)))
     if row.status != "ok":
         return row
-    if not (_bounds(ctx, p, kw) and _serialized(ctx, cfg, p, kw) and _checks_after(ctx, cfg, p)):
+    after, step = "after timing", "after timing (step)"
+    if not (
+        _bounds(ctx, p, kw)
+        and _serialized(ctx, cfg, p, kw)
+        and stage(ctx, row, after, lambda: check_forward(ctx, cfg, p, after)) is not None
+        and stage(ctx, row, step, lambda: check_step(ctx, cfg, p, step)) is not None
+    ):
         if row.status == "fail":  # a failed check after timing: no latency
-            row.latency_ms = row.latency_p10_ms = row.latency_p90_ms = float("nan")
-            row.latency_ci_lo_ms = row.latency_ci_hi_ms = float("nan")
+            set_latency(row, Timing(float("nan"), float("nan"), float("nan"), 0))
         return row
     counted = None
     if ctx.device.type == "cuda":  # the host synchronisations of one timed call (most on a rank)
-
-        def syncs() -> list[float]:
-            return [float(count_host_syncs(p.step, ctx.device))]
-
-        counted = stage(ctx, row, "host syncs", syncs, n=1)
+        counted = stage(
+            ctx, row, "host syncs", lambda: [float(count_host_syncs(p.step, ctx.device))], n=1
+        )
         if counted is None:
             return row
 
@@ -693,10 +660,9 @@ def measure_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row:
 
 
 def measure_workload(ctx: RunContext, cfg: Any, cells: list[dict]) -> list[Row]:
-    """The systems of one workload timed in interleaved rounds (measure.rounds = r): every
-    system is set up and checked, then r times each system in turn runs iters / r timed
-    iterations (its warm-up before the first round, one iteration before the others), so slow
-    drift of the machine spreads over all systems. One row per cell, in the cells' order."""
+    """One row per cell of a workload, its systems timed in interleaved rounds (measure.rounds =
+    r): all set up and checked, then r times each in turn runs iters / r timed iterations (its
+    warm-up before round 1, one iteration before the others): slow drift spreads over all."""
     rounds = int(cfg.measure.rounds)
     per = max(1, -(-int(cfg.measure.iters) // rounds))
     done = [prepare_cell(ctx, cfg, c) for c in cells]

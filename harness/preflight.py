@@ -1,7 +1,6 @@
 """Everything decided before a rank starts: the world size, every setting and cell validated,
-the table checked, the cells to run (the Plan), the start message and the dry run.
-
-Bad input raises HarnessUserError with one line (harness.run prints `error: ...`, exit 2).
+the table checked, the cells to run (the Plan), the start message and the dry run. Bad input
+raises a one-line HarnessUserError (harness.run prints `error: ...`, exit 2).
 """
 
 from __future__ import annotations
@@ -15,20 +14,11 @@ from typing import Any
 
 import torch
 
-from harness.config import (
-    Config,
-    ExperimentConf,
-    GridConf,
-    HardwareConf,
-    MeasureConf,
-    bad_experiment_name,
-    nearest_key,
-)
+from harness.config import GridConf, bad_experiment_name, nearest_key, typed_nodes
 from harness.errors import HarnessUserError
 from harness.records import KEEP_STATUSES, KEEP_STATUSES_REDO_FAILED, ResultsTable
 from harness.workload import DTYPES
 
-#: most cells a dry run lists
 DRY_RUN_ROWS = 20
 #: at most this many gloo processes per CPU core
 MAX_RANKS_PER_CORE = 8
@@ -66,20 +56,10 @@ def resolve_world(cfg: Any) -> int:
     return hw.world_size
 
 
-#: the typed config nodes whose keys are fixed (Hydra's `+` can still add a key to them)
-TYPED_NODES = (
-    ("", Config),
-    ("experiment", ExperimentConf),
-    ("experiment.grid", GridConf),
-    ("hardware", HardwareConf),
-    ("measure", MeasureConf),
-)
-
-
 def unknown_keys(cfg: Any) -> None:
-    """A key the schema does not have is an error, also when Hydra's `+` added it (a typo such
-    as `+experiment.params.x=1` would otherwise be ignored)."""
-    for path, schema in TYPED_NODES:
+    """A key the schema does not have is an error, also one Hydra's `+` added (a typo such as
+    `+experiment.params.x=1` would be ignored)."""
+    for path, schema in typed_nodes():
         node = cfg
         for part in filter(None, path.split(".")):
             node = node[part]
@@ -101,25 +81,23 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
     bad_name = bad_experiment_name(cfg.experiment.name)
     if bad_name:
         raise HarnessUserError(bad_name)
-    m = cfg.measure
-    if m.iters < 1:
-        raise HarnessUserError(f"measure.iters must be >= 1, got {m.iters}")
-    if m.warmup < 0:
-        raise HarnessUserError(f"measure.warmup must be >= 0, got {m.warmup}")
-    if not 1 <= m.rounds <= m.iters:
-        raise HarnessUserError(f"measure.rounds must be in [1, measure.iters], got {m.rounds}")
-    if not (0 < m.tol < float("inf")):
-        raise HarnessUserError(f"measure.tol must be a number > 0, got {m.tol}")
-    hw = cfg.hardware
-    if (hw.device, hw.backend) not in (("cpu", "gloo"), ("cuda", "nccl"), ("cuda", "gloo")):
-        raise HarnessUserError(
+    m, hw = cfg.measure, cfg.hardware
+    inf = float("inf")
+    for ok, why in (  # in this order: the first one broken is the error
+        (m.iters >= 1, f"measure.iters must be >= 1, got {m.iters}"),
+        (m.warmup >= 0, f"measure.warmup must be >= 0, got {m.warmup}"),
+        (1 <= m.rounds <= m.iters, f"measure.rounds must be in [1, measure.iters], got {m.rounds}"),
+        (0 < m.tol < inf, f"measure.tol must be a number > 0, got {m.tol}"),
+        (
+            (hw.device, hw.backend) in (("cpu", "gloo"), ("cuda", "nccl"), ("cuda", "gloo")),
             f"hardware.device={hw.device} with hardware.backend={hw.backend} is not supported; "
-            "use cpu with gloo, or cuda with nccl"
-        )
-    if not (0 < hw.timeout_s < float("inf")):
-        raise HarnessUserError(f"hardware.timeout_s must be > 0 seconds, got {hw.timeout_s}")
-    if hw.restarts < 0:
-        raise HarnessUserError(f"hardware.restarts must be >= 0, got {hw.restarts}")
+            "use cpu with gloo, or cuda with nccl",
+        ),
+        (0 < hw.timeout_s < inf, f"hardware.timeout_s must be > 0 seconds, got {hw.timeout_s}"),
+        (hw.restarts >= 0, f"hardware.restarts must be >= 0, got {hw.restarts}"),
+    ):
+        if not ok:
+            raise HarnessUserError(why)
     for axis in NONEMPTY_AXES:
         if len(cfg.experiment.grid[axis]) == 0:
             raise HarnessUserError(f"experiment.grid.{axis} is empty; give it at least one value")
@@ -142,8 +120,7 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
 
 def unread_settings(cfg: Any, exp: Any) -> None:
     """A setting the experiment module would ignore is an error: a grid axis not in its
-    `GRID_AXES` (if it has one) set away from the default, or `experiment.options` for a module
-    without `options`."""
+    GRID_AXES (if it has one) set away from the default, or experiment.options without `options`."""
     name = cfg.experiment.name
     read = getattr(exp, "GRID_AXES", None)
     if read is not None:
@@ -166,8 +143,8 @@ def unread_settings(cfg: Any, exp: Any) -> None:
 
 
 def memory_bytes(cfg: Any) -> int | None:
-    """The memory one rank's tensors live in: the first GPU's on cuda (None when no GPU is here),
-    else the host's physical memory."""
+    """The memory one rank's tensors live in: the first GPU's on cuda (None without a GPU), else
+    the host's."""
     if cfg.hardware.device == "cuda":
         if not torch.cuda.is_available():
             return None
@@ -176,12 +153,10 @@ def memory_bytes(cfg: Any) -> int | None:
 
 
 def rank_floor_bytes(cell: dict) -> int:
-    """A lower bound on one rank's bytes for a workload cell: its tokens x [T, K], its experts'
-    weights (E x K x N; an FFN cell E x 2 x H x F), its expert rows out [T * k, N] (the busiest
-    rank receives at least the mean) and the combined output [T, N]; an FFN cell whose system
-    dispatches on the device (params dispatch auto or device) also its worst-case receive
-    buffer [W * T * k, K] (harness/dispatch_device.py). 0 for a cell that is not a workload
-    (another experiment's own kind of cell)."""
+    """A lower bound on one rank's bytes for a workload cell (0 for another kind of cell): tokens
+    x [T, K], experts' weights (E x K x N; FFN: E x 2 x H x F), expert rows out [T * k, N] (the
+    busiest rank receives at least the mean), output [T, N]; an FFN cell dispatched on the
+    device (params dispatch auto or device) also its worst-case receive buffer [W * T * k, K]."""
     keys = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "dtype")
     if not all(k in cell for k in keys) or cell["dtype"] not in DTYPES:
         return 0
@@ -195,11 +170,10 @@ def rank_floor_bytes(cell: dict) -> int:
 
 
 def check_memory(cfg: Any, cells: list[dict], world: int, one_rank: bool = False) -> None:
-    """A cell whose tensors cannot fit is a one-line error before any process starts (it would
-    fail in every rank with nothing to record). Cells that `world` processes skip
-    (harness.measure.played_ranks) are not checked. The ranks that share one memory: every rank
-    on a CPU host; one per GPU, or all W where one process plays them; one where the experiment
-    computes one rank's problem (`one_rank`, its ONE_RANK)."""
+    """A cell whose tensors cannot fit is an error before any process starts (else it fails in
+    every rank with nothing to record); cells that `world` processes skip are not checked. The
+    ranks sharing one memory: all on a CPU host; one per GPU, or all W where one process plays
+    them; one where the experiment computes one rank's problem (`one_rank`: its ONE_RANK)."""
     have = memory_bytes(cfg)
     if have is None:
         return
@@ -243,8 +217,7 @@ class Plan:
 def preflight(
     cfg: Any, world: int, workload: str | None = None, *, table: bool = True, writable: bool = True
 ) -> Plan:
-    """Build and validate every cell, and read the table, before any rank starts; bad input is a
-    HarnessUserError."""
+    """Build and validate every cell and read the table, before any rank starts."""
     try:
         validate_settings(cfg, workload)
         exp = load_experiment(cfg)
@@ -319,8 +292,7 @@ def describe(cell: dict | None) -> str:
 
 
 def dry_run(cfg: Any, workload: str | None = None) -> None:
-    """Print a short table of the cells, marking those already in the table; needs no GPU and
-    starts no rank."""
+    """Print a short table of the cells, marking those already in the table (no GPU, no rank)."""
     hw = cfg.hardware
     n_gpu = torch.cuda.device_count() if hw.device == "cuda" else 0
     world = hw.world_size or n_gpu or 1
@@ -348,6 +320,5 @@ def dry_run(cfg: Any, workload: str | None = None) -> None:
     )
     print(
         f"[harness] dry run of {cfg.experiment.name}: {len(plan.cells)} cells on {world} "
-        f"rank(s){assumed}; "
-        f"{len(keep)} already in {plan.table.path}, {len(plan.todo)} to run"
+        f"rank(s){assumed}; {len(keep)} already in {plan.table.path}, {len(plan.todo)} to run"
     )

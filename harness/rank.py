@@ -1,6 +1,5 @@
 """The rank side of a run: process-group set-up, the walk over the cells (rank 0 writes each
-cell's rows), and the Reporter that tells the supervising parent which cell runs (heartbeats).
-"""
+cell's rows) and the Reporter that tells the parent which cell runs (heartbeats)."""
 
 from __future__ import annotations
 
@@ -39,9 +38,9 @@ PR_SET_PDEATHSIG = 1
 
 
 def end_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel SIGKILL this rank the moment its parent ends (PR_SET_PDEATHSIG),
-    also a rank stopped or blocked in a collective, so a parent killed with SIGKILL leaves no
-    rank that holds a GPU or writes a row (the Reporter's heartbeat notices it too, later)."""
+    """Linux: the kernel SIGKILLs this rank the moment its parent ends (PR_SET_PDEATHSIG), also
+    one stopped or blocked in a collective, so a parent killed with SIGKILL leaves no rank that
+    holds a GPU or writes a row (the Reporter's heartbeat notices it too, later)."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -52,11 +51,11 @@ def end_with_parent(parent_pid: int) -> None:
 
 
 class Reporter:
-    """A rank's reports to the supervising parent through its own pipe (one writer per pipe, so
-    a rank killed mid-write cannot block another's reports). With a parent, a heartbeat every
-    `beat_s`: ("beat",) or, inside a cell, ("beat", *harness.timing.STATE.report()); when the
-    parent is gone (the pipe broke, or `parent_pid` is no longer the parent) the rank ends at
-    once, writing nothing. Without a parent (torchrun) it only draws rank 0's progress bar."""
+    """A rank's reports to the parent through its own pipe (one writer per pipe: a rank killed
+    mid-write cannot block another's). With a parent, a heartbeat every `beat_s`, ("beat",) or
+    in a cell ("beat", *STATE.report()); once the parent is gone (the pipe broke, or
+    `parent_pid` is no longer the parent) the rank ends at once, writing nothing. Without a
+    parent (torchrun) it only draws rank 0's progress bar."""
 
     def __init__(
         self, conn: Connection | None, beat_s: float, bar: Any = None, parent_pid: int | None = None
@@ -76,7 +75,7 @@ class Reporter:
                 self.conn.send(msg)
 
     def check_parent(self) -> None:
-        """End this process now if its supervising parent is gone (a no-op without one)."""
+        """End this process now if its parent is gone (a no-op without one)."""
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             os._exit(1)
 
@@ -115,8 +114,8 @@ class Reporter:
 
 def _init_group(cfg: Any, rank: int, world: int, device: torch.device, rendezvous) -> None:
     """The process group, its collectives bounded by hardware.timeout_s. With a rendezvous
-    (host, port) every rank first waits on a TCP store until all have started (bounded by
-    STARTUP_S): one rank's slow imports do not count against the collectives' time-out."""
+    (host, port) every rank first waits on a TCP store until all have started (STARTUP_S), so
+    one rank's slow imports do not count against the collectives' time-out."""
     timeout = timedelta(seconds=float(cfg.hardware.timeout_s))
     kw: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
     if rendezvous is None:  # torchrun / Slurm: env://
@@ -168,8 +167,7 @@ def worker(
 
 
 def _stamp(rows: list[Row], cfg: Any, ctx: RunContext) -> list[Row]:
-    """Every row says how it was run; `tol` is measure.tol unless the experiment recorded the
-    tolerance that gated the row itself."""
+    """Every row says how it was run; `tol` is measure.tol unless the experiment set it."""
     for r in rows:
         r.hardware, r.backend = cfg.hardware.name, ctx.backend
         r.warmup, r.iters = cfg.measure.warmup, cfg.measure.iters
@@ -179,8 +177,7 @@ def _stamp(rows: list[Row], cfg: Any, ctx: RunContext) -> list[Row]:
 
 
 def _batches(todo: list[dict], grouped: bool) -> list[list[int]]:
-    """Indexes of the cells run together: one per cell, or (grouped) the consecutive cells of
-    one workload."""
+    """Indexes of the cells run together: each alone, or (grouped) a workload's consecutive ones."""
     from harness.measure import workload_key
 
     out: list[list[int]] = []

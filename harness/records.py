@@ -1,12 +1,11 @@
 """Result rows and the parquet table they go to (append per cell, resume by cell hash).
 
-Writers serialise on a lock file next to the table (`<table>.lock`): each append reads the
-table, adds its rows and replaces the file atomically through a uniquely named temporary file,
-so two runs on one table lose no row and a reader never sees half a file. A table the harness
-cannot read is never overwritten. A table path that is a symbolic link acts on its target (the
-link stays a link). Every table carries a SHA-256 of its columns in the parquet metadata
-(CHECKSUM_KEY) and CRC32 checksums of its data pages: a bit flip is a damaged table, never a
-quiet change of a number.
+Writers serialise on `<table>.lock`: each append reads the table, adds its rows and replaces
+the file atomically through a uniquely named temporary file, so two runs on one table lose no
+row and a reader never sees half a file. A table the harness cannot read is never overwritten; a
+table path that is a symbolic link acts on its target. Every table carries a SHA-256 of its
+columns (CHECKSUM_KEY) and CRC32s of its data pages: a bit flip is a damaged table, never a quiet
+change of a number.
 """
 
 from __future__ import annotations
@@ -136,8 +135,8 @@ def _as_text(v: Any) -> Any:
 
 
 def mixed_params_as_text(df: pd.DataFrame) -> pd.DataFrame:
-    """A p_<key> column that mixes text with numbers (ccta=16 in one cell, "auto" in another)
-    as text throughout ("16", "auto"): a parquet column holds one type."""
+    """A p_<key> column that mixes text with numbers (ccta=16, "auto") as text throughout ("16",
+    "auto"): a parquet column holds one type."""
     for c in df.columns:
         if not c.startswith("p_") or not pd.api.types.is_object_dtype(df[c]):
             continue
@@ -157,8 +156,7 @@ def row_dict(row: Row) -> dict:
 
 
 def cell_hash(cell: dict) -> str:
-    """Stable hash of a cell's defining values: the workload, the system and all its params
-    (nested dicts included), never provenance."""
+    """Stable hash of a cell's defining values (nested dicts included), never provenance."""
     blob = json.dumps(cell, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
@@ -240,8 +238,8 @@ def provenance() -> dict:
 
 
 def cell_row(cell: dict, row_type: type[Row] = Row, **fields: Any) -> Row:
-    """A row of `cell` (its experiment, system, hash, W and params) with this process's
-    command, time and provenance, and `fields` for the rest."""
+    """A row of `cell` (experiment, system, hash, W, params) with this process's command, time
+    and provenance; `fields` for the rest."""
     return row_type(
         **{"world_size": cell.get("world_size", 1), **fields},
         experiment=cell["experiment"],
@@ -259,7 +257,6 @@ KEY_COLUMNS = ("experiment", "system", "cell_hash", "status")
 #: a plain re-run keeps these rows (and measures `error` cells again); redo_failed keeps fewer
 KEEP_STATUSES = ("ok", "fail", "skipped")
 KEEP_STATUSES_REDO_FAILED = ("ok", "skipped")
-#: seconds a writer waits for another writer's lock before giving up
 LOCK_TIMEOUT_S = 300.0
 
 
@@ -272,9 +269,8 @@ CHECKSUM_KEY = b"harness.sha256"
 
 
 def table_checksum(table: pa.Table) -> str:
-    """SHA-256 of what a reader gets from `table`: the pandas metadata and every column's name
-    and values in order (not their encoding, chunks or statistics), so it survives a parquet
-    round trip and changes with any value."""
+    """SHA-256 of what a reader gets: the pandas metadata and every column's name and values (not
+    their encoding, chunks or statistics), so it survives a parquet round trip."""
     h = hashlib.sha256((table.schema.metadata or {}).get(b"pandas", b""))
     for name, column in zip(table.column_names, table.columns):
         h.update(json.dumps([name, column.to_pylist()], default=repr).encode())
@@ -346,8 +342,8 @@ def resolve_table_path(path: str | Path) -> Path:
     return path.resolve()
 
 
-#: per Row field type: the arrow type this harness writes, and the arrow types a core column of
-#: that field may hold (an int column may read back as float; any column may be all null)
+#: Row field type -> the arrow type written, and the arrow types its core column may hold (an int
+#: column may read back as float; any column may be all null)
 _KINDS = {
     "str": ("string", (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)),
     "int": ("int64", (pa.types.is_integer, pa.types.is_floating)),
@@ -374,9 +370,8 @@ class ResultsTable:
         return FileLock(str(self.target) + ".lock", timeout=LOCK_TIMEOUT_S)
 
     def check_schema(self) -> None:
-        """A HarnessUserError if this harness's rows cannot be added to the table: a core column
-        of another type (the write would fail after the cell was measured), naming the column
-        and both types. Nothing where there is no table, or one read_table refuses."""
+        """A HarnessUserError where a core column has another type (the write would fail after
+        the cell was measured). Nothing where there is no table, or one read_table refuses."""
         if not self.target.is_file():
             return
         try:
@@ -465,9 +460,8 @@ class ResultsTable:
             ) from exc
 
     def _replace(self, df: pd.DataFrame) -> None:
-        """Write df to a uniquely named temporary file next to the target, then rename it over
-        the target (atomic). Called with the lock held: an older temporary file is a killed
-        writer's."""
+        """Write df to a unique temporary file next to the target, renamed over it (atomic). With
+        the lock held: an older temporary file is a killed writer's."""
         folder, name = self.target.parent, self.target.name
         for stale in folder.glob(f".{name}.*.tmp"):
             stale.unlink(missing_ok=True)

@@ -1,14 +1,12 @@
 """Entry point: `python -m harness.run experiment=<name> [overrides]`.
 
-Before any process starts, harness/preflight.py validates everything and decides which cells
-to run (those not in the table yet, and those that ended in `error`); bad input prints one line
-`error: ...` and exits 2. On one node the parent spawns W ranks (harness/rank.py) and supervises
-them (harness/supervisor.py): a rank that dies, fails or makes no progress for
-`hardware.timeout_s` ends the run within that bound, naming the rank and the cell. Rank 0 writes
-each cell's rows as soon as every rank finished it; the cell in flight runs again on the next
-re-run. With `hardware.restarts=n` the parent instead records that cell as `error` and starts
-fresh ranks for the rest, up to n times. Under torchrun (RANK / WORLD_SIZE set) the ranks run
-without the supervisor. SIGTERM or SIGINT ends the run with one line saying what it wrote.
+harness/preflight.py validates everything and picks the cells to run (not in the table yet, or
+ended in `error`) before any process starts. On one node the parent spawns W ranks
+(harness/rank.py) and supervises them (harness/supervisor.py): a rank that dies, fails or stalls
+for `hardware.timeout_s` ends the run, naming the rank and the cell. Rank 0 writes each cell's
+rows once every rank finished it; the cell in flight runs again on a re-run, or with
+`hardware.restarts=n` is recorded as `error` while fresh ranks run the rest (up to n times).
+Under torchrun (RANK / WORLD_SIZE set) the ranks run without the supervisor.
 
 Exit codes: 0 done; 1 the run stopped or some cell ended in `error`; 2 bad input; 143 / 130
 stopped by SIGTERM / SIGINT.
@@ -37,11 +35,10 @@ from harness.slurm import export_torch_env
 if TYPE_CHECKING:
     from harness.preflight import Plan
 
-# torch and everything that needs it are imported once the task starts (inside the functions
-# below): a command line Hydra cannot compose is answered without the 2-3 s import of torch
+# torch is imported once the task starts (inside the functions): a command line Hydra cannot
+# compose is answered without the 2-3 s import of torch
 register_configs()
 
-#: most summary rows printed (the rest are in the table)
 SUMMARY_ROWS = 15
 
 __all__ = ["launch", "main", "summary"]
@@ -56,7 +53,7 @@ def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
 
 def summary(rows: list[dict], path: Path) -> list[str]:
     """At most about 20 lines: up to SUMMARY_ROWS rows (errors and fails first), the first
-    reasons (of fail and error cells, then of skipped ones), counts and where the table is."""
+    reasons (fail and error, then skipped), counts and where the table is."""
     if not rows:
         return [f"[harness] nothing new; table at {path}"]
     import pandas as pd
@@ -169,8 +166,8 @@ def launch(cfg: DictConfig, workload: str | None = None) -> int:
 
 
 def interrupted_line(signum: int, plan: Plan, written: set[str], since: float) -> str:
-    """The one line of a run stopped by a signal: how many rows it wrote (its cells' rows from
-    `since` on, and those of `written`) and where, and that a re-run resumes."""
+    """The line of a run stopped by a signal: the rows it wrote (its cells' rows from `since`
+    on, and those of `written`), where, and that a re-run resumes."""
     from harness.errors import HarnessUserError
 
     name = signal.Signals(signum).name
@@ -190,8 +187,7 @@ def interrupted_line(signum: int, plan: Plan, written: set[str], since: float) -
 
 
 def record_crash(cfg: Any, cell: dict, reason: str) -> None:
-    """Write an `error` row for a cell during which a rank died or stalled (a plain re-run
-    measures it again)."""
+    """An `error` row for a cell in which a rank died or stalled (a re-run measures it again)."""
     from dataclasses import fields
 
     from harness.preflight import table_path
@@ -243,8 +239,8 @@ _TASK_STARTED = False
 
 
 class Interrupted(BaseException):
-    """SIGTERM or SIGINT of the parent: it unwinds the run (the supervisor kills the ranks on the
-    way) to one line saying what was written."""
+    """SIGTERM or SIGINT of the parent: unwinds the run (the supervisor kills the ranks) to one
+    line saying what was written."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -287,8 +283,8 @@ def main(cfg: DictConfig) -> None:
 
 
 class _HeldStderr(io.TextIOBase):
-    """stderr until the task starts: Hydra's composition errors are held back (so _main can say
-    them in one line), then everything passes straight through."""
+    """stderr holding back Hydra's composition errors until the task starts (_main says them in
+    one line); then everything passes through."""
 
     def __init__(self, real: Any) -> None:
         self.real, self.held = real, []
@@ -312,9 +308,8 @@ class _HeldStderr(io.TextIOBase):
 
 
 def check_overrides(overrides: list[str]) -> None:
-    """Overrides Hydra takes without a word but that do not do what they say: a mapping such as
-    `experiment.systems={}` is merged into the experiment's own, so it would leave every system
-    as it is instead of emptying the set."""
+    """Overrides Hydra takes that do not do what they say: `experiment.systems={}` is merged
+    into the experiment's own, leaving every system instead of emptying the set."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from harness.errors import HarnessUserError
@@ -333,9 +328,9 @@ HYDRA_HINTS = ("To append to your config", "Set the environment variable", "Avai
 
 
 def hydra_error_line(text: str) -> str:
-    """One line from Hydra's error message before the task starts: its statements joined, the
-    choices of a missing group, the key nearest a misspelt one; its hints, search path and
-    indented details dropped; of a trace, its exception line (_trace_line)."""
+    """One line from Hydra's error message: its statements joined, a missing group's choices,
+    the key nearest a misspelt one (hints, search path and indented details dropped); of a
+    trace, its exception line (_trace_line)."""
     lines = [x.rstrip() for x in text.splitlines() if x.strip()]
     if any(x.startswith("Traceback") for x in lines):
         return _trace_line([x for x in lines if not x.startswith(HYDRA_HINTS)])
@@ -361,8 +356,8 @@ def hydra_error_line(text: str) -> str:
 
 
 def _trace_line(lines: list[str]) -> str:
-    """The exception line of a trace (its last unindented line); for an OSError (Hydra's run
-    folder cannot be made or written), what Hydra was doing and the way out."""
+    """A trace's exception line (its last unindented line); for an OSError (Hydra's run folder
+    cannot be made or written), what Hydra was doing and the way out."""
     line = next((x.strip() for x in reversed(lines) if not x[0].isspace()), "")
     name = line.split(":", 1)[0]
     kind = getattr(builtins, name, None)
@@ -376,8 +371,8 @@ def _trace_line(lines: list[str]) -> str:
 
 
 def _main() -> None:
-    """Hydra's own composition errors (an unknown key, a missing group) exit 1 before our task
-    starts; they are bad input too: one line `error: ...`, exit 2."""
+    """Hydra's composition errors (an unknown key, a missing group) exit 1 before the task starts;
+    as bad input they become one line `error: ...`, exit 2."""
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         held = None
     else:

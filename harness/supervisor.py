@@ -1,9 +1,8 @@
 """The parent side of a run on one node: spawn W ranks, watch their reports and heartbeats, and
-end the whole run within `hardware.timeout_s` when a rank dies, fails or stalls, naming the rank
-and the cell. Ranks end a failed cell together themselves (harness.measure.stage); the parent
-steps in for a cell over its time-out: the heartbeats say in which stage each rank is, whether
-it waits in a collective of the harness, and a failure not agreed on yet, so the parent names
-the rank that failed or the one that is stuck (its peers waited for it).
+end the run within `hardware.timeout_s` when a rank dies, fails or stalls, naming the rank and
+the cell. Ranks end a failed cell together themselves (harness.measure.stage); for a cell over
+its time-out the heartbeats (each rank's stage, whether it waits in a collective of the harness,
+a failure not agreed on yet) let the parent name the rank that failed or is stuck.
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ def _proc_state(pid: int) -> str:
 
 
 def _take(rank: _Rank, msg: tuple, bar: Any) -> None:
-    """One report of a rank: a heartbeat, a cell started, a cell's rows written, done, failed."""
+    """One report: a heartbeat, a cell started, a cell's rows written, done, failed."""
     t = time.monotonic()
     rank.beat = t
     if msg[0] == "beat":
@@ -90,8 +89,8 @@ def _take(rank: _Rank, msg: tuple, bar: Any) -> None:
 
 
 def drain(rank: _Rank, bar: Any) -> None:
-    """Take every report waiting in the rank's pipe, without blocking; at its end (the rank
-    exited and every report was read) the pipe is closed (rank.conn = None)."""
+    """Take every report waiting in the rank's pipe without blocking; rank.conn = None at its
+    end (the rank exited and every report was read)."""
     while rank.conn is not None:
         try:
             if not rank.conn.poll(0):
@@ -105,7 +104,7 @@ def drain(rank: _Rank, bar: Any) -> None:
 
 def supervise(ranks: list[_Rank], todo: list[dict], cfg: Any, bar: Any) -> str | None:
     """Watch the ranks until all are done (None) or the run must stop (the reason, one line).
-    Every report a rank sent is read before its exit code is judged (a parent that lagged finds
+    A rank's reports are all read before its exit code is judged (a lagging parent still finds
     the rows of a rank that finished and exited meanwhile)."""
     timeout = float(cfg.hardware.timeout_s)
     now = time.monotonic()
@@ -208,9 +207,9 @@ def _diagnose(
 
 @contextmanager
 def _ctrl_c_ignored():
-    """SIGINT ignored while a rank is spawned: the rank inherits the ignored signal, so a
-    terminal's Ctrl-C, sent to the whole process group, leaves the ranks to the parent, which
-    ends them and says what was written, instead of every rank printing a trace."""
+    """SIGINT ignored while a rank is spawned: the rank inherits it, so a terminal's Ctrl-C (sent
+    to the whole process group) leaves the ranks to the parent, which ends them and says what
+    was written, instead of every rank printing a trace."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -230,11 +229,10 @@ def progress_bar(cfg: Any, total: int):
 
 
 def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
-    """Spawn one process per rank and supervise them: the reason the run stopped (None when it
-    did not), the indexes of the cells whose rows rank 0 wrote, and the index of the unwritten
-    cell in flight when it stopped (or None). A rank ends as soon as this process does
-    (harness.rank.end_with_parent: on Linux when the calling thread ends, so call it from a
-    thread that lives as long as the run)."""
+    """Spawn one process per rank and supervise them: the reason the run stopped (or None), the
+    indexes of the cells whose rows rank 0 wrote, and the unwritten cell in flight (or None). A
+    rank ends as soon as this process does (harness.rank.end_with_parent: on Linux when the
+    calling thread ends, so call it from a thread that lives as long as the run)."""
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     ctx = mp.get_context("spawn")
     with socket.socket() as s:  # a free port for the rendezvous

@@ -1,10 +1,8 @@
-"""The system protocol, the step a system declares, and the registry mechanics.
+"""The system protocol, the Step a system builds per cell, and the registry.
 
-A system is set up once per cell on the ranks this process plays (one, unless it simulates
-ranks): `setup(ranks)` stores the `Step` its `build` returns and every later call goes to that
-step, so no system branches on scope after setup. The catalogue of systems lives in
-systems/__init__.py: its entries name their class by import path ("module:Class"), so reading
-the registry imports no GPU code.
+`System.setup(ranks)` stores the Step its `build` returns and every later call goes to that step,
+so no system branches on scope after setup. The catalogue (systems/__init__.py) names classes by
+import path ("module:Class"), so reading the registry imports no GPU code.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from harness.workload import WorkloadSpec
 
 
 def int_param(system: str, name: str, value: Any, least: int | None = None) -> int:
-    """A system parameter that must be an integer (not a bool, a fraction or a string), at
-    least `least`; anything else is a one-line ValueError naming it."""
+    """`value` as an integer (not a bool) of at least `least`, else a ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{system}: {name} must be an integer, got {value!r}")
     if least is not None and value < least:
@@ -32,8 +29,7 @@ def int_param(system: str, name: str, value: Any, least: int | None = None) -> i
 
 
 def list_param(owner: str, name: str, value: Any, nonempty: bool = False) -> list:
-    """A setting that must be a list (not a scalar or a string), non-empty if asked; anything
-    else is a one-line ValueError naming it."""
+    """`value` as a list (not a scalar or a string), non-empty if asked, else a ValueError."""
     scalar = isinstance(value, (str, bytes)) or not hasattr(value, "__iter__")
     if scalar or (nonempty and not len(value)):
         kind = "non-empty list" if nonempty else "list"
@@ -85,14 +81,13 @@ class CellInputs:
 
 class Step:
     """One set-up cell's step: what the harness checks, times and bounds. Subclasses override
-    timed() and whatever else they have; the defaults declare "not there"."""
+    timed() and what else they have; the defaults declare "not there"."""
 
     #: whose output timed() returns: an index into setup's `ranks` (None: all, stacked)
     timed_rank: int | None = 0
-    #: the method's own kernels one after the other, as one call returning what timed() returns
-    #: (overlap: producer to the end, then consumer, then the scale), or None; checked, then
-    #: timed as timed() is: serial / serialized is the kernel gain, serialized / timed the
-    #: overlap gain
+    #: the method's own kernels one after the other, one call returning what timed() returns
+    #: (overlap: producer to the end, then consumer, then the scale), or None; checked and timed
+    #: as timed() is (serial / serialized: the kernel gain; serialized / timed: the overlap gain)
     serialized = None
 
     def timed(self) -> torch.Tensor:
@@ -100,8 +95,7 @@ class Step:
         raise NotImplementedError(f"{type(self).__name__} must implement timed")
 
     def outputs(self) -> torch.Tensor:
-        """out [T, N] of every played rank, stacked in the order of setup's `ranks`; by default
-        the timed region (one played rank)."""
+        """out [T, N] of every played rank, stacked in setup's `ranks` order (default: timed())."""
         return self.timed()
 
     def capture_blocker(self) -> str | None:
@@ -113,8 +107,8 @@ class Step:
         return []
 
     def poison(self) -> None:
-        """Before every checked call: NaN into the floating buffers(), so only work done by
-        that call can pass its check."""
+        """NaN into the floating buffers() before every checked call: only that call's work
+        can pass its check."""
         for t in self.buffers():
             if t.is_floating_point():
                 t.fill_(float("nan"))
@@ -140,14 +134,13 @@ class Step:
 
 
 class System:
-    """Base class. Subclasses set `name` and PARAMS and implement build(ranks) -> Step; the
-    base class stores the step in setup and hands every later call to it."""
+    """Base class: subclasses set `name` and PARAMS and implement build(ranks) -> Step."""
 
     name: str = ""
     #: scope of the timed region: "gemm+combine" (operator level) or "layer"
     scope: str = "gemm+combine"
-    #: the capabilities below: a cell that needs one the system lacks is recorded as skipped
-    #: with the reason. FFN cells (spec.ffn > 0) timed from the tokens and routing (scope layer)
+    #: capabilities (a cell that needs one the system lacks is skipped with the reason): FFN
+    #: cells (spec.ffn > 0) timed from the tokens and routing (scope layer)
     layer_scope: ClassVar[bool] = False
     #: a layer cell as one training step (spec.train: forward + backward, scope train)
     train_scope: ClassVar[bool] = False
@@ -155,8 +148,8 @@ class System:
     simulates_ranks: ClassVar[bool] = False
     #: the system's own knobs and their defaults; an experiment may set only these keys
     PARAMS: ClassVar[dict[str, Any]] = {}
-    #: does the step hide any communication behind compute? One that does not (serial,
-    #: Megatron's dispatcher) has no overlap ratio (NaN, with the reason)
+    #: does the step hide communication behind compute? If not (serial, Megatron's dispatcher)
+    #: it has no overlap ratio (NaN, with the reason)
     overlaps: ClassVar[bool] = True
 
     def __init__(self, ctx: RunContext, params: dict[str, Any]) -> None:
@@ -187,19 +180,18 @@ class System:
     def refuse(
         cls, spec: WorkloadSpec, params: dict[str, Any], processes: int, device: str
     ) -> None:
-        """Raise ValueError (one line) where the cell cannot run on `processes` processes of
-        `device` ("cpu" or "cuda"); called before any process starts. A cell whose W is neither
-        1 process nor `processes` is skipped later, not refused."""
+        """Raise ValueError where the cell cannot run on `processes` processes of `device`
+        ("cpu" or "cuda"), before any process starts (a W neither 1 nor `processes` is skipped
+        later, not refused)."""
 
     @classmethod
     def unsupported(cls, spec: WorkloadSpec, params: dict[str, Any]) -> str | None:
-        """Why this system cannot take a valid cell (a shape its package does not support), or
-        None. Such a cell is recorded as `skipped` with the reason; the sweep goes on."""
+        """Why this system cannot take a valid cell (a shape its package does not support; the
+        cell is recorded as `skipped`), or None."""
         return None
 
     def setup(self, ranks: list[CellInputs]) -> None:
-        """Untimed: build the cell's step. `ranks`: one entry per rank this process plays (one
-        unless the system simulates ranks)."""
+        """Untimed: build the cell's step; `ranks`: one entry per rank this process plays."""
         self.step = self.build(ranks)
 
     def build(self, ranks: list[CellInputs]) -> Step:

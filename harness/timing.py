@@ -1,17 +1,14 @@
-"""The one timing primitive.
+"""The one timing primitive (time_fn), and STATE: what this rank does, for the parent's heartbeat.
 
-GPU: a CUDA event pair around every iteration on the current stream (after a barrier and warm-up).
-  queue_ahead=False ("eager"): where the host launches an iteration slower than the device runs
-    it, the event pairs measure the host's launch time.
-  queue_ahead=True ("queued"): a sleep kernel is enqueued first, long enough that the host has
-    enqueued every iteration before the device starts: the events measure device time back to
-    back. If the host was not done when the sleep ended, Timing.queued is False.
-  Both measure the host's median time to enqueue an iteration (Timing.host_ms).
-CPU: a host clock around every iteration, each started after a barrier.
-Per-iteration times are reduced with MAX over ranks (the slowest rank sets the latency), then
-summarised in milliseconds. Where fn raises on one rank, that rank still takes part in every
-collective of time_fn and raises after the last, so its peers are not left waiting. STATE says
-what this rank does, for the supervising parent's heartbeat.
+GPU: a CUDA event pair around every iteration on the current stream, after a barrier and warm-up.
+queue_ahead=False ("eager"): where the host launches slower than the device runs, the events
+measure the host's launch time. queue_ahead=True ("queued"): a sleep kernel enqueued first lets the
+host enqueue every iteration before the device starts, so the events measure device time back to
+back (Timing.queued is False where the host was not done in time). Both record the host's median
+enqueue time (Timing.host_ms). CPU: a host clock around every iteration, each after a barrier.
+Per-iteration times are reduced with MAX over ranks (the slowest rank sets the latency), in ms.
+Where fn raises on one rank, that rank still takes part in every collective of time_fn and raises
+after the last, so its peers are not left waiting.
 """
 
 from __future__ import annotations
@@ -70,10 +67,9 @@ def median_interval(ms: torch.Tensor, level: float = 0.95) -> tuple[float, float
 
 
 class RankState:
-    """What this rank does in its cell, read by its heartbeat (harness.rank.Reporter): the stage
-    of the cell (harness.measure.stage), since when (time.monotonic) it waits in a collective of
-    the harness (None while it runs its own or a system's work), and a failure of this rank in
-    the stage that the ranks have not agreed on yet."""
+    """What this rank does in its cell, for its heartbeat (harness.rank.Reporter): the stage
+    (harness.measure.stage), since when (time.monotonic) it waits in a collective of the harness
+    (None: it runs its own or a system's work), and its failure not agreed on yet."""
 
     def __init__(self) -> None:
         self.reset()
@@ -92,7 +88,6 @@ class RankState:
         return (self.stage, waited, self.failure)
 
 
-#: this process's state (one rank per process)
 STATE = RankState()
 
 
@@ -184,8 +179,7 @@ def sleep_device(device: torch.device, ms: float) -> None:
 
 def _call(fn: Callable[[], object], failed: list[Exception]) -> None:
     """fn() unless it failed before; its exception is kept to raise after time_fn's
-    collectives, a broken process group's at once (every collective left would wait out its
-    time-out)."""
+    collectives, a broken process group's at once (each collective left would time out)."""
     if failed:
         return
     try:
@@ -205,12 +199,11 @@ def time_fn(
     iters: int = 10,
     queue_ahead: bool = False,
 ) -> Timing:
-    """Time fn() over `iters` iterations after `warmup` ones; max over ranks, then quantiles.
-    queue_ahead: see the module docstring. Where fn raises, this rank calls it no more but takes
-    part in every collective left, then raises (a broken process group at once)."""
+    """Time fn() over `iters` iterations after `warmup` ones (module docstring); where fn
+    raises, this rank calls it no more but takes part in every collective left, then raises."""
     if iters < 1:
         raise ValueError("iters must be >= 1")
-    failed: list[Exception] = []  # fn's exception on this rank, raised after the collectives
+    failed: list[Exception] = []
     warm_host = []
     for _ in range(warmup):
         t0 = time.perf_counter()
