@@ -1,17 +1,13 @@
 """The dispatch a whole MoE layer pays on every forward, from this rank's tokens and routing.
 
 Shared by the layer-scope systems that dispatch with NCCL's all_to_all_single. Everything is
-computed on the device from expert_ids [T, k]; the only host synchronisation is the split sizes
-of the uneven all-to-all (one `.tolist()` of 2W + E + 1 ints after the counts exchange). On a
-GPU the bookkeeping is a few Triton kernels (harness/kernels/dispatch.py) instead of about 30
-torch kernels (`sort_meta_torch`, `split_sizes_torch`, `recv_rows_torch`: the CPU path and the
-references). The labels are launched before the sync, at a bound on the rows this rank
-receives: launches before the sync queue behind the previous step's kernels, those after it are
-on the step's critical path (the device idles until the host has made them).
-
-Rows follow harness/layout.py's order (send: sorted by global expert, stable; recv: by source
-rank, then local expert, then the source's send order), so the checks line up;
-recv_dst_index comes from the send offsets exchanged with the counts.
+computed on the device from expert_ids [T, k]; the only host sync is the uneven all-to-all's
+split sizes (one `.tolist()` of 2W + E + 1 ints after the counts exchange). On a GPU the
+bookkeeping is a few Triton kernels (harness/kernels/dispatch.py; the `*_torch` functions are
+the CPU path and their references), and the labels are launched before the sync, at a bound on
+the rows received: launches after the sync are on the step's critical path (the device idles
+until the host has made them). Rows follow harness/layout.py's order (send: by global expert,
+stable; recv: by source rank, then local expert, then the source's send order).
 """
 
 from __future__ import annotations
@@ -88,102 +84,90 @@ def recv_rows_torch(
 @dataclass
 class Received:
     """The received rows' labels as the dispatch has them before its host sync (device tensors).
-
     recv_src, recv_expert, recv_dst_index [B] int64: rows [0, R) as in Dispatched, rows past R
-        -1; B >= R (on a GPU B = LayerDispatch.bound, so every step's labels have one size
-        until a step receives more; on the CPU B = R)
-    n_rows         [1] int64  R
-    send_counts    [W] int64  rows this rank sends to each destination
-    """
+    -1; B >= R (on a GPU B = LayerDispatch.bound, one size every step until a step receives
+    more; on the CPU B = R)."""
 
     recv_src: torch.Tensor
     recv_expert: torch.Tensor
     recv_dst_index: torch.Tensor
-    n_rows: torch.Tensor
-    send_counts: torch.Tensor
+    n_rows: torch.Tensor  # [1] int64: R
+    send_counts: torch.Tensor  # [W] int64: rows this rank sends to each destination
 
 
 @dataclass
 class Dispatched:
-    """One forward's dispatch on one rank (device tensors unless noted).
+    """One forward's dispatch on one rank (device tensors unless noted; S = T*k)."""
 
-    x_recv         [R, H]  received rows (source, local expert, token order)
-    send_order     [S]     pair index t*k+j of each send row (S = T*k)
-    pos            [T, k]  send row of (token t, slot j): the scale's gather index
-    send_counts    [W]     rows this rank sends to each destination
-    recv_counts    [W, E]  rows from source s for local expert e
-    recv_expert    [R]     local expert of each received row
-    recv_src       [R]     source rank of each received row
-    recv_dst_index [R]     position in the source's combine receive buffer
-    expert_pos     [R]     row's position when the rows are grouped by local expert (expert,
-                           then source); None where the received order already is (W=1 or E=1)
-    offs           [E]     int32 cumulative rows per local expert (torch._grouped_mm's offs)
-    send_splits, recv_splits: host lists [W]; expert_rows: host list [E] (rows per expert)
-    received       the labels before the host sync, at their bound (Received)
-    tokens, token_rows  (harness/dispatch_device.py only) the played ranks' tokens stacked
-                   [W*T, H] and each received row's row of them [bound]; x_recv is None where
-                   the dispatch left the gather of the rows to the caller (gather=False)
-    """
-
-    x_recv: torch.Tensor
-    send_order: torch.Tensor
-    pos: torch.Tensor
-    send_counts: torch.Tensor
-    recv_counts: torch.Tensor
-    recv_expert: torch.Tensor
-    recv_src: torch.Tensor
-    recv_dst_index: torch.Tensor
+    x_recv: torch.Tensor  # [R, H] received rows (source, local expert, token order)
+    send_order: torch.Tensor  # [S] pair index t*k+j of each send row
+    pos: torch.Tensor  # [T, k] send row of (token t, slot j): the scale's gather index
+    send_counts: torch.Tensor  # [W] rows this rank sends to each destination
+    recv_counts: torch.Tensor  # [W, E] rows from source s for local expert e
+    recv_expert: torch.Tensor  # [R] local expert of each received row
+    recv_src: torch.Tensor  # [R] source rank of each received row
+    recv_dst_index: torch.Tensor  # [R] position in the source's combine receive buffer
+    #: [R] row's position with the rows grouped by local expert (expert, then source); None
+    #: where the received order already is (W=1 or E=1)
     expert_pos: torch.Tensor | None
-    offs: torch.Tensor
-    send_splits: list[int]
-    recv_splits: list[int]
-    expert_rows: list[int]
-    received: Received | None = None
+    offs: torch.Tensor  # [E] int32 cumulative rows per local expert (torch._grouped_mm's offs)
+    send_splits: list[int]  # host [W]
+    recv_splits: list[int]  # host [W]
+    expert_rows: list[int]  # host [E]: rows per local expert
+    received: Received | None = None  # the labels before the host sync, at their bound
+    #: (harness/dispatch_device.py only) the played ranks' tokens stacked [W*T, H] and each
+    #: received row's row of them [bound]; x_recv is None where the caller gathers (gather=False)
     tokens: torch.Tensor | None = None
     token_rows: torch.Tensor | None = None
 
 
-def host_free(x_recv, send, sizes, recv_counts, labels, world_size, experts, **extra):
-    """The Dispatched of a dispatch with no host sync (harness/dispatch_device.py,
-    harness/dispatch_peer.py): send = (order [S], pos [T, k]), sizes the split sizes on the
-    device [2W + E + 1], labels = recv_rows' (src, expert, dst_index, expert_pos, offs) at the
-    bound; no host lists. extra: tokens, token_rows."""
-    W, E = world_size, experts
+def _dispatched(
+    x_recv, send, send_counts, recv_counts, labels, received, host=(None,) * 3, **extra
+):
+    """A Dispatched from send = (order [S], pos [T, k]), labels = recv_rows' (src, expert,
+    dst_index, expert_pos, offs) and host = (send_splits, recv_splits, expert_rows)."""
     src, expert, dst, expert_pos, offs = labels
     return Dispatched(
         x_recv=x_recv,
         send_order=send[0],
         pos=send[1],
-        send_counts=sizes[:W],
+        send_counts=send_counts,
         recv_counts=recv_counts,
         recv_expert=expert,
         recv_src=src,
         recv_dst_index=dst,
         expert_pos=expert_pos,
         offs=offs,
-        send_splits=None,
-        recv_splits=None,
-        expert_rows=None,
-        received=Received(src, expert, dst, sizes[2 * W + E :], sizes[:W]),
+        send_splits=host[0],
+        recv_splits=host[1],
+        expert_rows=host[2],
+        received=received,
         **extra,
     )
+
+
+def host_free(x_recv, send, sizes, recv_counts, labels, world_size, experts, **extra):
+    """The Dispatched of a dispatch with no host sync (harness/dispatch_device.py,
+    harness/dispatch_peer.py): sizes the split sizes on the device [2W + E + 1], labels at the
+    bound, no host lists (else as _dispatched). extra: tokens, token_rows."""
+    W, E = world_size, experts
+    received = Received(*labels[:3], sizes[2 * W + E :], sizes[:W])
+    return _dispatched(x_recv, send, sizes[:W], recv_counts, labels, received, **extra)
 
 
 class LayerDispatch:
     """dispatch(x [T, H], expert_ids [T, k]) -> Dispatched, over `group` (W ranks, E local
     experts each).
 
-    before_sync(Received), if given, is called with the received rows' labels as soon as they
-    exist: on a GPU before the host sync, so device work it enqueues (a plan built from the
-    labels) is off the step's critical path; on the CPU after the sync. A step that receives
-    more rows than the bound calls it again after the sync, at the grown bound (the earlier
-    call's work is void).
+    before_sync(Received), if given, gets the received rows' labels as soon as they exist: on a
+    GPU before the host sync, so device work it enqueues (a plan built from them) is off the
+    step's critical path; on the CPU after it. A step that receives more than `bound` rows calls
+    it again after the sync, at the grown bound (the earlier call's work is void).
 
-    bound: rows the labels are sized for before the sync (None: min(W*T*k, 2*T*k) on the first
-    call: every row at W <= 2, twice the average beyond, so buffers sized from it do not grow
-    with W); it only grows, to max(R, min(2 * bound, W*T*k)) when a step receives R > bound
-    (counted in `regrown`). device_labels: label with the Triton kernels before the sync
-    (None: on a GPU; True on the CPU runs Triton's interpreter, for tests).
+    bound: rows the labels are sized for before the sync (None: min(W*T*k, HEADROOM*T*k) on the
+    first call, so buffers sized from it do not grow with W); it only grows, to max(R, min(2 *
+    bound, W*T*k)), when a step receives R > bound (counted in `regrown`). device_labels: label
+    with the Triton kernels before the sync (None: on a GPU; True on the CPU: the interpreter).
     """
 
     #: the first bound is this many times the average rows a rank receives (T*k)
@@ -258,34 +242,18 @@ class LayerDispatch:
             torch.index_select(x, 0, token, out=x_recv)
         if labels is None:  # the torch path needs R on the host
             labels, received = label(R)
-        src, expert, dst_index, expert_pos, offs = labels
-        if src.numel() != R:  # the rows of this step
-            src, expert, dst_index = src[:R], expert[:R], dst_index[:R]
-            expert_pos = None if expert_pos is None else expert_pos[:R]
-        return Dispatched(
-            x_recv=x_recv,
-            send_order=send_order,
-            pos=pos.view(T, k),
-            send_counts=send_counts,
-            recv_counts=recv_counts,
-            recv_expert=expert,
-            recv_src=src,
-            recv_dst_index=dst_index,
-            expert_pos=expert_pos,
-            offs=offs,
-            send_splits=send_splits,
-            recv_splits=recv_splits,
-            expert_rows=expert_rows,
-            received=received,
-        )
+        if labels[0].numel() != R:  # the rows of this step
+            labels = [None if t is None else t[:R] for t in labels[:4]] + [labels[4]]
+        lists = (send_splits, recv_splits, expert_rows)
+        send = (send_order, pos.view(T, k))
+        return _dispatched(x_recv, send, send_counts, recv_counts, labels, received, lists)
 
 
 def to_expert_order(d: Dispatched, rows: torch.Tensor) -> torch.Tensor:
     """Received rows [R, *] -> grouped by local expert (a no-op where they already are)."""
     if d.expert_pos is None:
         return rows
-    out = torch.empty_like(rows)
-    return out.index_copy_(0, d.expert_pos, rows)
+    return torch.empty_like(rows).index_copy_(0, d.expert_pos, rows)
 
 
 def from_expert_order(d: Dispatched, rows: torch.Tensor) -> torch.Tensor:

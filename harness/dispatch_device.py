@@ -1,16 +1,10 @@
-"""The layer's dispatch with no host synchronisation, when one process plays every rank.
-
-harness/dispatch.py's LayerDispatch needs the uneven splits on the host: one host sync a step.
-Here one process plays every rank of the cell (W=1, or loopback: W ranks on one GPU), so the
-ranks read each other's send metadata and tokens directly, and every size is the cell's worst
-case: a rank receives at most `bound` = W*T*k rows (every source sends it all its rows). n_rows
-and the per-expert offsets stay on the device, so a step captures whole in a CUDA graph.
-
-Per step: sort_meta per source (as LayerDispatch); the counts exchange is a transpose of the
-stacked metadata [W_src, W_dst, 2E]; each destination's rows are labelled at the bound
-(recv_rows: rows past n_rows are -1) and gathered in one index_select from the played ranks'
-stacked tokens. The receive buffers (W * bound * H elements, recv_bytes) are checked against the
-device's free memory before any allocation.
+"""The layer's dispatch with no host sync where one process plays every rank (W=1, or loopback:
+W ranks on one GPU): the ranks read each other's send metadata and tokens directly and every
+size is the cell's worst case (a rank receives at most `bound` = W*T*k rows), so a step captures
+whole in a CUDA graph. Per step: sort_meta per source (as LayerDispatch); the counts exchange is
+a transpose of the stacked metadata [W_src, W_dst, 2E]; each destination's rows are labelled at
+the bound (rows past n_rows are -1) and gathered in one index_select from the played ranks'
+stacked tokens.
 """
 
 from __future__ import annotations
@@ -59,22 +53,13 @@ def recv_bytes(world_size: int, tokens: int, top_k: int, hidden: int, elem_bytes
 
 
 class PlayedDispatch:
-    """dispatch(xs, ids) for every rank of a cell played by this process, host-free.
-
-    xs[r] [T, H] and ids[r] [T, k] (global experts) of rank r = 0..W-1, T <= tokens; returns one
-    harness.dispatch.Dispatched per rank with x_recv [bound, H] (rows past n_rows are junk),
-    labels at the bound, and no host lists. The receive buffers are allocated once (their
-    addresses stay, for graphs and launch memos). device_labels: as LayerDispatch's.
-    """
+    """dispatch(xs, ids), host-free, for every rank of a cell this process plays: xs[r] [T, H]
+    and ids[r] [T, k] (global experts) of rank r = 0..W-1, T <= tokens -> one Dispatched per rank
+    with x_recv [bound, H] (rows past n_rows are junk), labels at the bound, no host lists. The
+    receive buffers are allocated once (their addresses stay, for graphs and launch memos)."""
 
     def __init__(
-        self,
-        world_size: int,
-        experts_per_rank: int,
-        tokens: int,
-        top_k: int,
-        like: torch.Tensor,
-        device_labels: bool | None = None,
+        self, world_size: int, experts_per_rank: int, tokens: int, top_k: int, like: torch.Tensor
     ) -> None:
         W, H = world_size, like.shape[1]
         self.W, self.E, self.T, self.k = W, experts_per_rank, tokens, top_k
@@ -88,14 +73,12 @@ class PlayedDispatch:
                     f"(W={W} ranks x W*T*k={self.bound} rows x H={H}), the GPU has "
                     f"{free / 2**30:.1f} GiB free"
                 )
-        self.recv_mib = need / 2**20
-        on_device = like.is_cuda if device_labels is None else device_labels
-        if on_device:
             from harness.kernels.dispatch import recv_rows, sort_meta, split_sizes
 
             self._ops = (sort_meta, split_sizes, recv_rows)
-        else:
+        else:  # torch's ops (_labels)
             self._ops = (ld.sort_meta_torch, ld.split_sizes_torch, None)
+        self.recv_mib = need / 2**20
         self.x_recv = like.new_empty(W, self.bound, H)
 
     def _labels(self, counts: torch.Tensor, off: torch.Tensor, epos: bool):

@@ -1,26 +1,22 @@
-"""The layer's dispatch and combine with no host synchronisation, one process per rank.
-
-The ranks reach each other's memory through the address tables of a transport
-(systems/overlap/transport.py peer_transport: p2p or nvshmem on GPUs, shm between CPU
-processes), and every size is the cell's worst case, so a step reads nothing on the host and
-captures whole in a CUDA graph (kernels: harness/kernels/peer.py):
-
-  PeerDispatch  each source sorts its routing (sort_meta), writes its rows in send order into
-                its own row region [T*k, H], and publishes its per-(destination, expert) counts
-                and offsets into every destination's count region, releasing one counter per
-                source; each destination waits for every source's counter to reach the step
-                number, labels its rows (recv_rows, at the bound W*T*k) and loads them from the
-                sources' regions. Counts alternate between two slots by step parity (a fast
-                source may publish step n+1 while a slow destination still reads step n's
-                counts; never n+2: step n+1 waits for it).
-  PeerCombine   the expert side puts every received row back into its owner's receive region
-                (at its send-order position) and adds the rows to the owner's counter for this
+"""The layer's dispatch and combine with no host sync, one process per rank: the ranks reach
+each other's memory through a transport's address tables (systems/overlap/transport.py
+peer_transport: p2p or nvshmem on GPUs, shm between CPU processes) and every size is the cell's
+worst case, so a step reads nothing on the host and captures whole in a CUDA graph (kernels:
+harness/kernels/peer.py).
+  PeerDispatch  each source sorts its routing, writes its rows in send order into its row region
+                [T*k, H] and publishes its per-(destination, expert) counts and offsets into
+                every destination's count region, releasing one counter per source; each
+                destination waits for every source's counter to reach the step number, labels
+                its rows (at the bound W*T*k) and loads them from the sources' regions. Counts
+                alternate between two slots by step parity (a fast source may publish step n+1
+                while a slow destination still reads step n; never n+2: step n+1 waits for it).
+  PeerCombine   the expert side puts every received row back into its owner's receive region (at
+                its send-order position) and adds the rows to the owner's counter for this
                 source; the owner waits until each counter holds every row it sent so far.
-
-Why a step never overwrites what a peer still reads: a destination loads a source's rows
-before its experts run, and the source waits for the rows it sent to come back before its next
-step writes its row region; a peer puts step n+1's rows only after this rank published step
-n+1's counts, after its step n. Rows and labels follow harness/layout.py's order.
+No step overwrites what a peer still reads: a destination loads a source's rows before its
+experts run, the source waits for the rows it sent to come back before its next step writes its
+row region, and a peer puts step n+1's rows only after this rank published step n+1's counts,
+after its step n. Rows and labels follow harness/layout.py's order.
 """
 
 from __future__ import annotations
@@ -45,8 +41,8 @@ def transport_here(device: torch.device) -> str:
 
 
 class _Waits:
-    """The bounded device waits of one exchange: err [8] int64 (errors.py), the clock, the
-    consumer's time-out; check() raises where a wait timed out."""
+    """Base of the peer exchanges: their bounded device waits, with err [8] int64 (errors.py),
+    the clock and the consumer's time-out."""
 
     def __init__(self, device: torch.device, rank: int) -> None:
         from systems.overlap import errors
@@ -64,12 +60,13 @@ class _Waits:
         launch_wait_signals(*args, rank=self.rank, config=self.config, scope="sys")
 
     def check(self) -> None:
+        """Raise where a wait for a peer timed out (reads the device)."""
         from systems.overlap.errors import raise_if_error
 
         raise_if_error(self.err)
 
 
-class PeerDispatch:
+class PeerDispatch(_Waits):
     """dispatch(x [T, H], expert_ids [T, k]) -> harness.dispatch.Dispatched over `group` (W
     ranks, E local experts each), T <= tokens (or x [T*k, H], a row per pair: row t*k+j goes to
     expert_ids[t, j], the combine's adjoint): x_recv [W*T*k, H] with labels at that bound
@@ -100,7 +97,7 @@ class PeerDispatch:
         self.slot = torch.zeros(1, dtype=torch.int64, device=dev)
         self.expected = torch.zeros(W, dtype=torch.int64, device=dev)
         self.identity = torch.arange(self.bound, device=dev)
-        self.waits = _Waits(dev, self.rank)
+        super().__init__(dev, self.rank)
 
     def __call__(self, x: torch.Tensor, expert_ids: torch.Tensor) -> ld.Dispatched:
         from harness.kernels import peer
@@ -118,7 +115,7 @@ class PeerDispatch:
         torch.remainder(self.steps, 2, out=self.slot)
         peer.publish(meta, self.slot, self.counts.recv_ptrs, self.counts.signal_ptrs, self.rank)
         self.steps.add_(1)
-        self.waits.until(self.counts.signal, self.expected.copy_(self.steps.expand(W)))
+        self.until(self.counts.signal, self.expected.copy_(self.steps.expand(W)))
         got = self.counts.recv.view(2, W, 2 * E).index_select(0, self.slot)[0]  # [W_src, 2E]
         counts, off = got.view(W, E, 2)[..., 0], got.view(W, E, 2)[..., 1]
         sizes = split_sizes(meta, got, W, E)
@@ -129,12 +126,8 @@ class PeerDispatch:
         labels = (src, expert, dst, epos, offs)
         return ld.host_free(self.x_recv, (order, pos.view(T, k)), sizes, counts, labels, W, E)
 
-    def check(self) -> None:
-        """Raise where a wait for a peer's counts timed out (reads the device)."""
-        self.waits.check()
 
-
-class PeerCombine:
+class PeerCombine(_Waits):
     """combine(d, y [B, H] in d's received order) -> [T*k, H]: this rank's rows back from the
     experts' ranks, in its send order (a view of its receive region, rows past d's T*k junk).
     Collective like PeerDispatch."""
@@ -145,7 +138,7 @@ class PeerCombine:
         H, dev = like.shape[1], like.device
         self.recv = peer_transport(transport, group, tokens * top_k, H, like.dtype, dev)
         self.expected = torch.zeros(world_size, dtype=torch.int64, device=dev)
-        self.waits = _Waits(dev, self.recv.rank)
+        super().__init__(dev, self.recv.rank)
 
     def __call__(self, d: ld.Dispatched, y: torch.Tensor) -> torch.Tensor:
         from harness.kernels import peer
@@ -153,8 +146,5 @@ class PeerCombine:
         t = self.recv
         n = d.received.n_rows
         peer.put(y, d.recv_src, d.recv_dst_index, n, t.recv_ptrs, t.signal_ptrs, t.rank)
-        self.waits.until(t.signal, self.expected.add_(d.send_counts))
+        self.until(t.signal, self.expected.add_(d.send_counts))
         return t.recv
-
-    def check(self) -> None:
-        self.waits.check()

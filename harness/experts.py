@@ -31,10 +31,9 @@ def expert_gemm(
     x: torch.Tensor, counts: list[int], w: torch.Tensor, offs: torch.Tensor | None = None
 ) -> torch.Tensor:
     """y [R, N] in x.dtype = per-expert X_e @ B_e over x [R, K] rows sorted by local expert,
-    w [E, K, N]. counts: rows per expert (len E, host ints; None: read from offs, a host sync
-    where the per-expert loop runs); offs: the same counts as int32 cumulative sums on the
-    device, if at hand (without it, device_offsets copies them on every call: one more launch).
-    """
+    w [E, K, N]. counts: rows per expert (host ints [E]; None: read from offs, a host sync where
+    the per-expert loop runs); offs: the same as int32 cumulative sums on the device, if at hand
+    (else device_offsets copies them on every call: one more launch)."""
     if x.shape[0] == 0:
         return x.new_empty(0, w.shape[2])
     if grouped_mm_usable(x, w):
@@ -53,10 +52,9 @@ def expert_gemm(
 
 
 def activation(h: torch.Tensor, n_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """The FFN experts' activation: GELU, erf form (torch.nn.functional.gelu's default).
-
-    n_rows (a 1-element int device tensor): only h's first n_rows rows are real; on a GPU they
-    are activated in place (harness/kernels/activation.py) and the rest are left as they are."""
+    """The FFN experts' activation: GELU, erf form (torch.nn.functional.gelu's default). n_rows
+    (a 1-element int device tensor): only h's first n_rows rows are real; on a GPU they are
+    activated in place (harness/kernels/activation.py) and the rest are left as they are."""
     if n_rows is not None and h.is_cuda:
         from harness.kernels.activation import gelu_rows_
 

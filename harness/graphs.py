@@ -1,10 +1,8 @@
 """CUDA-graph timing: a system's step captured once, then timed as the graph's replays.
 
-measure.graph chooses per cell (graph_choice). The capture follows torch's recipe: the caller
-has already run the step (allocations, Triton compiles, rendezvous happen before), a few more
-steps run on a side stream, then one step is captured. The step's output at capture time is the
-graph's static output: every replay rewrites it, so the harness checks that tensor after a
-replay. A capture that fails leaves the system eager with the error as the reason.
+measure.graph chooses per cell (graph_choice). The step's output at capture time is the graph's
+static output: every replay rewrites it, so the harness checks that tensor after a replay. A
+capture that fails leaves the system eager, with the error as the reason.
 """
 
 from __future__ import annotations
@@ -34,9 +32,7 @@ def graph_choice(mode: str, device: torch.device, blocker: str | None) -> str | 
         return "measure.graph=false"
     if device.type != "cuda":
         return "no CUDA device: eager host timing"
-    if mode == "auto" and blocker is not None:
-        return blocker
-    return None
+    return blocker if mode == "auto" else None
 
 
 @dataclass
@@ -52,8 +48,10 @@ class Captured:
 
 
 def capture(step: Callable[[], object], device: torch.device) -> Captured:
-    """Capture one call of step() (already run eagerly at least once) into a CUDA graph; a
-    RuntimeError naming the cause where it cannot (the device stays usable)."""
+    """Capture one call of step() into a CUDA graph, torch's recipe: the caller has run the step
+    eagerly (allocations, Triton compiles, rendezvous happen before), SIDE_WARMUP more steps run
+    on a side stream, then one is captured. A RuntimeError naming the cause where it cannot
+    (the device stays usable)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):

@@ -1,14 +1,11 @@
 """Dispatch / combine row layout of one rank, derived from the global routing (no communication).
 
 Every (token t, slot j) pair of an owner rank is one ROW. The owner's SEND order sorts its rows by
-(destination rank, local expert, token, slot). The dispatch all-to-all sends them in that order,
-and the combine all-to-all brings each row's expert output back to the SAME position: the owner's
-combine receive buffer [T*k, N] is laid out exactly like its dispatch send buffer. Scale is then
-    out[t] = sum over rows i with send_token[i] == t of send_weight[i] * y_back[i].
-
-On the expert side, rows arrive grouped by source rank, and within a source by (local expert,
-token, slot). recv_dst_index[i] is the row's position in its source's combine receive buffer:
-the planned write offset of the combine.
+(destination rank, local expert, token, slot); the combine brings each row's expert output back
+to the SAME position, so the owner's combine receive buffer [T*k, N] is laid out like its
+dispatch send buffer and out[t] = sum over rows i with send_token[i] == t of send_weight[i] *
+y_back[i]. The expert side receives rows grouped by source rank, then (local expert, token,
+slot); recv_dst_index[i] is the row's position in its source's combine receive buffer.
 """
 
 from __future__ import annotations
@@ -22,37 +19,22 @@ from harness.workload import WorkloadSpec, routing_of
 
 @dataclass
 class RankLayout:
-    """Row layout of one rank (CPU int64 tensors unless noted).
-
-    Owner side (this rank's tokens), S = T * top_k rows:
-      send_token  [S]  token index of each row in send order
-      send_slot   [S]  top-k slot of each row
-      send_weight [S]  gate weight (float32)
-      send_counts [W]  rows sent to each destination rank
-      send_pos    [T, k]  position of (token t, slot j) in the send order (inverse of the sort)
-      gate        [T, k]  gate weights of this rank's tokens (float32)
-    Expert side (rows this rank's experts compute), R rows:
-      recv_counts    [W]  rows received from each source rank
-      recv_src       [R]  source (owner) rank of each row
-      recv_expert    [R]  local expert index of each row
-      recv_token     [R]  token index at the source
-      recv_dst_index [R]  position in the source's combine receive buffer
-      expert_counts  [E]  rows per local expert
-    """
+    """Row layout of one rank (CPU int64 tensors unless noted): owner side (this rank's tokens,
+    S = T * top_k rows) and expert side (the R rows this rank's experts compute)."""
 
     rank: int
-    send_token: torch.Tensor
-    send_slot: torch.Tensor
-    send_weight: torch.Tensor
-    send_counts: torch.Tensor
-    send_pos: torch.Tensor
-    gate: torch.Tensor
-    recv_counts: torch.Tensor
-    recv_src: torch.Tensor
-    recv_expert: torch.Tensor
-    recv_token: torch.Tensor
-    recv_dst_index: torch.Tensor
-    expert_counts: torch.Tensor
+    send_token: torch.Tensor  # [S] token index of each row in send order
+    send_slot: torch.Tensor  # [S] top-k slot of each row
+    send_weight: torch.Tensor  # [S] float32 gate weight
+    send_counts: torch.Tensor  # [W] rows sent to each destination rank
+    send_pos: torch.Tensor  # [T, k] position of (token t, slot j) in the send order
+    gate: torch.Tensor  # [T, k] float32 gate weights of this rank's tokens
+    recv_counts: torch.Tensor  # [W] rows received from each source rank
+    recv_src: torch.Tensor  # [R] source (owner) rank of each row
+    recv_expert: torch.Tensor  # [R] local expert index of each row
+    recv_token: torch.Tensor  # [R] token index at the source
+    recv_dst_index: torch.Tensor  # [R] position in the source's combine receive buffer
+    expert_counts: torch.Tensor  # [E] rows per local expert
 
 
 def send_order(spec: WorkloadSpec, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +57,6 @@ def rank_layout(spec: WorkloadSpec, rank: int) -> RankLayout:
     routing = routing_of(spec)
     order, gid = send_order(spec, rank)
     C = counts_matrix(spec)
-    send_counts = C[rank].clone()
 
     # Expert side: all pairs of all sources whose expert lives on this rank.
     ids = routing.expert_ids.reshape(W, -1)  # [W, T*k]
@@ -96,7 +77,7 @@ def rank_layout(spec: WorkloadSpec, rank: int) -> RankLayout:
         send_token=order // k,
         send_slot=order % k,
         send_weight=routing.gate_weights[rank].reshape(-1)[order].float(),
-        send_counts=send_counts,
+        send_counts=C[rank].clone(),
         send_pos=send_pos.view(spec.tokens_per_rank, k),
         gate=routing.gate_weights[rank].float(),
         recv_counts=recv_counts,

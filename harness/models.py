@@ -1,20 +1,14 @@
 """The paper's three models (Fig 4), forward only, in plain PyTorch; shared by every system.
 
-A model is `blocks` pre-LN transformer blocks and a final LayerNorm, bf16, seeded random weights,
-no biases in the linear layers, no embedding and no LM head (the input is seeded activations):
-
-  block i:  x = x + proj(sdpa(qkv(ln1(x))))          attention, `heads` heads, causal or not
-            h = ln2(x)
-            x = x + fc2(gelu(fc1(h)))                 dense FFN, width 4 H    (i not in moe_blocks)
-            x = x + moe(i, h, *router(h))             MoE FFN                 (i in moe_blocks)
-
-Data-parallel attention (every rank holds the same dense weights and its own B x S tokens) and
-an expert-parallel MoE (G experts, G / W per rank, top-k). The router (per MoE block: Linear
-H -> G, softmax in float32, top-k, gates renormalised to sum to one) runs in the model for every
-system; the MoE call `moe(i, h [T, H], ids [T, k], gate [T, k]) -> [T, H]` is any layer-scope
-system (SystemMoE) or the float32 oracle (ReferenceMoE). ONE set of G FFN experts
-(harness.workload's fc1 / fc2 weights) is shared by all MoE blocks of a model (every system is
-set up once per model); attention, dense FFN and router weights are per block.
+`blocks` pre-LN blocks and a final LayerNorm (seeded weights, no biases, no embedding or head:
+the input is seeded activations). Block i on x [B, S, H]:
+    x = x + proj(sdpa(qkv(ln1(x))))     attention, `heads` heads, causal or not
+    h = ln2(x)
+    x = x + fc2(gelu(fc1(h)))           dense FFN, width ffn_mult x H    (i not in moe_blocks)
+    x = x + moe(i, h, *router(h))       MoE FFN                          (i in moe_blocks)
+Attention is data-parallel, the MoE expert-parallel (G experts, G / W per rank). The MoE call
+(MoECall) is a layer-scope system (SystemMoE) or the float32 oracle (ReferenceMoE); ONE set of G
+FFN experts (harness.workload's fc1 / fc2) serves every MoE block, other weights are per block.
 """
 
 from __future__ import annotations
@@ -34,9 +28,8 @@ from harness.system import CellInputs, System
 from harness.workload import DTYPES, WorkloadSpec, make_fc1_weight, make_fc2_weight
 from harness.workload import seeded_generator as generator
 
-#: attention kernels: not cuDNN. Torch's cuDNN attention loads its cuDNN sub-libraries first,
-#: and Transformer Engine (megatron_te, megatron_cutlass) then fails to load the system's
-#: libcudnn_cnn.so.9 next to them ("undefined symbol ... libcudnn_graph.so.9")
+#: attention kernels, not cuDNN: after torch's cuDNN attention loads its cuDNN sub-libraries,
+#: Transformer Engine (megatron_te, megatron_cutlass) fails to load libcudnn_cnn.so.9
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -75,11 +68,10 @@ class ModelSpec:
             raise ValueError(f"{n}: hidden {self.hidden} is not a multiple of heads {self.heads}")
         if not self.moe_blocks:
             raise ValueError(f"{n}: moe_blocks is empty; name at least one block (0-based)")
-        if len(set(self.moe_blocks)) != len(self.moe_blocks) or not all(
-            0 <= b < self.blocks for b in self.moe_blocks
-        ):
+        mb = self.moe_blocks
+        if len(set(mb)) != len(mb) or not all(0 <= b < self.blocks for b in mb):
             raise ValueError(
-                f"{n}: moe_blocks {list(self.moe_blocks)} must be distinct 0-based indices "
+                f"{n}: moe_blocks {list(mb)} must be distinct 0-based indices "
                 f"below blocks={self.blocks}"
             )
         if self.experts % world_size:
@@ -101,9 +93,7 @@ class ModelSpec:
         return WorkloadSpec(**shape, **run)
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d["moe_blocks"] = list(self.moe_blocks)
-        return d
+        return asdict(self) | {"moe_blocks": list(self.moe_blocks)}
 
 
 class Router(torch.nn.Module):
@@ -257,8 +247,7 @@ class MoETimer:
 class SystemMoE:
     """A layer-scope system as the model's MoE call: copy h [T, H], ids [T, k] and gate [T, k]
     into the CellInputs tensors the system set up with (it reads them on every forward), then
-    system.timed() -> [T, H]. The optional timer times the system's call only (not the copy).
-    """
+    system.timed() -> [T, H]. The optional timer times the system's call only, not the copy."""
 
     def __init__(self, system: System, inputs: CellInputs, timer: MoETimer | None = None):
         self.system, self.inputs, self.timer = system, inputs, timer

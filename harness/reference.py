@@ -1,15 +1,13 @@
 """The reference MoE layer: the oracle every system is checked against. Pure torch.
 
-Five steps on rank r (harness/layout.py gives the row order):
+Rank r's five steps (rows in harness/layout.py's order):
   1 route     seeded global routing (harness/routing.py)
   2 dispatch  all_to_all_single of the rows x[send_token]               [S, K] -> [R, K]
   3 expert    Y_e = X_e @ B_e per local expert (harness/experts.py)     [R, K] -> [R, N]
               (FFN cells: Y_e = gelu(X_e @ W1_e) @ W2_e                   [R, H] -> [R, H])
   4 combine   all_to_all_single back to the owners, same row positions   [R, N] -> [S, N]
   5 scale     out[t] = sum_j w[t, j] * y[t, j]                           [S, N] -> [T, N]
-
-`reference_local` computes the same output in one process with no communication, in float32:
-it is the oracle.
+The oracle, `reference_local`, computes the output in float32 in one process, no communication.
 """
 
 from __future__ import annotations
@@ -24,19 +22,23 @@ from harness.workload import (
     make_expert_weight,
     make_fc1_weight,
     make_fc2_weight,
+    make_grad,
     make_tokens,
     routing_of,
 )
 
 
+def _all_to_all(rows: torch.Tensor, recv_counts, send_counts, group) -> torch.Tensor:
+    """rows [sum(send_counts), N] -> [sum(recv_counts), N] (counts [W] int64 CPU tensors)."""
+    out = rows.new_empty(int(recv_counts.sum()), rows.shape[1])
+    dist.all_to_all_single(out, rows, recv_counts.tolist(), send_counts.tolist(), group=group)
+    return out
+
+
 def dispatch(x: torch.Tensor, lay: RankLayout, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Step 2: x [T, K] of this rank -> x_recv [R, K] (rows grouped by source rank)."""
     send = x.index_select(0, lay.send_token.to(x.device))
-    recv = x.new_empty(int(lay.recv_counts.sum()), x.shape[1])
-    dist.all_to_all_single(
-        recv, send, lay.recv_counts.tolist(), lay.send_counts.tolist(), group=group
-    )
-    return recv
+    return _all_to_all(send, lay.recv_counts, lay.send_counts, group)
 
 
 def dispatch_local(spec: WorkloadSpec, lay: RankLayout, device: torch.device) -> torch.Tensor:
@@ -52,21 +54,7 @@ def dispatch_local(spec: WorkloadSpec, lay: RankLayout, device: torch.device) ->
 
 def combine(y_recv: torch.Tensor, lay: RankLayout, group: dist.ProcessGroup | None) -> torch.Tensor:
     """Step 4: y_recv [R, N] (grouped by source) -> y_back [S, N] in this rank's send order."""
-    back = y_recv.new_empty(int(lay.send_counts.sum()), y_recv.shape[1])
-    dist.all_to_all_single(
-        back, y_recv, lay.send_counts.tolist(), lay.recv_counts.tolist(), group=group
-    )
-    return back
-
-
-def scale(y_back: torch.Tensor, lay: RankLayout, tokens: int) -> torch.Tensor:
-    """Step 5: out [T, N] = sum_j gate[t, j] * y_back[send_pos[t, j]], from y_back [S, N]: a
-    gather to [T, k, N], a product with the gates in y_back's dtype, a sum over k (torch
-    accumulates it in float32)."""
-    k = lay.send_pos.shape[1]
-    rows = y_back.index_select(0, lay.send_pos.reshape(-1).to(y_back.device))
-    w = lay.gate.to(device=y_back.device, dtype=y_back.dtype)
-    return (rows.view(tokens, k, y_back.shape[1]) * w.unsqueeze(-1)).sum(1)
+    return _all_to_all(y_recv, lay.send_counts, lay.recv_counts, group)
 
 
 def reference_local(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
@@ -78,8 +66,7 @@ def reference_local(spec: WorkloadSpec, rank: int, device: torch.device) -> torc
     ids = routing.expert_ids[rank]  # [T, k]
     gw = routing.gate_weights[rank].to(device)  # [T, k]
     out = torch.zeros(spec.tokens_per_rank, spec.out, dtype=torch.float32, device=device)
-    flat = ids.reshape(-1)
-    for g in torch.unique(flat).tolist():
+    for g in torch.unique(ids).tolist():
         t, j = (ids == g).nonzero(as_tuple=True)
         t, j = t.to(device), j.to(device)
         xg = x.index_select(0, t)
@@ -105,11 +92,8 @@ def moe_torch(x, expert_ids, gate, w1, w2) -> torch.Tensor:
 
 def reference_train(spec: WorkloadSpec, played: list[int], device: torch.device) -> dict:
     """The train scope's oracle: torch autograd in float32 of every rank's layer with the loss
-    sum_r <out_r, dy_r> (dy_r: workload.make_grad). The played ranks' out [T, H], dx [T, H],
-    dgate [T, k] and their experts' dw1 [E, H, F], dw2 [E, F, H], each stacked in `played` order.
-    """
-    from harness.workload import make_grad
-
+    sum_r <out_r, dy_r> (dy_r: make_grad). The played ranks' out [T, H], dx [T, H], dgate [T, k]
+    and their experts' dw1 [E, H, F], dw2 [E, F, H], each stacked in `played` order."""
     routing, E = routing_of(spec), spec.experts_per_rank
     w1 = torch.stack([make_fc1_weight(spec, g, device) for g in range(spec.n_experts)])
     w2 = torch.stack([make_fc2_weight(spec, g, device) for g in range(spec.n_experts)])

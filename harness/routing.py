@@ -1,17 +1,10 @@
 """Routing skews: which global experts each token picks, and with what gate weight.
 
-Definition (the project owns it; PAPER.md suggests it):
-    expert popularity p_g ~ (g + 1) ** (-s) over the global expert index g in [0, W*E),
-    so hot experts sit on the low ranks. Each token picks top_k DISTINCT experts by successive
-    sampling without replacement from p (the same law as torch.multinomial(replacement=False)).
-    Gate weights are a softmax over top_k seeded logits, so they sum to one per token.
-
-    balanced       s = 0.0
-    moderate_skew  s = 0.8
-    stress_skew    s = 1.6
-
-Routing is drawn on the CPU from one seeded generator for ALL ranks' tokens at once, so every
-rank computes the identical global routing for a given seed with no communication.
+Expert popularity p_g ~ (g + 1) ** (-s) over the global expert index g in [0, W*E), so hot
+experts sit on the low ranks (s per routing: ROUTINGS). Each token picks top_k DISTINCT experts
+by successive sampling without replacement from p (torch.multinomial(replacement=False)'s law);
+its gate weights are a softmax over top_k seeded logits. One seeded CPU generator draws ALL
+ranks' tokens at once, so every rank computes the same global routing with no communication.
 """
 
 from __future__ import annotations
@@ -20,20 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
+#: the Zipf exponent s of each routing
 ROUTINGS: dict[str, float] = {"balanced": 0.0, "moderate_skew": 0.8, "stress_skew": 1.6}
-
-
-def skew_of(routing: str) -> float:
-    """The Zipf exponent s of a named routing; a clear error lists the choices."""
-    if routing not in ROUTINGS:
-        raise ValueError(f"unknown routing {routing!r}; choices: {sorted(ROUTINGS)}")
-    return ROUTINGS[routing]
 
 
 def popularity(n_experts: int, s: float) -> torch.Tensor:
     """Expert popularity p [n_experts] (float64, sums to 1), p_g ~ (g+1)^-s."""
-    g = torch.arange(1, n_experts + 1, dtype=torch.float64)
-    p = g.pow(-s)
+    p = torch.arange(1, n_experts + 1, dtype=torch.float64).pow(-s)
     return p / p.sum()
 
 
@@ -102,14 +88,10 @@ def _race(n_tokens: int, n_experts: int, top_k: int, s: float, gen: torch.Genera
 
 @dataclass(frozen=True)
 class Routing:
-    """Global routing of W ranks x T tokens.
+    """Global routing of W ranks x T tokens."""
 
-    expert_ids:   [W, T, top_k] int64, global expert index in [0, W*E)
-    gate_weights: [W, T, top_k] float32, rows sum to 1
-    """
-
-    expert_ids: torch.Tensor
-    gate_weights: torch.Tensor
+    expert_ids: torch.Tensor  # [W, T, top_k] int64, global expert index in [0, W*E)
+    gate_weights: torch.Tensor  # [W, T, top_k] float32, rows sum to 1
 
 
 def make_routing(
@@ -121,16 +103,14 @@ def make_routing(
     seed: int,
 ) -> Routing:
     """Seeded global routing, identical on every rank (drawn on the CPU)."""
-    s = skew_of(routing)
+    if routing not in ROUTINGS:
+        raise ValueError(f"unknown routing {routing!r}; choices: {sorted(ROUTINGS)}")
     gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)
     n_tok = world_size * tokens_per_rank
-    ids = sample_topk(n_tok, world_size * experts_per_rank, top_k, s, gen)
-    logits = torch.randn(n_tok, top_k, generator=gen)
-    w = torch.softmax(logits, dim=-1)
-    return Routing(
-        expert_ids=ids.view(world_size, tokens_per_rank, top_k),
-        gate_weights=w.view(world_size, tokens_per_rank, top_k).float(),
-    )
+    ids = sample_topk(n_tok, world_size * experts_per_rank, top_k, ROUTINGS[routing], gen)
+    w = torch.softmax(torch.randn(n_tok, top_k, generator=gen), dim=-1)
+    shape = (world_size, tokens_per_rank, top_k)
+    return Routing(expert_ids=ids.view(shape), gate_weights=w.view(shape).float())
 
 
 def imbalance(expert_ids: torch.Tensor, world_size: int, experts_per_rank: int) -> dict[str, float]:

@@ -1,8 +1,8 @@
 """The scale every system shares: out [T, N] = sum_j gate[t, j] * y_back[pos[t, j]].
 
-A Scaler is built once per cell in `setup` (untimed), so the timed region holds no
-host-to-device copy. On a CUDA device it runs one fused Triton kernel (harness/kernels/scale.py),
-elsewhere the same arithmetic in torch; both accumulate in float32 and return y_back's dtype.
+A Scaler is built once per cell in `setup` (untimed), so the timed region holds no host-to-device
+copy. On CUDA it runs one fused Triton kernel (harness/kernels/scale.py), elsewhere the same
+arithmetic in torch; both accumulate in float32 and return y_back's dtype.
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from harness.layout import RankLayout
 
 
 class Scaler:
-    """Step 5 of the layer for one rank: built from its layout, called on its receive buffer.
-
-    pos [T, k] int64: row of (token t, slot j) in y_back; gate [T, k] float32.
-    """
+    """Step 5 of the layer for one rank, called on its receive buffer y_back. pos [T, k] int64:
+    the row of (token t, slot j) in y_back; gate [T, k] float32."""
 
     def __init__(
         self,

@@ -1,8 +1,6 @@
-"""Ranks from Slurm (or submitit's local executor): one task per GPU, across nodes.
-
-Hydra's submitit launcher (`hydra/launcher=slurm`) starts `nodes x tasks_per_node` copies of
-the job, one per rank. `export_torch_env` turns the job's task ids into the torchrun variables,
-so harness.run takes its torchrun path. A job of one task spawns one process per GPU itself.
+"""Ranks from Slurm (or submitit's local executor): one task per GPU, across nodes. Hydra's
+submitit launcher starts `nodes x tasks_per_node` copies of the job; export_torch_env turns
+their task ids into the torchrun variables. A job of one task spawns a process per GPU itself.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""A calibrated model of one step of serial and of the overlap system. Every number it gives is
-a PREDICTION, never a measurement.
-
-A discrete-event walk per simulated rank (the MAX_RANKS busiest; the step is the max over them):
-  producer  the rank's real plan (systems/overlap/plan.py, stage A of the cell's own routing):
-            bands in visiting order, each ceil(N / 256) tiles of tile_us * K / 2048 SM-us (plus
-            strip_us each where the expert changes), on SMs - cCTA programs, fluid
+"""A calibrated model of one step of serial and of the overlap system: every number it gives is
+a PREDICTION, never a measurement. A discrete-event walk per simulated rank (the MAX_RANKS
+busiest; the step is the max over them):
+  producer  the rank's real plan (systems/overlap/plan.py, stage A of the cell's routing): bands
+            in visiting order, each ceil(N / 256) tiles of tile_us * K / 2048 SM-us (plus
+            strip_us where the expert changes), on SMs - cCTA programs, fluid
   consumer  segments in send order, program j takes j, j + cCTA, ...; one starts when its last
             band is done and its program free, and takes seg_lat_us + bytes / min(cta_gbps,
             link_gbps / programs busy) (per destination pair on pairwise links)
@@ -120,8 +119,7 @@ def plan_arrays(p) -> dict:
 
 
 def gemm_work(expert_seq: np.ndarray, n_cols: int, k: int, node: Node) -> np.ndarray:
-    """SM-us of each band in visiting order: its tiles, and a strip read where the expert
-    changes."""
+    """SM-us of each band in visiting order: its tiles, and a strip read where its expert is new."""
     new = np.ones(len(expert_seq), bool)
     new[1:] = expert_seq[1:] != expert_seq[:-1]
     return math.ceil(n_cols / TILE_N) * k / K_REF * (node.tile_us + node.strip_us * new)

@@ -1,9 +1,9 @@
 """What a system keeps across the cells of a run, released before the process group ends.
 
-A system that holds something for the whole run (deepep's NVSHMEM Buffer, whose destroy is a
-collective over every rank) registers a release function with at_run_end(fn); a rank calls
-run_end() after its last cell, before dist.destroy_process_group(). A rank that fails ends
-without it (a broken process group can hang in a collective).
+A system holding something for the whole run (deepep's NVSHMEM Buffer, whose destroy is a
+collective over every rank) registers its release with at_run_end(fn); a rank calls run_end()
+after its last cell, before dist.destroy_process_group(). A failed rank ends without it (a
+broken process group can hang in a collective).
 """
 
 from __future__ import annotations

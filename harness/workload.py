@@ -1,13 +1,11 @@
 """Workload cells: shapes, seeded activations and expert weights, identical on every rank.
 
-Two kinds of cell, by `ffn` (the expert width F):
-  ffn = 0  the paper's operator (Table 2): one GEMM per expert, Y_e[M_e, N] = X_e[M_e, K] @ B_e,
-           timed from the dispatched rows (scope gemm+combine). K is `hidden`, N is `out`.
-  ffn = F  a whole MoE layer: FFN experts Y_e = gelu(X_e @ W1_e) @ W2_e with W1_e [H, F],
-           W2_e [F, H] (H = hidden = out), timed from this rank's tokens and routing (scope
-           layer). fc2 [M, F] x [F, H] is the GEMM that feeds the combine: with F = 2048 it is
-           Table 2's operator GEMM (K = 2048, N = H).
-The combine all-to-all then moves the rows of Y back to their owners.
+By `ffn` (the expert width F):
+  ffn = 0  the paper's operator (Table 2): one GEMM per expert, Y_e [M_e, N] = X_e [M_e, K] @ B_e
+           (K = hidden, N = out), timed from the dispatched rows (scope gemm+combine)
+  ffn = F  a whole MoE layer: Y_e = gelu(X_e @ W1_e) @ W2_e, W1_e [H, F], W2_e [F, H] (H = hidden
+           = out), timed from this rank's tokens and routing (scope layer); fc2 with F = 2048 is
+           Table 2's operator GEMM (K = 2048, N = H)
 """
 
 from __future__ import annotations
@@ -62,10 +60,8 @@ class WorkloadSpec:
             )
         if self.train and not self.ffn:
             raise ValueError("a train cell is a layer cell: it needs ffn > 0")
-        if self.top_k > self.world_size * self.experts_per_rank:
-            raise ValueError(
-                f"top_k={self.top_k} > number of experts {self.world_size * self.experts_per_rank}"
-            )
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k={self.top_k} > number of experts {self.n_experts}")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -99,56 +95,53 @@ def seeded_generator(device: torch.device, *parts: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def _randn(spec: WorkloadSpec, device, tag: int, index: int, rows: int, cols: int, scale=1.0):
+    """[rows, cols] standard normals x scale, in spec.dtype, seeded by (seed, tag, index)."""
+    g = seeded_generator(device, spec.seed, tag, index)
+    x = torch.randn(rows, cols, generator=g, device=device) * scale
+    return x.to(spec.torch_dtype)
+
+
 def make_tokens(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
     """Token activations of one rank, x [T, K] in spec.dtype, seeded by (seed, rank)."""
-    g = seeded_generator(device, spec.seed, 1, rank)
-    x = torch.randn(spec.tokens_per_rank, spec.hidden, generator=g, device=device)
-    return x.to(spec.torch_dtype)
+    return _randn(spec, device, 1, rank, spec.tokens_per_rank, spec.hidden)
 
 
 def make_grad(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
     """A train cell's upstream gradient dL/dout of one rank, dy [T, H] in spec.dtype."""
-    g = seeded_generator(device, spec.seed, 5, rank)
-    dy = torch.randn(spec.tokens_per_rank, spec.out, generator=g, device=device)
-    return dy.to(spec.torch_dtype)
+    return _randn(spec, device, 5, rank, spec.tokens_per_rank, spec.out)
 
 
 def make_expert_weight(
     spec: WorkloadSpec, global_expert: int, device: torch.device
 ) -> torch.Tensor:
     """Weight of one global expert, B_g [K, N] in spec.dtype, scaled by 1/sqrt(K)."""
-    g = seeded_generator(device, spec.seed, 2, global_expert)
-    w = torch.randn(spec.hidden, spec.out, generator=g, device=device) * spec.hidden**-0.5
-    return w.to(spec.torch_dtype)
+    return _randn(spec, device, 2, global_expert, spec.hidden, spec.out, spec.hidden**-0.5)
 
 
 def make_rank_weights(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
     """The experts hosted on one rank, B [E, K, N], global experts rank*E .. rank*E+E-1.
     For FFN cells: fc2's weights W2 [E, F, H] (the GEMM that feeds the combine)."""
-    e0 = rank * spec.experts_per_rank
     make = make_fc2_weight if spec.ffn else make_expert_weight
-    return torch.stack([make(spec, e0 + e, device) for e in range(spec.experts_per_rank)])
+    e0 = rank * spec.experts_per_rank
+    return torch.stack([make(spec, g, device) for g in range(e0, e0 + spec.experts_per_rank)])
 
 
 def make_fc1_weight(spec: WorkloadSpec, global_expert: int, device: torch.device) -> torch.Tensor:
     """fc1 of one global FFN expert, W1_g [H, F] in spec.dtype, scaled by 1/sqrt(H)."""
-    g = seeded_generator(device, spec.seed, 3, global_expert)
-    w = torch.randn(spec.hidden, spec.ffn, generator=g, device=device) * spec.hidden**-0.5
-    return w.to(spec.torch_dtype)
+    return _randn(spec, device, 3, global_expert, spec.hidden, spec.ffn, spec.hidden**-0.5)
 
 
 def make_fc2_weight(spec: WorkloadSpec, global_expert: int, device: torch.device) -> torch.Tensor:
     """fc2 of one global FFN expert, W2_g [F, H] in spec.dtype, scaled by 1/sqrt(F)."""
-    g = seeded_generator(device, spec.seed, 4, global_expert)
-    w = torch.randn(spec.ffn, spec.hidden, generator=g, device=device) * spec.ffn**-0.5
-    return w.to(spec.torch_dtype)
+    return _randn(spec, device, 4, global_expert, spec.ffn, spec.hidden, spec.ffn**-0.5)
 
 
 def make_rank_fc1(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
     """fc1 of the FFN experts hosted on one rank, W1 [E, H, F]."""
     e0 = rank * spec.experts_per_rank
     return torch.stack(
-        [make_fc1_weight(spec, e0 + e, device) for e in range(spec.experts_per_rank)]
+        [make_fc1_weight(spec, g, device) for g in range(e0, e0 + spec.experts_per_rank)]
     )
 
 

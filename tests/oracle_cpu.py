@@ -8,7 +8,7 @@ What the GPU producer and consumer do, in plain torch and in the same order:
             a compact plan's segments are made of pieces, plan_pieces)
   4 local   after the schedule, the local rows -> own buffer at row_dst (the GPU producer's
             epilogue stores them there directly: the same end state)
-  5 scale   harness.reference.scale over the combine receive buffer [S_rows, N]
+  5 scale   scale (below) over the combine receive buffer [S_rows, N]
 
 Two transports: `overlap_forward` sends over a torch.distributed group (gloo: isend/irecv, tag =
 the sender's segment index; each rank builds every peer's plan, since the routing is global and
@@ -25,9 +25,19 @@ import torch
 import torch.distributed as dist
 
 from harness.layout import RankLayout
-from harness.reference import scale
 from systems.overlap.plan import CombinePlan, padded_input
 from tests.overlap_testing import local_rows, plan_pieces, plan_segments
+
+
+def scale(y_back: torch.Tensor, lay: RankLayout, tokens: int) -> torch.Tensor:
+    """Step 5: out [T, N] = sum_j gate[t, j] * y_back[send_pos[t, j]], from y_back [S, N]: a
+    gather to [T, k, N], a product with the gates in y_back's dtype, a sum over k (torch
+    accumulates it in float32)."""
+    k = lay.send_pos.shape[1]
+    rows = y_back.index_select(0, lay.send_pos.reshape(-1).to(y_back.device))
+    w = lay.gate.to(device=y_back.device, dtype=y_back.dtype)
+    return (rows.view(tokens, k, y_back.shape[1]) * w.unsqueeze(-1)).sum(1)
+
 
 #: send(segment index, destination rank, destination row offset, rows [n, N])
 SendFn = Callable[[int, int, int, torch.Tensor], None]

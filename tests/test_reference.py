@@ -4,8 +4,9 @@ import torch
 from harness.check import check
 from harness.experts import expert_gemm
 from harness.layout import RankLayout, counts_matrix, rank_layout
-from harness.reference import dispatch_local, reference_local, scale
+from harness.reference import dispatch_local, reference_local
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens, routing_of
+from tests.oracle_cpu import scale
 
 CPU = torch.device("cpu")
 

@@ -5,9 +5,10 @@ import torch.distributed as dist
 
 from harness.check import check
 from harness.layout import rank_layout
-from harness.reference import combine, dispatch, reference_local, scale
+from harness.reference import combine, dispatch, reference_local
 from harness.workload import WorkloadSpec, make_rank_weights, make_tokens
 from tests import ranks
+from tests.oracle_cpu import scale
 from tests.test_reference import expert_step
 
 W = 4

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from harness.layout import rank_layout
-from harness.reference import scale
 from harness.scale import Scaler
 from harness.workload import WorkloadSpec
 from tests.interpreted import run_interpreted
+from tests.oracle_cpu import scale
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

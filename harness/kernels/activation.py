@@ -1,9 +1,8 @@
 """GELU (erf form) in place over the first n rows of a [P, F] activation, n on the device.
 
-The overlap layer's fc1 output is sized for the most rows any step can receive (its plan is
-built before the dispatch's host sync), and only its first n_padded rows are real: torch's
-gelu would read and write every row. Program (p, q) takes rows [p*BR, (p+1)*BR) and columns
-[q*BF, (q+1)*BF), and returns at once when its rows start at or past n. float32 math, stored in
+The overlap layer's fc1 output is sized for the most rows any step can receive (its plan is built
+before the dispatch's host sync) and only its first n_padded rows are real: torch's gelu would
+touch every row. Programs whose rows start at or past n return at once. float32 math, stored in
 h's dtype, as torch's bf16/fp16 gelu.
 """
 
@@ -40,8 +39,8 @@ def _gelu_rows_kernel(h, n_ptr, F, BR: tl.constexpr, BF: tl.constexpr):
 
 
 def blocks(F: int) -> tuple[int, int]:
-    """(rows, columns) per program for width F. On an H200 (bf16, F=2048, 50 launches, events)
-    2 x 2048 was the fastest block shape measured (the numbers: docs/measurements.md)."""
+    """(rows, columns) per program for width F (2 x 2048 measured fastest at F=2048 on an H200:
+    docs/measurements.md)."""
     bf = min(2048, next_power_of_2(F))
     return max(1, ELEMS // bf), bf
 

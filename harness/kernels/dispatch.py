@@ -2,25 +2,19 @@
 counts exchange every launch is on the step's critical path, and torch needs about 20 small
 kernels for the received rows' labels alone.
 
-For the rows [R] received in (source s, local expert e) blocks of recv_counts [W, E] (source
-major, G = W*E blocks), with the blocks' offsets recv_off [W, E] in each source's send order:
-  recv_src[i]        s of row i's block b = s*E + e
-  recv_expert[i]     e
-  recv_dst_index[i]  recv_off[s, e] + (i - the block's first row)
-  expert_pos[i]      row i's position when the blocks are reordered expert-major (e, then s)
-  offs[e]            int32 cumulative rows of experts 0..e (torch._grouped_mm's offs)
-One program writes the blocks' inclusive ends (source major), their starts in the expert-major
-order, and offs. Then program p labels rows [p*BLOCK, (p+1)*BLOCK): a row's block is the number
-of blocks that end at or before it, found by a binary search over the ends (comparing every row
-with every block is too slow at W=64, E=64: docs/measurements.md). R may be a bound on the rows
-(launched before the host sync): rows past the blocks' total are -1.
+recv_rows labels the rows [R] received in (source s, local expert e) blocks b = s*E + e of
+recv_counts [W, E] (G = W*E blocks) as recv_rows_torch does (fields: harness.dispatch.Dispatched).
+One program writes the blocks' inclusive ends (source major), their expert-major starts and offs;
+then program p labels rows [p*BLOCK, (p+1)*BLOCK): a row's block is the number of blocks that
+end at or before it, by binary search over the ends (every row against every block is too slow
+at W=64, E=64: docs/measurements.md). R may be a bound on the rows (launched before the host
+sync): rows past the total are -1.
 
-The send side (sort_meta) is a stable counting sort of the routing's S = T*k global experts
-over G = W*E keys, in two launches with no memset (about 10x faster than sort_meta_torch's 35
-kernels at T=8192, k=2 on one H200). Program p sorts block p's B pairs in registers by
-(expert << log2 B | place), so ties keep their order, and writes lb[p, g], the block's pairs
-routed to experts before g. Then pair j of block p's sorted block, routed to expert e, goes to
-send row
+sort_meta is a stable counting sort of the S = T*k global experts over G keys, in two launches
+with no memset (~10x faster than sort_meta_torch's 35 kernels at T=8192, k=2 on an H200).
+Program p sorts block p's B pairs in registers by (expert << log2 B | place), so ties keep their
+order, and writes lb[p, g], the block's pairs routed to experts before g. Pair j of block p's
+sorted block, routed to expert e, then goes to send row
   sum over blocks q of lb[q, e]  (every pair routed to an earlier expert)
   + sum over q < p of (lb[q, e+1] - lb[q, e])  (expert e's pairs in earlier blocks)
   + j - lb[p, e]  (expert e's pairs before it in its block).
@@ -130,9 +124,8 @@ def recv_rows(
     recv_counts: torch.Tensor, recv_off: torch.Tensor, rows: int, expert_pos: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(recv_src, recv_expert, recv_dst_index [rows] int64, expert_pos [rows] int64 or None,
-    offs [E] int32) of the rows received in recv_counts' [W, E] blocks (module docstring);
-    rows: a host int, recv_counts.sum() or a bound on it (rows past the sum are -1). Two
-    launches, no host synchronisation."""
+    offs [E] int32) of the rows received in recv_counts' [W, E] blocks (module docstring); rows:
+    recv_counts.sum() or a bound on it (rows past the sum are -1). Two launches, no host sync."""
     W, E = recv_counts.shape
     G = W * E
     dev = recv_counts.device
@@ -283,9 +276,8 @@ def sort_meta(
 
 
 def split_sizes(meta: torch.Tensor, got: torch.Tensor, world_size: int, experts: int):
-    """sizes [2W + E + 1] int64: rows this rank sends to each rank (from meta), receives from
-    each rank and for each local expert (from got, the exchanged meta), and the rows it
-    receives in all. One launch."""
+    """sizes [2W + E + 1] int64, as split_sizes_torch: rows sent to each rank (from meta),
+    received from each rank and for each local expert (from got) and in all. One launch."""
     sizes = torch.empty(2 * world_size + experts + 1, dtype=torch.int64, device=meta.device)
     args = (meta.contiguous(), got.contiguous(), sizes, world_size, experts)
     kw = dict(WP=next_power_of_2(world_size), CH=32)

@@ -1,10 +1,9 @@
 """Device code of the host-free exchange between processes (harness/dispatch_peer.py): rows and
-counts moved through [W] int64 address tables of the peers' memory, the same tables and release
-atomics as the overlap system's combine (systems/overlap/transport.py), so one code path serves
-shm (CPU processes, Triton's interpreter), p2p and nvshmem (load/store-reachable peers).
-
-  publish  source -> every destination d: its [C] int64 counts row into d's count region at
-           row (slot * W + rank), then counter[d][rank] += 1 (release): the counts exchange
+counts moved through [W] int64 address tables of the peers' memory, with the overlap system's
+tables and release atomics (systems/overlap/transport.py): one code path for shm (CPU processes,
+Triton's interpreter), p2p and nvshmem.
+  publish  source -> every destination d: its [C] int64 counts row into d's count region at row
+           (slot * W + rank), then counter[d][rank] += 1 (release): the counts exchange
   gather   destination: out[i] = row rows[i] of source src[i]'s region, for i < n_rows (a load
            through the peer's pointer: the rows land where this rank wants them, no put)
   put      expert side: row i of y to owner dst[i]'s receive region at row at[i], for i <

@@ -1,20 +1,17 @@
 """A remembered Triton launch, launched again without Triton's per-call host work.
 
-Triton binds and specialises every argument on every launch, then our launchers check their
-operands and build TMA descriptors: several times the host time of the compiled kernel's own
-launcher (docs/measurements.md). A runner launches the same kernels with the same arguments on
-every step, so it remembers each launch once and re-runs the compiled kernel with the
-remembered argument list: on the fast path straight through Triton's C launcher, each tensor
-already resolved to its device address and each host TMA descriptor already encoded; where
-this Triton's launcher has another shape (scratch memory, an unknown wrapper) or FAST is False,
-through CompiledKernel.run with the bound arguments, as Triton would.
+Triton binds and specialises every argument on every launch, and our launchers check operands
+and build TMA descriptors: several times the compiled launcher's own host time
+(docs/measurements.md). A runner makes the same launches every step, so a LaunchMemo remembers
+one and re-runs the compiled kernel: on the fast path straight through Triton's C launcher, each
+tensor resolved to its address and each host TMA descriptor encoded; where the launcher has
+another shape (scratch memory, an unknown wrapper) or FAST is False, through CompiledKernel.run.
 
-The caller owns the key: it must differ whenever any argument but the `volatile` ones would
-differ. The memo holds the remembered arguments, so their memory stays allocated (and their
-addresses unique). A volatile int must be declared do_not_specialize in its kernel and keep its
-integer width; a volatile tensor must keep its dtype, device and 16-byte alignment, the only
-things Triton specialises a pointer on (launch() checks them). While a Triton launch hook is set
-(a profiler), every launch takes Triton's own path.
+The caller owns the key: it must differ whenever any argument but the `volatile` ones would. The
+memo holds its arguments (their memory stays allocated, their addresses unique) unless released.
+A volatile int must be declared do_not_specialize and keep its integer width; a volatile tensor
+must keep its dtype, device and 16-byte alignment, all Triton specialises a pointer on (launch()
+checks them). While a Triton launch hook is set (a profiler), every launch takes Triton's path.
 """
 
 from __future__ import annotations
@@ -40,10 +37,9 @@ def launch_hooked() -> bool:
 
 
 def c_launcher(compiled: Any) -> tuple[Any, dict[int, Any]] | None:
-    """(the C launch function, {bound index: TMA descriptor metadata}) of a compiled kernel,
-    or None where its launcher is not the shape this fast path knows (Triton 3.6's
-    CudaLauncher: a C `launch`, or Triton's wrapper around it that encodes host TMA
-    descriptors, with no global or profile scratch memory to allocate per launch)."""
+    """(the C launch function, {bound index: TMA descriptor metadata}), or None where the
+    launcher is not a shape this fast path knows (Triton 3.6's CudaLauncher: a C `launch`, or
+    the wrapper encoding host TMA descriptors; no global or profile scratch memory)."""
     run = compiled.run
     if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
         return None
@@ -217,10 +213,8 @@ CACHED_MAX = 64
 def launch_cached(kernel: Any, grid: tuple, args: tuple, kwargs: dict, ints: tuple = ()) -> Any:
     """kernel[grid](*args, **kwargs), remembered: the same kernel, grid, non-tensor arguments
     and tensor kinds (dtype, device, 16-byte alignment) relaunch the remembered compile with
-    these tensors (and the ints named in `ints`, which the kernel must declare
-    do_not_specialize) swapped in, holding no tensor between calls. For the launches every
-    step makes on new tensors (the dispatch's bookkeeping, the scale). CPU tensors (the
-    interpreter) and a set launch hook take Triton's own path."""
+    these tensors and the `ints` (declared do_not_specialize) swapped in, holding no tensor
+    between calls. CPU tensors (the interpreter) and a set launch hook take Triton's path."""
     names = kernel.arg_names
     sig: list[Any] = []
     volatile: dict[str, Any] = {}

@@ -1,10 +1,8 @@
 """The fused scale (step 5 of the layer): out[t] = sum_j gate[t, j] * y[pos[t, j]].
 
 One Triton kernel instead of a gather, a product and a sum (three kernels and a [T, k, N]
-temporary). Program (b, c) reads the k rows of BLOCK_T tokens in column block c, multiplies by
-the gate weights and accumulates in float32, then stores a [BLOCK_T, BLOCK_N] block of out in
-out's dtype. benchmarks.scale_bound measures every variant in VARIANTS against the memory bound
-(k*T*N elements read, T*N written; docs/measurements.md).
+temporary); program (b, c) does BLOCK_T tokens x BLOCK_N columns, accumulating in float32.
+benchmarks.scale_bound measures VARIANTS against the memory bound (docs/measurements.md).
 """
 
 from __future__ import annotations
