@@ -1,21 +1,16 @@
 """DeepEP's low-latency kernels as a layer baseline (deepseek-ai/DeepEP at 567632d, v1 API).
 
-The field's host-free dispatch and combine: worst-case per-expert receive buffers plus a count
-on the device, no host synchronisation (its Python checks host ints only, its C++ joins its
-comm stream by events, csrc/deep_ep.cpp:1534-1795), capturable in a CUDA graph. One process per
-rank (NVSHMEM: one PE per GPU), any W. Timed region (layer cells only):
+Host-free dispatch and combine (worst-case per-expert receive buffers plus a count on the device;
+its Python checks host ints only, its C++ joins its comm stream by events,
+csrc/deep_ep.cpp:1534-1795), so the step is capturable. One process per rank (NVSHMEM: one PE
+per GPU). Timed region (layer cells only):
   1 Buffer.low_latency_dispatch(x [T, H] bf16, ids [T, k], M = T, G = W * E) -> recv_x
     [E, W*M, H] (expert e's rows at recv_x[e, :count[e]]) and count [E] int32 on the device;
-  2 the FFN experts over ONLY the real rows (`packed_ffn`): DeepEP's users run DeepGEMM's masked
-    grouped GEMM; a batched GEMM over the worst case would multiply the FLOPs by W*M*E / (T*k);
+  2 the FFN experts over ONLY the real rows (`packed_ffn`; a batched GEMM over the worst case
+    would multiply the FLOPs by W*M*E / (T*k));
   3 Buffer.low_latency_combine(y, ids, gate [T, k] f32, handle) -> out [T, H] (gate-weighted).
-
-ONE low-latency Buffer per process and run (`ll_buffer`), sized for the run's worst case:
-validate() sees every cell before any rank starts and keeps, per W, the largest RDMA size, QP
-count (one per local expert, internode_ll.cu:285) and NVSHMEM_QP_DEPTH (>= 2 (M + 1),
-buffer.py:602) in the environment (PLAN_ENV), which spawned ranks inherit; a process that never
-validated (a test) grows it where a later cell needs more. Cells the kernels cannot take are
-skipped before any GPU work (`ll_limits`: each limit with where it sits in DeepEP's source).
+ONE Buffer per process and run (`ll_buffer`), sized for the run's largest cell (`plan_cell`).
+Cells the kernels cannot take are skipped before any GPU work (`ll_limits`).
 """
 
 from __future__ import annotations
@@ -184,13 +179,15 @@ def packed_ffn(
     return y[:-1].view(E, S, H)
 
 
-#: the environment variable that carries the run's Buffer sizes from validate() to the ranks:
-#: {"pid": the validating process, "sizes": {W: [rdma_bytes, qps, qp_depth]}}
+#: the environment variable that carries the run's Buffer sizes from validate() to the ranks
+#: (spawned ranks inherit it): {"pid": the validating process, "sizes": {W: [rdma_bytes, qps,
+#: qp_depth]}}; a process that never validated (a test) grows its Buffer where a cell needs more
 PLAN_ENV = "HARNESS_DEEPEP_BUFFER"
 
 
 def cell_needs(spec: WorkloadSpec) -> tuple[int, int, int]:
-    """(RDMA bytes, QPs per rank, NVSHMEM QP depth) a cell's low-latency Buffer needs."""
+    """(RDMA bytes, QPs per rank, NVSHMEM QP depth) a cell's low-latency Buffer needs: one QP
+    per local expert (internode_ll.cu:285), depth >= 2 (M + 1) (buffer.py:602)."""
     M = spec.tokens_per_rank
     rdma = ll_rdma_bytes(M, spec.hidden, spec.world_size, spec.n_experts)
     return rdma, spec.experts_per_rank, 2 * (M + 1)

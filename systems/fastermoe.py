@@ -2,13 +2,12 @@
 
 fmoe.fastermoe.schedule._fmoe_general_global_forward runs FasterMoE's pipelined group-step
 exchange (FMOE_FASTER_GROUP_SIZE = g) with our experts as expert_fn and shadowing off
-(stored_models all False: off by default, like the topology-aware gate); the gate-weighted sum
-of each token's k rows follows, as FMoE's layer does. Timed region: from x [T, K] and the
-routing (the CellInputs tensors, read on every forward), count exchange, dispatch steps, expert
-GEMMs, return steps, gather to (token, slot) order and the weighted sum -> out [T, N].
-FasterMoE's buffers need expert output width == input width, so operator cells with K != N are
-skipped. fmoe reads FMOE_FASTER_GROUP_SIZE ONCE per process (a static in smart_schedule.cpp), so
-a cell asking another group size than the run's first is skipped (run it in its own invocation).
+(stored_models all False, its default); the gate-weighted sum of each token's k rows follows, as
+FMoE's layer does. Timed, from x [T, K] and the routing (read on every forward): count exchange,
+dispatch steps, expert GEMMs, return steps, gather and weighted sum -> out [T, N]. Operator cells
+with K != N are skipped (its buffers need equal widths). fmoe reads FMOE_FASTER_GROUP_SIZE ONCE
+per process (a static in smart_schedule.cpp): a cell asking another group size than the run's
+first is skipped (run it in its own invocation).
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """FasterMoE's smart schedule re-implemented (pipelined point-to-point exchange per group step).
 
-FasterMoE (He et al., PPoPP 2022; laekov/fastmoe, cuda/fastermoe/smart_schedule.h) replaces the
-two all-to-alls by n = W / g steps of point-to-point exchanges between groups of g ranks: at
+FasterMoE (laekov/fastmoe, cuda/fastermoe/smart_schedule.h) replaces the two all-to-alls by
+n = W / g steps of point-to-point exchanges between groups of g ranks (param `group_size`): at
 step s, group grp = r // g sends to group (grp + s) mod n and receives from (grp - s) mod n.
-Stages: 1 the dispatch steps on a comm stream, one NCCL group per (step, local expert), each
-recording input_ready[s]; 2 per step on the compute stream, one GEMM per local expert over the
-rows from group (grp - s); 3 the return steps, step s waiting output_ready[s]. Send buffer in
-(destination, expert) order, receive buffer expert-major, as smart_schedule.h.
-Here in torch, one dist.batch_isend_irecv per (step, expert): HOST-BOUND (extra says so). Not
-reproduced, both off in FasterMoE by default: shadowing (same output in exact arithmetic, moved
-work; stored_models all False) and the topology-aware gate (it changes the routing).
-
-Scope (param `scope`): "gemm+combine" (default; the dispatch steps run once at setup, timed:
-stages 2-3 and the output step) or "layer" (stages 1-3 and output). Output step as FMoE's
-layer: gather to (token, slot) order [T, k, N], torch.bmm(gate_score [T, 1, k], rows) -> [T, N]
-(gate scores in the data dtype). Param `group_size` g (default 1; clamped to W; W % g == 0).
+Stages: 1 the dispatch steps on a comm stream, one NCCL group per (step, local expert); 2 per
+step, one GEMM per local expert over the rows from group (grp - s); 3 the return steps, step s
+after its compute. Here in torch, one dist.batch_isend_irecv per (step, expert): HOST-BOUND.
+Not reproduced, both off in FasterMoE by default: shadowing (same output in exact arithmetic,
+moved work) and the topology-aware gate (it changes the routing).
+Param `scope`: "gemm+combine" (default; the dispatch steps run once at setup; timed: stages 2-3
+and the output step) or "layer" (stages 1-3 and the output step).
 """
 
 from __future__ import annotations
@@ -145,7 +140,8 @@ class CombineScheduleStep(PipelinedStep):
             self._exchange(self.plan.combine_pairs(s, e), self.gout, self.yout, s * self.plan.E + e)
 
     def _output(self) -> torch.Tensor:
-        """_local_gather to (token, slot) order, then bmm with the gate scores -> [T, N]."""
+        """_local_gather to (token, slot) order [T, k, N], then as FMoE's layer
+        torch.bmm(gate_score [T, 1, k] in the data dtype, rows) -> [T, N]."""
         T, k, N = self.spec.tokens_per_rank, self.spec.top_k, self.spec.out
         rows = self.yout.index_select(0, self.pos_g).view(T, k, N)
         return torch.bmm(self.gate_score, rows).view(T, N)

@@ -1,22 +1,18 @@
 """Shared glue for the Megatron-core baselines (megatron-core 0.16.1), imported only at setup.
 
-Megatron's real MoELayer and MoEAlltoAllTokenDispatcher run unchanged (route -> permute ->
-EP all-to-all -> sort by local expert -> experts -> unsort -> EP all-to-all -> unpermute), fed
-the harness routing by the router stub `FixedRouter` (so the dispatched rows equal x_recv).
-Operator cells (`MegatronOperator`; our expert is ONE GEMM Y_e = X_e @ B_e): experts that are
-Megatron's fc1 then its probs multiply (`SingleGemmGroupedMLP`: GroupedMLP weight1 [K, E*N] read
-as [E, K, N]; `SingleGemmTEGroupedMLP`: TE GroupedLinear weight{e} [N, K] = B_e^T), timed from
-the dispatched rows (experts, combine all-to-all, unpermute -> [T, N]).
-Layer cells (ffn = F > 0, `MegatronLayer`): Megatron's real experts as its specs build them,
-"grouped" = legacy GroupedMLP (bf16 only; gmm, or `grouped_gemm_fallback`) or "te" =
-TEGroupedMLP, timed as layer(x [T, 1, H]) -> [T, H]. Both apply the probs after the activation
-(F.gelu, erf form): sum_j w_j gelu(x W1_j) W2_j, the reference's sum.
+Megatron's real MoELayer and MoEAlltoAllTokenDispatcher run unchanged (route -> permute -> EP
+all-to-all -> sort by local expert -> experts -> unsort -> EP all-to-all -> unpermute), fed the
+harness routing by the router stub `FixedRouter` (so the dispatched rows equal x_recv).
+Operator cells (`MegatronOperator`, experts `single_gemm_experts_cls`: our expert is ONE GEMM
+Y_e = X_e @ B_e, Megatron's fc1 then its probs multiply) are timed from the dispatched rows:
+experts, combine all-to-all, unpermute -> [T, N]. Layer cells (ffn = F > 0, `MegatronLayer`):
+Megatron's real experts as its specs build them, timed as layer(x [T, 1, H]) -> [T, H]; the probs
+apply after the activation (F.gelu, erf form): sum_j w_j gelu(x W1_j) W2_j, the reference's sum.
 
 Capacity (layer cells): "dropless" reads the counts on the host in its preprocess
 (token_dispatcher.py _maybe_dtoh_and_synchronize), so its step cannot be captured. "padded" is
 Megatron's drop-and-pad route at the smallest capacity factor that drops nothing
 (`no_drop_capacity`): counts become host constants, every expert computes W * capacity rows.
-Parallel state: made once per process over the default group, EP = world size, TP = PP = CP = 1.
 """
 
 from __future__ import annotations
@@ -250,7 +246,7 @@ def apply_probs(y: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 
 
 def gemm_backend(x: torch.Tensor, w: torch.Tensor) -> str:
-    """Which grouped GEMM SingleGemmGroupedMLP runs for these operands."""
+    """Which grouped GEMM single_gemm_experts_cls() runs for these operands."""
     from megatron.core.transformer.moe import grouped_gemm_util as gg
 
     if gg.grouped_gemm_is_available() and x.is_cuda and x.dtype == torch.bfloat16:
@@ -312,30 +308,47 @@ class FixedRouter(torch.nn.Module):
         """Called by MoELayer.set_layer_number."""
 
 
-def single_gemm_grouped_mlp_cls():
-    """The CUTLASS experts class (built lazily so this module imports without megatron)."""
+def single_gemm_experts_cls(te: bool = False) -> type:
+    """The operator cells' experts class: one GEMM per expert, then x probs, rows by expert
+    [R, K] -> [R, N]. GroupedMLP's fc1 (weight1 [K, E*N], read as [E, K, N]), or with `te`
+    TEGroupedMLP's linear_fc1, a TE GroupedLinear (weight{e} [N, K] = B_e^T; needs
+    transformer_engine at construction). Built lazily: this module imports without megatron."""
     from megatron.core.transformer.module import MegatronModule
 
-    class SingleGemmGroupedMLP(MegatronModule):
-        """GroupedMLP's fc1 as the whole expert: [R, K] rows by expert -> [R, N] (x probs)."""
-
+    class SingleGemmExperts(MegatronModule):
         def __init__(self, num_local_experts: int, config: Any, pg_collection: Any = None):
             super().__init__(config=config)
             self.num_local_experts = num_local_experts
             K, N = config.hidden_size, config.moe_ffn_hidden_size
+            if te:
+                from megatron.core.extensions.transformer_engine import (
+                    TEColumnParallelGroupedLinear,
+                )
+
+                self.linear_fc1 = TEColumnParallelGroupedLinear(
+                    num_local_experts, K, N, config=config, init_method=config.init_method,
+                    bias=False, skip_bias_add=False, is_expert=True, tp_comm_buffer_name="fc1",
+                    pg_collection=pg_collection,
+                )  # fmt: skip
+                return
             self.weight1 = torch.nn.Parameter(
                 torch.zeros(K, num_local_experts * N, dtype=config.params_dtype),
                 requires_grad=False,
             )
 
         def load_weights(self, weights: torch.Tensor) -> None:
+            if te:
+                copy_te_weights(self.linear_fc1, weights)
+                return
             with torch.no_grad():
                 self.weight1.copy_(grouped_fc1_layout(weights))
 
         def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
             x = permuted_local_hidden_states
-            K = self.config.hidden_size
-            w1 = self.weight1.view(self.num_local_experts, K, -1)
+            if te:
+                y, _ = self.linear_fc1(x, tokens_per_expert.tolist())
+                return apply_probs(y, permuted_probs), None
+            w1 = self.weight1.view(self.num_local_experts, self.config.hidden_size, -1)
             if gemm_backend(x, w1) == "grouped_gemm.gmm":
                 from megatron.core.transformer.moe import grouped_gemm_util as gg
 
@@ -344,35 +357,14 @@ def single_gemm_grouped_mlp_cls():
                 y = expert_gemm(x, tokens_per_expert.tolist(), w1)
             return apply_probs(y, permuted_probs), None
 
-    return SingleGemmGroupedMLP
+    return SingleGemmExperts
 
 
-def single_gemm_te_grouped_mlp_cls():
-    """The Transformer Engine experts class (needs transformer_engine at construction)."""
-    from megatron.core.transformer.module import MegatronModule
+def te_gemm_name() -> str:
+    """The TE experts' grouped GEMM (for `impl`)."""
+    import transformer_engine
 
-    class SingleGemmTEGroupedMLP(MegatronModule):
-        """TEGroupedMLP's linear_fc1 (TE GroupedLinear) as the whole expert, then x probs."""
-
-        def __init__(self, num_local_experts: int, config: Any, pg_collection: Any = None):
-            super().__init__(config=config)
-            from megatron.core.extensions.transformer_engine import TEColumnParallelGroupedLinear
-
-            self.num_local_experts = num_local_experts
-            self.linear_fc1 = TEColumnParallelGroupedLinear(
-                num_local_experts, config.hidden_size, config.moe_ffn_hidden_size,
-                config=config, init_method=config.init_method, bias=False, skip_bias_add=False,
-                is_expert=True, tp_comm_buffer_name="fc1", pg_collection=pg_collection,
-            )  # fmt: skip
-
-        def load_weights(self, weights: torch.Tensor) -> None:
-            copy_te_weights(self.linear_fc1, weights)
-
-        def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
-            y, _ = self.linear_fc1(permuted_local_hidden_states, tokens_per_expert.tolist())
-            return apply_probs(y, permuted_probs), None
-
-    return SingleGemmTEGroupedMLP
+    return f"TE {getattr(transformer_engine, '__version__', '?')} GroupedLinear"
 
 
 class _HeldDispatch:
@@ -415,29 +407,22 @@ class _HeldDispatch:
 
 class MegatronOperator(_HeldDispatch):
     """An operator cell on the real MoELayer (all-to-all dispatcher), run from the dispatched
-    rows (module doc); x_recv, where given, must equal them."""
+    rows (module doc), which must equal the harness's x_recv [R, K]. te: TE GroupedLinear
+    experts, else GroupedMLP's fc1 (single_gemm_experts_cls)."""
 
-    def __init__(
-        self,
-        spec: WorkloadSpec,
-        rank: int,
-        experts_cls: type,
-        x: torch.Tensor,
-        weights: torch.Tensor,
-        x_recv: torch.Tensor | None = None,
-        permute_fusion: bool = False,
-    ) -> None:
+    def __init__(self, inputs: Any, rank: int, te: bool, permute_fusion: bool) -> None:
         from megatron.core.transformer.moe.moe_layer import MoESubmodules
 
-        submodules = MoESubmodules(experts=experts_cls, router=FixedRouter)
+        spec, x = inputs.spec, inputs.x
+        submodules = MoESubmodules(experts=single_gemm_experts_cls(te), router=FixedRouter)
         self._make_layer(spec, submodules, False, moe_permute_fusion=permute_fusion)
-        self.layer.experts.load_weights(weights.cpu())
+        self.layer.experts.load_weights(inputs.weights.cpu())
         self.layer = self.layer.to(x.device).eval()
         routing = routing_of(spec)
         ids, gate = routing.expert_ids[rank], routing.gate_weights[rank]
         self.layer.router.set_topk(ids.to(x.device), gate.to(x.device), spec.n_experts)
         self._dispatch_once(x)
-        if x_recv is not None and not torch.equal(self.disp, x_recv):
+        if not torch.equal(self.disp, inputs.x_recv):
             raise RuntimeError("Megatron's dispatched rows differ from the harness's x_recv")
         T, N = spec.tokens_per_rank, spec.out
         self.dispatcher.hidden_shape = torch.Size([T, N])
@@ -595,9 +580,7 @@ class MegatronLayer(_HeldDispatch):
     def _gemm_name(self, experts: str, real_gg: bool) -> str:
         """Which grouped GEMM the experts run (for `impl`)."""
         if experts == "te":
-            import transformer_engine
-
-            return f"TE {getattr(transformer_engine, '__version__', '?')} GroupedLinear"
+            return te_gemm_name()
         if real_gg:
             return "grouped_gemm.gmm"
         w1 = self.layer.experts.weight1.view(self.spec.experts_per_rank, self.spec.hidden, -1)

@@ -1,15 +1,12 @@
 """Megatron-core with CUTLASS grouped GEMM experts (megatron-core 0.16.1; needs CUDA).
 
-The real MoELayer with the all-to-all token dispatcher (systems/megatron_common.py). Megatron
-does not overlap the combine with the expert GEMMs: serial in structure, with Megatron's own
-permutations (TE's fused kernels where TE is installed: permute_fusion=auto). Operator cells:
-GroupedMLP's fc1 as the single-GEMM expert; layer cells: legacy GroupedMLP (bf16 only). The GEMM
-is grouped_gemm.ops.gmm, or without that package torch._grouped_mm (`impl` says which).
-
-Param `capacity` (layer cells): "dropless" (default; its host sync keeps the step out of a CUDA
-graph) or "padded" (the drop-and-pad route at the cell's no-drop capacity: no host read, so it
-may be captured); a (token, expert) pair dropped anyway fails setup (a dropped low-gate pair can
-pass the output check).
+The real MoELayer with the all-to-all token dispatcher (systems/megatron_common.py): serial in
+structure (the combine waits for the expert GEMMs), with Megatron's own permutations (TE's fused
+kernels where TE is installed: permute_fusion=auto). Operator cells: GroupedMLP's fc1 as the
+single-GEMM expert; layer cells: legacy GroupedMLP (bf16 only). The GEMM is grouped_gemm.ops.gmm,
+or without that package torch._grouped_mm (`impl` says which). Param `capacity` (layer cells):
+"dropless" (default) or "padded" (megatron_common.py explains both); on "padded" a (token,
+expert) pair dropped anyway fails setup (a dropped low-gate pair can pass the output check).
 """
 
 from __future__ import annotations
@@ -24,15 +21,6 @@ from harness.system import CellInputs, Step, System
 CAPACITIES = ("dropless", "padded")
 
 
-def dropless_blocker(name: str) -> str:
-    """Why a step on Megatron's dropless all-to-all dispatcher cannot be captured."""
-    return (
-        f"{name} capacity=dropless: Megatron's all-to-all dispatcher copies "
-        "tokens_per_expert and the split sizes to the host and waits for them "
-        "(token_dispatcher.py _maybe_dtoh_and_synchronize: d2h_event.synchronize())"
-    )
-
-
 class MegatronStep(Step):
     """A step on a megatron_common MegatronOperator or dropless MegatronLayer `op` of system
     `name`: timed = op.forward(), the bounds op's on its held rows."""
@@ -44,7 +32,11 @@ class MegatronStep(Step):
         return self.op.forward()
 
     def capture_blocker(self) -> str | None:
-        return dropless_blocker(self.name)
+        return (
+            f"{self.name} capacity=dropless: Megatron's all-to-all dispatcher copies "
+            "tokens_per_expert and the split sizes to the host and waits for them "
+            "(token_dispatcher.py _maybe_dtoh_and_synchronize: d2h_event.synchronize())"
+        )
 
     def compute_only(self) -> Any:
         return self.op.compute_only()
@@ -76,7 +68,8 @@ class MegatronCutlassSystem(System):
     name = "megatron_cutlass"
     overlaps = False  # the combine runs after the experts
     layer_scope = True
-    #: Megatron experts of layer cells: "grouped" (GroupedMLP) or "te" (TEGroupedMLP)
+    #: Megatron's experts: "grouped" (GroupedMLP; operator cells: its fc1) or "te" (TEGroupedMLP;
+    #: operator cells: its linear_fc1, a TE GroupedLinear)
     layer_experts = "grouped"
     #: permute_fusion: Megatron's moe_permute_fusion ("auto": on where TE provides it);
     #: capacity: CAPACITIES (module doc)
@@ -102,18 +95,12 @@ class MegatronCutlassSystem(System):
                 f"{cls.name}: capacity=padded is Megatron's layer route; the operator scope "
                 "starts from the harness's dropless dispatched rows (x_recv)"
             )
-        return cls.experts_unsupported(spec)
-
-    @classmethod
-    def experts_unsupported(cls, spec) -> str | None:
-        """Why the experts module cannot take the cell, or None."""
-        if spec.ffn and spec.dtype != "bfloat16":
+        if spec.ffn and cls.layer_experts == "grouped" and spec.dtype != "bfloat16":
             return f"{cls.name}: Megatron's legacy GroupedMLP runs bf16 only, cell is {spec.dtype}"
-        return None
+        return None  # TEGroupedMLP asserts no dtype
 
     def build(self, ranks: list[CellInputs]) -> Step:
-        """An operator cell's or a dropless layer cell's MegatronStep, or a padded layer cell's
-        PaddedLayerStep (the `capacity` param)."""
+        """A MegatronStep, or a padded layer cell's PaddedLayerStep (the `capacity` param)."""
         from systems import megatron_common as mc
 
         mc.pin_cudnn_to_torch()  # before megatron imports Transformer Engine
@@ -132,16 +119,15 @@ class MegatronCutlassSystem(System):
 
     def _operator_step(self, mc, inputs: CellInputs) -> Step:
         """The real MoELayer run from the harness's dispatched rows x_recv [R, K]."""
-        experts = self.experts_cls(mc)
-        op = mc.MegatronOperator(inputs.spec, self.ctx.rank, experts, inputs.x, inputs.weights,
-                                 inputs.x_recv, permute_fusion=self.fusion)  # fmt: skip
-        self._impl = self.impl_name(mc, inputs)
+        te = self.layer_experts == "te"
+        op = mc.MegatronOperator(inputs, self.ctx.rank, te, self.fusion)
+        gemm = mc.te_gemm_name() if te else mc.gemm_backend(inputs.x_recv, inputs.weights)
+        self._impl = f"native (mcore {mc.mcore_version()} MoELayer+alltoall; experts {gemm})"
         self.extra = {"megatron_core": mc.mcore_version(), "dispatcher": "alltoall"}
         return MegatronStep(op, self.name)
 
     def _padded_step(self, mc, inputs: CellInputs) -> Step:
-        """The real MoELayer padded to the cell's no-drop capacity; a (token, expert) pair
-        Megatron dropped anyway fails setup (a dropped low-gate pair can pass the check)."""
+        """The real MoELayer padded to the cell's no-drop capacity (module doc)."""
         factor = mc.no_drop_capacity(inputs.spec)[1]
         op = mc.MegatronLayer(
             inputs, self.layer_experts, permute_fusion=self.fusion, capacity_factor=factor
@@ -172,13 +158,6 @@ class MegatronCutlassSystem(System):
 
     def resolved_params(self) -> dict[str, Any]:
         return {"permute_fusion_used": self.fusion}
-
-    def experts_cls(self, mc):
-        return mc.single_gemm_grouped_mlp_cls()
-
-    def impl_name(self, mc, inputs: CellInputs) -> str:
-        backend = mc.gemm_backend(inputs.x_recv, inputs.weights)
-        return f"native (mcore {mc.mcore_version()} MoELayer+alltoall; experts {backend})"
 
     @property
     def impl(self) -> str:

@@ -1,16 +1,12 @@
 """Megatron-core's MoELayer with the flex token dispatcher on DeepEP (what Megatron users run at
 scale): megatron-core 0.16.1, deepseek-ai/DeepEP at 567632d, Transformer Engine grouped experts.
 
-The real MoELayer as megatron_te builds it for layer cells (systems/megatron_common.py
-MegatronLayer) with the FLEX settings: the dispatch and combine are DeepEP's normal
+megatron_common.MegatronLayer with the FLEX settings: dispatch and combine are DeepEP's normal
 (high-throughput) kernels through megatron's fused_a2a (one Buffer per process, megatron's),
 moe_deepep_num_sms = 20 (Megatron's default). Timed as the whole layer(x [T, 1, H]) -> [T, H].
-
-Not capturable: the normal dispatch waits on the host for the received counts (fused_a2a.py:
-"the CPU will wait for GPU's signal to arrive") and the permute reads tokens_per_expert.sum()
-on the host. No bounds: the flex dispatcher's expert step consumes its dispatch's state (the
-top-k probs become the multihot map), so the experts cannot be rerun on held rows.
-Cells the kernels or the flex dispatcher refuse (W=1 among them) are skipped before GPU work.
+No bounds: the flex dispatcher's expert step consumes its dispatch's state (the top-k probs
+become the multihot map), so the experts cannot be rerun on held rows. Cells the kernels or the
+flex dispatcher refuse (W=1 among them) are skipped before GPU work.
 """
 
 from __future__ import annotations
@@ -69,7 +65,8 @@ def flex_limits(spec: WorkloadSpec) -> list[str]:
 
 class FlexLayerStep(Step):
     """The whole MoELayer forward on megatron_common.MegatronLayer `op` with the flex
-    dispatcher, x [T, 1, H] -> out [T, H]; no bounds (module doc)."""
+    dispatcher, x [T, 1, H] -> out [T, H]; no bounds (module doc). The host waits: fused_a2a.py
+    "the CPU will wait for GPU's signal to arrive"; the permute reads tokens_per_expert.sum()."""
 
     def __init__(self, op: Any) -> None:
         self.op = op

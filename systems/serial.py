@@ -2,14 +2,12 @@
 
 Operator cells: grouped GEMM over rows sorted by expert [R, K] x [E, K, N] -> [R, N], back to the
 received order, all_to_all_single to the owners, gate-weighted scale -> [T, N]. Layer cells
-(ffn > 0), from x [T, H] and the routing: dispatch, rows grouped by expert (skipped where the
-received (source, expert) order already is), fc1, GELU, fc2, back, combine, scale -> [T, H].
-Param `dispatch` (harness/dispatch_device.py DISPATCHES): "device" (auto's default) needs no host
-sync (harness/dispatch_device.py at W=1, harness/dispatch_peer.py with one process per rank: the
-overlap system's dispatch), so the step captures in a CUDA graph; "nccl" is harness/dispatch.py's
-all-to-all dispatch and combine with the split sizes' host sync (auto's choice across CPU
-processes without Triton's interpreter). The GEMM is torch._grouped_mm where it applies (Hopper,
-bf16), a per-expert matmul elsewhere.
+(ffn > 0), from x [T, H] and the routing: dispatch, rows grouped by expert, fc1, GELU, fc2, back,
+combine, scale -> [T, H]. Param `dispatch` (harness/dispatch_device.py DISPATCHES): "device"
+(harness/dispatch_device.py at W=1, harness/dispatch_peer.py with one process per rank: the
+overlap system's dispatch) needs no host sync, so the step captures in a CUDA graph; "nccl" is
+harness/dispatch.py's all-to-all dispatch and combine with the split sizes' host sync. The GEMM
+is torch._grouped_mm where it applies (Hopper, bf16), a per-expert matmul elsewhere.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from harness.experts import (
 )
 from harness.reference import combine
 from harness.scale import Scaler
-from harness.system import CellInputs, RunContext, Step, System
+from harness.system import CellInputs, Step, System
 from harness.workload import WorkloadSpec
 
 
@@ -77,14 +75,17 @@ class _GemmCombineStep(Step):
 
 class _LayerStep(Step):
     """Layer cell from x [T, H], expert_ids [T, k] and gate [T, k] (module doc; fc1
-    W1 [E, H, F], fc2 W2 [E, F, H]) -> out [T, H]. The subclass gives `dispatch(x, ids)` ->
-    harness.dispatch.Dispatched; one untimed forward is held for the bounds."""
+    W1 [E, H, F], fc2 W2 [E, F, H]) -> out [T, H]; one untimed forward is held for the bounds.
+    `dispatch(x, ids)` -> harness.dispatch.Dispatched: by default (dispatch=nccl)
+    harness/dispatch.py's all-to-all, whose split sizes the host reads."""
 
     #: extra's host_syncs: the host synchronisations of one step
     host_syncs = 1
 
-    def __init__(self, inputs: CellInputs, dispatch, group) -> None:
+    def __init__(self, inputs: CellInputs, group, dispatch=None) -> None:
         spec = inputs.spec
+        if dispatch is None:
+            dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, group)
         self.x, self.ids, self.gate = inputs.x, inputs.expert_ids, inputs.gate
         self.w1, self.w2 = inputs.w1, inputs.weights
         self.dispatch, self.group = dispatch, group
@@ -123,16 +124,6 @@ class _LayerStep(Step):
         ld.redispatch(self.d, self.x, self.top_k, self.group)
         return self.combine(self.d, self.y_recv)
 
-
-class _NcclDispatchLayerStep(_LayerStep):
-    """dispatch=nccl: harness/dispatch.py's all-to-all dispatch, whose split sizes the host
-    reads (what W > 1 runs, one process per rank)."""
-
-    def __init__(self, inputs: CellInputs, group) -> None:
-        spec = inputs.spec
-        dispatch = ld.LayerDispatch(spec.world_size, spec.experts_per_rank, group)
-        super().__init__(inputs, dispatch, group)
-
     def capture_blocker(self) -> str | None:
         return "dispatch=nccl: the split sizes' host sync"
 
@@ -148,7 +139,7 @@ class _DeviceDispatchLayerStep(_LayerStep):
             1, spec.experts_per_rank, spec.tokens_per_rank, spec.top_k, inputs.x
         )
         self.recv_mib = played.recv_mib
-        super().__init__(inputs, peers or (lambda x, ids: played([x], [ids])[0]), group)
+        super().__init__(inputs, group, peers or (lambda x, ids: played([x], [ids])[0]))
         self.grouped_mm = grouped_mm_usable(self.xs, self.w1)
         self.host_syncs = 0 if self.grouped_mm else 1
 
@@ -247,11 +238,8 @@ class SerialSystem(System):
     layer_scope = True
     train_scope = True
     PARAMS = {"dispatch": "auto"}
-
-    def __init__(self, ctx: RunContext, params: dict) -> None:
-        super().__init__(ctx, params)
-        self._impl = ""
-        self._resolved: dict = {}
+    _impl = ""
+    _resolved: dict = {}  # replaced, never mutated, by build
 
     @classmethod
     def refuse(cls, spec: WorkloadSpec, params: dict, processes: int, device: str) -> None:
@@ -289,7 +277,7 @@ class SerialSystem(System):
         elif used == "device":
             step = _DeviceDispatchLayerStep(inputs, self.ctx.group)
         else:
-            step = _NcclDispatchLayerStep(inputs, self.ctx.group)
+            step = _LayerStep(inputs, self.ctx.group)
         self._impl = step.gemm_impl
         self._resolved = {"dispatch_used": used}
         self.extra = {"host_syncs": step.host_syncs, "permute": step.d.expert_pos is not None}

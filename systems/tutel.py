@@ -2,17 +2,16 @@
 
 As Tutel users run it: a top-k gate with `capacity_factor` (0 = Tutel's dropless: capacity from
 the busiest expert, so the output equals the reference) and a2a_ffn_overlap_degree = d tuned per
-cell (every candidate in `degrees` timed, the fastest kept). The router stub's logits make the
-gate's top-k and weights exactly the cell's routing (`router_logits`), rebuilt on every forward
-from the CellInputs' expert_ids and gate (inside the timed region, as Megatron's stub pays), so
-routing copied into them is followed. Experts: operator cells single-GEMM custom experts; FFN
-cells Tutel's FusedExpertsNetwork with our weights (`tutel_ffn_weights`), no biases, GELU (erf),
-passed as a custom module only to skip Tutel's random init of weights we overwrite anyway.
-Timed region: the whole moe_layer, x [T, K] -> out [T, N]. Needs CUDA and `tutel`.
+cell. The router stub's logits (`router_logits`) make the gate's top-k and weights exactly the
+cell's routing, rebuilt on every forward from the CellInputs' expert_ids and gate (inside the
+timed region, as Megatron's stub pays). Experts: operator cells single-GEMM custom experts; FFN
+cells Tutel's FusedExpertsNetwork with our weights (`_tutel_ffn`). Timed region: the whole
+moe_layer, x [T, K] -> out [T, N]. Needs CUDA and `tutel`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 import torch
@@ -56,6 +55,9 @@ class MoeLayerStep(Step):
         self.degree = 1
         G = inputs.spec.n_experts
         layer.gates[0].forward = lambda x: router_logits(self.ids, self.gate, G)
+
+    def set_degree(self, d: int) -> None:
+        self.degree = d
 
     def timed(self) -> torch.Tensor:
         with torch.no_grad():
@@ -119,7 +121,7 @@ class TutelSystem(System):
             group=ctx.group or dist.group.WORLD,
         ).to(dev)
         step = MoeLayerStep(layer, inputs)
-        step.degree = self._tune(step, candidates(self.params))
+        tune_degree(self, step, candidates(self.params))
         self.extra.update(
             capacity_factor=cf,
             dropless=cf == 0,
@@ -127,20 +129,6 @@ class TutelSystem(System):
             experts="tutel.experts.ffn.FusedExpertsNetwork" if spec.ffn else "single GEMM",
         )
         return step
-
-    def _tune(self, step: MoeLayerStep, degrees: list[int]) -> int:
-        """The candidate d with the lowest median layer time (max over ranks: all agree)."""
-        times = {}
-        if len(degrees) > 1:
-            for d in degrees:
-                step.degree = d
-                iters = int(self.params["tune_iters"])
-                kw = dict(device=self.ctx.device, group=self.ctx.group, warmup=1, iters=iters)
-                times[d] = time_fn(step.timed, **kw).median_ms
-        best = min(times, key=times.get) if times else degrees[0]
-        self.extra["degree"] = best
-        self.extra["degree_ms"] = {str(d): round(v, 4) for d, v in times.items()}
-        return best
 
     def resolved_params(self) -> dict[str, Any]:
         return {"degree_tuned": self.extra.get("degree", 0)}
@@ -156,6 +144,34 @@ def router_logits(ids: torch.Tensor, gate: torch.Tensor, n_experts: int) -> torc
     normalisation give back exactly (ids, gate)."""
     logits = torch.full((ids.shape[0], n_experts), -1e9, dtype=torch.float32, device=ids.device)
     return logits.scatter_(1, ids, gate.float().clamp_min(1e-30).log())
+
+
+def tune_degree(system: System, step: Any, degrees: list[int]) -> None:
+    """step.set_degree(d) for the candidate d with the lowest median step time (the max over
+    ranks: all agree), into system.extra as degree and degree_ms (degree_oom: the d skipped
+    because step.set_degree raised OutOfMemoryError, which it does on every rank at once)."""
+    times: dict[int, float] = {}
+    oom: list[int] = []
+    if len(degrees) > 1:
+        iters = int(system.params.get("tune_iters", 3))
+        kw = dict(device=system.ctx.device, group=system.ctx.group, warmup=1, iters=iters)
+        for d in degrees:
+            try:
+                step.set_degree(d)
+            except torch.cuda.OutOfMemoryError:
+                oom.append(d)  # every rank skips it: set_degree agrees on the failure
+                continue
+            times[d] = time_fn(step.timed, **kw).median_ms
+        if not times:  # only tutel_reimpl's set_degree allocates
+            raise torch.cuda.OutOfMemoryError(
+                f"tutel padded buffers (capacity {step.cap_max}) fit for no degree in {oom}"
+            )
+    best = min(times, key=times.get) if times else degrees[0]
+    step.set_degree(best)
+    system.extra["degree"] = best
+    system.extra["degree_ms"] = {str(d): round(v, 4) for d, v in times.items()}
+    if oom:
+        system.extra["degree_oom"] = oom
 
 
 def check_tuning(params: dict[str, Any]) -> None:
@@ -195,20 +211,17 @@ def tutel_ffn_weights(w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor,
     return w1.transpose(1, 2).contiguous(), w2.contiguous()
 
 
-_FFN_CLASS: list[type] = []
-
-
+@functools.cache
 def _tutel_ffn() -> type:
     """Tutel's FFN expert class, built with our weights (imports tutel on first use)."""
-    if _FFN_CLASS:
-        return _FFN_CLASS[0]
     from tutel.experts.ffn import FusedExpertsNetwork
 
     from harness.experts import activation
 
     class TutelFFN(FusedExpertsNetwork):
         """Tutel's FusedExpertsNetwork (experts type "ffn"): no biases, GELU (erf), weights
-        fc1_w / fc2_w [E, F, H] from tutel_ffn_weights. x [E, W*C, H] -> [E, W*C, H]."""
+        fc1_w / fc2_w [E, F, H] from tutel_ffn_weights. x [E, W*C, H] -> [E, W*C, H]. Passed as
+        a custom module only to skip Tutel's random init of weights we overwrite anyway."""
 
         def __init__(
             self, model_dim: int, num_experts_per_device: int, sharded_count: int, fc1_w, fc2_w
@@ -221,5 +234,4 @@ def _tutel_ffn() -> type:
         def reset_parameters(self) -> None:
             """No random init: the weights are ours (set right after)."""
 
-    _FFN_CLASS.append(TutelFFN)
     return TutelFFN

@@ -1,21 +1,14 @@
 """Tutel's strategy re-implemented: capacity-padded all-to-all, pipelined along the capacity.
 
-Tutel (Hwang et al., MLSys 2023; microsoft/tutel) lays the dispatched tokens out as a dense
-tensor [E_global, C, K] padded to capacity C (here the busiest (source rank, global expert)
-pair's rows: nothing dropped), so both all-to-alls are EQUAL-size all_to_all_single calls. Its
-overlap (tutel/impls/overlap.py) splits it along C into d chunks: the d dispatch all-to-alls
-are enqueued first on a comm stream; per chunk the compute stream waits, runs the expert and
-records; chunk i's combine waits for its expert. Tutel picks d per workload; we time every
-candidate d on the cell and keep the fastest. The CPU (gloo) runs the same order, no streams.
-
-Scope (param `scope`): "gemm+combine" (default; the chunked dispatch runs once at setup, timed:
-per chunk expert GEMM + combine, then decode -> [T, N]) or "layer" (also the encode of x and the
-d dispatch all-to-alls: Tutel's full pipeline). Buffers, Cc = C / d, G = W * E:
-  xs [d, G*Cc, K]   padded send buffer of this rank's tokens (chunk-major)
-  xr [d, W*E*Cc, K] received chunks, rows (source, local expert, slot)
-  ys [d, W*E*Cc, N] expert output in the same layout
-  yr [d, G*Cc, N]   combine result at the owner, rows (global expert, slot)
-Params: degrees (candidates), degree (fix d; 0 = tune), tune_iters (per candidate), scope.
+Tutel (microsoft/tutel) lays the dispatched tokens out dense, [E_global, C, K] padded to capacity
+C (here the busiest (source rank, global expert) pair's rows: nothing dropped), so both
+all-to-alls are EQUAL-size all_to_all_single calls, and splits them along C into d chunks
+(tutel/impls/overlap.py): the d dispatch all-to-alls first on a comm stream, then per chunk the
+expert on the compute stream and that chunk's combine after it. Every candidate d is timed on the
+cell, the fastest kept. The CPU (gloo) runs the same order without streams.
+Param `scope`: "gemm+combine" (default; the chunked dispatch runs once at setup; timed: per chunk
+expert GEMM + combine, then decode -> [T, N]) or "layer" (also the encode of x and the d dispatch
+all-to-alls: Tutel's full pipeline). PipelinedStep / PipelinedLayer also run fastermoe_reimpl.
 """
 
 from __future__ import annotations
@@ -28,9 +21,8 @@ import torch.distributed as dist
 
 from harness.layout import send_order
 from harness.system import CellInputs, RunContext, Step, System
-from harness.timing import time_fn
 from harness.workload import WorkloadSpec, routing_of
-from systems.tutel import DEFAULT_DEGREES, candidates, check_tuning, expert_counts
+from systems.tutel import DEFAULT_DEGREES, candidates, check_tuning, expert_counts, tune_degree
 
 SCOPES = ("gemm+combine", "layer")
 
@@ -59,15 +51,13 @@ def padded_slots(spec: WorkloadSpec, rank: int, chunk_rows: int, degree: int) ->
 
 class PipelinedStep(Step):
     """Scope gemm+combine of a pipeline of `stages` stages (Tutel's capacity chunks, FasterMoE's
-    group steps): the dispatch ran once at setup (setup_dispatch); the timed region is per stage
-    the expert compute and the combine (on the comm stream `comm`; the CPU, comm None, runs the
-    same order without streams), then the output step -> out [T, N]. COMBINE_EACH: each stage's
-    combine right after its compute (Tutel), else every combine after the last compute.
-
-    A subclass sets `system` and `stages`, calls _events(stages) and defines _encode() (this
-    rank's tokens into the send buffer), per stage i _dispatch_stage(i), _compute(i),
-    _combine(i), and _output() -> [T, N] and _combined() (the combine's buffer).
-    """
+    group steps): the dispatch runs once at setup (setup_dispatch); timed: per stage the expert
+    compute and the combine (on the comm stream `comm`; None on the CPU), then the output step
+    -> out [T, N]. COMBINE_EACH: each stage's combine right after its compute (Tutel), else
+    every combine after the last compute. A subclass sets `system` and `stages`, calls
+    _events(stages) and defines _encode() (x into the send buffer), per stage i
+    _dispatch_stage(i), _compute(i), _combine(i), and _output() -> [T, N], _combined() (the
+    combine's buffer)."""
 
     system = ""
     COMBINE_EACH = True
@@ -89,8 +79,6 @@ class PipelinedStep(Step):
         self._encode()
         for i in range(self.stages):
             self._dispatch_stage(i)
-
-    # the timed region ----------------------------------------------------------------------
 
     def _dispatch(self, cur) -> None:
         """Before the stages' compute, on stream `cur` (None on the CPU): the comm stream
@@ -178,16 +166,16 @@ class PipelinedLayer(PipelinedStep):
 
 @dataclass
 class _State:
-    """Buffers and indices of one degree d (see module docstring for shapes)."""
+    """Buffers and indices of one degree d (G = W * E global experts)."""
 
     degree: int
-    chunk_rows: int  # Cc
+    chunk_rows: int  # Cc = ceil(C / d)
     idx: torch.Tensor  # [S] flat padded row of each send row, in send order (device)
     idx_tk: torch.Tensor  # [T*k] flat padded row of each (token, slot) pair t*k + j (device)
-    xs: torch.Tensor
-    xr: torch.Tensor
-    ys: torch.Tensor
-    yr: torch.Tensor
+    xs: torch.Tensor  # [d, G*Cc, K] padded send buffer of this rank's tokens (chunk-major)
+    xr: torch.Tensor  # [d, W*E*Cc, K] received chunks, rows (source, local expert, slot)
+    ys: torch.Tensor  # [d, W*E*Cc, N] expert output in the same layout
+    yr: torch.Tensor  # [d, G*Cc, N] combine result at the owner, rows (global expert, slot)
 
 
 class ChunkedCombineStep(PipelinedStep):
@@ -252,8 +240,6 @@ class ChunkedCombineStep(PipelinedStep):
             )
         return out
 
-    # the pipeline ----------------------------------------------------------------------------
-
     def _encode(self) -> None:
         """fast_encode: this rank's rows x[send_token] -> their padded slots of xs."""
         st = self.st
@@ -314,39 +300,12 @@ class TutelReimplSystem(System):
         self.extra = {"scope": self.scope, "capacity_max": cap_max}
         step_cls = ChunkedLayerStep if self.scope == "layer" else ChunkedCombineStep
         step = step_cls(inputs, self.ctx.rank, self.ctx.group, cap_max)
-        self._tune(step, candidates(self.params))
-        return step
-
-    def _tune(self, step: ChunkedCombineStep, degrees: list[int]) -> None:
-        """Pick d: the candidate with the lowest median forward time (same on every rank)."""
-        times: dict[int, float] = {}
-        oom: list[int] = []
-        if len(degrees) > 1:
-            iters = int(self.params.get("tune_iters", 3))
-            for d in degrees:
-                try:
-                    step.set_degree(d)
-                except torch.cuda.OutOfMemoryError:
-                    oom.append(d)  # every rank skips it: set_degree agrees on the failure
-                    continue
-                kw = dict(device=self.ctx.device, group=self.ctx.group, warmup=1, iters=iters)
-                times[d] = time_fn(step.timed, **kw).median_ms
-            if not times:
-                raise torch.cuda.OutOfMemoryError(
-                    f"tutel padded buffers (capacity {step.cap_max}) fit for no degree in {oom}"
-                )
-            best = min(times, key=times.get)
-        else:
-            best = degrees[0]
-        step.set_degree(best)
-        self.extra["degree"] = best
-        self.extra["degree_ms"] = {str(d): round(v, 4) for d, v in times.items()}
-        if oom:
-            self.extra["degree_oom"] = oom
+        tune_degree(self, step, candidates(self.params))
         W, E = step.spec.world_size, step.spec.experts_per_rank
         self.extra["capacity"] = step.st.degree * step.st.chunk_rows
         self.extra["rows_computed"] = W * E * step.st.degree * step.st.chunk_rows
         self.extra["rows_real"] = int(step.lay.recv_counts.sum())
+        return step
 
     def resolved_params(self) -> dict[str, Any]:
         return {"degree_tuned": self.extra.get("degree", 0)}

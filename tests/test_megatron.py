@@ -166,12 +166,12 @@ def test_te_weight_copy_layout() -> None:
 @needs_mcore
 def test_single_gemm_grouped_mlp_matches_per_expert_gemm() -> None:
     """The experts module: rows sorted by expert [R, K] -> probs * (x @ B_e) [R, N]."""
-    from systems.megatron_common import single_gemm_grouped_mlp_cls, transformer_config
+    from systems.megatron_common import single_gemm_experts_cls, transformer_config
 
     spec = _spec()
     cfg = transformer_config(spec)
     w = make_rank_weights(spec, 0, torch.device("cpu"))
-    experts = single_gemm_grouped_mlp_cls()(spec.experts_per_rank, cfg)
+    experts = single_gemm_experts_cls()(spec.experts_per_rank, cfg)
     experts.load_weights(w)
     counts = torch.tensor([5, 0, 7])
     x = torch.randn(int(counts.sum()), spec.hidden)
