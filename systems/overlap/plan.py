@@ -1,37 +1,24 @@
-"""Stage A of the method: remote-aligned row layout, remote-first schedule, combine plan.
+"""Stage A: row layout, schedule and combine plan (the method: docs/method.md, "Stage A").
 
-`build_plan` (pure torch, vectorised, identical on CPU and GPU) and
-plan_device.build_plan_device (Triton, no host synchronisation) return the same CombinePlan.
-The host builder makes ONE host synchronisation, the `.tolist()` of the sizes that size its
-outputs exactly (repeat_interleave with output_size, scatter/index_add, no boolean masks).
-
-Terms (W ranks, E local experts, tile height tile_m, this rank = `rank`):
-  row      one (token, slot) pair this rank's experts compute: x_recv[i], i in [0, R)
-  group    the rows of one (local expert e, owner rank s); they occupy CONSECUTIVE positions of
-           the owner's combine receive buffer (harness/layout.py) and are laid out in that order
-  layout   per expert e, X_e = [remote groups, owners ascending, each padded with zero rows to a
-           multiple of tile_m][local group last, NOT padded]; experts concatenated (ascending)
-           into the padded GEMM input X [P, K]; expert e holds rows expert_row_start[e:e+2]
-  band     tile_m consecutive rows of one group (all N output columns); a remote band is
-           owner-uniform, its valid rows contiguous in X and in the owner's buffer; only a
-           group's last band has padding (remote) or fewer rows (local)
-  schedule the producer's order: rule (i) every remote band before any local band; rule (ii)
-           experts with more remote bands first (ties: lower expert index), within an expert in
-           layout order; then the local bands, experts ascending
-  segment  the unit of one put: consecutive REMOTE schedule entries. The first and the last
-           segment hold one band each, the middle ones mgb bands counted from each group's start.
-           CUT RULE: a segment never spans two groups (so never two destinations, nor two
-           experts): its valid rows are ONE contiguous range of Y and ONE of the destination's
-           buffer. A middle segment can hold fewer than mgb bands at a cut.
-Local rows are never sent: the producer's epilogue stores them straight into this rank's own
-receive buffer at row_dst (the scale step, harness.reference.scale, reads that full buffer).
-
-layout="compact" (beyond the paper): per expert, X_e = [ALL remote groups back to back, owners
-ascending][local group], NO zero rows (P = R): the expert's bands are exactly torch._grouped_mm's
-row tiles. The band holding an expert's last remote rows may hold its first local rows too: such
-a *mixed* band is a remote band (scheduled, signalled). A *piece* is the rows of one owner in one
-remote band (contiguous in Y and at the destination), ordered like the send (remote bands in
-schedule order, owners ascending); segments are built over pieces exactly as over bands.
+build_plan (torch; ONE host sync, the `.tolist()` of the sizes that size every output: no boolean
+masks) and plan_device.build_plan_device (Triton, no host sync) return the same CombinePlan.
+Terms (W ranks, E local experts, tile_m):
+  row      x_recv[i], i in [0, R): one (token, slot) pair this rank's experts compute
+  group    the rows of one (local expert, owner rank), CONSECUTIVE in the owner's receive buffer
+           (harness/layout.py) and laid out in that order
+  layout   per expert, aligned: [remote groups, owners ascending, each zero-padded to a multiple
+           of tile_m][local group, unpadded]; compact: the same with no zero rows (P = R). Experts
+           ascending make X [P, K]; expert e holds rows expert_row_start[e:e+2]
+  band     tile_m consecutive rows of one expert, all N columns. Aligned: of one group, so a
+           remote band is owner-uniform. Compact: torch._grouped_mm's row tiles; the band with
+           an expert's last remote and first local rows is *mixed*, a remote band
+  piece    compact: the rows of one owner in one remote band, in send order
+  schedule remote bands first (i); experts with more remote bands first, ties by index (ii),
+           each in layout order; then the local bands, experts ascending
+  segment  one put: consecutive send units (remote schedule entries, or pieces): the first and
+           last hold one, the middle ones mgb (fewer at a cut) from each group's start; CUT
+           RULE: never two groups, so ONE contiguous range of Y and of the destination's buffer
+Local rows are never sent: the producer's epilogue stores them at row_dst (own receive buffer).
 """
 
 from __future__ import annotations
@@ -53,27 +40,23 @@ COUNT_NAMES += ("n_pieces",)
 class CombinePlan:
     """The combine plan of one rank: int64 tensors on the build device (groups: int32).
 
-    Host fields: world_size W, rank, experts_per_rank E, tile_m, mgb, out_cols N, elem_bytes,
-    layout ("aligned" | "compact"), order ("remote_first" | "expert"), group_cap (the producer's
-    expert swizzle groups hold at most group_cap bands; 0: none). counts [7] int64 on the
-    device: n_rows R, n_padded P, n_bands B, n_remote_bands, n_segments S, n_local L, n_pieces Q
-    (0 when aligned), also as 0-dim properties. The arrays are at least that long: exactly
-    (build_plan) or worst-case sized, -1 past the counts (build_plan_device; max_*: the sizes).
-      row_pos [R]: padded GEMM row of each x_recv row; gather_index [P]: x_recv row of each
-        padded row (-1: zero padding); row_dst [P]: place in this rank's own receive buffer of
-        each LOCAL row (-1 elsewhere; the producer's epilogue); expert_row_start [E+1]: expert e
-        occupies padded rows [start[e], start[e+1])
+    Host fields: the builders' keywords (group_cap: swizzle groups of <= group_cap bands, 0:
+    none). counts [7] int64 on the device, COUNT_NAMES (n_pieces 0 when aligned), also as 0-dim
+    properties. The arrays are exactly that long (build_plan) or worst-case sized, -1 past
+    the counts (build_plan_device; max_*: the sizes).
+      row_pos [R]: padded row of each x_recv row; gather_index [P]: x_recv row of each padded
+        row (-1: zero padding); row_dst [P]: own-receive-buffer row of each LOCAL row (-1
+        elsewhere); expert_row_start [E+1]
       band_expert, band_row (first padded row), band_rows (GEMM rows), band_dst (owner of its
         first valid row), band_valid (valid rows, the first ones), band_offset (destination row
-        of its first valid row) [B] each, b in layout order (band_row ascending)
+        of its first valid row) [B] each, bands in layout order (band_row ascending)
       schedule [B]: band ids in producer order, schedule[:n_remote_bands] the remote bands
-      visit [B]: order="expert": the schedule positions in visiting order (producer_order);
-        None: the schedule's own order
-      groups [B] int32: group_cap > 0: the swizzle group of each visiting position, first *
-        GROUP_CODE + size (producer_groups); else None
+      visit [B]: order="expert": schedule positions in visiting order (producer_order); else
+        None (the schedule's order)
+      groups [B] int32: group_cap > 0: each visiting position's swizzle group (producer_groups)
       seg_start (first unit: a schedule index, or a piece id when compact), seg_count (units),
-        seg_dst [S] each, in send order; a unit's rows, first padded row and destination row are
-        its band's (band_valid, band_row, band_offset) or its piece's
+        seg_dst [S], in send order; a unit's rows, first padded row and destination row are its
+        band's (band_valid, band_row, band_offset) or its piece's
       recv_rows [W]: rows coming back from each rank (None without send_counts)
       piece_band, piece_row, piece_rows, piece_offset [Q] (compact; else None)
     """
@@ -162,12 +145,8 @@ def check_plan_args(
 
 
 def _segments(unit_start: torch.Tensor, mgb: int, n_segments: int):
-    """The segment rule over n units in send order (remote bands, or compact pieces).
-
-    unit_start [n] int64: position of the first unit of each unit's group. A segment starts at
-    the first and the last unit and every mgb units of the middle ones (so the first and last
-    segments hold one unit). Returns seg_start [S], seg_count [S].
-    """
+    """seg_start, seg_count [S]: the segment rule (module docstring) over n units in send order
+    (remote bands, or pieces); unit_start [n] int64: the position of each unit's group's first."""
     n = unit_start.numel()
     p = torch.arange(n, dtype=torch.int64, device=unit_start.device)
     q_mid = p - unit_start.clamp(min=1)
@@ -248,8 +227,7 @@ def _sizes(rows: _Rows, W: int, E: int, P, B, NR, S, Q=None) -> tuple[torch.Tens
 
 
 def _aligned(rows: _Rows, W: int, rank: int, E: int, tm: int, mgb: int) -> tuple:
-    """The aligned layout's counts [7] (CombinePlan.counts, on the device and as host ints)
-    and arrays."""
+    """The aligned layout's counts [7] (on the device and as host ints) and arrays."""
     cnt, dev = rows.cnt, rows.cnt.device
     G = E * W
     nb = (cnt + tm - 1) // tm  # bands per group
@@ -373,17 +351,13 @@ def build_plan(
     order: str = "remote_first",
     group_cap: int = 0,
 ) -> CombinePlan:
-    """The combine plan of `rank` from its expert-side rows (harness.layout.RankLayout).
-
-    recv_src [R] owner rank, recv_expert [R] local expert, recv_dst_index [R] position in the
-    owner's combine receive buffer (consecutive within each (owner, expert) group), any order.
-    send_counts [W] (optional): rows this rank sent to each rank in the dispatch (recv_rows).
-    layout, order, group_cap: CombinePlan's. One host sync.
-    """
+    """The combine plan of `rank` from its expert-side rows (harness.layout.RankLayout), with
+    one host sync: recv_src [R] owner rank, recv_expert [R] local expert, recv_dst_index [R]
+    position in the owner's receive buffer (consecutive within each group), any order;
+    send_counts [W] (optional): rows this rank sent each rank in the dispatch (recv_rows)."""
     W, E, tm = world_size, experts_per_rank, tile_m
     check_plan_args(W, rank, E, tm, mgb, layout, order, group_cap)
-    dev = recv_src.device
-    i64 = {"dtype": torch.int64, "device": dev}
+    i64 = {"dtype": torch.int64, "device": recv_src.device}
     rows = _group_rows(recv_src, recv_expert, recv_dst_index, W, rank, E)
     build = _aligned if layout == "aligned" else _compact
     counts, host, f = build(rows, W, rank, E, tm, mgb)
@@ -391,17 +365,10 @@ def build_plan(
     loc = torch.sort((rows.slot != W - 1).long(), stable=True).indices[:L]  # the local rows
     n_e = f["expert_row_start"]  # [E] padded rows per expert
     f["expert_row_start"] = torch.cat([n_e.new_zeros(1), torch.cumsum(n_e, 0)])
+    shape = dict(world_size=W, rank=rank, experts_per_rank=E, tile_m=tm, mgb=mgb, layout=layout)
+    shape |= dict(out_cols=out_cols, elem_bytes=elem_bytes, order=order, group_cap=group_cap)
     plan = CombinePlan(
-        world_size=W,
-        rank=rank,
-        experts_per_rank=E,
-        tile_m=tm,
-        mgb=mgb,
-        out_cols=out_cols,
-        elem_bytes=elem_bytes,
-        layout=layout,
-        order=order,
-        group_cap=group_cap,
+        **shape,
         counts=counts,
         row_dst=torch.full((P,), -1, **i64).scatter_(0, f["row_pos"][loc], rows.dst[loc]),
         recv_rows=None if send_counts is None else send_counts.to(**i64),
@@ -418,8 +385,7 @@ def build_plan(
 
 def plan_for_layout(lay: RankLayout, *, device: torch.device | None = None, **shape) -> CombinePlan:
     """build_plan on a harness.layout.RankLayout (moved to `device` first), with its rank and
-    send_counts; shape: build_plan's other keywords (world_size, experts_per_rank, tile_m,
-    mgb, out_cols, elem_bytes, layout, order, group_cap)."""
+    send_counts; shape: build_plan's other keywords."""
     dev = device or lay.recv_src.device
     rows = (t.to(dev) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
     return build_plan(*rows, rank=lay.rank, send_counts=lay.send_counts.to(dev), **shape)
@@ -441,13 +407,9 @@ def plan_from_rows(
     owned by rank s (knobs: layout, order, group_cap). x_recv row i is the i-th valid row in
     layout order; destination d receives this rank's rows consecutively from dst_base[d] on, in
     (expert, row) order."""
-    E, W = len(rows), len(rows[0])
-    src, expert, dst = rows_of_sizes(rows, rank=rank, dst_base=dst_base)
-    shape = dict(world_size=W, rank=rank, experts_per_rank=E, tile_m=tile_m, mgb=mgb)
-    return build_plan(
-        src.to(device), expert.to(device), dst.to(device), **shape,
-        out_cols=out_cols, elem_bytes=elem_bytes, **knobs,
-    )  # fmt: skip
+    ins = (t.to(device) for t in rows_of_sizes(rows, rank=rank, dst_base=dst_base))
+    shape = dict(world_size=len(rows[0]), rank=rank, experts_per_rank=len(rows), tile_m=tile_m)
+    return build_plan(*ins, **shape, mgb=mgb, out_cols=out_cols, elem_bytes=elem_bytes, **knobs)
 
 
 def rows_of_sizes(rows: list[list[int]], *, rank: int, dst_base: list[int] | None = None):
@@ -468,11 +430,8 @@ def rows_of_sizes(rows: list[list[int]], *, rank: int, dst_base: list[int] | Non
 
 
 def padded_input(x_recv: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
-    """The padded GEMM input X [P, K] from x_recv [R, K] (the layout step of stage A).
-
-    Row p = x_recv[gather_index[p]], zero where gather_index[p] == -1 (a padding row);
-    gather_index is CombinePlan.gather_index [P]. Pure torch, on x_recv's device.
-    """
+    """The padded GEMM input X [P, K]: row p = x_recv[gather_index[p]] (x_recv [R, K],
+    CombinePlan.gather_index [P]), zero where gather_index[p] == -1 (a padding row)."""
     idx = gather_index.to(device=x_recv.device, dtype=torch.int64)
     out = x_recv.index_select(0, idx.clamp(min=0))
     out.masked_fill_((idx < 0)[:, None], 0)
@@ -483,10 +442,9 @@ def padding_rows(
     counts: torch.Tensor, experts_per_rank: int, tile_m: int, layout: str = "aligned"
 ) -> torch.Tensor:
     """Exact zero padding rows of every rank [W] from C [W, W*E] (owner_expert_counts).
-    aligned: rank r pads each remote group (owner s != r, expert g of r) to a multiple of
-    tile_m (build_plan's n_padded - n_rows); packed (a what-if of the padding study): all
-    remote owners' rows of expert g back to back, padded once, so rank r pads the sum over its
-    experts g of (-sum_{s != r} C[s, g]) mod tile_m."""
+    aligned: each remote group (owner s != r, expert g of r) padded to a multiple of tile_m
+    (build_plan's n_padded - n_rows); packed (the padding study's what-if): per expert, all
+    remote owners' rows back to back, padded once: sum_g (-sum_{s != r} C[s, g]) mod tile_m."""
     if layout not in ("aligned", "packed"):
         raise ValueError(f"layout must be aligned or packed, got {layout!r}")
     W = counts.shape[0]
@@ -504,11 +462,10 @@ TILE_COUNT_LAYOUTS = ("aligned", "packed", "compact")
 def row_tiles(
     counts: torch.Tensor, experts_per_rank: int, tile_m: int, layout: str = "aligned"
 ) -> torch.Tensor:
-    """Row tiles (bands) the producer of every rank computes [W], from C [W, W*E]
-    (owner_expert_counts), in `layout`: aligned sum over r's experts g of (sum over remote owners
-    s of ceil(C[s, g] / tile_m)) + ceil(C[r, g] / tile_m); packed ceil(remote / tile_m) +
-    ceil(local / tile_m); compact ceil((remote + local) / tile_m), which is what
-    torch._grouped_mm tiles (and build_plan(..., layout=layout).n_bands)."""
+    """Row tiles (bands) the producer of every rank computes [W] from C [W, W*E]
+    (owner_expert_counts): per expert g of r, aligned sum_{s != r} ceil(C[s, g] / tile_m) +
+    ceil(C[r, g] / tile_m); packed ceil(remote / tile_m) + ceil(local / tile_m); compact
+    ceil((remote + local) / tile_m), torch._grouped_mm's tiles (plan layouts: n_bands)."""
     if layout not in TILE_COUNT_LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(TILE_COUNT_LAYOUTS)}, got {layout!r}")
     W, tm = counts.shape[0], tile_m
@@ -525,12 +482,11 @@ def row_tiles(
 
 
 def producer_order(plan: CombinePlan) -> torch.Tensor:
-    """visit [B] int64: the schedule positions in the producer's order="expert" visiting order.
-
-    Each expert's remote bands (consecutive in the schedule) directly followed by its local
-    bands, experts by their first remote band, those without remote bands last, positions past
-    n_bands at the end: one expert's weights are read together while the remote bands keep their
-    order (the consumer never waits on a later band first). No host sync."""
+    """visit [B] int64: the schedule positions in order="expert"'s visiting order, no host sync:
+    each expert's remote bands (consecutive in the schedule) then its local bands, experts by
+    their first remote band, those without remote bands last, positions past n_bands at the end.
+    One expert's weights are read together while the remote bands keep their order (the
+    consumer never waits on a later band first)."""
     sched = plan.schedule
     B, dev = sched.numel(), sched.device
     pos = torch.arange(B, dtype=torch.int64, device=dev)
@@ -565,9 +521,8 @@ def producer_groups(plan: CombinePlan, visit: torch.Tensor | None, cap: int) -> 
     base, extra = n // chunks, n % chunks  # `extra` groups of base + 1, then groups of base
     o = v - run_first
     big = extra * (base + 1)
-    first = torch.where(
-        o < big, o - o % (base + 1), big + (o - big) - (o - big) % base.clamp(min=1)
-    )
+    ob = o - big
+    first = torch.where(o < big, o - o % (base + 1), big + ob - ob % base.clamp(min=1))
     size = torch.where(o < big, base + 1, base)
     return ((run_first + first) * GROUP_CODE + size).to(torch.int32)
 

@@ -1,23 +1,11 @@
 """Stage A on the device with NO host synchronisation: build_plan's CombinePlan, worst-case sized.
 
-`build_plan_device` returns the plan systems.overlap.plan.build_plan returns (same inputs and
-semantics) with every array sized at its WORST CASE from host ints alone; the counts stay on the
-device (CombinePlan.counts) and entries past them hold -1, so the plan can be rebuilt inside a
-timed step from this step's routing. Launches: one fill (-1) of the plan's buffer and the two
-kernels of kernels/plan.py (the row kernel, the fill kernel); the padded GEMM input is one more
-(`padded_input_device`). `DevicePlanBuilder` (a layer's stage A) makes the same launches into one
-plan rewritten in place every step, remembered (harness/kernels/relaunch.py).
-
-Worst cases, from R = the inputs' length (a host int; with `n_rows` only the first n_rows rows
-of a worst-case-sized receive buffer are real), E, W, tile_m:
-  aligned  max_padded        R + min(E*(W-1), R) * (tile_m - 1)  (a remote group pads < tile_m)
-           max_bands         (R + min(E*W, R) * (tile_m - 1)) // tile_m
-           max_remote_bands  (R + min(E*(W-1), R) * (tile_m - 1)) // tile_m = max_segments
-  compact  max_padded        R                                    (no zero row)
-           max_bands         (R + min(E, R) * (tile_m - 1)) // tile_m = max_remote_bands
-           max_pieces        min(R, max_bands + min(E*(W-1), R)) = max_segments
-Input contract (as build_plan's): the rows of one (expert, owner) group occupy consecutive
-positions of the owner's receive buffer.
+build_plan_device returns plan.build_plan's plan (same inputs, semantics and input contract)
+with every array sized at its worst case from host ints alone (plan_bounds), the counts on the
+device and -1 past them, so a timed step can rebuild it from its own routing. Launches: one
+fill (-1) of the plan's buffer and kernels/plan.py's row and fill kernels; padded_input_device
+one more. DevicePlanBuilder (a layer's stage A) makes the same launches into ONE plan rewritten
+in place every step, remembered (harness/kernels/relaunch.py).
 """
 
 from __future__ import annotations
@@ -40,7 +28,8 @@ SEGS = ("seg_start", "seg_count", "seg_dst")
 def plan_bounds(
     n_rows: int, *, world_size: int, experts_per_rank: int, tile_m: int, layout: str = "aligned"
 ) -> dict:
-    """The worst-case sizes of a device-built plan (host ints; the module docstring's)."""
+    """The worst-case sizes max_* (host ints) of a device-built plan of n_rows = R input rows;
+    aligned: each of at most min(E*(W-1), R) remote groups pads < tile_m rows."""
     R, W, E, tm = n_rows, world_size, experts_per_rank, tile_m
     rg = min(E * (W - 1), R)
     if layout == "compact":
@@ -59,11 +48,10 @@ def build_plan_device(
     n_rows: torch.Tensor | None = None,
     **shape,
 ) -> CombinePlan:
-    """build_plan's plan on the inputs' device with no host sync, in new buffers (the valid
-    prefixes equal build_plan's arrays). rows: build_plan's recv_src, recv_expert,
+    """build_plan's plan (its valid prefixes) on the inputs' device with no host sync, in new
+    buffers, on the GPU or under TRITON_INTERPRET=1. rows: build_plan's recv_src, recv_expert,
     recv_dst_index [R] (any int dtype); n_rows (a 1-element int device tensor): only rows
-    [0, n_rows) are real; shape: DevicePlanBuilder's arguments. On the GPU, or the CPU under
-    TRITON_INTERPRET=1."""
+    [0, n_rows) are real; shape: DevicePlanBuilder's arguments."""
     build = DevicePlanBuilder(**shape, remember=False)
     return build(*rows, send_counts=send_counts, n_rows=n_rows)
 
@@ -71,12 +59,11 @@ def build_plan_device(
 class DevicePlanBuilder:
     """build_plan_device for one rank's fixed shape, rebuilt on every call INTO ONE PLAN.
 
-    The buffers are allocated once per bound (the inputs' length R, whether send_counts /
-    n_rows are given); every call with that bound rewrites the SAME CombinePlan object on the
-    current stream (a caller must be done with one call's plan, in stream order, before the
-    next), its launches remembered on a GPU with the inputs swapped in. padded_input(x_recv)
-    writes one buffer [max_padded, K] the same way. remember=False: no remembered launches.
-    """
+    Buffers are allocated once per bound (the inputs' length R, whether send_counts / n_rows
+    are given); every call with that bound rewrites the SAME CombinePlan on the current stream
+    (a caller must be done with one call's plan, in stream order, before the next), its
+    launches remembered on a GPU (remember=False: not) with the inputs swapped in.
+    padded_input(x_recv) writes one buffer [max_padded, K] the same way."""
 
     def __init__(
         self,
@@ -97,8 +84,8 @@ class DevicePlanBuilder:
         self.shape = dict(world_size=world_size, rank=rank, experts_per_rank=experts_per_rank)
         self.shape |= dict(tile_m=tile_m, mgb=mgb, out_cols=out_cols, elem_bytes=elem_bytes)
         self.shape |= dict(layout=layout, order=order, group_cap=group_cap)
-        self.W, self.rank, self.E = world_size, rank, experts_per_rank
-        self.tm, self.mgb = tile_m, mgb
+        self.W, self.E = world_size, experts_per_rank
+        self.dims = (rank, experts_per_rank, world_size, tile_m, mgb)  # both kernels' last ints
         self.compact = layout == "compact"
         self.remember = remember
         self.bound_key = None  # (R, device, has_send, has_n) of the buffers below
@@ -110,29 +97,25 @@ class DevicePlanBuilder:
     def _allocate(self, R: int, dev: torch.device, has_send: bool, has_n: bool) -> None:
         """The plan's int64 block (filled with -1), the kernels' work space and the plan."""
         W, E, G = self.W, self.E, self.E * self.W
-        lay = self.shape["layout"]
-        bd = plan_bounds(R, world_size=W, experts_per_rank=E, tile_m=self.tm, layout=lay)
+        lay, tm = self.shape["layout"], self.shape["tile_m"]
+        bd = plan_bounds(R, world_size=W, experts_per_rank=E, tile_m=tm, layout=lay)
         Bm, Sm, Pm, Qm = bd["max_bands"], bd["max_segments"], bd["max_padded"], bd["max_pieces"]
         sizes = dict(counts=7, row_pos=R, gather_index=Pm, row_dst=Pm, expert_row_start=E + 1)
         sizes |= {k: Bm for k in BANDS} | {k: Sm for k in SEGS} | {k: Qm for k in PIECES}
         sizes |= dict(recv_rows=W * has_send, _cnt_enc=G, _dmin_enc=G)
         sizes |= dict(_ticket=2)  # the kernels' last-program tickets: the fill resets them
         self.buf = torch.full((sum(sizes.values()),), -1, dtype=torch.int64, device=dev)
-        out, o = {}, 0
+        self.out, o = {}, 0
         for k, n in sizes.items():
-            out[k] = self.buf[o : o + n]
+            self.out[k] = self.buf[o : o + n]
             o += n
         self.n_blocks = cdiv(R, ROW_BLOCK)
         work = torch.empty(8 * G + 13 * E, dtype=torch.int64, device=dev)
         self.gw, self.ge = work[: 8 * G], work[8 * G :]  # the group kernel's work (kernels/plan.py)
-        self.out = out
-        f = {k: v for k, v in out.items() if not k.startswith("_")}
-        for k in PIECES if not self.compact else ():
-            f[k] = None
-        if not has_send:
-            f["recv_rows"] = None
-        if self.shape["order"] != "expert":
-            f["visit"] = None
+        f = {k: v for k, v in self.out.items() if not k.startswith("_")}
+        unused = dict(recv_rows=not has_send, visit=self.shape["order"] != "expert")
+        unused |= dict.fromkeys(PIECES, not self.compact)
+        f |= {k: None for k, off in unused.items() if off}
         f["groups"] = None
         if self.shape["group_cap"]:
             f["groups"] = torch.full((Bm,), -1, dtype=torch.int32, device=dev)
@@ -168,7 +151,9 @@ class DevicePlanBuilder:
         send_counts: torch.Tensor | None = None,
         n_rows: torch.Tensor | None = None,
     ) -> CombinePlan:
-        """This call's plan (build_plan_device's arguments), in the builder's one plan."""
+        """This call's plan (build_plan_device's arguments), in the builder's one plan: the row
+        kernel, then the fill kernel (bands, segments, pieces, rows; its last program the
+        producer's swizzle groups [B], plan.producer_groups, where the plan has them, B > 0)."""
         W, E = self.W, self.E
         dev, R = recv_src.device, recv_src.numel()
         src, exp, dst = (t.contiguous() for t in (recv_src, recv_expert, recv_dst_index))
@@ -177,36 +162,28 @@ class DevicePlanBuilder:
             self._allocate(R, dev, has_send, has_n)  # launch 1: the fill (-1)
         else:
             self.buf.fill_(-1)  # launch 1
-        out, shape = self.out, (self.rank, E, W, self.tm, self.mgb)
+        out, p = self.out, self.plan
         n_ptr = n_rows.reshape(-1) if has_n else out["counts"]  # unused without HAS_N
         sc = send_counts.reshape(-1) if has_send else out["counts"]
         inputs = {"src_ptr": src, "exp_ptr": exp, "dst_ptr": dst, "n_rows_ptr": n_ptr}
         args = (src, exp, dst, n_ptr, R, out["_cnt_enc"], out["_dmin_enc"], out["_ticket"][0:1])
         args += (sc, self.gw, self.ge, out["counts"], out["expert_row_start"], out["recv_rows"])
-        kw = dict(EP=next_power_of_2(E), WP=next_power_of_2(W), HAS_N=has_n, BLOCK=ROW_BLOCK)
-        kw |= dict(HAS_SEND=has_send, COMPACT=self.compact, num_warps=4)
+        common = dict(HAS_N=has_n, BLOCK=ROW_BLOCK, COMPACT=self.compact, num_warps=4)
+        kw = common | dict(EP=next_power_of_2(E), WP=next_power_of_2(W), HAS_SEND=has_send)
         grid = (max(self.n_blocks, 1),)  # the groups in the last program (no rows: one program)
         volatile = inputs | {"send_counts": sc}
-        self._launch("rows", kplan._rows_kernel, grid, (*args, *shape), kw, volatile)
-        self._fill(src, exp, dst, n_ptr, R, has_n, inputs)
-        return self.plan
-
-    def _fill(self, src, exp, dst, n_ptr, R: int, has_n: bool, inputs: dict) -> None:
-        """The fill kernel (bands, segments, pieces, rows), its last program the producer's
-        swizzle groups [B] (plan.producer_groups) where the plan has them and B > 0."""
-        out, p, E, G = self.out, self.plan, self.E, self.E * self.W
-        shape = (self.rank, E, self.W, self.tm, self.mgb)
+        self._launch("rows", kplan._rows_kernel, grid, (*args, *self.dims), kw, volatile)
         B = p.schedule.numel()
         grouped = p.groups is not None and B > 0
         args = (src, exp, dst, n_ptr, R, self.gw, self.ge, out["counts"])
         args += tuple(out[k] for k in ("row_pos", "gather_index", "row_dst", *BANDS, *PIECES))
-        args += (*(out[k] for k in SEGS), *shape, out["_ticket"][1:2])
+        args += (*(out[k] for k in SEGS), *self.dims, out["_ticket"][1:2])
         args += (p.groups if grouped else out["counts"], B, p.group_cap)
-        kw = dict(COMPACT=self.compact, HAS_N=has_n, QB=64, BLOCK=ROW_BLOCK, num_warps=4)
-        kw |= dict(GROUPS=grouped, ORDERED=p.visit is not None, CODE=GROUP_CODE)
+        kw = common | dict(QB=64, GROUPS=grouped, ORDERED=p.visit is not None, CODE=GROUP_CODE)
         kw["GBLOCK"] = min(1024, next_power_of_2(B))
-        grid = ((E if self.compact else 0) + G + self.n_blocks,)
+        grid = ((E if self.compact else 0) + E * W + self.n_blocks,)
         self._launch("fill", kplan._fill_kernel, grid, args, kw, inputs)
+        return p
 
     def padded_input(self, x_recv: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """padded_input_device(x_recv, self.plan) into the builder's one buffer
@@ -232,17 +209,11 @@ class DevicePlanBuilder:
         return x
 
 
-def padded_input_device(
-    x_recv: torch.Tensor, plan: CombinePlan, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The padded GEMM input X [max_padded, K] from x_recv [R, K] in one kernel, no sync.
-
-    Row p < n_padded: x_recv[gather_index[p]], zeros at a padding row; rows >= n_padded are
-    left as they are (uninitialised with out=None: the producer never reads them).
-    """
-    K = x_recv.shape[1]
-    if out is None:
-        out = torch.empty(plan.max_padded, K, dtype=x_recv.dtype, device=x_recv.device)
+def padded_input_device(x_recv: torch.Tensor, plan: CombinePlan) -> torch.Tensor:
+    """The padded GEMM input X [max_padded, K] from x_recv [R, K] in one kernel, no sync: row
+    p < n_padded is x_recv[gather_index[p]] (zeros at a padding row); rows >= n_padded are left
+    uninitialised (the producer never reads them)."""
+    out = torch.empty(plan.max_padded, x_recv.shape[1], dtype=x_recv.dtype, device=x_recv.device)
     if plan.max_padded:
         grid, args, kw = _gather_rows_launch(x_recv, out, plan)
         kplan._gather_rows_kernel[grid](*args, **kw)

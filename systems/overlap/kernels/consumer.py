@@ -1,15 +1,12 @@
-"""The consumer's device code: ONE persistent Triton kernel of cCTA programs that ships ready
-bands to their owners, and the receivers' wait.
+"""The consumer: ONE persistent Triton kernel of cCTA programs that ships ready bands to their
+owners, and the receivers' wait (launch_wait_signals).
 
 Program j takes segments j, j + cCTA, ... (plan.seg_*). For each entry of a segment, in order:
-wait until its band's ready counter reaches ready_target (a bounded spin: primitives.spin_until;
-a time-out writes an errors.py record and stops the program), then copy its valid rows (all N
-columns, contiguous) to the destination's receive buffer at its offset. An aligned plan's
-entries are bands (schedule), a compact plan's (PIECES) pieces (piece_*, waiting for
-piece_band). Once the segment is copied, the receiver's counter signal[dst][rank] grows by the
-segment's rows (release, once per segment; never reset: epoch values).
-The host side: runner.run_consumer (checks, arguments, launch), transport.py (put modes, NVSHMEM
-state), tuning.py (ConsumerConfig).
+wait until its band's ready counter reaches ready_target (bounded: primitives.spin_until; a
+time-out writes an errors.py record and stops the program), then copy its valid rows (all N
+columns, contiguous) to the destination's receive buffer at its offset. Once the segment is
+copied, the receiver's counter signal[dst][rank] grows by its rows (release, once per segment;
+never reset: epoch values). Host side: runner.run_consumer, transport.py, tuning.ConsumerConfig.
 """
 
 from __future__ import annotations
@@ -79,10 +76,10 @@ def _consumer_kernel(
 ):
     """All put modes in one kernel: PUT_MODE (constexpr) picks the data path at compile time,
     so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library).
-    counts: the plan's counts on the device (counts[4]: the segments).
-    PIECES (a compact plan): a segment's entries seg_start .. + seg_count are piece ids u
-    (band_row / band_valid / band_offset hold the pieces' row / rows / offset), and the ready
-    counter waited for is piece_band[u]; otherwise entry i is the band schedule[i]."""
+    counts: the plan's counts on the device (counts[4]: the segments). PIECES (a compact plan):
+    a segment's entries seg_start .. + seg_count are piece ids u (band_row / band_valid /
+    band_offset hold the pieces' row / rows / offset), waiting for piece_band[u]; otherwise
+    entry i is the band schedule[i]."""
     n_segments = tl.load(counts + 4).to(tl.int32)
     pid = tl.program_id(0)
     clock_p = clock + pid
@@ -190,13 +187,10 @@ def launch_wait_signals(
     memo: LaunchMemo | None = None,
     memo_key: Any = None,
 ):
-    """Receiver side: block the stream until signal[s] >= expected[s] for all s (both int64 [W]).
-
-    Bounded like the consumer's spins; a time-out records CODE_SIGNAL_TIMEOUT with the source.
-    memo: remember the launch under memo_key (harness/kernels/relaunch.py).
-    """
-    args = (signal, expected, err, clock, signal.numel(), rank)
-    args += (int(config.timeout_s * 1e9),)
+    """Receiver side: block the stream until signal[s] >= expected[s] for all s (both int64
+    [W]), bounded like the consumer's spins (a time-out records CODE_SIGNAL_TIMEOUT with the
+    source); memo: remember the launch under memo_key (harness/kernels/relaunch.py)."""
+    args = (signal, expected, err, clock, signal.numel(), rank, int(config.timeout_s * 1e9))
     meta = dict(SCOPE=scope, USE_TIMER=config.use_timer, num_warps=1)
     compiled = _wait_signals_kernel[(1,)](*args, **meta)
     if memo is not None:

@@ -1,31 +1,12 @@
-"""Stage A on the device: the Triton kernels of systems/overlap/plan_device.py (host glue there).
-
-Two kernels build a combine plan with no host synchronisation (plan.py's terms; G = E * W
-groups g = e * W + slot, slot = the owner's position: remote owners ascending, this rank last):
-  _rows_kernel    one program per BLOCK rows: per run of one group in input order, the run
-                  length onto the group's row count and the run's dst onto the group's minimum
-                  dst (a few atomics per group and block on grouped input, not one per row);
-                  the LAST program to finish then runs _groups_body: every group-level quantity
-                  as [EP, WP] tiles (prefix sums, the rule (ii) expert order, segments per group
-                  with the cut rule) and the counts. _sums_before reads the other experts'
-                  values back in chunks of JB, so the code is [EP, JB] wide at any E ([EP, EP]
-                  tiles compiled for a minute). With no rows the grid is one masked program
-  _fill_kernel    aligned: programs [0, G) one group each (bands, schedule entries, places in
-                  the order="expert" `visit`, segments); COMPACT: [0, E) one expert's bands,
-                  [E, E + G) one remote group's pieces and segments; then one row block each
-                  (row_pos, gather_index, row_dst). With GROUPS the last program then runs
-                  _producer_groups_body (plan.producer_groups)
-`_segment_of` is the segment rule both layouts share; `_gather_rows_kernel` builds the padded
-GEMM input X (counts on the device).
-
-The last program (the "last block done" pattern of CUB and the CUDA threadFenceReduction
-sample): every program ends with a CTA barrier and ONE scalar acq_rel ticket at GPU scope on a
-word the plan's fill set to -1; the program drawing ticket num_programs - 2 is the last, and its
-acquire (then a CTA barrier, so every thread's loads follow it) makes every other program's
-released writes visible. What a body reads from the other programs is only stored or atomically
-updated before the tickets, never loaded, so no SM holds a stale line of it.
-Work words (-1-filled): cnt_enc[g] = rows - 1 (atomic adds), dmin_enc[g] = BIG - min dst
-(atomic max).
+"""Stage A's Triton kernels (host glue: systems/overlap/plan_device.py; terms: plan.py). G = E * W
+groups g = e * W + slot, slot = the owner's position (remote owners ascending, this rank last).
+  _rows_kernel          per BLOCK rows, each group's row count and minimum dst; the LAST program
+                        then runs _groups_body: every group-level quantity, and the counts
+  _fill_kernel          bands, schedule, visit, pieces, segments, then rows; GROUPS: the LAST
+                        program then runs _producer_groups_body (plan.producer_groups)
+  _gather_rows_kernel   the padded GEMM input X (counts on the device)
+"The LAST program" and why its reads are safe: _last_program. Work words (-1-filled):
+cnt_enc[g] = rows - 1 (atomic adds), dmin_enc[g] = BIG - min dst (atomic max).
 """
 
 from __future__ import annotations
@@ -62,12 +43,12 @@ def _rows_kernel(
     HAS_N: tl.constexpr, BLOCK: tl.constexpr, EP: tl.constexpr, WP: tl.constexpr,
     HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr = 32,
 ):  # fmt: skip
-    """Group row counts and minimum dst, by runs of one group in INPUT order within the block:
-    a run [j_s, j_e] adds j_e + 1 - j_s to the count (two atomics, any input order); a row
-    offers its dst to the minimum unless the row before it is of its group with a smaller dst
-    (one atomic per run on grouped, dst-ascending input such as harness.layout's; correct for
-    any order). The last program to finish (ticket [1], -1-filled) then runs _groups_body (the
-    arguments from send_counts on are its)."""
+    """Group row counts and minimum dst by runs of one group in INPUT order within the block (a
+    few atomics per group and block on grouped input, not one per row): a run [j_s, j_e] adds
+    j_e + 1 - j_s to the count; a row offers its dst to the minimum unless the row before it is
+    of its group with a smaller dst (one atomic per dst-ascending run, as harness.layout's;
+    correct for any order). The last program then runs _groups_body (the arguments from
+    send_counts on); no rows: the grid is one masked program."""
     pid = tl.program_id(0)
     j = tl.arange(0, BLOCK)
     i = pid.to(tl.int64) * BLOCK + j
@@ -94,9 +75,12 @@ def _rows_kernel(
 
 @triton.jit
 def _last_program(ticket):
-    """Whether this program is the last of its grid to get here (module docstring): a CTA
-    barrier, one acq_rel ticket at GPU scope on ticket [1] (-1 before the grid's first), and
-    for the last a CTA barrier after it, so its threads' loads follow the acquire."""
+    """Whether this program is the last of its grid to get here ("last block done", as in CUB
+    and the CUDA threadFenceReduction sample): a CTA barrier, ONE scalar acq_rel ticket at GPU
+    scope on ticket [1] (-1 before the grid's first); the program drawing num_programs - 2 is
+    last, and its acquire (then a CTA barrier, so every thread's loads follow it) makes every
+    other program's released writes visible. What a body reads from the other programs is only
+    stored or atomically updated before the tickets, never loaded, so no SM holds a stale line."""
     tl.debug_barrier()
     t = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
     last = t == tl.num_programs(0) - 2
@@ -150,7 +134,7 @@ def _sums_before(
     the experts j that precede it in rule (ii)'s order (more remote bands first, then j < i;
     ge[1] holds each expert's remote bands, key [EP] the same in registers); a row -1 is not
     read and its sum stays 0. j goes in chunks of JB read from memory, so the code is [EP, JB]
-    wide at any E, and Triton has no register chain to recompute per element."""
+    wide at any E ([EP, EP] tiles took a minute to compile)."""
     a = tl.zeros([EP], dtype=tl.int64)
     b = tl.zeros([EP], dtype=tl.int64)
     c = tl.zeros([EP], dtype=tl.int64)
@@ -182,10 +166,9 @@ def _groups_body(
     expert_row_start, recv_rows, rank, E, W, tm, mgb, EP: tl.constexpr, WP: tl.constexpr,
     HAS_N: tl.constexpr, HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr,
 ):  # fmt: skip
-    """In ONE program: every group-level quantity. Aligned: groups padded to tile_m, the rule
-    (ii) expert order on remote bands, segments per remote group (cut rule). COMPACT:
-    per-expert sections (remote bands, then local-only bands), the rule (ii) order, and the
-    pieces (band, owner) of each remote group with their segments (the cut rule over pieces)."""
+    """In ONE program, every group-level quantity: aligned, groups padded to tile_m; COMPACT,
+    per-expert sections (remote bands, then local-only bands) and each remote group's pieces;
+    both, the rule (ii) expert order and the segments per remote group (cut rule)."""
     G = E * W
     e1, s1, e2, s2, inb, g2, cnt, dmin = _group_tiles(cnt_enc, dmin_enc, E, W, EP, WP)
     loc = inb & (s2 == W - 1)
@@ -204,8 +187,7 @@ def _groups_body(
         within = tl.cumsum(cnt_in, 1) - cnt_in  # group start inside its expert (local: rem_e)
         tot_b = key + nbl
         bfirst = tl.cumsum(tot_b, 0) - tot_b
-        # pieces of each remote group: the bands it touches, in send order (experts by rule (ii),
-        # owners ascending)
+        # pieces of each remote group: the bands it touches, in send order
         fb = within // tm
         n_units = tl.where(rem & (cnt > 0), (within + cnt - 1) // tm - fb + 1, 0)
         ptot = tl.sum(n_units, 1)
@@ -259,16 +241,14 @@ def _groups_body(
         NR = tl.sum(key, 0)
         a = rb_before[:, None] + tl.cumsum(nb_r, 1) - nb_r
         lstart = NR + tl.cumsum(lb, 0) - lb
-        # order="expert" (plan.producer_order): experts in the remote-first order (those without
-        # remote bands last, e ascending), each expert's remote bands then its local bands; a
-        # group's first entry in that visiting order
+        # a group's first position in order="expert"'s visiting order (plan.producer_order:
+        # experts in remote-first order, each its remote bands then its local bands)
         vbase = tl.where(loc, (vstart + key)[:, None], vstart[:, None] + a - rb_before[:, None])
         n_total = NR  # segments over remote bands
         Q = 0
         P = tl.sum(tot_p, 0)
         w_first, w_start, w_visit = bfirst, tl.where(loc, lstart[:, None], a), vbase
-    # segments per remote group over its units (bands, or pieces): the first / last unit alone,
-    # middle chunks of mgb (cut rule)
+    # segments per remote group over its units (bands, or pieces), by the cut rule
     lo = tl.maximum(a, 1)
     hi = tl.minimum(a + n_units - 1, n_total - 2)
     mid = tl.maximum(hi - lo + 1, 0)
@@ -329,11 +309,10 @@ def _fill_kernel(
     GROUPS: tl.constexpr, ORDERED: tl.constexpr, CODE: tl.constexpr, GBLOCK: tl.constexpr,
 ):  # fmt: skip
     """Aligned: programs [0, G) one group each (its bands in layout order, schedule entries,
-    places in the order="expert" visiting order `visit`, segments). COMPACT: programs [0, E)
-    one expert's bands, schedule entries and visiting positions; [E, E + G) one remote
-    group's pieces and the segments that start there. Then one row block each (_fill_rows).
-    GROUPS: the last program to finish then runs _producer_groups_body (ORDERED: over
-    `visit`)."""
+    places in the order="expert" visiting order `visit`, segments). COMPACT: [0, E) one
+    expert's bands, schedule entries and visiting positions; [E, E + G) one remote group's
+    pieces and the segments that start there. Then one row block each (_fill_rows). GROUPS:
+    the last program then runs _producer_groups_body (ORDERED: over `visit`)."""
     pid = tl.program_id(0)
     G = E * W
     n_struct = G  # programs before the row blocks
@@ -528,12 +507,10 @@ def _producer_groups_body(
     visit, schedule, band_expert, counts, groups, B, cap,
     CODE: tl.constexpr, ORDERED: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """In ONE program: plan.producer_groups on the device (the same groups).
-
-    Pass 1 (blocks forward): each visiting position's run start (a running max of the
-    positions where the expert changes), kept in `groups`; pass 2 (blocks backward): the run's
-    end (a reverse running min), then the run cut into ceil(run / cap) near-equal groups,
-    stored as first * CODE + size."""
+    """In ONE program, plan.producer_groups on the device: pass 1 (blocks forward) each visiting
+    position's run start (a running max of the positions where the expert changes), kept in
+    `groups`; pass 2 (blocks backward) the run's end (a reverse running min), then the run cut
+    into ceil(run / cap) near-equal groups, stored as first * CODE + size."""
     n_bands = tl.load(counts + 2)
     lane = tl.arange(0, BLOCK).to(tl.int64)
     carry = tl.zeros((), tl.int64)

@@ -1,11 +1,10 @@
-"""Shared Triton device primitives of the overlap kernels (producer.py, consumer.py): bounded
-waits (spin_until, poll_bound, record_error; every spin is bounded by time: %globaltimer on the
-GPU, the host clock errors.new_clock refreshes in the CPU interpreter, which has no inline asm),
-copies (copy_rows), flag publishing (publish_threads) and the NVSHMEM device functions.
-The NVSHMEM externs resolve from libnvshmem_device.bc only when a kernel that calls them is
-launched through torch's `requires_nvshmem` (the PUT_STORE consumer never reaches a call, so
-never needs the library); they are defined here because torch's _nvshmem_triton only defines
-them on a machine with a GPU.
+"""Shared Triton device primitives of producer.py and consumer.py: bounded waits (spin_until,
+poll_bound, record_error; bounded by time: %globaltimer on the GPU, the host clock that
+errors.new_clock refreshes in the CPU interpreter, which has no inline asm), copy_rows,
+publish_threads and the NVSHMEM device functions. Their externs resolve from
+libnvshmem_device.bc only in a kernel launched through torch's `requires_nvshmem` (the
+PUT_STORE consumer never reaches a call); they are defined here because torch's _nvshmem_triton
+defines them only on a machine with a GPU.
 """
 
 from __future__ import annotations
@@ -39,12 +38,10 @@ def uniform_now(clock):
 
 @triton.jit
 def spin_until(ptr, target, err, clock, timeout, SCOPE: tl.constexpr, USE_TIMER: tl.constexpr):
-    """Poll *ptr (acquire) until >= target. Returns (status, last value seen).
-
-    status 0: reached; 1: timed out (more than timeout ns); 2: gave up because another program
-    recorded an error (err[0] != 0). clock: the program's scratch word on the GPU, the host
-    clock (int64 ns, errors.new_clock) in the interpreter.
-    """
+    """Poll *ptr (acquire) until >= target; returns (status, last value seen). status 0:
+    reached; 1: timed out (more than timeout ns); 2: gave up, another program recorded an error
+    (err[0] != 0). clock: the program's scratch word on the GPU, the host clock (int64 ns,
+    errors.new_clock) in the interpreter."""
     seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
     status = tl.zeros((), dtype=tl.int32)
     if USE_TIMER:
@@ -99,8 +96,7 @@ def record_error(err, code, seg, band, rank, pid, seen, want, source):
 def copy_rows(
     src, dst, n, BLOCK: tl.constexpr, VEC: tl.constexpr, STAGES: tl.constexpr, STREAM: tl.constexpr
 ):
-    """dst[0:n] = src[0:n] (contiguous), BLOCK elements a step, loads pipelined STAGES deep.
-
+    """dst[0:n] = src[0:n] (contiguous), BLOCK elements a step, loads pipelined STAGES deep;
     STREAM: evict-first loads and streaming (.cs) stores (the data is touched once)."""
     offs = tl.arange(0, BLOCK)
     for start in tl.range(0, n, BLOCK, num_stages=STAGES):

@@ -1,42 +1,20 @@
 """The producer: ONE persistent Triton GEMM per rank over all local experts, with readiness flags.
 
-Operands (the layout of systems/overlap/plan.py): x [P, K] the padded GEMM input X (zero rows
-where plan.gather_index == -1), weights [E, K, N] this rank's experts (contiguous), y [P, N].
-A TILE is (schedule position s, column tile n), numbered t = s * tiles_n + n (band-major: the
-first scheduled band finishes first); program i of the persistent grid takes tiles i, i + G, ...
-(G = SMs - cCTA). Swizzles for L2 reuse of the weight strips: fixed groups of `group_m`
-consecutive positions (column-major inside a group), or (TileConfig.expert_groups) the plan's
-`groups` (plan.producer_groups: each run of one expert's bands cut into groups of <= group_m,
-group [first, first + size) owning tiles first * tiles_n .. (first + size) * tiles_n - 1), so
-each expert's weight strip is read from HBM once per group (a fixed group straddling two
-experts reads both). With the plan's `visit` (order="expert") positions are taken in visiting
-order: one expert's remote and local bands side by side (at W=2 the default order puts them half
-a schedule apart, and every weight strip is read from HBM twice). The band's expert selects rows
-e*K .. e*K+K-1 of the weights viewed as [E*K, N]; rows past band_rows are masked at the store,
-so a partial local band never touches the next expert's rows.
-
-Readiness, per band: band_ready[band] (int32) grows by `tile_increment` per finished tile, so a
-band is complete at tiles_n * tile_increment (the runner zeroes the counters every run: a CUDA
-graph replays one fixed target). Only remote bands (positions < n_signal) are signalled.
-TileConfig.flag:
-  "thread" (FLAG=2): after its part of the tile's tl.store EVERY thread does one release
-           atomic_add of 1 (each orders its own stores): tile_increment = 32 * num_warps. No CTA
-           barrier, which keeps the flattened tile loop software-pipelined (a tl.debug_barrier
-           in the loop makes Triton 3.6 drop that pipelining, checked on the sm_90 compile).
-  "deferred" (FLAG=3): like "thread", but tile t is published after the main loop of the
-           program's NEXT tile (the last one after the loop): its stores are long complete, so
-           the release costs nothing on the critical path, for one tile of extra latency.
-  "cta"    (FLAG=1): tl.debug_barrier() then ONE scalar release atomic (once per CTA; release
-           is cumulative): tile_increment = 1.
-FLAG=0 (signal=False): no flag at all, the compute-only bound and the flag-cost reference.
-Epilogue: EPI_SPLIT stores the tile in 1, 2 or 4 column slices (4 convert the accumulator's
-layout through 16 KB of shared memory instead of 64 KB); each row's destination (Y, or a local
-row's place row_dst in this rank's own receive buffer) is chosen once per row. ACT (the layer's
-fc1): GELU of the rounded tile before its store.
-Loads: USE_TMA takes host-side TMA descriptors for X and the [E*K, N] weight view (K % block_k
-== 0, so a K tile never crosses into the next expert); else masked pointer loads (any K; the
-CPU interpreter's path). The output is a plain masked tl.store, never a TMA store, so the flag
-cannot overtake the data.
+Operands (plan.py's layout): x [P, K] the padded GEMM input X, weights [E, K, N] (contiguous; a
+band of expert e reads rows e*K .. e*K+K-1 of the [E*K, N] view), y [P, N]. A TILE is (schedule
+position s, column tile n), t = s * tiles_n + n (band-major: the first scheduled band finishes
+first); program i takes tiles i, i + G, ... (G = SMs - cCTA). L2 swizzles of the weight strips:
+fixed groups of group_m positions, or the plan's `groups` (TileConfig.expert_groups: each
+expert's strip read from HBM once per group); the plan's `visit` (order="expert") reorders the
+positions. Rows past band_rows are masked at the store: a partial local band never writes the
+next expert's rows. band_ready[band] (int32, zeroed every run: a CUDA graph replays one fixed
+target) grows by TileConfig.tile_increment per finished tile of a remote band (s < n_signal).
+Flags (modes.py): "cta" a CTA barrier then ONE release atomic (release is cumulative); "thread"
+one release atomic per thread after its own stores, no barrier (a tl.debug_barrier in the loop
+makes Triton 3.6 drop the flattened loop's software pipelining); "deferred" as "thread", after
+the program's NEXT tile's main loop (one tile later, off the critical path); none (signal=False).
+Loads: TMA (USE_TMA; K % block_k == 0, so a K tile never crosses experts) or masked pointers (any
+K; the interpreter's path). The store is a masked tl.store, never TMA: the flag cannot overtake it.
 """
 
 from __future__ import annotations
@@ -55,7 +33,7 @@ from systems.overlap.kernels.primitives import publish_threads
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE, GROUP_CODE
 from systems.overlap.tuning import TileConfig
 
-# constexpr globals for the kernel (the FLAG modes, modes.py)
+# the FLAG modes (modes.py) as constexpr globals for the kernel
 _FLAG_CTA = tl.constexpr(modes.FLAG_CTA)
 _FLAG_THREAD = tl.constexpr(modes.FLAG_THREAD)
 _FLAG_DEFERRED = tl.constexpr(modes.FLAG_DEFERRED)
@@ -178,18 +156,15 @@ def _producer_kernel(
                 )
             acc = tl.dot(a, b, acc)
         if FLAG == _FLAG_DEFERRED:
-            # publish the PREVIOUS tile: its stores were issued a whole main loop ago, so the
-            # release (which waits for this thread's earlier stores) costs next to nothing
+            # publish the PREVIOUS tile: its stores are a main loop old, so the release is cheap
             publish_threads(band_ready, pending, lane)
         rows = row0 + rm
         # per row: where it goes (a pointer to its first column) and whether it is stored
         row_ptr = y_ptr + rows.to(tl.int64) * N
         row_ok = rm < nrows
         if LOCAL_DIRECT:
-            # local rows go straight to their places in this rank's own receive buffer
-            # (row_dst >= 0): every row of a local band, and (MIXED: a compact plan) the
-            # local rows of a mixed band (signalled, its remote rows go to Y); a local band's
-            # rows with row_dst = -1 are not stored at all
+            # local rows (row_dst >= 0; MIXED: also a compact plan's mixed band's) go to this
+            # rank's own receive buffer; a local band's rows with row_dst = -1 nowhere
             if MIXED:
                 dst = tl.load(row_dst + rows, mask=row_ok, other=-1)
             else:
@@ -202,7 +177,8 @@ def _producer_kernel(
             out = gelu_erf(out.to(tl.float32)).to(out.dtype)
         if EPI_SPLIT == 1:
             _store_cols(out, row_ptr, row_ok, col0, N, BN)
-        else:  # the store in column halves (or quarters): fewer live pointers per thread
+        else:  # column halves (or quarters): fewer live pointers per thread; quarters convert
+            # the accumulator's layout through 16 KB of shared memory instead of 64 KB
             h0, h1 = out.reshape(BM, 2, BN // 2).permute(0, 2, 1).split()
             if EPI_SPLIT == 2:
                 _store_cols(h0, row_ptr, row_ok, col0, N, BN // 2)
@@ -286,15 +262,13 @@ def launch_producer(
     """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
 
     x [P, K], weights [E, K, N], y [P, N] (one dtype; fp16/bf16 on GPU, fp16/fp32 in the
-    interpreter); plan: a CombinePlan on the device (arrays may be worst-case sized [B']: the
-    kernel reads n_bands / n_remote_bands from plan.counts), visited in plan.visit's order and,
-    with config.expert_groups, swizzled in plan.groups (group_cap == config.group_m);
-    band_ready [B'] int32 counters (+ config.band_increment(N) per signalled band per run);
-    num_programs: persistent grid (producer_grid); signal=False: no flags (FLAG=0); recv [S, N]
-    (this rank's own receive buffer): every local row p (plan.row_dst[p] >= 0, also those of a
-    compact plan's mixed band) is stored at recv[row_dst[p]] instead of y[p], a local band's
-    other rows not at all (None: every row to y); memo (GPU): remember this launch under
-    memo_key (harness/kernels/relaunch.py); act: y = gelu(x @ w_e) (the layer's fc1).
+    interpreter); plan: a CombinePlan on the device, possibly worst-case sized [B'] (the kernel
+    reads n_bands / n_remote_bands from plan.counts); config.expert_groups needs plan.groups
+    with group_cap == config.group_m; band_ready [B'] int32 (+ config.band_increment(N) per
+    signalled band per run); num_programs: the grid (producer_grid); recv [S, N] (this rank's
+    own receive buffer): each local row p (row_dst[p] >= 0, also in a compact plan's mixed band)
+    goes to recv[row_dst[p]] instead of y[p], a local band's other rows nowhere (None: all to
+    y); memo (GPU): remember the launch under memo_key; act: y = gelu(x @ w_e) (fc1).
     """
     P, K, E, N = _check_operands(x, weights, y, band_ready)
     cfg = config
