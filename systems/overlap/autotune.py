@@ -1,21 +1,12 @@
 """ccta="auto" / mgb="auto" / order="auto" for the overlap system, on the host (no GPU, no timing).
 
-ccta / mgb: a nearest-cells rule (`pick`) on a calibration table (`autotune_table.csv`, written
-by autotune_fit.py from measured sweeps: per calibrated workload, its features and the latency
-of every measured (ccta, mgb) relative to that workload's best):
-  1. features: log2 of T, K, N, E, W and of the rank imbalance (from the spec's seeded routing);
-     another transport class (loopback vs nvlink) adds TRANSPORT_PENALTY;
-  2. the K_NEAREST calibrated workloads within MAX_DISTANCE (Euclidean on the features);
-  3. per (ccta, mgb) measured in at least half of them, the mean relative latency; the lowest
-     wins, restricted to a value the caller fixed. Averaging keeps one noisy cell from
-     deciding: held out, the nearest cell alone lands within 3% of the best in 20 of 27
-     calibrated workloads, the mean of the 4 nearest in 26. None near: DEFAULT (the paper's);
-  4. ccta clamped to [1, sm_count - 1] ([1, sm_count] when shared; sm_count 0: no clamp).
-Only the table's rows of the cell's SM count are read where it has some (else all, and the
-one-line `why` says how to calibrate this GPU), and only those of the cell's consumer placement
-(column `consumer`, "own" where absent). Shared with nothing near: SHARED_DEFAULT, one consumer
-CTA on every SM and mgb 1 (the best of cCTA {66, 132} in every loopback cell measured).
-order: `pick_order` (ORDER_EXPERT_BANDS).
+ccta / mgb (`pick`; the rule is in docs/method.md): the features are log2 of T, K, N, E, W and
+the rank imbalance (spec_values); the K_NEAREST calibrated workloads of autotune_table.csv
+(written by autotune_fit.py) within MAX_DISTANCE (Euclidean, + TRANSPORT_PENALTY for another
+transport class) average each (ccta, mgb)'s latency relative to their best, where at least half
+of them measured it; the lowest wins, a value the caller fixed is kept. None near: DEFAULT
+(SHARED_DEFAULT for consumer="shared"). Only rows of the cell's consumer placement, and of its SM
+count where the table has some, are read; ccta is clamped to the SMs. order: pick_order.
 """
 
 from __future__ import annotations
@@ -35,8 +26,7 @@ TABLE = Path(__file__).with_name("autotune_table.csv")
 DEFAULT = (16, 1)
 #: farthest calibrated workload still used (feature units: doublings)
 MAX_DISTANCE = 1.5
-#: calibrated workloads whose measured surfaces are averaged (the nearest ones within
-#: MAX_DISTANCE): 1 = the nearest cell's own best; 4 and 6 do equally well held out
+#: calibrated workloads whose measured surfaces are averaged (the nearest within MAX_DISTANCE)
 K_NEAREST = 4
 #: consumer="shared" with no calibrated workload near: cCTA = every SM (None), mgb 1
 SHARED_DEFAULT = (None, 1)
@@ -57,8 +47,7 @@ COLUMNS = [*FEATURES.values(), "transport", "routing", "sm_count", "ccta", "mgb"
 
 def transport_class(transport: str, world_size: int) -> str:
     """`loopback` (one GPU plays every rank) or `nvlink` (p2p / nvshmem, one process a GPU);
-    the empty transport resolves as the system does (by the number of processes, which a pick
-    does not know: W=1 or loopback is taken as loopback, anything else as nvlink)."""
+    the empty transport is taken as loopback at W=1, else as nvlink."""
     if transport == "loopback" or (not transport and world_size == 1):
         return "loopback"
     return "nvlink"
@@ -189,24 +178,20 @@ def pick(
     sm_count: int = 0,
     ccta: int | str = AUTO,
     mgb: int | str = AUTO,
-    table: pd.DataFrame | None = None,
     consumer: str = "own",
 ) -> tuple[int, int, str]:
     """(ccta, mgb, why) for a cell of `spec` at W logical ranks over `transport` (the overlap
-    system's param: "", loopback, p2p or nvshmem) on a GPU of `sm_count` SMs (0: unknown), with
-    the consumer placement `consumer` ("own" or "shared")."""
+    system's param) on a GPU of `sm_count` SMs (0: unknown), consumer placement `consumer`."""
     values = {**spec_values(spec), "world_size": W}
-    table = load_table() if table is None else table
-    p = pick_from(
-        table, values, transport_class(transport, W), sm_count, ccta, mgb, consumer=consumer
-    )
+    cls = transport_class(transport, W)
+    p = pick_from(load_table(), values, cls, sm_count, ccta, mgb, consumer=consumer)
     return p.ccta, p.mgb, p.why
 
 
 #: order="auto" visits each expert's bands together (order="expert") when a local expert holds at
 #: most this many tile_m bands on average (T * top_k / (E * tile_m)); fitted on the W=2 operator
-#: sweep of both orders (results/reference/h200x2/operator_order.parquet): "expert" won or tied
-#: at 2-4 bands an expert (E 32-64 at T=8192, top-2), "remote_first" at 8+ bands (E 8-16, N=8192)
+#: sweep of both orders (h200x2/operator_order.parquet): "expert" won or tied at 2-4 bands
+#: an expert, "remote_first" at 8+
 ORDER_EXPERT_BANDS = 4.0
 
 

@@ -1,17 +1,14 @@
 """Fit the ccta/mgb calibration table from overlap sweeps and evaluate it leave-one-workload-out.
 
-    python -m systems.overlap.autotune_fit results/reference/h200/overlap_ccta.parquet \
+    python -m systems.overlap.autotune_fit results/ccta_auto.parquet [--sm-count 132] \
         [--table systems/overlap/autotune_table.csv] [--heldout results/autotune_heldout.parquet]
-    python -m systems.overlap.autotune_fit results/ccta_auto.parquet --sm-count 108 \
-        --keep-other-gpus
 
-Input: results tables holding ok overlap cells swept over integer p_ccta / p_mgb, at the order
-the system runs the workload with (autotune.auto_order); the consumer placement (p_consumer) is
-part of a workload. Rows run with "auto" are not fitted on but reported next to the sweep's
-optimum. Every row written carries --sm-count (the measuring GPU's SMs); --keep-other-gpus keeps
-the table's rows of other SM counts. Output: the calibration table (autotune.py reads it) and
-the held-out table: per workload, the rule's pick with that workload left out, latency(pick) /
-latency(best) and the same ratio for the fixed default.
+Input: results tables of ok overlap cells swept over integer p_ccta / p_mgb at the order the
+system runs the workload with (autotune.auto_order); a workload includes its consumer placement.
+"auto" rows are reported next to the sweep's optimum, not fitted on. Rows written carry
+--sm-count (--keep-other-gpus keeps the table's rows of other SM counts). Also writes the
+held-out table: per workload, the pick with it left out, latency(pick) / latency(best) and the
+same ratio for the fixed default.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ WORKLOAD = ["consumer", "transport", "world_size", *SPEC_KEYS]
 
 
 def order_ran(df: pd.DataFrame) -> pd.Series:
-    """The producer order each overlap row ran: p_order_used, else p_order, else remote_first
-    (the tables from before the knob)."""
+    """The producer order each overlap row ran: p_order_used, else p_order, else remote_first."""
     ran = pd.Series("remote_first", index=df.index, dtype=object)
     for col in ("p_order", "p_order_used"):  # the later one wins
         if col in df:
@@ -51,9 +47,8 @@ def order_ran(df: pd.DataFrame) -> pd.Series:
 
 def split_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(sweep rows, auto rows) among the ok overlap rows: sweep rows have integer ccta and mgb;
-    auto rows asked for "auto" in either (their used values: p_ccta_used / p_mgb_used).
-    Only rows that ran the producer order the system runs by default (order="auto",
-    autotune.auto_order) are kept: a workload is calibrated at the order it will run."""
+    auto rows asked for "auto" in either. Only rows that ran the order order="auto" picks are
+    kept: a workload is calibrated at the order it will run."""
     df = df[(df["system"] == "overlap") & (df["status"] == "ok")].copy()
     tile = pd.to_numeric(df["p_tile_m"]) if "p_tile_m" in df else pd.Series(128, index=df.index)
     want = [
@@ -109,10 +104,9 @@ def _auto_cells(auto: pd.DataFrame, w: dict) -> dict:
 def heldout(
     sweep: pd.DataFrame, auto: pd.DataFrame, sm_count: int, k: int = K_NEAREST
 ) -> pd.DataFrame:
-    """Leave-one-workload-out: per workload, the rule's pick (over the k nearest calibrated
-    workloads) from a table fitted on the OTHER workloads, latency(pick) / latency(best
-    measured) and latency(default) / latency(best); where the sweep ran auto cells of that
-    workload, their measured ratio too (those ran the rule of their own revision)."""
+    """Leave-one-workload-out: per workload, the rule's pick from a table fitted on the OTHER
+    workloads, latency(pick) / latency(best measured), latency(default) / latency(best) and
+    where the sweep ran auto cells of that workload, their measured ratio too."""
     out = []
     for key, grid in sweep.groupby(WORKLOAD, sort=True):
         w = dict(zip(WORKLOAD, key))
@@ -174,11 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heldout", default="results/autotune_heldout.parquet")
     ap.add_argument("--sm-count", type=int, default=132, help="SMs of the measured GPU")
     ap.add_argument("--no-table", action="store_true", help="evaluate only; write no table")
-    ap.add_argument(
-        "--keep-other-gpus",
-        action="store_true",
-        help="keep the table's rows of other SM counts (calibrate another GPU alongside)",
-    )
+    ap.add_argument("--keep-other-gpus", action="store_true", help="keep other SM counts' rows")
     ap.add_argument("--k", type=int, default=K_NEAREST, help="calibrated workloads averaged")
     args = ap.parse_args(argv)
     df = pd.concat([pd.read_parquet(p) for p in args.tables], ignore_index=True)

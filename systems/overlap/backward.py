@@ -1,20 +1,19 @@
 """OverlapMoE's backward pass, overlapped at tile level like its forward (the roles reversed).
 
-The forward is  x -dispatch-> x_pad -fc1-> a -gelu-> h -fc2 + combine-> rows[t, j] -scale-> y.
-Its backward, per rank (a training forward keeps its plan, the padded fc1 input x_pad and a copy
-of the rows its combine brought, rank_experts.RankExperts.keep; a and h are recomputed):
+Forward: x -dispatch-> x_pad -fc1-> a -gelu-> h -fc2 + combine-> rows[t, j] -scale-> y. A
+training forward keeps its plan, x_pad and a copy of the rows its combine brought
+(RankExperts.keep); a and h are recomputed. Backward, per rank:
   owner    dgate[t, j] = dy[t] . rows[t, j];  dz[t, j] = gate[t, j] * dy[t]  [T*k, H] pair order
   dz out   each pair's row to its expert's rank (the combine's adjoint): the layer's dispatch of
            per-pair rows (harness/dispatch_peer.py) or, in one process, a gather by its labels
-  experts  in the forward's padded layout: a = x_pad @ W1, h = gelu(a), dW2 = h^T dz,
-           da = gelu'(a) * (dz @ W2^T), dW1 = x_pad^T da (per expert, torch GEMMs; on a GPU
-           the weight gradients run on a side stream beside the return)
-  dx home  da @ W1^T is fc2's shape [P', F] x [F, H]: the forward's producer / consumer runner
-           on W1^T puts each finished band of gradient rows into its owner's combine receive
-           buffer while the GEMM goes on (the dispatch's adjoint, the same plan)
+  experts  a = x_pad @ W1, h = gelu(a), dW2 = h^T dz, da = gelu'(a) * (dz @ W2^T), dW1 =
+           x_pad^T da (per expert, torch GEMMs; on a GPU the weight gradients run on a side
+           stream beside the return)
+  dx home  da @ W1^T ([P', F] x [F, H], fc2's shape) on a producer / consumer runner that puts
+           each finished band of gradient rows into its owner's receive buffer (the dispatch's
+           adjoint, the same plan)
   owner    dx[t] = sum_j rows'[t, j]: the forward's scale with unit gates.
-No host synchronisation on a GPU where torch._grouped_mm applies (the per-expert loops of the
-CPU read the expert counts).
+No host sync on a GPU where torch._grouped_mm applies.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from harness.experts import grouped_mm_usable
 from harness.scale import Scaler
 from systems.overlap.plan_device import padded_input_device
 from systems.overlap.rank_experts import Held, RankExperts, all_sms, make_runner
-from systems.overlap.steps import LayerStep, PlayedLayerStep
+from systems.overlap.steps import LayerStep, PlayedLayerStep, _serialized
 
 
 def per_expert(plan, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -84,8 +83,7 @@ class RankBackward:
         self.runner.recv_expected = ex.runner.recv_expected
         self.runner.band_ready = torch.zeros_like(ex.runner.band_ready)
         self.unit = None  # the dx sum's unit gates [T, k]
-        cuda = self.w1t.is_cuda
-        self.side = torch.cuda.Stream(self.w1t.device) if cuda else None
+        self.side = torch.cuda.Stream(self.w1t.device) if self.w1t.is_cuda else None
 
     def experts(self, held: Held, dz_recv: torch.Tensor, overlapped: bool = True):
         """(dW1, dW2) of this rank's experts from the received rows of dz [>= R, H]; fc1's data
@@ -177,17 +175,13 @@ class _Train:
         return "train scope: autograd's backward is not captured"
 
     def serialized(self) -> dict:
-        """The step with the forward's and the backward's runners each running its producer
-        to the end before its consumer (steps._serialized)."""
-        from systems.overlap.steps import _serialized
-
+        """The step with the forward's and the backward's runners serialized."""
         exs = getattr(self, "ranks", None) or [self.moe.experts]
         return _serialized(self, [r for ex in exs for r in (ex.runner, rank_backward(ex).runner)])
 
 
 class LayerTrainStep(_Train, LayerStep):
-    """The public layer (W=1, one process per rank) under torch autograd: x, gate and the
-    weights get fresh gradients every call."""
+    """The public layer under torch autograd: fresh gradients of x, gate, w1, w2 every call."""
 
     def __init__(self, inp, group, params) -> None:
         super().__init__(inp, group, params)

@@ -1,20 +1,12 @@
 """Device error records of the overlap kernels -> a host exception.
 
-The consumer (and the receiver's wait) never spin without bound: a wait that times out writes
-ONE record into an int64 error buffer [ERR_SLOTS] (the first writer wins a compare-and-swap on
-slot 0) and the kernel exits its remaining work. The host reads the buffer after synchronising
-and raises OverlapTimeoutError naming the rank, segment, band (or source rank) and the counter
-value seen versus wanted.
-
-Record layout (int64):
-  [0] code     CODE_NONE (0), CODE_BAND_TIMEOUT (1), CODE_SIGNAL_TIMEOUT (2)
-  [1] segment  plan segment id (-1 for a receiver wait)
-  [2] band     plan band id (-1 for a receiver wait)
-  [3] rank     rank whose kernel timed out
-  [4] program  program id of the kernel
-  [5] seen     last counter value read
-  [6] want     the counter value waited for
-  [7] source   source rank of a receiver wait (-1 for a band wait)
+A wait that times out (the consumer's or the receiver's) writes ONE record into an int64 error
+buffer [ERR_SLOTS] (the first writer wins a compare-and-swap on slot 0) and the kernel exits its
+remaining work, so nothing spins without bound. Record layout (int64 slots, ErrorRecord's fields
+in order): code (CODE_*), segment and band (plan ids; -1 for a receiver wait), rank (whose
+kernel timed out), program (its program id), seen (last counter value read), want (the value
+waited for), source (source rank of a receiver wait; -1 for a band wait). The host reads it
+after synchronising and raises OverlapTimeoutError (raise_if_error).
 """
 
 from __future__ import annotations

@@ -3,16 +3,12 @@
     moe = OverlapMoE(hidden=H, ffn=F, experts_per_rank=E, top_k=k, max_tokens=T_max)
     y = moe(x, expert_ids, gate)          # x [T, H], expert_ids [T, k], gate [T, k] -> [T, H]
 
-forward runs the dispatch, stage A (the plan, on the device), fc1 + GELU, fc2 with the
-tile-level combine (the consumer puts each finished row band to its owner while the producer
-goes on) and the gate-weighted scale, for any T <= max_tokens. Without a group this process is
-the whole world (W=1: every row is local, fc2 is the producer alone and no consumer runs). With a
-group (one process per rank) the peers' buffers come from torch symmetric memory
-(params.transport p2p or nvshmem; shm between CPU processes), and the dispatch moves counts and
-rows through them (harness/dispatch_peer.py). Either way the forward reads nothing on the host
-and captures in a CUDA graph (params.dispatch=nccl: NCCL's all-to-all, one host sync a step).
-On the CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1). The backward is
-overlapped at tile level too (backward.py); w1 and w2 are trainable parameters.
+forward: the dispatch, stage A (the plan, on the device), fc1 + GELU, fc2 with the tile-level
+combine, the gate-weighted scale, for any T <= max_tokens. Without a group this process is the
+whole world (W=1: fc2 is the producer alone); with one (one process per rank) the peers' buffers
+come from torch symmetric memory (or shm between CPU processes) and the dispatch moves counts
+and rows through them (harness/dispatch_peer.py): no host read, CUDA-graph capturable
+(params.dispatch=nccl: one host sync a step). The backward is overlapped too (backward.py).
 """
 
 from __future__ import annotations
@@ -61,11 +57,6 @@ def _dtype_device(dtype, device, w1) -> tuple[torch.dtype, torch.device]:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return dtype, device
-
-
-def _synthetic_routing(tokens: int, top_k: int, experts: int, device) -> torch.Tensor:
-    """expert_ids [T, k]: token t's slot j goes to expert (t*k + j) mod experts (distinct)."""
-    return (torch.arange(tokens * top_k, device=device) % experts).view(tokens, top_k)
 
 
 class OverlapMoE(torch.nn.Module):
@@ -124,7 +115,9 @@ class OverlapMoE(torch.nn.Module):
         self.transport = self._transport(rows, H, dtype, device)
         self.dispatcher = self._dispatcher(E, H, dtype, device)
         x0 = torch.zeros(max_tokens, H, dtype=dtype, device=device)
-        first = self._dispatch(x0, _synthetic_routing(max_tokens, k, W * E, device))
+        # the first plan's routing: token t's slot j to expert (t*k + j) mod W*E (distinct)
+        ids = (torch.arange(max_tokens * k, device=device) % (W * E)).view(max_tokens, k)
+        first = self._dispatch(x0, ids)
         self.experts = RankExperts(
             self.w1, self.w2, W, rank, rows, self.transport, self.params, first
         )
@@ -151,8 +144,7 @@ class OverlapMoE(torch.nn.Module):
         return tr.peer_transport(self.transport_name, self.group, rows, H, dtype, device)
 
     def _dispatcher(self, E: int, H: int, dtype, device):
-        """The host-free dispatch (W=1: PlayedDispatch; a group: PeerDispatch), or NCCL's
-        all-to-all (one host sync)."""
+        """The host-free dispatch (W=1: PlayedDispatch; a group: PeerDispatch), or NCCL's."""
         like = torch.empty(1, H, dtype=dtype, device=device)
         if self.dispatch == "device" and self.group is None:
             from harness.dispatch_device import PlayedDispatch
@@ -165,10 +157,11 @@ class OverlapMoE(torch.nn.Module):
             return PeerDispatch(self.world_size, E, *args)
         return ld.LayerDispatch(self.world_size, E, self.group)
 
-    def _dispatch(self, x: torch.Tensor, expert_ids: torch.Tensor) -> ld.Dispatched:
-        """One dispatch of x [T, H] by expert_ids [T, k], rows gathered (the held kind)."""
+    def _dispatch(self, x: torch.Tensor, expert_ids: torch.Tensor, gather: bool = True):
+        """One dispatch (ld.Dispatched) of x [T, H] by expert_ids [T, k], rows gathered (the held
+        kind); W=1 without `gather`: rows go straight from the tokens to the padding."""
         if self.dispatch == "device" and self.group is None:
-            return self.dispatcher([x], [expert_ids])[0]
+            return self.dispatcher([x], [expert_ids], gather=gather)[0]
         return self.dispatcher(x, expert_ids)
 
     def _check_inputs(self, x, expert_ids, gate) -> None:
@@ -196,14 +189,11 @@ class OverlapMoE(torch.nn.Module):
         return self._step(x, expert_ids, gate)
 
     def _step(self, x: torch.Tensor, expert_ids: torch.Tensor, gate: torch.Tensor):
-        """The forward (no autograd)."""
+        """The forward without autograd."""
         self._check_inputs(x, expert_ids, gate)
         ex = self.experts
-        if self.dispatch == "device" and self.group is None:  # rows go straight from the
-            d = self.dispatcher([x], [expert_ids], gather=False)[0]  # tokens to the padding
-            ex.experts(d)
-        elif self.dispatch == "device":
-            d = self.dispatcher(x, expert_ids)
+        if self.dispatch == "device":
+            d = self._dispatch(x, expert_ids, gather=False)
             ex.experts(d)
         else:  # the plan is built from the labels before the split sizes' host sync
             built = []

@@ -13,7 +13,6 @@ from __future__ import annotations
 PUT_STORE = 0
 PUT_NVSHMEM = 1
 PUT_NVSHMEM_SIGNAL = 2
-PUT_MODE_NAMES = {PUT_STORE: "store", PUT_NVSHMEM: "put", PUT_NVSHMEM_SIGNAL: "put_signal"}
 NVSHMEM_SIGNAL_ADD = 10
 
 FLAG_NONE = 0

@@ -1,17 +1,17 @@
-"""The overlap system's parameters: one frozen type with its choices, validation and the reasons
-a valid cell cannot run. Importable without Triton or a GPU.
+"""The overlap system's parameters (OverlapParams): choices, validation and the reasons a valid
+cell cannot run. Importable without Triton or a GPU.
 
   ccta       consumer SMs (consumer=own) or consumer CTAs (shared): an integer or "auto"
   mgb        bands per segment: an integer >= 1 or "auto"
   tile_m     the producer's row tile: 64 or 128
-  transport  "" (loopback with one process; with several: p2p on GPUs, shm on the CPU),
-             loopback, p2p, nvshmem or shm (CPU processes, shm.py)
+  transport  loopback, p2p, nvshmem, shm (CPU processes) or "" (loopback on one process, else
+             p2p on GPUs, shm on the CPU)
   layout     aligned (the paper's remote-aligned rows) or compact (plan.py)
-  order      the producer's visiting order: remote_first (the paper's), expert (each expert's
-             local bands right after its remote ones) or auto (autotune.pick_order)
+  order      remote_first (the paper's), expert (each expert's local bands right after its
+             remote ones) or auto (autotune.pick_order)
   consumer   own (the paper's) or shared (runner.py's placement)
-  dispatch   the layer scope's dispatch (harness/dispatch_device.py DISPATCHES): auto (device
-             where one process plays every rank, else nccl), device (no host sync) or nccl
+  dispatch   the layer scope's: auto (device where one process plays every rank, else nccl),
+             device (no host sync) or nccl
 """
 
 from __future__ import annotations
@@ -61,8 +61,7 @@ class OverlapParams:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OverlapParams:
-        """The params of a mapping (missing keys at their defaults); an unknown key is a
-        one-line ValueError naming the accepted ones."""
+        """The params of a mapping (missing keys at their defaults; an unknown one: ValueError)."""
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(d) - set(names))
         if unknown:
@@ -76,8 +75,7 @@ class OverlapParams:
         return asdict(self)
 
     def transport_for(self, world_size: int, device_type: str = "cuda") -> str:
-        """The transport that runs on `world_size` processes: the empty one is loopback with one
-        process; with several p2p on GPUs, shm on the CPU."""
+        """The transport on `world_size` processes ("": loopback on one, else p2p or shm)."""
         if self.transport or world_size == 1:
             return self.transport or "loopback"
         return "p2p" if device_type == "cuda" else "shm"
@@ -114,10 +112,7 @@ class OverlapParams:
 
     def refuse(self, spec: Any, processes: int, device: str) -> None:
         """A one-line ValueError where the cell (spec: a WorkloadSpec of W ranks) cannot run on
-        `processes` processes of `device` ("cpu" or "cuda"), found before any process starts:
-        a transport that needs one process per rank with one process (or the other way), shm
-        on a GPU or p2p / nvshmem on the CPU, a layer dispatch the run cannot make, a ccta
-        past the CPU's bound."""
+        `processes` processes of `device` ("cpu" or "cuda"), found before any process starts."""
         W, plays = spec.world_size, processes == 1
         name = self.transport_for(processes, device)
         where = f"W={W} on {processes} {device} process(es)"

@@ -1,10 +1,7 @@
 """One rank's expert part of the overlap layer: stage A, fc1 + GELU, fc2 overlapped with the
-tile-level combine, the scale. OverlapMoE (layer.py) holds one; the harness's step that plays
-every rank of a cell in one process holds one per played rank.
-
-Every step's plan, padded input, fc1 output and fc2 output go into the same buffers (a
-DevicePlanBuilder and one h, one y), so the runner's remembered launches hold from step to step:
-the host pays the launchers, not Triton's argument binding.
+tile-level combine, the scale. OverlapMoE holds one; PlayedLayerStep one per played rank.
+Every step's plan, padded input, fc1 and fc2 outputs go into the same buffers (a
+DevicePlanBuilder, one h, one y), so the runner's remembered launches hold from step to step.
 """
 
 from __future__ import annotations
@@ -31,8 +28,7 @@ def all_sms(device: torch.device) -> int:
 
 
 def make_runner(plan, weights: torch.Tensor, transport, params: OverlapParams):
-    """The runner of one rank's plan for the resolved knobs (no "auto" left); on the CPU
-    (Triton's interpreter) with the interpreter's small tiles and programs."""
+    """The runner of one rank's plan for resolved knobs (small tiles in the CPU interpreter)."""
     from systems.overlap.runner import OverlapRunner
     from systems.overlap.tuning import interpreter_config, interpreter_consumer_config
 
@@ -58,10 +54,8 @@ def make_runner(plan, weights: torch.Tensor, transport, params: OverlapParams):
 
 @dataclass
 class Held:
-    """One dispatch kept with its own plan (the bounds and the row's plan facts).
-
-    dispatch: the Dispatched; plan: its CombinePlan on the device; x_pad [P', H] the padded
-    fc1 input."""
+    """One dispatch kept with its own plan (for the bounds, the row's plan facts, the backward):
+    plan: its CombinePlan on the device; x_pad [P', H] the padded fc1 input."""
 
     dispatch: ld.Dispatched
     plan: object
@@ -71,10 +65,9 @@ class Held:
 class RankExperts:
     """Stage A + fc1 + fc2/combine + scale of one rank, sized once for its worst case.
 
-    w1 [E, H, F], w2 [E, F, H] (this rank's experts); world_size W, rank; rows = T*k of the
-    largest step (the receive buffer's rows); transport: this rank's systems.overlap.transport
-    Transport; params: resolved OverlapParams; first: one dispatch of this rank (its plan starts the
-    runner)."""
+    w1 [E, H, F], w2 [E, F, H] (this rank's experts); rows = T*k of the largest step (the receive
+    buffer's rows); params: resolved OverlapParams; first: one dispatch of this rank (its plan
+    starts the runner)."""
 
     def __init__(
         self,
@@ -194,13 +187,12 @@ class RankExperts:
         if self.fc1_memo.hit(key):
             self.fc1_memo.launch()
             return h
-        unused = self.runner.band_ready  # no flags: the counters are not touched
         launch_producer(
             x_pad,
             self.w1,
             h,
             plan,
-            unused,
+            self.runner.band_ready,  # no flags: the counters are not touched
             num_programs=all_sms(h.device),
             config=self.fc1_tile,
             signal=False,
@@ -220,10 +212,7 @@ class RankExperts:
     def fc2_combine(self, plan, h: torch.Tensor, overlapped: bool = True) -> torch.Tensor:
         """fc2 [P', F] @ W2 -> y [P', H]: the producer with the consumer's puts (overlapped), or
         the producer alone on ALL SMs without flags (the compute bound)."""
-        bands = plan.schedule.numel()  # a plan past the worst case (a test's) has more
-        if bands > self.runner.band_ready.numel():
-            self.runner.band_ready = torch.zeros(bands, dtype=torch.int32, device=h.device)
-        self.runner.use_plan(plan)
+        self.runner.use_plan(plan)  # grows band_ready for a plan past the worst case (a test's)
         y = self.y = self._buffer(self.y, h, self.w2.shape[2])
         if overlapped:
             self.runner.overlapped(h, y)

@@ -1,43 +1,26 @@
 """The runner of stage B: one rank's producer + consumer pair and its host state.
 
 OverlapRunner owns one plan's ready counters, error buffer, two streams and run counters, and
-launches
-  overlapped()    producer then consumer on two streams, joined into the current stream
-  sequential()    the same two kernels one after the other on the current stream (reference)
-  compute_only()  producer without flags (FLAG=0): the compute bound / flag-cost reference
-  comm_only()     consumer without waiting (flags taken as set): the communication bound
-  wait_received() receiver side: block the current stream until every source's rows arrived
-  check()         raise OverlapTimeoutError if a wait timed out (synchronises)
-  use_plan()      run another plan of the same rank (e.g. this step's device-built plan)
-The producer's epilogue stores the local rows straight into the transport's receive buffer
-(plan.row_dst); the plan's counts stay on the device (plan.counts), so a worst-case-sized plan
-runs with no host synchronisation. On a GPU every launch is remembered (harness/kernels/
-relaunch.py LaunchMemo, keyed on its arguments and on plan_version, which every new plan object
-moves) and re-run from its compiled kernel; the producer's x is swapped in (a layer's fc1 output
-is a new tensor every step). The same plan object again (a DevicePlanBuilder's, rewritten in
-place) keeps the remembered launches.
+runs the pair overlapped, serially (the reference) or each alone (the bounds). The producer's
+epilogue stores the local rows straight into the receive buffer (plan.row_dst); the plan's counts
+stay on the device, so a worst-case-sized plan runs with no host sync. On a GPU every launch is
+remembered (harness/kernels/relaunch.py LaunchMemo, keyed on its arguments and plan_version,
+which a new plan object moves) and re-run with the producer's x swapped in.
 
-Placement. consumer_sms="own" (the paper's): each of the cCTA consumer CTAs owns its SM, the
-producer gets SMs - cCTA. The default ConsumerConfig (1024 threads, a 64K-element block) holds
-too many registers to sit next to a producer CTA or another consumer; a pipelined one (stages >
-1) is exclusive through shared memory. consumer_sms="shared" (beyond the paper): cCTA small CTAs
-(shared_consumer_config: 4 warps, no shared memory) next to the producer's CTAs on ALL SMs,
-copying in the gaps of its warps. Two things keep a consumer CTA from taking a producer CTA's SM:
-  - the shared-memory carve-out: an SM runs with the L1 / shared split of the kernels it holds,
-    and the driver gives a kernel without shared memory a small one, so an SM that took a
-    consumer CTA first could not take a producer CTA (165 KiB) until it drained: the runner asks
-    for the largest split for the consumer (prefer_shared_carveout);
-  - the order: the producer is launched first, on the higher-priority stream.
-residency_report checks either placement from the compiled kernels (the GPU tests on Hopper; the
-shared runner on its first run). The producer never waits for the consumer; a consumer spinning
-too long times out into an error record (errors.py), never a hang.
-Importing this module imports triton (through kernels/), not the transports.
+Placement. consumer_sms="own" (the paper's): each consumer CTA owns its SM (the default
+ConsumerConfig's registers, or a pipelined one's shared memory, leave no room beside it); the
+producer gets SMs - cCTA. "shared": cCTA small CTAs (shared_consumer_config) beside the
+producer's on ALL SMs. An SM runs with the L1 / shared split of the kernels it holds and the
+driver gives a kernel without shared memory a small one, so an SM that took a consumer CTA first
+could not take a producer CTA (165 KiB) until it drained: the consumer asks for the largest
+split (prefer_shared_carveout), and the producer is launched first, on the higher-priority
+stream. residency_report checks either placement. The producer never waits for the consumer; a
+spin that waits too long becomes an error record (errors.py), never a hang.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
@@ -56,10 +39,9 @@ _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
 _carveout_done: dict[int, int] = {}  # CUfunction handle -> percent set
 
 
-def prefer_shared_carveout(compiled: Any, percent: int) -> None:
+def prefer_shared_carveout(compiled: Any, percent: int = 100) -> None:
     """Ask the driver to run SMs holding this compiled Triton kernel with `percent` of the
-    unified L1 / shared memory as shared memory (once per CUfunction). consumer_sms="shared"
-    sets 100 so that an SM that took a consumer CTA first still has room for a producer CTA."""
+    unified L1 / shared memory as shared memory, once per CUfunction (100: shared placement's)."""
     import ctypes
 
     if not 0 <= percent <= 100:
@@ -79,10 +61,6 @@ def prefer_shared_carveout(compiled: Any, percent: int) -> None:
     _carveout_done[fn] = percent
 
 
-#: consumer_sms="shared": the consumer's request (through run_consumer's `prepare`)
-_full_carveout = partial(prefer_shared_carveout, percent=100)
-
-
 def run_consumer(
     y: torch.Tensor,
     plan: CombinePlan,
@@ -96,7 +74,6 @@ def run_consumer(
     config: ConsumerConfig,
     rank: int | None = None,
     wait: bool = True,
-    vec: bool | None = None,
     prepare: Callable[[Any], None] | None = None,
     memo: LaunchMemo | None = None,
     memo_key: Any = None,
@@ -105,21 +82,17 @@ def run_consumer(
     returns Triton's compiled kernel (None for a plan without segments).
 
     y [P, N] producer output; plan: a CombinePlan on the device (segments past plan.counts are
-    skipped; a compact plan's segments walk its pieces); band_ready [B] int32 producer counters;
-    transport: a transport.Transport (its tables, scope and put mode); err [ERR_SLOTS] int64;
-    clock [>= ccta] int64 scratch; ready_target: counter value of a complete band this run;
-    rank: the source slot this rank signals in the receivers' counters (None: plan.rank);
-    wait=False skips the spins (the comm-only bound); vec: 16-byte vector hints (None: where
-    legal, from the transport's known alignment); prepare (PUT_STORE only): called with the
-    compiled kernel before its launch (the shared-memory carve-out request); memo (GPU): the
-    launch it remembers relaunched with this ready_target where its key (memo_key, e.g. the
-    plan's version, and every other argument) holds, else this one launched and remembered.
-    An NVSHMEM launch is torch's wrapper: it forgets the memo instead.
+    skipped); band_ready [B] int32 producer counters; err [ERR_SLOTS] int64; clock [>= ccta]
+    int64 scratch; ready_target: counter value of a complete band this run; rank: the source
+    slot this rank signals in the receivers' counters (None: plan.rank); wait=False skips the
+    spins (the comm-only bound); prepare (PUT_STORE only): called with the compiled kernel
+    before its launch; memo (GPU): relaunched where its key (memo_key and every other argument)
+    holds, else launched and remembered (an NVSHMEM launch is torch's wrapper: it forgets it).
     """
     recv_tab, sig_tab = transport.tables()
     if rank is None:
         rank = plan.rank
-    key = (y.data_ptr(), y.shape, band_ready.data_ptr(), memo_key, rank, wait, vec, prepare)
+    key = (y.data_ptr(), y.shape, band_ready.data_ptr(), memo_key, rank, wait, prepare)
     key = (key, recv_tab.data_ptr(), sig_tab.data_ptr(), transport.put_mode, transport.scope)
     key = (key, err.data_ptr(), clock.data_ptr(), ccta, config)
     if memo is not None and memo.hit(key):
@@ -134,11 +107,10 @@ def run_consumer(
         return None
     put_mode = transport.put_mode
     store = put_mode == PUT_STORE
-    if not store:
-        vec = False
-        if prepare is not None:
-            raise ValueError("consumer prepare: the PUT_STORE kernel only")
-    elif vec is None:  # 16-byte vectors: the row pitch, y and every table address aligned
+    if not store and prepare is not None:
+        raise ValueError("consumer prepare: the PUT_STORE kernel only")
+    vec = False
+    if store:  # 16-byte vectors where the row pitch, y and every table address are aligned
         aligned = getattr(transport, "aligned", None)
         if aligned is None:  # unknown: read the table back (a host sync: not in the timed path)
             aligned = bool((recv_tab % 16 == 0).all())
@@ -173,12 +145,10 @@ def _consumer_args(y, p: CombinePlan, band_ready, recv_tab, sig_tab, err, clock,
 class OverlapRunner:
     """Producer + consumer of ONE rank's plan on one device.
 
-    plan: a CombinePlan on the device (host- or device-built) for this runner's `order` and its
-    tile's group_cap; weights [E, K, N]; transport: this rank's transport.Transport; ccta:
-    consumer programs; num_programs: the producer's grid (None: SMs - ccta, or all SMs with
-    consumer_sms="shared"; the CPU interpreter has no SMs); tile: the producer's TileConfig
-    (None: tuning.pick_config); consumer: its ConsumerConfig (None: the placement's default);
-    consumer_sms: "own" or "shared" (module doc; shared: ccta <= SMs).
+    plan: a CombinePlan on the device for this runner's `order` and its tile's group_cap;
+    weights [E, K, N]; ccta: consumer programs; num_programs: the producer's grid (None: SMs -
+    ccta, or all SMs with consumer_sms="shared"); tile: None is tuning.pick_config; consumer:
+    None is the placement's default ConsumerConfig; consumer_sms: "own" or "shared" (module doc).
     """
 
     def __init__(
@@ -231,8 +201,7 @@ class OverlapRunner:
         self.band_ready = torch.zeros(max(plan.schedule.numel(), 1), dtype=torch.int32, device=dev)
         self.err = new_error_buffer(dev)
         self.clock = new_clock(ccta, dev)  # CPU: the host clock that bounds the spins
-        # int64 [W]: rows every source has sent this rank over all runs, summed from each run's
-        # plan.recv_rows (its routing may change from run to run, as in a model's MoE blocks)
+        # int64 [W]: rows every source has sent this rank over all runs (each run's recv_rows)
         self.recv_expected = torch.zeros(plan.world_size, dtype=torch.int64, device=dev)
         self.remote = torch.ones(plan.world_size, dtype=torch.int64, device=dev)
         self.remote[plan.rank] = 0  # own rows arrive through the producer's epilogue
@@ -246,23 +215,20 @@ class OverlapRunner:
             #: overlapped()'s fork and joins (recorded again every run)
             self.events = tuple(torch.cuda.Event() for _ in range(3))
         self.last_kernels: dict[str, Any] = {}
-        #: GPU: the remembered launches (module doc); plan_version moves with every new plan
-        self.memos = {k: LaunchMemo() for k in ("produce", "bound", "consume", "comm", "wait")}
-        self.use_memos = dev.type == "cuda"
+        names = ("produce", "bound", "consume", "comm", "wait")
+        self.memos = {k: LaunchMemo() for k in names} if dev.type == "cuda" else {}  # GPU only
         self.plan_version = 0
 
     def _recv_step(self, plan: CombinePlan) -> torch.Tensor | None:
-        """int64 [W]: what one run of `plan` adds to recv_expected (its recv_rows from remote
-        sources), or None for a plan without recv_rows."""
+        """int64 [W]: what one run of `plan` adds to recv_expected (None without recv_rows)."""
         if plan.recv_rows is None:
             return None
         return plan.recv_rows.to(device=self.device, dtype=torch.int64) * self.remote
 
     def use_plan(self, plan: CombinePlan) -> None:
-        """Run `plan` (same rank, tile_m, order and group_cap) from now on: the band counters
-        restart from zero at the next signalling run, the receive counters keep their epochs.
-        The same plan object again (a DevicePlanBuilder's) keeps every remembered launch; a new
-        one expires them."""
+        """Run `plan` (same rank, tile_m, order and group_cap) from now on; the receive counters
+        keep their epochs. The same plan object again (a DevicePlanBuilder's, rewritten in place)
+        keeps every remembered launch; a new one expires them."""
         p = self.plan
         if (plan.rank, plan.tile_m, plan.order, plan.group_cap) != (
             p.rank, p.tile_m, p.order, p.group_cap
@@ -279,7 +245,6 @@ class OverlapRunner:
         if B > self.band_ready.numel():  # zeroed by every signalling run
             self.band_ready = torch.zeros(B, dtype=torch.int32, device=self.device)
 
-    # -- one run -------------------------------------------------------------------------
     def _next_target(self) -> int:
         """Ready-counter value of a complete band in the next producer run. The counters
         restart from zero every run (a stream-ordered memset; the previous run is joined), so
@@ -289,7 +254,7 @@ class OverlapRunner:
         return self.tile.band_increment(self.n)
 
     def _produce(self, x: torch.Tensor, y: torch.Tensor, signal: bool, num_programs: int):
-        memo = self.memos["produce" if signal else "bound"] if self.use_memos else None
+        memo = self.memos.get("produce" if signal else "bound")
         key = None
         if memo is not None:
             # everything the launch reads but the plan (plan_version) and the fixed weights;
@@ -328,17 +293,14 @@ class OverlapRunner:
             config=self.consumer,
             wait=wait,
             # shared: an SM that took a consumer CTA first must keep room for a producer CTA
-            prepare=_full_carveout if self.shared_on_gpu and wait else None,
-            memo=self.memos["consume" if wait else "comm"] if self.use_memos else None,
+            prepare=prefer_shared_carveout if self.shared_on_gpu and wait else None,
+            memo=self.memos.get("consume" if wait else "comm"),
             memo_key=self.plan_version,
         )
 
     def overlapped(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Producer and consumer concurrently: x [P, K] -> y [P, N], remote rows sent.
-
-        The producer goes first (it never waits), the consumer second on the high-priority
-        stream; both join the current stream before this returns (asynchronously).
-        """
+        """Producer and consumer concurrently: x [P, K] -> y [P, N], remote rows sent; both
+        join the current stream before this returns (asynchronously)."""
         target = self._next_target()
         if self.device.type != "cuda":
             return self.sequential(x, y, target=target)
@@ -371,9 +333,8 @@ class OverlapRunner:
     def _check_shared(self, kp: Any, kc: Any) -> None:
         """consumer_sms="shared" needs a consumer CTA to fit next to a producer CTA: a one-line
         error otherwise (then the consumer could only run after the producer, serially)."""
-        self.residency = residency_report(kp, kc, self.device)
-        if not self.residency["consumer_with_producer"]:
-            r = self.residency
+        r = self.residency = residency_report(kp, kc, self.device)
+        if not r["consumer_with_producer"]:
             raise ValueError(
                 "consumer_sms=shared: a consumer CTA does not fit next to a producer CTA "
                 f"(producer {r['producer']}, consumer {r['consumer']}, SM: "
@@ -401,25 +362,22 @@ class OverlapRunner:
         self._count_run()
 
     def _count_run(self) -> None:
-        """One consumer run: every peer runs its own in lockstep and sends this rank the rows
-        of this run's plan (recv_rows), which the receive counters will add up (one kernel)."""
+        """One consumer run: the peers run theirs in lockstep, sending this rank plan.recv_rows."""
         if self.recv_step is not None:
             self.recv_expected.add_(self.recv_step)
 
     def expected_signal(self) -> torch.Tensor:
-        """int64 [W]: receive-counter values meaning 'all rows of every run so far arrived': the
-        rows of every run, summed run by run from its plan's recv_rows (recv_expected), so the
-        routing may change between runs. Assumes every rank ran the consumer as often as this
-        one (true in lockstep runs)."""
+        """int64 [W]: receive-counter values meaning 'all rows of every run so far arrived'
+        (recv_expected, so the routing may change between runs). Assumes every rank ran the
+        consumer as often as this one (true in lockstep runs)."""
         if self.plan.recv_rows is None:
             raise ValueError("expected_signal: a plan without recv_rows (a synthetic one)")
         return self.recv_expected
 
     def wait_received(self) -> None:
-        """Block the current stream until every source's rows of every run so far have arrived
-        (expected_signal)."""
+        """Block the current stream until every source's rows of every run so far arrived."""
         t, expected = self.transport, self.expected_signal()
-        memo = self.memos["wait"] if self.use_memos else None
+        memo = self.memos.get("wait")
         key = (t.signal.data_ptr(), t.scope, self.plan.rank, self.consumer, self.err.data_ptr())
         if memo is not None and memo.hit(key):  # expected: recv_expected, the same every run
             memo.launch()
@@ -436,19 +394,15 @@ class OverlapRunner:
             memo_key=key,
         )
 
-    # -- errors and state ----------------------------------------------------------------
     def check(self) -> None:
         """Raise OverlapTimeoutError if any wait timed out (synchronises with the device)."""
         raise_if_error(self.err)
 
 
 def residency_report(producer_kernel: Any, consumer_kernel: Any, device=None) -> dict:
-    """Can a consumer CTA share an SM with a producer CTA or another consumer CTA?
-
-    From the compiled kernels (Triton CompiledKernel: metadata.shared, n_regs, num_warps) and
-    the device limits. exclusive=True means each consumer CTA owns its SM;
-    consumers_beside_producer: how many consumer CTAs fit next to one producer CTA.
-    """
+    """Can a consumer CTA share an SM with a producer CTA or another consumer CTA? From the
+    compiled kernels (Triton CompiledKernel: metadata.shared, n_regs, num_warps) and the device
+    limits; consumers_beside_producer: how many consumer CTAs fit next to one producer CTA."""
     props = torch.cuda.get_device_properties(device)
     smem = getattr(props, "shared_memory_per_multiprocessor", 233472)
     regs = getattr(props, "regs_per_multiprocessor", 65536)

@@ -1,14 +1,7 @@
-"""The overlap system's steps: what the harness times, checks and bounds, per scope and per way
-of running the ranks. Each is a harness.system.Step; the names say what differs.
-
-  LayerStep               the layer scope through the public OverlapMoE: W=1, or one process
-                          per rank (p2p / nvshmem)
-  PlayedLayerStep         the layer scope with one process playing every rank (loopback W > 1):
-                          one host-free dispatch of every rank, then each rank's RankExperts.
-                          A development proxy, never an interconnect number
-  PlayedOperatorStep      the operator scope (GEMM + combine) with one process playing every
-                          rank (loopback); the timed region is the busiest rank's step
-  PerProcessOperatorStep  the operator scope with one process per rank (p2p / nvshmem)
+"""The overlap system's steps (harness.system.Step): what the harness times, checks and bounds,
+per scope (layer, operator) and per way of running the ranks: one process per rank (p2p /
+nvshmem / shm, or W=1) or one process playing every rank over loopback (a development proxy,
+never an interconnect number).
 """
 
 from __future__ import annotations
@@ -55,12 +48,17 @@ def _fc1_blocker(x: torch.Tensor, w1: torch.Tensor) -> str | None:
 
 
 class _Checked(Step):
-    """outputs(): the timed region, then check() (the device-side waits)."""
+    """outputs(): the timed region, then check() (the device-side waits; by default those of
+    every played rank's runner)."""
 
     def outputs(self) -> torch.Tensor:
         out = self.timed()
         self.check()
         return out
+
+    def check(self) -> None:
+        for rk in self.ranks:
+            rk.runner.check()
 
 
 class LayerStep(_Checked):
@@ -88,10 +86,9 @@ class LayerStep(_Checked):
         self.facts = _plan_facts(self.held.plan.trimmed(), ex.runner)
         if not ex.combines:  # W=1: the producer alone on every SM, no consumer
             self.facts |= {"producer_programs": all_sms(self.x.device), "consumer_sms": "none"}
+        self.metrics = {}
         if self.moe.dispatch == "device":
             self.metrics = {"recv_worst_mib": self.moe.dispatcher.recv_mib}
-        else:
-            self.metrics = {}
 
     def timed(self) -> torch.Tensor:
         return self.moe(self.x, self.ids, self.gate)
@@ -118,9 +115,8 @@ class LayerStep(_Checked):
 
 
 class PlayedLayerStep(_Checked):
-    """Every rank of a loopback cell in one process: the host-free dispatch of every rank
-    (harness/dispatch_device.py), each rank's experts with its combine puts into one
-    LoopbackFabric, each rank's scale. timed() returns every rank's output, stacked [W*T, H]."""
+    """Every rank of a loopback cell in one process: one host-free dispatch of every rank, each
+    rank's experts (puts into one LoopbackFabric) and scale; timed() stacks them [W*T, H]."""
 
     timed_rank = None
 
@@ -152,10 +148,6 @@ class PlayedLayerStep(_Checked):
             rk.experts(d)
         return torch.cat([rk.scale(d, g) for rk, d, g in zip(self.ranks, ds, self.gates)])
 
-    def check(self) -> None:
-        for rk in self.ranks:
-            rk.runner.check()
-
     def buffers(self) -> list[torch.Tensor]:
         return [t for rk in self.ranks for t in rk.buffers()]
 
@@ -181,12 +173,11 @@ class _OperatorStep(_Checked):
         return "overlap operator step: not declared capturable (only the layer step is)"
 
     def compute_only(self) -> torch.Tensor:
-        """The producer alone on ALL SMs without flags (storing the local rows), the scale."""
+        """The producer alone on ALL SMs without flags, the scale."""
         return self.compute_shared(all_sms(self.rk.x.device))
 
     def compute_shared(self, num_programs: int | None = None) -> torch.Tensor:
-        """The producer alone without flags on num_programs programs (None: its overlapped
-        grid, SMs - cCTA; consumer=shared: all SMs), then the scale: [T, N]."""
+        """The producer alone without flags on num_programs (None: its own grid), the scale."""
         self.rk.runner.compute_only(self.rk.x, self.rk.y, num_programs=num_programs)
         return self.rk.scaled()
 
@@ -246,14 +237,9 @@ class PlayedOperatorStep(_OperatorStep):
             if rk is not self.rk:
                 rk.step()
 
-    def check(self) -> None:
-        for rk in self.ranks:
-            rk.runner.check()
-
 
 class PerProcessOperatorStep(_OperatorStep):
-    """This rank of a cell run one process per rank: p2p or nvshmem symmetric memory on GPUs,
-    shm on the CPU."""
+    """This rank of a cell run one process per rank (p2p / nvshmem on GPUs, shm on the CPU)."""
 
     def __init__(self, inp: CellInputs, group, transport: str, params: OverlapParams) -> None:
         from systems.overlap.transport import peer_transport

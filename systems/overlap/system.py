@@ -1,13 +1,9 @@
 """The `overlap` system: the harness's client of the paper's method (systems/overlap/layer.py).
 
 setup resolves the knobs (params.py; "auto" ones picked on the host by autotune.py: rows keep
-p_ccta / p_mgb / p_order as asked and carry what ran as p_*_used, the reasons in extra["auto"] /
-extra["auto_order"]) and builds one step (steps.py): for layer cells (ffn > 0) LayerStep (the
-public OverlapMoE at W=1 or one process per rank) or PlayedLayerStep (one process plays every
-rank, loopback); for operator cells PlayedOperatorStep (loopback) or PerProcessOperatorStep
-(p2p, nvshmem, shm). compute_only() is everything but the communication (the producer alone on
-ALL SMs without flags), comm_only() the consumer alone (flags taken as set); the harness derives
-the overlap ratio from these. Stage A's cost alone: benchmarks/plan_time.py.
+p_ccta / p_mgb / p_order as asked, what ran as p_*_used and the reasons in extra["auto"] /
+extra["auto_order"]) and builds one step (steps.py, backward.py for the train scope) for the
+cell's scope and way of running its ranks. Stage A's cost alone: benchmarks/plan_time.py.
 """
 
 from __future__ import annotations
@@ -38,19 +34,13 @@ class OverlapSystem(System):
     def refuse(cls, spec: WorkloadSpec, params: dict[str, Any], processes: int, device: str):
         OverlapParams.from_dict(params).refuse(spec, processes, device)
 
-    def _resolved(self, spec: WorkloadSpec, transport: str) -> OverlapParams:
-        """The knobs with every "auto" picked on the host (the picks go to the row)."""
-        asked = OverlapParams.from_dict(self.params)
-        params, why = resolve(asked, spec, transport, self.ctx.sm_count)
-        self.extra |= why
-        self.used = {"ccta_used": params.ccta, "mgb_used": params.mgb, "order_used": params.order}
-        return params
-
     def build(self, ranks: list[CellInputs]) -> Step:
         ctx, spec = self.ctx, ranks[0].spec
         asked = OverlapParams.from_dict(self.params)
         self._transport = asked.transport_for(ctx.world_size, ctx.device.type)
-        params = self._resolved(spec, self._transport)
+        params, why = resolve(asked, spec, self._transport, ctx.sm_count)  # "auto" picked
+        self.extra |= why
+        self.used = {"ccta_used": params.ccta, "mgb_used": params.mgb, "order_used": params.order}
         plays = len(ranks) == spec.world_size and ctx.world_size == 1
         group = ctx.group
         if group is None and ctx.world_size > 1:  # the default group: the layer needs it named

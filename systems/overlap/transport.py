@@ -1,35 +1,22 @@
 """Transports of the combine: where the consumer's bands land and how the receiver is told.
 
 One interface (Transport) for every way of reaching a destination rank d, all driven by the SAME
-consumer kernel (kernels/consumer.py) through two [W] int64 address tables:
-  recv table    address of row 0 of d's combine receive buffer [rows, N]
-  signal table  address of d's receive counters [W] int64 (one per source rank)
+consumer kernel (kernels/consumer.py) through two [W] int64 address tables: recv (row 0 of d's
+combine receive buffer [rows, N]) and signal (d's receive counters [W] int64, one per source).
 The consumer writes a band's valid rows at recv[d] + band_offset * N and, once per segment, adds
 the segment's rows to signal[d][rank] (release). Receiver d has all of source s's rows of run r
 (1-based) when its counter s reaches r * rows_from_s (epoch values: never reset).
-
-  loopback  ONE GPU plays W ranks (a development mode: local copies, never interconnect
-            numbers): regions of one local buffer (LoopbackFabric), counters [W, W]; scope "gpu"
-  p2p       one process per GPU, W >= 2: torch symmetric memory (CUDA backend); the tables hold
-            the PEERS' pointers, so the consumer stores straight into peer memory over NVLink,
-            then a release atomic at system scope on the peer's counter
-  nvshmem   the same on torch's NVSHMEM backend; put_mode (modes.py) picks the data path:
-            PUT_STORE (default, the fast one: Triton stores through the peer pointers NVSHMEM
-            maps, like p2p), PUT_NVSHMEM (putmem_block, quiet, release atomic) or
-            PUT_NVSHMEM_SIGNAL (putmem_signal_block with NVSHMEM_SIGNAL_ADD for a segment's last
-            band). The put modes pass SYMMETRIC addresses (this process's own) and PE =
-            destination rank (requires group ranks == global ranks)
-  shm       CPU processes (systems/overlap/shm.py)
-A PUT_STORE compile holds no NVSHMEM call and needs no NVSHMEM device library; the NVSHMEM modes
-launch the same function wrapped (lazily) by torch's requires_nvshmem, which links
-libnvshmem_device. Transport.launchable gives the kernel a launch takes and sets torch's NVSHMEM
-registry for it (the only NVSHMEM state a launch toggles).
-Why PUT_STORE is the fast path: NVSHMEM's block put on a load/store-reachable peer copies 16-byte
-words with ONE load in flight per thread (nvshmemi_memcpy_threadgroup), so a CTA's bandwidth is
-bound by its threads x 16 bytes per memory latency (put_signal costs the same as put); the
-Triton copy keeps BLOCK * elem bytes in flight per step. So: PUT_STORE wherever the peer is
-load/store reachable (NVLink: p2p and nvshmem default), PUT_NVSHMEM_SIGNAL with 32 warps where
-it is not.
+  loopback  ONE GPU plays W ranks (development only, never interconnect numbers): regions of one
+            local buffer (LoopbackFabric), counters [W, W]; scope "gpu"
+  p2p       one process per GPU: torch symmetric memory (CUDA backend); the tables hold the
+            PEERS' pointers (stores over NVLink, then a system-scope release atomic)
+  nvshmem   the same on torch's NVSHMEM backend; put_mode (modes.py): PUT_STORE (default: stores
+            through the peer pointers NVSHMEM maps), PUT_NVSHMEM or PUT_NVSHMEM_SIGNAL (symmetric
+            addresses, PE = destination rank: needs group ranks == global ranks)
+  shm       CPU processes (shm.py)
+PUT_STORE is the fast path wherever the peer is load/store reachable (NVSHMEM's block put keeps
+ONE 16-byte load in flight per thread, the Triton copy BLOCK * elem bytes per step);
+PUT_NVSHMEM_SIGNAL with 32 warps where it is not.
 """
 
 from __future__ import annotations
@@ -40,18 +27,16 @@ from typing import Any
 
 import torch
 
-from systems.overlap.modes import PUT_MODE_NAMES, PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
+from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
 
-#: torch's NVSHMEM Triton support, imported on the first NVSHMEM launch (it needs a GPU machine
-#: with the NVSHMEM device library): kernel -> the kernel wrapped by requires_nvshmem, and
-#: torch's NvshmemKernelRegistry (process-wide, like torch's registry itself)
+#: torch's NVSHMEM Triton support, imported on the first NVSHMEM launch: kernel -> the kernel
+#: wrapped by requires_nvshmem, and torch's NvshmemKernelRegistry (process-wide)
 _nvshmem_launchers: dict[Any, Any] = {}
 _nvshmem_registry: Any = None
 
 
 def _nvshmem_kernel(kernel: Any) -> Any:
-    """`kernel` wrapped by torch's requires_nvshmem (links the NVSHMEM device library); made
-    once per kernel, on its first NVSHMEM launch."""
+    """`kernel` wrapped by torch's requires_nvshmem, made on its first NVSHMEM launch."""
     global _nvshmem_registry
     if kernel not in _nvshmem_launchers:
         from torch.distributed._symmetric_memory._nvshmem_triton import (
@@ -74,8 +59,7 @@ class Transport:
     signal_ptrs [W] int64  directly writable address of each destination's counters
     recv_symm / signal_symm  [W] int64 symmetric addresses for the NVSHMEM put modes (else None)
     scope       "gpu" (loopback) or "sys" (peer memory): scope of the release atomics
-    aligned     every address in the tables is 16-byte aligned (host-side knowledge, so the
-                launch path never reads the tables back)
+    aligned     every table address is 16-byte aligned (known on the host: no table read-back)
     """
 
     name: str
@@ -106,12 +90,11 @@ class Transport:
 
     def launchable(self, kernel: Any) -> Any:
         """The consumer's @triton.jit `kernel` as this put mode launches it: PUT_STORE the kernel
-        itself, the NVSHMEM modes torch's requires_nvshmem wrapper of it (made on first use).
-        Call it right before every launch: torch's post-compile hook initialises NVSHMEM in every
-        newly compiled module of a kernel NAME its registry holds, and nvshmemx_cumodule_init
-        fails on a module without the NVSHMEM device state; both put paths compile the same
-        function (same name), so the name is registered for an NVSHMEM launch and deregistered
-        for a PUT_STORE one (nothing to do before the first NVSHMEM launch)."""
+        itself, the NVSHMEM modes torch's requires_nvshmem wrapper of it (a PUT_STORE compile
+        needs no NVSHMEM device library). Call it right before every launch: torch's post-compile
+        hook initialises NVSHMEM in every new module of a kernel NAME its registry holds, which
+        fails on a module without NVSHMEM device state; both paths compile the same function, so
+        the name is registered for an NVSHMEM launch and deregistered for a PUT_STORE one."""
         store = self.put_mode == PUT_STORE
         launcher = kernel if store else _nvshmem_kernel(kernel)
         if _nvshmem_registry is not None:
@@ -119,29 +102,19 @@ class Transport:
             toggle(kernel.fn.__name__)
         return launcher
 
-    @property
-    def label(self) -> str:
-        """Name with the data path, e.g. 'nvshmem/put_signal' (for the transport column)."""
-        if self.put_mode == PUT_STORE:
-            return self.name
-        return f"{self.name}/{PUT_MODE_NAMES[self.put_mode]}"
-
 
 def _ptr_table(ptrs: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(ptrs, dtype=torch.int64, device=device)
 
 
-def _aligned(*tables: list[int]) -> bool:
-    return all(p % 16 == 0 for t in tables for p in t)
+def _aligned(ptrs: list[int]) -> bool:
+    return all(p % 16 == 0 for p in ptrs)
 
 
 class LoopbackFabric:
     """W simulated ranks on one device: one receive buffer with per-destination regions.
-
-    recv_rows [W]: rows of each destination's combine receive buffer (plan.recv_rows summed,
-    i.e. T * top_k of that rank). recv(d) is d's buffer [recv_rows[d], N]; counters [W, W]
-    (destination, source). transport(r) is what rank r's consumer uses.
-    """
+    recv_rows [W]: rows of each destination's combine receive buffer (T * top_k of that rank);
+    recv(d) is d's buffer [recv_rows[d], N]; counters [W, W] (destination, source)."""
 
     def __init__(
         self,
@@ -151,15 +124,12 @@ class LoopbackFabric:
         device: torch.device | str,
     ) -> None:
         self.world = len(recv_rows)
-        self.n = n
-        self.rows = [int(r) for r in recv_rows]
-        self.starts = starts = [0, *itertools.accumulate(self.rows)]
+        self.starts = starts = [0, *itertools.accumulate(int(r) for r in recv_rows)]
         self.buffer = torch.zeros(max(starts[-1], 1), n, dtype=dtype, device=device)
         self.counters = torch.zeros(self.world, self.world, dtype=torch.int64, device=device)
-        esize = self.buffer.element_size()
-        base = self.buffer.data_ptr()
         dev = self.buffer.device
-        recv = [base + s * n * esize for s in starts[:-1]]
+        row_bytes = n * self.buffer.element_size()
+        recv = [self.buffer.data_ptr() + s * row_bytes for s in starts[:-1]]
         self.aligned = _aligned(recv)
         self.recv_ptrs = _ptr_table(recv, dev)
         self.signal_ptrs = _ptr_table([self.counters[d].data_ptr() for d in range(self.world)], dev)
@@ -181,11 +151,6 @@ class LoopbackFabric:
             aligned=self.aligned,
             keep=[self],
         )
-
-    def reset(self) -> None:
-        """Zero the buffers and counters (stream-ordered)."""
-        self.buffer.zero_()
-        self.counters.zero_()
 
 
 def _symm_backend(name: str, device: torch.device) -> None:
@@ -255,10 +220,8 @@ def p2p_transport(
     group, recv_rows: int, n: int, dtype: torch.dtype, device: torch.device
 ) -> Transport:
     """Peer-pointer transport over torch symmetric memory (CUDA backend), W >= 2 processes.
-
     recv_rows: rows of THIS rank's combine receive buffer (T * top_k); every rank allocates the
-    maximum over ranks (symmetric allocations have one size). Collective over `group`.
-    """
+    maximum over ranks (symmetric allocations have one size). Collective over `group`."""
     return _symmetric_transport("p2p", "CUDA", group, recv_rows, n, dtype, device, PUT_STORE)
 
 
@@ -277,9 +240,8 @@ def nvshmem_transport(
 def peer_transport(
     name: str, group, recv_rows: int, n: int, dtype: torch.dtype, device: torch.device
 ) -> Transport:
-    """This rank's transport to its peers in `group` (one process per rank): p2p or nvshmem
-    (GPUs) or shm (CPU processes, systems/overlap/shm.py); a receive buffer [recv_rows, n].
-    Collective over `group`."""
+    """This rank's transport to its peers in `group`: p2p or nvshmem (GPUs) or shm (CPU
+    processes); a receive buffer [recv_rows, n]. Collective over `group`."""
     if name == "shm":
         from systems.overlap.shm import shm_transport
 

@@ -1,7 +1,5 @@
 """The kernels' configurations, importable without Triton: the producer's TileConfig and its
-tile table (`pick_config`; keyed by (tile_m, n_class(N)); the measurements behind each choice
-are in docs/measurements.md) and the consumer's ConsumerConfig (the default owns its SM,
-shared_consumer_config sits next to a producer CTA, interpreter_consumer_config runs in the CPU
+tile table (pick_config), the consumer's ConsumerConfig and its presets (shared placement, CPU
 interpreter).
 """
 
@@ -52,13 +50,11 @@ class TileConfig:
         return self.group_m if self.expert_groups else 0
 
 
-# Hopper (H200), bf16/fp16; all with TMA loads and the flattened tile loop. Why each entry:
-#   narrow N: 128-wide tiles keep enough tiles for every SM; thread flags (short tiles)
-#   mid N (tile_m 128; the layer's fc1 at F 2048-3072): 256-wide tiles, faster than 128-wide
-#     in 6 of 7 shapes (0.89-1.01x grouped_mm + GELU against 0.88-1.03x)
-#   wide N (tile_m 128): expert groups of <= 16 bands read each weight strip from HBM once
-#     per group; deferred flags and the 4-slice epilogue take the flags off the critical path
-#   wide N (tile_m 64): fixed groups of 4 positions, deferred flags, 4-slice epilogue
+# Hopper (H200), bf16/fp16; all with TMA loads and the flattened tile loop. Why each entry
+# (measured in docs/measurements.md): narrow N: 128-wide tiles keep every SM busy, thread flags
+# (short tiles); mid N (the layer's fc1): 256-wide tiles; wide N: expert groups (tile_m 128;
+# each weight strip read from HBM once per group) or fixed groups of 4 (tile_m 64), and deferred
+# flags and the 4-slice epilogue take the flags off the critical path
 TILE_TABLE: dict[tuple[int, int], TileConfig] = {
     (128, 0): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
     (128, 1): TileConfig(128, 256, 64, 8, 3, group_m=1, flag="deferred", epi_split=4),
@@ -77,8 +73,7 @@ def n_class(n: int) -> int:
 
 
 def pick_config(tile_m: int, k: int, n: int, dtype: torch.dtype) -> TileConfig:
-    """The table's tile configuration for a (tile_m, K, N) problem in fp16/bf16 (a shape not
-    in the table gets a generic entry of its tile_m)."""
+    """The table's TileConfig for (tile_m, K, N) in fp16/bf16 (else a generic one of tile_m)."""
     cfg = TILE_TABLE.get((tile_m, n_class(n)))
     if cfg is None:
         cfg = TileConfig(tile_m, 128, 64, 4, 3, group_m=4, flag="deferred")
