@@ -1,12 +1,10 @@
 """Where the host's time per timed step goes: cProfile over harness cells' timed region.
 
-Every cell of the composed grid (the same Hydra overrides as harness.run; one process, so the
-ranks of W > 1 are played on one GPU: loopback) is set up and checked as harness.measure does,
-then its timed region runs `--steps` times while the device sleeps, so no launch ever waits for
-the device: the host's own time per step. Per cell it prints host ms per step, the device ms per
-step (the same steps back to back) and the functions with the most own time (cProfile). The
-device's idle time per eager step: benchmarks/step_profile.py --idle.
-
+Every cell of the composed grid (the Hydra overrides of harness.run; one process, W > 1 played
+on one GPU: loopback) is set up and checked as harness.measure does, then its timed region runs
+`--steps` times while the device sleeps, so no launch waits for the device: the host's own time.
+Per cell: host ms per step, device ms per step (the same steps back to back) and the functions
+with the most own time. The device's idle time per eager step: step_profile.py --idle.
 Usage: python -m benchmarks.host_profile [--steps 20] [--top 25] -- <overrides>
 """
 

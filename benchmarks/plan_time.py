@@ -3,17 +3,14 @@
 Table 2 shapes (tokens per rank 8192 / 16384, top-2, W=4 logical, E in {4..64}, K=2048,
 N=8192, three routings), the plan of one rank (rank 0 by default: the hottest under skew).
   plan_ms         build_plan on device-resident layout arrays (its one host sync included)
-  plan_dev_ms     build_plan_device on the same arrays (no host sync; worst-case sized): the
-                  stage-A cost inside a timed step
-  input_dev_ms    padded_input_device: the padded GEMM input X [P', K] from x_recv (one kernel)
+  plan_dev_ms     build_plan_device on the same arrays (no host sync; worst-case sized)
+  input_dev_ms    padded_input_device: the padded GEMM input X [P', K] from x_recv
   dev_plan_ok     the device plan equals build_plan's (checked before timing; else an error)
   gemm_ms         the expert GEMM on the same rows, unpadded (harness.experts.expert_gemm)
-  gemm_padded_ms  the same GEMM on the plan's padded layout (P rows), its valid rows checked
-                  against float32 first
-Times: harness.timing.time_fn (eager), warm-up, median (p10, p90).
-Usage: python -m benchmarks.plan_time [--device cpu --small]  (GPU, Table 2 shapes; or a quick
-check anywhere, the device plan's Triton kernels in the interpreter). Writes
-$OUT/plan_time.parquet (or --out) and prints a short table last.
+  gemm_padded_ms  the same GEMM on the plan's padded rows [P, K], checked against float32 first
+Times: harness.timing.time_fn (eager), median (p10, p90). Usage: python -m benchmarks.plan_time
+[--device cpu --small] (on the CPU the device plan's Triton kernels run in the interpreter).
+Writes $OUT/plan_time.parquet (or --out) and prints a short table last.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from experiments.producer import reference_y
 from harness.check import check
 from harness.experts import expert_gemm, expert_gemm_impl
 from harness.layout import rank_layout
@@ -47,15 +45,6 @@ def _ms(fn: Callable[[], object], device: torch.device, warmup: int, iters: int)
     return t.median_ms, t.p10_ms, t.p90_ms
 
 
-def _reference(x: torch.Tensor, lay, w: torch.Tensor) -> torch.Tensor:
-    """Each received row x [R, K] times its expert's weights w [E, K, N], in float32: [R, N]."""
-    exp = lay.recv_expert.to(x.device)
-    ref = torch.empty(x.shape[0], w.shape[2], device=x.device)
-    for e in range(w.shape[0]):
-        ref[exp == e] = x[exp == e].float() @ w[e].float()
-    return ref
-
-
 def gemm_times(plan, lay, spec: WorkloadSpec, device, warmup: int, iters: int) -> dict:
     """Expert GEMM times on the rows of one rank [R, K] x [E, K, N], unpadded and padded [P, K];
     the padded GEMM's valid rows are checked against the float32 reference first."""
@@ -67,8 +56,10 @@ def gemm_times(plan, lay, spec: WorkloadSpec, device, warmup: int, iters: int) -
     xp = torch.zeros(n["n_padded"], K, device=device, dtype=spec.torch_dtype)
     xp[plan.row_pos] = x
     counts = lay.expert_counts.tolist()
+    starts = plan.expert_row_start.tolist()
     padded_counts = plan.expert_row_start.diff().tolist()
-    res = check(expert_gemm(xp, padded_counts, w)[plan.row_pos], _reference(x, lay, w))
+    want = reference_y(starts, xp, w)[plan.row_pos]  # float32 [R, N]
+    res = check(expert_gemm(xp, padded_counts, w)[plan.row_pos], want)
     if not res.ok:
         raise RuntimeError(f"plan_time: the padded GEMM's rows are wrong: {res.message}")
     return {

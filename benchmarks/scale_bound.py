@@ -1,24 +1,22 @@
 """The fused scale against its memory bound (issue: within 1.15x), measured in one run.
 
-For each shape (T tokens, N columns, top-k, dtype) on one device:
-  scale_ms  harness.scale.Scaler (one Triton kernel on CUDA): out[t] = sum_j gate[t, j] *
-            y[pos[t, j]], pos a random permutation of the k*T rows (the send order); on CUDA
-            also every kernel variant of harness/kernels/scale.py (VARIANTS), one row each
-            (column `variant`; `default` marks the Scaler's)
-  copy_ms   torch copy_ of (k+1)*T*N elements: the scale's bytes (read k*T*N, write T*N), read
+Per shape (T tokens, N columns, top-k, dtype) on one device:
+  scale_ms  harness.scale.Scaler: out[t] = sum_j gate[t, j] * y[pos[t, j]], pos a random
+            permutation of the k*T rows (the send order); on CUDA also every kernel variant of
+            harness/kernels/scale.py (VARIANTS), one row each (`variant`; `default`: the Scaler)
+  copy_ms   torch copy_ of (k+1)*T*N elements, the scale's bytes (read k*T*N, write T*N), read
             AND written, so the copy moves 2x; copy_gbps counts read + write
-  bound_ms  the scale's bytes at the copy's bandwidth: (k+1)*T*N*elem / copy_gbps
-  ratio     scale_ms / bound_ms (1.0 = at the copy bandwidth)
-Every variant is checked against the float32 scale first (rel_err); one past TOL records
-status=fail and no times. Timing: harness.timing.time_fn, queued ahead (a sleep kernel first,
-so the events time the device back to back); the eager times (scale_eager_ms, copy_eager_ms)
-add the host's launch time, longer than the ~0.05 ms scale kernel itself.
+  bound_ms  (k+1)*T*N*elem / copy_gbps; ratio = scale_ms / bound_ms (1.0: at copy bandwidth)
+Each variant is checked against float32 first (rel_err); one past TOL records status=fail and no
+times. Times: harness.timing.time_fn queued ahead (the device back to back); the eager times
+(scale_eager_ms, copy_eager_ms) add the host's launch time, longer than the ~0.05 ms kernel.
 Usage: python -m benchmarks.scale_bound [--out DIR] [--small] (prints a short table last).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 from functools import partial
 from pathlib import Path
@@ -35,9 +33,8 @@ SMALL = {"tokens": [64], "cols": [128]}
 TOL = 1e-2
 
 
-def measure(
-    T: int, N: int, k: int, dtype: torch.dtype, device: torch.device, iters: int
-) -> list[dict]:
+def measure(T: int, N: int, device: torch.device, iters: int) -> list[dict]:
+    k, dtype = 2, torch.bfloat16  # top-2, the layers' dtype
     g = torch.Generator(device="cpu").manual_seed(T * 7 + N)
     pos = torch.randperm(T * k, generator=g).view(T, k)
     gate = torch.rand(T, k, generator=g)
@@ -91,12 +88,8 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = SMALL if args.small or device.type == "cpu" else FULL
-    rows = [
-        row
-        for T in shapes["tokens"]
-        for N in shapes["cols"]
-        for row in measure(T, N, 2, torch.bfloat16, device, args.iters)
-    ]
+    pairs = itertools.product(shapes["tokens"], shapes["cols"])
+    rows = [row for T, N in pairs for row in measure(T, N, device, args.iters)]
     df = pd.DataFrame(rows)
     path = Path(args.out) / "scale_bound.parquet"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,24 +1,19 @@
 """Where a timed step's time goes, per rank: the kernel timeline of harness cells from
 torch.profiler, each step cut at a marker kernel and reduced to its parts.
 
-Every cell of the composed grid (the same Hydra overrides as harness.run) is set up and checked
-as harness.measure does; then `--steps` timed steps run back to back under the profiler, each
-behind a 1-cycle marker kernel. Per step and part (PARTS; any other kernel under its own name):
-first start and last end from the marker's end, and the busy time (union of the part's
-kernels); the row keeps the median over the steps. For the overlap system, `lead_us` (step start
-to the producer's start: the handshake all-reduce, the launches), `tail_us` (producer end to
-consumer end: the combine left after the compute) and `after_us` (consumer end to step end: the
-receive wait and the scale) are the waits the compute does not hide.
-
-One process: W > 1 cells are played on one GPU (loopback, a proxy). Under torchrun, one process
-per GPU: every rank profiles its own timeline and rank 0 prints and writes them all.
---idle prints instead, per cell, the device's idle time per step (the kernels' span minus their
-union over every stream) and the kernels the longest gaps come before: the host's share of a
-step that synchronises inside (the layer scope's dispatch).
-
+Every cell of the composed grid (the Hydra overrides of harness.run) is set up and checked as
+harness.measure does; then `--steps` timed steps run back to back under the profiler, each
+behind a 1-cycle marker kernel. Per step and part (PARTS, else the kernel's name): first start
+and last end from the marker's end, and busy time; a row keeps the median over the steps. The
+overlap system's waits the compute does not hide: `lead_us` (step start to the producer's
+start: the handshake all-reduce, the launches), `tail_us` (producer end to consumer end: the
+combine left after the compute), `after_us` (consumer end to step end: the receive wait and the
+scale). One process plays W > 1 cells on one GPU (loopback, a proxy); under torchrun every rank
+profiles its own timeline and rank 0 writes them all to DIR/step_profile.parquet (a row per
+cell, rank and part). --idle prints instead the device's idle time per step (idle_report): the
+host's share of a step that synchronises inside (the layer scope's dispatch).
 Usage: python -m benchmarks.step_profile [--steps 20] [--out DIR] [--idle] -- <overrides>
        torchrun --nproc-per-node 2 -m benchmarks.step_profile [--steps 20] [--out DIR] -- <...>
-Writes DIR/step_profile.parquet (one row per cell, rank and part).
 """
 
 from __future__ import annotations
@@ -69,7 +64,7 @@ def idle_gaps(kernels: list[tuple[float, float, str]]) -> dict:
 
 
 #: torch.cuda._sleep's kernel (demangled "at::cuda::(anonymous namespace)::spin_kernel(long)"):
-#: the step boundaries of device_idle
+#: the step boundaries of idle_report
 MARKER = "spin_kernel"
 
 
@@ -89,9 +84,8 @@ def split_steps(kernels: list[tuple[float, float, str]]) -> list[list[tuple[floa
 
 
 def marked_kernels(step: Callable[[], object], calls: int) -> list[tuple[float, float, str]]:
-    """Every device kernel [(start_us, end_us, name)] of `calls` back-to-back calls of `step`
-    under torch.profiler, each behind a 1-cycle MARKER kernel (split_steps cuts them), after
-    3 unprofiled calls."""
+    """Every device kernel [(start_us, end_us, name)] of `calls` back-to-back calls of `step`,
+    each behind a 1-cycle MARKER kernel, under torch.profiler after 3 unprofiled calls."""
     from torch.autograd import DeviceType
 
     def marked():
@@ -121,24 +115,32 @@ def _top(per_step: list[list[tuple[str, float]]], top: int) -> dict[str, float]:
     return dict(sorted(total.items(), key=lambda kv: -kv[1])[:top])
 
 
-def device_idle(step: Callable[[], object], reps: int, top: int = 16) -> dict:
-    """idle_gaps of `reps` back-to-back steps (torch.profiler, device activity only; a 1-cycle
-    marker kernel starts each step): the median step's span_us, busy_us, idle_us; `gaps` and
-    `kernels`: us per step idle before / busy in each kernel name, averaged over the steps."""
+def idle_report(step: Callable[[], object], reps: int, top: int = 16) -> str:
+    """The device's idle time per step of `step` (eager or a graph's replay): idle_gaps of `reps`
+    back-to-back steps (torch.profiler, device activity only; a 1-cycle marker kernel starts
+    each step), the median step's span, busy and idle us, then the us per step idle before and
+    busy in each kernel name (the `top` most), averaged over the steps."""
     ks = marked_kernels(step, reps + 1)  # the last marker closes the last step
     steps = split_steps(ks)[1:]  # the 1st: the profiler's start
     if not steps:
         names = sorted({k[2][:80] for k in ks})[:12]
         raise RuntimeError(f"device_idle: no {MARKER} step markers among the kernels {names}")
     per = [idle_gaps(k) for k in steps]
-    mid = sorted(per, key=lambda r: r["idle_us"])[len(per) // 2]
-    out = {k: mid[k] for k in ("span_us", "busy_us", "idle_us")}
-    out["gaps"] = _top([list(r["gaps"].items()) for r in per], top)
-    out["steps"] = len(per)
-    out["kernels"] = _top([[(name, e - s) for s, e, name in k] for k in steps], top)
-    return out
+    r = sorted(per, key=lambda r: r["idle_us"])[len(per) // 2]
+    gaps = _top([list(p["gaps"].items()) for p in per], top)
+    kernels = _top([[(name, e - s) for s, e, name in k] for k in steps], top)
+    head = (
+        f"device, median of {len(per)} steps: span {r['span_us']:.1f} us, busy "
+        f"{r['busy_us']:.1f}, idle {r['idle_us']:.1f} "
+        f"({r['idle_us'] / max(r['span_us'], 1e-9):.1%}); idle us per step before:"
+    )
+    lines = [head, *(f"  {us:7.1f} us  {k[:100]}" for k, us in gaps.items())]
+    lines.append("kernel time per step:")
+    lines += [f"  {us:7.1f} us  {k[:100]}" for k, us in kernels.items()]
+    return "\n".join(lines)
 
 
+Parts = dict[str, dict[str, float]]  # part -> {start_us, end_us, busy_us}
 #: part -> substrings of the kernel names that make it (the first match wins)
 PARTS = {
     "handshake": ("AllReduce",),  # the overlap system's handshake is one all-reduce
@@ -150,24 +152,18 @@ PARTS = {
 }
 
 
-def part_of(kernel: str) -> str:
-    """The PARTS name of a kernel, or its name cut to 60 characters."""
-    for part, keys in PARTS.items():
-        if any(k in kernel for k in keys):
-            return part
-    return kernel[:60]
-
-
-def step_parts(step: list[tuple[float, float, str]]) -> dict[str, dict[str, float]]:
+def step_parts(step: list[tuple[float, float, str]]) -> Parts:
     """One step's kernels [(start_us, end_us, name)], its marker first (split_steps): per part
-    {start_us, end_us, busy_us}, times from the marker's end; "step" holds every kernel."""
+    (PARTS, else the kernel's name cut to 60 characters) {start_us, end_us, busy_us}, times from
+    the marker's end; "step" holds every kernel."""
     origin = step[0][1]
     by: dict[str, list[tuple[float, float]]] = {}
     for s, e, name in step[1:]:
         if name == "(next step)":
             continue
         iv = (s - origin, e - origin)
-        by.setdefault(part_of(name), []).append(iv)
+        part = next((p for p, keys in PARTS.items() if any(k in name for k in keys)), name[:60])
+        by.setdefault(part, []).append(iv)
         by.setdefault("step", []).append(iv)
     return {
         part: {
@@ -179,7 +175,7 @@ def step_parts(step: list[tuple[float, float, str]]) -> dict[str, dict[str, floa
     }
 
 
-def median_parts(steps: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+def median_parts(steps: list[Parts]) -> Parts:
     """The median over steps of each part's start, end and busy time (parts in every step)."""
     common = set.intersection(*(set(s) for s in steps)) if steps else set()
     return {
@@ -188,51 +184,19 @@ def median_parts(steps: list[dict[str, dict[str, float]]]) -> dict[str, dict[str
     }
 
 
-def derived(parts: dict[str, dict[str, float]]) -> dict[str, float]:
-    """lead_us, tail_us, after_us of an overlapped step (module docstring); {} without a
-    producer and consumer."""
-    if not {"producer", "consumer", "step"} <= set(parts):
-        return {}
-    prod, cons, step = parts["producer"], parts["consumer"], parts["step"]
-    return {
-        "lead_us": prod["start_us"],
-        "tail_us": max(0.0, cons["end_us"] - prod["end_us"]),
-        "after_us": step["end_us"] - max(cons["end_us"], prod["end_us"]),
-    }
-
-
-def profile_steps(fn, steps: int) -> list[dict[str, dict[str, float]]]:
-    """step_parts of `steps` marked, back-to-back calls of fn (the first profiled step, which
-    holds the profiler's start, is dropped)."""
-    ks = marked_kernels(fn, steps + 2)  # the last marker closes the last step
-    return [step_parts(s) for s in split_steps(ks)[1:]]
-
-
-def cell_rows(
-    cell: dict, rank: int, processes: int, parts: dict[str, dict[str, float]], stamp: dict
-) -> list[dict]:
-    """One row per part, with the cell's workload and params, the derived waits, the number of
-    processes (1 with W > 1: played on one GPU, loopback) and `stamp` (git_rev, GPU, versions)."""
+def cell_rows(cell: dict, rank: int, processes: int, parts: Parts, stamp: dict) -> list[dict]:
+    """One row per part, with the cell's workload and params, the number of processes (1 with
+    W > 1: played on one GPU, loopback), lead_us, tail_us and after_us where a producer and a
+    consumer ran (module docstring), and `stamp` (git_rev, GPU, versions)."""
     base = {k: cell[k] for k in ("system", "world_size", "out", "experts_per_rank", "routing")}
     base |= {"params": " ".join(f"{k}={v}" for k, v in sorted(cell["params"].items()))}
-    base |= {"rank": rank, "processes": processes} | derived(parts) | stamp
-    return [base | {"part": p} | v for p, v in parts.items()]
-
-
-def _context():
-    """(RunContext, world): torchrun's process group, else one process on GPU 0."""
-    from harness.system import RunContext
-
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    rank = int(os.environ.get("RANK", 0))
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    torch.cuda.set_device(dev)
-    kw = {"timeout": timedelta(seconds=120), "device_id": dev}
-    if "RANK" in os.environ:
-        dist.init_process_group("nccl", **kw)
-    else:
-        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, **kw)
-    return RunContext(rank, world, dev, None, "nccl"), world
+    base |= {"rank": rank, "processes": processes}
+    if {"producer", "consumer", "step"} <= set(parts):
+        prod, cons, step = parts["producer"], parts["consumer"], parts["step"]
+        base["lead_us"] = prod["start_us"]
+        base["tail_us"] = max(0.0, cons["end_us"] - prod["end_us"])
+        base["after_us"] = step["end_us"] - max(cons["end_us"], prod["end_us"])
+    return [base | stamp | {"part": p} | v for p, v in parts.items()]
 
 
 def fail(message: str) -> None:
@@ -250,37 +214,32 @@ def prepared_cells(overrides: list[str], who: str):
     from harness.config import register_configs
     from harness.errors import HarnessUserError
     from harness.preflight import preflight
+    from harness.system import RunContext
 
     if not torch.cuda.is_available():
         fail(f"{who} profiles CUDA kernels: it needs a CUDA GPU")
     register_configs()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
+    world = int(os.environ.get("WORLD_SIZE", 1))
     try:  # the harness's own checks, before any process group
-        preflight(cfg, int(os.environ.get("WORLD_SIZE", 1)), table=False)
+        preflight(cfg, world, table=False)
     except HarnessUserError as exc:
         fail(str(exc))
-    ctx, world = _context()
+    # torchrun's process group, else one process on GPU 0
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(dev)
+    kw = {"timeout": timedelta(seconds=120), "device_id": dev}
+    if "RANK" in os.environ:
+        dist.init_process_group("nccl", **kw)
+    else:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, **kw)
+    ctx = RunContext(int(os.environ.get("RANK", 0)), world, dev, None, "nccl")
     for cell in measure.expand_grid(cfg, world):
         name = f"{cell['system']} {cell['params']} E={cell['experts_per_rank']} "
         name += f"N={cell['out']} {cell['routing']}"
         yield ctx, world, name, cell, measure.prepare_cell(ctx, cfg, cell)
     dist.destroy_process_group()
-
-
-def idle_report(fn, steps: int) -> str:
-    """The device's idle time per step of fn (eager or a graph's replay), its longest gaps and
-    the kernels it spends its time in."""
-    r = device_idle(fn, steps)
-    head = (
-        f"device, median of {r['steps']} steps: span {r['span_us']:.1f} us, busy "
-        f"{r['busy_us']:.1f}, idle {r['idle_us']:.1f} "
-        f"({r['idle_us'] / max(r['span_us'], 1e-9):.1%}); idle us per step before:"
-    )
-    lines = [head, *(f"  {us:7.1f} us  {k[:100]}" for k, us in r["gaps"].items())]
-    lines.append("kernel time per step:")
-    lines += [f"  {us:7.1f} us  {k[:100]}" for k, us in r["kernels"].items()]
-    return "\n".join(lines)
 
 
 def _show(name: str, found: pd.DataFrame) -> None:
@@ -312,7 +271,9 @@ def main() -> None:
             continue
         got = None
         if ok:
-            parts = median_parts(profile_steps(p.step, args.steps))
+            # +2: the last marker closes the last step, the first (the profiler's start) drops
+            ks = marked_kernels(p.step, args.steps + 2)
+            parts = median_parts([step_parts(s) for s in split_steps(ks)[1:]])
             got = cell_rows(cell, ctx.rank, world, parts, provenance())
         every = [got]
         if world > 1:

@@ -1,11 +1,9 @@
 """Print a short summary of a results table: status counts per system, then the latency (ms) of
-every ok row pivoted by workload x system, and where the rows have it (GPU rows, harness.timing)
-the host's time per step as a share of the step, per system (near or above 1: host-bound).
-Usage: python -m benchmarks.table_summary T.parquet [T2.parquet ...]
-       python -m benchmarks.table_summary T.parquet --by p_layout,p_consumer
-`--by` prints instead the latency of the ok rows per workload x variant, a variant being the
-system and the named row columns ("overlap/compact/shared"; a column a row lacks reads ""), and
-serial's latency over each variant's where the table has serial rows (speedup: x_<variant>)."""
+every ok row pivoted by workload x system, and where rows have them (GPU rows) the host's time
+per step as a share of the step (near or above 1: host-bound) and its host syncs, per system.
+Usage: python -m benchmarks.table_summary T.parquet [T2.parquet ...] [--by p_layout,p_consumer]
+`--by`: instead the ok rows' latency per workload x variant (the system and the named columns:
+"overlap/compact/shared"; a missing column reads ""), and serial / variant as x_<variant>."""
 
 from __future__ import annotations
 

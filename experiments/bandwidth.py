@@ -1,23 +1,16 @@
 """Fig 3a: the consumer's bandwidth against transfer (segment) size, per cCTA and transport.
 
 One cell = (segment size, the overlap system's cCTA and transport). Every rank's consumer kernel
-(systems/overlap/kernels/consumer.py, default ConsumerConfig) ships n_seg segments of one band
-each, round-robin to its peers, with the producer's ready flags pre-set (still polled per band)
-and one signal to the receiver per segment. One run is checked first (every receiver holds
-exactly the rows its peers sent); timed: one consumer launch (CUDA events, max over ranks).
-
-  bytes_sent  bytes that LEAVE the sending GPU (its own rows never move); n_seg segments, enough
-              for `min_total_mib` per run and one segment per consumer CTA, a multiple of cCTA
-  gbps        bytes_sent / median time of one launch
-
-Transports (the overlap system's `transport` param): loopback (one process plays W =
-`loopback_ranks` ranks; rank 0 sends to other regions of one GPU's memory: a LOCAL copy, never
-an interconnect figure); p2p, nvshmem (one process per GPU, stores into the peers' symmetric
-memory; torch keeps one symmetric-memory backend per process, so they run in separate
-invocations). Reference (system `nccl_all_to_all`, >= 2 processes): all_to_all_single of the
-process group (gloo on the CPU, where tests check the data movement) moving the same bytes.
-Options (experiment.options): segment_kib (list), min_total_mib (64), loopback_ranks (4; its W x W
-receive regions of the largest cell must fit the device memory, checked before any work).
+(default ConsumerConfig) ships n_seg segments of one band each, round-robin to its peers, the
+producer's ready flags pre-set (still polled per band), one signal per segment. One run is
+checked (every receiver holds exactly the rows its peers sent), then one launch is timed (CUDA
+events, max over ranks). bytes_sent: bytes that LEAVE the sending GPU (its own rows never move);
+gbps = bytes_sent / median time of one launch. Transports: loopback (one process plays W =
+`loopback_ranks` ranks in one GPU's memory: a LOCAL copy, never an interconnect figure); p2p and
+nvshmem (one process per GPU; torch keeps one symmetric-memory backend per process, so they run
+in separate invocations). Reference `nccl_all_to_all` (>= 2 processes; gloo on the CPU, where
+tests check the data movement): all_to_all_single moving the same bytes.
+Options (experiment.options): segment_kib (list), min_total_mib (64), loopback_ranks (4).
 """
 
 from __future__ import annotations
@@ -136,7 +129,7 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
 
 def loopback_bytes(cells: list[dict]) -> int:
     """Bytes of the largest loopback fabric of the run: W receive buffers of W regions each,
-    a region holding the largest cell's rows per source (receive_rows, LoopbackFabric)."""
+    a region holding the largest cell's rows per source (_transport, LoopbackFabric)."""
     most = 0
     for c in cells:
         if c["system"] == REFERENCE or c["params"]["transport"] != "loopback":
@@ -146,9 +139,9 @@ def loopback_bytes(cells: list[dict]) -> int:
     return most
 
 
-# -- the sending plan -------------------------------------------------------------------------
 def sizes(cell: dict, ccta: int) -> tuple[int, int, int]:
-    """(rows per segment, segments, row bytes) of a cell."""
+    """(rows per segment, segments, row bytes) of a cell: enough segments for min_total_mib
+    per run, a multiple of cCTA (at least one per consumer CTA), at most MAX_SEGMENTS."""
     row_bytes = cell["out"] * DTYPES[cell["dtype"]].itemsize
     rows_per_seg = max(1, cell["segment_kib"] * 1024 // row_bytes)
     seg = rows_per_seg * row_bytes
@@ -186,21 +179,9 @@ def expected_region(plan, y: torch.Tensor, dst: int, recv: torch.Tensor) -> None
             recv[off[b] : off[b] + valid[b]] = y[rows[b] : rows[b] + valid[b]]
 
 
-# -- transports, reused across cells (one symmetric allocation per size, not per cell) --------
 _TRANSPORTS: dict[tuple, Any] = {}
 #: the symmetric-memory transport this process has used (its backend cannot change after use)
 _SYMMETRIC_USED: dict[str, str] = {}
-
-
-def receive_rows(cfg: Any, world_size: int, cell: dict) -> int:
-    """Receive-buffer rows that hold every cell of this run with the same transport, W, N and
-    dtype: W regions (one per source) of the largest rows-per-source."""
-    most = 0
-    for c in cells(cfg, world_size):
-        if c["system"] != REFERENCE and _fabric_key(c) == _fabric_key(cell):
-            rows_per_seg, n_seg, _ = sizes(c, int(c["params"]["ccta"]))
-            most = max(most, rows_per_seg * n_seg)
-    return cell["world_size"] * most
 
 
 def _fabric_key(cell: dict) -> tuple:
@@ -210,14 +191,20 @@ def _fabric_key(cell: dict) -> tuple:
 
 def _transport(ctx: RunContext, cfg: Any, cell: dict):
     """The cell's transport, allocated ONCE per run at the size of its largest cell (torch's
-    NVSHMEM symmetric memory refuses a buffer that grew after a smaller one was freed)."""
+    NVSHMEM symmetric memory refuses a buffer that grew after a smaller one was freed): W
+    regions (one per source) of the largest rows-per-source of the cells of its _fabric_key."""
     from systems.overlap.transport import LoopbackFabric, nvshmem_transport, p2p_transport
 
     name, world = cell["params"]["transport"], cell["world_size"]
     key = _fabric_key(cell)
     if key in _TRANSPORTS:
         return _TRANSPORTS[key]
-    rows = receive_rows(cfg, ctx.world_size, cell)
+    most = 0
+    for c in cells(cfg, ctx.world_size):
+        if c["system"] != REFERENCE and _fabric_key(c) == key:
+            rows_per_seg, n_seg, _ = sizes(c, int(c["params"]["ccta"]))
+            most = max(most, rows_per_seg * n_seg)
+    rows = world * most
     dt = DTYPES[cell["dtype"]]
     if name == "loopback":
         made = LoopbackFabric([rows] * world, cell["out"], dt, ctx.device)
@@ -229,7 +216,6 @@ def _transport(ctx: RunContext, cfg: Any, cell: dict):
     return made
 
 
-# -- cells ------------------------------------------------------------------------------------
 def skip_reason(ctx: RunContext, cell: dict) -> str | None:
     if cell["system"] == REFERENCE:
         if ctx.world_size < 2:
@@ -280,10 +266,6 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, row: Row) -> None:
     row.metrics.update(bytes_sent=float(sent), gbps=sent / t.median_ms / 1e6)
 
 
-def _agree_ok(ctx: RunContext, ok: bool) -> bool:
-    return agree(ctx, 0.0 if ok else 1.0) == 0.0
-
-
 def _consumer(ctx: RunContext, cfg: Any, cell: dict):
     """(launch, checked ok, bytes leaving this GPU per launch, metrics) of one consumer cell."""
     from systems.overlap.errors import new_error_buffer, raise_if_error
@@ -320,7 +302,7 @@ def _consumer(ctx: RunContext, cfg: Any, cell: dict):
             y_s = sender_y(cell, s, int(plan_s.n_padded), ctx.device)
             expected_region(plan_s, y_s, d, want)
         ok = ok and torch.equal(buf, want)
-    ok = _agree_ok(ctx, ok)
+    ok = agree(ctx, 0.0 if ok else 1.0) == 0.0
     sent = n_seg * rows_per_seg * row_bytes  # every row of this rank goes to a peer
     metrics = {"segment_bytes": float(rows_per_seg * row_bytes), "n_segments": float(n_seg)}
     return go, ok, sent, metrics
@@ -344,6 +326,6 @@ def _nccl(ctx: RunContext, cell: dict):
         return sender_y(cell, s, per_peer * (W - 1), ctx.device)[j * per_peer : (j + 1) * per_peer]
 
     want = torch.cat([sent_here(s) for s in range(W) if s != me])
-    ok = _agree_ok(ctx, torch.equal(out, want))
+    ok = agree(ctx, 0.0 if torch.equal(out, want) else 1.0) == 0.0
     metrics = {"segment_bytes": float(rows_per_seg * row_bytes), "n_segments": float(W - 1)}
     return go, ok, per_peer * (W - 1) * row_bytes, metrics

@@ -2,19 +2,11 @@
 
 One cell = (model, dtype, system, a point of the system's sweep) on W = the processes of the run
 (one per GPU). The model is harness/models.py; its MoE blocks call the system through SystemMoE
-(h, ids and gate copied into the system's CellInputs, then system.timed()). Per cell:
-  1 gates    the system must have a layer scope, run here (GPU, packages), take the MoE shape
-  2 setup    once per model, through the harness's path (WorkloadSpec: T = B x S, H, out = H,
-             F = ffn_mult x H, G / W experts per rank, top-k; harness.measure.cell_inputs)
-  3 check    one forward with every MoE block's top-k forced to the reference model's (so a
-             near-tie cannot flip a token between two bf16 runs): (a) every MoE call against the
-             float32 oracle on its inputs (measure.tol, column m_moe_tol), (b) the model output
-             against the reference model's (the float32 oracle as MoE; model_tol, column `tol`);
-             both agreed over the ranks. A failure records `fail`, no latency
-  4 timed    the plain forward (the model's own routing): latency_ms; the MoE calls inside it
-             timed per forward and summed: m_moe_ms
-  5 again    the check of step 3 once more (nothing the timing did changed the output)
-The reference model (its output, routing and imbalance) is computed once per model and process.
+(h, ids and gate copied into the system's CellInputs, then system.timed()). Per cell: gates
+(layer scope, GPU, packages, MoE shape); setup through the harness's path (WorkloadSpec: T =
+B x S, out = H, F = ffn_mult x H, G / W experts per rank); the check (checked_forward); the
+plain forward timed (latency_ms) with its MoE calls summed per forward (m_moe_ms); the check
+again. The reference model (output, routing, imbalance) is computed once per model and process.
 Options (experiment.options): models (name -> MODEL_KEYS), experts (64), top_k (2), ffn_mult
 (4), model_tol (5e-2: the output check catches integration errors, O(1); bf16 MoE calls drift
 1.0e-2 through 12 MoE blocks on the CPU, each call within 3.6e-3).
@@ -56,8 +48,7 @@ from harness.system import RunContext, get_system, int_param, list_param
 from harness.timing import summarize, time_fn
 from systems.tutel import INT32_MAX  # Tutel's encode/decode index its buffers with int32
 
-#: the grid axes this experiment reads (harness.preflight.unread_settings); the model sizes are
-#: options, W the number of processes
+#: the grid axes this experiment reads (the model sizes are options, W the number of processes)
 GRID_AXES = ("dtype",)
 OPTIONS: dict[str, Any] = dict(models={}, experts=64, top_k=2, ffn_mult=4, model_tol=5e-2)
 MODEL_KEYS = ("blocks", "moe_blocks", "batch", "seq", "hidden", "heads", "causal")
@@ -110,8 +101,8 @@ def model_specs(cfg: Any, dtype: str) -> list[ModelSpec]:
 
 
 def cells(cfg: Any, process_world: int) -> list[dict]:
-    """Models x dtypes, then every system once per point of its sweep, in a seeded order per
-    model (harness.measure.workload_cells, as expand_grid orders the systems of a workload)."""
+    """Models x dtypes x every system's sweep points, in a seeded order per model (as
+    harness.measure.expand_grid orders the systems of a workload)."""
     points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
     rng = random.Random(cfg.seed)
     out = []
@@ -146,7 +137,6 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
         cls.validate(m.moe_spec(cell["world_size"], cell["seed"]), params, sm_count)
 
 
-# -- the reference model, once per model and process -----------------------------------------
 @dataclass
 class Reference:
     """A model, this rank's input, the float32 MoE oracle and the reference output/routing."""
@@ -190,7 +180,6 @@ def reference(ctx: RunContext, m: ModelSpec, seed: int) -> Reference:
     return ref
 
 
-# -- one cell ---------------------------------------------------------------------------------
 def _row(cell: dict, m: ModelSpec) -> ModelRow:
     shape = dict(tokens_per_rank=m.tokens, hidden=m.hidden, out=m.hidden, ffn=m.ffn, dtype=m.dtype)
     shape |= dict(experts_per_rank=m.experts // cell["world_size"], top_k=m.top_k, model=m.name)
@@ -222,30 +211,11 @@ def tutel_reason(ref: Reference, m: ModelSpec) -> str | None:
     return None
 
 
-class _Checked:
-    """The model's MoE call, each call checked against the float32 oracle on its own inputs;
-    `calls` keeps every call's (block, h [T, H], ids [T, k], gate [T, k], oracle [T, H])."""
-
-    def __init__(self, moe: SystemMoE, oracle: ReferenceMoE, tol: float) -> None:
-        self.moe, self.oracle, self.tol = moe, oracle, tol
-        self.results: list[CheckResult] = []
-        self.calls: list[tuple] = []
-
-    def __call__(self, block: int, h, ids, gate):
-        out = self.moe(block, h, ids, gate)
-        want = self.oracle(block, h, ids, gate)
-        self.calls.append((block, h, ids, gate, want))
-        self.results.append(check(out, want, self.tol))
-        return out
-
-
 def _agreed(ctx: RunContext, res: CheckResult) -> tuple[bool, float, float]:
     """(ok on every rank, worst whole error, worst row error) over the ranks."""
     ok = agree(ctx, 0.0 if res.ok else 1.0) == 0.0
-    err, row_err = (
-        agree(ctx, v if v == v else 1e30) for v in (res.max_rel_err, res.max_row_rel_err)
-    )
-    return ok, err, row_err
+    errs = (res.max_rel_err, res.max_row_rel_err)
+    return ok, *(agree(ctx, v if v == v else 1e30) for v in errs)  # NaN: the worst
 
 
 def gate_tolerances(cfg: Any, row: ModelRow) -> tuple[float, float]:
@@ -282,14 +252,26 @@ def _output_check(out: torch.Tensor, ref: Reference, model_tol: float) -> CheckR
 
 def checked_forward(
     ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, moe: SystemMoE, when: str = ""
-) -> _Checked | None:
-    """Step 3 (and 5): the forced-routing forward, checks (a) and (b); None after a failure
-    (the row then says which and why), else the checked calls."""
+) -> list[tuple] | None:
+    """One forward with every MoE block's top-k forced to the reference model's (a near-tie
+    cannot flip a token between two bf16 runs): (a) every MoE call against the float32 oracle
+    on its inputs (measure.tol, m_moe_tol), (b) the output against the reference model's
+    (model_tol, `tol`), both agreed over the ranks. None after a failure (the row says which
+    and why, no latency), else every call's (block, h [T, H], ids [T, k], gate [T, k],
+    oracle [T, H])."""
     tol, model_tol = gate_tolerances(cfg, row)
-    checked = _Checked(moe, ref.oracle, tol)
+    calls: list[tuple] = []
+    results: list[CheckResult] = []
+
+    def checked(block: int, h, ids, gate):
+        out, want = moe(block, h, ids, gate), ref.oracle(block, h, ids, gate)
+        calls.append((block, h, ids, gate, want))
+        results.append(check(out, want, tol))
+        return out
+
     out = ref.model(ref.x0, checked, forced=ref.ids)
-    ok = _verdict(ctx, row, checked.results, _output_check(out, ref, model_tol), when)
-    return checked if ok else None
+    ok = _verdict(ctx, row, results, _output_check(out, ref, model_tol), when)
+    return calls if ok else None
 
 
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
@@ -316,8 +298,8 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
     system.setup([inputs])
     row.impl, row.transport = system.impl, system.transport
     row.params.update(system.resolved_params())
-    checked = checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs))
-    if checked is None:
+    calls = checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs))
+    if calls is None:
         return
     why = graph_choice(
         graph_mode(getattr(cfg.measure, "graph", "false")), ctx.device, system.capture_blocker()
@@ -325,7 +307,7 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
     graphs = None
     if why is None:
         try:
-            graphs = _Graphs.capture(ctx, ref, system, inputs, checked.calls)
+            graphs = _Graphs.capture(ctx, ref, system, inputs, calls)
         except RuntimeError as exc:
             why = str(exc)
     row.graph, row.graph_reason = graphs is not None, why or ""
@@ -345,17 +327,9 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
     row.extra = _extra(m, system, row.graph)
 
 
-def _max_over_ranks(ctx: RunContext, ms: list[float]) -> list[float]:
-    """Per-iteration times, the slowest rank's (as time_fn)."""
-    t = torch.tensor(ms, dtype=torch.float64, device=ctx.device)
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=ctx.group)
-    return t.cpu().tolist()
-
-
 def _timed_eager(ctx: RunContext, cfg: Any, ref: Reference, system, inputs):
-    """Step 4, eager: the plain forward (the model's own routing) timed, and the MoE calls in it
-    (events around system.timed(), summed per forward). Returns (forward, MoE) Timings."""
+    """(forward, MoE) Timings, eager: the plain forward (the model's own routing) and the MoE
+    calls in it (events around system.timed(), summed per forward)."""
     timer = MoETimer(ctx.device)
     moe = SystemMoE(system, inputs, timer)
 
@@ -366,8 +340,11 @@ def _timed_eager(ctx: RunContext, cfg: Any, ref: Reference, system, inputs):
     kw = dict(device=ctx.device, group=ctx.group)
     t = time_fn(forward, warmup=cfg.measure.warmup, iters=cfg.measure.iters, **kw)
     system.check_errors()
-    moe_ms = _max_over_ranks(ctx, timer.per_forward_ms()[-cfg.measure.iters :])
-    return t, summarize(moe_ms)
+    ms = timer.per_forward_ms()[-cfg.measure.iters :]
+    ms = torch.tensor(ms, dtype=torch.float64, device=ctx.device)
+    if torch.distributed.is_initialized():  # per iteration, the slowest rank's (as time_fn)
+        torch.distributed.all_reduce(ms, op=torch.distributed.ReduceOp.MAX, group=ctx.group)
+    return t, summarize(ms.cpu().tolist())
 
 
 def _copy_in_time(ctx: RunContext, cfg: Any, ref: Reference, m: ModelSpec, moe: SystemMoE):
@@ -415,9 +392,9 @@ class _Graphs:
 
 
 def _timed_graphs(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, g: _Graphs):
-    """Step 4 under graphs: the forward graph's replays timed; the MoE time per forward is the
-    step graph's replay time on each MoE call's inputs, summed per iteration. Checked on a
-    replay before and after timing. Returns (forward, MoE) Timings, None after a failure."""
+    """(forward, MoE) Timings under graphs, None after a failure: the forward graph's replays;
+    the step graph's replay time on each MoE call's inputs, summed per iteration. Checked on a
+    replay before and after timing."""
     if not g.check(ctx, cfg, row, ref, "graph replay"):
         return None
     kw = dict(device=ctx.device, group=ctx.group)

@@ -1,18 +1,15 @@
 """Padding study: the exact zero rows of the remote-aligned layout, W = 2..64, on the CPU.
 
-Padding is a pure function of the routing, W, E and tile_m, so it is counted exactly from the
-global routing, for EVERY rank of the logical W (no plan is built, nothing is timed):
-  C[s, g]      rows owner s sends to global expert g (one bincount over (owner, expert))
-  pad[r]       sum over remote owners s != r and r's experts g of (-C[s, g]) mod tile_m
-  gemm[r]      rows rank r's experts compute after padding = valid[r] + pad[r]
-  packed[r]    the same if r's remote rows of an expert were packed, all owners back to back and
-               padded once: sum over r's experts g of (-sum_{s != r} C[s, g]) mod tile_m
-               (what a packed layout would pad; the `compact` layout pads nothing)
-  tiles_<layout>[r]  row tiles (bands) r's producer computes in each layout (plan.row_tiles):
-               what padding costs in GEMM work; compact's equal torch._grouped_mm's
-Bounds drawn next to the data, per rank: the paper's (W-1)(tile_m-1) and the true worst case
-E(W-1)(tile_m-1) (every (remote owner, expert) group can need tile_m-1 zero rows).
-The routing is drawn once per (W, E, routing, tokens, top_k, seed) and reused for every tile_m.
+Padding is a pure function of the routing, W, E and tile_m: counted exactly from the global
+routing for EVERY rank of the logical W (no plan is built, nothing is timed):
+  C[s, g]    rows owner s sends to global expert g
+  pad[r]     sum over remote owners s != r and r's experts g of (-C[s, g]) mod tile_m
+  gemm[r]    rows rank r's experts compute after padding = valid[r] + pad[r]
+  packed[r]  the same with r's remote rows of an expert packed, all owners back to back, padded
+             once (what a packed layout would pad; `compact` pads nothing)
+  tiles_<layout>[r]  row tiles r's producer computes per layout (plan.row_tiles; compact's equal
+             torch._grouped_mm's). Bounds per rank: the paper's (W-1)(tile_m-1) and the true
+             worst case E(W-1)(tile_m-1) (each (remote owner, expert) group can pad tile_m-1).
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ from harness.records import Row, cell_row
 from harness.routing import owner_expert_counts
 from harness.system import RunContext, int_param
 from harness.workload import WorkloadSpec, imbalance_of, routing_of
-from systems.overlap.plan import TILE_COUNT_LAYOUTS as LAYOUTS
-from systems.overlap.plan import padding_rows, row_tiles
+from systems.overlap.plan import TILE_COUNT_LAYOUTS, padding_rows, row_tiles
 
 AXES = ("world_size", "tokens_per_rank", "experts_per_rank", "top_k", "routing")
 GRID_AXES = AXES  # the grid axes this experiment reads (harness.preflight.unread_settings)
@@ -40,17 +36,14 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
     (tile_m), the sweep innermost (the routing is reused)."""
     g = cfg.experiment.grid
     axes = [list(g.world_size) or [process_world]] + [list(getattr(g, k)) for k in AXES[1:]]
-    systems = selected_systems(cfg)
-    points = {name: system_points(name, conf) for name, conf in systems.items()}
+    points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
     out = []
     for values in itertools.product(*axes):
-        for system in systems:
-            for params in points[system]:
-                cell = {"experiment": cfg.experiment.name, "system": system, "seed": cfg.seed}
-                cell.update(zip(AXES, values))
-                cell["params"] = params
-                cell["cell_hash"] = hash_cell(cfg, process_world, cell)
-                out.append(cell)
+        base = {"experiment": cfg.experiment.name, "seed": cfg.seed, **dict(zip(AXES, values))}
+        for system, params in ((s, p) for s, ps in points.items() for p in ps):
+            cell = {**base, "system": system, "params": params}
+            cell["cell_hash"] = hash_cell(cfg, process_world, cell)
+            out.append(cell)
     return out
 
 
@@ -93,7 +86,7 @@ def padding_metrics(counts: torch.Tensor, experts_per_rank: int, tile_m: int) ->
     b_paper = (W - 1) * (tm - 1)
     b_expert = E * b_paper
     nan = float("nan")
-    tiles = {lay: row_tiles(counts, E, tm, lay).double() for lay in LAYOUTS}  # [W] each
+    tiles = {lay: row_tiles(counts, E, tm, lay).double() for lay in TILE_COUNT_LAYOUTS}  # [W] each
     return {
         **{f"tiles_{lay}_max": float(t.max()) for lay, t in tiles.items()},
         **{f"tiles_{lay}_total": float(t.sum()) for lay, t in tiles.items()},

@@ -2,12 +2,11 @@
 PREDICTIONS, never measurements.
 
   python -m experiments.predict --cells IN.parquet [IN2 ...] --out OUT.parquet [hardware=h200]
-      every row of the tables, with m_pred_ms, m_pred_compute_ms, m_pred_comm_ms and
-      m_pred_overlap_ratio on the serial and overlap rows of scope gemm+combine or layer (other
-      rows pass through, NaN), `pred_node` the node preset, `table` <machine>/<stem>
+      every row of the tables, with the PRED columns on the serial and overlap rows of SCOPES
+      (other rows pass through, NaN), `pred_node` the node preset, `table` <machine>/<stem>
   python -m experiments.predict --project --out OUT.parquet
-      the projection grid (NODES_W, workloads(), LINK_SCALES): serial and the overlap system
-      at its best predicted cCTA, mgb and layout, per node preset, W, workload and routing
+      the projection grid (project()): serial and the overlap system at its best predicted
+      cCTA, mgb and layout
   python -m experiments.predict --calibrate
       the fitted numbers of conf/node/h200.yaml (step_model.fit)
 """
@@ -92,16 +91,8 @@ def project() -> pd.DataFrame:
         E = shape["experts_per_rank"] if n_exp is None else n_exp // W
         if E < 1 or (W > 8 and routing != "balanced"):
             continue
-        cell = shape | dict(
-            experts_per_rank=E,
-            world_size=W,
-            routing=routing,
-            dtype="bfloat16",
-            transport="p2p",
-            graph=True,
-            workload=wname,
-            pred_node=node.name,
-        )
+        cell = shape | dict(experts_per_rank=E, world_size=W, routing=routing, dtype="bfloat16")
+        cell |= dict(transport="p2p", graph=True, workload=wname, pred_node=node.name)
         cell |= ratio(node, W)
         rows.append(cell | {"system": "serial"} | predict(cell | {"system": "serial"}, node))
         rows.append(cell | {"system": "overlap"} | best_overlap(cell, node))

@@ -1,22 +1,15 @@
 """The producer against cuBLAS: the overlap system's expert GEMM alone, on one GPU.
 
 One workload = (T, K, N, E, top_k, routing, W, dtype): rank 0's expert problem from the routing
-of W ranks (harness.workload.routing_of): rows[e][s] = rows owner s sends to rank 0's expert e,
-laid out by the real stage-A builder (plan_from_rows), X [P, K] (zero padding rows included),
-weights [E, K, N]. Per workload, side by side in one run:
-
-  overlap           the persistent Triton producer with the tuning table's tile configuration,
-                    alone on all SMs, with its ready flags (option `flags`), per point of the
-                    overlap system's sweep (tile_m, layout, order); the local rows go straight
-                    to the receive buffer through row_dst, as the overlap system stores them
-  torch_grouped_mm  torch._grouped_mm (CUTLASS) on the valid rows only, grouped by expert
-  cublas            one dense torch.matmul [R, K] x [K, N], R = the valid rows: the same FLOPs
-  cublas_bmm        one torch.bmm [E, R // E, K] x [E, K, N]: the same FLOPs (less up to E - 1
-                    rows) and weight bytes as the grouped GEMM, split evenly
-
-Each kernel is checked against the float32 reference of its rows before it is timed (one launch,
-CUDA events); a failing one records `fail`. Metrics: m_tflops (useful FLOPs 2 R K N / time; the
-bmm's own rows for cublas_bmm), m_valid_rows, m_gemm_rows (padding included), m_flags.
+of W ranks, laid out by the real stage-A builder (problem). Per workload, side by side in one
+run: `overlap`, the persistent Triton producer with the tuning table's tile configuration, alone
+on all SMs, with its ready flags (option `flags`), per point of the overlap system's sweep
+(tile_m, layout, order), its local rows stored through row_dst as the overlap system stores them;
+the references `torch_grouped_mm` (CUTLASS, the valid rows grouped by expert), `cublas` (one dense
+matmul of the R valid rows: the same FLOPs) and `cublas_bmm` (one bmm [E, R // E, K] x [E, K, N]:
+the same FLOPs, less up to E - 1 rows, and weight bytes). Each kernel is checked against float32,
+then one launch is timed (CUDA events); a failing one records `fail`. Metrics: m_tflops (2 R K N
+/ time; the bmm's own rows for cublas_bmm), m_valid_rows, m_gemm_rows (padding included), m_flags.
 Options (experiment.options): flags (list of bool, default [true]).
 """
 
@@ -45,7 +38,7 @@ from harness.routing import imbalance, owner_expert_counts
 from harness.system import RunContext, list_param
 from harness.timing import time_fn
 from harness.workload import DTYPES, WorkloadSpec, routing_of
-from systems.overlap.plan import LAYOUTS, ORDERS
+from systems.overlap.plan import LAYOUTS, ORDERS, padded_input, plan_from_rows
 
 AXES = ("world_size", *SPEC_KEYS)
 GRID_AXES = AXES  # the grid axes this experiment reads (harness.preflight.unread_settings)
@@ -70,16 +63,15 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
     """Per workload: the references, then the overlap producer per (sweep point, flags)."""
     g = cfg.experiment.grid
     axes = [list(g.world_size) or [process_world]] + [list(getattr(g, k)) for k in AXES[1:]]
-    systems = selected_systems(cfg)
-    points = {name: system_points(name, conf) for name, conf in systems.items()}
+    points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
     flags = [bool(f) for f in options(cfg)["flags"]]
     out = []
     for values in itertools.product(*axes):
         base = {"experiment": cfg.experiment.name, "seed": cfg.seed, **dict(zip(AXES, values))}
         todo = [(ref, {}) for ref in REFERENCES]
-        for system in systems:
+        for system, sweep in points.items():
             seen = []
-            for p in points[system]:
+            for p in sweep:
                 knobs = {k: p[k] for k in PRODUCER_KNOBS}
                 if knobs not in seen:  # consumer knobs do not change the producer
                     seen.append(knobs)
@@ -121,14 +113,6 @@ def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:
             )
 
 
-def rank0_rows(spec: WorkloadSpec) -> tuple[list[list[int]], dict]:
-    """rows[e][s]: rows owner s sends to rank 0's local expert e, from the spec's routing."""
-    ids = routing_of(spec).expert_ids
-    counts = owner_expert_counts(ids, spec.experts_per_rank)  # [W, W*E]
-    rows = counts[:, : spec.experts_per_rank].t().tolist()
-    return rows, imbalance(ids, spec.world_size, spec.experts_per_rank)
-
-
 #: the last workload's operands (x_recv, weights): cells run workload by workload, and drawing
 #: E x K x N weights again per cell would cost seconds at E=64
 _OPERANDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -147,23 +131,14 @@ def _operands(spec: WorkloadSpec, n_rows: int, device: torch.device):
     return _OPERANDS[key]
 
 
-def problem(
-    spec: WorkloadSpec,
-    tile_m: int,
-    layout: str,
-    device: torch.device,
-    *,
-    order: str = "remote_first",
-    group_cap: int = 0,
-):
-    """Rank 0's expert problem: plan (order, group_cap: the producer's walk), X [P, K] padded,
-    weights [E, K, N], the valid rows grouped by expert x_valid [R, K] with their expert
-    offsets, and the float32 reference Y [P, N]."""
-    from systems.overlap.plan import padded_input, plan_from_rows
-
-    rows, imb = rank0_rows(spec)
-    knobs = dict(layout=layout, order=order, group_cap=group_cap)
-    plan = plan_from_rows(rows, rank=0, tile_m=tile_m, device=device, **knobs)
+def problem(spec: WorkloadSpec, tile_m: int, layout: str, device: torch.device, **walk):
+    """Rank 0's expert problem: plan (walk: the producer's order and group_cap, else build_plan's
+    defaults), X [P, K] padded, weights [E, K, N], the valid rows grouped by expert x_valid
+    [R, K] with their expert offsets, and the float32 reference Y [P, N]."""
+    ids = routing_of(spec).expert_ids
+    counts = owner_expert_counts(ids, spec.experts_per_rank)  # [W, W*E]
+    rows = counts[:, : spec.experts_per_rank].t().tolist()  # rows owner s sends rank 0's expert e
+    plan = plan_from_rows(rows, rank=0, tile_m=tile_m, device=device, layout=layout, **walk)
     x_recv, w = _operands(spec, int(plan.n_rows), device)
     x = padded_input(x_recv, plan.gather_index)
     valid = plan.gather_index >= 0
@@ -179,7 +154,7 @@ def problem(
         offsets=torch.tensor(per_expert, device=device).cumsum(0).to(torch.int32),
         per_expert=per_expert,
         ref_y=lambda: reference_y(plan.expert_row_start.tolist(), x, w),
-        imbalance=imb,
+        imbalance=imbalance(ids, spec.world_size, spec.experts_per_rank),
     )
 
 
@@ -203,12 +178,11 @@ def batched_rows(x_valid: torch.Tensor, e: int) -> torch.Tensor:
     return xb
 
 
-def _row(cell: dict, spec: WorkloadSpec) -> Row:
-    shape = {k: getattr(spec, k) for k in AXES}
-    return cell_row(cell, scope="expert gemm", transport="none", **shape)
+#: a cell's (launch, output, its float32 reference, metrics)
+Launch = tuple[Any, torch.Tensor, torch.Tensor, dict]
 
 
-def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
+def _kernel(ctx: RunContext, cell: dict, pb) -> Launch:
     """(launch, output, its float32 reference, metrics) of one cell's kernel."""
     rows = float(pb.x_valid.shape[0])
     if cell["system"] == "torch_grouped_mm":
@@ -230,9 +204,7 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.T
     return go, out, ref, {"gemm_rows": rows, "impl": impl}
 
 
-def _producer_kernel(
-    ctx: RunContext, cell: dict, pb
-) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
+def _producer_kernel(ctx: RunContext, cell: dict, pb) -> Launch:
     """The overlap producer's cell: the table's tile configuration (pb.cfg; pb.plan built for
     its group_cap and the cell's order), the local rows stored in a receive buffer recv [L, N]
     through plan.row_dst [P]; checked by reading them back from there."""
@@ -278,7 +250,8 @@ def _cell_problem(cell: dict, spec: WorkloadSpec, device: torch.device):
 
 def run_cell(ctx: RunContext, cfg: Any, cell: dict) -> list[Row]:
     spec = spec_of(cell)
-    row = _row(cell, spec)
+    shape = {k: getattr(spec, k) for k in AXES}
+    row = cell_row(cell, scope="expert gemm", transport="none", **shape)
     if ctx.device.type != "cuda":
         row.status = "skipped"
         row.reason = f"the producer and its references need a CUDA GPU, not {ctx.device.type}"

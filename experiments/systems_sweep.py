@@ -1,8 +1,6 @@
-"""The generic experiment: every system of the config on every cell of the grid.
-
-The module of every experiment without its own (smoke, operator, layer, the cCTA x mgb sweeps,
-...): each cell is one system on one workload, measured by harness.measure.measure_cell (check,
-then latency and the bounds).
+"""The generic experiment: every system of the config on every cell of the grid (smoke,
+operator, layer, the cCTA x mgb sweeps, ...), each cell measured by harness.measure.measure_cell
+(check, then latency and the bounds).
 """
 
 from __future__ import annotations
