@@ -42,11 +42,11 @@ class OverlapSystem(System):
         self.extra |= why
         self.used = {"ccta_used": params.ccta, "mgb_used": params.mgb, "order_used": params.order}
         plays = len(ranks) == spec.world_size and ctx.world_size == 1
-        group = ctx.group
-        if group is None and ctx.world_size > 1:  # the default group: the layer needs it named
+        group = None  # one process: the layer is this process alone, whatever group it is in
+        if ctx.world_size > 1:  # the default group: the layer needs it named
             import torch.distributed as dist
 
-            group = dist.group.WORLD
+            group = dist.group.WORLD if ctx.group is None else ctx.group
         if spec.ffn:
             dispatch = dispatch_used(params.dispatch, spec.world_size, plays)
             self.used["dispatch_used"] = dispatch
