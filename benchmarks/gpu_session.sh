@@ -1,15 +1,10 @@
 #!/usr/bin/env bash
 # One device call on a lent GPU host: install the carried wheels, run the named steps, each bounded
-# in time (STEP_S seconds) so the call ends inside its limit; tables and logs land in $OUT.
+# in time; steps, tables and the offline install: docs/experiments.md, "The GPU session script".
 # Usage (through the device tool, carrying .whl): HARNESS_GIT_REV=<rev> bash benchmarks/gpu_session.sh STEP...
-# Steps: tests_a, tests_b (the GPU test tier in two calls, each under 10 minutes on one H200),
-# tests_multigpu (2+ GPUs, under 5 minutes), or an experiment conf/experiment/<name>.yaml: harness.run
-# into this session's own table $OUT/<name>.parquet (resumed from it alone, never a committed table),
-# which replaces results/reference/<machine>/<name>.parquet WHOLE (<machine>: the GPU model and
-# count, harness/records.py machine_name); ccta_auto also refits the calibration table into $OUT.
-# ARGS adds Hydra overrides (quotes allowed). No network: only the wheels in $WHEELS (`make
-# wheels-gpu`) install, with no index and no dependency resolution, into $SITE. PY: the
-# interpreter; DRY_RUN=1 prints each command instead (tests/test_gpu_session.py reads them).
+# Environment: OUT (tables and logs), WHEELS, SITE, PY (the interpreter), STEP_S (a step's seconds),
+# ARGS (Hydra overrides, quotes allowed); DRY_RUN=1 prints each command instead
+# (tests/test_gpu_session.py reads them).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-results/gpu_session}; mkdir -p "$OUT"

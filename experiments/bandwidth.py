@@ -1,15 +1,13 @@
 """Fig 3a: the consumer's bandwidth against transfer (segment) size, per cCTA and transport.
 
-One cell = (segment size, the overlap system's cCTA and transport). Every rank's consumer kernel
-(default ConsumerConfig) ships n_seg segments of one band each, round-robin to its peers, the
-producer's ready flags pre-set (still polled per band), one signal per segment. One run is
-checked (every receiver holds exactly the rows its peers sent), then one launch is timed (CUDA
-events, max over ranks). bytes_sent: bytes that LEAVE the sending GPU (its own rows never move);
-gbps = bytes_sent / median time of one launch. Transports: loopback (one process plays W =
-`loopback_ranks` ranks in one GPU's memory: a LOCAL copy, never an interconnect figure); p2p and
-nvshmem (one process per GPU; torch keeps one symmetric-memory backend per process, so they run
-in separate invocations). Reference `nccl_all_to_all` (>= 2 processes; gloo on the CPU, where
-tests check the data movement): all_to_all_single moving the same bytes.
+The experiment: docs/experiments.md (`bandwidth`); transports: docs/method.md, Stage B. One cell
+= (segment size, the overlap system's cCTA and transport). Every rank's consumer kernel (default
+ConsumerConfig) ships n_seg segments of one band each, round-robin to its peers, the producer's
+ready flags pre-set (still polled per band), one signal per segment. One run is checked (every
+receiver holds exactly the rows its peers sent), then one launch is timed (CUDA events, max over
+ranks). bytes_sent: bytes that LEAVE the sending GPU; gbps = bytes_sent / median time of one
+launch. Loopback plays W = `loopback_ranks` ranks in one process. Reference `nccl_all_to_all`
+(>= 2 processes; gloo on the CPU, where tests check the data movement).
 Options (experiment.options): segment_kib (list), min_total_mib (64), loopback_ranks (4).
 """
 

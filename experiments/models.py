@@ -1,12 +1,10 @@
 """Fig 4: the three models end to end, forward only, with each layer-scope system as the MoE.
 
-One cell = (model, dtype, system, a point of the system's sweep) on W = the processes of the run
-(one per GPU). The model is harness/models.py; its MoE blocks call the system through SystemMoE
-(h, ids and gate copied into the system's CellInputs, then system.timed()). Per cell: gates
-(layer scope, GPU, packages, MoE shape); setup through the harness's path (WorkloadSpec: T =
-B x S, out = H, F = ffn_mult x H, G / W experts per rank); the check (checked_forward); the
-plain forward timed (latency_ms) with its MoE calls summed per forward (m_moe_ms); the check
-again. The reference model (output, routing, imbalance) is computed once per model and process.
+Models, check and timing: docs/method.md, Models. One cell = (model, dtype, system, a point of
+the system's sweep) on W = the processes of the run. Its MoE blocks call the system through
+SystemMoE (h, ids and gate copied into the system's CellInputs, then system.timed()); setup goes
+through the harness's path (WorkloadSpec: T = B x S, out = H, F = ffn_mult x H, G / W experts per
+rank). The reference model (output, routing, imbalance) is computed once per model and process.
 Options (experiment.options): models (name -> MODEL_KEYS), experts (64), top_k (2), ffn_mult
 (4), model_tol (5e-2: the output check catches integration errors, O(1); bf16 MoE calls drift
 1.0e-2 through 12 MoE blocks on the CPU, each call within 3.6e-3).

@@ -8,8 +8,7 @@ routing for EVERY rank of the logical W (no plan is built, nothing is timed):
   packed[r]  the same with r's remote rows of an expert packed, all owners back to back, padded
              once (what a packed layout would pad; `compact` pads nothing)
   tiles_<layout>[r]  row tiles r's producer computes per layout (plan.row_tiles; compact's equal
-             torch._grouped_mm's). Bounds per rank: the paper's (W-1)(tile_m-1) and the true
-             worst case E(W-1)(tile_m-1) (each (remote owner, expert) group can pad tile_m-1).
+             torch._grouped_mm's). Both bounds per rank: docs/method.md, Padding bounds.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The producer against cuBLAS: the overlap system's expert GEMM alone, on one GPU.
 
-One workload = (T, K, N, E, top_k, routing, W, dtype): rank 0's expert problem from the routing
-of W ranks, laid out by the real stage-A builder (problem). Per workload, side by side in one
-run: `overlap`, the persistent Triton producer with the tuning table's tile configuration, alone
-on all SMs, with its ready flags (option `flags`), per point of the overlap system's sweep
-(tile_m, layout, order), its local rows stored through row_dst as the overlap system stores them;
-the references `torch_grouped_mm` (CUTLASS, the valid rows grouped by expert), `cublas` (one dense
-matmul of the R valid rows: the same FLOPs) and `cublas_bmm` (one bmm [E, R // E, K] x [E, K, N]:
-the same FLOPs, less up to E - 1 rows, and weight bytes). Each kernel is checked against float32,
+The experiment and its references: docs/experiments.md (`producer`). One workload = (T, K, N, E,
+top_k, routing, W, dtype): rank 0's expert problem from the routing of W ranks, laid out by the
+real stage-A builder (problem). `overlap` runs the producer with the tuning table's tile
+configuration per point of the overlap system's sweep (tile_m, layout, order), its local rows
+stored through row_dst as the overlap system stores them; `cublas_bmm` multiplies [E, R // E, K]
+x [E, K, N] (the same FLOPs, less up to E - 1 rows). Each kernel is checked against float32,
 then one launch is timed (CUDA events); a failing one records `fail`. Metrics: m_tflops (2 R K N
 / time; the bmm's own rows for cublas_bmm), m_valid_rows, m_gemm_rows (padding included), m_flags.
 Options (experiment.options): flags (list of bool, default [true]).

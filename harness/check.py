@@ -1,12 +1,9 @@
-"""The one correctness check: relative Frobenius error against the reference, and per row.
-
-Both must hold: ||out - ref||_F / ||ref||_F <= tol (the paper's check) and max_t ||out_t - ref_t||
-/ ||ref_t|| <= ROW_TOL_FACTOR * tol. The per-row bound catches what the whole norm averages away
-(at T=16384 a lost token row moves it by ~1/sqrt(T)); bf16 rounding gives per-row errors of a few
-1e-3. A row is measured against at least 0.1 x the median row norm (no division by a near-zero
-norm); a train step's gate gradient dgate [T, k] holds inner products over H that cancel
-(rounding scales with the operands, not the result), so its rows against at least the median
-(ROW_FLOOR; at T=8192, H=4096 in bf16 they reach 8.3e-2).
+"""The one correctness check (docs/method.md, "Correctness"): the whole-tensor relative error and
+max_t ||out_t - ref_t|| / ||ref_t|| <= ROW_TOL_FACTOR * tol; bf16 rounding gives per-row errors
+of a few 1e-3. A row is measured against at least 0.1 x the median row norm (no division by a
+near-zero norm); a train step's gate gradient dgate [T, k] holds inner products over H that
+cancel (rounding scales with the operands, not the result), so its rows against at least the
+median (ROW_FLOOR; at T=8192, H=4096 in bf16 they reach 8.3e-2).
 """
 
 from __future__ import annotations
@@ -41,10 +38,9 @@ def row_errors(o: torch.Tensor, r: torch.Tensor, floor: float = 0.1) -> torch.Te
 def check(
     out: torch.Tensor, ref: torch.Tensor, tol: float = DEFAULT_TOL, floor: float = 0.1
 ) -> CheckResult:
-    """Compare out [T, N] with ref [T, N]: the whole-tensor and the per-row bound (module doc).
-    Fails with a reason on a shape mismatch, NaN/inf, an all-zero output where the reference is
-    not zero, and names the worst row when a bound is exceeded. Dicts of named tensors (a train
-    step's output and gradients): each checked on its own, the worst errors and every failure."""
+    """Compare out [T, N] with ref [T, N] (module doc); a failure gives its reason, the worst row
+    where a bound is exceeded. Dicts of named tensors (a train step's output and gradients): each
+    checked on its own, the worst errors and every failure."""
     if isinstance(ref, dict):
         if not isinstance(out, dict) or set(out) != set(ref):
             got = sorted(out) if isinstance(out, dict) else type(out).__name__

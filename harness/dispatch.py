@@ -1,13 +1,10 @@
-"""The dispatch a whole MoE layer pays on every forward, from this rank's tokens and routing.
-
-Shared by the layer-scope systems that dispatch with NCCL's all_to_all_single. Everything is
-computed on the device from expert_ids [T, k]; the only host sync is the uneven all-to-all's
-split sizes (one `.tolist()` of 2W + E + 1 ints after the counts exchange). On a GPU the
-bookkeeping is a few Triton kernels (harness/kernels/dispatch.py; the `*_torch` functions are
-the CPU path and their references), and the labels are launched before the sync, at a bound on
-the rows received: launches after the sync are on the step's critical path (the device idles
-until the host has made them). Rows follow harness/layout.py's order (send: by global expert,
-stable; recv: by source rank, then local expert, then the source's send order).
+"""The layer's NCCL dispatch (all_to_all_single), shared by the layer-scope systems; terms:
+docs/method.md, "The layer" and "The layer's stage A". Its one host sync is a `.tolist()` of the
+2W + E + 1 split sizes after the counts exchange. On a GPU the bookkeeping is Triton kernels
+(harness/kernels/dispatch.py; the `*_torch` functions are the CPU path and their references),
+the labels launched before the sync: a launch after it idles the device until the host makes it.
+Rows follow harness/layout.py's order (send: by global expert, stable; recv: by source rank,
+then local expert, then the source's send order).
 """
 
 from __future__ import annotations

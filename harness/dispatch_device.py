@@ -1,10 +1,7 @@
-"""The layer's dispatch with no host sync where one process plays every rank (W=1, or loopback:
-W ranks on one GPU): the ranks read each other's send metadata and tokens directly and every
-size is the cell's worst case (a rank receives at most `bound` = W*T*k rows), so a step captures
-whole in a CUDA graph. Per step: sort_meta per source (as LayerDispatch); the counts exchange is
-a transpose of the stacked metadata [W_src, W_dst, 2E]; each destination's rows are labelled at
-the bound (rows past n_rows are -1) and gathered in one index_select from the played ranks'
-stacked tokens.
+"""The host-free dispatch where one process plays every rank (docs/method.md, "The host-free
+layer"). The counts exchange is a transpose of the stacked metadata [W_src, W_dst, 2E]; labels at
+the bound W*T*k (rows past n_rows -1); rows gathered in one index_select from the played ranks'
+stacked tokens [W*T, H].
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""The layer's dispatch and combine with no host sync, one process per rank: the ranks reach
-each other's memory through a transport's address tables (systems/overlap/transport.py
-peer_transport: p2p or nvshmem on GPUs, shm between CPU processes) and every size is the cell's
-worst case, so a step reads nothing on the host and captures whole in a CUDA graph (kernels:
-harness/kernels/peer.py).
-  PeerDispatch  each source sorts its routing, writes its rows in send order into its row region
-                [T*k, H] and publishes its per-(destination, expert) counts and offsets into
-                every destination's count region, releasing one counter per source; each
-                destination waits for every source's counter to reach the step number, labels
-                its rows (at the bound W*T*k) and loads them from the sources' regions. Counts
-                alternate between two slots by step parity (a fast source may publish step n+1
-                while a slow destination still reads step n; never n+2: step n+1 waits for it).
-  PeerCombine   the expert side puts every received row back into its owner's receive region (at
-                its send-order position) and adds the rows to the owner's counter for this
-                source; the owner waits until each counter holds every row it sent so far.
-No step overwrites what a peer still reads: a destination loads a source's rows before its
-experts run, the source waits for the rows it sent to come back before its next step writes its
-row region, and a peer puts step n+1's rows only after this rank published step n+1's counts,
-after its step n. Rows and labels follow harness/layout.py's order.
+"""The host-free dispatch and combine with one process per rank; protocol and safety argument:
+docs/method.md, "The host-free dispatch across processes". Address tables: systems/overlap/
+transport.py peer_transport; device code: harness/kernels/peer.py.
+  PeerDispatch  two count slots suffice: a fast source may publish step n+1 while a slow
+                destination still reads step n, never n+2 (step n+1 waits for it).
+  PeerCombine   the owner's counter per source is cumulative: it waits until each holds every
+                row it sent so far.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Dispatch / combine row layout of one rank, derived from the global routing (no communication).
-
-Every (token t, slot j) pair of an owner rank is one ROW. The owner's SEND order sorts its rows by
-(destination rank, local expert, token, slot); the combine brings each row's expert output back
-to the SAME position, so the owner's combine receive buffer [T*k, N] is laid out like its
-dispatch send buffer and out[t] = sum over rows i with send_token[i] == t of send_weight[i] *
-y_back[i]. The expert side receives rows grouped by source rank, then (local expert, token,
-slot); recv_dst_index[i] is the row's position in its source's combine receive buffer.
+"""Dispatch / combine row layout of one rank from the global routing, no communication (rows and
+send order: docs/method.md, "Row order"). The owner's combine receive buffer is y_back [T*k, N]:
+out[t] = sum over rows i with send_token[i] == t of send_weight[i] * y_back[i]. The expert side
+receives rows grouped by source rank, then (local expert, token, slot).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The paper's three models (Fig 4), forward only, in plain PyTorch; shared by every system.
-
-`blocks` pre-LN blocks and a final LayerNorm (seeded weights, no biases, no embedding or head:
-the input is seeded activations). Block i on x [B, S, H]:
+"""The paper's three models (docs/method.md, "Models"), forward only, plain PyTorch; the input is
+seeded activations. Block i on x [B, S, H]:
     x = x + proj(sdpa(qkv(ln1(x))))     attention, `heads` heads, causal or not
     h = ln2(x)
     x = x + fc2(gelu(fc1(h)))           dense FFN, width ffn_mult x H    (i not in moe_blocks)
@@ -196,10 +194,9 @@ def model_input(spec: ModelSpec, seed: int, rank: int, device: torch.device) -> 
 
 
 class ReferenceMoE:
-    """The oracle of a MoE call: every global expert in float32 on this rank, no communication.
-    out[t] = sum_j gate[t, j] * gelu(h[t] W1_g) W2_g with g = ids[t, j]; h [T, H] -> [T, H]
-    float32 (reference.moe_torch over w1 [G, H, F], w2 [G, F, H] in float32). Records the ids of
-    each call in `ids` (block index -> [T, k])."""
+    """The oracle of a MoE call: every global expert in float32 on this rank, no communication
+    (reference.moe_torch over w1 [G, H, F], w2 [G, F, H]): h [T, H] -> [T, H] float32. Records
+    the ids of each call in `ids` (block index -> [T, k])."""
 
     def __init__(self, spec: WorkloadSpec, device: torch.device) -> None:
         G = spec.n_experts

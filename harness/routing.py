@@ -1,10 +1,7 @@
-"""Routing skews: which global experts each token picks, and with what gate weight.
-
-Expert popularity p_g ~ (g + 1) ** (-s) over the global expert index g in [0, W*E), so hot
-experts sit on the low ranks (s per routing: ROUTINGS). Each token picks top_k DISTINCT experts
-by successive sampling without replacement from p (torch.multinomial(replacement=False)'s law);
-its gate weights are a softmax over top_k seeded logits. One seeded CPU generator draws ALL
-ranks' tokens at once, so every rank computes the same global routing with no communication.
+"""Routing skews (docs/method.md, "Routing skews"; s per routing: ROUTINGS). A token's top_k
+distinct experts are successive sampling without replacement from p (the law of
+torch.multinomial(replacement=False)). One seeded CPU generator draws ALL ranks' tokens at once,
+so every rank computes the same global routing with no communication.
 """
 
 from __future__ import annotations

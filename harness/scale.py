@@ -1,8 +1,5 @@
-"""The scale every system shares: out [T, N] = sum_j gate[t, j] * y_back[pos[t, j]].
-
-A Scaler is built once per cell in `setup` (untimed), so the timed region holds no host-to-device
-copy. On CUDA it runs one fused Triton kernel (harness/kernels/scale.py), elsewhere the same
-arithmetic in torch; both accumulate in float32 and return y_back's dtype.
+"""The scale every system shares (docs/method.md, "The scale"): out [T, N] = sum_j gate[t, j] *
+y_back[pos[t, j]] in y_back's dtype; on CUDA harness/kernels/scale.py, elsewhere torch.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The one timing primitive (time_fn), and STATE: what this rank does, for the parent's heartbeat.
-
-GPU: a CUDA event pair around every iteration on the current stream, after a barrier and warm-up.
-queue_ahead=False ("eager"): where the host launches slower than the device runs, the events
-measure the host's launch time. queue_ahead=True ("queued"): a sleep kernel enqueued first lets the
-host enqueue every iteration before the device starts, so the events measure device time back to
-back (Timing.queued is False where the host was not done in time). Both record the host's median
-enqueue time (Timing.host_ms). CPU: a host clock around every iteration, each after a barrier.
-Per-iteration times are reduced with MAX over ranks (the slowest rank sets the latency), in ms.
-Where fn raises on one rank, that rank still takes part in every collective of time_fn and raises
-after the last, so its peers are not left waiting.
+"""The one timing primitive (time_fn; protocol: docs/method.md, "Latency"), and STATE: what this
+rank does, for the parent's heartbeat. queue_ahead=False: where the host launches slower than the
+device runs, the events measure the host's launch time; queue_ahead=True: Timing.queued is False
+where the host had not enqueued every iteration before the sleep ended. On the CPU each iteration
+follows a barrier. Where fn raises on one rank, that rank still takes part in every collective of
+time_fn and raises after the last, so its peers are not left waiting.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Workload cells: shapes, seeded activations and expert weights, identical on every rank.
 
-By `ffn` (the expert width F):
+By `ffn` (the expert width F; scopes: docs/method.md, "The operator" and "The layer"):
   ffn = 0  the paper's operator (Table 2): one GEMM per expert, Y_e [M_e, N] = X_e [M_e, K] @ B_e
-           (K = hidden, N = out), timed from the dispatched rows (scope gemm+combine)
+           (K = hidden, N = out), scope gemm+combine
   ffn = F  a whole MoE layer: Y_e = gelu(X_e @ W1_e) @ W2_e, W1_e [H, F], W2_e [F, H] (H = hidden
-           = out), timed from this rank's tokens and routing (scope layer); fc2 with F = 2048 is
-           Table 2's operator GEMM (K = 2048, N = H)
+           = out), scope layer
 """
 
 from __future__ import annotations

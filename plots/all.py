@@ -1,10 +1,9 @@
 """Regenerate every figure from results/*.parquet and results/reference/**/*.parquet.
 
-A table's stem (its experiment) picks the figure script (FIGURES); figures are named
-`reference_<machine>_<experiment>` for a committed table, `<machine>_<experiment>` for a local one
-(the machine of its newest rows). A figure that cannot be redrawn has its old files removed. An
-unreadable table, a folder named like a table, or a crashing script is an error: every other
-figure is still drawn, then the command exits 1 naming the tables.
+A table's stem (its experiment) picks the figure script (FIGURES), figure_base its name. A
+figure that cannot be redrawn has its old files removed. An unreadable table, a folder named like
+a table, or a crashing script is an error: every other figure is still drawn, then the command
+exits 1 naming the tables.
 """
 
 from __future__ import annotations

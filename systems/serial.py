@@ -3,11 +3,10 @@
 Operator cells: grouped GEMM over rows sorted by expert [R, K] x [E, K, N] -> [R, N], back to the
 received order, all_to_all_single to the owners, gate-weighted scale -> [T, N]. Layer cells
 (ffn > 0), from x [T, H] and the routing: dispatch, rows grouped by expert, fc1, GELU, fc2, back,
-combine, scale -> [T, H]. Param `dispatch` (harness/dispatch_device.py DISPATCHES): "device"
-(harness/dispatch_device.py at W=1, harness/dispatch_peer.py with one process per rank: the
-overlap system's dispatch) needs no host sync, so the step captures in a CUDA graph; "nccl" is
-harness/dispatch.py's all-to-all dispatch and combine with the split sizes' host sync. The GEMM
-is torch._grouped_mm where it applies (Hopper, bf16), a per-expert matmul elsewhere.
+combine, scale -> [T, H]. Param `dispatch` (DISPATCHES; docs/method.md, the host-free layer):
+"device", the overlap system's dispatch, captures in a CUDA graph; "nccl" (harness/dispatch.py)
+pays the split sizes' host sync. The GEMM is torch._grouped_mm where it applies (Hopper, bf16),
+a per-expert matmul elsewhere.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Device code of the host-free exchange between processes (harness/dispatch_peer.py): rows and
-counts moved through [W] int64 address tables of the peers' memory, with the overlap system's
-tables and release atomics (systems/overlap/transport.py): one code path for shm (CPU processes,
-Triton's interpreter), p2p and nvshmem.
-  publish  source -> every destination d: its [C] int64 counts row into d's count region at row
-           (slot * W + rank), then counter[d][rank] += 1 (release): the counts exchange
-  gather   destination: out[i] = row rows[i] of source src[i]'s region, for i < n_rows (a load
-           through the peer's pointer: the rows land where this rank wants them, no put)
-  put      expert side: row i of y to owner dst[i]'s receive region at row at[i], for i <
-           n_rows, then each owner's counter[rank] += the rows this program put there (release)
+"""Device code of harness/dispatch_peer.py (docs/method.md, "The host-free dispatch across
+processes"): rows and counts through [W] int64 address tables of the peers' memory, with the
+overlap system's release atomics; one code path for shm (Triton's interpreter), p2p and nvshmem.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """ccta="auto" / mgb="auto" / order="auto" for the overlap system, on the host (no GPU, no timing).
 
-ccta / mgb (`pick`; the rule is in docs/method.md): the features are log2 of T, K, N, E, W and
-the rank imbalance (spec_values); the K_NEAREST calibrated workloads of autotune_table.csv
-(written by autotune_fit.py) within MAX_DISTANCE (Euclidean, + TRANSPORT_PENALTY for another
-transport class) average each (ccta, mgb)'s latency relative to their best, where at least half
-of them measured it; the lowest wins, a value the caller fixed is kept. None near: DEFAULT
-(SHARED_DEFAULT for consumer="shared"). Only rows of the cell's consumer placement, and of its SM
-count where the table has some, are read; ccta is clamped to the SMs. order: pick_order.
+ccta / mgb: `pick`, the rule of docs/method.md ("ccta=auto") with the constants below, over
+autotune_table.csv (written by autotune_fit.py); ccta is then clamped to the SMs. order:
+pick_order.
 """
 
 from __future__ import annotations
@@ -188,10 +184,9 @@ def pick(
     return p.ccta, p.mgb, p.why
 
 
-#: order="auto" visits each expert's bands together (order="expert") when a local expert holds at
-#: most this many tile_m bands on average (T * top_k / (E * tile_m)); fitted on the W=2 operator
-#: sweep of both orders (h200x2/operator_order.parquet): "expert" won or tied at 2-4 bands
-#: an expert, "remote_first" at 8+
+#: order="auto"'s threshold (docs/method.md, Order), fitted on the W=2 operator sweep of both
+#: orders (h200x2/operator_order.parquet): "expert" won or tied at 2-4 bands an expert,
+#: "remote_first" at 8+
 ORDER_EXPERT_BANDS = 4.0
 
 
@@ -207,8 +202,7 @@ def auto_order(tokens_per_rank: int, top_k: int, experts_per_rank: int, tile_m: 
 
 
 def pick_order(spec: WorkloadSpec, tile_m: int) -> tuple[str, str]:
-    """(order, why) for order="auto": "expert" where an expert's weights are reused by few bands
-    (the remote-first order then reads each weight strip twice from HBM), else "remote_first"."""
+    """(order, why) for order="auto" (auto_order; why: docs/method.md, Order)."""
     shape = (spec.tokens_per_rank, spec.top_k, spec.experts_per_rank, tile_m)
     bands, order = _bands(*shape), auto_order(*shape)
     rel = "<=" if order == "expert" else ">"

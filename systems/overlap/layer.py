@@ -1,14 +1,12 @@
-"""OverlapMoE: the paper's method as a torch module (one context sized once, one call).
+"""OverlapMoE: the paper's method as a torch module (docs/method.md, The layer as a library).
 
     moe = OverlapMoE(hidden=H, ffn=F, experts_per_rank=E, top_k=k, max_tokens=T_max)
     y = moe(x, expert_ids, gate)          # x [T, H], expert_ids [T, k], gate [T, k] -> [T, H]
 
-forward: the dispatch, stage A (the plan, on the device), fc1 + GELU, fc2 with the tile-level
-combine, the gate-weighted scale, for any T <= max_tokens. Without a group this process is the
-whole world (W=1: fc2 is the producer alone); with one (one process per rank) the peers' buffers
-come from torch symmetric memory (or shm between CPU processes) and the dispatch moves counts
-and rows through them (harness/dispatch_peer.py): no host read, CUDA-graph capturable
-(params.dispatch=nccl: one host sync a step). The backward is overlapped too (backward.py).
+Any T <= max_tokens. Without a group this process is the whole world (W=1: fc2 is the producer
+alone); with one (one process per rank) the dispatch is harness/dispatch_peer.py's: no host read,
+CUDA-graph capturable (params.dispatch=nccl: one host sync a step). The backward is overlapped
+too (backward.py).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The overlap system's parameters (OverlapParams): choices, validation and the reasons a valid
-cell cannot run. Importable without Triton or a GPU.
-
-  ccta       consumer SMs (consumer=own) or consumer CTAs (shared): an integer or "auto"
-  mgb        bands per segment: an integer >= 1 or "auto"
-  tile_m     the producer's row tile: 64 or 128
-  transport  loopback, p2p, nvshmem, shm (CPU processes) or "" (loopback on one process, else
-             p2p on GPUs, shm on the CPU)
-  layout     aligned (the paper's remote-aligned rows) or compact (plan.py)
-  order      remote_first (the paper's), expert (each expert's local bands right after its
-             remote ones) or auto (autotune.pick_order)
-  consumer   own (the paper's) or shared (runner.py's placement)
-  dispatch   the layer scope's: auto (device where one process plays every rank, else nccl),
-             device (no host sync) or nccl
+cell cannot run. Importable without Triton or a GPU. The knobs (what each choice means:
+docs/method.md, Stage A and Stage B): ccta (consumer SMs with consumer=own, consumer CTAs with
+shared) and mgb (bands per segment), integers or "auto"; tile_m; transport; layout; order;
+consumer; dispatch (the layer scope's; auto: harness.dispatch_device.dispatch_used).
 """
 
 from __future__ import annotations

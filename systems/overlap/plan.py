@@ -1,24 +1,15 @@
-"""Stage A: row layout, schedule and combine plan (the method: docs/method.md, "Stage A").
+"""Stage A: row layout, schedule and combine plan (terms: docs/method.md, Stage A).
 
 build_plan (torch; ONE host sync, the `.tolist()` of the sizes that size every output: no boolean
 masks) and plan_device.build_plan_device (Triton, no host sync) return the same CombinePlan.
-Terms (W ranks, E local experts, tile_m):
+What the code relies on beyond the docs (W ranks, E local experts, tile_m):
   row      x_recv[i], i in [0, R): one (token, slot) pair this rank's experts compute
   group    the rows of one (local expert, owner rank), CONSECUTIVE in the owner's receive buffer
-           (harness/layout.py) and laid out in that order
-  layout   per expert, aligned: [remote groups, owners ascending, each zero-padded to a multiple
-           of tile_m][local group, unpadded]; compact: the same with no zero rows (P = R). Experts
-           ascending make X [P, K]; expert e holds rows expert_row_start[e:e+2]
-  band     tile_m consecutive rows of one expert, all N columns. Aligned: of one group, so a
-           remote band is owner-uniform. Compact: torch._grouped_mm's row tiles; the band with
-           an expert's last remote and first local rows is *mixed*, a remote band
-  piece    compact: the rows of one owner in one remote band, in send order
-  schedule remote bands first (i); experts with more remote bands first, ties by index (ii),
-           each in layout order; then the local bands, experts ascending
-  segment  one put: consecutive send units (remote schedule entries, or pieces): the first and
-           last hold one, the middle ones mgb (fewer at a cut) from each group's start; CUT
-           RULE: never two groups, so ONE contiguous range of Y and of the destination's buffer
-Local rows are never sent: the producer's epilogue stores them at row_dst (own receive buffer).
+           (harness/layout.py) and laid out in that order; expert e holds padded rows
+           expert_row_start[e:e+2]
+  schedule each expert's remote bands in layout order; the local bands, experts ascending
+  segment  the middle ones take mgb units (bands, or pieces) from each group's start, fewer at
+           a cut; local rows are stored by the producer's epilogue at row_dst
 """
 
 from __future__ import annotations
@@ -145,8 +136,8 @@ def check_plan_args(
 
 
 def _segments(unit_start: torch.Tensor, mgb: int, n_segments: int):
-    """seg_start, seg_count [S]: the segment rule (module docstring) over n units in send order
-    (remote bands, or pieces); unit_start [n] int64: the position of each unit's group's first."""
+    """seg_start, seg_count [S]: the segment rule (module doc) over n units in send order (remote
+    bands, or pieces); unit_start [n] int64: the position of each unit's group's first."""
     n = unit_start.numel()
     p = torch.arange(n, dtype=torch.int64, device=unit_start.device)
     q_mid = p - unit_start.clamp(min=1)
@@ -484,9 +475,8 @@ def row_tiles(
 def producer_order(plan: CombinePlan) -> torch.Tensor:
     """visit [B] int64: the schedule positions in order="expert"'s visiting order, no host sync:
     each expert's remote bands (consecutive in the schedule) then its local bands, experts by
-    their first remote band, those without remote bands last, positions past n_bands at the end.
-    One expert's weights are read together while the remote bands keep their order (the
-    consumer never waits on a later band first)."""
+    their first remote band, those without remote bands last, positions past n_bands at the end
+    (why: docs/method.md, Order)."""
     sched = plan.schedule
     B, dev = sched.numel(), sched.device
     pos = torch.arange(B, dtype=torch.int64, device=dev)
@@ -501,8 +491,7 @@ def producer_groups(plan: CombinePlan, visit: torch.Tensor | None, cap: int) -> 
     """groups [B] int32: the producer's swizzle group of each visiting position, encoded
     first * GROUP_CODE + size: each run of one expert's bands in the visiting order (visit, None:
     the schedule's) cut into ceil(run / cap) near-equal groups; positions past n_bands are
-    groups of one. The producer walks a group column tile by column tile, so each weight strip
-    is read from HBM once per group. No host sync."""
+    groups of one; the producer walks a group column tile by column tile. No host sync."""
     if not 1 <= cap < GROUP_CODE:
         raise ValueError(f"producer_groups: cap must be in [1, {GROUP_CODE}), got {cap}")
     sched = plan.schedule

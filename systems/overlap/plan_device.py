@@ -1,11 +1,9 @@
-"""Stage A on the device with NO host synchronisation: build_plan's CombinePlan, worst-case sized.
+"""Stage A on the device with NO host synchronisation (docs/method.md, Stage A).
 
-build_plan_device returns plan.build_plan's plan (same inputs, semantics and input contract)
-with every array sized at its worst case from host ints alone (plan_bounds), the counts on the
-device and -1 past them, so a timed step can rebuild it from its own routing. Launches: one
-fill (-1) of the plan's buffer and kernels/plan.py's row and fill kernels; padded_input_device
-one more. DevicePlanBuilder (a layer's stage A) makes the same launches into ONE plan rewritten
-in place every step, remembered (harness/kernels/relaunch.py).
+build_plan_device returns plan.build_plan's plan (same inputs and input contract) with every
+array sized at its worst case from host ints alone (plan_bounds), -1 past the counts. Launches:
+one fill (-1) of the plan's buffer and kernels/plan.py's row and fill kernels; padded_input_device
+one more. DevicePlanBuilder makes the same launches, remembered, into ONE plan rewritten in place.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
-"""The runner of stage B: one rank's producer + consumer pair and its host state.
+"""The runner of stage B (docs/method.md, Stage B): one rank's producer + consumer pair and its
+host state.
 
 OverlapRunner owns one plan's ready counters, error buffer, two streams and run counters, and
-runs the pair overlapped, serially (the reference) or each alone (the bounds). The producer's
-epilogue stores the local rows straight into the receive buffer (plan.row_dst); the plan's counts
-stay on the device, so a worst-case-sized plan runs with no host sync. On a GPU every launch is
-remembered (harness/kernels/relaunch.py LaunchMemo, keyed on its arguments and plan_version,
-which a new plan object moves) and re-run with the producer's x swapped in.
+runs the pair overlapped, serially (the reference) or each alone (the bounds). The plan's counts
+stay on the device, so a worst-case-sized plan runs with no host sync. GPU launches are remembered
+(LaunchMemo) keyed on their arguments and plan_version, which a new plan object moves.
 
-Placement. consumer_sms="own" (the paper's): each consumer CTA owns its SM (the default
-ConsumerConfig's registers, or a pipelined one's shared memory, leave no room beside it); the
-producer gets SMs - cCTA. "shared": cCTA small CTAs (shared_consumer_config) beside the
-producer's on ALL SMs. An SM runs with the L1 / shared split of the kernels it holds and the
-driver gives a kernel without shared memory a small one, so an SM that took a consumer CTA first
-could not take a producer CTA (165 KiB) until it drained: the consumer asks for the largest
-split (prefer_shared_carveout), and the producer is launched first, on the higher-priority
-stream. residency_report checks either placement. The producer never waits for the consumer; a
-spin that waits too long becomes an error record (errors.py), never a hang.
+Placement (consumer_sms). "own": a consumer CTA's registers (or a pipelined one's shared memory)
+leave no room beside it, so the producer gets SMs - cCTA. "shared": an SM runs with the L1 /
+shared split of the kernels it holds and the driver gives a kernel without shared memory a small
+one, so an SM that took a consumer CTA first could not take a producer CTA (165 KiB) until it
+drained: hence prefer_shared_carveout, and the producer launched first on the higher-priority
+stream. residency_report checks either placement.
 """
 
 from __future__ import annotations
@@ -246,10 +242,9 @@ class OverlapRunner:
             self.band_ready = torch.zeros(B, dtype=torch.int32, device=self.device)
 
     def _next_target(self) -> int:
-        """Ready-counter value of a complete band in the next producer run. The counters
-        restart from zero every run (a stream-ordered memset; the previous run is joined), so
-        the target is the same every run: a CUDA graph bakes the consumer's target into its
-        launch, and an epoch target would let a replay's consumer copy bands too early."""
+        """Ready-counter value of a complete band in the next producer run, after zeroing the
+        counters (a stream-ordered memset; the previous run is joined; why: docs/method.md,
+        Flags)."""
         self.band_ready.zero_()
         return self.tile.band_increment(self.n)
 
@@ -292,7 +287,6 @@ class OverlapRunner:
             ccta=self.ccta,
             config=self.consumer,
             wait=wait,
-            # shared: an SM that took a consumer CTA first must keep room for a producer CTA
             prepare=prefer_shared_carveout if self.shared_on_gpu and wait else None,
             memo=self.memos.get("consume" if wait else "comm"),
             memo_key=self.plan_version,

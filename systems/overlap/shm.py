@@ -1,13 +1,10 @@
-"""`shm`: the combine's transport between CPU processes (Triton's interpreter).
+"""`shm`: the combine's transport between CPU processes (docs/method.md, Transports).
 
-Every rank maps one MAP_SHARED file (torch.from_file(shared=True) on /dev/shm) holding every
-rank's receive buffer and counters; each rank's address tables hold ITS OWN mapping's addresses
-of the peers' regions (what symmetric memory's peer pointers are on a GPU), so the consumer
-kernel runs unchanged. One writer per counter slot (a source writes only its own), so the
-interpreter's non-atomic read-modify-write is race-free; x86 keeps stores in order, so a reader
-that sees a counter sees the rows before it. gloo carries control (the file's name, barriers).
-File layout, W ranks, R rows of N elements: W receive regions [R, N] then W counter rows [W]
-int64, each region padded to 64 bytes.
+The file is torch.from_file(shared=True) on /dev/shm. One writer per counter slot (a source writes
+only its own), so the interpreter's non-atomic read-modify-write is race-free; x86 keeps stores in
+order, so a reader that sees a counter sees the rows before it. gloo carries control (the file's
+name, barriers). File layout, W ranks, R rows of N elements: W receive regions [R, N] then W
+counter rows [W] int64, each region padded to 64 bytes.
 """
 
 from __future__ import annotations

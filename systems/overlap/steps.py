@@ -1,7 +1,6 @@
 """The overlap system's steps (harness.system.Step): what the harness times, checks and bounds,
 per scope (layer, operator) and per way of running the ranks: one process per rank (p2p /
-nvshmem / shm, or W=1) or one process playing every rank over loopback (a development proxy,
-never an interconnect number).
+nvshmem / shm, or W=1) or one process playing every rank over loopback.
 """
 
 from __future__ import annotations
@@ -193,9 +192,7 @@ class _OperatorStep(_Checked):
         return [self.rk.runner.transport.recv, self.rk.y]
 
     def extra_bounds(self) -> dict:
-        """compute_shared (m_compute_shared_ms): latency / max(compute_shared, comm) is what the
-        consumer's concurrent run costs the step, compute_shared / compute_ms what giving cCTA
-        SMs to the consumer costs."""
+        """compute_shared (m_compute_shared_ms; docs/method.md, Bounds)."""
         return {"compute_shared": self.compute_shared}
 
 
@@ -254,11 +251,9 @@ class PerProcessOperatorStep(_OperatorStep):
         self.facts = _plan_facts(self.rk.plan, self.rk.runner)
 
     def timed(self) -> torch.Tensor:
-        """The epoch handshake, this rank's step, the wait for every peer's rows, the scale.
-
-        The handshake, a one-element NCCL all-reduce on the step's stream, completes only once
-        every peer's stream has passed its previous scale, so this step's puts never overwrite
-        a receive buffer a peer is still reading. It is timed."""
+        """The epoch handshake (why: docs/method.md, The operator; a one-element NCCL
+        all-reduce on the step's stream, timed), this rank's step, the wait for every peer's
+        rows, the scale."""
         import torch.distributed as dist
 
         if self.handshake:

@@ -1,22 +1,16 @@
-"""Transports of the combine: where the consumer's bands land and how the receiver is told.
+"""Transports of the combine (the kinds: docs/method.md, Stage B, Transports).
 
-One interface (Transport) for every way of reaching a destination rank d, all driven by the SAME
-consumer kernel (kernels/consumer.py) through two [W] int64 address tables: recv (row 0 of d's
-combine receive buffer [rows, N]) and signal (d's receive counters [W] int64, one per source).
-The consumer writes a band's valid rows at recv[d] + band_offset * N and, once per segment, adds
-the segment's rows to signal[d][rank] (release). Receiver d has all of source s's rows of run r
-(1-based) when its counter s reaches r * rows_from_s (epoch values: never reset).
-  loopback  ONE GPU plays W ranks (development only, never interconnect numbers): regions of one
-            local buffer (LoopbackFabric), counters [W, W]; scope "gpu"
-  p2p       one process per GPU: torch symmetric memory (CUDA backend); the tables hold the
-            PEERS' pointers (stores over NVLink, then a system-scope release atomic)
-  nvshmem   the same on torch's NVSHMEM backend; put_mode (modes.py): PUT_STORE (default: stores
-            through the peer pointers NVSHMEM maps), PUT_NVSHMEM or PUT_NVSHMEM_SIGNAL (symmetric
-            addresses, PE = destination rank: needs group ranks == global ranks)
-  shm       CPU processes (shm.py)
-PUT_STORE is the fast path wherever the peer is load/store reachable (NVSHMEM's block put keeps
-ONE 16-byte load in flight per thread, the Triton copy BLOCK * elem bytes per step);
-PUT_NVSHMEM_SIGNAL with 32 warps where it is not.
+One interface (Transport) drives the SAME consumer kernel (kernels/consumer.py) through two [W]
+int64 address tables: recv (row 0 of d's combine receive buffer [rows, N]) and signal (d's
+receive counters [W] int64, one per source). The consumer writes a band's valid rows at recv[d] +
+band_offset * N and, once per segment, adds the segment's rows to signal[d][rank] (release).
+Receiver d has all of source s's rows of run r (1-based) when its counter s reaches
+r * rows_from_s (epoch values: never reset). Loopback (LoopbackFabric): regions of one buffer,
+counters [W, W], scope "gpu"; peer memory: scope "sys". The NVSHMEM put modes (modes.py) address
+PE = destination rank, so they need group ranks == global ranks. PUT_STORE is the fast path
+wherever the peer is load/store reachable (NVSHMEM's block put keeps ONE 16-byte load in flight
+per thread, the Triton copy BLOCK * elem bytes per step); PUT_NVSHMEM_SIGNAL with 32 warps where
+it is not.
 """
 
 from __future__ import annotations

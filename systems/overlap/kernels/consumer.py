@@ -1,12 +1,10 @@
-"""The consumer: ONE persistent Triton kernel of cCTA programs that ships ready bands to their
-owners, and the receivers' wait (launch_wait_signals).
+"""The consumer (docs/method.md, Stage B: Consumer; its tables: transport.py): ONE persistent
+Triton kernel of cCTA programs, and the receivers' wait (launch_wait_signals).
 
-Program j takes segments j, j + cCTA, ... (plan.seg_*). For each entry of a segment, in order:
-wait until its band's ready counter reaches ready_target (bounded: primitives.spin_until; a
-time-out writes an errors.py record and stops the program), then copy its valid rows (all N
-columns, contiguous) to the destination's receive buffer at its offset. Once the segment is
-copied, the receiver's counter signal[dst][rank] grows by its rows (release, once per segment;
-never reset: epoch values). Host side: runner.run_consumer, transport.py, tuning.ConsumerConfig.
+Program j takes segments j, j + cCTA, ... (plan.seg_*); each entry waits (bounded:
+primitives.spin_until; a time-out writes an errors.py record and stops the program) until its
+band's counter reaches ready_target, then its valid rows (all N columns, contiguous) are copied.
+Host side: runner.run_consumer, tuning.ConsumerConfig.
 """
 
 from __future__ import annotations

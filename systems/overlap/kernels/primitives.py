@@ -1,10 +1,9 @@
 """Shared Triton device primitives of producer.py and consumer.py: bounded waits (spin_until,
-poll_bound, record_error; bounded by time: %globaltimer on the GPU, the host clock that
-errors.new_clock refreshes in the CPU interpreter, which has no inline asm), copy_rows,
-publish_threads and the NVSHMEM device functions. Their externs resolve from
-libnvshmem_device.bc only in a kernel launched through torch's `requires_nvshmem` (the
-PUT_STORE consumer never reaches a call); they are defined here because torch's _nvshmem_triton
-defines them only on a machine with a GPU.
+poll_bound, record_error; the CPU interpreter has no inline asm, so its clock is the host one
+errors.new_clock refreshes), copy_rows, publish_threads and the NVSHMEM device functions. Their
+externs resolve from libnvshmem_device.bc only in a kernel launched through torch's
+`requires_nvshmem` (the PUT_STORE consumer never reaches a call); they are defined here because
+torch's _nvshmem_triton defines them only on a machine with a GPU.
 """
 
 from __future__ import annotations

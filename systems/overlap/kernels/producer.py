@@ -1,18 +1,16 @@
-"""The producer: ONE persistent Triton GEMM per rank over all local experts, with readiness flags.
+"""The producer (docs/method.md, Stage B: Producer, Flags): ONE persistent Triton GEMM per rank
+over all local experts, with readiness flags.
 
-Operands (plan.py's layout): x [P, K] the padded GEMM input X, weights [E, K, N] (contiguous; a
-band of expert e reads rows e*K .. e*K+K-1 of the [E*K, N] view), y [P, N]. A TILE is (schedule
-position s, column tile n), t = s * tiles_n + n (band-major: the first scheduled band finishes
-first); program i takes tiles i, i + G, ... (G = SMs - cCTA). L2 swizzles of the weight strips:
-fixed groups of group_m positions, or the plan's `groups` (TileConfig.expert_groups: each
-expert's strip read from HBM once per group); the plan's `visit` (order="expert") reorders the
-positions. Rows past band_rows are masked at the store: a partial local band never writes the
-next expert's rows. band_ready[band] (int32, zeroed every run: a CUDA graph replays one fixed
-target) grows by TileConfig.tile_increment per finished tile of a remote band (s < n_signal).
-Flags (modes.py): "cta" a CTA barrier then ONE release atomic (release is cumulative); "thread"
-one release atomic per thread after its own stores, no barrier (a tl.debug_barrier in the loop
-makes Triton 3.6 drop the flattened loop's software pipelining); "deferred" as "thread", after
-the program's NEXT tile's main loop (one tile later, off the critical path); none (signal=False).
+x [P, K] the padded GEMM input X, weights [E, K, N] (contiguous; a band of expert e reads rows
+e*K .. e*K+K-1 of the [E*K, N] view), y [P, N]. A TILE is (schedule position s, column tile n),
+t = s * tiles_n + n (band-major: the first scheduled band finishes first), unless swizzled
+(group_m positions, or the plan's `groups`); the plan's `visit` reorders the positions. Rows past
+band_rows are masked at the store: a partial local band never writes the next expert's rows.
+band_ready[band] (int32) grows by TileConfig.tile_increment per finished tile of a remote band
+(s < n_signal). Flags (modes.py): "cta" a CTA barrier then ONE release atomic (release is
+cumulative); "thread" one release atomic per thread after its own stores, no barrier (a
+tl.debug_barrier in the loop makes Triton 3.6 drop the flattened loop's software pipelining);
+"deferred" as "thread", after the program's NEXT tile's main loop; none (signal=False).
 Loads: TMA (USE_TMA; K % block_k == 0, so a K tile never crosses experts) or masked pointers (any
 K; the interpreter's path). The store is a masked tl.store, never TMA: the flag cannot overtake it.
 """
