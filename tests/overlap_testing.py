@@ -143,8 +143,8 @@ def balanced_rows(experts: int, rows_per_expert: int, world: int) -> list[list[i
 
 
 def nvshmem_self_transport(recv_rows: int, n: int, dtype: torch.dtype, device: torch.device):
-    """W = 1 NVSHMEM transport without rendezvous (torch refuses a rendezvous of one rank): every
-    put goes to PE 0 (this process), to measure the NVSHMEM put paths on one GPU. Needs
+    """W = 1 NVSHMEM transport without rendezvous (torch refuses a rendezvous of one rank): the
+    consumer stores into this process's NVSHMEM heap, on one GPU. Needs
     torch.distributed initialised with one rank (NVSHMEM bootstraps from it)."""
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -166,8 +166,6 @@ def nvshmem_self_transport(recv_rows: int, n: int, dtype: torch.dtype, device: t
         recv_ptrs=t_buf,
         signal_ptrs=t_sig,
         scope="sys",
-        recv_symm=t_buf,
-        signal_symm=t_sig,
         aligned=buf.data_ptr() % 16 == 0,
         keep=[buf, sig],
     )

@@ -44,7 +44,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, 
 import systems.overlap.kernels.consumer as consumer_mod  # noqa: E402
 import systems.overlap.kernels.primitives as primitives_mod  # noqa: E402
 import systems.overlap.kernels.producer as producer_mod  # noqa: E402
-import systems.overlap.transport as transport_mod  # noqa: E402
 
 if INTERPRETED and not isinstance(producer_mod._producer_kernel, InterpretedFunction):
     importlib.reload(primitives_mod)
@@ -64,7 +63,6 @@ from systems.overlap.errors import (  # noqa: E402
     read_error,
 )
 from systems.overlap.kernels import launch_producer, launch_wait_signals  # noqa: E402
-from systems.overlap.modes import PUT_NVSHMEM  # noqa: E402
 from systems.overlap.plan import padded_input  # noqa: E402
 from systems.overlap.runner import OverlapRunner, run_consumer  # noqa: E402
 from systems.overlap.transport import LoopbackFabric  # noqa: E402
@@ -483,34 +481,3 @@ def test_interpreter_in_subprocess():
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-
-
-def test_nvshmem_module_init_follows_the_put_mode(monkeypatch):
-    """The consumer's NVSHMEM launch and its PUT_STORE launch compile the same function: torch's
-    registry (by kernel name) must hold it only while an NVSHMEM put mode launches. The
-    transport owns that state (Transport.launchable, called before every consumer launch)."""
-
-    class Registry:
-        names: set = set()
-
-        @classmethod
-        def register(cls, name):
-            cls.names.add(name)
-
-        @classmethod
-        def deregister(cls, name):
-            cls.names.discard(name)
-
-    kernel = consumer_mod._consumer_kernel
-    name = kernel.fn.__name__
-    store = LoopbackFabric([4], 8, torch.float16, "cpu").transport(0)
-    put = replace(store, put_mode=PUT_NVSHMEM)
-    wrapped = object()  # stands for torch's requires_nvshmem wrapper (GPU machines only)
-    monkeypatch.setattr(transport_mod, "_nvshmem_launchers", {kernel: wrapped})
-    monkeypatch.setattr(transport_mod, "_nvshmem_registry", None)
-    assert store.launchable(kernel) is kernel  # before any NVSHMEM launch: nothing to do
-    monkeypatch.setattr(transport_mod, "_nvshmem_registry", Registry)
-    assert put.launchable(kernel) is wrapped
-    assert Registry.names == {name}
-    assert store.launchable(kernel) is kernel
-    assert Registry.names == set()

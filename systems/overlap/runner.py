@@ -25,7 +25,6 @@ from harness.kernels.relaunch import LaunchMemo
 from systems.overlap.errors import ERR_SLOTS, new_clock, new_error_buffer, raise_if_error
 from systems.overlap.kernels.consumer import _consumer_kernel, launch_wait_signals
 from systems.overlap.kernels.producer import launch_producer, producer_grid, producer_input_args
-from systems.overlap.modes import PUT_STORE
 from systems.overlap.params import CONSUMER_SMS
 from systems.overlap.plan import CombinePlan
 from systems.overlap.tuning import ConsumerConfig, TileConfig, pick_config, shared_consumer_config
@@ -81,15 +80,15 @@ def run_consumer(
     skipped); band_ready [B] int32 producer counters; err [ERR_SLOTS] int64; clock [>= ccta]
     int64 scratch; ready_target: counter value of a complete band this run; rank: the source
     slot this rank signals in the receivers' counters (None: plan.rank); wait=False skips the
-    spins (the comm-only bound); prepare (PUT_STORE only): called with the compiled kernel
-    before its launch; memo (GPU): relaunched where its key (memo_key and every other argument)
-    holds, else launched and remembered (an NVSHMEM launch is torch's wrapper: it forgets it).
+    spins (the comm-only bound); prepare: called with the compiled kernel before its launch;
+    memo (GPU): relaunched where its key (memo_key and every other argument) holds, else
+    launched and remembered.
     """
-    recv_tab, sig_tab = transport.tables()
+    recv_tab, sig_tab = transport.recv_ptrs, transport.signal_ptrs
     if rank is None:
         rank = plan.rank
     key = (y.data_ptr(), y.shape, band_ready.data_ptr(), memo_key, rank, wait, prepare)
-    key = (key, recv_tab.data_ptr(), sig_tab.data_ptr(), transport.put_mode, transport.scope)
+    key = (key, recv_tab.data_ptr(), sig_tab.data_ptr(), transport.scope)
     key = (key, err.data_ptr(), clock.data_ptr(), ccta, config)
     if memo is not None and memo.hit(key):
         return memo.launch(ready_target=ready_target)
@@ -101,30 +100,22 @@ def run_consumer(
         raise ValueError("ccta must be >= 1")
     if plan.seg_start.numel() == 0:
         return None
-    put_mode = transport.put_mode
-    store = put_mode == PUT_STORE
-    if not store and prepare is not None:
-        raise ValueError("consumer prepare: the PUT_STORE kernel only")
-    vec = False
-    if store:  # 16-byte vectors where the row pitch, y and every table address are aligned
-        aligned = getattr(transport, "aligned", None)
-        if aligned is None:  # unknown: read the table back (a host sync: not in the timed path)
-            aligned = bool((recv_tab % 16 == 0).all())
-        vec = (y.shape[1] * y.element_size()) % 16 == 0 and y.data_ptr() % 16 == 0 and aligned
-    kernel = transport.launchable(_consumer_kernel)
+    # 16-byte vectors where the row pitch, y and every table address are aligned (a transport
+    # that does not know: its table read back, a host sync outside the timed path)
+    aligned = getattr(transport, "aligned", None)
+    if aligned is None:
+        aligned = bool((recv_tab % 16 == 0).all())
+    vec = (y.shape[1] * y.element_size()) % 16 == 0 and y.data_ptr() % 16 == 0 and aligned
     args = _consumer_args(y, plan, band_ready, recv_tab, sig_tab, err, clock, ready_target, rank)
     args += (int(config.timeout_s * 1e9), ccta)
     meta = dict(BLOCK=config.block, WAIT=wait, SCOPE=transport.scope, USE_TIMER=config.use_timer)
     meta |= dict(VEC=vec, STAGES=config.stages, STREAM=config.streaming)
     meta |= dict(PIECES=plan.layout == "compact", num_warps=config.num_warps)
     if prepare is not None:  # compiled (or found) without a launch
-        prepare(kernel.warmup(*args, grid=(ccta,), PUT_MODE=put_mode, **meta))
-    meta["PUT_MODE"] = put_mode
-    compiled = kernel[(ccta,)](*args, **meta)
-    if memo is not None and store:
-        memo.remember(key, kernel, (ccta,), args, meta, compiled)
-    elif memo is not None:  # the NVSHMEM launch is torch's wrapper
-        memo.forget()
+        prepare(_consumer_kernel.warmup(*args, grid=(ccta,), **meta))
+    compiled = _consumer_kernel[(ccta,)](*args, **meta)
+    if memo is not None:
+        memo.remember(key, _consumer_kernel, (ccta,), args, meta, compiled)
     return compiled
 
 
@@ -189,8 +180,6 @@ class OverlapRunner:
             if shared and not 1 <= ccta <= sms:
                 raise ValueError(f"consumer_sms=shared: ccta={ccta} must be in [1, {sms}]")
             num_programs = sms if shared else producer_grid(sms, ccta)
-        if shared and getattr(transport, "put_mode", PUT_STORE) != PUT_STORE:
-            raise ValueError("consumer_sms=shared runs the PUT_STORE consumer only")
         self.num_programs = num_programs
         #: consumer_sms="shared": residency_report of the first overlapped run's kernels
         self.residency: dict | None = None

@@ -6,41 +6,16 @@ receive counters [W] int64, one per source). The consumer writes a band's valid 
 band_offset * N and, once per segment, adds the segment's rows to signal[d][rank] (release).
 Receiver d has all of source s's rows of run r (1-based) when its counter s reaches
 r * rows_from_s (epoch values: never reset). Loopback (LoopbackFabric): regions of one buffer,
-counters [W, W], scope "gpu"; peer memory: scope "sys". The NVSHMEM put modes (modes.py) address
-PE = destination rank, so they need group ranks == global ranks. PUT_STORE is the fast path
-wherever the peer is load/store reachable (NVSHMEM's block put keeps ONE 16-byte load in flight
-per thread, the Triton copy BLOCK * elem bytes per step); PUT_NVSHMEM_SIGNAL with 32 warps where
-it is not.
+counters [W, W], scope "gpu"; peer memory: scope "sys". Every peer is load/store reachable
+(NVLink or one GPU): the consumer stores, no NVSHMEM put (docs/measurements.md, Retired variants).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-
-from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
-
-#: torch's NVSHMEM Triton support, imported on the first NVSHMEM launch: kernel -> the kernel
-#: wrapped by requires_nvshmem, and torch's NvshmemKernelRegistry (process-wide)
-_nvshmem_launchers: dict[Any, Any] = {}
-_nvshmem_registry: Any = None
-
-
-def _nvshmem_kernel(kernel: Any) -> Any:
-    """`kernel` wrapped by torch's requires_nvshmem, made on its first NVSHMEM launch."""
-    global _nvshmem_registry
-    if kernel not in _nvshmem_launchers:
-        from torch.distributed._symmetric_memory._nvshmem_triton import (
-            NvshmemKernelRegistry,
-            requires_nvshmem,
-        )
-
-        _nvshmem_launchers[kernel] = requires_nvshmem(kernel)
-        _nvshmem_registry = NvshmemKernelRegistry
-    return _nvshmem_launchers[kernel]
 
 
 @dataclass
@@ -51,7 +26,6 @@ class Transport:
     signal      [W] int64  this rank's receive counters, one per source rank
     recv_ptrs   [W] int64  directly writable address of each destination's receive buffer
     signal_ptrs [W] int64  directly writable address of each destination's counters
-    recv_symm / signal_symm  [W] int64 symmetric addresses for the NVSHMEM put modes (else None)
     scope       "gpu" (loopback) or "sys" (peer memory): scope of the release atomics
     aligned     every table address is 16-byte aligned (known on the host: no table read-back)
     """
@@ -64,37 +38,8 @@ class Transport:
     recv_ptrs: torch.Tensor
     signal_ptrs: torch.Tensor
     scope: str = "gpu"
-    put_mode: int = PUT_STORE
-    recv_symm: torch.Tensor | None = None
-    signal_symm: torch.Tensor | None = None
     aligned: bool = True
     keep: list = field(default_factory=list)  # owners of the memory (tensors, handles)
-
-    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(recv table, signal table) as the consumer's put mode needs them."""
-        if self.put_mode == PUT_STORE:
-            return self.recv_ptrs, self.signal_ptrs
-        if self.recv_symm is None or self.signal_symm is None:
-            raise ValueError(f"transport {self.name} has no symmetric addresses for put mode")
-        if self.put_mode == PUT_NVSHMEM:
-            return self.recv_symm, self.signal_ptrs
-        if self.put_mode == PUT_NVSHMEM_SIGNAL:
-            return self.recv_symm, self.signal_symm
-        raise ValueError(f"unknown put mode {self.put_mode}")
-
-    def launchable(self, kernel: Any) -> Any:
-        """The consumer's @triton.jit `kernel` as this put mode launches it: PUT_STORE the kernel
-        itself, the NVSHMEM modes torch's requires_nvshmem wrapper of it (a PUT_STORE compile
-        needs no NVSHMEM device library). Call it right before every launch: torch's post-compile
-        hook initialises NVSHMEM in every new module of a kernel NAME its registry holds, which
-        fails on a module without NVSHMEM device state; both paths compile the same function, so
-        the name is registered for an NVSHMEM launch and deregistered for a PUT_STORE one."""
-        store = self.put_mode == PUT_STORE
-        launcher = kernel if store else _nvshmem_kernel(kernel)
-        if _nvshmem_registry is not None:
-            toggle = _nvshmem_registry.deregister if store else _nvshmem_registry.register
-            toggle(kernel.fn.__name__)
-        return launcher
 
 
 def _ptr_table(ptrs: list[int], device: torch.device) -> torch.Tensor:
@@ -166,7 +111,6 @@ def _symmetric_transport(
     n: int,
     dtype: torch.dtype,
     device: torch.device,
-    put_mode: int,
 ) -> Transport:
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
@@ -175,8 +119,6 @@ def _symmetric_transport(
     rank = dist.get_rank(group)
     if world < 2:
         raise ValueError(f"{name} transport needs >= 2 processes (symm_mem.rendezvous refuses 1)")
-    if put_mode != PUT_STORE and any(dist.get_global_rank(group, i) != i for i in range(world)):
-        raise ValueError("NVSHMEM put modes need group ranks == global ranks (PE numbers)")
     rows = torch.tensor([max(int(recv_rows), 1)], device=device)
     dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
     rows_max = int(rows.item())
@@ -192,7 +134,6 @@ def _symmetric_transport(
     recv_ptrs = [h_buf.get_buffer(p, [rows_max * n], dtype).data_ptr() for p in range(world)]
     signal_ptrs = [h_sig.get_buffer(p, [world], torch.int64).data_ptr() for p in range(world)]
     dist.barrier(group=group)
-    symm = put_mode != PUT_STORE
     return Transport(
         name=name,
         rank=rank,
@@ -202,9 +143,6 @@ def _symmetric_transport(
         recv_ptrs=_ptr_table(recv_ptrs, device),
         signal_ptrs=_ptr_table(signal_ptrs, device),
         scope="sys",
-        put_mode=put_mode,
-        recv_symm=_ptr_table([buf.data_ptr()] * world, device) if symm else None,
-        signal_symm=_ptr_table([sig.data_ptr()] * world, device) if symm else None,
         aligned=_aligned(recv_ptrs),
         keep=[buf, sig, h_buf, h_sig],
     )
@@ -216,19 +154,15 @@ def p2p_transport(
     """Peer-pointer transport over torch symmetric memory (CUDA backend), W >= 2 processes.
     recv_rows: rows of THIS rank's combine receive buffer (T * top_k); every rank allocates the
     maximum over ranks (symmetric allocations have one size). Collective over `group`."""
-    return _symmetric_transport("p2p", "CUDA", group, recv_rows, n, dtype, device, PUT_STORE)
+    return _symmetric_transport("p2p", "CUDA", group, recv_rows, n, dtype, device)
 
 
 def nvshmem_transport(
-    group,
-    recv_rows: int,
-    n: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    put_mode: int = PUT_STORE,
+    group, recv_rows: int, n: int, dtype: torch.dtype, device: torch.device
 ) -> Transport:
-    """NVSHMEM-backed symmetric memory transport, W >= 2 processes (collective over `group`)."""
-    return _symmetric_transport("nvshmem", "NVSHMEM", group, recv_rows, n, dtype, device, put_mode)
+    """NVSHMEM-backed symmetric memory transport, W >= 2 processes (collective over `group`):
+    stores through the peers' heap addresses."""
+    return _symmetric_transport("nvshmem", "NVSHMEM", group, recv_rows, n, dtype, device)
 
 
 def peer_transport(

@@ -14,16 +14,8 @@ from typing import TYPE_CHECKING, Any
 import triton
 import triton.language as tl
 
-from systems.overlap import errors, modes
-from systems.overlap.kernels.primitives import (
-    copy_rows,
-    nvshmem_putmem_block,
-    nvshmem_putmem_signal_block,
-    nvshmem_quiet,
-    record_error,
-    spin_until,
-)
-from systems.overlap.modes import PUT_NVSHMEM, PUT_NVSHMEM_SIGNAL, PUT_STORE
+from systems.overlap import errors
+from systems.overlap.kernels.primitives import copy_rows, record_error, spin_until
 
 if TYPE_CHECKING:
     import torch
@@ -34,10 +26,6 @@ if TYPE_CHECKING:
 # constexpr globals for the kernels
 _BAND_TIMEOUT = tl.constexpr(errors.CODE_BAND_TIMEOUT)
 _SIGNAL_TIMEOUT = tl.constexpr(errors.CODE_SIGNAL_TIMEOUT)
-_SIGNAL_ADD = tl.constexpr(modes.NVSHMEM_SIGNAL_ADD)
-_PUT_STORE = tl.constexpr(PUT_STORE)
-_PUT_NVSHMEM = tl.constexpr(PUT_NVSHMEM)
-_PUT_NVSHMEM_SIGNAL = tl.constexpr(PUT_NVSHMEM_SIGNAL)
 
 
 @triton.jit(do_not_specialize=["ready_target"])  # an epoch value: one compile for all runs
@@ -69,11 +57,9 @@ def _consumer_kernel(
     VEC: tl.constexpr,
     STAGES: tl.constexpr,
     STREAM: tl.constexpr,
-    PUT_MODE: tl.constexpr,
     PIECES: tl.constexpr,
 ):
-    """All put modes in one kernel: PUT_MODE (constexpr) picks the data path at compile time,
-    so a PUT_STORE compile holds no NVSHMEM call (and needs no NVSHMEM device library).
+    """Stores through the destinations' directly writable addresses (recv_ptrs, signal_ptrs).
     counts: the plan's counts on the device (counts[4]: the segments). PIECES (a compact plan):
     a segment's entries seg_start .. + seg_count are piece ids u (band_row / band_valid /
     band_offset hold the pieces' row / rows / offset), waiting for piece_band[u]; otherwise
@@ -117,37 +103,13 @@ def _consumer_kernel(
                         nv = tl.load(band_valid + u).to(tl.int64)
                         off = tl.load(band_offset + u).to(tl.int64)
                         src = y_ptr + r0 * N
-                        if PUT_MODE == _PUT_STORE:
-                            dst = base.to(tl.pointer_type(elem_ty)) + off * N
-                            copy_rows(src, dst, (nv * N).to(tl.int32), BLOCK, VEC, STAGES, STREAM)
-                        else:
-                            esize: tl.constexpr = elem_ty.primitive_bitwidth // 8
-                            dst_addr = base + off * N * esize
-                            nbytes = nv * N * esize
-                            if PUT_MODE == _PUT_NVSHMEM_SIGNAL:
-                                if i == cnt - 1:
-                                    sig = tl.load(signal_ptrs + d) + rank * 8
-                                    nvshmem_putmem_signal_block(
-                                        dst_addr,
-                                        src.to(tl.int64),
-                                        nbytes,
-                                        sig,
-                                        (rows + nv).to(tl.uint64),
-                                        _SIGNAL_ADD,
-                                        d,
-                                    )
-                                else:
-                                    nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
-                            else:
-                                nvshmem_putmem_block(dst_addr, src.to(tl.int64), nbytes, d)
+                        dst = base.to(tl.pointer_type(elem_ty)) + off * N
+                        copy_rows(src, dst, (nv * N).to(tl.int32), BLOCK, VEC, STAGES, STREAM)
                         rows += nv
             if status == 0:
-                if PUT_MODE != _PUT_NVSHMEM_SIGNAL:
-                    if PUT_MODE == _PUT_NVSHMEM:
-                        nvshmem_quiet()
-                    tl.debug_barrier()
-                    sig_p = tl.load(signal_ptrs + d).to(tl.pointer_type(tl.int64)) + rank
-                    tl.atomic_add(sig_p, rows, sem="release", scope=SCOPE)
+                tl.debug_barrier()
+                sig_p = tl.load(signal_ptrs + d).to(tl.pointer_type(tl.int64)) + rank
+                tl.atomic_add(sig_p, rows, sem="release", scope=SCOPE)
 
 
 @triton.jit

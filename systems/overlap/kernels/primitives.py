@@ -1,16 +1,12 @@
 """Shared Triton device primitives of producer.py and consumer.py: bounded waits (spin_until,
 poll_bound, record_error; the CPU interpreter has no inline asm, so its clock is the host one
-errors.new_clock refreshes), copy_rows, publish_threads and the NVSHMEM device functions. Their
-externs resolve from libnvshmem_device.bc only in a kernel launched through torch's
-`requires_nvshmem` (the PUT_STORE consumer never reaches a call); they are defined here because
-torch's _nvshmem_triton defines them only on a machine with a GPU.
+errors.new_clock refreshes), copy_rows and publish_threads.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language import core
 
 
 @triton.jit
@@ -124,28 +120,3 @@ def publish_threads(band_ready, band, lane):
         sem="release",
         scope="gpu",
     )
-
-
-def _nvshmem(name: str, args: list, types: tuple[str, ...], _semantic):
-    """A call of the NVSHMEM device function `name` (int32 result) on args of `types`."""
-    sig = tuple(core.dtype(t) for t in types)
-    ret = (name, core.dtype("int32"))
-    return core.extern_elementwise("", "", args, {sig: ret}, is_pure=False, _semantic=_semantic)
-
-
-@core.extern
-def nvshmem_putmem_block(dest, source, nbytes, pe, _semantic=None):
-    args, types = [dest, source, nbytes, pe], ("int64", "int64", "int64", "int32")
-    return _nvshmem("nvshmemx_putmem_block", args, types, _semantic)
-
-
-@core.extern
-def nvshmem_putmem_signal_block(dest, source, nbytes, sig, value, op, pe, _semantic=None):
-    args = [dest, source, nbytes, sig, value, op, pe]
-    types = ("int64", "int64", "int64", "int64", "uint64", "int32", "int32")
-    return _nvshmem("nvshmemx_putmem_signal_block", args, types, _semantic)
-
-
-@core.extern
-def nvshmem_quiet(_semantic=None):
-    return _nvshmem("nvshmem_quiet", [], (), _semantic)
