@@ -1,19 +1,6 @@
-"""OverlapMoE's backward pass, overlapped at tile level like its forward (the roles reversed).
-
-Forward: x -dispatch-> x_pad -fc1-> a -gelu-> h -fc2 + combine-> rows[t, j] -scale-> y. A
-training forward keeps its plan, x_pad and a copy of the rows its combine brought
-(RankExperts.keep); a and h are recomputed. Backward, per rank:
-  owner    dgate[t, j] = dy[t] . rows[t, j];  dz[t, j] = gate[t, j] * dy[t]  [T*k, H] pair order
-  dz out   each pair's row to its expert's rank (the combine's adjoint): the layer's dispatch of
-           per-pair rows (harness/dispatch_peer.py) or, in one process, a gather by its labels
-  experts  a = x_pad @ W1, h = gelu(a), dW2 = h^T dz, da = gelu'(a) * (dz @ W2^T), dW1 =
-           x_pad^T da (per expert, torch GEMMs; on a GPU the weight gradients run on a side
-           stream beside the return)
-  dx home  da @ W1^T ([P', F] x [F, H], fc2's shape) on a producer / consumer runner that puts
-           each finished band of gradient rows into its owner's receive buffer (the dispatch's
-           adjoint, the same plan)
-  owner    dx[t] = sum_j rows'[t, j]: the forward's scale with unit gates.
-No host sync on a GPU where torch._grouped_mm applies.
+"""OverlapMoE's backward pass, overlapped at tile level like its forward (the roles reversed):
+the derivation is docs/method.md, "The backward pass". A training forward keeps its plan, x_pad
+[P, H] and the rows its combine brought [T*k, H] (RankExperts.keep); a and h are recomputed.
 """
 
 from __future__ import annotations
