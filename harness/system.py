@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -245,12 +245,9 @@ class SystemInfo:
     name: str
     label: str
     target: str  # "module:Class"
-    baseline: bool = True
     needs_gpu: bool = False
     min_ranks: int = 1
     optional_imports: tuple[str, ...] = ()
-    description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def load(self) -> type[System]:
         module, cls = self.target.split(":")

@@ -73,11 +73,6 @@ class WorkloadSpec:
         return ("train" if self.train else "layer") if self.ffn else "gemm+combine"
 
     @property
-    def gemm_in(self) -> int:
-        """Width of the rows entering the GEMM that feeds the combine (K; F for FFN cells)."""
-        return self.ffn or self.hidden
-
-    @property
     def n_experts(self) -> int:
         return self.world_size * self.experts_per_rank
 

@@ -83,12 +83,11 @@ def _drop_old(out: Path, names: list[str]) -> list[Path]:
 
 def _drop_unread(out: Path, table: Path, results: Path) -> str:
     """Remove the old figures of a table that cannot be read; what was removed, as a clause. A
-    local table's may be `<m>_<experiment>` for each machine m found in `out`, or `<experiment>`
-    (the names before the machine was in them)."""
+    local table's may be `<m>_<experiment>` for each machine m found in `out`."""
     names = figure_names(table, results)
     if table.parent == results:
         machines = {p.stem.split("_", 1)[0] for p in out.glob(f"*_{table.stem}*.png")}
-        bases = [table.stem, *(f"{m}_{table.stem}" for m in sorted(machines - {"reference"}))]
+        bases = [f"{m}_{table.stem}" for m in sorted(machines - {"reference"})]
         names = [b + part for b in bases for part in _parts(table)]
     old = _drop_old(out, names)
     return f"; removed the old {', '.join(p.name for p in old)}" if old else ""
@@ -121,8 +120,6 @@ def main(argv: list[str] | None = None) -> None:
             failed.append(table)
             continue
         base, names = figure_base(table, results, df), figure_names(table, results, df)
-        if table.parent == results:  # its figure under the name before the machine was in it
-            _drop_old(out, [table.stem + part for part in _parts(table)])
         try:
             paths = importlib.import_module(module).plot(table, out, base)
             print(f"[figures] {table} -> {', '.join(map(str, paths))}")

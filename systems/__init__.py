@@ -32,17 +32,13 @@ for _info in (
         name="serial",
         label="Serial (GEMM, then all-to-all)",
         target="systems.serial:SerialSystem",
-        description="Expert GEMMs with torch, then the combine all-to-all, then scale.",
     ),
     SystemInfo(
         name="overlap",
         label="Overlap (tile-level signalling, this paper)",
         target="systems.overlap.system:OverlapSystem",
-        baseline=False,
         needs_gpu=not FUNCTIONAL,
         optional_imports=("triton",),
-        description="Stage A plan, persistent Triton producer with per-band ready counters, "
-        "flag-polling consumer on cCTA SMs (loopback / p2p / nvshmem / shm), scale.",
     ),
     SystemInfo(
         name="tutel",
@@ -50,16 +46,11 @@ for _info in (
         target="systems.tutel:TutelSystem",
         needs_gpu=True,
         optional_imports=("tutel",),
-        description="The tutel package's moe_layer fed our routing, dropless (capacity_factor "
-        "0), a2a_ffn_overlap_degree tuned per cell; FFN cells use Tutel's FFN experts; times the "
-        "whole layer.",
     ),
     SystemInfo(
         name="tutel_reimpl",
         label="Tutel strategy (our re-implementation)",
         target="systems.tutel_reimpl:TutelReimplSystem",
-        description="Capacity-padded all-to-all split along capacity into d chunks; expert and "
-        "combine of chunk i overlap later chunks; d tuned per cell.",
     ),
     SystemInfo(
         name="fastermoe",
@@ -67,16 +58,11 @@ for _info in (
         target="systems.fastermoe:FasterMoESystem",
         needs_gpu=True,
         optional_imports=("fmoe",),
-        description="The fmoe package's smart schedule fed our routing (shadowing off); "
-        "operator cells with K != N are skipped (its buffers need equal widths); FFN cells run "
-        "the FFN as expert_fn; times the whole layer.",
     ),
     SystemInfo(
         name="fastermoe_reimpl",
         label="FasterMoE strategy (our re-implementation)",
         target="systems.fastermoe_reimpl:FasterMoEReimplSystem",
-        description="Group-step point-to-point exchange; per-step expert GEMMs overlap the "
-        "return steps; host-bound (one batch_isend_irecv per step and expert).",
     ),
     SystemInfo(
         name="megatron_cutlass",
@@ -84,8 +70,6 @@ for _info in (
         target="systems.megatron_cutlass:MegatronCutlassSystem",
         needs_gpu=True,
         optional_imports=("megatron",),
-        description="megatron-core MoELayer, all-to-all dispatcher, GroupedMLP fc1 as the expert "
-        "(grouped_gemm.gmm, else torch._grouped_mm); layer cells: the whole GroupedMLP.",
     ),
     SystemInfo(
         name="megatron_te",
@@ -93,8 +77,6 @@ for _info in (
         target="systems.megatron_te:MegatronTESystem",
         needs_gpu=True,
         optional_imports=("megatron", "transformer_engine"),
-        description="megatron-core MoELayer, all-to-all dispatcher, TE GroupedLinear as the "
-        "expert; layer cells: the whole TEGroupedMLP.",
     ),
     SystemInfo(
         name="deepep",
@@ -102,10 +84,6 @@ for _info in (
         target="systems.deepep:DeepEPSystem",
         needs_gpu=True,
         optional_imports=("deep_ep",),
-        description="deepseek-ai/DeepEP@567632d low-latency Buffer sized for the cell: "
-        "low_latency_dispatch into worst-case per-expert buffers plus counts, the FFN experts "
-        "over the real rows (torch._grouped_mm, device offsets), low_latency_combine with the "
-        "gate; no host sync, graph-captured; layer cells only.",
     ),
     SystemInfo(
         name="megatron_deepep",
@@ -114,9 +92,6 @@ for _info in (
         needs_gpu=True,
         min_ranks=2,
         optional_imports=("megatron", "transformer_engine", "deep_ep"),
-        description="megatron-core MoELayer, flex token dispatcher on deepseek-ai/DeepEP@567632d "
-        "normal kernels (moe_flex_dispatcher_backend=deepep, fp32 router probs), TE grouped "
-        "experts; layer cells only; DeepEP's normal kernels need 2+ ranks.",
     ),
 ):
     register(_info)

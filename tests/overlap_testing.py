@@ -158,7 +158,6 @@ def nvshmem_self_transport(recv_rows: int, n: int, dtype: torch.dtype, device: t
     t_buf = torch.tensor([buf.data_ptr()], dtype=torch.int64, device=device)
     t_sig = torch.tensor([sig.data_ptr()], dtype=torch.int64, device=device)
     return Transport(
-        name="nvshmem",
         rank=0,
         world=1,
         recv=buf.view(-1, n)[:recv_rows],

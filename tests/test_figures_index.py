@@ -87,7 +87,6 @@ def test_figure_names_say_experiment_and_machine(tmp_path):
     out.mkdir()
     _table(results / "smoke.parquet")
     shutil.copy(results / "smoke.parquet", results / "reference" / "h200x2" / "smoke.parquet")
-    (out / "smoke.png").write_bytes(b"a figure named before the machine was in the name")
     figures_cli.main(["--results", str(results), "--out", str(out)])
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == ["cpu_smoke.png", "reference_h200x2_smoke.png"], pngs

@@ -144,11 +144,8 @@ def _consume(plan, y, fabric, ready, target, cfg, ccta, wait=True):
 
 @pytest.mark.parametrize("layout", ["aligned", "compact"])
 @pytest.mark.parametrize("N", [384, 100])
-@pytest.mark.parametrize(
-    "block,warps,stages,stream,ccta",
-    [(65536, 32, 1, False, 3), (65536, 16, 1, True, 2), (16384, 16, 5, False, 4)],
-)
-def test_consumer_copies_with_flags_set(N, block, warps, stages, stream, ccta, layout):
+@pytest.mark.parametrize("block,warps,ccta", [(65536, 32, 3), (65536, 16, 2), (16384, 16, 4)])
+def test_consumer_copies_with_flags_set(N, block, warps, ccta, layout):
     """Every segment's rows (aligned: remote bands; compact: pieces, several owners in a band)
     land at their destinations, and each receiver's counter holds the rows sent to it."""
     plan = synthetic_plan(
@@ -159,7 +156,7 @@ def test_consumer_copies_with_flags_set(N, block, warps, stages, stream, ccta, l
     fabric.buffer.fill_(-3.0)
     before = [fabric.recv(d).clone() for d in range(3)]
     ready = torch.full((plan.n_bands,), 9, dtype=torch.int32, device=DEV)
-    cfg = ConsumerConfig(block=block, num_warps=warps, stages=stages, streaming=stream)
+    cfg = ConsumerConfig(block=block, num_warps=warps)
     err = _consume(plan, y, fabric, ready, 9, cfg, ccta)
     torch.cuda.synchronize()
     assert read_error(err) is None
@@ -458,7 +455,7 @@ for warps in (8, 4):  # stores through the NVSHMEM heap's own addresses
     err = new_error_buffer("cuda")
     run_consumer(y, plan, torch.ones(plan.n_bands, dtype=torch.int32, device="cuda"), tr, err,
                  torch.zeros(2, dtype=torch.int64, device="cuda"), ready_target=1, rank=0, ccta=2,
-                 config=ConsumerConfig(num_warps=warps, stages=1))
+                 config=ConsumerConfig(num_warps=warps))
     torch.cuda.synchronize()
     raise_if_error(err)
     want = expected_sends(plan, y, [torch.zeros_like(tr.recv)] * 2)[0]

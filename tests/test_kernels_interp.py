@@ -446,7 +446,7 @@ def test_runner_consumer_sms_picks_the_small_consumer_and_checks_its_name():
     assert own.consumer_sms == "own" and own.consumer == ConsumerConfig()
     assert shared.consumer == shared_consumer_config()
     # a consumer CTA that can sit next to a producer CTA: few warps, no shared memory
-    assert shared.consumer.num_warps <= 4 and shared.consumer.stages == 1
+    assert shared.consumer.num_warps <= 4
     with pytest.raises(ValueError, match="^consumer_sms must be one of own, shared, got 'all'$"):
         OverlapRunner(plan, w, t, ccta=2, num_programs=3, consumer_sms="all")
 

@@ -207,11 +207,15 @@ class DevicePlanBuilder:
         return x
 
 
-def padded_input_device(x_recv: torch.Tensor, plan: CombinePlan) -> torch.Tensor:
-    """The padded GEMM input X [max_padded, K] from x_recv [R, K] in one kernel, no sync: row
-    p < n_padded is x_recv[gather_index[p]] (zeros at a padding row); rows >= n_padded are left
-    uninitialised (the producer never reads them)."""
-    out = torch.empty(plan.max_padded, x_recv.shape[1], dtype=x_recv.dtype, device=x_recv.device)
+def padded_input_device(
+    x_recv: torch.Tensor, plan: CombinePlan, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The padded GEMM input X [max_padded, K] (into `out` where given) from x_recv [R, K] in
+    one kernel, no sync: row p < n_padded is x_recv[gather_index[p]] (zeros at a padding row);
+    rows >= n_padded are left as they are (the producer never reads them)."""
+    if out is None:
+        shape = (plan.max_padded, x_recv.shape[1])
+        out = torch.empty(shape, dtype=x_recv.dtype, device=x_recv.device)
     if plan.max_padded:
         grid, args, kw = _gather_rows_launch(x_recv, out, plan)
         kplan._gather_rows_kernel[grid](*args, **kw)

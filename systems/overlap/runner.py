@@ -6,8 +6,8 @@ runs the pair overlapped, serially (the reference) or each alone (the bounds). T
 stay on the device, so a worst-case-sized plan runs with no host sync. GPU launches are remembered
 (LaunchMemo) keyed on their arguments and plan_version, which a new plan object moves.
 
-Placement (consumer_sms). "own": a consumer CTA's registers (or a pipelined one's shared memory)
-leave no room beside it, so the producer gets SMs - cCTA. "shared": an SM runs with the L1 /
+Placement (consumer_sms). "own": a consumer CTA's registers leave no room beside it, so the
+producer gets SMs - cCTA. "shared": an SM runs with the L1 /
 shared split of the kernels it holds and the driver gives a kernel without shared memory a small
 one, so an SM that took a consumer CTA first could not take a producer CTA (165 KiB) until it
 drained: hence prefer_shared_carveout, and the producer launched first on the higher-priority
@@ -34,13 +34,12 @@ _CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
 _carveout_done: dict[int, int] = {}  # CUfunction handle -> percent set
 
 
-def prefer_shared_carveout(compiled: Any, percent: int = 100) -> None:
-    """Ask the driver to run SMs holding this compiled Triton kernel with `percent` of the
-    unified L1 / shared memory as shared memory, once per CUfunction (100: shared placement's)."""
+def prefer_shared_carveout(compiled: Any) -> None:
+    """Ask the driver to run SMs holding this compiled Triton kernel with all of the unified L1 /
+    shared memory as shared memory, once per CUfunction."""
     import ctypes
 
-    if not 0 <= percent <= 100:
-        raise ValueError(f"carveout must be a percentage in [0, 100], got {percent}")
+    percent = 100
     compiled._init_handles()  # loads the module (what the first launch would do)
     fn = int(compiled.function)
     if _carveout_done.get(fn) == percent:
@@ -100,17 +99,13 @@ def run_consumer(
         raise ValueError("ccta must be >= 1")
     if plan.seg_start.numel() == 0:
         return None
-    # 16-byte vectors where the row pitch, y and every table address are aligned (a transport
-    # that does not know: its table read back, a host sync outside the timed path)
-    aligned = getattr(transport, "aligned", None)
-    if aligned is None:
-        aligned = bool((recv_tab % 16 == 0).all())
-    vec = (y.shape[1] * y.element_size()) % 16 == 0 and y.data_ptr() % 16 == 0 and aligned
+    # 16-byte vectors where the row pitch, y and every table address are aligned
+    vec = (y.shape[1] * y.element_size()) % 16 == 0 and y.data_ptr() % 16 == 0
+    vec = vec and transport.aligned
     args = _consumer_args(y, plan, band_ready, recv_tab, sig_tab, err, clock, ready_target, rank)
     args += (int(config.timeout_s * 1e9), ccta)
     meta = dict(BLOCK=config.block, WAIT=wait, SCOPE=transport.scope, USE_TIMER=config.use_timer)
-    meta |= dict(VEC=vec, STAGES=config.stages, STREAM=config.streaming)
-    meta |= dict(PIECES=plan.layout == "compact", num_warps=config.num_warps)
+    meta |= dict(VEC=vec, PIECES=plan.layout == "compact", num_warps=config.num_warps)
     if prepare is not None:  # compiled (or found) without a launch
         prepare(_consumer_kernel.warmup(*args, grid=(ccta,), **meta))
     compiled = _consumer_kernel[(ccta,)](*args, **meta)

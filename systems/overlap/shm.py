@@ -67,7 +67,6 @@ def shm_transport(group, recv_rows: int, n: int, dtype: torch.dtype) -> Transpor
     signal.zero_()
     dist.barrier(group=group)  # every rank's region is zero before anyone puts
     return Transport(
-        name="shm",
         rank=rank,
         world=world,
         recv=recv[:recv_rows],

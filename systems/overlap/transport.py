@@ -30,7 +30,6 @@ class Transport:
     aligned     every table address is 16-byte aligned (known on the host: no table read-back)
     """
 
-    name: str
     rank: int
     world: int
     recv: torch.Tensor
@@ -79,7 +78,6 @@ class LoopbackFabric:
 
     def transport(self, rank: int) -> Transport:
         return Transport(
-            name="loopback",
             rank=rank,
             world=self.world,
             recv=self.recv(rank),
@@ -135,7 +133,6 @@ def _symmetric_transport(
     signal_ptrs = [h_sig.get_buffer(p, [world], torch.int64).data_ptr() for p in range(world)]
     dist.barrier(group=group)
     return Transport(
-        name=name,
         rank=rank,
         world=world,
         recv=buf.view(rows_max, n)[:recv_rows],

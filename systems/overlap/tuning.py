@@ -91,25 +91,22 @@ def interpreter_config(tile_m: int) -> TileConfig:
 
 @dataclass(frozen=True)
 class ConsumerConfig:
-    """Copy knobs of the consumer. block: elements per copy step; stages: copy pipeline depth
-    (stages > 1: loads through shared memory). The default (1024 threads, 128 KiB in flight per
-    CTA in bf16) owns its SM (runner.py's placement)."""
+    """Copy knobs of the consumer. block: elements per copy step. The default (1024 threads,
+    128 KiB in flight per CTA in bf16) owns its SM (runner.py's placement)."""
 
     block: int = 65536
     num_warps: int = 32
-    stages: int = 1
     timeout_s: float = 5.0  # the time bound of every spin
     use_timer: bool = True  # False in the CPU interpreter (the host clock bounds the spins)
-    streaming: bool = False  # evict-first loads, .cs stores
 
 
 def shared_consumer_config() -> ConsumerConfig:
     """A consumer CTA small enough to sit next to a producer CTA on one SM (consumer="shared"):
     128 threads, 16 KiB in flight per step (bf16), no shared memory."""
-    return ConsumerConfig(block=8192, num_warps=4, stages=1)
+    return ConsumerConfig(block=8192, num_warps=4)
 
 
 def interpreter_consumer_config() -> ConsumerConfig:
     """Small blocks for TRITON_INTERPRET=1, its spins bounded by the host clock; peers in other
     processes run at the interpreter's speed, so the bound is long."""
-    return ConsumerConfig(block=256, num_warps=4, stages=1, timeout_s=60.0, use_timer=False)
+    return ConsumerConfig(block=256, num_warps=4, timeout_s=60.0, use_timer=False)

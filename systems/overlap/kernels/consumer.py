@@ -55,8 +55,6 @@ def _consumer_kernel(
     SCOPE: tl.constexpr,
     USE_TIMER: tl.constexpr,
     VEC: tl.constexpr,
-    STAGES: tl.constexpr,
-    STREAM: tl.constexpr,
     PIECES: tl.constexpr,
 ):
     """Stores through the destinations' directly writable addresses (recv_ptrs, signal_ptrs).
@@ -104,7 +102,7 @@ def _consumer_kernel(
                         off = tl.load(band_offset + u).to(tl.int64)
                         src = y_ptr + r0 * N
                         dst = base.to(tl.pointer_type(elem_ty)) + off * N
-                        copy_rows(src, dst, (nv * N).to(tl.int32), BLOCK, VEC, STAGES, STREAM)
+                        copy_rows(src, dst, (nv * N).to(tl.int32), BLOCK, VEC)
                         rows += nv
             if status == 0:
                 tl.debug_barrier()

@@ -88,13 +88,10 @@ def record_error(err, code, seg, band, rank, pid, seen, want, source):
 
 
 @triton.jit
-def copy_rows(
-    src, dst, n, BLOCK: tl.constexpr, VEC: tl.constexpr, STAGES: tl.constexpr, STREAM: tl.constexpr
-):
-    """dst[0:n] = src[0:n] (contiguous), BLOCK elements a step, loads pipelined STAGES deep;
-    STREAM: evict-first loads and streaming (.cs) stores (the data is touched once)."""
+def copy_rows(src, dst, n, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """dst[0:n] = src[0:n] (contiguous), BLOCK elements a step (VEC: 16-byte aligned)."""
     offs = tl.arange(0, BLOCK)
-    for start in tl.range(0, n, BLOCK, num_stages=STAGES):
+    for start in tl.range(0, n, BLOCK, num_stages=1):
         idx = start + offs
         mask = idx < n
         s = src + idx
@@ -102,12 +99,8 @@ def copy_rows(
         if VEC:
             s = tl.multiple_of(s, 16)
             d = tl.multiple_of(d, 16)
-        if STREAM:
-            v = tl.load(s, mask=mask, eviction_policy="evict_first")
-            tl.store(d, v, mask=mask, cache_modifier=".cs")
-        else:
-            v = tl.load(s, mask=mask)
-            tl.store(d, v, mask=mask)
+        v = tl.load(s, mask=mask)
+        tl.store(d, v, mask=mask)
 
 
 @triton.jit
