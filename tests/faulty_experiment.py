@@ -94,7 +94,6 @@ if "faulty" not in REGISTRY:
             name="faulty",
             label="Faulty (test)",
             target="tests.faulty_experiment:FaultySystem",
-            description="A test system: every rank's reference output, a fault on one rank.",
         )
     )
 

@@ -317,7 +317,7 @@ def test_8_figures_fail_loudly_on_a_damaged_table_and_drop_its_old_figure(tmp_pa
     results.mkdir()
     out.mkdir()
     (results / "smoke.parquet").write_bytes(b"garbage")
-    old = [out / "smoke.png", out / "smoke.pdf"]
+    old = [out / "cpu_smoke.png", out / "cpu_smoke.pdf"]  # the figure of an earlier, whole table
     for p in old:
         p.write_bytes(b"an old figure")
     with pytest.raises(SystemExit) as exc:
