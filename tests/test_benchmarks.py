@@ -78,7 +78,7 @@ def test_table_summary_by_pivots_the_variants_and_their_speedup_over_serial(tmp_
     assert by_e["8"] == ["NaN", "0.4", "NaN", "NaN", "NaN"]  # serial failed: no speedup
 
 
-@pytest.mark.parametrize("module", ["step_profile", "host_profile"])
+@pytest.mark.parametrize("module", ["step_profile"])
 def test_the_profilers_say_bad_input_in_one_line_before_any_gpu_work(module):
     cases = [(["--steps", "0"], "error: --steps must be >= 1, got 0")]
     if not torch.cuda.is_available():
