@@ -95,8 +95,8 @@ def newest_setting(df: pd.DataFrame, table: str | Path = "") -> pd.DataFrame:
 
 def setting_note(df: pd.DataFrame) -> str:
     """ "warmup 1, iters 5": the measurement setting of df's rows, for a title."""
-    vals = {c: sorted(df[c].dropna().unique(), key=str) for c in ("warmup", "iters", "rounds")
-            if c in df}  # fmt: skip
+    cols = [c for c in ("warmup", "iters", "rounds") if c in df]
+    vals = {c: sorted(df[c].dropna().unique(), key=str) for c in cols}
     return ", ".join(f"{c} {'/'.join(map(str, v)) or '?'}" for c, v in vals.items())
 
 

@@ -87,9 +87,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
              f"replay latency of the same system and cell\n"
              f"{pc.transport_note(ours, timing=False)}")  # fmt: skip
     order = sorted(gain["system"].unique())  # a system's eager line dark, its NCCL line light
-    colors = {line: plt.cm.tab20(2 * order.index(s) + (m == "nccl"))
-              for line, s, m in gain[["line", "system", "mode"]].drop_duplicates().itertuples(
-                  index=False)}  # fmt: skip
+    lines = gain[["line", "system", "mode"]].drop_duplicates().itertuples(index=False)
+    colors = {line: plt.cm.tab20(2 * order.index(s) + (m == "nccl")) for line, s, m in lines}
     fig = pc.panel_grid(gain, "line", "gain", "eager / CUDA graph", title, SHAPE, colors, ncol=2)
     return paths + pc.save(fig, out_dir, stale[0].stem)
 
