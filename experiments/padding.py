@@ -5,8 +5,6 @@ routing for EVERY rank of the logical W (no plan is built, nothing is timed):
   C[s, g]    rows owner s sends to global expert g
   pad[r]     sum over remote owners s != r and r's experts g of (-C[s, g]) mod tile_m
   gemm[r]    rows rank r's experts compute after padding = valid[r] + pad[r]
-  packed[r]  the same with r's remote rows of an expert packed, all owners back to back, padded
-             once (what a packed layout would pad; `compact` pads nothing)
   tiles_<layout>[r]  row tiles r's producer computes per layout (plan.row_tiles; compact's equal
              torch._grouped_mm's). Both bounds per rank: docs/method.md, Padding bounds.
 """
@@ -75,7 +73,6 @@ def padding_metrics(counts: torch.Tensor, experts_per_rank: int, tile_m: int) ->
     """All padding numbers of one (routing, tile_m) from C [W, W*E]."""
     W, E, tm = counts.shape[0], experts_per_rank, tile_m
     pad = padding_rows(counts, E, tm).double()  # [W]
-    packed = padding_rows(counts, E, tm, "packed").double()  # [W], if remote groups were packed
     valid = counts.view(W, W, E).sum((0, 2)).double()  # rows each rank's experts compute
     gemm = valid + pad
     remote = counts.view(W, W, E) * (1 - torch.eye(W, dtype=counts.dtype))[:, :, None]
@@ -107,10 +104,6 @@ def padding_metrics(counts: torch.Tensor, experts_per_rank: int, tile_m: int) ->
         "remote_groups_mean": float(groups.mean()),
         "pad_per_remote_group": float(pad.sum() / groups.sum()) if groups.sum() else nan,
         "bound_paper_share": b_paper / (float(valid.mean()) + b_paper),
-        "pad_rows_packed_max": float(packed.max()),
-        "pad_share_packed": float(packed.sum() / (valid + packed).sum()),
-        "rows_saved_packed_total": float((pad - packed).sum()),
-        "gemm_rows_saved_packed_share": float((pad - packed).sum() / gemm.sum()),
         "bound_expert_share": b_expert / (float(valid.mean()) + b_expert),
     }
 

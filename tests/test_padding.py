@@ -43,36 +43,16 @@ def test_exact_count_equals_the_plans_padding(routing, W, E, T, tm):
     for layout in ("aligned", "compact"):
         bands = [p.n_bands for p in plans_for_spec(spec, tile_m=tm, mgb=1, layout=layout)[0]]
         assert m[f"tiles_{layout}_total"] == sum(bands) and m[f"tiles_{layout}_max"] == max(bands)
-    packed = row_tiles(C, E, tm, "packed").sum()
-    assert m["tiles_compact_total"] <= packed <= m["tiles_aligned_total"]
+    assert m["tiles_compact_total"] <= m["tiles_aligned_total"]
 
 
 def test_row_tiles_hand_example():
-    # W=2, E=1, tile_m=4; rank 0 holds 1 local row and 2 from rank 1: aligned and packed tile
-    # them in 2 bands, compact in 1 (the local row fills the remote band's padding)
+    # W=2, E=1, tile_m=4; rank 0 holds 1 local row and 2 from rank 1: aligned tiles them in 2
+    # bands, compact in 1 (the local row fills the remote band's padding)
     C = torch.tensor([[1, 0], [2, 0]])
-    assert [row_tiles(C, 1, 4, lay)[0].item() for lay in ("aligned", "packed", "compact")] == [
-        2,
-        2,
-        1,
-    ]
+    assert [row_tiles(C, 1, 4, lay)[0].item() for lay in ("aligned", "compact")] == [2, 1]
     with pytest.raises(ValueError, match="layout must be one of"):
         row_tiles(C, 1, 4, "dense")
-
-
-def test_packed_padding_pads_each_expert_once():
-    # W=3, E=1, tile_m=4: rank 0 gets 1 row from rank 1 and 1 from rank 2: aligned pads both
-    # owner groups (3 + 3 = 6 zero rows), packed pads the 2 remote rows once (2 zero rows)
-    C = torch.tensor([[0, 0, 0], [1, 0, 0], [1, 0, 0]])
-    assert padding_rows(C, 1, 4).tolist() == [6, 0, 0]
-    assert padding_rows(C, 1, 4, "packed").tolist() == [2, 0, 0]
-    for routing in ("balanced", "stress_skew"):
-        spec = WorkloadSpec(256, 1, 1, 4, 2, 8, routing)
-        Cr, _ = counts_of(spec)
-        packed, aligned = padding_rows(Cr, 4, 64, "packed"), padding_rows(Cr, 4, 64)
-        assert (packed <= aligned).all() and (packed <= 4 * 63).all()
-        m = padding_metrics(Cr, 4, 64)
-        assert m["rows_saved_packed_total"] == float((aligned - packed).sum()) >= 0
 
 
 def test_padding_rows_hand_example():

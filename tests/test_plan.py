@@ -334,12 +334,11 @@ def test_row_dst_holds_each_local_rows_receive_place():
 # -- layout=compact ------------------------------------------------------------------------
 
 
-def check_packed_plan(plan, src, expert, dst, buf_rows):
-    """Properties of a packed or compact plan (build_plan(..., layout="packed" / "compact"))."""
+def check_compact_plan(plan, src, expert, dst, buf_rows):
+    """Properties of a compact plan (build_plan(..., layout="compact"))."""
     W, E, tm, rank = plan.world_size, plan.experts_per_rank, plan.tile_m, plan.rank
     R, P, B, NR = plan.n_rows, plan.n_padded, plan.n_bands, plan.n_remote_bands
     gi = plan.gather_index
-    compact = plan.layout == "compact"
     assert plan.layout == "compact"
     # Layout: every x_recv row once; per expert remote rows (owners ascending) then local rows.
     assert torch.equal(gi[plan.row_pos], torch.arange(R))
@@ -353,31 +352,21 @@ def check_packed_plan(plan, src, expert, dst, buf_rows):
     slot = torch.where(src[x] == rank, W, src[x])
     key = expert[x] * (W + 1) + slot
     assert bool((key[1:] >= key[:-1]).all())  # experts ascending, owners ascending, local last
-    # Padding: packed once per expert, after its remote rows (< tile_m per expert); compact none.
-    rem = torch.bincount(expert[src != rank], minlength=E)
-    if compact:
-        assert plan.n_padded == plan.n_rows
-    else:
-        assert plan.n_padded - plan.n_rows == int((-rem).remainder(tm).sum()) <= E * (tm - 1)
-    # Bands: remote bands hold remote rows, full tile_m (compact: all but an expert's last; then
-    # the expert's first local rows may follow in the same, mixed, band); local bands hold only
-    # local rows, unpadded.
+    assert plan.n_padded == plan.n_rows  # no padding
+    # Bands: remote bands hold remote rows, full tile_m but an expert's last, where the expert's
+    # first local rows may follow in the same, mixed, band.
     is_remote = torch.zeros(B, dtype=torch.bool).index_fill_(0, plan.schedule[:NR], True)
     rr = src[x] != rank
     assert bool(is_remote[b[valid]][rr].all())
-    assert bool((~is_remote[b[valid]][~rr]).all()) or compact
-    if compact:
-        n_e = torch.bincount(expert, minlength=E)
-        assert torch.equal(torch.bincount(plan.band_expert, minlength=E), (n_e + tm - 1) // tm)
-        assert torch.equal(plan.band_valid, plan.band_rows)
-        last = torch.ones(B, dtype=torch.bool)
-        last[:-1] = plan.band_expert[1:] != plan.band_expert[:-1]
-        assert bool((plan.band_rows[~last] == tm).all())
-        # a mixed band's local rows follow its remote rows
-        mixed_local = (~rr) & is_remote[b[valid]]
-        assert bool((within[valid][mixed_local] >= 1).all())
-    else:
-        assert bool((plan.band_rows[is_remote] == tm).all())
+    n_e = torch.bincount(expert, minlength=E)
+    assert torch.equal(torch.bincount(plan.band_expert, minlength=E), (n_e + tm - 1) // tm)
+    assert torch.equal(plan.band_valid, plan.band_rows)
+    last = torch.ones(B, dtype=torch.bool)
+    last[:-1] = plan.band_expert[1:] != plan.band_expert[:-1]
+    assert bool((plan.band_rows[~last] == tm).all())
+    # a mixed band's local rows follow its remote rows
+    mixed_local = (~rr) & is_remote[b[valid]]
+    assert bool((within[valid][mixed_local] >= 1).all())
     assert torch.equal(plan.band_valid[~is_remote], plan.band_rows[~is_remote])
     assert bool((plan.band_dst[~is_remote] == rank).all())
     first = gi[plan.band_row]
@@ -458,14 +447,14 @@ def check_packed_plan(plan, src, expert, dst, buf_rows):
     p_empty=st.sampled_from([0.0, 0.3, 0.8, 1.0]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_packed_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p_empty, seed):
+def test_compact_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p_empty, seed):
     rank = int(rank_frac * W)
     src, expert, dst, buf_rows = _synthetic(W, E, rank, int(rows_mult * tm), p_empty, seed)
     kw = dict(world_size=W, rank=rank, experts_per_rank=E, tile_m=tm, mgb=mgb, out_cols=24)
     aligned = build_plan(src, expert, dst, elem_bytes=2, **kw)
     for layout in ("compact",):
         plan = build_plan(src, expert, dst, elem_bytes=2, layout=layout, **kw)
-        check_packed_plan(plan, src, expert, dst, buf_rows)
+        check_compact_plan(plan, src, expert, dst, buf_rows)
         assert plan.n_padded - plan.n_rows <= aligned.n_padded - aligned.n_rows
         assert plan.n_bands <= aligned.n_bands
         assert rows_sent(plan) == rows_sent(aligned)
@@ -483,12 +472,11 @@ def test_packed_plan_properties_synthetic(W, E, tm, mgb, rank_frac, rows_mult, p
     seed=st.integers(0, 1000),
     layout=st.sampled_from(["compact"]),
 )
-def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
+def test_compact_plans_fill_every_receive_buffer_and_count_bands(
     W, E, tm, mgb, routing, tokens, seed, layout
 ):
-    """Real routings: packed (and compact) plans write every row of every receive buffer exactly
-    once with the right token, each rank's padding equals padding_rows(..., "packed") (the padding
-    study) and its bands row_tiles."""
+    """Real routings: compact plans write every row of every receive buffer exactly once with the
+    right token, pad nothing, and their bands (and the aligned plans') equal row_tiles."""
     from harness.routing import owner_expert_counts
     from harness.workload import routing_of
     from systems.overlap.plan import row_tiles
@@ -505,7 +493,7 @@ def test_packed_plans_fill_every_receive_buffer_and_pad_as_counted(
     S_rows = torch.stack([lay.send_counts.sum() for lay in lays])
     hits = [torch.zeros(int(n), dtype=torch.int64) for n in S_rows]
     for plan, lay in zip(plans, lays):
-        check_packed_plan(plan, lay.recv_src, lay.recv_expert, lay.recv_dst_index, S_rows)
+        check_compact_plan(plan, lay.recv_src, lay.recv_expert, lay.recv_dst_index, S_rows)
         srow, sdst, soff = _segment_rows(plan)
         x = plan.gather_index[srow]
         for d in range(W):
@@ -528,7 +516,7 @@ def test_compact_plan_fills_the_padding_with_local_rows():
     src, expert, dst, dst_rows = synthetic_rows(rows, rank=2, dst_base=[3, 7, 0])
     kw = dict(rank=2, tile_m=16, mgb=1, dst_base=[3, 7, 0])
     plan = synthetic_plan(rows, layout="compact", **kw)
-    check_packed_plan(plan, src, expert, dst, torch.tensor(dst_rows))
+    check_compact_plan(plan, src, expert, dst, torch.tensor(dst_rows))
     aligned = synthetic_plan(rows, **kw)
     assert (plan.n_bands, aligned.n_bands) == (6, 10)
     assert (plan.n_padded, plan.n_rows) == (86, 86)

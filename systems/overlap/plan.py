@@ -429,25 +429,18 @@ def padded_input(x_recv: torch.Tensor, gather_index: torch.Tensor) -> torch.Tens
     return out
 
 
-def padding_rows(
-    counts: torch.Tensor, experts_per_rank: int, tile_m: int, layout: str = "aligned"
-) -> torch.Tensor:
-    """Exact zero padding rows of every rank [W] from C [W, W*E] (owner_expert_counts).
-    aligned: each remote group (owner s != r, expert g of r) padded to a multiple of tile_m
-    (build_plan's n_padded - n_rows); packed (the padding study's what-if): per expert, all
-    remote owners' rows back to back, padded once: sum_g (-sum_{s != r} C[s, g]) mod tile_m."""
-    if layout not in ("aligned", "packed"):
-        raise ValueError(f"layout must be aligned or packed, got {layout!r}")
+def padding_rows(counts: torch.Tensor, experts_per_rank: int, tile_m: int) -> torch.Tensor:
+    """Exact zero padding rows of every rank [W] from C [W, W*E] (owner_expert_counts): each
+    remote group (owner s != r, expert g of r) padded to a multiple of tile_m (build_plan's
+    n_padded - n_rows)."""
     W = counts.shape[0]
     c = counts.view(W, W, experts_per_rank)  # [s, r, e]
     remote = c * (1 - torch.eye(W, dtype=c.dtype, device=c.device))[:, :, None]
-    if layout == "packed":
-        remote = remote.sum(0, keepdim=True)  # [1, r, e]
     return (-remote).remainder(tile_m).sum((0, 2))
 
 
-#: the layouts row_tiles counts: the plan's, and "packed" (the padding study's what-if)
-TILE_COUNT_LAYOUTS = ("aligned", "packed", "compact")
+#: the plan layouts row_tiles counts
+TILE_COUNT_LAYOUTS = ("aligned", "compact")
 
 
 def row_tiles(
@@ -455,8 +448,8 @@ def row_tiles(
 ) -> torch.Tensor:
     """Row tiles (bands) the producer of every rank computes [W] from C [W, W*E]
     (owner_expert_counts): per expert g of r, aligned sum_{s != r} ceil(C[s, g] / tile_m) +
-    ceil(C[r, g] / tile_m); packed ceil(remote / tile_m) + ceil(local / tile_m); compact
-    ceil((remote + local) / tile_m), torch._grouped_mm's tiles (plan layouts: n_bands)."""
+    ceil(C[r, g] / tile_m); compact ceil((remote + local) / tile_m), torch._grouped_mm's tiles
+    (plan layouts: n_bands)."""
     if layout not in TILE_COUNT_LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(TILE_COUNT_LAYOUTS)}, got {layout!r}")
     W, tm = counts.shape[0], tile_m
@@ -466,10 +459,7 @@ def row_tiles(
     ceil = lambda n: (n + tm - 1) // tm  # noqa: E731
     if layout == "aligned":
         return (ceil(c) * ~eye).sum((0, 2)) + ceil(local).sum(1)
-    remote = (c * ~eye).sum(0)  # [r, e]
-    if layout == "packed":
-        return (ceil(remote) + ceil(local)).sum(1)
-    return ceil(remote + local).sum(1)
+    return ceil(c.sum(0)).sum(1)  # compact: all owners' rows of an expert in one run
 
 
 def producer_order(plan: CombinePlan) -> torch.Tensor:
