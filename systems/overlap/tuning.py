@@ -1,6 +1,5 @@
 """The kernels' configurations, importable without Triton: the producer's TileConfig and its
-tile table (pick_config), the consumer's ConsumerConfig and its presets (shared placement, CPU
-interpreter).
+tile table (pick_config), the consumer's ConsumerConfig and its presets.
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ class TileConfig:
     group_m: int = 1  # 1 = band-major (the paper's order); >1 = L2 swizzle over schedule entries
     use_tma: bool = True
     flatten: bool = True  # tl.range(flatten=True): one pipelined loop over tiles x K steps
-    #: readiness flags (modes.FLAG_CODES): "cta" one release per CTA after a barrier, "thread"
-    #: one per thread, "deferred" per thread one tile later (off the critical path)
-    flag: str = "thread"
+    flag: str = "thread"  # readiness flags: modes.FLAG_CODES (cta / thread / deferred: producer.py)
     epi_split: int = 1  # the epilogue stores the tile in 1, 2 or 4 column slices
     #: swizzle groups = runs of one expert's bands in the visiting order, at most group_m long
     #: (the plan's `groups`), instead of fixed groups of group_m positions
@@ -50,11 +47,10 @@ class TileConfig:
         return self.group_m if self.expert_groups else 0
 
 
-# Hopper (H200), bf16/fp16; all with TMA loads and the flattened tile loop. Why each entry
-# (measured in docs/measurements.md): narrow N: 128-wide tiles keep every SM busy, thread flags
-# (short tiles); mid N (the layer's fc1): 256-wide tiles; wide N: expert groups (tile_m 128;
-# each weight strip read from HBM once per group) or fixed groups of 4 (tile_m 64), and deferred
-# flags and the 4-slice epilogue take the flags off the critical path
+# Hopper (H200), bf16/fp16, TMA loads, flattened tile loop; why each (docs/measurements.md):
+# narrow N: 128-wide tiles keep every SM busy, thread flags (short tiles); mid N (the layer's
+# fc1): 256-wide tiles; wide N: expert groups (tile_m 128) or fixed groups of 4 (tile_m 64),
+# deferred flags and the 4-slice epilogue (docs/method.md, Stage B: Producer, Flags)
 TILE_TABLE: dict[tuple[int, int], TileConfig] = {
     (128, 0): TileConfig(128, 128, 64, 8, 4, group_m=1, flag="thread"),
     (128, 1): TileConfig(128, 256, 64, 8, 3, group_m=1, flag="deferred", epi_split=4),

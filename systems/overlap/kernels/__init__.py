@@ -2,8 +2,6 @@
 and their shared device functions (primitives.py). Importing this package imports triton.
 """
 
-from __future__ import annotations
-
 from systems.overlap.kernels.consumer import launch_wait_signals
 from systems.overlap.kernels.producer import launch_producer
 

@@ -1,29 +1,23 @@
 """The consumer (docs/method.md, Stage B: Consumer; its tables: transport.py): ONE persistent
-Triton kernel of cCTA programs, and the receivers' wait (launch_wait_signals).
-
-Program j takes segments j, j + cCTA, ... (plan.seg_*); each entry waits (bounded:
-primitives.spin_until; a time-out writes an errors.py record and stops the program) until its
-band's counter reaches ready_target, then its valid rows (all N columns, contiguous) are copied.
-Host side: runner.run_consumer, tuning.ConsumerConfig.
+Triton kernel of cCTA programs (launched by runner.run_consumer), and the receivers' wait
+(launch_wait_signals). Program j takes segments j, j + cCTA, ... (plan.seg_*); an entry waits
+(primitives.spin_until; a time-out writes an errors.py record and stops the program) until its
+band's counter reaches ready_target, then copies its valid rows (all N columns, contiguous).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
 import triton
 import triton.language as tl
 
+from harness.kernels.relaunch import LaunchMemo
 from systems.overlap import errors
 from systems.overlap.kernels.primitives import copy_rows, record_error, spin_until
+from systems.overlap.tuning import ConsumerConfig
 
-if TYPE_CHECKING:
-    import torch
-
-    from harness.kernels.relaunch import LaunchMemo
-    from systems.overlap.tuning import ConsumerConfig
-
-# constexpr globals for the kernels
 _BAND_TIMEOUT = tl.constexpr(errors.CODE_BAND_TIMEOUT)
 _SIGNAL_TIMEOUT = tl.constexpr(errors.CODE_SIGNAL_TIMEOUT)
 
@@ -145,9 +139,8 @@ def launch_wait_signals(
     memo: LaunchMemo | None = None,
     memo_key: Any = None,
 ):
-    """Receiver side: block the stream until signal[s] >= expected[s] for all s (both int64
-    [W]), bounded like the consumer's spins (a time-out records CODE_SIGNAL_TIMEOUT with the
-    source); memo: remember the launch under memo_key (harness/kernels/relaunch.py)."""
+    """Block the stream until signal[s] >= expected[s] for all s (int64 [W]), bounded (a time-out
+    records CODE_SIGNAL_TIMEOUT with source s); memo: remember the launch under memo_key."""
     args = (signal, expected, err, clock, signal.numel(), rank, int(config.timeout_s * 1e9))
     meta = dict(SCOPE=scope, USE_TIMER=config.use_timer, num_warps=1)
     compiled = _wait_signals_kernel[(1,)](*args, **meta)

@@ -1,12 +1,9 @@
-"""Stage A's Triton kernels (host glue: systems/overlap/plan_device.py; terms: plan.py). G = E * W
-groups g = e * W + slot, slot = the owner's position (remote owners ascending, this rank last).
-  _rows_kernel          per BLOCK rows, each group's row count and minimum dst; the LAST program
-                        then runs _groups_body: every group-level quantity, and the counts
-  _fill_kernel          bands, schedule, visit, pieces, segments, then rows; GROUPS: the LAST
-                        program then runs _producer_groups_body (plan.producer_groups)
-  _gather_rows_kernel   the padded GEMM input X (counts on the device)
-"The LAST program" and why its reads are safe: _last_program. Work words (-1-filled):
-cnt_enc[g] = rows - 1 (atomic adds), dmin_enc[g] = BIG - min dst (atomic max).
+"""Stage A's Triton kernels (host glue: systems/overlap/plan_device.py; terms: plan.py):
+_rows_kernel (group row counts, then every group-level quantity and the counts), _fill_kernel
+(bands, schedule, visit, pieces, segments, rows; then the swizzle groups) and _gather_rows_kernel
+(the padded GEMM input X). G = E * W groups g = e * W + slot, slot = the owner's position (remote
+owners ascending, this rank last). Work words (-1-filled): cnt_enc[g] = rows - 1 (atomic adds),
+dmin_enc[g] = BIG - min dst (atomic max).
 """
 
 from __future__ import annotations
@@ -44,11 +41,10 @@ def _rows_kernel(
     HAS_SEND: tl.constexpr, COMPACT: tl.constexpr, JB: tl.constexpr = 32,
 ):  # fmt: skip
     """Group row counts and minimum dst by runs of one group in INPUT order within the block (a
-    few atomics per group and block on grouped input, not one per row): a run [j_s, j_e] adds
-    j_e + 1 - j_s to the count; a row offers its dst to the minimum unless the row before it is
-    of its group with a smaller dst (one atomic per dst-ascending run, as harness.layout's;
-    correct for any order). The last program then runs _groups_body (the arguments from
-    send_counts on); no rows: the grid is one masked program."""
+    few atomics per group and block on grouped input, not one per row; correct for any order):
+    a run [j_s, j_e] adds j_e + 1 - j_s to the count; a row offers its dst to the minimum unless
+    the row before it is of its group with a smaller dst. The last program (_last_program) then
+    runs _groups_body; no rows: the grid is one masked program."""
     pid = tl.program_id(0)
     j = tl.arange(0, BLOCK)
     i = pid.to(tl.int64) * BLOCK + j
@@ -191,8 +187,7 @@ def _groups_body(
         fb = within // tm
         n_units = tl.where(rem & (cnt > 0), (within + cnt - 1) // tm - fb + 1, 0)
         ptot = tl.sum(n_units, 1)
-        # rule (ii) on the remote bands (more remote bands first, then e): sums over the experts
-        # before each one, read back from ge (rows 1, 10, 11; 12 in _group_segments)
+        # rule (ii)'s order (_sums_before): sums read back from ge rows 1, 10, 11 (12 below)
         tl.store(ge + E + e1, key, mask=me)
         if WP == 1:  # one rank: no remote rows, every key 0, so the order is e ascending
             rstart = tl.zeros([EP], dtype=tl.int64)
@@ -394,7 +389,6 @@ def _fill_kernel(
                     tl.store(seg_count + seg, k, mask=m & is_start)
                     tl.store(seg_dst + seg, owner + j * 0, mask=m & is_start)
     else:
-        # one group: its bands (layout order), schedule entries and segments
         g = pid
         nb = tl.load(gw + 2 * G + g)
         if nb > 0:

@@ -1,6 +1,6 @@
 """Shared Triton device primitives of producer.py and consumer.py: bounded waits (spin_until,
-poll_bound, record_error; the CPU interpreter has no inline asm, so its clock is the host one
-errors.new_clock refreshes), copy_rows and publish_threads.
+poll_bound, record_error; the interpreter has no inline asm: its clock is the host's), copy_rows
+and publish_threads.
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ def uniform_now(clock):
 
 @triton.jit
 def spin_until(ptr, target, err, clock, timeout, SCOPE: tl.constexpr, USE_TIMER: tl.constexpr):
-    """Poll *ptr (acquire) until >= target; returns (status, last value seen). status 0:
-    reached; 1: timed out (more than timeout ns); 2: gave up, another program recorded an error
-    (err[0] != 0). clock: the program's scratch word on the GPU, the host clock (int64 ns,
-    errors.new_clock) in the interpreter."""
+    """Poll *ptr (acquire) until >= target; returns (status, last value seen), status 0 where
+    reached, else poll_bound's. clock: the program's scratch word on the GPU, the host clock
+    (int64 ns, errors.new_clock) in the interpreter."""
     seen = tl.atomic_add(ptr, 0, sem="acquire", scope=SCOPE)
     status = tl.zeros((), dtype=tl.int32)
     if USE_TIMER:

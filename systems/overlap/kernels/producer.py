@@ -1,18 +1,15 @@
 """The producer (docs/method.md, Stage B: Producer, Flags): ONE persistent Triton GEMM per rank
 over all local experts, with readiness flags.
 
-x [P, K] the padded GEMM input X, weights [E, K, N] (contiguous; a band of expert e reads rows
-e*K .. e*K+K-1 of the [E*K, N] view), y [P, N]. A TILE is (schedule position s, column tile n),
-t = s * tiles_n + n (band-major: the first scheduled band finishes first), unless swizzled
-(group_m positions, or the plan's `groups`); the plan's `visit` reorders the positions. Rows past
-band_rows are masked at the store: a partial local band never writes the next expert's rows.
-band_ready[band] (int32) grows by TileConfig.tile_increment per finished tile of a remote band
-(s < n_signal). Flags (modes.py): "cta" a CTA barrier then ONE release atomic (release is
-cumulative); "thread" one release atomic per thread after its own stores, no barrier (a
-tl.debug_barrier in the loop makes Triton 3.6 drop the flattened loop's software pipelining);
-"deferred" as "thread", after the program's NEXT tile's main loop; none (signal=False).
-Loads: TMA (USE_TMA; K % block_k == 0, so a K tile never crosses experts) or masked pointers (any
-K; the interpreter's path). The store is a masked tl.store, never TMA: the flag cannot overtake it.
+x [P, K] the padded GEMM input X, weights [E, K, N] (contiguous; expert e's K rows are e*K ..
+e*K+K-1 of the [E*K, N] view), y [P, N]. Tile t = s * tiles_n + n (schedule position s, column
+tile n; band-major: the first scheduled band finishes first), unless swizzled (group_m positions,
+or the plan's `groups`); the plan's `visit` reorders the positions. Stores mask rows past
+band_rows: a partial local band never writes the next expert's rows. band_ready[band] (int32)
+grows by TileConfig.tile_increment per finished tile of a remote band (s < n_signal; the flag
+modes' ordering at the kernel's release). Loads: TMA (USE_TMA; K % block_k == 0, so a K tile
+never crosses experts) or masked pointers (any K). The store is a masked tl.store, never TMA:
+the flag cannot overtake it.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ from systems.overlap.kernels.primitives import publish_threads
 from systems.overlap.modes import FLAG_CODES, FLAG_NONE, GROUP_CODE
 from systems.overlap.tuning import TileConfig
 
-# the FLAG modes (modes.py) as constexpr globals for the kernel
 _FLAG_CTA = tl.constexpr(modes.FLAG_CTA)
 _FLAG_THREAD = tl.constexpr(modes.FLAG_THREAD)
 _FLAG_DEFERRED = tl.constexpr(modes.FLAG_DEFERRED)
@@ -161,8 +157,7 @@ def _producer_kernel(
         row_ptr = y_ptr + rows.to(tl.int64) * N
         row_ok = rm < nrows
         if LOCAL_DIRECT:
-            # local rows (row_dst >= 0; MIXED: also a compact plan's mixed band's) go to this
-            # rank's own receive buffer; a local band's rows with row_dst = -1 nowhere
+            # local rows to recv, a local band's other rows nowhere (launch_producer's recv)
             if MIXED:
                 dst = tl.load(row_dst + rows, mask=row_ok, other=-1)
             else:
@@ -189,12 +184,13 @@ def _producer_kernel(
                 _store_cols(q2, row_ptr, row_ok, col0 + BN // 2, N, BN // 4)
                 _store_cols(q3, row_ptr, row_ok, col0 + 3 * (BN // 4), N, BN // 4)
         if FLAG == _FLAG_CTA:
-            # one release per CTA: the barrier orders every thread's stores before it
+            # one release per CTA (cumulative): the barrier orders all threads' stores before it
             if s < n_signal:
                 tl.debug_barrier()
                 tl.atomic_add(band_ready + band, 1, sem="release", scope="gpu")
         elif FLAG == _FLAG_THREAD:
-            # one release per thread (each orders its own stores): NT increments per tile
+            # one release per thread after its own stores (NT per tile), no barrier: a
+            # tl.debug_barrier in the loop makes Triton 3.6 drop the flattened loop's pipelining
             tl.atomic_add(
                 band_ready + band + lane * 0,
                 lane * 0 + 1,
@@ -259,14 +255,13 @@ def launch_producer(
 ):
     """Launch the persistent producer on the current stream; returns Triton's compiled kernel.
 
-    x [P, K], weights [E, K, N], y [P, N] (one dtype; fp16/bf16 on GPU, fp16/fp32 in the
-    interpreter); plan: a CombinePlan on the device, possibly worst-case sized [B'] (the kernel
-    reads n_bands / n_remote_bands from plan.counts); config.expert_groups needs plan.groups
-    with group_cap == config.group_m; band_ready [B'] int32 (+ config.band_increment(N) per
-    signalled band per run); num_programs: the grid (producer_grid); recv [S, N] (this rank's
-    own receive buffer): each local row p (row_dst[p] >= 0, also in a compact plan's mixed band)
-    goes to recv[row_dst[p]] instead of y[p], a local band's other rows nowhere (None: all to
-    y); memo (GPU): remember the launch under memo_key; act: y = gelu(x @ w_e) (fc1).
+    x [P, K], weights [E, K, N], y [P, N]: one dtype (fp16/bf16 on GPU, fp16/fp32 in the
+    interpreter). plan: a CombinePlan on the device, possibly worst-case sized [B'] (the kernel
+    reads n_bands / n_remote_bands from plan.counts). band_ready [B'] int32: + band_increment(N)
+    per signalled band per run. num_programs: the grid (producer_grid). recv [S, N], this rank's
+    receive buffer: local rows p (row_dst[p] >= 0; also in a compact plan's mixed band) go to
+    recv[row_dst[p]] instead of y[p], a local band's other rows nowhere (None: all to y).
+    memo (GPU): remember the launch under memo_key. act: y = gelu(x @ w_e) (fc1).
     """
     P, K, E, N = _check_operands(x, weights, y, band_ready)
     cfg = config
@@ -283,10 +278,9 @@ def launch_producer(
             f"producer: expert groups of {cfg.group_m} need a plan built with "
             f"group_cap={cfg.group_m}, got group_cap={plan.group_cap}"
         )
-    use_tma = cfg.use_tma and K % cfg.block_k == 0
-    x_desc = producer_input_args(x, cfg)["x_desc"]
+    x_desc = producer_input_args(x, cfg)["x_desc"]  # None: pointer loads
     w_desc = None
-    if use_tma:
+    if x_desc is not None:
         w2 = weights.view(E * K, N)
         w_desc = TensorDescriptor(w2, [E * K, N], [N, 1], [cfg.block_k, cfg.block_n])
     if recv is not None and (
@@ -303,7 +297,7 @@ def launch_producer(
     args += (plan.band_rows, band_ready, plan.counts, N, K, grid[0])
     meta = dict(BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=cfg.group_m)
     meta |= dict(FLAG=FLAG_CODES[cfg.flag] if signal else FLAG_NONE, NT=32 * cfg.num_warps)
-    meta |= dict(USE_TMA=use_tma, FLATTEN=cfg.flatten, LOCAL_DIRECT=recv is not None)
+    meta |= dict(USE_TMA=x_desc is not None, FLATTEN=cfg.flatten, LOCAL_DIRECT=recv is not None)
     meta |= dict(MIXED=plan.layout == "compact", ORDERED=plan.visit is not None)
     meta |= dict(EPI_SPLIT=cfg.epi_split, EXPERT_GROUPS=cfg.expert_groups, GROUP_CODE=GROUP_CODE)
     meta |= dict(ACT=act, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
