@@ -1,6 +1,7 @@
 """ccta="auto" / mgb="auto" of the overlap system (CPU): the calibration table, the rule, the
 system's validation and host-side resolution, and the fit script's held-out evaluation."""
 
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pandas as pd
@@ -37,17 +38,17 @@ def test_committed_table_loads_and_is_small():
 
 
 @pytest.mark.parametrize(
-    "s, W, transport, sm",
+    "s, transport, sm",
     [
-        (spec(), 4, "loopback", 132),
-        (spec(routing="stress_skew"), 4, "", 132),
-        (spec(T=1024, K=512, N=1024, E=4, W=2), 2, "p2p", 132),
-        (spec(W=8, E=8), 8, "nvshmem", 0),
-        (spec(), 4, "loopback", 6),  # a tiny GPU: ccta clamped below its SM count
+        (spec(), "loopback", 132),
+        (spec(routing="stress_skew"), "", 132),
+        (spec(T=1024, K=512, N=1024, E=4, W=2), "p2p", 132),
+        (spec(W=8, E=8), "nvshmem", 0),
+        (spec(), "loopback", 6),  # a tiny GPU: ccta clamped below its SM count
     ],
 )
-def test_pick_is_in_range_with_a_reason(s, W, transport, sm):
-    ccta, mgb, why = autotune.pick(s, W, transport, sm)
+def test_pick_is_in_range_with_a_reason(s, transport, sm):
+    ccta, mgb, why = autotune.pick(s, transport, sm)
     assert isinstance(ccta, int) and isinstance(mgb, int) and why
     assert ccta >= 1 and mgb >= 1
     assert not sm or ccta < sm
@@ -63,13 +64,13 @@ def test_pick_near_and_far():
     loop = table[(table.transport == "loopback") & (table.routing == "stress_skew")]
     best = loop.sort_values("rel_latency").iloc[0]
     assert (p.ccta, p.mgb) == (int(best.ccta), int(best.mgb)) and "mean of the 1 nearest" in p.why
-    c, m, why = autotune.pick(s, 4, "loopback", 132)  # the default k: a mean over neighbours
+    c, m, why = autotune.pick(s, "loopback", 132)  # the default k: a mean over neighbours
     assert f"mean of the {autotune.K_NEAREST} nearest" in why or "mean of the" in why
     # far from every calibrated cell: the documented default
-    c, m, why = autotune.pick(spec(T=256, K=256, N=512, E=2, W=2), 2, "p2p", 132)
+    c, m, why = autotune.pick(spec(T=256, K=256, N=512, E=2, W=2), "p2p", 132)
     assert (c, m) == autotune.DEFAULT and why.startswith("default")
     # a fixed mgb is kept, only ccta picked
-    c, m, _ = autotune.pick(spec(), 4, "loopback", 132, mgb=2)
+    c, m, _ = autotune.pick(spec(), "loopback", 132, mgb=2)
     assert m == 2
 
 
@@ -84,7 +85,7 @@ def test_shared_reads_only_its_own_rows_or_takes_every_sm():
     assert (p.ccta, p.mgb) == (132, 1) and p.why.startswith("shared default: every SM (132)")
     assert "no calibrated shared cell" in p.why
     assert (autotune.pick_from(own, values, "nvlink", 0, consumer="shared").ccta) == 16
-    c, m, why = autotune.pick(s, 2, "p2p", 132, consumer="shared")
+    c, m, why = autotune.pick(s, "p2p", 132, consumer="shared")
     assert (c, m) == (132, 1)
     P = osys.OverlapSystem.PARAMS
     osys.OverlapSystem.validate(s, {**P, "consumer": "shared", "ccta": c, "mgb": m}, 132)
@@ -98,7 +99,7 @@ def test_shared_reads_only_its_own_rows_or_takes_every_sm():
         ]
     )
     both = pd.concat([own, shared], ignore_index=True)
-    cal = {col: row[col] for col in autotune.FEATURES.values()}
+    cal = {col: row[col] for col in autotune.FEATURES}
     p = autotune.pick_from(both, cal, "nvlink", 132, k=1, consumer="shared")
     assert (p.ccta, p.mgb) == (66, 2) and "mean of the 1 nearest" in p.why
     assert autotune.pick_from(both, cal, "nvlink", 132, k=1) == autotune.pick_from(
@@ -115,7 +116,7 @@ def test_the_rule_reads_the_rows_of_this_gpus_sm_count_or_says_they_are_anothers
     counts and the why names the other GPUs and how to calibrate this one."""
     own = autotune.load_table()
     row = own[(own.transport == "nvlink") & (own.routing == "balanced")].iloc[0]
-    cal = {col: row[col] for col in autotune.FEATURES.values()}
+    cal = {col: row[col] for col in autotune.FEATURES}
     base = {k: row[k] for k in autotune.COLUMNS[:-4]}  # the features, transport, routing
     rows = [(132, 8, 1, 1.0), (132, 24, 2, 1.2), (108, 24, 2, 1.0), (108, 8, 1, 1.3)]
     table = pd.DataFrame(
@@ -181,7 +182,7 @@ def test_setup_resolves_auto_on_the_host(monkeypatch):
         timed_rank = 0
 
         def __init__(self, ranks, k):
-            seen.update(k.as_dict())
+            seen.update(asdict(k))
             tile = SimpleNamespace(block_n=256, block_k=64)
             self.runner, self.facts = SimpleNamespace(tile=tile, residency=None), {}
 
@@ -190,7 +191,7 @@ def test_setup_resolves_auto_on_the_host(monkeypatch):
     s = spec(routing="moderate_skew")
     sysm = osys.OverlapSystem(ctx, {"ccta": "auto", "mgb": "auto", "transport": "loopback"})
     sysm.setup([SimpleNamespace(spec=s)])
-    want = autotune.pick(s, 4, "loopback", 0)
+    want = autotune.pick(s, "loopback", 0)
     assert (seen["ccta"], seen["mgb"]) == want[:2]
     r = sysm.resolved_params()
     assert r["ccta_used"] == want[0] and r["mgb_used"] == want[1]

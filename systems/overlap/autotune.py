@@ -28,17 +28,10 @@ K_NEAREST = 4
 SHARED_DEFAULT = (None, 1)
 #: distance added when the calibrated transport class differs from the cell's
 TRANSPORT_PENALTY = 1.0
-#: feature name -> column of the table (all compared as log2)
-FEATURES = {
-    "T": "tokens_per_rank",
-    "K": "hidden",
-    "N": "out",
-    "E": "experts_per_rank",
-    "W": "world_size",
-    "imb": "imbalance_rank",
-}
+#: the features' columns of the table (T, K, N, E, W, the rank imbalance; compared as log2)
+FEATURES = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "world_size", "imbalance_rank")
 #: columns of the table (one row per calibrated workload and measured (ccta, mgb))
-COLUMNS = [*FEATURES.values(), "transport", "routing", "sm_count", "ccta", "mgb", "rel_latency"]
+COLUMNS = [*FEATURES, "transport", "routing", "sm_count", "ccta", "mgb", "rel_latency"]
 
 
 def transport_class(transport: str, world_size: int) -> str:
@@ -66,11 +59,11 @@ def load_table(path: str | Path = TABLE) -> pd.DataFrame:
     return with_consumer(df)
 
 
-def with_consumer(table: pd.DataFrame) -> pd.DataFrame:
-    """`table` with its `consumer` column ("own" where the table has none or a row is empty)."""
+def with_consumer(table: pd.DataFrame, source: str = "consumer") -> pd.DataFrame:
+    """`table` with its `consumer` column: the `source` column's, "own" where none or empty."""
     table = table.copy()
-    col = table["consumer"] if "consumer" in table else pd.Series("own", index=table.index)
-    table["consumer"] = col.fillna("own").astype(str)
+    col = table[source] if source in table else pd.Series("own", index=table.index)
+    table["consumer"] = col.astype(object).where(col.notna(), "own").astype(str)
     return table
 
 
@@ -85,13 +78,13 @@ def default_pick(consumer: str, sm_count: int) -> tuple[int, int, str]:
 def distance(a: dict, b: dict, transport_a: str, transport_b: str) -> float:
     """Euclidean distance of two workloads' log2 features plus the transport penalty."""
     log2 = lambda v: math.log2(max(float(v), 1e-9))  # noqa: E731
-    d = math.sqrt(sum((log2(a[col]) - log2(b[col])) ** 2 for col in FEATURES.values()))
+    d = math.sqrt(sum((log2(a[col]) - log2(b[col])) ** 2 for col in FEATURES))
     return d + (TRANSPORT_PENALTY if transport_a != transport_b else 0.0)
 
 
 def spec_values(spec: WorkloadSpec) -> dict:
     """The feature values of a spec (imbalance from its seeded routing, computed on the host)."""
-    v = {col: getattr(spec, col) for col in FEATURES.values() if col != "imbalance_rank"}
+    v = {col: getattr(spec, col) for col in FEATURES if col != "imbalance_rank"}
     v["imbalance_rank"] = imbalance_of(spec)["imbalance_rank"]
     return v
 
@@ -130,7 +123,7 @@ def pick_from(
                 f"; calibrated on {counts}-SM GPUs, this one has {sm_count}: calibrate it with "
                 "experiment=ccta_auto and python -m systems.overlap.autotune_fit"
             )
-    keys = [*FEATURES.values(), "transport", "routing"]
+    keys = [*FEATURES, "transport", "routing"]
     near = []  # (distance, calibrated workload, its rows)
     for key, rows in table.groupby(keys, sort=True):
         cal = dict(zip(keys, key))
@@ -169,18 +162,16 @@ def pick_from(
 
 def pick(
     spec: WorkloadSpec,
-    W: int,
     transport: str,
     sm_count: int = 0,
     ccta: int | str = AUTO,
     mgb: int | str = AUTO,
     consumer: str = "own",
 ) -> tuple[int, int, str]:
-    """(ccta, mgb, why) for a cell of `spec` at W logical ranks over `transport` (the overlap
-    system's param) on a GPU of `sm_count` SMs (0: unknown), consumer placement `consumer`."""
-    values = {**spec_values(spec), "world_size": W}
-    cls = transport_class(transport, W)
-    p = pick_from(load_table(), values, cls, sm_count, ccta, mgb, consumer=consumer)
+    """(ccta, mgb, why) for a cell of `spec` over `transport` (the overlap system's param) on a
+    GPU of `sm_count` SMs (0: unknown), consumer placement `consumer`."""
+    cls = transport_class(transport, spec.world_size)
+    p = pick_from(load_table(), spec_values(spec), cls, sm_count, ccta, mgb, consumer=consumer)
     return p.ccta, p.mgb, p.why
 
 

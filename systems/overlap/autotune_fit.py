@@ -1,14 +1,10 @@
 """Fit the ccta/mgb calibration table from overlap sweeps and evaluate it leave-one-workload-out.
 
-    python -m systems.overlap.autotune_fit results/ccta_auto.parquet [--sm-count 132] \
-        [--table systems/overlap/autotune_table.csv] [--heldout results/autotune_heldout.parquet]
-
-Input: results tables of ok overlap cells swept over integer p_ccta / p_mgb at the order the
-system runs the workload with (autotune.auto_order); a workload includes its consumer placement.
-"auto" rows are reported next to the sweep's optimum, not fitted on. Rows written carry
---sm-count (--keep-other-gpus keeps the table's rows of other SM counts). Also writes the
-held-out table: per workload, the pick with it left out, latency(pick) / latency(best) and the
-same ratio for the fixed default.
+python -m systems.overlap.autotune_fit RESULTS.parquet... (--help: the options). Input: results
+tables of ok overlap cells swept over integer p_ccta / p_mgb at the order the system runs the
+workload with (autotune.auto_order); a workload includes its consumer placement. "auto" rows are
+reported next to the sweep's optimum, not fitted on. The held-out table: per workload, the pick
+with it left out, latency(pick) / latency(best) and the same ratio for the fixed default.
 """
 
 from __future__ import annotations
@@ -29,6 +25,7 @@ from systems.overlap.autotune import (
     default_pick,
     pick_from,
     transport_class,
+    with_consumer,
 )
 
 #: columns that identify one workload of a sweep (with its consumer placement)
@@ -56,8 +53,7 @@ def split_rows(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         for t, k, e, m in zip(df["tokens_per_rank"], df["top_k"], df["experts_per_rank"], tile)
     ]
     df = df[order_ran(df).to_numpy() == pd.Series(want, index=df.index).to_numpy()]
-    placed = df["p_consumer"] if "p_consumer" in df else pd.Series("own", index=df.index)
-    df["consumer"] = placed.astype(object).where(placed.notna(), "own").astype(str)
+    df = with_consumer(df, "p_consumer")
     df["transport"] = [transport_class(t, w) for t, w in zip(df["transport"], df["world_size"])]
     is_auto = (df["p_ccta"].astype(str) == "auto") | (df["p_mgb"].astype(str) == "auto")
     sweep, auto = df[~is_auto].copy(), df[is_auto].copy()
@@ -112,7 +108,7 @@ def heldout(
         w = dict(zip(WORKLOAD, key))
         rest = sweep.drop(index=grid.index)
         table = calibration_table(rest, sm_count) if len(rest) else pd.DataFrame(columns=COLUMNS)
-        values = {col: grid[col].iloc[0] for col in FEATURES.values()}
+        values = {col: grid[col].iloc[0] for col in FEATURES}
         p = pick_from(table, values, w["transport"], sm_count, k=k, consumer=w["consumer"])
         default = default_pick(w["consumer"], sm_count)[:2]
         per = grid.groupby(["ccta", "mgb"])["latency_ms"].median()

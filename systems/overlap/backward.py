@@ -184,8 +184,7 @@ class LayerTrainStep(_Train, LayerStep):
             t.grad = None
         y = moe(xg, self.ids, gg)
         y.backward(self.dy)
-        return {"out": y.detach(), "dx": xg.grad, "dgate": gg.grad, "dw1": moe.w1.grad,
-                "dw2": moe.w2.grad}  # fmt: skip
+        return dict(out=y.detach(), dx=xg.grad, dgate=gg.grad, dw1=moe.w1.grad, dw2=moe.w2.grad)
 
     @torch.no_grad()
     def compute_only(self) -> tuple:

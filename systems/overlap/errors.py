@@ -2,11 +2,10 @@
 
 A wait that times out (the consumer's or the receiver's) writes ONE record into an int64 error
 buffer [ERR_SLOTS] (the first writer wins a compare-and-swap on slot 0) and the kernel exits its
-remaining work, so nothing spins without bound. Record layout (int64 slots, ErrorRecord's fields
-in order): code (CODE_*), segment and band (plan ids; -1 for a receiver wait), rank (whose
-kernel timed out), program (its program id), seen (last counter value read), want (the value
-waited for), source (source rank of a receiver wait; -1 for a band wait). The host reads it
-after synchronising and raises OverlapTimeoutError (raise_if_error).
+remaining work, so nothing spins without bound. Record: ErrorRecord's fields as int64 slots in
+order; segment and band are plan ids (-1 for a receiver wait), rank the rank whose kernel timed
+out, seen / want the counter value last read / waited for, source the source rank of a
+receiver wait (-1 for a band wait).
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
     moe = OverlapMoE(hidden=H, ffn=F, experts_per_rank=E, top_k=k, max_tokens=T_max)
     y = moe(x, expert_ids, gate)          # x [T, H], expert_ids [T, k], gate [T, k] -> [T, H]
 
-Any T <= max_tokens. Without a group this process is the whole world (W=1: fc2 is the producer
-alone); with one (one process per rank) the dispatch is harness/dispatch_peer.py's: no host read,
-CUDA-graph capturable (params.dispatch=nccl: one host sync a step). The backward is overlapped
-too (backward.py).
+Without a group this process is the whole world (W=1: fc2 is the producer alone); with one (one
+process per rank) the dispatch is harness/dispatch_peer.py's: no host read, CUDA-graph
+capturable (params.dispatch=nccl: one host sync a step).
 """
 
 from __future__ import annotations
@@ -29,13 +28,7 @@ def resolve(params: OverlapParams, spec: WorkloadSpec, transport: str, sm_count:
         from systems.overlap.autotune import pick
 
         ccta, mgb, why["auto"] = pick(
-            spec,
-            spec.world_size,
-            transport,
-            sm_count,
-            ccta=params.ccta,
-            mgb=params.mgb,
-            consumer=params.consumer,
+            spec, transport, sm_count, ccta=params.ccta, mgb=params.mgb, consumer=params.consumer
         )
         params = replace(params, ccta=int(ccta), mgb=int(mgb))
     if params.order == AUTO:

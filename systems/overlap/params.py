@@ -7,7 +7,7 @@ consumer; dispatch (the layer scope's; auto: harness.dispatch_device.dispatch_us
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from harness.dispatch_device import DISPATCHES, dispatch_used
@@ -61,9 +61,6 @@ class OverlapParams:
                 f"it accepts: {', '.join(sorted(names))}"
             )
         return cls(**d)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def transport_for(self, world_size: int, device_type: str = "cuda") -> str:
         """The transport on `world_size` processes ("": loopback on one, else p2p or shm)."""

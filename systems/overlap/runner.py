@@ -1,17 +1,14 @@
-"""The runner of stage B (docs/method.md, Stage B): one rank's producer + consumer pair and its
-host state.
-
-OverlapRunner owns one plan's ready counters, error buffer, two streams and run counters, and
-runs the pair overlapped, serially (the reference) or each alone (the bounds). The plan's counts
-stay on the device, so a worst-case-sized plan runs with no host sync. GPU launches are remembered
+"""Stage B's runner (docs/method.md, Stage B): OverlapRunner holds one rank's plan, ready
+counters, error buffer, two streams and run counters, and runs the producer + consumer pair
+overlapped, serially (the reference) or each alone (the bounds). The plan's counts stay on the
+device, so a worst-case-sized plan runs with no host sync. GPU launches are remembered
 (LaunchMemo) keyed on their arguments and plan_version, which a new plan object moves.
 
 Placement (consumer_sms). "own": a consumer CTA's registers leave no room beside it, so the
-producer gets SMs - cCTA. "shared": an SM runs with the L1 /
-shared split of the kernels it holds and the driver gives a kernel without shared memory a small
-one, so an SM that took a consumer CTA first could not take a producer CTA (165 KiB) until it
-drained: hence prefer_shared_carveout, and the producer launched first on the higher-priority
-stream. residency_report checks either placement.
+producer gets SMs - cCTA. "shared": an SM runs with the L1 / shared split of the kernels it
+holds, and the driver gives a kernel without shared memory a small one, so an SM that took a
+consumer CTA first could not take a producer CTA (165 KiB) until it drained: hence
+prefer_shared_carveout, and the producer launched first on the higher-priority stream.
 """
 
 from __future__ import annotations
@@ -209,12 +206,10 @@ class OverlapRunner:
         """Run `plan` (same rank, tile_m, order and group_cap) from now on; the receive counters
         keep their epochs. The same plan object again (a DevicePlanBuilder's, rewritten in place)
         keeps every remembered launch; a new one expires them."""
-        p = self.plan
-        if (plan.rank, plan.tile_m, plan.order, plan.group_cap) != (
-            p.rank, p.tile_m, p.order, p.group_cap
-        ):  # fmt: skip
+        same = ("rank", "tile_m", "order", "group_cap")
+        if any(getattr(plan, a) != getattr(self.plan, a) for a in same):
             raise ValueError("use_plan: another rank, tile_m, order or group_cap")
-        if plan is p:
+        if plan is self.plan:
             if self.recv_step is not None:
                 torch.mul(plan.recv_rows, self.remote, out=self.recv_step)
         else:
@@ -279,9 +274,9 @@ class OverlapRunner:
     def overlapped(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Producer and consumer concurrently: x [P, K] -> y [P, N], remote rows sent; both
         join the current stream before this returns (asynchronously)."""
-        target = self._next_target()
         if self.device.type != "cuda":
-            return self.sequential(x, y, target=target)
+            return self.sequential(x, y)
+        target = self._next_target()
         # fork and join through events made once (fewer host calls than wait_stream and the
         # stream context); no record_stream: the current stream waits for both side streams
         # before anything the caller enqueues after this, so x and y can only be freed and
@@ -319,10 +314,9 @@ class OverlapRunner:
                 f"{r['sm_smem']} B shared memory, {r['sm_regs']} registers)"
             )
 
-    def sequential(self, x: torch.Tensor, y: torch.Tensor, target: int | None = None):
+    def sequential(self, x: torch.Tensor, y: torch.Tensor):
         """The same kernels one after the other on the current stream (no overlap)."""
-        if target is None:
-            target = self._next_target()
+        target = self._next_target()
         kp = self._produce(x, y, True, self.num_programs)
         kc = self._consume(y, target, True)
         self._count_run()

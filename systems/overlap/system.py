@@ -8,7 +8,7 @@ cell's scope and way of running its ranks. Stage A's cost alone: benchmarks/plan
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, ClassVar
 
 from harness.dispatch_device import dispatch_used
@@ -21,7 +21,7 @@ from systems.overlap.params import OverlapParams
 
 class OverlapSystem(System):
     name = "overlap"
-    PARAMS: ClassVar[dict[str, Any]] = OverlapParams().as_dict()
+    PARAMS: ClassVar[dict[str, Any]] = asdict(OverlapParams())
     simulates_ranks = True
     layer_scope = True
     train_scope = True

@@ -101,14 +101,12 @@ def _symm_backend(name: str, device: torch.device) -> None:
         symm_mem.set_backend(name)
 
 
+#: the torch symmetric-memory backend of each transport between GPU processes
+_BACKENDS = {"p2p": "CUDA", "nvshmem": "NVSHMEM"}
+
+
 def _symmetric_transport(
-    name: str,
-    backend: str,
-    group,
-    recv_rows: int,
-    n: int,
-    dtype: torch.dtype,
-    device: torch.device,
+    name: str, group, recv_rows: int, n: int, dtype: torch.dtype, device: torch.device
 ) -> Transport:
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
@@ -120,7 +118,7 @@ def _symmetric_transport(
     rows = torch.tensor([max(int(recv_rows), 1)], device=device)
     dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
     rows_max = int(rows.item())
-    _symm_backend(backend, device)
+    _symm_backend(_BACKENDS[name], device)
     buf = symm_mem.empty(rows_max * n, dtype=dtype, device=device)
     sig = symm_mem.empty(world, dtype=torch.int64, device=device)
     buf.zero_()
@@ -151,7 +149,7 @@ def p2p_transport(
     """Peer-pointer transport over torch symmetric memory (CUDA backend), W >= 2 processes.
     recv_rows: rows of THIS rank's combine receive buffer (T * top_k); every rank allocates the
     maximum over ranks (symmetric allocations have one size). Collective over `group`."""
-    return _symmetric_transport("p2p", "CUDA", group, recv_rows, n, dtype, device)
+    return _symmetric_transport("p2p", group, recv_rows, n, dtype, device)
 
 
 def nvshmem_transport(
@@ -159,7 +157,7 @@ def nvshmem_transport(
 ) -> Transport:
     """NVSHMEM-backed symmetric memory transport, W >= 2 processes (collective over `group`):
     stores through the peers' heap addresses."""
-    return _symmetric_transport("nvshmem", "NVSHMEM", group, recv_rows, n, dtype, device)
+    return _symmetric_transport("nvshmem", group, recv_rows, n, dtype, device)
 
 
 def peer_transport(
@@ -171,7 +169,6 @@ def peer_transport(
         from systems.overlap.shm import shm_transport
 
         return shm_transport(group, recv_rows, n, dtype)
-    if name not in ("p2p", "nvshmem"):
+    if name not in _BACKENDS:
         raise ValueError(f"{name}: not a transport between processes (p2p, nvshmem, shm)")
-    make = p2p_transport if name == "p2p" else nvshmem_transport
-    return make(group, recv_rows, n, dtype, device)
+    return _symmetric_transport(name, group, recv_rows, n, dtype, device)
