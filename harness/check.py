@@ -28,8 +28,7 @@ class CheckResult:
 
 
 def row_errors(o: torch.Tensor, r: torch.Tensor, floor: float = 0.1) -> torch.Tensor:
-    """Relative error of every row [T] (float32 inputs [T, N]), each against at least floor x
-    the median row norm."""
+    """Relative error [T] of each row of o, r [T, N] (float32) vs >= floor x the median row norm."""
     norms = r.norm(dim=-1)
     floor = floor * norms.median().clamp_min(1e-30)
     return (o - r).norm(dim=-1) / torch.maximum(norms, floor)

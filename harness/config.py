@@ -46,8 +46,7 @@ class MeasureConf:
 
 @dataclass
 class GridConf:
-    """The WORKLOAD axes of the cell grid: every combination is one workload, run by each system
-    once per point of its own `sweep`."""
+    """The WORKLOAD axes: each combination is a workload, run by each system per `sweep` point."""
 
     tokens_per_rank: list[int] = field(default_factory=lambda: [64])
     hidden: list[int] = field(default_factory=lambda: [64])
@@ -104,8 +103,7 @@ def register_configs() -> None:
 
 
 def typed_nodes(schema: Any = Config, path: str = "") -> Iterator[tuple[str, Any]]:
-    """(dotted path, schema) of every typed config node: their keys are fixed (Hydra's `+` can
-    still add a key to them)."""
+    """(dotted path, schema) of every typed config node (fixed keys, but Hydra's `+` adds one)."""
     yield path, schema
     for name, kind in typing.get_type_hints(schema).items():
         if dataclasses.is_dataclass(kind):
@@ -132,8 +130,7 @@ def nearest_key(key: str) -> str | None:
 
 
 def bad_experiment_name(name: Any) -> str | None:
-    """Why `name` cannot name an experiment (its table <results_dir>/<name>.parquet needs a plain
-    file name), or None."""
+    """Why `name` cannot name an experiment (<name>.parquet needs a plain file name), or None."""
     text = "" if name is None else str(name)
     if not text.strip():
         return "experiment.name is empty; give the experiment a name (its table's file name)"
@@ -148,8 +145,7 @@ def bad_experiment_name(name: Any) -> str | None:
 
 
 def free_form(key: str) -> bool:
-    """Whether the dotted `key` lies below a node the schema leaves open (experiment.systems,
-    experiment.options), where `+key=value` adds a key."""
+    """Whether dotted `key` is below a node the schema leaves open (`+key=value` adds keys)."""
     node: Any = Config
     parts = key.lstrip("+").split(".")
     for i, part in enumerate(parts):

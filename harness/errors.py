@@ -11,8 +11,7 @@ class HarnessUserError(ValueError):
 
 
 class CommFailure(RuntimeError):
-    """A collective failed because a peer is gone or stalled: the run stops and the cell in
-    flight is not recorded (a re-run measures it again)."""
+    """A collective failed (a peer gone or stalled): the run stops, the cell in flight unwritten."""
 
 
 #: text of the errors gloo and NCCL raise when a peer dies, stalls or times out (they are plain

@@ -1,8 +1,7 @@
 """CUDA-graph timing: a system's step captured once, then timed as the graph's replays.
 
 measure.graph chooses per cell (graph_choice). The step's output at capture time is the graph's
-static output: every replay rewrites it, so the harness checks that tensor after a replay. A
-capture that fails leaves the system eager, with the error as the reason.
+static output: every replay rewrites it, so the harness checks that tensor after a replay.
 """
 
 from __future__ import annotations
@@ -48,10 +47,9 @@ class Captured:
 
 
 def capture(step: Callable[[], object], device: torch.device) -> Captured:
-    """Capture one call of step() into a CUDA graph, torch's recipe: the caller has run the step
-    eagerly (allocations, Triton compiles, rendezvous happen before), SIDE_WARMUP more steps run
-    on a side stream, then one is captured. A RuntimeError naming the cause where it cannot
-    (the device stays usable)."""
+    """Capture one call of step() into a CUDA graph (torch's recipe): the caller ran the step
+    eagerly (allocations, Triton compiles, rendezvous), SIDE_WARMUP more run on a side stream,
+    then one is captured; where it cannot, a RuntimeError naming the cause (device usable)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):

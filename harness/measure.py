@@ -1,11 +1,10 @@
 """Cell expansion and the generic measurement of one system on one cell.
 
 A cell = one workload (the grid's axes) x one system x one point of its sweep (params). Per
-cell: capability gates -> setup on the inputs of every played rank -> check against the float32
-reference -> timed region, compute-only and comm-only bounds -> one Row (a failed check: status
-fail, no latency). Every stage a rank can fail in ends in an agreement over the ranks (`stage`,
-`settle`), so every rank ends the cell with the same row naming the failed rank ("rank 2: ...");
-a rank that never reaches the agreement is named by the parent (harness.supervisor).
+cell: gates -> setup on every played rank's inputs -> check against the float32 reference ->
+timed region and bounds -> one Row (a failed check: status fail, no latency). Every stage a rank
+can fail in ends in an agreement over the ranks (`stage`, `settle`), so every rank ends the cell
+with the same row naming the failed rank ("rank 2: ...").
 """
 
 from __future__ import annotations
@@ -81,8 +80,7 @@ def system_points(name: str, conf: Any) -> list[dict[str, Any]]:
 
 
 def unused_knobs(experiment: str, system: str, params: dict[str, Any], used: tuple) -> None:
-    """A one-line ValueError where `params` set a knob of `system` away from its default that
-    `experiment` does not use (it would be ignored without a word)."""
+    """A ValueError where `params` move a `system` knob `experiment` ignores off its default."""
     defaults = get_system(system).load().PARAMS
     bad = [f"{k}={v!r}" for k, v in params.items() if k not in used and v != defaults.get(k, v)]
     if bad:
@@ -117,11 +115,10 @@ def experiment_options(cfg: Any, name: str, defaults: dict[str, Any]) -> dict[st
 
 
 def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
-    """The cell hash: the cell and what else changes its numbers (measure settings, hardware,
-    backend, process count; not the time-out or table path). queue_ahead and graph enter only
-    where they change the timing, so eager rows keep their hashes. On CUDA the hardware name is
-    the machine found (h200, h100x8: no row resumes another GPU model's or count's cell); without
-    a GPU (a dry run) the preset's name stands in."""
+    """The cell hash: the cell and what else changes its numbers (measure settings, process
+    count, backend, the machine found on CUDA so no row resumes another GPU model's or count's
+    cell, else the preset's name); not the time-out or table path. queue_ahead and graph enter
+    only where they change the timing, so eager rows keep their hashes."""
     from harness.records import this_machine  # looked up per call: tests patch it
 
     m, hw = cfg.measure, cfg.hardware
@@ -138,9 +135,8 @@ def hash_cell(cfg: Any, process_world: int, cell: dict) -> str:
 
 
 def expand_grid(cfg: Any, process_world: int) -> list[dict]:
-    """All cells: per workload (the product of the grid's axes; an FFN cell takes out = hidden)
-    every system once per point of its sweep, in a seeded random order (the same on every rank),
-    so slow drift of the machine favours none."""
+    """All cells: per workload (the grid axes' product; FFN: out = hidden) every system per point of
+    its sweep, in a seeded random order (the same on every rank) so slow drift favours none."""
     g = cfg.experiment.grid
     worlds = list(g.world_size) or [process_world]
     axes = {k: list(getattr(g, k)) for k in (*SPEC_KEYS, "ffn")}
@@ -185,8 +181,7 @@ def spec_of(cell: dict) -> WorkloadSpec:
 
 
 def validate_cells(cells: list[dict], sm_count: int, processes: int, device: str) -> None:
-    """Clear errors for bad cells before any GPU work: routing, shapes, each system's params,
-    and what cannot run on that many processes of `device`."""
+    """Errors before GPU work: routing, shapes, params, what `processes` of `device` cannot run."""
     for cell in cells:
         cls = get_system(cell["system"]).load()
         params, spec = {**cls.PARAMS, **cell["params"]}, spec_of(cell)
@@ -291,8 +286,7 @@ def settle(ctx: RunContext, row: Row, values: list[float] | None, n: int = 0) ->
     of the lowest rank that raised (else whose check failed), "rank r: <reason>", and None is
     returned; else the values, each the MAX over the ranks (NaN where no rank has one). A stuck
     rank leaves the others waiting here until the parent ends the cell (hardware.timeout_s)."""
-    ok = row.status == "ok"
-    mine = [_encode(float(v)) for v in values] if ok and values is not None else []
+    mine = [_encode(float(v)) for v in values] if row.status == "ok" and values is not None else []
     mine += [-float("inf")] * (n - len(mine))
     errs = [_encode(row.max_rel_err), _encode(row.max_row_rel_err)]
     W = ctx.world_size if dist.is_initialized() else 1
@@ -324,10 +318,9 @@ def settle(ctx: RunContext, row: Row, values: list[float] | None, n: int = 0) ->
 
 
 def stage(ctx: RunContext, row: Row, name: str, fn, n: int = 0) -> list[float] | None:
-    """One stage of a cell that a rank can fail in: fn() on this rank (guarded), then the ranks'
-    agreement (settle) on the outcome and on the `n` numbers fn returned. Returns the agreed
-    numbers where the stage ended ok on every rank, else None (every row names the failed rank).
-    A stage holds at most one call that makes collectives of the harness (time_fn), so a rank
+    """One stage a rank can fail in: fn() here (guarded), then settle: the agreed `n` numbers fn
+    returned where it ended ok on every rank, else None (every row names the failed rank). A
+    stage holds at most one call that makes collectives of the harness (time_fn), so a rank
     that failed before it is never left out of one its peers wait in."""
     STATE.stage = name
     values = guarded(ctx, row, fn) if row.status == "ok" else None
@@ -340,8 +333,7 @@ def stage(ctx: RunContext, row: Row, name: str, fn, n: int = 0) -> list[float] |
 
 
 def _checked(row: Row, res: Any, when: str) -> bool:
-    """Record this rank's check (its worst errors, NaN as worst); a failure sets status fail.
-    True when the check passed here."""
+    """This rank's check into row (worst errors, NaN as worst; failed: fail); True if it passed."""
 
     def worst(prev: float, new: float) -> float:
         new = new if new == new else 1e30
@@ -429,8 +421,7 @@ def arm_step(ctx: RunContext, cfg: Any, p: _Prepared) -> bool:
             p.row.graph = True
         except RuntimeError as exc:
             why = str(exc)
-    if why is not None:
-        p.row.graph_reason = why
+    p.row.graph_reason = why or ""
     when = "graph replay" if p.row.graph else "timed step"
     return check_step(ctx, cfg, p, when)
 
@@ -442,8 +433,7 @@ def set_latency(row: Row, t: Timing) -> None:
 
 
 def guarded(ctx: RunContext, row: Row, fn) -> Any:
-    """fn()'s result; a failure becomes the row's `error` and None (a broken process group
-    stops the run)."""
+    """fn()'s result, else None and the row's `error` (a broken process group: CommFailure)."""
     try:
         return fn()
     except torch.cuda.OutOfMemoryError as exc:
@@ -486,8 +476,7 @@ def skip_reason(
 
 
 def prepare_cell(ctx: RunContext, cfg: Any, cell: dict) -> Row | _Prepared:
-    """The untimed part of a cell (gates, setup, first check): the final Row (skipped, fail,
-    error) or the prepared cell to time."""
+    """A cell's gates, setup, first check: its final Row (skipped, fail, error) or a _Prepared."""
     spec = spec_of(cell)
     row = base_row(cell, spec)
     info = get_system(cell["system"])
@@ -539,8 +528,7 @@ def time_prepared(ctx: RunContext, cfg: Any, p: _Prepared, iters: int, warmup: i
 
 
 def _timing_note(kw: dict, p: _Prepared) -> dict:
-    """extra's `timing` ("graph", "queued" or "eager": harness.timing), and how often a queued
-    run's host was not done enqueueing when the device started."""
+    """extra's `timing` (graph, queued, eager) and how many timed calls were not queued ahead."""
     if kw["device"].type != "cuda":
         return {}
     if p.row.graph:
@@ -565,8 +553,7 @@ def _time_alone(ctx: RunContext, p: _Prepared, kw: dict, name: str, fn, put) -> 
 
 
 def _bounds(ctx: RunContext, p: _Prepared, kw: dict) -> bool:
-    """The compute-only and comm-only bounds (a stage each), the overlap ratio or why it has
-    none, then the system's extra bounds; False on a failure."""
+    """Compute-only, comm-only bounds, overlap ratio (or why none), extra bounds; False: failed."""
     row, system, spec = p.row, p.system, p.spec
     if system.has_bounds():
         for what, fn in (("compute", system.compute_only), ("comm", system.comm_only)):

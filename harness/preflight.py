@@ -22,8 +22,6 @@ from harness.workload import DTYPES
 DRY_RUN_ROWS = 20
 #: at most this many gloo processes per CPU core
 MAX_RANKS_PER_CORE = 8
-#: grid axes that must not be empty (world_size may: it defaults to the number of processes)
-NONEMPTY_AXES = [f for f in GridConf.__dataclass_fields__ if f != "world_size"]
 
 
 def table_path(cfg: Any) -> Path:
@@ -57,8 +55,7 @@ def resolve_world(cfg: Any) -> int:
 
 
 def unknown_keys(cfg: Any) -> None:
-    """A key the schema does not have is an error, also one Hydra's `+` added (a typo such as
-    `+experiment.params.x=1` would be ignored)."""
+    """A key not in the schema is an error, also one Hydra's `+` added (a typo would be ignored)."""
     for path, schema in typed_nodes():
         node = cfg
         for part in filter(None, path.split(".")):
@@ -75,8 +72,7 @@ def unknown_keys(cfg: Any) -> None:
 
 
 def validate_settings(cfg: Any, workload: str | None) -> None:
-    """Checks that need no cell: unknown keys, measure settings, time-out, axes, systems, the
-    workload group."""
+    """Checks that need no cell: keys, measure settings, time-out, axes, systems, workload group."""
     unknown_keys(cfg)
     bad_name = bad_experiment_name(cfg.experiment.name)
     if bad_name:
@@ -98,11 +94,10 @@ def validate_settings(cfg: Any, workload: str | None) -> None:
     ):
         if not ok:
             raise HarnessUserError(why)
-    for axis in NONEMPTY_AXES:
-        if len(cfg.experiment.grid[axis]) == 0:
-            raise HarnessUserError(f"experiment.grid.{axis} is empty; give it at least one value")
     for axis, values in cfg.experiment.grid.items():
         values = list(values)
+        if not values and axis != "world_size":  # empty world_size: the number of processes
+            raise HarnessUserError(f"experiment.grid.{axis} is empty; give it at least one value")
         twice = sorted({repr(v) for i, v in enumerate(values) if v in values[:i]})
         if twice:  # the cell would run twice and the counts would be wrong
             raise HarnessUserError(f"experiment.grid.{axis} lists {', '.join(twice)} twice")
@@ -143,8 +138,7 @@ def unread_settings(cfg: Any, exp: Any) -> None:
 
 
 def memory_bytes(cfg: Any) -> int | None:
-    """The memory one rank's tensors live in: the first GPU's on cuda (None without a GPU), else
-    the host's."""
+    """Bytes a rank's tensors live in: GPU 0's on cuda (None without a GPU), else the host's."""
     if cfg.hardware.device == "cuda":
         if not torch.cuda.is_available():
             return None

@@ -224,8 +224,7 @@ def _walk(ctx: RunContext, cfg: Any, todo: list[dict], report: Reporter) -> None
                 r.reason for r in rows if r.status == "error" and is_sticky_cuda_error(r.reason)
             ]
         if lost:
-            cell = todo[batch[0]]
-            raise ContextLost(f"CUDA context lost in cell {cell['cell_hash']}: {lost[0][:200]}")
+            raise ContextLost(f"CUDA context lost in cell {cells[0]['cell_hash']}: {lost[0][:200]}")
 
 
 def spawn_entry(

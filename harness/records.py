@@ -135,8 +135,7 @@ def _as_text(v: Any) -> Any:
 
 
 def mixed_params_as_text(df: pd.DataFrame) -> pd.DataFrame:
-    """A p_<key> column that mixes text with numbers (ccta=16, "auto") as text throughout ("16",
-    "auto"): a parquet column holds one type."""
+    """Text and numbers mixed in a p_<key> column (16, "auto"): all as text (parquet: one type)."""
     for c in df.columns:
         if not c.startswith("p_") or not pd.api.types.is_object_dtype(df[c]):
             continue
@@ -238,8 +237,7 @@ def provenance() -> dict:
 
 
 def cell_row(cell: dict, row_type: type[Row] = Row, **fields: Any) -> Row:
-    """A row of `cell` (experiment, system, hash, W, params) with this process's command, time
-    and provenance; `fields` for the rest."""
+    """A row of `cell` (experiment, system, hash, W, params), command, time, provenance, fields."""
     return row_type(
         **{"world_size": cell.get("world_size", 1), **fields},
         experiment=cell["experiment"],
@@ -352,17 +350,13 @@ _KINDS = {
 }
 
 
-@dataclass
 class ResultsTable:
     """A parquet table of Rows, appended one cell at a time under a lock (see the module doc)."""
 
-    #: the path as given (what messages name)
-    path: Path
-    #: the file it names, links followed once (resolve_table_path): what is locked and written
-    target: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.path = Path(self.path)
+    def __init__(self, path: str | Path) -> None:
+        #: the path as given (what messages name)
+        self.path = Path(path)
+        #: the file it names, links followed once (resolve_table_path): what is locked and written
         self.target = resolve_table_path(self.path)
 
     @property

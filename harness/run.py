@@ -3,13 +3,12 @@
 harness/preflight.py validates everything and picks the cells to run (not in the table yet, or
 ended in `error`) before any process starts. On one node the parent spawns W ranks
 (harness/rank.py) and supervises them (harness/supervisor.py): a rank that dies, fails or stalls
-for `hardware.timeout_s` ends the run, naming the rank and the cell. Rank 0 writes each cell's
-rows once every rank finished it; the cell in flight runs again on a re-run, or with
-`hardware.restarts=n` is recorded as `error` while fresh ranks run the rest (up to n times).
-Under torchrun (RANK / WORLD_SIZE set) the ranks run without the supervisor.
+for `hardware.timeout_s` ends the run naming the rank and the cell (hardware.restarts: records
+the cell as `error`, fresh ranks run the rest). Rank 0 writes each cell's rows once every rank
+finished it. Under torchrun (RANK / WORLD_SIZE set) the ranks run without the supervisor.
 
-Exit codes: 0 done; 1 the run stopped or some cell ended in `error`; 2 bad input; 143 / 130
-stopped by SIGTERM / SIGINT.
+Exit codes: 0 done; 1 the run stopped or a cell ended in `error`; 2 bad input; 143 / 130 stopped
+by SIGTERM / SIGINT.
 """
 
 from __future__ import annotations
@@ -41,8 +40,6 @@ register_configs()
 
 SUMMARY_ROWS = 15
 
-__all__ = ["launch", "main", "summary"]
-
 
 def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
     """Spawn and supervise the ranks (harness.supervisor.run_ranks)."""
@@ -52,8 +49,7 @@ def run_ranks(cfg: Any, plan: Plan) -> tuple[str | None, set[int], int | None]:
 
 
 def summary(rows: list[dict], path: Path) -> list[str]:
-    """At most about 20 lines: up to SUMMARY_ROWS rows (errors and fails first), the first
-    reasons (fail and error, then skipped), counts and where the table is."""
+    """At most ~20 lines: SUMMARY_ROWS rows (errors, fails first), reasons, counts, the table."""
     if not rows:
         return [f"[harness] nothing new; table at {path}"]
     import pandas as pd
@@ -207,8 +203,7 @@ def record_crash(cfg: Any, cell: dict, reason: str) -> None:
 
 
 def _launch_torchrun(cfg: DictConfig, workload: str | None) -> int:
-    """Every rank validates the config (so all fail alike); rank 0 reads the table, walks with
-    the others, then prints the summary."""
+    """Ranks all validate (fail alike); rank 0 reads the table, walks with the others, sums up."""
     from harness.errors import is_comm_failure
     from harness.preflight import preflight, start_message
     from harness.rank import Reporter, worker
@@ -239,8 +234,7 @@ _TASK_STARTED = False
 
 
 class Interrupted(BaseException):
-    """SIGTERM or SIGINT of the parent: unwinds the run (the supervisor kills the ranks) to one
-    line saying what was written."""
+    """The parent's SIGTERM or SIGINT: unwinds the run (ranks killed) to a line of what it wrote."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -283,8 +277,7 @@ def main(cfg: DictConfig) -> None:
 
 
 class _HeldStderr(io.TextIOBase):
-    """stderr holding back Hydra's composition errors until the task starts (_main says them in
-    one line); then everything passes through."""
+    """stderr holding Hydra's composition errors until the task starts (_main: them in one line)."""
 
     def __init__(self, real: Any) -> None:
         self.real, self.held = real, []
@@ -328,9 +321,8 @@ HYDRA_HINTS = ("To append to your config", "Set the environment variable", "Avai
 
 
 def hydra_error_line(text: str) -> str:
-    """One line from Hydra's error message: its statements joined, a missing group's choices,
-    the key nearest a misspelt one (hints, search path and indented details dropped); of a
-    trace, its exception line (_trace_line)."""
+    """One line of Hydra's error: its statements, a missing group's choices, the key nearest a
+    misspelt one (hints, search path, indented details dropped); of a trace, _trace_line."""
     lines = [x.rstrip() for x in text.splitlines() if x.strip()]
     if any(x.startswith("Traceback") for x in lines):
         return _trace_line([x for x in lines if not x.startswith(HYDRA_HINTS)])

@@ -22,8 +22,7 @@ def job_tasks() -> int:
 
 
 def export_torch_env() -> bool:
-    """Export the torchrun variables when this process is one task of several (and torchrun has
-    not set them already). True when it did."""
+    """Set the torchrun variables in one task of several (not under torchrun); True if it did."""
     if "RANK" in os.environ or job_tasks() < 2:
         return False
     from submitit.helpers import TorchDistributedEnvironment

@@ -89,8 +89,7 @@ def _take(rank: _Rank, msg: tuple, bar: Any) -> None:
 
 
 def drain(rank: _Rank, bar: Any) -> None:
-    """Take every report waiting in the rank's pipe without blocking; rank.conn = None at its
-    end (the rank exited and every report was read)."""
+    """Take the reports waiting in the rank's pipe, not blocking; at its end conn = None."""
     while rank.conn is not None:
         try:
             if not rank.conn.poll(0):
@@ -110,7 +109,6 @@ def supervise(ranks: list[_Rank], todo: list[dict], cfg: Any, bar: Any) -> str |
     now = time.monotonic()
     for r in ranks:
         r.since = r.beat = now
-    stale = min(STALE_BEAT_S, timeout / 2)
     trouble_at: float | None = None
     while True:
         conns = [r.conn for r in ranks if r.conn is not None]
@@ -139,12 +137,10 @@ def supervise(ranks: list[_Rank], todo: list[dict], cfg: Any, bar: Any) -> str |
             if settled or now - trouble_at > GRACE_S:
                 for r in ranks:  # the last word of every rank, also of one that exits now
                     drain(r, bar)
-                return _diagnose(ranks, todo, timeout, now, stale)
+                return _diagnose(ranks, todo, timeout, now)
 
 
-def _diagnose(
-    ranks: list[_Rank], todo: list[dict], timeout: float, now: float, stale_s: float
-) -> str:
+def _diagnose(ranks: list[_Rank], todo: list[dict], timeout: float, now: float) -> str:
     """The root cause, in order: a rank's own failure, a rank that died, a rank that stopped
     (no heartbeat), a rank that failed in its cell and whose peers could not end it with it, a
     rank stuck while its peers waited for it, a broken collective, a cell over the time-out."""
@@ -165,6 +161,7 @@ def _diagnose(
             return f"rank {i} died ({how}) {where(r)}"
         if code == 0 and r.phase != "done":
             return f"rank {i} exited early {where(r)}"
+    stale_s = min(STALE_BEAT_S, timeout / 2)
     stale = [
         (i, r) for i, r in enumerate(ranks) if r.proc.exitcode is None and now - r.beat > stale_s
     ]

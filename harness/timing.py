@@ -148,8 +148,7 @@ SLEEP_FACTOR, SLEEP_MARGIN_MS, SLEEP_MAX_MS = 2.0, 2.0, 2000.0
 
 
 def _sleep_rate(device: torch.device) -> float:
-    """Cycles of torch.cuda._sleep per millisecond on `device` (the faster of two 5e6-cycle
-    sleeps, after an untimed one)."""
+    """Cycles of torch.cuda._sleep per ms on `device` (the faster of two 5e6-cycle sleeps, warm)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SLEEP_RATE:
         torch.cuda._sleep(1000)  # the first launch loads the kernel: not timed
@@ -164,12 +163,6 @@ def _sleep_rate(device: torch.device) -> float:
             ms.append(a.elapsed_time(b))
         _SLEEP_RATE[idx] = 5_000_000 / max(min(ms), 1e-3)
     return _SLEEP_RATE[idx]
-
-
-def sleep_device(device: torch.device, ms: float) -> None:
-    """Enqueue a kernel that keeps the current stream of `device` busy for about `ms` ms, so the
-    launches enqueued after it wait on the device, not on the host."""
-    torch.cuda._sleep(int(ms * _sleep_rate(device)))
 
 
 def _call(fn: Callable[[], object], failed: list[Exception]) -> None:
@@ -194,8 +187,7 @@ def time_fn(
     iters: int = 10,
     queue_ahead: bool = False,
 ) -> Timing:
-    """Time fn() over `iters` iterations after `warmup` ones (module docstring); where fn
-    raises, this rank calls it no more but takes part in every collective left, then raises."""
+    """Time fn() over `iters` iterations after `warmup` (module docstring; also a raising fn)."""
     if iters < 1:
         raise ValueError("iters must be >= 1")
     failed: list[Exception] = []
@@ -214,9 +206,10 @@ def time_fn(
             # the fastest warm-up (the first may compile); 1 ms when there was none
             per_iter_ms = 1e3 * min(warm_host, default=1e-3)
             sleep_ms = min(SLEEP_FACTOR * per_iter_ms * iters + SLEEP_MARGIN_MS, SLEEP_MAX_MS)
-            _sleep_rate(device)  # measured once, before the barrier
+            rate = _sleep_rate(device)  # measured once, before the barrier
             barrier(group, device)
-            sleep_device(device, sleep_ms)
+            # keeps the stream busy: the launches after it wait on the device, not on the host
+            torch.cuda._sleep(int(sleep_ms * rate))
             sleep_end = torch.cuda.Event()
             sleep_end.record()
         for s, e in zip(starts, ends):

@@ -129,16 +129,16 @@ def test_the_parent_names_the_stuck_rank_its_peers_waited_for():
 
     cells = [{"cell_hash": "abc", "system": "faulty"}]
     ranks = [_rank(waiting=True), _rank(waiting=True), _rank()]
-    why = _diagnose(ranks, cells, 5.0, 100.5, 2.0)
+    why = _diagnose(ranks, cells, 5.0, 100.5)
     assert why.startswith("rank 2 made no progress for 5 s (hardware.timeout_s) in cell abc")
     assert "in timed loop 1; rank(s) 0, 1 waited for it" in why
     # a failure not agreed on comes first: its peers are left in the system's collective
     ranks = [_rank(), _rank(), _rank(waiting=True, unsettled="setup: RuntimeError: x")]
-    why = _diagnose(ranks, cells, 5.0, 100.5, 2.0)
+    why = _diagnose(ranks, cells, 5.0, 100.5)
     assert why.startswith("rank 2 failed in cell abc") and "setup: RuntimeError: x" in why
     # every rank waiting, or none: nobody to blame
     for w in (True, False):
-        why = _diagnose([_rank(waiting=w) for _ in range(3)], cells, 5.0, 100.5, 2.0)
+        why = _diagnose([_rank(waiting=w) for _ in range(3)], cells, 5.0, 100.5)
         assert why.startswith("rank(s) 0, 1, 2 made no progress"), why
 
 
