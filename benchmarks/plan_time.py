@@ -1,7 +1,6 @@
 """Stage A cost: time to build the combine plan on the device, next to the expert GEMM time.
 
-Table 2 shapes (tokens per rank 8192 / 16384, top-2, W=4 logical, E in {4..64}, K=2048,
-N=8192, three routings), the plan of one rank (rank 0 by default: the hottest under skew).
+Table 2 shapes (FULL, every routing), one rank's plan (default rank 0: the hottest under skew).
   plan_ms         build_plan on device-resident layout arrays (its one host sync included)
   plan_dev_ms     build_plan_device on the same arrays (no host sync; worst-case sized)
   input_dev_ms    padded_input_device: the padded GEMM input X [P', K] from x_recv
@@ -56,9 +55,8 @@ def gemm_times(plan, lay, spec: WorkloadSpec, device, warmup: int, iters: int) -
     xp = torch.zeros(n["n_padded"], K, device=device, dtype=spec.torch_dtype)
     xp[plan.row_pos] = x
     counts = lay.expert_counts.tolist()
-    starts = plan.expert_row_start.tolist()
     padded_counts = plan.expert_row_start.diff().tolist()
-    want = reference_y(starts, xp, w)[plan.row_pos]  # float32 [R, N]
+    want = reference_y(plan.expert_row_start.tolist(), xp, w)[plan.row_pos]  # float32 [R, N]
     res = check(expert_gemm(xp, padded_counts, w)[plan.row_pos], want)
     if not res.ok:
         raise RuntimeError(f"plan_time: the padded GEMM's rows are wrong: {res.message}")
@@ -92,9 +90,8 @@ def bench_one(spec: WorkloadSpec, rank: int, tile_m: int, mgb: int, device, warm
     """Plan build time and GEMM times of one rank of one cell."""
     lay = rank_layout(spec, rank)
     args = tuple(t.to(device) for t in (lay.recv_src, lay.recv_expert, lay.recv_dst_index))
-    elem = torch.empty(0, dtype=spec.torch_dtype).element_size()
     kw = dict(world_size=spec.world_size, rank=rank, experts_per_rank=spec.experts_per_rank)
-    kw |= dict(tile_m=tile_m, mgb=mgb, out_cols=spec.out, elem_bytes=elem)
+    kw |= dict(tile_m=tile_m, mgb=mgb, out_cols=spec.out, elem_bytes=spec.torch_dtype.itemsize)
     kw["send_counts"] = lay.send_counts.to(device)
     plan = build_plan(*args, **kw)
     n = plan.sizes()

@@ -66,8 +66,7 @@ def measure(T: int, N: int, device: torch.device, iters: int) -> list[dict]:
     rows, cuda = [], device.type == "cuda"
     for name, (fn, e) in runs.items():
         ok = e <= TOL
-        nan = float("nan")
-        scale_ms, scale_eager_ms = timed(fn) if ok else (nan, nan)
+        scale_ms, scale_eager_ms = timed(fn) if ok else (float("nan"), float("nan"))
         row = dict(tokens=T, cols=N, top_k=k, dtype=str(dtype).removeprefix("torch."))
         row |= dict(fused=scale.fused, variant=name, default=name == "default")
         row |= dict(status="ok" if ok else "fail", scale_ms=scale_ms, copy_ms=copy_ms)

@@ -1,5 +1,4 @@
-"""Where a timed step's time goes, per rank: the kernel timeline of harness cells from
-torch.profiler, each step cut at a marker kernel and reduced to its parts.
+"""Where a timed step's time goes, per rank: harness cells' kernel timelines (torch.profiler).
 
 Every cell of the composed grid (the Hydra overrides of harness.run) is set up and checked as
 harness.measure does; then `--steps` timed steps run back to back under the profiler, each
@@ -46,11 +45,9 @@ def busy_union(intervals: list[tuple[float, float]]) -> float:
 
 
 def idle_gaps(kernels: list[tuple[float, float, str]]) -> dict:
-    """Device idle time of one step's kernel timeline [(start_us, end_us, name)] (every
-    stream): span (first start to last end), busy (union of the kernels), idle = span - busy,
-    and `gaps`: {kernel name: idle us just before it}."""
-    if not kernels:
-        return {"span_us": 0.0, "busy_us": 0.0, "idle_us": 0.0, "gaps": {}}
+    """Device idle time of one step's kernels [(start_us, end_us, name)], never empty (its
+    marker; every stream): span (first start to last end), busy (union of the kernels), idle =
+    span - busy, and `gaps`: {kernel name: idle us just before it}."""
     ks = sorted(kernels)
     span = max(e for _, e, _ in ks) - ks[0][0]
     busy = busy_union([(s, e) for s, e, _ in ks])
@@ -116,10 +113,9 @@ def _top(per_step: list[list[tuple[str, float]]], top: int) -> dict[str, float]:
 
 
 def idle_report(step: Callable[[], object], reps: int, top: int = 16) -> str:
-    """The device's idle time per step of `step` (eager or a graph's replay): idle_gaps of `reps`
-    back-to-back steps (torch.profiler, device activity only; a 1-cycle marker kernel starts
-    each step), the median step's span, busy and idle us, then the us per step idle before and
-    busy in each kernel name (the `top` most), averaged over the steps."""
+    """The device's idle time per step of `step` (eager or a graph's replay) over `reps` marked
+    steps (marked_kernels): the median step's idle_gaps span, busy and idle us, then the us per
+    step idle before and busy in each kernel name (the `top` most), averaged over the steps."""
     ks = marked_kernels(step, reps + 1)  # the last marker closes the last step
     steps = split_steps(ks)[1:]  # the 1st: the profiler's start
     if not steps:

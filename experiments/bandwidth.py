@@ -7,8 +7,7 @@ ready flags pre-set (still polled per band), one signal per segment. One run is 
 receiver holds exactly the rows its peers sent), then one launch is timed (CUDA events, max over
 ranks). bytes_sent: bytes that LEAVE the sending GPU; gbps = bytes_sent / median time of one
 launch. Loopback plays W = `loopback_ranks` ranks in one process. Reference `nccl_all_to_all`
-(>= 2 processes; gloo on the CPU, where tests check the data movement).
-Options (experiment.options): segment_kib (list), min_total_mib (64), loopback_ranks (4).
+(>= 2 processes; gloo on the CPU, where tests check the data movement). Options: OPTIONS.
 """
 
 from __future__ import annotations
@@ -63,29 +62,25 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
         if len(g[axis]) != 1:
             got = list(g[axis])
             raise ValueError(f"bandwidth: experiment.grid.{axis} takes one value, got {got}")
-    out_cols, dtype = list(g.out)[0], list(g.dtype)[0]
     points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
     for p in points.get("overlap", ()):
         unused_knobs("bandwidth", "overlap", p, ("ccta", "transport"))
-    out = []
+    base = dict(experiment=cfg.experiment.name, seed=cfg.seed, out=list(g.out)[0])
+    base |= dict(dtype=list(g.dtype)[0], min_total_mib=opt["min_total_mib"])
+    todo = []  # (system, W, segment KiB, params: the consumer's knobs, no GEMM here)
     for kib, (system, params) in itertools.product(
         opt["segment_kib"], [(s, p) for s, ps in points.items() for p in ps]
     ):
         tr = params.get("transport") or ("loopback" if process_world == 1 else "p2p")
         world = opt["loopback_ranks"] if tr == "loopback" else process_world
-        used = {"ccta": params["ccta"], "transport": tr}  # the consumer's knobs; no GEMM here
-        out.append(_cell(cfg, process_world, system, world, kib, out_cols, dtype, used))
-    for kib in opt["segment_kib"] if process_world > 1 else ():
-        out.append(_cell(cfg, process_world, REFERENCE, process_world, kib, out_cols, dtype, {}))
+        todo.append((system, world, kib, {"ccta": params["ccta"], "transport": tr}))
+    todo += [(REFERENCE, process_world, kib, {}) for kib in opt["segment_kib"] if process_world > 1]
+    out = []
+    for system, world, kib, params in todo:
+        cell = dict(base, system=system, world_size=world, segment_kib=kib, params=params)
+        cell["cell_hash"] = hash_cell(cfg, process_world, cell)
+        out.append(cell)
     return out
-
-
-def _cell(cfg, process_world, system, world, kib, out_cols, dtype, params) -> dict:
-    cell = dict(experiment=cfg.experiment.name, system=system, seed=cfg.seed, world_size=world)
-    cell |= dict(segment_kib=kib, out=out_cols, dtype=dtype)
-    cell |= dict(min_total_mib=options(cfg)["min_total_mib"], params=params)
-    cell["cell_hash"] = hash_cell(cfg, process_world, cell)
-    return cell
 
 
 def validate(cfg: Any, cells: list[dict], sm_count: int) -> None:

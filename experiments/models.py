@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from harness.check import CheckResult, check
-from harness.graphs import Captured, capture, graph_choice, graph_mode
+from harness.graphs import capture, graph_choice, graph_mode
 from harness.measure import (
     agree,
     cell_inputs,
@@ -253,10 +253,9 @@ def checked_forward(
 ) -> list[tuple] | None:
     """One forward with every MoE block's top-k forced to the reference model's (a near-tie
     cannot flip a token between two bf16 runs): (a) every MoE call against the float32 oracle
-    on its inputs (measure.tol, m_moe_tol), (b) the output against the reference model's
-    (model_tol, `tol`), both agreed over the ranks. None after a failure (the row says which
-    and why, no latency), else every call's (block, h [T, H], ids [T, k], gate [T, k],
-    oracle [T, H])."""
+    on its inputs, (b) the output against the reference model's (tolerances: gate_tolerances),
+    both agreed over the ranks. None after a failure (the row says which and why, no latency),
+    else every call's (block, h [T, H], ids [T, k], gate [T, k], oracle [T, H])."""
     tol, model_tol = gate_tolerances(cfg, row)
     calls: list[tuple] = []
     results: list[CheckResult] = []
@@ -299,13 +298,12 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
     calls = checked_forward(ctx, cfg, row, ref, SystemMoE(system, inputs))
     if calls is None:
         return
-    why = graph_choice(
-        graph_mode(getattr(cfg.measure, "graph", "false")), ctx.device, system.capture_blocker()
-    )
+    mode = graph_mode(getattr(cfg.measure, "graph", "false"))
+    why = graph_choice(mode, ctx.device, system.capture_blocker())
     graphs = None
     if why is None:
         try:
-            graphs = _Graphs.capture(ctx, ref, system, inputs, calls)
+            graphs = _Graphs(ctx, ref, system, inputs, calls)
         except RuntimeError as exc:
             why = str(exc)
     row.graph, row.graph_reason = graphs is not None, why or ""
@@ -326,8 +324,7 @@ def _measure(ctx: RunContext, cfg: Any, cell: dict, m: ModelSpec, row: ModelRow)
 
 
 def _timed_eager(ctx: RunContext, cfg: Any, ref: Reference, system, inputs):
-    """(forward, MoE) Timings, eager: the plain forward (the model's own routing) and the MoE
-    calls in it (events around system.timed(), summed per forward)."""
+    """(forward, MoE) Timings, eager, as _extra describes them."""
     timer = MoETimer(ctx.device)
     moe = SystemMoE(system, inputs, timer)
 
@@ -355,26 +352,18 @@ def _copy_in_time(ctx: RunContext, cfg: Any, ref: Reference, m: ModelSpec, moe: 
     return time_fn(partial(moe.copy_in, h, ids, gate), **kw).median_ms
 
 
-@dataclass
 class _Graphs:
     """The forced-routing forward captured whole (`model`: its replay rewrites the output) and
     the system's step alone (`moe`, reading the CellInputs that `copy` fills), with the checked
     calls (block, h, ids, gate, oracle) the step is replayed on."""
 
-    model: Captured
-    moe: Captured
-    copy: SystemMoE
-    calls: list[tuple]
-    system: Any
-
-    @staticmethod
-    def capture(ctx: RunContext, ref: Reference, system, inputs, calls) -> _Graphs:
-        moe = SystemMoE(system, inputs)
-        model = capture(lambda: ref.model(ref.x0, moe, forced=ref.ids), ctx.device)
+    def __init__(self, ctx: RunContext, ref: Reference, system, inputs, calls) -> None:
+        self.copy = SystemMoE(system, inputs)
+        self.calls, self.system = calls, system
+        self.model = capture(lambda: ref.model(ref.x0, self.copy, forced=ref.ids), ctx.device)
         _, h, ids, gate, _ = calls[0]
-        moe.copy_in(h, ids, gate)
-        step = capture(system.timed, ctx.device)
-        return _Graphs(model, step, moe, calls, system)
+        self.copy.copy_in(h, ids, gate)
+        self.moe = capture(system.timed, ctx.device)
 
     def check(self, ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, when: str) -> bool:
         """Check (b) on a replay of the model's graph, (a) on a replay of the step's graph per
@@ -390,9 +379,8 @@ class _Graphs:
 
 
 def _timed_graphs(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, g: _Graphs):
-    """(forward, MoE) Timings under graphs, None after a failure: the forward graph's replays;
-    the step graph's replay time on each MoE call's inputs, summed per iteration. Checked on a
-    replay before and after timing."""
+    """(forward, MoE) Timings under graphs, as _extra describes them; checked on a replay before
+    and after timing (None after a failure)."""
     if not g.check(ctx, cfg, row, ref, "graph replay"):
         return None
     kw = dict(device=ctx.device, group=ctx.group)
@@ -409,32 +397,23 @@ def _timed_graphs(ctx: RunContext, cfg: Any, row: ModelRow, ref: Reference, g: _
 
 
 def _extra(m: ModelSpec, system, graph: bool) -> str:
-    timing = (
-        {
+    about = {
+        "model": m.as_dict(),
+        "attention": "data parallel, sdpa" + (" causal" if m.causal else ""),
+        "router": f"softmax fp32, top-{m.top_k}, gates renormalised",
+        "experts": "one set per model, shared by its MoE blocks",
+        "timing": "eager: the plain forward (the model's own top-k)",
+        "moe_ms": "events around system.timed() per MoE call, summed per forward",
+        "copy_in": "h, ids, gate into the system's CellInputs per call: in latency_ms, "
+        "not in m_moe_ms (m_copy_in_ms: one copy-in, eager)",
+        "check": "top-k forced to the reference model's; each MoE call vs the fp32 oracle "
+        "(measure.tol), the output vs the reference model (model_tol)",
+    }
+    if graph:
+        about |= {
             "timing": "graph: the forward with the reference's top-k (forced; the router still "
             "runs) captured whole and replayed",
             "moe_ms": "the system's step captured alone, replayed on each MoE call's inputs, "
             "summed per forward",
         }
-        if graph
-        else {
-            "timing": "eager: the plain forward (the model's own top-k)",
-            "moe_ms": "events around system.timed() per MoE call, summed per forward",
-        }
-    )
-    return json.dumps(
-        {
-            "model": m.as_dict(),
-            "attention": "data parallel, sdpa" + (" causal" if m.causal else ""),
-            "router": f"softmax fp32, top-{m.top_k}, gates renormalised",
-            "experts": "one set per model, shared by its MoE blocks",
-            **timing,
-            "copy_in": "h, ids, gate into the system's CellInputs per call: in latency_ms, "
-            "not in m_moe_ms (m_copy_in_ms: one copy-in, eager)",
-            "check": "top-k forced to the reference model's; each MoE call vs the fp32 oracle "
-            "(measure.tol), the output vs the reference model (model_tol)",
-            **system.extra,
-        },
-        sort_keys=True,
-        default=str,
-    )
+    return json.dumps(about | system.extra, sort_keys=True, default=str)

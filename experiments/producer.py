@@ -50,8 +50,7 @@ PRODUCER_KNOBS = ("tile_m", "layout", "order")
 def options(cfg: Any) -> dict[str, Any]:
     """OPTIONS overridden by experiment.options; unknown keys are an error."""
     merged = experiment_options(cfg, "producer", OPTIONS)
-    for key, value in merged.items():  # every option is a non-empty list
-        list_param("producer", f"options.{key}", value, nonempty=True)
+    list_param("producer", "options.flags", merged["flags"], nonempty=True)
     if not all(isinstance(f, bool) for f in merged["flags"]):
         raise ValueError(f"producer: options.flags holds true / false, got {list(merged['flags'])}")
     return merged
@@ -63,19 +62,16 @@ def cells(cfg: Any, process_world: int) -> list[dict]:
     axes = [list(g.world_size) or [process_world]] + [list(getattr(g, k)) for k in AXES[1:]]
     points = {name: system_points(name, conf) for name, conf in selected_systems(cfg).items()}
     flags = [bool(f) for f in options(cfg)["flags"]]
+    todo = [(ref, {}) for ref in REFERENCES]
+    for system, sweep in points.items():  # consumer knobs do not change the producer
+        knobs = [{k: p[k] for k in PRODUCER_KNOBS} for p in sweep]
+        unique = [kn for i, kn in enumerate(knobs) if kn not in knobs[:i]]
+        todo += [(system, {**kn, "flags": f}) for kn in unique for f in flags]
     out = []
     for values in itertools.product(*axes):
         base = {"experiment": cfg.experiment.name, "seed": cfg.seed, **dict(zip(AXES, values))}
-        todo = [(ref, {}) for ref in REFERENCES]
-        for system, sweep in points.items():
-            seen = []
-            for p in sweep:
-                knobs = {k: p[k] for k in PRODUCER_KNOBS}
-                if knobs not in seen:  # consumer knobs do not change the producer
-                    seen.append(knobs)
-                    todo += [(system, {**knobs, "flags": f}) for f in flags]
         for system, params in todo:
-            cell = {**base, "system": system, "params": params}
+            cell = {**base, "system": system, "params": dict(params)}
             cell["cell_hash"] = hash_cell(cfg, process_world, cell)
             out.append(cell)
     return out
@@ -176,11 +172,7 @@ def batched_rows(x_valid: torch.Tensor, e: int) -> torch.Tensor:
     return xb
 
 
-#: a cell's (launch, output, its float32 reference, metrics)
-Launch = tuple[Any, torch.Tensor, torch.Tensor, dict]
-
-
-def _kernel(ctx: RunContext, cell: dict, pb) -> Launch:
+def _kernel(ctx: RunContext, cell: dict, pb) -> tuple[Any, torch.Tensor, torch.Tensor, dict]:
     """(launch, output, its float32 reference, metrics) of one cell's kernel."""
     rows = float(pb.x_valid.shape[0])
     if cell["system"] == "torch_grouped_mm":
@@ -202,9 +194,9 @@ def _kernel(ctx: RunContext, cell: dict, pb) -> Launch:
     return go, out, ref, {"gemm_rows": rows, "impl": impl}
 
 
-def _producer_kernel(ctx: RunContext, cell: dict, pb) -> Launch:
-    """The overlap producer's cell: the table's tile configuration (pb.cfg; pb.plan built for
-    its group_cap and the cell's order), the local rows stored in a receive buffer recv [L, N]
+def _producer_kernel(ctx: RunContext, cell: dict, pb) -> tuple:
+    """_kernel of an overlap cell: the table's tile configuration (pb.cfg; pb.plan built for its
+    group_cap and the cell's order), the local rows stored in a receive buffer recv [L, N]
     through plan.row_dst [P]; checked by reading them back from there."""
     from systems.overlap.kernels import launch_producer
 
