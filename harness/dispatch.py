@@ -163,25 +163,18 @@ class LayerDispatch:
 
     bound: rows the labels are sized for before the sync (None: min(W*T*k, HEADROOM*T*k) on the
     first call, so buffers sized from it do not grow with W); it only grows, to max(R, min(2 *
-    bound, W*T*k)), when a step receives R > bound (counted in `regrown`). device_labels: label
-    with the Triton kernels before the sync (None: on a GPU; True on the CPU: the interpreter).
+    bound, W*T*k)), when a step receives R > bound (counted in `regrown`). device_labels: tests
+    set it (and bound) to take the GPU path, Triton kernels and labels before the sync, on the
+    CPU (the interpreter).
     """
 
     #: the first bound is this many times the average rows a rank receives (T*k)
     HEADROOM = 2
 
-    def __init__(
-        self,
-        world_size: int,
-        experts_per_rank: int,
-        group=None,
-        bound: int | None = None,
-        device_labels: bool | None = None,
-    ) -> None:
-        if bound is not None and bound < 1:
-            raise ValueError(f"bound must be >= 1 row, got {bound}")
+    def __init__(self, world_size: int, experts_per_rank: int, group=None) -> None:
         self.W, self.E, self.group = world_size, experts_per_rank, group
-        self.bound, self.device_labels = bound, device_labels
+        self.bound: int | None = None
+        self.device_labels = False
         self.regrown = 0  # steps that received more rows than the bound
 
     def __call__(
@@ -192,9 +185,8 @@ class LayerDispatch:
     ) -> Dispatched:
         W, E = self.W, self.E
         T, k = expert_ids.shape
-        dev = x.device
-        on_device = dev.type == "cuda" if self.device_labels is None else self.device_labels
-        if dev.type == "cuda" or on_device:  # a few launches (harness/kernels/dispatch.py)
+        on_device = x.device.type == "cuda" or self.device_labels
+        if on_device:  # a few launches (harness/kernels/dispatch.py)
             from harness.kernels.dispatch import recv_rows, sort_meta, split_sizes
         else:
             sort_meta, split_sizes, recv_rows = sort_meta_torch, split_sizes_torch, recv_rows_torch

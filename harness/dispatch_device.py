@@ -6,6 +6,8 @@ stacked tokens [W*T, H].
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from harness import dispatch as ld
@@ -39,8 +41,6 @@ def dispatch_used(
 
 def triton_runs(device_type: str) -> bool:
     """Whether Triton kernels run on `device_type` here (on the CPU: the interpreter)."""
-    import os
-
     return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -84,13 +84,10 @@ class PlayedDispatch:
         recv_rows = self._ops[2]
         if recv_rows is not None:
             return recv_rows(counts, off, self.bound, epos)
-        src, exp, dst, pos, offs = ld.recv_rows_torch(counts, off, int(counts.sum()), epos)
-        pad = self.bound - src.numel()
-
-        def padded(t):
-            return None if t is None else torch.cat([t, t.new_full((pad,), -1)])
-
-        return padded(src), padded(exp), padded(dst), padded(pos), offs
+        *rows, offs = ld.recv_rows_torch(counts, off, int(counts.sum()), epos)
+        pad = self.bound - rows[0].numel()
+        rows = [None if t is None else torch.cat([t, t.new_full((pad,), -1)]) for t in rows]
+        return *rows, offs
 
     def __call__(
         self, xs: list[torch.Tensor], ids: list[torch.Tensor], gather: bool = True
@@ -118,11 +115,10 @@ class PlayedDispatch:
             labels = self._labels(counts, off, epos)
             src, dst = labels[0], labels[2]
             rows = token_all.index_select(0, (src * S + dst).clamp_min(0))
-            if gather:
-                torch.index_select(x_all, 0, rows, out=self.x_recv[d])
-            order, pos, _, _ = sends[d]
             x_recv = self.x_recv[d] if gather else None
-            send = (order, pos.view(T, k))
-            out.append(ld.host_free(x_recv, send, sizes, counts, labels, W, E,
-                                    tokens=x_all, token_rows=rows))  # fmt: skip
+            if gather:
+                torch.index_select(x_all, 0, rows, out=x_recv)
+            send = (sends[d][0], sends[d][1].view(T, k))  # (order, pos)
+            extra = dict(tokens=x_all, token_rows=rows)
+            out.append(ld.host_free(x_recv, send, sizes, counts, labels, W, E, **extra))
         return out

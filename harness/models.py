@@ -215,7 +215,7 @@ class MoETimer:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.forwards: list[list] = []  # per forward: a [start, stop] pair per MoE call
+        self.forwards: list[list] = []  # per forward: a (start, stop) pair per MoE call
 
     def new_forward(self) -> None:
         self.forwards.append([])
@@ -227,11 +227,12 @@ class MoETimer:
         ev.record()
         return ev
 
-    def start(self) -> None:
-        self.forwards[-1].append([self._now(), None])
-
-    def stop(self) -> None:
-        self.forwards[-1][-1][1] = self._now()
+    def time(self, call: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """call(), timed as one MoE call of the current forward."""
+        start = self._now()
+        out = call()
+        self.forwards[-1].append((start, self._now()))
+        return out
 
     def per_forward_ms(self) -> list[float]:
         """The summed MoE time of every recorded forward, ms (synchronises the device)."""
@@ -260,12 +261,9 @@ class SystemMoE:
 
     def __call__(self, block: int, h, ids, gate) -> torch.Tensor:
         self.copy_in(h, ids, gate)
-        if self.timer is not None:
-            self.timer.start()
-        out = self.system.timed()
-        if self.timer is not None:
-            self.timer.stop()
-        return out
+        if self.timer is None:
+            return self.system.timed()
+        return self.timer.time(self.system.timed)
 
 
 def owned_inputs(inputs: CellInputs) -> CellInputs:

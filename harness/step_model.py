@@ -11,8 +11,7 @@ busiest; the step is the max over them):
             grouped_mm and the un-permute, the all-to-all (nccl_lat_us + the busiest link's
             bytes), the scale; a layer adds a constant per system and timing mode (the W=1
             layer's rest), the dispatch's all-to-all, the padded gather and fc1 (+ GELU)
-Node presets: conf/node/<name>.yaml; `fit` derives the H200's from single-GPU rows and the
-bandwidth tables only (`python -m experiments.predict --calibrate`).
+Node presets: conf/node/<name>.yaml (the H200's from `fit`: experiments.predict --calibrate).
 """
 
 from __future__ import annotations
@@ -78,9 +77,8 @@ def load_node(name: str) -> Node:
 
 def spec_of(cell: dict) -> WorkloadSpec:
     keys = ("tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k", "world_size")
-    ffn = int(cell.get("ffn") or 0)
-    return WorkloadSpec(*(int(cell[k]) for k in keys), str(cell["routing"]),
-                        str(cell.get("dtype") or "bfloat16"), 0, ffn)  # fmt: skip
+    run = dict(routing=str(cell["routing"]), dtype=str(cell.get("dtype") or "bfloat16"))
+    return WorkloadSpec(**{k: int(cell[k]) for k in keys}, **run, ffn=int(cell.get("ffn") or 0))
 
 
 def routing_key(spec: WorkloadSpec) -> WorkloadSpec:
@@ -99,8 +97,8 @@ def counts(key: WorkloadSpec) -> np.ndarray:
 def rank_plan(key: WorkloadSpec, rank: int, tile_m: int, mgb: int, layout: str, order: str) -> dict:
     """plan_arrays of a rank's combine plan, from its group sizes (key: routing_key)."""
     rows = counts(key)[:, rank, :].T.tolist()  # rows[e][s]
-    return plan_arrays(plan_from_rows(rows, rank=rank, tile_m=tile_m, mgb=mgb, layout=layout,
-                                      order=order))  # fmt: skip
+    plan = plan_from_rows(rows, rank=rank, tile_m=tile_m, mgb=mgb, layout=layout, order=order)
+    return plan_arrays(plan)
 
 
 def plan_arrays(p) -> dict:
@@ -113,9 +111,9 @@ def plan_arrays(p) -> dict:
     unit_rows = p.band_valid[p.schedule] if aligned else p.piece_rows
     seg = torch.repeat_interleave(torch.arange(len(p.seg_start)), p.seg_count)
     n = seg.numel()
-    return dict(seq=seq.numpy(), expert=p.band_expert.numpy(), seg=seg.numpy(),
-                unit_band=unit_band[:n].numpy(), unit_rows=unit_rows[:n].numpy(),
-                seg_dst=p.seg_dst.numpy(), padded=int(p.n_padded))  # fmt: skip
+    arrays = dict(seq=seq, expert=p.band_expert, seg=seg, unit_band=unit_band[:n])
+    arrays |= dict(unit_rows=unit_rows[:n], seg_dst=p.seg_dst)
+    return {k: v.numpy() for k, v in arrays.items()} | {"padded": int(p.n_padded)}
 
 
 def gemm_work(expert_seq: np.ndarray, n_cols: int, k: int, node: Node) -> np.ndarray:
@@ -156,8 +154,10 @@ def overlap_rank(
     ready = np.zeros(S)
     np.maximum.at(ready, pl["seg"], band_done[pl["unit_band"]])
     nbytes = np.bincount(pl["seg"], pl["unit_rows"] * n_cols * 2.0, S)
-    curve = (node.loop_seg_lat_us, node.loop_cta_gbps, node.loop_link_gbps) if loop else (
-        node.seg_lat_us, node.cta_gbps, node.link_gbps)  # fmt: skip
+    if loop:
+        curve = (node.loop_seg_lat_us, node.loop_cta_gbps, node.loop_link_gbps)
+    else:
+        curve = (node.seg_lat_us, node.cta_gbps, node.link_gbps)
     pair = node.topology == "pairwise" and not loop
     puts = consume(ready, nbytes, pl["seg_dst"], ccta, *curve, pair)
     alone = consume(np.zeros(S), nbytes, pl["seg_dst"], ccta, *curve, pair)
@@ -215,24 +215,25 @@ def predict(cell: dict, node: Node) -> dict:
         comm = all_to_all_us(spec, n_gemm, node)
         comp = max(serial_rank(spec, r, node) for r in ranks_of(spec, False))
         return _out(const + dispatch + comp + comm + after, comp + after, dispatch + comm, layer)
-    ccta, mgb = int(_knob(cell, "ccta", 16)), int(_knob(cell, "mgb", 1))
+    ccta = int(_knob(cell, "ccta", 16)) if W > 1 else 0
+    mgb = int(_knob(cell, "mgb", 1))
     tm, layout = int(_knob(cell, "tile_m", 128)), str(_knob(cell, "layout", "aligned"))
     auto = auto_order(spec.tokens_per_rank, spec.top_k, spec.experts_per_rank, tm)
     order = str(_knob(cell, "order", auto))
     ranks = ranks_of(spec, played and layer)
     if played and not layer:  # the played operator times the busiest rank alone
         ranks = ranks[:1]
-    ends, comps, comms = [], [], []
+    shared = cell.get("p_consumer") == "shared"
+    res = []  # per rank: (end, compute alone, comm alone)
     for r in ranks:
         pl = rank_plan(routing_key(spec), r, tm, mgb, layout, order)
         t0 = 0.0
         if layer:  # the padded gather, fc1 (+ GELU) on every SM
             w1 = gemm_work(pl["expert"][pl["seq"]], spec.ffn, spec.hidden, node)
             t0 = 4 * pl["padded"] * spec.hidden / (1e6 * node.hbm_tbps) + w1.sum() / node.sms
-        shared = cell.get("p_consumer") == "shared"
-        end, c, m = overlap_rank(pl, n_gemm, k_gemm, node, ccta if W > 1 else 0, played, t0,
-                                 shared)  # fmt: skip
-        ends.append(end), comps.append(t0 + c), comms.append(m)
+        end, c, m = overlap_rank(pl, n_gemm, k_gemm, node, ccta, played, t0, shared)
+        res.append((end, t0 + c, m))
+    ends, comps, comms = zip(*res)
     lead = node.lead_us + (node.handshake_us if W > 1 and not played else 0.0)
     if played and layer:  # one GPU runs every rank's experts and scale in turn
         lat = W * const + sum(ends) + W * after

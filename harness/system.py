@@ -266,8 +266,6 @@ class SystemInfo:
 
 
 REGISTRY: dict[str, SystemInfo] = {}
-#: the module whose import registers every system (the catalogue)
-CATALOGUE = "systems"
 
 
 def register(info: SystemInfo) -> SystemInfo:
@@ -278,8 +276,9 @@ def register(info: SystemInfo) -> SystemInfo:
 
 
 def registry() -> dict[str, SystemInfo]:
-    """Every registered system by name (imports the catalogue, which imports no GPU code)."""
-    importlib.import_module(CATALOGUE)
+    """Every registered system by name (imports the catalogue, systems/__init__.py, whose
+    import registers every system and imports no GPU code)."""
+    importlib.import_module("systems")
     return REGISTRY
 
 

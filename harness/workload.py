@@ -1,10 +1,7 @@
-"""Workload cells: shapes, seeded activations and expert weights, identical on every rank.
-
-By `ffn` (the expert width F; scopes: docs/method.md, "The operator" and "The layer"):
-  ffn = 0  the paper's operator (Table 2): one GEMM per expert, Y_e [M_e, N] = X_e [M_e, K] @ B_e
-           (K = hidden, N = out), scope gemm+combine
-  ffn = F  a whole MoE layer: Y_e = gelu(X_e @ W1_e) @ W2_e, W1_e [H, F], W2_e [F, H] (H = hidden
-           = out), scope layer
+"""Workload cells: shapes, seeded activations and expert weights, identical on every rank. By
+the expert width `ffn` (docs/method.md, "The operator" and "The layer"): 0 is the operator,
+Y_e [M_e, N] = X_e [M_e, K] @ B_e (K = hidden, N = out); F > 0 a whole MoE layer,
+Y_e = gelu(X_e @ W1_e) @ W2_e, W1_e [H, F], W2_e [F, H] (H = hidden = out).
 """
 
 from __future__ import annotations
@@ -133,10 +130,8 @@ def make_fc2_weight(spec: WorkloadSpec, global_expert: int, device: torch.device
 
 def make_rank_fc1(spec: WorkloadSpec, rank: int, device: torch.device) -> torch.Tensor:
     """fc1 of the FFN experts hosted on one rank, W1 [E, H, F]."""
-    e0 = rank * spec.experts_per_rank
-    return torch.stack(
-        [make_fc1_weight(spec, g, device) for g in range(e0, e0 + spec.experts_per_rank)]
-    )
+    E = spec.experts_per_rank
+    return torch.stack([make_fc1_weight(spec, g, device) for g in range(rank * E, rank * E + E)])
 
 
 #: the global routing per (W, T, E, top_k, routing, seed): make_routing, cached

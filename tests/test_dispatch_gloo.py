@@ -39,10 +39,11 @@ def _check_rank(rank: int, world: int) -> list[str]:
     x = torch.randn(T, H, generator=g)
     done = []
     for name, ids in _routings(world, g).items():
-        want = LayerDispatch(world, E, device_labels=False)(x, ids)
+        want = LayerDispatch(world, E)(x, ids)  # the torch path (the CPU's)
         r = want.x_recv.shape[0]
         for bound in (None, 5, 30):  # 30: below R and 2 x 30 below W*T*K for spread rows
-            disp = LayerDispatch(world, E, bound=bound, device_labels=True)
+            disp = LayerDispatch(world, E)
+            disp.bound, disp.device_labels = bound, True
             first = min(world * T * K, 2 * T * K) if bound is None else bound
             grows = r > first
             for step in range(2):

@@ -6,15 +6,14 @@ recv_rows labels the rows [R] received in (source s, local expert e) blocks b = 
 recv_counts [W, E] (G = W*E blocks) as recv_rows_torch does (fields: harness.dispatch.Dispatched).
 One program writes the blocks' inclusive ends (source major), their expert-major starts and offs;
 then program p labels rows [p*BLOCK, (p+1)*BLOCK): a row's block is the number of blocks that
-end at or before it, by binary search over the ends (every row against every block is too slow
-at W=64, E=64: docs/measurements.md). R may be a bound on the rows (launched before the host
-sync): rows past the total are -1.
+end at or before it, by binary search over the ends (docs/measurements.md: all pairs is too
+slow). R may be a bound on the rows (launched before the host sync): rows past the total are -1.
 
 sort_meta is a stable counting sort of the S = T*k global experts over G keys, in two launches
-with no memset (~10x faster than sort_meta_torch's 35 kernels at T=8192, k=2 on an H200).
-Program p sorts block p's B pairs in registers by (expert << log2 B | place), so ties keep their
-order, and writes lb[p, g], the block's pairs routed to experts before g. Pair j of block p's
-sorted block, routed to expert e, then goes to send row
+with no memset (sort_meta_torch takes 35 kernels). Program p sorts block p's B pairs in
+registers by (expert << log2 B | place), so ties keep their order, and writes lb[p, g], the
+block's pairs routed to experts before g. Pair j of block p's sorted block, routed to expert e,
+then goes to send row
   sum over blocks q of lb[q, e]  (every pair routed to an earlier expert)
   + sum over q < p of (lb[q, e+1] - lb[q, e])  (expert e's pairs in earlier blocks)
   + j - lb[p, e]  (expert e's pairs before it in its block).

@@ -79,11 +79,8 @@ def _binds_alike(old: Any, value: torch.Tensor) -> bool:
         aligned = old.aligned
     else:
         return False
-    return (
-        value.dtype == old.dtype
-        and value.device == old.device
-        and (value.data_ptr() % 16 == 0) == aligned
-    )
+    new = (value.dtype, value.device, value.data_ptr() % 16 == 0)
+    return new == (old.dtype, old.device, aligned)
 
 
 class LaunchMemo:
@@ -190,14 +187,10 @@ class LaunchMemo:
         c, g = self.compiled, self.grid
         stream = driver.active.get_current_stream(torch.cuda.current_device())
         if self.raw is not None and (FAST or self.released):
-            self.raw(
-                g[0], g[1], g[2], stream, c.function, *self.head, None, None,
-                c.packed_metadata, None, None, None, *self.final,
-            )  # fmt: skip
+            head = (*g, stream, c.function, *self.head, None, None, c.packed_metadata)
+            self.raw(*head, None, None, None, *self.final)
             return c
-        c.run(
-            g[0], g[1], g[2], stream, c.function, c.packed_metadata, None, None, None, *self.bound
-        )
+        c.run(*g, stream, c.function, c.packed_metadata, None, None, None, *self.bound)
         return c
 
 
@@ -215,11 +208,10 @@ def launch_cached(kernel: Any, grid: tuple, args: tuple, kwargs: dict, ints: tup
     and tensor kinds (dtype, device, 16-byte alignment) relaunch the remembered compile with
     these tensors and the `ints` (declared do_not_specialize) swapped in, holding no tensor
     between calls. CPU tensors (the interpreter) and a set launch hook take Triton's path."""
-    names = kernel.arg_names
     sig: list[Any] = []
     volatile: dict[str, Any] = {}
     cuda = False
-    for name, a in zip(names, args):
+    for name, a in zip(kernel.arg_names, args):
         if isinstance(a, torch.Tensor):
             cuda = cuda or _on_gpu(a)
             sig.append((a.dtype, a.device, a.data_ptr() % 16 == 0))

@@ -65,13 +65,6 @@ def _scale_kernel(
     tl.store(out_ptr + rows + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def config_for(n: int, variant: str | None = None) -> ScaleConfig:
-    """The variant asked for (default DEFAULT), its column block capped at N's power of two."""
-    cfg = VARIANTS[variant or DEFAULT]
-    bn = min(cfg.block_n, next_power_of_2(max(n, 16)))
-    return ScaleConfig(cfg.block_t, bn, cfg.num_warps)
-
-
 def launch_scale(
     y: torch.Tensor,
     pos: torch.Tensor,
@@ -80,13 +73,15 @@ def launch_scale(
     variant: str | None = None,
 ) -> torch.Tensor:
     """out [T, N] = sum_j gate[t, j] * y[pos[t, j]]; y [S, N] contiguous, pos [T, k] int32/64,
-    gate [T, k] float32, all on one device. Shapes are checked by harness.scale.Scaler."""
+    gate [T, k] float32, all on one device. Shapes are checked by harness.scale.Scaler.
+    variant: a VARIANTS key (None: DEFAULT), its column block capped at N's power of two."""
     T, k = pos.shape
     N = y.shape[1]
     if T == 0:
         return out
-    cfg = config_for(N, variant)
-    grid = (cdiv(T, cfg.block_t), cdiv(N, cfg.block_n))
-    kw = dict(K_SLOTS=k, BLOCK_T=cfg.block_t, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    cfg = VARIANTS[variant or DEFAULT]
+    bn = min(cfg.block_n, next_power_of_2(max(N, 16)))
+    grid = (cdiv(T, cfg.block_t), cdiv(N, bn))
+    kw = dict(K_SLOTS=k, BLOCK_T=cfg.block_t, BLOCK_N=bn, num_warps=cfg.num_warps)
     launch_cached(_scale_kernel, grid, (y, pos, gate, out, T, N), kw)  # remembered on a GPU
     return out
