@@ -1,8 +1,8 @@
 """The catalogue of systems: one `SystemInfo` entry per system, read by the runner and the plots.
 
 Targets are lazy "module:Class" strings, so importing this package imports no GPU code. Adding a
-system = one module (a harness.system.System subclass with its PARAMS) + one entry here + (if an
-experiment runs it) its entry under `experiment.systems` in conf/experiment/*.yaml.
+system = a harness.system.System subclass with its PARAMS + one entry here + (if an experiment
+runs it) its entry under `experiment.systems` in conf/experiment/*.yaml.
 """
 
 import os

@@ -1,16 +1,14 @@
 """DeepEP's low-latency kernels as a layer baseline (deepseek-ai/DeepEP at 567632d, v1 API).
 
-Host-free dispatch and combine (worst-case per-expert receive buffers plus a count on the device;
-its Python checks host ints only, its C++ joins its comm stream by events,
-csrc/deep_ep.cpp:1534-1795), so the step is capturable. One process per rank (NVSHMEM: one PE
-per GPU). Timed region (layer cells only):
+Host-free dispatch and combine (worst-case receive buffers, counts on the device; its C++ joins
+its comm stream by events, csrc/deep_ep.cpp:1534-1795), so the step is capturable. One process
+per rank (NVSHMEM: one PE per GPU). Timed region (layer cells only):
   1 Buffer.low_latency_dispatch(x [T, H] bf16, ids [T, k], M = T, G = W * E) -> recv_x
-    [E, W*M, H] (expert e's rows at recv_x[e, :count[e]]) and count [E] int32 on the device;
-  2 the FFN experts over ONLY the real rows (`packed_ffn`; a batched GEMM over the worst case
-    would multiply the FLOPs by W*M*E / (T*k));
+    [E, W*M, H] (expert e's rows at recv_x[e, :count[e]]) and count [E] int32;
+  2 the FFN experts over ONLY the real rows (`packed_ffn`; the worst case would multiply the
+    FLOPs by W*M*E / (T*k));
   3 Buffer.low_latency_combine(y, ids, gate [T, k] f32, handle) -> out [T, H] (gate-weighted).
 ONE Buffer per process and run (`ll_buffer`), sized for the run's largest cell (`plan_cell`).
-Cells the kernels cannot take are skipped before any GPU work (`ll_limits`).
 """
 
 from __future__ import annotations
@@ -29,14 +27,11 @@ from harness.workload import WorkloadSpec
 from systems import package_version
 
 UPSTREAM = "deepseek-ai/DeepEP@567632d"
-#: hidden sizes the low-latency kernels are compiled for (csrc/kernels/launch.cuh:114-135,
-#: SWITCH_HIDDEN; any other is "Unsupported hidden")
+#: hidden sizes the low-latency kernels are compiled for (SWITCH_HIDDEN, launch.cuh:114-135)
 LL_HIDDEN = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
-#: most experts a token may choose (kNumMaxTopK, csrc/kernels/internode_ll.cu:494/502 dispatch,
-#: 1167/1180 combine)
+#: most experts a token may choose (kNumMaxTopK, internode_ll.cu:494 dispatch, :1167 combine)
 LL_MAX_TOPK = 11
-#: warp groups per SM the dispatch's receive takes: ceil(G / SMs) < 15
-#: (csrc/kernels/internode_ll.cu:383)
+#: warp groups per SM of the dispatch's receive: ceil(G / SMs) < 15 (internode_ll.cu:383)
 LL_MAX_WARP_GROUPS = 14
 #: NVSHMEM's QP depth when unset (deep_ep/buffer.py:113); it must be >= 2 (M + 1) (buffer.py:602)
 QP_DEPTH_DEFAULT = 1024
@@ -148,9 +143,8 @@ def ll_limits(spec: WorkloadSpec, run_rdma: int = 0) -> list[str]:
 def pack_index(
     count: torch.Tensor, slots: int, rows: torch.Tensor, spare: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The packing of the real rows of a [E, slots, H] receive buffer, on the device.
-
-    count [E] int: real rows of each expert (its first count[e] slots); rows = arange(P) int64.
+    """The packing of the real rows of a [E, slots, H] receive buffer, on the device: count [E]
+    int real rows of each expert (its first count[e] slots); rows = arange(P) int64.
     Returns src [P] (the row of recv.view(-1, H) that packed row p holds; 0 past the real rows),
     dst [P] (the same, `spare` past the real rows: their outputs dropped there), offs [E] int32
     (inclusive cumulative counts: torch._grouped_mm's offsets) and n [1] (real rows)."""
@@ -285,15 +279,13 @@ class LowLatencyStep(Step):
         dev, E, H = self.x.device, spec.experts_per_rank, spec.hidden
         self.rows = torch.arange(packed_rows(spec), device=dev)  # [P]
         self.y_rows = torch.zeros(E * self.S + 1, H, dtype=self.x.dtype, device=dev)
-        # one untimed step's state, for the bounds
         self.recv, self.count, handle = self._dispatch()
         self.y = packed_ffn(self.recv, self.count, self.w1, self.w2, self.rows, self.y_rows)
         self._combine(self.y, handle)
         self.host_free = grouped_mm_usable(self.recv.view(-1, H), self.w1)
 
     def _topk(self) -> torch.Tensor:
-        ids = self.ids if self.ids.dtype == self.idx_t else self.ids.to(self.idx_t)
-        return ids.contiguous()
+        return self.ids.to(self.idx_t).contiguous()  # no copy where already idx_t
 
     def _dispatch(self) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """x [T, H] -> recv [E, W*M, H], count [E] int32, the combine's handle."""
@@ -336,8 +328,7 @@ class DeepEPSystem(System):
 
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
-        """Every cell of the run passes here before any rank starts: the cells the kernels can
-        take enter the run's Buffer sizes (plan_cell)."""
+        """Every cell passes here before any rank starts: those the kernels take enter plan_cell."""
         if spec.ffn and not ll_limits(spec):
             plan_cell(spec)
 
@@ -361,8 +352,7 @@ class DeepEPSystem(System):
         spec = inputs.spec
         M, G = spec.tokens_per_rank, spec.n_experts
         group = self.ctx.group if self.ctx.group is not None else dist.group.WORLD
-        hint = deep_ep.Buffer.get_low_latency_rdma_size_hint
-        rdma = hint(M, spec.hidden, spec.world_size, G)
+        rdma = deep_ep.Buffer.get_low_latency_rdma_size_hint(M, spec.hidden, spec.world_size, G)
         W, E = spec.world_size, spec.experts_per_rank
         buffer = ll_buffer(deep_ep, group, W, rdma, E, 2 * (M + 1))
         buffer.clean_low_latency_buffer(M, spec.hidden, G)

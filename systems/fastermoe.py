@@ -1,13 +1,11 @@
 """FasterMoE, the real package (laekov/fastmoe, `fmoe`): its smart schedule fed the harness routing.
 
 fmoe.fastermoe.schedule._fmoe_general_global_forward runs FasterMoE's pipelined group-step
-exchange (FMOE_FASTER_GROUP_SIZE = g) with our experts as expert_fn and shadowing off
-(stored_models all False, its default); the gate-weighted sum of each token's k rows follows, as
-FMoE's layer does. Timed, from x [T, K] and the routing (read on every forward): count exchange,
-dispatch steps, expert GEMMs, return steps, gather and weighted sum -> out [T, N]. Operator cells
-with K != N are skipped (its buffers need equal widths). fmoe reads FMOE_FASTER_GROUP_SIZE ONCE
-per process (a static in smart_schedule.cpp): a cell asking another group size than the run's
-first is skipped (run it in its own invocation).
+exchange (FMOE_FASTER_GROUP_SIZE = g) with our experts as expert_fn and shadowing off (its
+default), then the gate-weighted sum of each token's k rows, as FMoE's layer does. Timed, from
+x [T, K] and the routing: count exchange, dispatch steps, expert GEMMs, return steps, gather and
+weighted sum -> out [T, N]. fmoe reads FMOE_FASTER_GROUP_SIZE ONCE per process (a static in
+smart_schedule.cpp): a cell asking another group size than the run's first is skipped.
 """
 
 from __future__ import annotations
@@ -31,9 +29,7 @@ def _group_size(spec: WorkloadSpec, params: dict[str, Any]) -> int:
 
 
 class SmartScheduleStep(Step):
-    """fmoe's _fmoe_general_global_forward `fwd` from this rank's tokens x [T, K] and the
-    routing (expert_ids [T, k], gate [T, k] float32), then the gate-weighted sum of each
-    token's k rows -> out [T, N]."""
+    """fmoe's schedule `fwd` (module doc) on x [T, K], expert_ids, gate [T, k] -> out [T, N]."""
 
     def __init__(self, fwd: Any, inputs: CellInputs) -> None:
         spec = inputs.spec

@@ -3,13 +3,10 @@
 FasterMoE (laekov/fastmoe, cuda/fastermoe/smart_schedule.h) replaces the two all-to-alls by
 n = W / g steps of point-to-point exchanges between groups of g ranks (param `group_size`): at
 step s, group grp = r // g sends to group (grp + s) mod n and receives from (grp - s) mod n.
-Stages: 1 the dispatch steps on a comm stream, one NCCL group per (step, local expert); 2 per
-step, one GEMM per local expert over the rows from group (grp - s); 3 the return steps, step s
-after its compute. Here in torch, one dist.batch_isend_irecv per (step, expert): HOST-BOUND.
-Not reproduced, both off in FasterMoE by default: shadowing (same output in exact arithmetic,
-moved work) and the topology-aware gate (it changes the routing).
-Param `scope`: "gemm+combine" (default; the dispatch steps run once at setup; timed: stages 2-3
-and the output step) or "layer" (stages 1-3 and the output step).
+Stages: 1 the dispatch steps, one NCCL group per (step, local expert); 2 per step, one GEMM per
+local expert over the rows from group (grp - s); 3 the return steps. Here one batch_isend_irecv
+per (step, expert): HOST-BOUND. Not reproduced (off by default): shadowing, the topology-aware
+gate. Param `scope`: "gemm+combine" (default; timed: stages 2-3, the output) or "layer" (1-3).
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ import torch.distributed as dist
 from harness.layout import send_order
 from harness.system import CellInputs, RunContext, Step, System, int_param
 from harness.workload import WorkloadSpec, routing_of
+from systems.fastermoe import FasterMoESystem
 from systems.tutel_reimpl import PipelinedLayer, PipelinedStep, check_scope, expert_counts
 
 
@@ -36,9 +34,7 @@ class Plan:
 
     def __init__(self, spec: WorkloadSpec, rank: int, group_size: int) -> None:
         W, E = spec.world_size, spec.experts_per_rank
-        g = min(group_size, W)
-        if W % g:
-            raise ValueError(f"fastermoe group size {g} must divide the world size {W}")
+        g = min(group_size, W)  # W % g == 0: FasterMoEReimplSystem.validate
         self.W, self.E, self.g, self.rank = W, E, g, rank
         self.n = W // g
         self.grp = rank // g
@@ -96,38 +92,35 @@ class CombineScheduleStep(PipelinedStep):
         self.gout = torch.empty(R, spec.out, dtype=dt, device=dev)  # global_output_buf
         self.yout = torch.empty(S, spec.out, dtype=dt, device=dev)  # output_buf (send order)
         order, _ = send_order(spec, plan.rank)  # pair index t*k + j of each send row
-        inv = torch.empty_like(order)
-        inv[order] = torch.arange(order.numel())
-        self.pos_g = inv.to(dev)  # [T*k]: send-order row of pair t*k + j
+        self.pos_g = torch.argsort(order).to(dev)  # [T*k]: send-order row of pair t*k + j
         gw = routing_of(spec).gate_weights[plan.rank]  # [T, k]
         self.gate_score = gw.view(-1, 1, spec.top_k).to(device=dev, dtype=dt)
         self.stages = plan.n
-        self._events(plan.n)
-        self.setup_dispatch()
+        self._prepare()
 
     def _encode(self) -> None:
         """_local_scatter: x [T, K] -> send buffer [S, K] in (destination, expert) order."""
         torch.index_select(self.x, 0, self.lay.send_token.to(self.x.device), out=self.xs)
 
-    def _exchange(self, pairs, src: torch.Tensor, dst: torch.Tensor, tag: int) -> None:
-        """One NCCL group of FasterMoE: sends from src rows, receives into dst rows."""
-        ops = []
-        for peer_s, s_off, s_n, peer_r, r_off, r_n in pairs:
-            if peer_s == self.rank:  # own rows: a local copy (peer_r is then rank too)
+    def _exchange(self, s: int, pairs, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Step s: per local expert e one NCCL group over pairs(s, e), src rows -> dst rows."""
+        for e in range(self.plan.E):
+            ops, tag = [], s * self.plan.E + e
+            for peer_s, s_off, s_n, peer_r, r_off, r_n in pairs(s, e):
+                if peer_s == self.rank:  # own rows: a local copy (peer_r is then rank too)
+                    if s_n:
+                        dst[r_off : r_off + r_n].copy_(src[s_off : s_off + s_n])
+                    continue
                 if s_n:
-                    dst[r_off : r_off + r_n].copy_(src[s_off : s_off + s_n])
-                continue
-            if s_n:
-                ops.append(dist.P2POp(dist.isend, src[s_off : s_off + s_n], peer_s, tag=tag))
-            if r_n:
-                ops.append(dist.P2POp(dist.irecv, dst[r_off : r_off + r_n], peer_r, tag=tag))
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
+                    ops.append(dist.P2POp(dist.isend, src[s_off : s_off + s_n], peer_s, tag=tag))
+                if r_n:
+                    ops.append(dist.P2POp(dist.irecv, dst[r_off : r_off + r_n], peer_r, tag=tag))
+            if ops:
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
 
     def _dispatch_stage(self, s: int) -> None:
-        for e in range(self.plan.E):
-            self._exchange(self.plan.dispatch_pairs(s, e), self.xs, self.gin, s * self.plan.E + e)
+        self._exchange(s, self.plan.dispatch_pairs, self.xs, self.gin)
 
     def _compute(self, s: int) -> None:
         for e in range(self.plan.E):
@@ -136,8 +129,7 @@ class CombineScheduleStep(PipelinedStep):
                 torch.matmul(self.gin[lo:hi], self.weights[e], out=self.gout[lo:hi])
 
     def _combine(self, s: int) -> None:
-        for e in range(self.plan.E):
-            self._exchange(self.plan.combine_pairs(s, e), self.gout, self.yout, s * self.plan.E + e)
+        self._exchange(s, self.plan.combine_pairs, self.gout, self.yout)
 
     def _output(self) -> torch.Tensor:
         """_local_gather to (token, slot) order [T, k, N], then as FMoE's layer
@@ -166,11 +158,8 @@ class FasterMoEReimplSystem(System):
     @classmethod
     def validate(cls, spec: WorkloadSpec, params: dict[str, Any], sm_count: int) -> None:
         check_scope("fastermoe", params)
-        g = int_param("fastermoe", "group_size", params.get("group_size", 1), least=1)
-        if spec.world_size % min(g, spec.world_size):
-            raise ValueError(
-                f"fastermoe: group_size {g} must divide the world size {spec.world_size}"
-            )
+        int_param("fastermoe", "group_size", params.get("group_size", 1), least=1)
+        FasterMoESystem.validate(spec, params, sm_count)  # g divides W
 
     def build(self, ranks: list[CellInputs]) -> Step:
         """The schedule's plan and the step of the `scope` param."""

@@ -1,18 +1,16 @@
 """Shared glue for the Megatron-core baselines (megatron-core 0.16.1), imported only at setup.
 
-Megatron's real MoELayer and MoEAlltoAllTokenDispatcher run unchanged (route -> permute -> EP
-all-to-all -> sort by local expert -> experts -> unsort -> EP all-to-all -> unpermute), fed the
-harness routing by the router stub `FixedRouter` (so the dispatched rows equal x_recv).
-Operator cells (`MegatronOperator`, experts `single_gemm_experts_cls`: our expert is ONE GEMM
-Y_e = X_e @ B_e, Megatron's fc1 then its probs multiply) are timed from the dispatched rows:
-experts, combine all-to-all, unpermute -> [T, N]. Layer cells (ffn = F > 0, `MegatronLayer`):
-Megatron's real experts as its specs build them, timed as layer(x [T, 1, H]) -> [T, H]; the probs
-apply after the activation (F.gelu, erf form): sum_j w_j gelu(x W1_j) W2_j, the reference's sum.
+Megatron's real MoELayer and MoEAlltoAllTokenDispatcher run unchanged, fed the harness routing by
+the router stub `FixedRouter` (so the dispatched rows equal x_recv). Operator cells
+(`MegatronOperator`; experts `single_gemm_experts_cls`: ONE GEMM Y_e = X_e @ B_e, then x probs)
+are timed from the dispatched rows: experts, combine all-to-all, unpermute -> [T, N]. Layer cells
+(ffn = F > 0, `MegatronLayer`): Megatron's experts as its specs build them, timed as
+layer(x [T, 1, H]) -> [T, H]; probs apply after the activation (F.gelu, erf form).
 
-Capacity (layer cells): "dropless" reads the counts on the host in its preprocess
-(token_dispatcher.py _maybe_dtoh_and_synchronize), so its step cannot be captured. "padded" is
-Megatron's drop-and-pad route at the smallest capacity factor that drops nothing
-(`no_drop_capacity`): counts become host constants, every expert computes W * capacity rows.
+Capacity (layer cells): "dropless" reads the counts on the host (token_dispatcher.py
+_maybe_dtoh_and_synchronize), so its step cannot be captured. "padded" is Megatron's drop-and-pad
+route at the smallest capacity factor that drops nothing (`no_drop_capacity`): counts become host
+constants, every expert computes W * capacity rows.
 """
 
 from __future__ import annotations
@@ -70,16 +68,14 @@ CUDNN_LIBS = (
 def pin_cudnn_to_torch() -> str | None:
     """Load every cuDNN library from the folder of the one torch loaded, before Transformer
     Engine looks for cuDNN, and point TE's loader there (CUDNN_HOME; one already set, or
-    CUDNN_PATH, wins). Returns the folder, or None.
-
-    Why: with two cuDNN copies (the H200 image: /lib/x86_64-linux-gnu and torch's wheel) a later
-    load by name picks the other copy's libcudnn_heuristic.so.9 beside torch's libcudnn_graph:
-    "undefined symbol ..., version libcudnn_graph.so.9"."""
+    CUDNN_PATH, wins). Returns the folder, or None. Why: with two cuDNN copies (the H200 image:
+    /lib/x86_64-linux-gnu and torch's wheel) a later load by name picks the other copy's
+    libcudnn_heuristic.so.9 beside torch's libcudnn_graph: "undefined symbol ..., version
+    libcudnn_graph.so.9"."""
     import ctypes
 
-    if os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH"):
-        return None
-    if not torch.backends.cudnn.is_available():
+    env = os.environ.get("CUDNN_HOME") or os.environ.get("CUDNN_PATH")
+    if env or not torch.backends.cudnn.is_available():
         return None
     torch.backends.cudnn.version()  # maps torch's libcudnn into the process
     folder = loaded_library_dir("libcudnn_graph.so") or loaded_library_dir("libcudnn.so")
@@ -141,10 +137,8 @@ def resolve_permute_fusion(value: Any) -> bool:
 
 
 def transformer_config(spec: WorkloadSpec, **overrides: Any):
-    """Megatron TransformerConfig for one cell: hidden K (H), moe_ffn_hidden_size N (the single
-    GEMM's width) or F (layer cells), G experts, top-k, activation F.gelu (erf form). Dropless
-    all-to-all dispatcher, no bias, no gated unit, unfused permute unless overridden, float32
-    router probs, weights allocated on the CPU without init (they are copied in)."""
+    """Megatron's TransformerConfig for one cell (`overrides` win): moe_ffn_hidden_size N, or F
+    in layer cells; dropless all-to-all dispatcher; weights on the CPU without init (copied in)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dt, width = spec.torch_dtype, spec.ffn or spec.out
@@ -197,18 +191,12 @@ def no_drop_capacity(spec: WorkloadSpec) -> tuple[int, float]:
 def grouped_fc1_layout(weights: torch.Tensor) -> torch.Tensor:
     """Our weights [E, K, N] -> GroupedMLP weight1 [K, E*N], the flat [E, K, N] data: GroupedMLP
     reads weight1.view(E, K, N), a reinterpretation of the same memory."""
-    E, K, N = weights.shape
-    return weights.contiguous().view(K, E * N)
-
-
-def te_fc1_layout(weights: torch.Tensor) -> list[torch.Tensor]:
-    """Our weights [E, K, N] -> TE GroupedLinear weight{e} [N, K] = B_e^T (y = x W^T)."""
-    return [weights[e].t().contiguous() for e in range(weights.shape[0])]
+    return weights.contiguous().view(weights.shape[1], -1)
 
 
 def copy_te_weights(linear: torch.nn.Module, weights: torch.Tensor) -> None:
-    """Copy B [E, K, N] into a TE GroupedLinear's weight0..weight{E-1} [N, K], shapes checked."""
-    for e, w in enumerate(te_fc1_layout(weights)):
+    """Copy B [E, K, N] into a TE GroupedLinear's weight{e} [N, K] = B_e^T (y = x W^T), checked."""
+    for e, w in enumerate(weights.transpose(1, 2)):
         p = getattr(linear, f"weight{e}")
         if tuple(p.shape) != tuple(w.shape):
             raise ValueError(f"weight{e} has shape {tuple(p.shape)}, expected {tuple(w.shape)}")
@@ -339,8 +327,7 @@ def single_gemm_experts_cls(te: bool = False) -> type:
         def load_weights(self, weights: torch.Tensor) -> None:
             if te:
                 copy_te_weights(self.linear_fc1, weights)
-                return
-            with torch.no_grad():
+            else:  # weight1 needs no grad
                 self.weight1.copy_(grouped_fc1_layout(weights))
 
         def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
@@ -522,11 +509,11 @@ def layer_experts_spec(experts: str, n_experts: int):
 
 
 class MegatronLayer(_HeldDispatch):
-    """A layer cell on one rank (module doc), timed as layer(x [T, 1, H]) -> [T, H]. Setup copies
-    W1 [E, H, F] / W2 [E, F, H] in and runs route / preprocess / dispatch / experts / combine
-    once, for the bounds. capacity_factor (None: dropless) sets the drop-and-pad route; then
-    `capacity` is Megatron's rows per (source rank, expert) and `dropped` counts the (token,
-    expert) pairs of the whole cell that Megatron's map left out (None where dropless)."""
+    """A layer cell on one rank (module doc) with W1 [E, H, F] / W2 [E, F, H], timed as layer(x
+    [T, 1, H]) -> [T, H]; one forward held for the bounds. capacity_factor (None: dropless) sets
+    the drop-and-pad route: `capacity` is then Megatron's rows per (source rank, expert) and
+    `dropped` the (token, expert) pairs of the whole cell its map left out (None where dropless).
+    config: further TransformerConfig fields (megatron_deepep: the flex dispatcher)."""
 
     def __init__(
         self,
@@ -536,7 +523,6 @@ class MegatronLayer(_HeldDispatch):
         config: dict[str, Any] | None = None,
         capacity_factor: float | None = None,
     ) -> None:
-        """config: further TransformerConfig fields (megatron_deepep: the flex dispatcher)."""
         from megatron.core.transformer.moe.moe_layer import MoESubmodules
 
         spec = inputs.spec

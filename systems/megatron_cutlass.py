@@ -1,12 +1,13 @@
-"""Megatron-core with CUTLASS grouped GEMM experts (megatron-core 0.16.1; needs CUDA).
+"""Megatron-core with CUTLASS grouped GEMM experts (megatron-core 0.16.1; needs CUDA), and
+MegatronTESystem, the same with Transformer Engine experts.
 
 The real MoELayer with the all-to-all token dispatcher (systems/megatron_common.py): serial in
 structure (the combine waits for the expert GEMMs), with Megatron's own permutations (TE's fused
-kernels where TE is installed: permute_fusion=auto). Operator cells: GroupedMLP's fc1 as the
-single-GEMM expert; layer cells: legacy GroupedMLP (bf16 only). The GEMM is grouped_gemm.ops.gmm,
-or without that package torch._grouped_mm (`impl` says which). Param `capacity` (layer cells):
-"dropless" (default) or "padded" (megatron_common.py explains both); on "padded" a (token,
-expert) pair dropped anyway fails setup (a dropped low-gate pair can pass the output check).
+kernels where TE is installed: permute_fusion=auto). Experts: GroupedMLP's fc1 (operator cells)
+or legacy GroupedMLP (layer cells, bf16 only), on grouped_gemm.ops.gmm or torch._grouped_mm
+(`impl` says which). Param `capacity` (layer cells): CAPACITIES (megatron_common.py explains
+both); on "padded" a (token, expert) pair dropped anyway fails setup (a dropped low-gate pair
+can pass the output check).
 """
 
 from __future__ import annotations
@@ -17,13 +18,11 @@ import torch
 
 from harness.system import CellInputs, Step, System
 
-#: the `capacity` param's choices (systems/megatron_common.py explains both routes)
 CAPACITIES = ("dropless", "padded")
 
 
 class MegatronStep(Step):
-    """A step on a megatron_common MegatronOperator or dropless MegatronLayer `op` of system
-    `name`: timed = op.forward(), the bounds op's on its held rows."""
+    """A step on megatron_common's MegatronOperator or dropless MegatronLayer `op`."""
 
     def __init__(self, op: Any, name: str) -> None:
         self.op, self.name = op, name
@@ -46,9 +45,7 @@ class MegatronStep(Step):
 
 
 class PaddedLayerStep(MegatronStep):
-    """Layer cell on Megatron's drop-and-pad route (capacity=padded): the same layer forward,
-    with host-constant counts and equal splits, so nothing in it reads the device on the
-    host."""
+    """capacity=padded (Megatron's drop-and-pad): host-constant counts, equal splits."""
 
     def capture_blocker(self) -> str | None:
         if self.op.spec.world_size > 1:
@@ -68,11 +65,9 @@ class MegatronCutlassSystem(System):
     name = "megatron_cutlass"
     overlaps = False  # the combine runs after the experts
     layer_scope = True
-    #: Megatron's experts: "grouped" (GroupedMLP; operator cells: its fc1) or "te" (TEGroupedMLP;
-    #: operator cells: its linear_fc1, a TE GroupedLinear)
+    #: Megatron's experts: "grouped" (GroupedMLP; operator cells: its fc1) or "te" (below)
     layer_experts = "grouped"
-    #: permute_fusion: Megatron's moe_permute_fusion ("auto": on where TE provides it);
-    #: capacity: CAPACITIES (module doc)
+    #: permute_fusion: Megatron's moe_permute_fusion ("auto": on where TE provides it)
     PARAMS: ClassVar[dict[str, Any]] = {"permute_fusion": "auto", "capacity": "dropless"}
 
     @classmethod

@@ -1,12 +1,11 @@
 """Megatron-core's MoELayer with the flex token dispatcher on DeepEP (what Megatron users run at
 scale): megatron-core 0.16.1, deepseek-ai/DeepEP at 567632d, Transformer Engine grouped experts.
 
-megatron_common.MegatronLayer with the FLEX settings: dispatch and combine are DeepEP's normal
-(high-throughput) kernels through megatron's fused_a2a (one Buffer per process, megatron's),
-moe_deepep_num_sms = 20 (Megatron's default). Timed as the whole layer(x [T, 1, H]) -> [T, H].
-No bounds: the flex dispatcher's expert step consumes its dispatch's state (the top-k probs
-become the multihot map), so the experts cannot be rerun on held rows. Cells the kernels or the
-flex dispatcher refuse (W=1 among them) are skipped before GPU work.
+megatron_common.MegatronLayer with the FLEX settings: DeepEP's normal (high-throughput) kernels
+through megatron's fused_a2a (megatron's Buffer), moe_deepep_num_sms = 20 (Megatron's default).
+Timed as the whole layer(x [T, 1, H]) -> [T, H]. No bounds: the flex dispatcher's expert step
+consumes its dispatch's state (the top-k probs become the multihot map), so the experts cannot
+be rerun on held rows. Cells the kernels refuse (`flex_limits`; W=1 among them) are skipped.
 """
 
 from __future__ import annotations
@@ -64,9 +63,7 @@ def flex_limits(spec: WorkloadSpec) -> list[str]:
 
 
 class FlexLayerStep(Step):
-    """The whole MoELayer forward on megatron_common.MegatronLayer `op` with the flex
-    dispatcher, x [T, 1, H] -> out [T, H]; no bounds (module doc). The host waits: fused_a2a.py
-    "the CPU will wait for GPU's signal to arrive"; the permute reads tokens_per_expert.sum()."""
+    """The whole MoELayer forward on MegatronLayer `op` (module doc) -> out [T, H]."""
 
     def __init__(self, op: Any) -> None:
         self.op = op

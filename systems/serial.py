@@ -2,11 +2,9 @@
 
 Operator cells: grouped GEMM over rows sorted by expert [R, K] x [E, K, N] -> [R, N], back to the
 received order, all_to_all_single to the owners, gate-weighted scale -> [T, N]. Layer cells
-(ffn > 0), from x [T, H] and the routing: dispatch, rows grouped by expert, fc1, GELU, fc2, back,
-combine, scale -> [T, H]. Param `dispatch` (DISPATCHES; docs/method.md, the host-free layer):
-"device", the overlap system's dispatch, captures in a CUDA graph; "nccl" (harness/dispatch.py)
-pays the split sizes' host sync. The GEMM is torch._grouped_mm where it applies (Hopper, bf16),
-a per-expert matmul elsewhere.
+(ffn > 0), from x [T, H] and the routing: dispatch, fc1, GELU, fc2, combine, scale -> [T, H].
+Param `dispatch` (DISPATCHES; docs/method.md): "device", the overlap system's host-free dispatch,
+captures in a CUDA graph; "nccl" (harness/dispatch.py) pays the split sizes' host sync.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ class _GemmCombineStep(Step):
         self.lay, self.group = lay, group
         self.scale = Scaler.for_layout(lay, dev)  # indices on the device, built untimed
         perm = torch.sort(lay.recv_expert, stable=True).indices.to(dev)
-        self.inv_perm = torch.empty_like(perm)  # [R] sorted row of each received row
-        self.inv_perm[perm] = torch.arange(perm.numel(), device=dev)
+        self.inv_perm = torch.argsort(perm)  # [R] sorted row of each received row
         self.x_sorted = inputs.x_recv.index_select(0, perm).contiguous()  # [R, K] by expert
         self.counts = lay.expert_counts.tolist()  # [E] rows per local expert (host)
         self.offs = device_offsets(self.counts, dev)  # [E] int32
@@ -63,8 +60,7 @@ class _GemmCombineStep(Step):
         return self.blocker
 
     def compute_only(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The scale of the held combine's rows [T, N] and the GEMM [R, N]: all but the
-        all-to-all."""
+        """The scale of the held combine's rows [T, N], the GEMM [R, N]: all but the all-to-all."""
         return self.scale(self.y_back), self.gemm()
 
     def comm_only(self) -> torch.Tensor:
@@ -91,21 +87,18 @@ class _LayerStep(Step):
         self.top_k, self.rows = spec.top_k, spec.tokens_per_rank * spec.top_k
         self.d = dispatch(self.x, self.ids)  # held, for the bounds
         self.xs = ld.to_expert_order(self.d, self.d.x_recv)  # [R, H] grouped by expert
-        self.y_recv = ld.from_expert_order(self.d, self.experts(self.d, self.xs))  # [R, H]
+        self.y_recv = self._expert_rows(self.d)  # [R, H]
         self.y_back = self.combine(self.d, self.y_recv)  # [S, H]
         self.gemm_impl = expert_gemm_impl(self.xs, self.w1)
-
-    def experts(self, d: ld.Dispatched, xs: torch.Tensor) -> torch.Tensor:
-        """fc1, GELU, fc2 over xs [R, H] grouped by expert -> [R, H]."""
-        return ffn_experts(xs, d.expert_rows, self.w1, self.w2, d.offs)
 
     def combine(self, d: ld.Dispatched, y: torch.Tensor) -> torch.Tensor:
         """y [R, H] in d's received order -> [S, H] this rank's rows in its send order."""
         return ld.combine(d, y, self.group)
 
     def _expert_rows(self, d: ld.Dispatched) -> torch.Tensor:
-        """The experts on d's received rows, back in the received order -> [R, H]."""
-        return ld.from_expert_order(d, self.experts(d, ld.to_expert_order(d, d.x_recv)))
+        """fc1, GELU, fc2 on d's received rows (grouped by expert) -> [R, H], received order."""
+        xs = ld.to_expert_order(d, d.x_recv)
+        return ld.from_expert_order(d, ffn_experts(xs, d.expert_rows, self.w1, self.w2, d.offs))
 
     def timed(self) -> torch.Tensor:
         d = self.dispatch(self.x, self.ids)
@@ -259,8 +252,7 @@ class SerialSystem(System):
             )
 
     def build(self, ranks: list[CellInputs]) -> Step:
-        """An operator cell's GEMM + combine step, or a layer cell's with the dispatch the
-        `dispatch` param resolves to."""
+        """An operator cell's GEMM + combine step, or a layer cell's (param `dispatch`)."""
         (inputs,) = ranks
         spec = inputs.spec
         if not spec.ffn:

@@ -1,12 +1,11 @@
 """Tutel, the real package (microsoft/tutel): `tutel.moe.moe_layer` fed the harness routing.
 
 As Tutel users run it: a top-k gate with `capacity_factor` (0 = Tutel's dropless: capacity from
-the busiest expert, so the output equals the reference) and a2a_ffn_overlap_degree = d tuned per
-cell. The router stub's logits (`router_logits`) make the gate's top-k and weights exactly the
-cell's routing, rebuilt on every forward from the CellInputs' expert_ids and gate (inside the
-timed region, as Megatron's stub pays). Experts: operator cells single-GEMM custom experts; FFN
-cells Tutel's FusedExpertsNetwork with our weights (`_tutel_ffn`). Timed region: the whole
-moe_layer, x [T, K] -> out [T, N]. Needs CUDA and `tutel`.
+the busiest expert, so the output equals the reference) and a2a_ffn_overlap_degree d tuned per
+cell. The router stub's logits (`router_logits`, rebuilt on every forward inside the timed
+region, as Megatron's stub) give exactly the cell's routing. Experts: single-GEMM custom experts
+(operator cells) or Tutel's FusedExpertsNetwork with our weights (`_tutel_ffn`). Timed region:
+the whole moe_layer, x [T, K] -> out [T, N]. Needs CUDA and `tutel`.
 """
 
 from __future__ import annotations
@@ -37,11 +36,6 @@ def buffer_width(spec: WorkloadSpec) -> int:
 def expert_counts(spec: WorkloadSpec) -> torch.Tensor:
     """cnt [W, G]: rows source rank s sends to global expert g (from the seeded routing)."""
     return owner_expert_counts(routing_of(spec).expert_ids, spec.experts_per_rank)
-
-
-def dropless_capacity(spec: WorkloadSpec) -> int:
-    """Tutel's dropless capacity C: the busiest (source rank, global expert) pair's rows."""
-    return int(expert_counts(spec).max())
 
 
 class MoeLayerStep(Step):
@@ -89,7 +83,7 @@ class TutelSystem(System):
         """Dropless buffers past 2^31 elements: Tutel's int32 indexing faults on them."""
         if float(params["capacity_factor"]) != 0:
             return None
-        cap = dropless_capacity(spec)
+        cap = int(expert_counts(spec).max())  # Tutel's dropless capacity: the busiest pair's rows
         width = buffer_width(spec)
         elems = spec.n_experts * cap * width
         if elems > INT32_MAX:
@@ -175,8 +169,7 @@ def tune_degree(system: System, step: Any, degrees: list[int]) -> None:
 
 
 def check_tuning(params: dict[str, Any]) -> None:
-    """degree (0 = tune), degrees and tune_iters are integers, and there is a degree to try
-    (both Tutel systems take them)."""
+    """degree (0 = tune), degrees and tune_iters are integers, and there is a degree to try."""
     int_param("tutel", "degree", params.get("degree", 0), least=0)
     int_param("tutel", "tune_iters", params.get("tune_iters", 3), least=1)
     for d in list_param("tutel", "degrees", params.get("degrees", DEFAULT_DEGREES)):
@@ -205,9 +198,8 @@ class _TutelSingleGemm(torch.nn.Module):
 
 
 def tutel_ffn_weights(w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Our FFN weights in Tutel's FusedExpertsNetwork layout: w1 [E, H, F] -> batched_fc1_w
-    [E, F, H] (Tutel computes x @ batched_fc1_w.permute(0, 2, 1)); w2 [E, F, H] as it is
-    (Tutel computes h @ batched_fc2_w)."""
+    """Our FFN weights in Tutel's FusedExpertsNetwork layout (x @ fc1_w.permute(0, 2, 1), then
+    h @ fc2_w): w1 [E, H, F] -> batched_fc1_w [E, F, H]; w2 [E, F, H] as it is."""
     return w1.transpose(1, 2).contiguous(), w2.contiguous()
 
 

@@ -1,14 +1,13 @@
 """Tutel's strategy re-implemented: capacity-padded all-to-all, pipelined along the capacity.
 
-Tutel (microsoft/tutel) lays the dispatched tokens out dense, [E_global, C, K] padded to capacity
-C (here the busiest (source rank, global expert) pair's rows: nothing dropped), so both
-all-to-alls are EQUAL-size all_to_all_single calls, and splits them along C into d chunks
-(tutel/impls/overlap.py): the d dispatch all-to-alls first on a comm stream, then per chunk the
-expert on the compute stream and that chunk's combine after it. Every candidate d is timed on the
-cell, the fastest kept. The CPU (gloo) runs the same order without streams.
-Param `scope`: "gemm+combine" (default; the chunked dispatch runs once at setup; timed: per chunk
-expert GEMM + combine, then decode -> [T, N]) or "layer" (also the encode of x and the d dispatch
-all-to-alls: Tutel's full pipeline). PipelinedStep / PipelinedLayer also run fastermoe_reimpl.
+Tutel lays the dispatched tokens out dense, [E_global, C, K] padded to capacity C (here the
+busiest (source rank, global expert) pair's rows: nothing dropped), so both all-to-alls are
+EQUAL-size, and splits them along C into d chunks (tutel/impls/overlap.py): the d dispatch
+all-to-alls first on a comm stream, then per chunk the expert and that chunk's combine. The
+fastest candidate d is kept; the CPU (gloo) runs the same order without streams.
+Param `scope`: "gemm+combine" (default; the dispatch runs once at setup; timed: per chunk expert
+GEMM + combine, then decode -> [T, N]) or "layer" (also the encode of x and the dispatch).
+PipelinedStep / PipelinedLayer also run fastermoe_reimpl.
 """
 
 from __future__ import annotations
@@ -55,9 +54,8 @@ class PipelinedStep(Step):
     compute and the combine (on the comm stream `comm`; None on the CPU), then the output step
     -> out [T, N]. COMBINE_EACH: each stage's combine right after its compute (Tutel), else
     every combine after the last compute. A subclass sets `system` and `stages`, calls
-    _events(stages) and defines _encode() (x into the send buffer), per stage i
-    _dispatch_stage(i), _compute(i), _combine(i), and _output() -> [T, N], _combined() (the
-    combine's buffer)."""
+    _prepare() and defines _encode() (x into the send buffer), per stage i _dispatch_stage(i),
+    _compute(i), _combine(i), and _output() -> [T, N], _combined() (the combine's buffer)."""
 
     system = ""
     COMBINE_EACH = True
@@ -68,11 +66,12 @@ class PipelinedStep(Step):
         dev = inputs.x.device
         self.comm = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
 
-    def _events(self, n: int) -> None:
-        """ev_in / ev_out: per stage, its rows received / its compute done (GPU)."""
+    def _prepare(self) -> None:
+        """ev_in / ev_out per stage (rows received / compute done; GPU), then setup_dispatch."""
         cuda = self.comm is not None
-        self.ev_in = [torch.cuda.Event() if cuda else None for _ in range(n)]
-        self.ev_out = [torch.cuda.Event() if cuda else None for _ in range(n)]
+        self.ev_in = [torch.cuda.Event() if cuda else None for _ in range(self.stages)]
+        self.ev_out = [torch.cuda.Event() if cuda else None for _ in range(self.stages)]
+        self.setup_dispatch()
 
     def setup_dispatch(self) -> None:
         """Every stage's dispatch, once and untimed."""
@@ -179,8 +178,7 @@ class _State:
 
 
 class ChunkedCombineStep(PipelinedStep):
-    """Scope gemm+combine (module doc); the chunked dispatch runs once per degree (set_degree).
-    Buffers of the degree in `st`."""
+    """Scope gemm+combine (module doc): the dispatch runs once per degree, its buffers in `st`."""
 
     system = "tutel_reimpl"
 
@@ -196,32 +194,27 @@ class ChunkedCombineStep(PipelinedStep):
         return self.st.degree
 
     def set_degree(self, d: int) -> None:
-        """Buffers for degree d (capacity padded to a multiple of d), the previous degree's
-        freed first; an out-of-memory on any rank raises on every rank."""
+        """Buffers for degree d; an out-of-memory on any rank raises on every rank."""
         self.st = None  # free the previous degree's buffers first
         spec, dev = self.spec, self.x.device
-        W, E, K, N = spec.world_size, spec.experts_per_rank, spec.hidden, spec.out
-        G = W * E
+        G, K, N = spec.n_experts, spec.hidden, spec.out  # G = W * E
         cc = -(-self.cap_max // d)  # ceil: capacity padded to a multiple of d
-        dt = self.x.dtype
         idx = padded_slots(spec, self.rank, cc, d)
         order, _ = send_order(spec, self.rank)  # pair index t*k + j of each send row
-        idx_tk = torch.empty_like(idx)
-        idx_tk[order] = idx
+        idx_tk = idx[torch.argsort(order)]
 
         def alloc() -> _State:
-            kw = dict(dtype=dt, device=dev)
-            xs, xr = torch.zeros(d, G * cc, K, **kw), torch.empty(d, W * E * cc, K, **kw)
-            ys, yr = torch.empty(d, W * E * cc, N, **kw), torch.empty(d, G * cc, N, **kw)
+            kw = dict(dtype=self.x.dtype, device=dev)
+            xs, xr = torch.zeros(d, G * cc, K, **kw), torch.empty(d, G * cc, K, **kw)
+            ys, yr = torch.empty(d, G * cc, N, **kw), torch.empty(d, G * cc, N, **kw)
             st = _State(d, cc, idx.to(dev), idx_tk.to(dev), xs, xr, ys, yr)
             # the per-chunk temporaries of _compute, so that forward finds their memory
-            scratch = st.xr.new_empty(W * E * cc, K + N)
+            scratch = st.xr.new_empty(G * cc, K + N)
             del scratch
             return st
 
         self.st = self._agreed(alloc)
-        self._events(d)
-        self.setup_dispatch()
+        self._prepare()
 
     def _agreed(self, alloc):
         """Run alloc() on every rank; if it runs out of memory on any rank, raise on all (a
@@ -234,7 +227,7 @@ class ChunkedCombineStep(PipelinedStep):
         flag = torch.tensor([ok], device=self.x.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
         if flag.item() == 0.0:
-            out = None
+            out = None  # the traceback holds this frame: free its buffers now
             raise torch.cuda.OutOfMemoryError(
                 f"tutel padded buffers (capacity {self.cap_max}) do not fit on some rank"
             )
@@ -301,9 +294,8 @@ class TutelReimplSystem(System):
         step_cls = ChunkedLayerStep if self.scope == "layer" else ChunkedCombineStep
         step = step_cls(inputs, self.ctx.rank, self.ctx.group, cap_max)
         tune_degree(self, step, candidates(self.params))
-        W, E = step.spec.world_size, step.spec.experts_per_rank
-        self.extra["capacity"] = step.st.degree * step.st.chunk_rows
-        self.extra["rows_computed"] = W * E * step.st.degree * step.st.chunk_rows
+        capacity = step.st.degree * step.st.chunk_rows
+        self.extra |= dict(capacity=capacity, rows_computed=step.spec.n_experts * capacity)
         self.extra["rows_real"] = int(step.lay.recv_counts.sum())
         return step
 

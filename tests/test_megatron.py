@@ -322,12 +322,12 @@ def test_grouped_mlp_layout_is_what_grouped_mlp_reads() -> None:
 @needs_mcore
 def test_te_mlp_layout_and_copy() -> None:
     """TEGroupedMLP: linear_fc1.weight{e} [F, H] = W1_e^T, linear_fc2.weight{e} [H, F] = W2_e^T."""
-    from systems.megatron_common import copy_mlp_weights, te_fc1_layout
+    from systems.megatron_common import copy_mlp_weights
 
     spec = _layer_spec()
     w1, w2 = _ffn_weights(spec)
     E, H, F = w1.shape
-    fc1, fc2 = te_fc1_layout(w1), te_fc1_layout(w2)
+    fc1, fc2 = w1.transpose(1, 2), w2.transpose(1, 2)  # weight{e} = W_e^T
     experts = torch.nn.Module()  # parameters only, named as TEGroupedMLP's; no TE math imitated
     for name, shape in (("linear_fc1", (F, H)), ("linear_fc2", (H, F))):
         lin = torch.nn.Module()
