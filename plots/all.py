@@ -3,8 +3,7 @@
 A table's stem (its experiment) picks the figure script (FIGURES), figure_base its name. A
 figure that cannot be redrawn has its old files removed. An unreadable table, a folder named like
 a table, or a crashing script is an error: every other figure is still drawn, then the command
-exits 1 naming the tables.
-"""
+exits 1 naming the tables."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plots.common import FIG_DIR, machine
+from plots.common import FIG_DIR, drop_figures, machine
 
 #: figure script -> the experiments (table stems) it draws
 _DRAWS = {
@@ -74,13 +73,6 @@ def figure_names(table: Path, results: Path, df: pd.DataFrame | None = None) -> 
     return [figure_base(table, results, df) + part for part in _parts(table)]
 
 
-def _drop_old(out: Path, names: list[str]) -> list[Path]:
-    old = [p for n in names for p in (out / f"{n}.png", out / f"{n}.pdf") if p.exists()]
-    for p in old:
-        p.unlink()
-    return old
-
-
 def _drop_unread(out: Path, table: Path, results: Path) -> str:
     """Remove the old figures of a table that cannot be read; what was removed, as a clause. A
     local table's may be `<m>_<experiment>` for each machine m found in `out`."""
@@ -89,7 +81,7 @@ def _drop_unread(out: Path, table: Path, results: Path) -> str:
         machines = {p.stem.split("_", 1)[0] for p in out.glob(f"*_{table.stem}*.png")}
         bases = [f"{m}_{table.stem}" for m in sorted(machines - {"reference"})]
         names = [b + part for b in bases for part in _parts(table)]
-    old = _drop_old(out, names)
+    old = drop_figures(out, names)
     return f"; removed the old {', '.join(p.name for p in old)}" if old else ""
 
 
@@ -124,10 +116,10 @@ def main(argv: list[str] | None = None) -> None:
             paths = importlib.import_module(module).plot(table, out, base)
             print(f"[figures] {table} -> {', '.join(map(str, paths))}")
         except (ValueError, ModuleNotFoundError) as exc:
-            _drop_old(out, names)
+            drop_figures(out, names)
             print(f"[figures] {table}: skipped, no figure ({exc})")
         except Exception as exc:  # noqa: BLE001 - one broken figure must not hide the others
-            _drop_old(out, names)
+            drop_figures(out, names)
             print(f"[figures] error: {table}: {type(exc).__name__}: {exc}")
             failed.append(table)
     if failed:

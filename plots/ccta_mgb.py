@@ -11,10 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from plots.common import load, main, palette, panels, save, transport_note
+from plots.common import WORKLOAD_KD, load, main, need, palette, panels, save, transport_note
 
-WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k"]
-WORKLOAD += ["routing", "dtype"]
 SHAPE = {"tokens_per_rank": "T", "hidden": "K", "out": "N", "experts_per_rank": "E"}
 
 
@@ -22,14 +20,14 @@ def overlap_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The ok overlap rows with `ccta`/`mgb` (NaN for `auto`), `auto` (both asked auto), `order`
     (p_order_used, else p_order) and `serial_ms`/`speedup` against serial (NaN without)."""
     df = df[df["status"] == "ok"]
-    ser = df[df["system"] == "serial"].groupby(WORKLOAD, as_index=False)["latency_ms"].min()
+    ser = df[df["system"] == "serial"].groupby(WORKLOAD_KD, as_index=False)["latency_ms"].min()
     o = df[df["system"] == "overlap"].copy()
     o["ccta"] = pd.to_numeric(o["p_ccta"], errors="coerce")
     o["mgb"] = pd.to_numeric(o["p_mgb"], errors="coerce")
     o["auto"] = (o["p_ccta"].astype(str) == "auto") & (o["p_mgb"].astype(str) == "auto")
     order = o["p_order"] if "p_order" in o else pd.Series("remote_first", index=o.index)
     o["order"] = (o["p_order_used"].fillna(order) if "p_order_used" in o else order).astype(str)
-    o = o.merge(ser.rename(columns={"latency_ms": "serial_ms"}), on=WORKLOAD, how="left")
+    o = o.merge(ser.rename(columns={"latency_ms": "serial_ms"}), on=WORKLOAD_KD, how="left")
     o["speedup"] = o["serial_ms"] / o["latency_ms"]
     return o
 
@@ -39,7 +37,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     against serial and against the best (> 1: slower), and the auto pick against the best."""
     o = overlap_rows(df)
     rows = []
-    for key, g in o.groupby(WORKLOAD + ["transport"], sort=True):
+    for key, g in o.groupby(WORKLOAD_KD + ["transport"], sort=True):
         swept = g.dropna(subset=["ccta", "mgb"])
         if swept.empty:
             continue
@@ -50,7 +48,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         two = swept[swept["ccta"] == 2]["latency_ms"].min()
         auto = g[g["auto"]]
         a = auto.iloc[0] if len(auto) else dict.fromkeys(("p_ccta_used", "p_mgb_used"), np.nan)
-        rows.append(dict(zip(WORKLOAD + ["transport"], key)) | dict(
+        rows.append(dict(zip(WORKLOAD_KD + ["transport"], key)) | dict(
             best_ccta=int(best["ccta"]), best_mgb=int(best["mgb"]), best_ms=best["latency_ms"],
             serial_ms=best["serial_ms"], best_speedup=best["speedup"],
             ccta2_vs_serial=two / best["serial_ms"], ccta2_vs_best=two / best["latency_ms"],
@@ -65,12 +63,11 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = load(table)
     o = overlap_rows(df)
-    if o.dropna(subset=["ccta", "mgb"]).empty:
-        raise ValueError(f"{table}: no ok overlap rows with a numeric cCTA and mgb")
+    need(o.dropna(subset=["ccta", "mgb"]), table, "ok overlap rows with a numeric cCTA and mgb")
     vs_serial = o["speedup"].notna().any()
     y = "speedup" if vs_serial else "latency_ms"
     ylabel = "speedup vs serial (higher is better)" if vs_serial else "ms (lower is better)"
-    summ = summary(df).set_index(WORKLOAD + ["transport"])
+    summ = summary(df).set_index(WORKLOAD_KD + ["transport"])
     order = (", " + o["order"] + " order") if o["order"].nunique() > 1 else ""
     o["line"] = o["transport"].astype(str) + order + ", mgb=" + o["mgb"].map("{:g}".format)
     colors = palette(o["line"].dropna())
@@ -80,7 +77,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
         for line, s in sub.dropna(subset=["ccta", "mgb"]).groupby("line"):
             s = s.sort_values("ccta")
             ax.plot(s["ccta"], s[y], "o-", ms=3, color=colors[line], label=line)
-        for key, g in sub.groupby(WORKLOAD + ["transport"]):
+        for key, g in sub.groupby(WORKLOAD_KD + ["transport"]):
             if key not in summ.index:
                 continue
             r = summ.loc[key]

@@ -16,6 +16,9 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 FIG_DIR = Path("plots/figures")
+#: the columns of a workload (the cell systems are compared on); WORKLOAD_KD adds top_k, dtype
+WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
+WORKLOAD_KD = [*WORKLOAD[:5], "top_k", "routing", "dtype"]
 
 
 def label(system: str) -> str:
@@ -183,6 +186,14 @@ def save(fig: plt.Figure, out_dir: str | Path, name: str, title: str = "") -> li
         fig.savefig(p, bbox_inches="tight", dpi=150)
     plt.close(fig)
     return paths
+
+
+def drop_figures(out: Path, names: list[str]) -> list[Path]:
+    """Remove <out>/<name>.png and .pdf of each name where present; those removed."""
+    old = [p for n in names for p in (out / f"{n}.png", out / f"{n}.pdf") if p.exists()]
+    for p in old:
+        p.unlink()
+    return old
 
 
 def transport_note(df: pd.DataFrame, timing: bool = True) -> str:

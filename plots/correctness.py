@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from harness.check import DEFAULT_TOL, ROW_TOL_FACTOR
-from plots.common import grid, main, need, save, transport_note
+from plots.common import _col, grid, main, need, save, transport_note
 
 GROUP = ["layout", "transport", "world_size", "dtype"]
 QUANTILES = (0.5, 0.9, 0.99)
@@ -22,13 +22,11 @@ QUANTILES = (0.5, 0.9, 0.99)
 def with_layout(df: pd.DataFrame) -> pd.DataFrame:
     """df with `layout` (p_layout, else `aligned`), the asked transport where a row skipped
     before setup has none, and `max_row_rel_err` (NaN in tables older than the per-row check)."""
-    layout = df["p_layout"] if "p_layout" in df else pd.Series("aligned", index=df.index)
     tr = df["transport"].fillna("").astype(str)
-    if "p_transport" in df:
-        tr = tr.where(tr != "", df["p_transport"].fillna("").astype(str))
-    if "max_row_rel_err" not in df:
-        df = df.assign(max_row_rel_err=np.nan)
-    return df.assign(layout=layout.fillna("aligned").astype(str), transport=tr)
+    tr = tr.where(tr != "", _col(df, "p_transport").fillna("").astype(str))
+    layout = _col(df, "p_layout").fillna("aligned").astype(str)
+    row = _col(df, "max_row_rel_err").astype(float)
+    return df.assign(layout=layout, transport=tr, max_row_rel_err=row)
 
 
 def _stats(g: pd.DataFrame) -> dict:
@@ -75,8 +73,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     checked = df[(df["system"] == "overlap") & df["status"].isin(["ok", "fail"])]
     df = need(checked, table, "checked overlap rows (status ok or fail)")
     groups = list(df.groupby(GROUP, sort=True))
-    cols = max(2, len(groups))
-    fig, axes = grid(2, cols, 5.5, 5)
+    fig, axes = grid(2, max(2, len(groups)), 5.5, 5)
     tol = float(df["tol"].max()) if "tol" in df and df["tol"].notna().any() else DEFAULT_TOL
     for ax, (key, g) in zip(axes[0], groups):
         im = _heatmap(ax, g, tol)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from plots import common as pc
 from plots.common import against, grid, label, main, need, prefer_graph, save, transport_note
 
-WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
 #: what the operator pass runs, for the caption when it is missing
 OPERATOR_PASS = "python -m harness.run experiment=experts_operator"
 
@@ -23,7 +23,7 @@ def _ffn(df: pd.DataFrame) -> pd.Series:
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Per layer workload and other system: latency(system) / latency(overlap) (ok rows)."""
-    out = against(df[(df["status"] == "ok") & (_ffn(df) > 0)], WORKLOAD, ["system"], "overlap")
+    out = against(df[(df["status"] == "ok") & (_ffn(df) > 0)], pc.WORKLOAD, ["system"], "overlap")
     out = out[(out["system"] != "overlap") & out["ref_ms"].notna()]
     return out.assign(speedup=out["latency_ms"] / out["ref_ms"])
 
@@ -31,7 +31,7 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
 def ratios(df: pd.DataFrame) -> pd.DataFrame:
     """The overlap system's overlap ratio per operator-scope workload (ok rows, ffn 0)."""
     ok = df[(df["status"] == "ok") & (_ffn(df) == 0) & (df["system"] == "overlap")]
-    return ok.dropna(subset=["overlap_ratio"])[WORKLOAD + ["overlap_ratio"]]
+    return ok.dropna(subset=["overlap_ratio"])[pc.WORKLOAD + ["overlap_ratio"]]
 
 
 def missing_systems(df: pd.DataFrame) -> dict[str, str]:

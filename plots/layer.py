@@ -24,8 +24,7 @@ def series(df: pd.DataFrame) -> pd.DataFrame:
 def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     df = pc.load(table)
     df = df[df["ffn"].fillna(0) > 0] if "ffn" in df else df.iloc[0:0]
-    if "serial" not in set(df["system"]):
-        raise ValueError(f"{table}: no ok serial layer rows to compare against")
+    pc.need(df[df["system"] == "serial"], table, "ok serial layer rows to compare against")
     sp = series(df)
     colors = pc.palette(sp["line"])
     paths = []

@@ -3,8 +3,7 @@ the routing to out [T, H]; nothing is overlapped. One panel row per shape (H, F)
 routing, against experts per rank; higher is better. <name>_systems: latency(serial) /
 latency(system), each system's CUDA-graph replay where capturable, else eager (the legend says
 which). <name>_graph: the eager device dispatch and the NCCL dispatch (host sync, so eager) of
-serial and overlap, each over that system's graph replay.
-"""
+serial and overlap, each over that system's graph replay."""
 
 from __future__ import annotations
 
@@ -77,10 +76,8 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     title = f"{head}: speedup against serial, higher is better\n{pc.transport_note(drawn)}"
     fig = pc.panel_grid(sp, "line", "speedup", "speedup vs serial", title, SHAPE, ncol=2)
     paths = pc.save(fig, out_dir, name + "_systems")
-    stale = [Path(out_dir) / f"{name}_graph{ext}" for ext in (".png", ".pdf")]
     if gain.empty:  # no graph replay to compare with: no figure, and none left looking current
-        for p in stale:
-            p.unlink(missing_ok=True)
+        pc.drop_figures(Path(out_dir), [name + "_graph"])
         return paths
     ours = df[df["system"].isin(["serial", "overlap"])]
     title = (f"{head}: what CUDA-graph replay buys, higher is better\neager latency / graph "
@@ -90,7 +87,7 @@ def plot(table: str | Path, out_dir: str | Path, name: str) -> list[Path]:
     lines = gain[["line", "system", "mode"]].drop_duplicates().itertuples(index=False)
     colors = {line: plt.cm.tab20(2 * order.index(s) + (m == "nccl")) for line, s, m in lines}
     fig = pc.panel_grid(gain, "line", "gain", "eager / CUDA graph", title, SHAPE, colors, ncol=2)
-    return paths + pc.save(fig, out_dir, stale[0].stem)
+    return paths + pc.save(fig, out_dir, name + "_graph")
 
 
 if __name__ == "__main__":

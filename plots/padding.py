@@ -11,9 +11,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from harness.routing import ROUTINGS
 from plots.common import grid, load, main, save
-
-ROUTINGS = ["balanced", "moderate_skew", "stress_skew"]
 
 
 def _pick(values: pd.Series, default: int) -> int:

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plots.common import load, main, panel_grid, save
-
-WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
+from plots.common import WORKLOAD, load, main, panel_grid, save
 
 
 def ratios(df: pd.DataFrame) -> pd.DataFrame:

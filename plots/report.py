@@ -120,12 +120,11 @@ def compare(r: pd.DataFrame, keys: list[str], others, timing: str) -> pd.DataFra
     oa = ours.groupby(keys, as_index=False).agg(lat_o=("latency_ms", "median"),
                                                 ser=("ser", "median"), cm=("cm", "any"),
                                                 ceiling=("ceiling", "median"))  # fmt: skip
-    a = xa.merge(oa, on=keys).merge(same[g], on=g, how="left", indicator=True)
-    a = a[a["_merge"] == "left_only"]
+    a = xa.merge(oa, on=keys)
     a = a.assign(ratio=a["lat"] / a["lat_o"], kernel=a["lat"] / a["ser"],
                  gain=a["ser"] / a["lat_o"])  # fmt: skip
-    out = pd.concat([same.assign(across=False), a[same.columns].assign(across=True)],
-                    ignore_index=True)  # fmt: skip
+    out = pd.concat([same.assign(across=False), a[same.columns].assign(across=True)])
+    out = out.drop_duplicates(g).reset_index(drop=True)  # across: only cells without a same run
     return out.loc[out.groupby(keys + ["system"])["ratio"].idxmin()] if len(out) else out
 
 
@@ -232,10 +231,8 @@ HOST_FREE_COLS = ("serial graph", "overlap graph", "overlap eager", "overlap ncc
 
 
 def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
-    """The host-free layer at W=1 (HOST_FREE), per cell (H, F, E, routing) of the ok rows:
-    serial's and overlap's median latency per timing (HOST_FREE_COLS; plots.layer_w1.modes), the
-    fastest baseline against graphed overlap (compare()), serial / overlap (graph) and eager /
-    graph of each; the loopback correctness line. [] without the table."""
+    """The host-free layer at W=1 (HOST_FREE) per cell (H, F, E, routing) of the ok rows (its
+    columns: the table's header below), and the loopback correctness line; [] without the table."""
     if HOST_FREE not in d:
         return []
     df = d[HOST_FREE]
@@ -273,9 +270,10 @@ def host_free_section(d: dict[str, pd.DataFrame]) -> list[str]:
     return out + [""]
 
 
-#: a claim of the paper: `ours`(tables) -> (status, our text), None where no table holds it;
-#: `missing`: how to measure it then
-Claim = namedtuple("Claim", "what paper ours missing")
+#: a claim of the paper: `ours` -> (status, our text), None where no table holds it; `missing`:
+#: how to measure it then. With a `stem`, `ours`(machine, GPUs, table) gets _widest's table of
+#: it, else `ours`(tables)
+Claim = namedtuple("Claim", "what paper ours missing stem", defaults=(None,))
 
 
 def _widest(d: dict[str, pd.DataFrame], stem: str) -> tuple[str, int, pd.DataFrame] | None:
@@ -289,10 +287,7 @@ def _widest(d: dict[str, pd.DataFrame], stem: str) -> tuple[str, int, pd.DataFra
     return machine, n, d[f"{machine}/{stem}"]
 
 
-def _fig3a(d):
-    if (got := _widest(d, "bandwidth")) is None:
-        return None
-    _, n, df = got
+def _fig3a(_machine: str, n: int, df: pd.DataFrame):
     ok = _ok(df)
     p = ok[(ok["system"] == "overlap") & (ok["transport"] == "p2p")]
     top = p.groupby("p_ccta")["m_gbps"].max()
@@ -323,8 +318,7 @@ def _correctness(d):
     model rows (the whole model's output) the worst of its MoE calls (m_moe_max_rel_err); and
     how many distinct (workload, error) results they are."""
     errs, distinct = [], 0  # (error, dtype)
-    for key in sorted(d):
-        df = d[key]
+    for _, df in sorted(d.items()):
         if "system" in df and "max_rel_err" in df:
             o = _ok(df[df["system"] == "overlap"])
             model = o["scope"].eq("model") if "scope" in o else pd.Series(False, index=o.index)
@@ -352,13 +346,9 @@ def _pairs(df: pd.DataFrame, scope: str, others=("serial",)) -> tuple[pd.DataFra
     return compare(r, keys, others if others else baselines(r), t), keys, t
 
 
-def _operator(d):
-    """The operator table of the machine with the most GPUs: speedup over serial per routing,
-    the 1.35x count, serial's own ceiling and the cells where overlap is ahead of every
-    baseline."""
-    if (got := _widest(d, "operator")) is None:
-        return None
-    machine, n, df = got
+def _operator(machine: str, n: int, df: pd.DataFrame):
+    """The operator table: speedup over serial per routing, the 1.35x count, serial's own
+    ceiling and the cells where overlap is ahead of every baseline."""
     s, keys, t = _pairs(df, "gemm+combine")
     if s.empty:
         return None
@@ -379,11 +369,8 @@ def _operator(d):
     return "differs", out + (" \\*" if serial_caveat(df) else "")
 
 
-def _ccta(d):
-    """cCTA=2 and the best cCTA against serial, from the ccta_mgb table with the most GPUs."""
-    if (got := _widest(d, "ccta_mgb")) is None:
-        return None
-    machine, n, df = got
+def _ccta(machine: str, n: int, df: pd.DataFrame):
+    """cCTA=2 and the best cCTA against serial, from the ccta_mgb table."""
     o = _ok(df).assign(ccta=lambda x: pd.to_numeric(x.get("p_ccta"), errors="coerce"))
     cell = [c for c in CELL if c in o and o[c].notna().all()]
     ser = o[o["system"] == "serial"].groupby(cell)["latency_ms"].min()
@@ -405,12 +392,9 @@ def _ccta(d):
     )
 
 
-def _bound(d):
-    """serial / overlap = kernel gain x overlap gain on the operator table with the most GPUs,
-    and the overlap gain's ceiling."""
-    if (got := _widest(d, "operator")) is None:
-        return None
-    machine, n, df = got
+def _bound(machine: str, n: int, df: pd.DataFrame):
+    """serial / overlap = kernel gain x overlap gain on the operator table, and the overlap
+    gain's ceiling."""
     s, _, t = _pairs(df, "gemm+combine")
     if s["ceiling"].isna().all():
         return None
@@ -423,10 +407,7 @@ def _bound(d):
     )
 
 
-def _vs_systems(d, stem: str, scope: str, what: str):
-    if (got := _widest(d, stem)) is None:
-        return None
-    _, n, df = got
+def _vs_systems(n: int, df: pd.DataFrame, scope: str, what: str):
     c, _, t = _pairs(df, scope, ())
     c = pd.concat([c, _pairs(df, scope)[0]])
     parts = [f"vs {s} {_range(g['ratio'])}{_flags(g, 'baseline')}"
@@ -438,25 +419,28 @@ def _vs_systems(d, stem: str, scope: str, what: str):
 CLAIMS = [
     Claim("Fig 3a: consumer bandwidth vs transfer size",
           "saturates near 1 MiB; 87 GB/s with 8 SMs, 67 with 4 (A100, NVLink3)", _fig3a,
-          "`python -m harness.run experiment=bandwidth` with one process per GPU"),
+          "`python -m harness.run experiment=bandwidth` with one process per GPU", "bandwidth"),
     Claim("Padding of the remote-aligned layout",
           "at most (W-1)(tb_M-1) rows per rank; a few percent at W=4", _padding,
           "`python -m harness.run experiment=padding hardware.world_size=1`"),
     Claim("Correctness", "1440 checks within 8e-3 of serial; max 1.913e-3 (fp16)",
           _correctness, "`make test-gpu`"),
     Claim("Operator speedup vs serial", "2.97x balanced, 2.94x moderate, 3.01x stress (4x A100)",
-          _operator, "`python -m harness.run experiment=operator hardware=h200` on 2+ GPUs"),
+          _operator, "`python -m harness.run experiment=operator hardware=h200` on 2+ GPUs",
+          "operator"),
     Claim("cCTA sweep", "cCTA=2 slower than serial everywhere, up to 1.91x; best cCTA in [10, 20]",
-          _ccta, "`python -m harness.run experiment=ccta_mgb` with one process per GPU"),
+          _ccta, "`python -m harness.run experiment=ccta_mgb` with one process per GPU",
+          "ccta_mgb"),
     Claim("What overlap alone can buy", "(the paper reports 2.9-3.0x vs serial)", _bound,
-          "`python -m harness.run experiment=operator hardware=h200` on 2+ GPUs"),
+          "`python -m harness.run experiment=operator hardware=h200` on 2+ GPUs", "operator"),
     Claim("Fig 4: model end-to-end speedups",
           "vs FasterMoE 1.57-2.64x; vs Tutel 1.35x (M-GPT), 1.15x (M-BERT); slower on M-Trans-xl",
-          lambda d: _vs_systems(d, "models", "model", "end to end over the three models"),
-          "`python -m harness.run experiment=models` with one process per GPU"),
+          lambda _, n, df: _vs_systems(n, df, "model", "end to end over the three models"),
+          "`python -m harness.run experiment=models` with one process per GPU", "models"),
     Claim("Fig 5: experts 4-64", "vs FasterMoE 1.30-5.33x, vs Tutel 1.77-2.16x",
-          lambda d: _vs_systems(d, "experts", "layer", "whole layer, E 4-64"),
-          "`python -m harness.run experiment=experts`, then `experiment=experts_operator`"),
+          lambda _, n, df: _vs_systems(n, df, "layer", "whole layer, E 4-64"),
+          "`python -m harness.run experiment=experts`, then `experiment=experts_operator`",
+          "experts"),
 ]  # fmt: skip
 
 
@@ -464,7 +448,8 @@ def claims_section(d: dict[str, pd.DataFrame]) -> list[str]:
     out = ["## The paper's claims and ours", "", "| claim | paper (4x A100) | ours | status |",
            "| --- | --- | --- | --- |"]  # fmt: skip
     for c in CLAIMS:
-        got = c.ours(d)
+        args = _widest(d, c.stem) if c.stem else (d,)
+        got = c.ours(*args) if args else None
         text, status = (f"not measured: {c.missing}", "not measured") if got is None else got[::-1]
         out.append(f"| {c.what} | {c.paper} | {text} | {status} |")
     return out + ["", "\\* serial rows: upper bounds (the tables below).", ""]

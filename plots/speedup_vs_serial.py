@@ -7,15 +7,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from plots.common import against, label, load, main, panel_grid, save, transport_note
-
-WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "top_k"]
-WORKLOAD += ["routing", "dtype"]
+from plots.common import WORKLOAD_KD, against, label, load, main, panel_grid, save, transport_note
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (workload, system): best latency over its cCTA/mgb cells and the speedup."""
-    out = against(df, WORKLOAD, ["system"])
+    out = against(df, WORKLOAD_KD, ["system"])
     return out[out["ref_ms"].notna()]
 
 

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from plots.common import _col, against, load, main, panel_grid, save, transport_note
-
-WORKLOAD = ["world_size", "tokens_per_rank", "hidden", "out", "experts_per_rank", "routing"]
+from plots.common import WORKLOAD, _col, against, load, main, panel_grid, save, transport_note
 
 
 def _knob(v) -> str:

@@ -122,12 +122,12 @@ def test_claims_take_the_machine_with_the_most_gpus(tmp_path):
     d = {"h200x2/operator": x2, "h200x4/operator": x4, "h200/operator": x16}
     assert _widest(d, "operator")[:2] == ("h200x4", 4)  # h200 (one GPU) is not a width
     assert _widest(d, "layer") is None
-    _, text = _operator(d)
+    _, text = _operator(*_widest(d, "operator"))
     assert (
         text.startswith("4 H200s over NVLink (`h200x4/operator`") and "balanced 2.00-2.00x" in text
     )
     assert not text.endswith("\\*")
-    assert _operator({"h200x2/operator": x2.assign(caveat=CAVEAT)})[1].endswith(" \\*")
+    assert _operator("h200x2", 2, x2.assign(caveat=CAVEAT))[1].endswith(" \\*")
     assert "W=4, W=8" in "\n".join(unmeasured_section({"h200x2/operator": x2}))
     left = "\n".join(unmeasured_section({"h200x4/operator": x4})[:3])
     assert "8 GPUs (W=8)" in left and "W=4" not in left
