@@ -1,18 +1,6 @@
-"""A calibrated model of one step of serial and of the overlap system: every number it gives is
-a PREDICTION, never a measurement. A discrete-event walk per simulated rank (the MAX_RANKS
-busiest; the step is the max over them):
-  producer  the rank's real plan (systems/overlap/plan.py, stage A of the cell's routing): bands
-            in visiting order, each ceil(N / 256) tiles of tile_us * K / 2048 SM-us (plus
-            strip_us where the expert changes), on SMs - cCTA programs, fluid
-  consumer  segments in send order, program j takes j, j + cCTA, ...; one starts when its last
-            band is done and its program free, and takes seg_lat_us + bytes / min(cta_gbps,
-            link_gbps / programs busy) (per destination pair on pairwise links)
-  step      lead + handshake + the last band or put + the scale after the last arrival; serial:
-            grouped_mm and the un-permute, the all-to-all (nccl_lat_us + the busiest link's
-            bytes), the scale; a layer adds a constant per system and timing mode (the W=1
-            layer's rest), the dispatch's all-to-all, the padded gather and fc1 (+ GELU)
-Node presets: conf/node/<name>.yaml (the H200's from `fit`: experiments.predict --calibrate).
-"""
+"""A calibrated model of one step of serial and of the overlap system, a discrete-event walk per
+simulated rank (docs/method.md, The step model): every number it gives is a PREDICTION, never a
+measurement. Node presets: conf/node/<name>.yaml."""
 
 from __future__ import annotations
 
