@@ -16,7 +16,7 @@ import torch
 
 from harness import dispatch as ld
 from harness.workload import DTYPES, WorkloadSpec
-from systems.overlap.params import AUTO, OverlapParams
+from systems.overlap.params import AUTO, KERNEL_DTYPES, OverlapParams
 from systems.overlap.rank_experts import RankExperts, all_sms
 
 
@@ -92,9 +92,11 @@ class OverlapMoE(torch.nn.Module):
                 f"OverlapMoE: transport {self.transport_name} with W={W}: loopback "
                 "is this process alone (no group), p2p / nvshmem / shm need a group"
             )
-        name = next(n for n, t in DTYPES.items() if t == dtype)
+        name = next((n for n, t in DTYPES.items() if t == dtype), str(dtype).split(".")[-1])
         spec = WorkloadSpec(max_tokens, H, H, E, k, W, "balanced", name, ffn=F)
         sms = all_sms(device) if device.type == "cuda" else 0
+        cpu = device.type == "cpu"  # Triton's interpreter also runs float32
+        params.validate(spec, sms, (*KERNEL_DTYPES, "float32") if cpu else KERNEL_DTYPES)
         #: the knobs that run ("auto" picked) and each pick's reason {"auto": ..., ...}
         self.params, self.picks = resolve(params, spec, self.transport_name, sms)
         self.group = group

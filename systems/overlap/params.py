@@ -18,7 +18,7 @@ TRANSPORTS = ("", "loopback", "p2p", "nvshmem", "shm")
 LAYOUTS = ("aligned", "compact")
 ORDERS = ("remote_first", "expert")
 CONSUMER_SMS = ("own", "shared")
-DTYPES = ("float16", "bfloat16")
+KERNEL_DTYPES = ("float16", "bfloat16")
 #: the most consumer programs on the CPU (Triton's interpreter runs programs in turn)
 CPU_MAX_CCTA = 16
 
@@ -68,9 +68,9 @@ class OverlapParams:
             return self.transport or "loopback"
         return "p2p" if device_type == "cuda" else "shm"
 
-    def validate(self, spec: Any, sm_count: int) -> None:
+    def validate(self, spec: Any, sm_count: int, dtypes: tuple[str, ...] = KERNEL_DTYPES) -> None:
         """A one-line ValueError for a bad knob or a workload the kernels cannot take (spec: a
-        WorkloadSpec; sm_count 0 = unknown, no upper bound on ccta)."""
+        WorkloadSpec; sm_count 0 = unknown, no upper bound on ccta; dtypes: those allowed)."""
         ccta, mgb = _int_or_auto("ccta", self.ccta), _int_or_auto("mgb", self.mgb)
         _choice("consumer", self.consumer, CONSUMER_SMS)
         if self.consumer == "shared":  # the producer keeps every SM: ccta may take them all
@@ -93,8 +93,8 @@ class OverlapParams:
                 "choices: loopback, p2p, nvshmem, shm (empty = loopback on one process, else "
                 "p2p on GPUs, shm on the CPU)"
             )
-        if spec.dtype not in DTYPES:
-            raise ValueError(f"overlap: dtype must be float16 or bfloat16, got {spec.dtype}")
+        if spec.dtype not in dtypes:
+            raise ValueError(f"overlap: dtype must be {' or '.join(dtypes)}, got {spec.dtype}")
         if spec.hidden % 8 or spec.out % 8:
             raise ValueError("overlap: K and N must be multiples of 8 (16-byte rows)")
 
