@@ -42,9 +42,10 @@ setup-offline:
 	@echo "setup: the carried wheels of $(WHEELS)/ only (no index); run the harness from this folder"
 
 # the CPU tier in TEST_WORKERS processes where pytest-xdist is installed (the dev extra), one
-# test file per process (--dist loadfile keeps a file's tests in order, in one process)
+# test file per process (--dist loadfile keeps a file's tests in order, in one process); files in
+# tests/conftest.py's order (the slowest first), not xdist's default (the most tests first)
 TEST_WORKERS ?= 2
-XDIST := $(shell $(PY) -c "import xdist" 2>/dev/null && echo "-n $(TEST_WORKERS) --dist loadfile")
+XDIST := $(shell $(PY) -c "import xdist" 2>/dev/null && echo "-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder")
 
 test: ## the CPU test tier (what CI runs; 2 processes with pytest-xdist)
 	$(PY) -m pytest -q -m "not gpu" $(XDIST)

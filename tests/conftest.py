@@ -1,6 +1,7 @@
 """Test tiers: gpu-marked tests are skipped where no CUDA GPU is present. The files that spawn
 ranks run first: with `--dist loadfile` a file runs in one worker, so the long ones started last
-would leave the other worker idle at the end."""
+would leave the other worker idle at the end (`make test` passes --no-loadscope-reorder, else
+xdist reorders files by their number of tests)."""
 
 from __future__ import annotations
 
