@@ -187,8 +187,8 @@ class LaunchMemo:
         c, g = self.compiled, self.grid
         stream = driver.active.get_current_stream(torch.cuda.current_device())
         if self.raw is not None and (FAST or self.released):
-            head = (*g, stream, c.function, *self.head, None, None, c.packed_metadata)
-            self.raw(*head, None, None, None, *self.final)
+            lead = (*g, stream, c.function, *self.head, None, None, c.packed_metadata)
+            self.raw(*lead, None, None, None, *self.final)
             return c
         c.run(*g, stream, c.function, c.packed_metadata, None, None, None, *self.bound)
         return c
