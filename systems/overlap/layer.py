@@ -5,7 +5,8 @@
 
 Without a group this process is the whole world (W=1: fc2 is the producer alone); with one (one
 process per rank) the dispatch is harness/dispatch_peer.py's: no host read, CUDA-graph
-capturable (params.dispatch=nccl: one host sync a step).
+capturable (params.dispatch=nccl: one host sync a step). The backward is overlapped too
+(backward.py; docs/method.md, The backward pass).
 """
 
 from __future__ import annotations
