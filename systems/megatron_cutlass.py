@@ -1,5 +1,5 @@
-"""Megatron-core with CUTLASS grouped GEMM experts (megatron-core 0.16.1; needs CUDA), and
-MegatronTESystem, the same with Transformer Engine experts.
+"""Megatron-core with CUTLASS grouped GEMM experts (megatron-core 0.16.1; needs CUDA);
+megatron_te.py subclasses it with Transformer Engine experts.
 
 The real MoELayer with the all-to-all token dispatcher (systems/megatron_common.py): serial in
 structure (the combine waits for the expert GEMMs), with Megatron's own permutations (TE's fused
