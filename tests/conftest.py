@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.fast_interpreter import install
+
 #: the slowest files of the CPU tier, slowest first (each 30-160 s on 2 cores)
 FIRST = ("test_shm_ranks.py", "test_dispatch_gloo.py", "test_backward.py", "test_layer.py",
          "test_peer_dispatch.py", "test_failing_ranks.py", "test_fail_together.py",
@@ -15,6 +17,7 @@ FIRST = ("test_shm_ranks.py", "test_dispatch_gloo.py", "test_backward.py", "test
 
 
 def pytest_collection_modifyitems(config, items):
+    install()  # where a test module set TRITON_INTERPRET=1 at its import (collected by now)
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest in order
     if torch.cuda.is_available():

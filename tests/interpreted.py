@@ -14,9 +14,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_interpreted(script: str, timeout: int = 120) -> str:
-    """The script's stdout; fails the test with its output's tail if it exits non-zero."""
+def run_interpreted(script: str, timeout: int = 120, fast: bool = True) -> str:
+    """The script's stdout; fails the test with its output's tail if it exits non-zero. fast:
+    with tests/fast_interpreter.py's xor_sum path."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    if fast:
+        script = "from tests.fast_interpreter import install\ninstall()\n" + script
     proc = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=timeout,

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from tests import ranks
+from tests.fast_interpreter import install
 
 FIELDS = (
     "x_recv",
@@ -68,6 +69,7 @@ def _check_rank(rank: int, world: int) -> list[str]:
 
 
 def _worker(rank: int, world: int, init: str, q) -> None:
+    install()  # tl.sort's xor_sum in numpy (tests/fast_interpreter.py)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         q.put((rank, _check_rank(rank, world)))
